@@ -80,6 +80,20 @@ class Pong(Frame):
     stats: dict[str, Any] | None = None
 
 
+@frame("topology")
+class Topology(Frame):
+    """Supervisor -> every child, pushed whenever a child changes state.
+
+    ``children`` rows: ``{"role", "index", "pid", "state"}`` with state one of
+    starting, ready, stopping, exited, failed. Children use it to stop sending
+    to a dead peer at once (a worker's calls are re-attached by their
+    subscriber, see AttachCall) instead of waiting for a timeout.
+    """
+
+    children: list[dict[str, Any]]
+    seq: int
+
+
 @frame("shutdown")
 class Shutdown(Frame):
     """Supervisor -> child: stop within ``grace_s`` (after which SIGTERM, then SIGKILL)."""
@@ -127,8 +141,264 @@ class CommandReply(Frame):
 
 # --- gateway <-> agent process ------------------------------------------------------
 
+# Every child binds one ROUTER "inbox" at ``endpoint(runtime_dir, f"{role}-{index}")``
+# (the supervisor: "supervisor"; its command plane: "control"). Peers connect a
+# DEALER whose identity is ``f"{role}-{index}".encode()``; replies and pushes go
+# back through the receiver's ROUTER to that identity.
+#
+# Call lifecycle: the gateway admits a call, creates its four rings
+# (in, in16, tts, out; see ipc.ring.ring_name), picks an agent process and a
+# preferred worker, and sends CallStart to the agent. The agent's call actor
+# attaches the call to a worker (AttachCall, subscriber = the agent) and owns
+# that attachment for the call's life, re-attaching on a worker death. At
+# hangup the gateway sends CallEnd; the agent detaches and answers CallEnded;
+# the gateway unlinks the rings after both sides detached (or a timeout).
+
+
+@frame("call_start")
+class CallStart(Frame):
+    """Gateway -> agent: a new call. Reply: CallAccepted or ErrorReply."""
+
+    call_id: str
+    agent: str  # agent definition name (configs/agents/<agent>.toml)
+    transport: str  # "sip" | "twilio" | "native"
+    call_rate: int  # rate of the in/out rings (8000 for G.711)
+    tts_rate: int  # rate of the tts ring
+    worker: int  # preferred inference worker index
+    instance: str  # ring instance tag
+    started_ns: int
+    transport_ids: dict[str, str] | None = None  # callSid/streamSid, SIP Call-ID
+    params: dict[str, Any] | None = None  # custom parameters from the transport
+
+
+@frame("call_accepted")
+class CallAccepted(Frame):
+    call_id: str
+
+
+@frame("call_end")
+class CallEnd(Frame):
+    """Gateway -> agent: the caller hung up / the transport closed."""
+
+    call_id: str
+    reason: str
+    ended_ns: int
+
+
+@frame("call_ended")
+class CallEnded(Frame):
+    """Agent -> gateway: the actor finished (after CallEnd, or on its own: end_call)."""
+
+    call_id: str
+    reason: str
+
+
+@frame("clear")
+class Clear(Frame):
+    """Agent -> gateway, fast path of a barge-in: stop playing ``call_id`` now.
+
+    The gateway cuts the out ring at its write position, sends Twilio
+    ``clear`` (or stops RTP audio), and refuses out-ring audio of epochs
+    <= ``epoch`` (see OutUtterance). Answered by Cleared with the final
+    release position.
+    """
+
+    call_id: str
+    epoch: int
+    sent_ns: int
+
+
+@frame("cleared")
+class Cleared(Frame):
+    """Gateway -> agent: the Clear was applied; ``position`` is the last out
+    position released to the caller (the played-text truncation point)."""
+
+    call_id: str
+    epoch: int
+    position: int
+    applied_ns: int
+
+
+@frame("playback")
+class Playback(Frame):
+    """Gateway -> agent every 100 ms: out-ring release position per call of that agent."""
+
+    positions: dict[str, int]
+    sent_ns: int
+
+
+@frame("mark")
+class Mark(Frame):
+    """Agent -> gateway: report ``name`` once the caller has heard out position ``position``."""
+
+    call_id: str
+    name: str
+    position: int
+
+
+@frame("mark_played")
+class MarkPlayed(Frame):
+    """Gateway -> agent: a mark was played (Twilio echo, or release position passed it)."""
+
+    call_id: str
+    name: str
+    position: int
+    played_ns: int
+
+
+@frame("dtmf")
+class Dtmf(Frame):
+    """Gateway -> agent: the caller pressed ``digit``."""
+
+    call_id: str
+    digit: str
+    duration_ms: int
+    at_ns: int
+
+
+@frame("send_dtmf")
+class SendDtmf(Frame):
+    """Agent -> gateway: play DTMF digits to the caller (RFC 4733 / Twilio)."""
+
+    call_id: str
+    digits: str
+
+
+@frame("transfer")
+class Transfer(Frame):
+    """Agent -> gateway: blind transfer (SIP REFER / Twilio REST). Reply: TransferResult."""
+
+    call_id: str
+    target: str
+
+
+@frame("transfer_result")
+class TransferResult(Frame):
+    call_id: str
+    ok: bool
+    detail: str = ""
+
+
+@frame("hangup")
+class Hangup(Frame):
+    """Agent -> gateway: end the call from our side (SIP BYE / WebSocket close)."""
+
+    call_id: str
+    reason: str
+
 
 # --- worker lanes (gateway/actor <-> inference worker) ------------------------------
+
+# A worker's realtime lane: every tick (20 ms) it reads each attached call's
+# ``in`` ring, resamples to 16 kHz into ``in16``, runs one batched VAD over
+# every call with a full window, converts ``tts`` (TTS rate) into ``out``
+# (call rate), and sends ONE WorkerTick per subscriber. The job lane (Smart
+# Turn, local STT/TTS/LLM) runs on its own thread(s) and never delays a tick.
+
+
+@frame("attach_call")
+class AttachCall(Frame):
+    """Subscriber -> worker: serve a call's rings. Reply: Attached or ErrorReply.
+
+    ``subscriber`` is the DEALER identity that gets WorkerTicks for the call.
+    On a re-attach after a worker death, ``speaking_since`` is the in16
+    position of a VAD start that never got its stop (-1 if none): the new
+    worker answers with a synthesized stop dated there, and resumes reading
+    ``in`` where ``in16`` left off.
+    """
+
+    call_id: str
+    subscriber: str
+    instance: str
+    call_rate: int
+    tts_rate: int
+    speaking_since: int = -1
+    vad: dict[str, Any] | None = None  # VadParams overrides (thresholds, min speech/silence)
+
+
+@frame("attached")
+class Attached(Frame):
+    call_id: str
+    worker: int
+    in16_pos: int
+
+
+@frame("detach_call")
+class DetachCall(Frame):
+    """Subscriber -> worker: stop serving the call (its rings stay). Reply: Detached."""
+
+    call_id: str
+
+
+@frame("detached")
+class Detached(Frame):
+    call_id: str
+
+
+@frame("worker_tick")
+class WorkerTick(Frame):
+    """Worker -> subscriber, once per tick for all of that subscriber's calls.
+
+    ``positions``: call_id -> in16 write position after this tick.
+    ``events``: VAD events ``{"call_id", "kind": "start"|"stop"|"gap"|"vad_failed"|"vad_recovered",
+    "pos": in16 position (for stop: one past the last speech sample), "ns"}``.
+    """
+
+    worker: int
+    seq: int
+    positions: dict[str, int]
+    events: list[dict[str, Any]]
+    sent_ns: int
+
+
+@frame("tts_utterance")
+class TtsUtterance(Frame):
+    """Actor -> worker: utterance ``utterance`` of ``epoch`` starts at ``tts_pos`` in the tts ring."""
+
+    call_id: str
+    utterance: int
+    epoch: int
+    tts_pos: int
+
+
+@frame("out_utterance")
+class OutUtterance(Frame):
+    """Worker -> actor and gateway: that utterance starts at ``out_pos`` in the out ring
+    (resampler ramp-in dropped, so word offsets stay exact)."""
+
+    call_id: str
+    utterance: int
+    epoch: int
+    out_pos: int
+
+
+@frame("tts_cut")
+class TtsCut(Frame):
+    """Actor -> worker: epoch ``epoch`` was interrupted; drop tts audio before ``tts_pos``
+    and reset the output resampler."""
+
+    call_id: str
+    epoch: int
+    tts_pos: int
+
+
+@frame("smart_turn")
+class SmartTurnRequest(Frame):
+    """Actor -> worker job lane: score the 8 s of in16 ending at ``end_pos``.
+    Reply: SmartTurnResult, or ErrorReply (kind "expired" past ``deadline_ns``)."""
+
+    call_id: str
+    end_pos: int
+    deadline_ns: int
+
+
+@frame("smart_turn_result")
+class SmartTurnResult(Frame):
+    call_id: str
+    end_pos: int
+    probability: float
+    queued_us: int
+    took_us: int
 
 
 @frame("error")
