@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS := test,lint
+EXTRAS := test,lint,local
 
 .PHONY: install run test test-fast test-system test-e2e lint bench clean
 

@@ -66,7 +66,7 @@ def configure(sock: zmq.Socket, *, hwm: int = DEFAULT_HWM, identity: bytes | Non
     sock.setsockopt(zmq.RCVHWM, hwm)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
-    if sock.socket_type == zmq.ROUTER:
+    if sock.type == zmq.ROUTER:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     return sock
 

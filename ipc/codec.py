@@ -154,13 +154,14 @@ def _checker(t: Any) -> _Check:
     raise TypeError(f"unsupported frame field type {t!r}")
 
 
+@typing.dataclass_transform(frozen_default=True)  # type checkers see the fields of every frame
 def frame(tag: str) -> Callable[[F], F]:
     """Class decorator: make ``cls`` a frozen slotted dataclass frame with ``tag``."""
 
     def wrap(cls: F) -> F:
         if tag in _REGISTRY:
             raise RuntimeError(f"frame type {tag!r} registered twice")
-        dc = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        dc: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
         hints = typing.get_type_hints(dc)
         fields = []
         required = set()
@@ -170,9 +171,9 @@ def frame(tag: str) -> Callable[[F], F]:
             fields.append((f.name, _checker(hints[f.name])))
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 required.add(f.name)
-        dc.TYPE = tag  # type: ignore[attr-defined]
+        dc.TYPE = tag
         _REGISTRY[tag] = _Spec(dc, fields, frozenset(required))
-        return dc  # type: ignore[return-value]
+        return typing.cast(F, dc)
 
     return wrap
 
@@ -191,7 +192,8 @@ def _default(obj: Any) -> Any:
 def encode(f: Frame, cid: int | str | None = None) -> bytes:
     """Frame -> bytes. ``cid`` adds the correlation envelope key."""
     d: dict[str, Any] = {"type": f.TYPE}
-    for name in f.__slots__:  # type: ignore[attr-defined]
+    slots: tuple[str, ...] = f.__slots__
+    for name in slots:
         d[name] = getattr(f, name)
     if cid is not None:
         d["cid"] = cid

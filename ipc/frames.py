@@ -72,12 +72,18 @@ class Ping(Frame):
 
 @frame("pong")
 class Pong(Frame):
-    """Child -> supervisor answer to :class:`Ping`, with a small load report."""
+    """Child -> supervisor answer to :class:`Ping`, with a small load report.
+
+    ``beat_ms`` is the age of the main loop's last ``rt.heartbeat()`` (-1 before
+    the first one): the control thread answers pings, so a wedged main loop
+    still pongs but with a growing ``beat_ms``.
+    """
 
     seq: int
     sent_ns: int
     calls: int = 0
     stats: dict[str, Any] | None = None
+    beat_ms: int = -1
 
 
 @frame("topology")
@@ -199,8 +205,11 @@ class Clear(Frame):
 
     The gateway cuts the out ring at its write position, sends Twilio
     ``clear`` (or stops RTP audio), and refuses out-ring audio of epochs
-    <= ``epoch`` (see OutUtterance). Answered by Cleared with the final
-    release position.
+    <= ``epoch`` (see OutUtterance): after Clear(E) nothing is released
+    before the start of an utterance of an epoch > E, so ``epoch`` is the
+    newest epoch that must fall silent. A Clear with an epoch not above the
+    last one is idempotent (no cut; Cleared is sent again). Answered by
+    Cleared with the final release position.
     """
 
     call_id: str
@@ -211,12 +220,18 @@ class Clear(Frame):
 @frame("cleared")
 class Cleared(Frame):
     """Gateway -> agent: the Clear was applied; ``position`` is the last out
-    position released to the caller (the played-text truncation point)."""
+    position released to the caller (the played-text truncation point).
+
+    ``marks``: names of the marks the cut discarded (never played; for
+    Twilio also the marks sent but not yet echoed, whose late echoes the
+    gateway swallows). They settle like seed 003's MarkCleared.
+    """
 
     call_id: str
     epoch: int
     position: int
     applied_ns: int
+    marks: list[str] | None = None
 
 
 @frame("playback")
@@ -303,8 +318,13 @@ class AttachCall(Frame):
     ``subscriber`` is the DEALER identity that gets WorkerTicks for the call.
     On a re-attach after a worker death, ``speaking_since`` is the in16
     position of a VAD start that never got its stop (-1 if none): the new
-    worker answers with a synthesized stop dated there, and resumes reading
-    ``in`` where ``in16`` left off.
+    worker's first tick carries a synthesized stop (``reason`` "worker_lost")
+    dated where the old worker's in16 ended (never before ``speaking_since``),
+    and it resumes reading ``in`` where ``in16`` left off. ``gateway``, if
+    set, is a DEALER identity connected to this worker that also gets
+    OutUtterance (the gateway needs utterance starts for its epoch filter).
+    Errors: bad_ring (missing ring, bad magic/version), bad_rate, bad_params,
+    full.
     """
 
     call_id: str
@@ -314,6 +334,7 @@ class AttachCall(Frame):
     tts_rate: int
     speaking_since: int = -1
     vad: dict[str, Any] | None = None  # VadParams overrides (thresholds, min speech/silence)
+    gateway: str = ""
 
 
 @frame("attached")
@@ -342,6 +363,12 @@ class WorkerTick(Frame):
     ``positions``: call_id -> in16 write position after this tick.
     ``events``: VAD events ``{"call_id", "kind": "start"|"stop"|"gap"|"vad_failed"|"vad_recovered",
     "pos": in16 position (for stop: one past the last speech sample), "ns"}``.
+    start/stop also carry ``"at"``: the in16 position of the end of the VAD
+    window that decided them (the audio horizon of the decision). A stop
+    that did not come from silence carries ``"reason"``: "gap" (input
+    overrun), "vad_error", "overflow" or "worker_lost". gap: ``"lost"``
+    in16 samples of zeros were written at ``pos``. vad_failed is the one
+    non-fatal error of a fail-open (no events until vad_recovered).
     """
 
     worker: int
@@ -385,7 +412,9 @@ class TtsCut(Frame):
 @frame("smart_turn")
 class SmartTurnRequest(Frame):
     """Actor -> worker job lane: score the 8 s of in16 ending at ``end_pos``.
-    Reply: SmartTurnResult, or ErrorReply (kind "expired" past ``deadline_ns``)."""
+    Reply: SmartTurnResult, or ErrorReply: expired (past ``deadline_ns``
+    before it started), busy (job queue full), timeout (ran too long),
+    unknown_call, bad_range (``end_pos`` not in the in16 ring), job_failed."""
 
     call_id: str
     end_pos: int

@@ -340,7 +340,7 @@ class Ring:
         w = int(self._hdr[_W])
         end = min(end, w)
         start = min(start, end)
-        lo = max(start, w - self.capacity)
+        lo = min(max(start, w - self.capacity), end)  # a range wholly overwritten reads empty
         out = self._copy(lo, end)
         valid_from = int(self._hdr[_R]) - self.capacity
         if valid_from > lo:
@@ -348,6 +348,20 @@ class Ring:
             out = out[drop:]
             lo += drop
         return ReadResult(out, lo, lo - start, 0)
+
+    def copy_range(self, start: int, end: int) -> np.ndarray | None:
+        """Copy ``[start, end)`` if all of it is published and intact, else None.
+
+        The allocation-light fast path of a reader that keeps up (a worker
+        tick reads every call's ring 50 times a second); on None, fall back
+        to :meth:`read_range` to learn what was lost.
+        """
+        if start < 0 or end > int(self._hdr[_W]):
+            return None
+        out = self._copy(start, end)
+        if int(self._hdr[_R]) - self.capacity > start:
+            return None
+        return out
 
     def _copy(self, lo: int, hi: int) -> np.ndarray:
         n = hi - lo

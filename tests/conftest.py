@@ -2,8 +2,9 @@
 
 * ``short_tmp``: a short directory under /tmp (ipc socket paths are limited
   to 107 bytes; pytest's tmp_path can be longer). Removed after the test.
-* ``shm_clean``: fails the test if it leaves a ``/dev/shm/brisvox.*`` segment
-  of this test process's instance behind, and removes them either way.
+* ``shm_clean``: yields this test process's ring instance tag; fails the test
+  if it leaves a ``/dev/shm/brisvox.<instance>.*`` segment of that instance
+  behind, and removes them either way (other processes' segments are theirs).
 * ``vrun``: run a coroutine function on virtual time.
 """
 
@@ -36,9 +37,9 @@ def shm_clean():
     from ipc.ring import SHM_DIR, instance_id
 
     inst = instance_id()
-    before = {p.name for p in SHM_DIR.glob("brisvox.*")}
+    before = {p.name for p in SHM_DIR.glob(f"brisvox.{inst}.*")}
     yield inst
-    left = sorted(p.name for p in SHM_DIR.glob("brisvox.*") if p.name not in before)
+    left = sorted(p.name for p in SHM_DIR.glob(f"brisvox.{inst}.*") if p.name not in before)
     for name in left:
         (SHM_DIR / name).unlink(missing_ok=True)
     assert not left, f"test leaked shared-memory segments: {left}"

@@ -1,0 +1,138 @@
+"""Prometheus text exposition (format 0.0.4) of the supervisor's status snapshot.
+
+Owns metric names and labels; renders from the same snapshot ``brisvoxd
+status --json`` shows, so the two never disagree. Pure: snapshot in, text out.
+
+Invariants: every family has ``# HELP`` and ``# TYPE`` lines and appears once;
+counters end in ``_total``; label values are escaped (``\\``, ``"``, newline);
+every role x state pair of ``brisvox_children`` is present (0 when empty), so
+an alert on ``state="failed"`` has a series to watch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+ROLES = ("gateway", "worker", "agent")
+STATES = ("starting", "ready", "stopping", "exited", "failed")
+DAEMON_STATES = ("starting", "running", "draining", "stopping")
+_STAT_RE = re.compile(r"[^A-Za-z0-9_.:-]")
+
+
+def _esc(v: Any) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(d: dict[str, Any]) -> str:
+    if not d:
+        return ""
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in d.items()) + "}"
+
+
+def _num(v: float) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, int):
+        return str(v)
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "+Inf" if v > 0 else "-Inf"
+    return repr(float(v))
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_: str, samples: Iterable[tuple[dict[str, Any], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(labels)} {_num(value)}")
+
+
+def _flatten(prefix: str, obj: Any, out: list[tuple[str, float]], depth: int = 0) -> None:
+    if depth > 3 or len(out) > 200:
+        return
+    if isinstance(obj, bool):
+        out.append((prefix, 1.0 if obj else 0.0))
+    elif isinstance(obj, (int, float)):
+        out.append((prefix, float(obj)))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            key = _STAT_RE.sub("_", str(k))[:64]
+            _flatten(f"{prefix}.{key}" if prefix else key, v, out, depth + 1)
+
+
+def render(snap: dict[str, Any]) -> str:
+    d = snap["daemon"]
+    children: list[dict[str, Any]] = snap["children"]
+    o = _Out()
+    o.family("brisvox_up", "gauge", "1 while the supervisor answers.", [({}, 1)])
+    o.family("brisvox_supervisor_uptime_seconds", "gauge", "Seconds since the supervisor started.",
+             [({}, d["uptime_s"])])
+    o.family("brisvox_daemon_state", "gauge", "1 for the supervisor's current state.",
+             [({"state": s}, 1 if d["state"] == s else 0) for s in DAEMON_STATES])
+    o.family("brisvox_daemon_ready", "gauge", "1 once every child completed its handshake (READY=1 sent).",
+             [({}, 1 if d["ready"] else 0)])
+    if d.get("pss_bytes") is not None:
+        o.family("brisvox_supervisor_memory_pss_bytes", "gauge", "PSS of the supervisor process.",
+                 [({}, d["pss_bytes"])])
+    counts = {(r, s): 0 for r in ROLES for s in STATES}
+    for c in children:
+        counts[(c["role"], c["state"])] = counts.get((c["role"], c["state"]), 0) + 1
+    o.family("brisvox_children", "gauge", "Children by role and state.",
+             [({"role": r, "state": s}, n) for (r, s), n in counts.items()])
+    o.family("brisvox_calls", "gauge", "Live calls reported by the children.", [({}, d["calls"])])
+
+    def per_child(key: str, fn: Any = None) -> list[tuple[dict[str, Any], float]]:
+        rows = []
+        for c in children:
+            v = fn(c) if fn else c.get(key)
+            if v is not None:
+                rows.append(({"role": c["role"], "index": c["index"]}, v))
+        return rows
+
+    o.family("brisvox_child_up", "gauge", "1 if the child is ready.",
+             per_child("", lambda c: 1 if c["state"] == "ready" else 0))
+    o.family("brisvox_child_pid", "gauge", "Pid of the child's current (or last) process.", per_child("pid"))
+    o.family("brisvox_child_restarts_total", "counter", "Times the child was restarted.", per_child("restarts"))
+    o.family("brisvox_child_boot_failures", "gauge", "Boot failures in a row.", per_child("boot_failures"))
+    o.family("brisvox_child_hung_total", "counter", "Times the child was killed as hung.", per_child("hung"))
+    o.family("brisvox_child_memory_restarts_total", "counter", "Restarts for exceeding the memory limit.",
+             per_child("memory_restarts"))
+    o.family("brisvox_child_memory_pss_bytes", "gauge", "PSS memory of the child.", per_child("pss_bytes"))
+    o.family("brisvox_child_uptime_seconds", "gauge", "Seconds since the child process started.",
+             per_child("uptime_s"))
+    o.family("brisvox_child_calls", "gauge", "Live calls the child reported.", per_child("calls"))
+    o.family("brisvox_child_heartbeat_age_seconds", "gauge", "Age of the child's main-loop heartbeat at its last pong.",
+             per_child("", lambda c: c["beat_ms"] / 1000 if c.get("beat_ms", -1) >= 0 else None))
+    ev_rows = []
+    stat_rows = []
+    dec_rows = [({"process": where, "kind": kind}, n)
+                for where, kinds in sorted(d.get("decode_errors", {}).items()) for kind, n in sorted(kinds.items())]
+    for c in children:
+        base = {"role": c["role"], "index": c["index"]}
+        for kind, n in sorted((c.get("events") or {}).items()):
+            ev_rows.append(({**base, "kind": kind}, n))
+        stats = dict(c.get("stats") or {})
+        for kind, n in sorted((stats.pop("decode_errors", None) or {}).items()):
+            if isinstance(n, (int, float)):
+                dec_rows.append(({"process": c["name"], "kind": kind}, n))
+        flat: list[tuple[str, float]] = []
+        _flatten("", stats, flat)
+        stat_rows += [({**base, "stat": k}, v) for k, v in flat]
+    o.family("brisvox_child_events_total", "counter", "ChildEvent frames by kind.", ev_rows)
+    o.family("brisvox_child_stat", "gauge", "Numeric counters a child reports with its pongs.", stat_rows)
+    o.family("brisvox_decode_errors_total", "counter", "Malformed or unknown frames dropped, by process and kind.",
+             dec_rows)
+    o.family("brisvox_log_lines_total", "counter", "Child output lines forwarded by the supervisor.",
+             [({"role": r}, n) for r, n in sorted(d.get("log_lines", {}).items())])
+    o.family("brisvox_metrics_requests_total", "counter", "HTTP requests served by this endpoint.",
+             [({}, d.get("http_requests", 0))])
+    return "\n".join(o.lines) + "\n"

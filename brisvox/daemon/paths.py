@@ -1,0 +1,154 @@
+"""Where a daemon instance lives on disk, and the lock that makes it unique.
+
+Owns directory resolution and the pid lock:
+
+* runtime dir (sockets, pid file): ``[daemon] runtime_dir``, else
+  ``$RUNTIME_DIRECTORY`` (systemd ``RuntimeDirectory=``), else
+  ``/run/brisvox`` as root, else ``/tmp/brisvox-<uid>``. It must be short:
+  an ``ipc://`` path is limited to 107 bytes.
+* state dir: ``[daemon] state_dir``, else ``$STATE_DIRECTORY``, else
+  ``/var/lib/brisvox`` as root, else ``~/.local/state/brisvox``.
+* The runtime dir is created mode 0700 and must be owned by us (a shared
+  /tmp must not let another user pre-create it).
+* :class:`PidLock`: ``<runtime>/brisvoxd.pid`` held with ``flock`` for the
+  daemon's whole life. A second daemon on the same runtime dir fails to take
+  it and is refused with the first one's pid. The file is unlinked on exit;
+  after locking, the holder checks the path still names the locked inode (an
+  exiting daemon may have unlinked it) and retries otherwise.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from brisvox.config.daemon import DaemonConfig
+from brisvox.config.errors import ConfigError
+
+PID_FILE = "brisvoxd.pid"
+LONGEST_ENDPOINT = "supervisor"
+
+
+def runtime_dir(cfg: DaemonConfig) -> Path:
+    if cfg.daemon.runtime_dir:
+        return Path(cfg.daemon.runtime_dir).expanduser()
+    env = os.environ.get("RUNTIME_DIRECTORY", "")
+    if env:
+        return Path(env.split(":")[0])
+    if os.geteuid() == 0:
+        return Path("/run/brisvox")
+    return Path(f"/tmp/brisvox-{os.getuid()}")
+
+
+def state_dir(cfg: DaemonConfig) -> Path:
+    if cfg.daemon.state_dir:
+        return Path(cfg.daemon.state_dir).expanduser()
+    env = os.environ.get("STATE_DIRECTORY", "")
+    if env:
+        return Path(env.split(":")[0])
+    if os.geteuid() == 0:
+        return Path("/var/lib/brisvox")
+    return Path.home() / ".local" / "state" / "brisvox"
+
+
+def check_endpoint_lengths(rdir: Path, cfg: DaemonConfig) -> None:
+    """Every endpoint this daemon will bind fits the ipc path limit, else ConfigError."""
+    from ipc.bus import BusError, endpoint
+
+    names = [LONGEST_ENDPOINT, "control", f"worker-{cfg.daemon.workers}", f"agent-{cfg.daemon.agents}"]
+    for name in names:
+        try:
+            endpoint(rdir, name)
+        except BusError as e:
+            raise ConfigError("daemon.runtime_dir", str(e), cfg.path) from None
+
+
+def prepare_dirs(cfg: DaemonConfig) -> tuple[Path, Path]:
+    """Create and check the runtime and state dirs; ConfigError names the key on failure."""
+    rdir, sdir = runtime_dir(cfg), state_dir(cfg)
+    check_endpoint_lengths(rdir, cfg)
+    try:
+        rdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("daemon.runtime_dir", f"cannot create {rdir}: {e.strerror}", cfg.path) from None
+    st = rdir.stat()
+    if st.st_uid != os.geteuid():
+        raise ConfigError("daemon.runtime_dir", f"{rdir} is owned by uid {st.st_uid}, not by us", cfg.path)
+    try:
+        sdir.mkdir(mode=0o750, parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("daemon.state_dir", f"cannot create {sdir}: {e.strerror}", cfg.path) from None
+    return rdir, sdir
+
+
+class AlreadyRunning(Exception):
+    def __init__(self, path: Path, pid: int | None) -> None:
+        who = f"pid {pid}" if pid else "another process"
+        super().__init__(
+            f"brisvoxd is already running ({who}) with runtime dir {path.parent}; "
+            f"stop it with `brisvoxd stop` or give this instance another daemon.runtime_dir"
+        )
+        self.pid = pid
+
+
+def read_pid(rdir: Path) -> int | None:
+    try:
+        text = (rdir / PID_FILE).read_text().strip()
+        return int(text) if text.isdigit() else None
+    except OSError:
+        return None
+
+
+def is_locked(rdir: Path) -> bool:
+    """True if a live daemon holds the runtime dir's pid lock."""
+    try:
+        fd = os.open(rdir / PID_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+class PidLock:
+    """``flock`` on ``<runtime>/brisvoxd.pid``; the file holds the daemon's pid."""
+
+    def __init__(self, rdir: Path) -> None:
+        self.path = rdir / PID_FILE
+        self.fd = -1
+
+    def acquire(self) -> None:
+        for _ in range(10):
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise AlreadyRunning(self.path, read_pid(self.path.parent)) from None
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                return
+            os.close(fd)  # the previous holder unlinked it while we waited: retry
+        raise AlreadyRunning(self.path, None)
+
+    def write_pid(self, pid: int) -> None:
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{pid}\n".encode(), 0)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            os.close(self.fd)
+            self.fd = -1

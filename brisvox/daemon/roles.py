@@ -1,0 +1,12 @@
+"""Which function runs each child role: ``role -> "module:function"``.
+
+A role main is ``main(rt: ChildRuntime) -> int`` (the exit code). Imported
+lazily in the forked child, so the supervisor never imports numpy, ONNX or
+ZeroMQ-using role code before it forks.
+"""
+
+ROLE_MAINS: dict[str, str] = {
+    "gateway": "brisvox.daemon.minimal:main",
+    "worker": "brisvox.daemon.minimal:main",
+    "agent": "brisvox.daemon.minimal:main",
+}
