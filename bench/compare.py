@@ -1,0 +1,129 @@
+"""Side by side: brisvox vs Pipecat on the same calls, in one invocation (issue 8).
+
+``python -m bench.compare [--quick] [--only pipecat|brisvox]``: measures Pipecat
+(``bench_pipecat``) and brisvox (``bench_load``) with the same workload and
+load generator, then prints both sides and the ratios brisvox / Pipecat for
+CPU per call, memory per call, p95 turn latency and the largest N held, and
+writes them to ``bench/out/compare.md`` (copy into docs/BENCHMARKS.md with
+the command). ``run(quick)`` gives the same as bench rows.
+
+Which level each ratio compares: CPU and memory per call at the largest N
+both sides measured without breaking down, or else each side's largest held
+N (the per-call figures of a server are most favourable near its capacity);
+p95 turn latency at N=1 (engine overhead on an idle machine) and at each
+side's largest N held. A ratio below 1 means brisvox uses less / is faster,
+except "largest N held", where above 1 means brisvox holds more.
+
+Invariants: one side failing does not hide the other's figures; a ratio
+with a missing side is reported as missing, never invented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import bench_load, bench_pipecat, workload
+from bench.loadgen import harness
+
+OUT = Path(__file__).resolve().parent / "out"
+
+
+def _level(levels: list[harness.Level], n: int | None) -> harness.Level | None:
+    return next((lv for lv in levels if lv.n == n), None)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 3)
+
+
+def ratios(bv: tuple[list[harness.Level], int] | None,
+           pc: tuple[list[harness.Level], int] | None) -> list[tuple[str, Any, str, str]]:
+    """The comparison rows (figure, value, unit, target)."""
+    out: list[tuple[str, Any, str, str]] = []
+    if bv is None or pc is None:
+        return [("ratios brisvox / Pipecat", "missing", "", "a side failed to run")]
+    (bl, bn), (pl, pn) = bv, pc
+    b_at = _level(bl, bn) or (bl[-1] if bl else None)
+    p_at = _level(pl, pn) or (pl[-1] if pl else None)
+    if b_at and p_at:
+        out.append(("CPU per call, brisvox / Pipecat", _ratio(b_at.cpu_per_call, p_at.cpu_per_call),
+                    f"x (N={b_at.n} vs N={p_at.n})", "<= 0.2"))
+        out.append(("memory per call, brisvox / Pipecat", _ratio(b_at.mem_per_call_mb, p_at.mem_per_call_mb),
+                    f"x (N={b_at.n} vs N={p_at.n})", "<= 0.2"))
+    b1, p1 = _level(bl, 1), _level(pl, 1)
+    if b1 and p1:
+        out.append(("p95 turn latency at N=1, brisvox / Pipecat", _ratio(b1.p95, p1.p95), "x", "<= 1"))
+    if b_at and p_at:
+        out.append(("p95 turn latency at largest N held, brisvox / Pipecat", _ratio(b_at.p95, p_at.p95),
+                    f"x (N={b_at.n} vs N={p_at.n})", "<= 1"))
+    out.append(("largest N held, brisvox / Pipecat", _ratio(float(bn), float(pn)) if pn else None,
+                f"x ({bn} vs {pn})", ">= 5"))
+    return out
+
+
+def _side(name: str, fn, quick: bool) -> tuple[tuple[list[harness.Level], int] | None, list, str]:
+    print(f"== {name}", flush=True)
+    try:
+        levels, largest, describe = fn(quick)
+    except Exception as e:  # one side failing must not hide the other
+        print(f"   {name} FAILED: {type(e).__name__}: {e}", flush=True)
+        return None, [(f"{name}", "FAILED", "", str(e).splitlines()[0][:120])], str(e)
+    wl = workload.load()
+    targets = bench_load.TARGETS if name == "brisvox" else None
+    rows = [(f"{name}: how it was run", describe, "", "")] + harness.rows(name, levels, largest, wl, targets)
+    return (levels, largest), rows, ""
+
+
+def compare(quick: bool, only: str | None = None) -> list[tuple[str, Any, str, str]]:
+    pc = bv = None
+    rows: list[tuple[str, Any, str, str]] = []
+    if only in (None, "pipecat"):
+        pc, r, _ = _side("pipecat", lambda q: bench_pipecat.measure(q), quick)
+        rows += r
+    if only in (None, "brisvox"):
+        bv, r, _ = _side("brisvox", lambda q: bench_load.measure(q), quick)
+        rows += r
+    if only is None:
+        rows += ratios(bv, pc)
+    return rows
+
+
+def _fmt(rows: list[tuple[str, Any, str, str]]) -> list[str]:
+    lines = ["| figure | value | unit | target |", "|---|---|---|---|"]
+    for fig, val, unit, target in rows:
+        v = f"{val:.3f}" if isinstance(val, float) else str(val)
+        lines.append(f"| {fig} | {v} | {unit} | {target} |")
+    return lines
+
+
+def run(quick: bool) -> list[tuple[str, Any, str, str]]:
+    return compare(quick)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.compare")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("pipecat", "brisvox"))
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    rows = compare(args.quick, args.only)
+    for fig, val, unit, target in rows:
+        v = f"{val:.3f}" if isinstance(val, float) else str(val)
+        print(f"   {fig:<62} {v:>12} {unit:<22} {target}")
+    OUT.mkdir(exist_ok=True)
+    cmd = "python -m bench.compare" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+    text = [f"# brisvox vs Pipecat ({time.strftime('%Y-%m-%d %H:%M')}, `{cmd}`, "
+            f"{time.monotonic() - t0:.0f} s)", ""] + _fmt(rows)
+    (OUT / "compare.md").write_text("\n".join(text) + "\n")
+    print(f"written to {OUT / 'compare.md'}")
+    return 0 if not any(r[1] == "FAILED" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
