@@ -1,0 +1,205 @@
+"""The call table: admission, call ids, the four rings of a call, and their lifetime.
+
+Owns which calls exist, which transport leg and which agent process serves
+each, and the shared-memory rings the gateway creates for them.
+
+Invariants:
+
+* At most ``max_calls`` calls exist; :meth:`CallTable.admit` refuses beyond
+  that (and while draining) and counts the refusal by reason. Admission is
+  synchronous, so two calls racing for the last slot cannot both get it.
+* The gateway creates all four rings of a call (``in``, ``in16``, ``tts``,
+  ``out``; capacities a power of two covering ``ring_seconds``) at admission
+  and unlinks them exactly once, in :meth:`CallTable.release`, after both the
+  transport side and the agent side detached (or the detach timeout fired).
+  A ring creation failure rolls back every ring already created.
+* The gateway is the single writer of ``in`` and the single owner of the
+  ``out`` ring's cut floor; it reads ``out`` through one cursor per call
+  whose position is the call's release (playback) position.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from brisvox.gateway.metrics import CallStats
+from ipc.ring import Ring, RingError, RingReader, ring_name
+
+log = logging.getLogger("brisvox.gateway")
+
+KINDS = ("in", "in16", "tts", "out")
+IN16_RATE = 16000
+
+
+def ring_capacity(rate: int, seconds: float) -> int:
+    need = max(1024, int(rate * seconds))
+    return 1 << (need - 1).bit_length()
+
+
+class Leg(Protocol):
+    """The transport side of a call (SIP dialog + RTP, Twilio or native WebSocket)."""
+
+    transport: str
+    marks_by_echo: bool  # the peer echoes marks (Twilio); else the gateway reports on release
+
+    @property
+    def can_send(self) -> bool: ...
+
+    def send_audio(self, samples: np.ndarray, now: float) -> bool: ...
+
+    def end_spurt(self) -> None: ...
+
+    def send_clear(self) -> None: ...
+
+    def send_mark(self, name: str) -> None: ...
+
+    def tick_dtmf(self, now: float) -> bool: ...
+
+    def send_dtmf(self, digits: str) -> int: ...
+
+    def hangup(self, reason: str) -> None: ...
+
+    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None: ...
+
+    def poll(self, now: float) -> None: ...
+
+
+@dataclass(slots=True)
+class PendingMark:
+    position: int
+    name: str
+
+
+class Call:
+    """One live call: its rings, leg, agent, pacing state and epoch ledger."""
+
+    def __init__(self, call_id: str, transport: str, agent: str, call_rate: int, tts_rate: int,
+                 rings: dict[str, Ring], started_ns: int, frame: int) -> None:
+        self.call_id = call_id
+        self.transport = transport
+        self.agent = agent
+        self.agent_proc = ""  # DEALER identity of the agent process ("" = built-in agent)
+        self.worker = -1
+        self.call_rate = call_rate
+        self.tts_rate = tts_rate
+        self.rings = rings
+        self.in_ring = rings["in"]
+        self.out_ring = rings["out"]
+        self.out_reader: RingReader = self.out_ring.reader(0)
+        self.started_ns = started_ns
+        self.leg: Leg | None = None
+        self.state = "starting"  # starting -> active -> ending -> ended
+        self.transport_ids: dict[str, str] = {}
+        self.params: dict[str, str] = {}
+        self.stats = CallStats()
+        self.builtin: Any = None  # the echo agent, when it serves the call
+        # pacing
+        self.frame = frame
+        self.frame_s = frame / call_rate
+        self.next_due = 0.0
+        self.playing = False
+        self.starved_at = -1.0
+        self.partial_wait = False
+        self.last_send = -1.0
+        self.last_on_grid = False
+        self.release_pos = 0
+        self.reported_pos = 0
+        self.released_since_report = False
+        # epoch ledger (see pacer/core): audio before ``gate_pos`` is stale
+        self.cleared_epoch = -1
+        self.gate_open = True  # False after a Clear until an utterance of a newer epoch starts
+        self.gate_pos = 0
+        self.utterances: deque[tuple[int, int]] = deque(maxlen=32)  # (epoch, out_pos)
+        # marks: pending (not yet released/sent), and sent to a peer that echoes
+        self.marks: deque[PendingMark] = deque()
+        self.marks_sent: deque[PendingMark] = deque()
+        # lifetime
+        self.transport_done = False
+        self.agent_done = False
+        self.end_reason = ""
+        self.end_deadline = 0.0
+
+    def __repr__(self) -> str:
+        return f"<Call {self.call_id} {self.transport} {self.agent} {self.state}>"
+
+
+class AdmissionError(Exception):
+    """A call was refused. ``reason``: full, draining, rings."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class CallTable:
+    """All calls of the gateway (see module invariants)."""
+
+    def __init__(self, instance: str, max_calls: int, ring_seconds: float, frame_ms: int = 20) -> None:
+        self.instance = instance
+        self.max_calls = max_calls
+        self.ring_seconds = ring_seconds
+        self.frame_ms = frame_ms
+        self.calls: dict[str, Call] = {}
+        self.draining = False
+        self.refused: dict[str, int] = {}
+        self.admitted = 0
+        self.released = 0
+        self._ids = itertools.count(1)
+        self._prefix = f"{os.getpid():x}{int(time.time()) % 0x10000:04x}"
+
+    def __len__(self) -> int:
+        return len(self.calls)
+
+    def new_id(self) -> str:
+        return f"c{self._prefix}{next(self._ids):05d}"
+
+    def admit(self, transport: str, agent: str, call_rate: int, tts_rate: int) -> Call:
+        if self.draining:
+            self._refuse("draining")
+        if len(self.calls) >= self.max_calls:
+            self._refuse("full")
+        call_id = self.new_id()
+        rates = {"in": call_rate, "in16": IN16_RATE, "tts": tts_rate, "out": call_rate}
+        rings: dict[str, Ring] = {}
+        try:
+            for kind in KINDS:
+                name = ring_name(self.instance, call_id, kind)
+                rings[kind] = Ring.create(name, ring_capacity(rates[kind], self.ring_seconds), rates[kind])
+        except (RingError, OSError) as e:
+            for r in rings.values():
+                r.unlink()
+                r.close()
+            log.error("could not create rings for %s: %s", call_id, e)
+            self._refuse("rings", str(e))
+        frame = call_rate * self.frame_ms // 1000
+        call = Call(call_id, transport, agent, call_rate, tts_rate, rings, time.monotonic_ns(), frame)
+        self.calls[call_id] = call
+        self.admitted += 1
+        return call
+
+    def _refuse(self, reason: str, detail: str = "") -> None:
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        raise AdmissionError(reason, detail)
+
+    def get(self, call_id: str) -> Call | None:
+        return self.calls.get(call_id)
+
+    def release(self, call: Call) -> bool:
+        """Forget the call and unlink its rings (once). Returns False if already released."""
+        if self.calls.pop(call.call_id, None) is None:
+            return False
+        for r in call.rings.values():
+            r.unlink()
+            r.close()
+        call.state = "ended"
+        self.released += 1
+        return True

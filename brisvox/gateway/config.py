@@ -1,0 +1,276 @@
+"""Parsed ``[gateway]``, ``[sip]`` and ``[websocket]`` sections of ``brisvoxd.toml``.
+
+Owns the gateway's configuration: defaults, validation and the names of the
+keys. Each class is a frozen dataclass with ``from_section(table, where)``
+(registered in ``brisvox/config/sections.py``); an unknown key, a wrong type
+or an out-of-range value raises ``ConfigError`` naming the dotted key.
+
+Defaults are loopback only: SIP/UDP on 127.0.0.1:5060, WebSocket on
+127.0.0.1:8765 with Twilio Media Streams at ``/twilio`` and the native
+protocol at ``/ws``. Nothing listens on a public address unless configured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from brisvox.config.errors import ConfigError
+
+AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+NATIVE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+
+
+def _check_type(value: Any, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if type(value) is not bool:
+            raise ConfigError(key, f"expected true/false, got {value!r}")
+        return value
+    if hint is int:
+        if type(value) is not int:
+            raise ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if hint is float:
+        if type(value) not in (int, float):
+            raise ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if type(value) is not str:
+            raise ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(key, f"expected an array, got {value!r}")
+        (inner,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        return tuple(_check_type(v, inner, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a table, got {value!r}")
+        return dict(value)
+    raise ConfigError(key, f"unsupported type {hint!r}")  # pragma: no cover
+
+
+def _parse(cls: type, table: dict[str, Any] | None, where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    table = dict(table or {})
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (known: {', '.join(sorted(names))})")
+    out: dict[str, Any] = {}
+    for name, value in table.items():
+        if name in skip:
+            continue
+        out[name] = _check_type(value, hints[name], f"{where}.{name}")
+    return out
+
+
+def _positive(where: str, **values: float) -> None:
+    for k, v in values.items():
+        if v <= 0:
+            raise ConfigError(f"{where}.{k}", f"must be > 0, got {v}")
+
+
+def _port(where: str, name: str, port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"{where}.{name}", f"port out of range: {port}")
+
+
+def _agent(key: str, name: str) -> None:
+    if not AGENT_RE.match(name):
+        raise ConfigError(key, f"invalid agent name {name!r} (letters, digits, _ and -)")
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """``[gateway]``: the call table, pacing and the echo line-test agent."""
+
+    max_calls: int = 200
+    position_interval_ms: int = 100  # Playback report period per agent
+    ring_seconds: float = 8.0  # capacity of each call ring (rounded up to a power of two)
+    tts_rate: int = 22050  # rate of the tts ring for pipeline calls
+    agent_timeout_s: float = 2.0  # CallStart -> CallAccepted
+    detach_timeout_s: float = 10.0  # CallEnd -> CallEnded; rings are unlinked after it
+    echo_delay_ms: int = 300  # the echo agent plays the caller back this much later
+    echo_use_workers: bool = True  # echo through a worker's resampling (in->in16->tts->out)
+    echo_mark_ms: int = 1000  # the echo agent places a mark every this much output
+    echo_digit_clears: bool = True  # a DTMF digit makes the echo agent Clear (barge-in line test)
+    max_marks: int = 64  # pending marks per call (more are refused and counted)
+    max_dtmf_queue: int = 32  # queued outbound DTMF digits per call
+    uvloop: bool = False  # run the gateway loop on uvloop when installed
+
+    @classmethod
+    def from_section(cls, table: dict[str, Any] | None, where: str = "gateway") -> GatewayConfig:
+        cfg = cls(**_parse(cls, table, where))
+        _positive(where, max_calls=cfg.max_calls, position_interval_ms=cfg.position_interval_ms,
+                  ring_seconds=cfg.ring_seconds, agent_timeout_s=cfg.agent_timeout_s,
+                  detach_timeout_s=cfg.detach_timeout_s, echo_mark_ms=cfg.echo_mark_ms,
+                  max_marks=cfg.max_marks, max_dtmf_queue=cfg.max_dtmf_queue)
+        if cfg.echo_delay_ms < 0 or cfg.echo_delay_ms > 5000:
+            raise ConfigError(f"{where}.echo_delay_ms", "must be within 0..5000")
+        if not 8000 <= cfg.tts_rate <= 48000:
+            raise ConfigError(f"{where}.tts_rate", "must be within 8000..48000")
+        if cfg.ring_seconds > 60:
+            raise ConfigError(f"{where}.ring_seconds", "at most 60 s")
+        return cfg
+
+
+@dataclass(frozen=True, slots=True)
+class SipConfig:
+    """``[sip]``: the SIP user agent (server side, UDP) and its RTP ports."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 5060
+    public_host: str = ""  # address in Contact/Via/SDP (default: host)
+    rtp_port_min: int = 20000
+    rtp_port_max: int = 30000
+    allow: tuple[str, ...] = ("127.0.0.0/8",)  # source networks accepted (SIP and RTP)
+    default_agent: str = "default"
+    users: dict[str, str] = field(default_factory=lambda: {"echo": "echo"})  # request-URI user -> agent
+    codecs: tuple[str, ...] = ("PCMU", "PCMA")  # our preference when the offer allows both
+    t1_ms: int = 500
+    t2_ms: int = 4000
+    t4_ms: int = 5000
+    ring_ms: int = 0  # delay between 180 Ringing and 200 OK
+    jitter_ms: int = 60  # reordering window of the RTP jitter buffer
+    max_buffered_packets: int = 32  # per call: jitter buffer slots
+    max_message_bytes: int = 16384
+    rtp_timeout_s: float = 60.0  # hang up after this long without RTP (0: never; held calls exempt)
+    user_agent: str = "brisvox"
+
+    @classmethod
+    def from_section(cls, table: dict[str, Any] | None, where: str = "sip") -> SipConfig:
+        cfg = cls(**_parse(cls, table, where))
+        _port(where, "port", cfg.port)
+        _port(where, "rtp_port_min", cfg.rtp_port_min)
+        _port(where, "rtp_port_max", cfg.rtp_port_max)
+        if cfg.rtp_port_min and cfg.rtp_port_max - cfg.rtp_port_min < 2:
+            raise ConfigError(f"{where}.rtp_port_max", "must leave room for at least one even port above rtp_port_min")
+        for i, net in enumerate(cfg.allow):
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError as e:
+                raise ConfigError(f"{where}.allow[{i}]", str(e)) from None
+        _agent(f"{where}.default_agent", cfg.default_agent)
+        for user, agent in cfg.users.items():
+            if type(agent) is not str:
+                raise ConfigError(f"{where}.users.{user}", "expected an agent name")
+            _agent(f"{where}.users.{user}", agent)
+        for i, c in enumerate(cfg.codecs):
+            if c not in ("PCMU", "PCMA"):
+                raise ConfigError(f"{where}.codecs[{i}]", f"unsupported codec {c!r} (PCMU, PCMA)")
+        if not cfg.codecs:
+            raise ConfigError(f"{where}.codecs", "at least one codec")
+        _positive(where, t1_ms=cfg.t1_ms, t2_ms=cfg.t2_ms, t4_ms=cfg.t4_ms, jitter_ms=cfg.jitter_ms,
+                  max_buffered_packets=cfg.max_buffered_packets, max_message_bytes=cfg.max_message_bytes)
+        if cfg.rtp_timeout_s < 0:
+            raise ConfigError(f"{where}.rtp_timeout_s", "must be >= 0")
+        if cfg.max_message_bytes > 65535:
+            raise ConfigError(f"{where}.max_message_bytes", "a UDP datagram holds at most 65535 bytes")
+        return cfg
+
+    @property
+    def advertised_host(self) -> str:
+        return self.public_host or self.host
+
+
+@dataclass(frozen=True, slots=True)
+class WsRoute:
+    """One WebSocket path: ``protocol`` (twilio | native) and the agent it serves."""
+
+    path: str
+    protocol: str
+    agent: str
+
+
+DEFAULT_ROUTES = (WsRoute("/twilio", "twilio", "default"), WsRoute("/ws", "native", "default"))
+
+
+@dataclass(frozen=True, slots=True)
+class WebSocketConfig:
+    """``[websocket]``: the WebSocket server (Twilio Media Streams and native)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8765
+    routes: tuple[WsRoute, ...] = DEFAULT_ROUTES
+    max_message_bytes: int = 262144  # a larger frame closes the connection (1009)
+    max_send_buffer_bytes: int = 262144  # per connection; beyond it outbound audio is dropped, counted
+    native_secret: str = ""  # shared secret for /ws (Authorization: Bearer, or ?token=)
+    twilio_auth_token: str = ""  # validate X-Twilio-Signature when set
+    public_url: str = ""  # scheme://host the signature was computed over (default wss://<Host>)
+    start_timeout_s: float = 10.0  # close a connection that never sends start
+    native_rates: tuple[int, ...] = NATIVE_RATES
+
+    @classmethod
+    def from_section(cls, table: dict[str, Any] | None, where: str = "websocket") -> WebSocketConfig:
+        raw = dict(table or {})
+        routes_raw = raw.pop("routes", None)
+        cfg = cls(**_parse(cls, raw, where))
+        if routes_raw is not None:
+            if not isinstance(routes_raw, list):
+                raise ConfigError(f"{where}.routes", "expected an array of tables")
+            routes = []
+            for i, r in enumerate(routes_raw):
+                key = f"{where}.routes[{i}]"
+                if not isinstance(r, dict):
+                    raise ConfigError(key, "expected a table {path, protocol, agent}")
+                extra = sorted(set(r) - {"path", "protocol", "agent"})
+                if extra:
+                    raise ConfigError(f"{key}.{extra[0]}", "unknown key (path, protocol, agent)")
+                path, proto, agent = r.get("path"), r.get("protocol"), r.get("agent", "default")
+                if type(path) is not str or not path.startswith("/"):
+                    raise ConfigError(f"{key}.path", "expected a path starting with /")
+                if proto not in ("twilio", "native"):
+                    raise ConfigError(f"{key}.protocol", "expected twilio or native")
+                if type(agent) is not str:
+                    raise ConfigError(f"{key}.agent", "expected an agent name")
+                _agent(f"{key}.agent", agent)
+                routes.append(WsRoute(path.rstrip("/") or "/", proto, agent))
+            cfg = dataclasses.replace(cfg, routes=tuple(routes))
+        _port(where, "port", cfg.port)
+        _positive(where, max_message_bytes=cfg.max_message_bytes,
+                  max_send_buffer_bytes=cfg.max_send_buffer_bytes, start_timeout_s=cfg.start_timeout_s)
+        for i, rate in enumerate(cfg.native_rates):
+            if rate not in NATIVE_RATES:
+                raise ConfigError(f"{where}.native_rates[{i}]", f"unsupported rate {rate} ({NATIVE_RATES})")
+        if cfg.public_url and not re.match(r"^(wss?|https?)://[^/]+$", cfg.public_url):
+            raise ConfigError(f"{where}.public_url", "expected scheme://host[:port] without a path")
+        return cfg
+
+    def route(self, path: str) -> WsRoute | None:
+        """Route for a request path: exact match, or ``<route>/<agent>`` for another agent."""
+        path = path.split("?", 1)[0].rstrip("/") or "/"
+        for r in self.routes:
+            if r.path == path:
+                return r
+        for r in self.routes:
+            prefix = r.path.rstrip("/") + "/"
+            if path.startswith(prefix):
+                agent = path[len(prefix):]
+                if AGENT_RE.match(agent):
+                    return WsRoute(path, r.protocol, agent)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class GatewaySettings:
+    """The three sections together, as the gateway core takes them."""
+
+    gateway: GatewayConfig = GatewayConfig()
+    sip: SipConfig = SipConfig()
+    websocket: WebSocketConfig = WebSocketConfig()
+
+    @classmethod
+    def from_tables(cls, tables: dict[str, Any]) -> GatewaySettings:
+        return cls(
+            GatewayConfig.from_section(tables.get("gateway")),
+            SipConfig.from_section(tables.get("sip")),
+            WebSocketConfig.from_section(tables.get("websocket")),
+        )

@@ -1,0 +1,223 @@
+"""The native brisvox WebSocket protocol: JSON control plus binary PCM16 frames.
+
+Owns the message grammar of ``/ws`` (documented in docs/PROTOCOL.md) on one
+connection and the call leg it becomes.
+
+Client -> server: ``{"event": "start", "rate": 16000, "params": {...},
+"marks": "release" | "echo"}``; binary frames of PCM16 little-endian mono at
+the declared rate; ``{"event": "mark", "name": ...}`` (echo mode: the client
+played that mark); ``{"event": "dtmf", "digit": "5"}``; ``{"event": "stop"}``.
+
+Server -> client: ``{"event": "started", "call_id", "rate", "frame_ms"}``;
+binary 20 ms PCM16 frames of bot audio; ``{"event": "mark", "name"}`` (echo
+mode, right after the frame that reaches it); ``{"event": "clear"}``;
+``{"event": "dtmf", "digits"}``; ``{"event": "transfer", "target"}``;
+``{"event": "error", "code", "message"}``; ``{"event": "stop", "reason"}``.
+
+Invariants:
+
+* Recoverable mistakes (bad JSON, an unknown event, audio before start, an
+  odd-length audio frame, a bad digit) get an ``error`` message with a stable
+  ``code`` and are counted; the call goes on. A bad ``start`` (rate not
+  offered) closes with 1003, a full gateway with 1013, an oversized frame is
+  closed by the server with 1009.
+* In ``release`` mark mode (default) the gateway reports a mark as played
+  when its release position passes it; in ``echo`` mode the client's echo
+  does, as with Twilio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from brisvox.gateway import dtmf
+from brisvox.gateway.calls import AdmissionError, Call
+from brisvox.gateway.config import WsRoute
+
+if TYPE_CHECKING:
+    from brisvox.gateway.core import GatewayCore
+    from brisvox.gateway.ws_server import WsConnection
+
+log = logging.getLogger("brisvox.gateway.native")
+
+
+class NativeSession:
+    """One native stream: protocol handler and call leg."""
+
+    transport = "native"
+
+    def __init__(self, core: GatewayCore, conn: WsConnection, route: WsRoute) -> None:
+        self.core = core
+        self.conn = conn
+        self.route = route
+        self.call: Call | None = None
+        self.marks_by_echo = False
+        self.rate = 0
+        loop = core.loop or asyncio.get_event_loop()
+        self._start_timer: asyncio.TimerHandle | None = loop.call_later(
+            core.settings.websocket.start_timeout_s, self._no_start)
+
+    # -- errors ---------------------------------------------------------------------
+
+    def _error(self, code: str, message: str) -> None:
+        self.core.metrics.inc(f"ws_malformed_{code}")
+        if self.call is not None:
+            self.call.stats.malformed += 1
+        self.conn.send_text(orjson.dumps({"event": "error", "code": code, "message": message}))
+
+    def _close(self, kind: str, code: int, reason: str) -> None:
+        self.core.metrics.inc(f"ws_malformed_{kind}")
+        self.conn.close(code, reason)
+        self._ended(f"protocol error: {kind}")
+
+    def _no_start(self) -> None:
+        self._start_timer = None
+        if self.call is None and not self.conn.closed:
+            self._close("no_start", 1008, "no start message")
+
+    # -- protocol in ------------------------------------------------------------------
+
+    def on_binary(self, data: bytes) -> None:
+        call = self.call
+        if call is None:
+            self._error("media_before_start", "send start before audio")
+            return
+        if len(data) % 2:
+            self._error("odd_frame", "PCM16 frames have an even number of bytes")
+            return
+        st = call.stats
+        st.packets_in += 1
+        st.bytes_in += len(data)
+        if data and not call.transport_done:
+            call.in_ring.write(np.frombuffer(data, dtype="<i2"))
+            st.samples_in += len(data) // 2
+
+    def on_text(self, data: bytes) -> None:
+        try:
+            msg = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            self._error("bad_json", "invalid JSON")
+            return
+        if type(msg) is not dict or type(msg.get("event")) is not str:
+            self._error("bad_message", "expected a JSON object with an event")
+            return
+        ev = msg["event"]
+        if ev == "start":
+            self._start(msg)
+        elif ev == "mark":
+            name = msg.get("name")
+            if type(name) is not str:
+                self._error("bad_mark", "mark needs a name")
+            elif self.call is not None and self.marks_by_echo:
+                self.core.mark_echo(self.call, name)
+        elif ev == "dtmf":
+            digit = msg.get("digit")
+            dur = msg.get("duration_ms", 0)
+            if type(digit) is not str or len(digit) != 1 or digit.upper() not in dtmf.DIGITS:
+                self._error("bad_dtmf", "digit must be one of 0-9 * # A-D")
+            elif self.call is None:
+                self._error("dtmf_before_start", "send start first")
+            else:
+                self.core.dtmf_in(self.call, digit.upper(), dur if type(dur) is int and dur >= 0 else 0)
+        elif ev == "stop":
+            self._ended("stop")
+            self.conn.send_text(orjson.dumps({"event": "stop", "reason": "client stop"}))
+            self.conn.close(1000, "stop")
+        else:
+            self._error("unknown_event", f"unknown event {ev[:32]!r}")
+
+    def _start(self, msg: dict[str, Any]) -> None:
+        if self.call is not None:
+            self._error("duplicate_start", "the stream already started")
+            return
+        rate = msg.get("rate")
+        rates = self.core.settings.websocket.native_rates
+        if type(rate) is not int or rate not in rates:
+            self._close("bad_rate", 1003, f"rate must be one of {list(rates)}")
+            return
+        marks = msg.get("marks", "release")
+        if marks not in ("release", "echo"):
+            self._error("bad_start", "marks must be release or echo")
+            return
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+            self._start_timer = None
+        try:
+            call = self.core.admit("native", self.route.agent, rate)
+        except AdmissionError as e:
+            busy = e.reason in ("full", "draining")
+            self.conn.close(1013 if busy else 1011, "try again later" if busy else "cannot serve the call")
+            return
+        self.rate = rate
+        self.marks_by_echo = marks == "echo"
+        params = msg.get("params")
+        if type(params) is dict:
+            call.params = {str(k)[:64]: str(v)[:1024] for k, v in list(params.items())[:32]}
+        self.call = call
+        self.conn.send_text(orjson.dumps({"event": "started", "call_id": call.call_id, "rate": rate,
+                                          "frame_ms": 20, "agent": call.agent}))
+        self.core.start_call(call, self, self._on_ready)
+
+    def _on_ready(self, ok: bool, why: str) -> None:
+        if not ok:
+            self.conn.send_text(orjson.dumps({"event": "stop", "reason": f"agent unavailable: {why}"}))
+            self.conn.close(1011, "agent unavailable")
+            self._ended("agent unavailable")
+
+    def on_closed(self, code: int, reason: str) -> None:
+        if self._start_timer is not None:
+            self._start_timer.cancel()
+            self._start_timer = None
+        self._ended(f"closed {code}")
+
+    def _ended(self, reason: str) -> None:
+        if self.call is not None and not self.call.transport_done:
+            self.core.transport_ended(self.call, reason)
+
+    # -- leg: out ----------------------------------------------------------------------
+
+    @property
+    def can_send(self) -> bool:
+        return not self.conn.closed
+
+    def send_audio(self, samples: np.ndarray, now: float) -> bool:
+        ok = self.conn.send_binary(samples.astype("<i2", copy=False).tobytes())
+        if ok and self.call is not None:
+            self.call.stats.packets_out += 1
+        return ok
+
+    def end_spurt(self) -> None:
+        pass
+
+    def send_clear(self) -> None:
+        self.conn.send_text(b'{"event":"clear"}')
+
+    def send_mark(self, name: str) -> None:
+        self.conn.send_text(orjson.dumps({"event": "mark", "name": name}))
+
+    def send_dtmf(self, digits: str) -> int:
+        valid = "".join(d.upper() for d in digits if d.upper() in dtmf.DIGITS)
+        if valid:
+            self.conn.send_text(orjson.dumps({"event": "dtmf", "digits": valid}))
+        return len(digits) - len(valid)
+
+    def tick_dtmf(self, now: float) -> bool:
+        return False
+
+    def hangup(self, reason: str) -> None:
+        self.conn.send_text(orjson.dumps({"event": "stop", "reason": reason}))
+        self.conn.close(1000, reason[:120])
+        self._ended(reason)
+
+    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+        ok = self.conn.send_text(orjson.dumps({"event": "transfer", "target": target}))
+        done(ok, "delegated to the client" if ok else "connection closed")
+
+    def poll(self, now: float) -> None:
+        pass

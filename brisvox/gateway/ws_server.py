@@ -1,0 +1,315 @@
+"""The WebSocket server: TCP connections, the opening handshake, routing, auth.
+
+Owns WebSocket connections (the websockets library's Sans-I/O protocol
+driven from an ``asyncio.Protocol``: no task per connection, and sends are
+plain synchronous writes the pacer can make from its tick), the route of a
+request path to a protocol (Twilio Media Streams or native) and an agent,
+the native shared secret and the Twilio request signature.
+
+Invariants:
+
+* A message larger than ``max_message_bytes`` fails the connection with
+  close code 1009 before it is buffered (the frame header is enough); a
+  handshake that does not finish in ``HANDSHAKE_TIMEOUT_S`` is dropped.
+* An unknown path is refused with HTTP 404, a failed auth with 401/403,
+  before any session exists; each refusal is counted.
+* Outbound data beyond ``max_send_buffer_bytes`` of unsent bytes is not
+  queued (the send returns False and the caller counts a drop): a slow
+  reader can never make the gateway buffer without bound.
+* One connection's failure (exception in its session) closes that
+  connection with 1011 and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import logging
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.exceptions import InvalidState
+from websockets.frames import Opcode
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
+
+from brisvox.gateway.config import WebSocketConfig, WsRoute
+
+if TYPE_CHECKING:
+    from brisvox.gateway.core import GatewayCore
+
+log = logging.getLogger("brisvox.gateway.ws")
+
+HANDSHAKE_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 2.0
+
+
+class Session(Protocol):
+    def on_text(self, data: bytes) -> None: ...
+
+    def on_binary(self, data: bytes) -> None: ...
+
+    def on_closed(self, code: int, reason: str) -> None: ...
+
+
+def twilio_signature(auth_token: str, url: str, params: dict[str, str] | None = None) -> str:
+    """X-Twilio-Signature: base64(HMAC-SHA1(token, url + sorted(k + v)))."""
+    data = url + "".join(k + v for k, v in sorted((params or {}).items()))
+    mac = hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()
+    return base64.b64encode(mac).decode()
+
+
+class WsConnection(asyncio.Protocol):
+    """One WebSocket connection (see module invariants)."""
+
+    def __init__(self, server: WebSocketServer) -> None:
+        self.server = server
+        self.proto = ServerProtocol(max_size=server.cfg.max_message_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.route: WsRoute | None = None
+        self.request: Request | None = None
+        self.peer: tuple[str, int] = ("", 0)
+        self.closed = False
+        self._frag_op: Opcode | None = None
+        self._frag: list[bytes] = []
+        self._frag_size = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_code = 1006
+        self._close_reason = ""
+        self.max_buffer = server.cfg.max_send_buffer_bytes
+
+    # -- asyncio.Protocol ----------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
+        self.peer = transport.get_extra_info("peername") or ("", 0)
+        self.server.connections.add(self)
+        self._timer = self.server.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+
+    def data_received(self, data: bytes) -> None:
+        proto = self.proto
+        proto.receive_data(data)
+        try:
+            for ev in proto.events_received():
+                if isinstance(ev, Request):
+                    self._handshake(ev)
+                else:
+                    self._frame(ev)
+        except Exception:
+            log.exception("websocket session failed")
+            self.server.count("ws_session_errors")
+            self.close(1011, "internal error")
+        self._flush()
+
+    def eof_received(self) -> bool | None:
+        self.proto.receive_eof()
+        self._flush()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self.server.connections.discard(self)
+        if self.proto.close_rcvd is not None:
+            self._close_code = self.proto.close_rcvd.code
+            self._close_reason = self.proto.close_rcvd.reason
+        if self.session is not None:
+            s, self.session = self.session, None
+            s.on_closed(self._close_code, self._close_reason)
+
+    # -- handshake ----------------------------------------------------------------
+
+    def _handshake_timeout(self) -> None:
+        if self.session is None and not self.closed:
+            self.server.count("ws_handshake_timeouts")
+            self._abort()
+
+    def _reject(self, status: int, text: str, counter: str) -> None:
+        self.server.count(counter)
+        resp = self.proto.reject(status, text)
+        self.proto.send_response(resp)
+
+    def _handshake(self, req: Request) -> None:
+        server = self.server
+        cfg = server.cfg
+        route = cfg.route(req.path)
+        if route is None:
+            self._reject(404, "no such path\n", "ws_refused_path")
+            return
+        if route.protocol == "native" and cfg.native_secret and not self._native_auth(req):
+            self._reject(401, "bad or missing token\n", "ws_refused_auth")
+            return
+        if route.protocol == "twilio" and cfg.twilio_auth_token and not self._twilio_auth(req):
+            self._reject(403, "bad X-Twilio-Signature\n", "ws_refused_signature")
+            return
+        resp = self.proto.accept(req)
+        self.proto.send_response(resp)
+        if resp.status_code != 101:
+            server.count("ws_refused_handshake")
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.route = route
+        self.request = req
+        self.session = server.make_session(self, route, req)
+
+    def _native_auth(self, req: Request) -> bool:
+        secret = self.server.cfg.native_secret.encode()
+        auth = req.headers.get("Authorization", "")
+        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), secret):
+            return True
+        q = parse_qs(urlsplit(req.path).query)
+        tok = (q.get("token") or [""])[0]
+        return bool(tok) and hmac.compare_digest(tok.encode(), secret)
+
+    def _twilio_auth(self, req: Request) -> bool:
+        cfg = self.server.cfg
+        sig = req.headers.get("X-Twilio-Signature", "")
+        if not sig:
+            return False
+        base = cfg.public_url or f"wss://{req.headers.get('Host', '')}"
+        expect = twilio_signature(cfg.twilio_auth_token, base + req.path)
+        return hmac.compare_digest(sig.encode(), expect.encode())
+
+    # -- frames -----------------------------------------------------------------
+
+    def _frame(self, frame: Any) -> None:
+        op = frame.opcode
+        if op is Opcode.TEXT or op is Opcode.BINARY:
+            if frame.fin:
+                self._message(op, frame.data)
+            else:
+                self._frag_op = op
+                self._frag = [frame.data]
+        elif op is Opcode.CONT:
+            if self._frag_op is None:
+                return
+            self._frag.append(frame.data)
+            if frame.fin:
+                op2, parts = self._frag_op, self._frag
+                self._frag_op, self._frag = None, []
+                self._message(op2, b"".join(parts))
+        elif op is Opcode.CLOSE:
+            if self.proto.close_rcvd is not None:
+                self._close_code = self.proto.close_rcvd.code
+                self._close_reason = self.proto.close_rcvd.reason
+
+    def _message(self, op: Opcode, data: bytes) -> None:
+        s = self.session
+        if s is None:
+            return
+        if op is Opcode.TEXT:
+            s.on_text(data)
+        else:
+            s.on_binary(data)
+
+    # -- sending --------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        for chunk in self.proto.data_to_send():
+            if chunk:
+                t.write(chunk)
+            elif t.can_write_eof():
+                t.write_eof()
+        if self.proto.close_expected() and self._timer is None:
+            self._timer = self.server.loop.call_later(CLOSE_TIMEOUT_S, self._abort)
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def can_send(self) -> bool:
+        t = self.transport
+        return t is not None and not self.closed and t.get_write_buffer_size() <= self.max_buffer
+
+    def send_text(self, data: bytes) -> bool:
+        """Send a text message (``data`` is UTF-8). False if dropped (closed or backed up)."""
+        if not self.can_send():
+            return False
+        try:
+            self.proto.send_text(data)
+        except InvalidState:
+            return False
+        self._flush()
+        return True
+
+    def send_binary(self, data: bytes) -> bool:
+        if not self.can_send():
+            return False
+        try:
+            self.proto.send_binary(data)
+        except InvalidState:
+            return False
+        self._flush()
+        return True
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        """Start the closing handshake (the TCP close follows, bounded by a timer)."""
+        if self.closed:
+            return
+        self._close_code = code
+        self._close_reason = reason
+        try:
+            self.proto.send_close(code, reason[:120])
+        except InvalidState:
+            pass
+        self._flush()
+
+
+class WebSocketServer:
+    """Listens on the configured address and hands connections to sessions."""
+
+    def __init__(self, core: GatewayCore, cfg: WebSocketConfig) -> None:
+        self.core = core
+        self.cfg = cfg
+        self.loop = asyncio.get_event_loop()
+        self.server: asyncio.base_events.Server | None = None
+        self.connections: set[WsConnection] = set()
+        self.counters: dict[str, int] = {}
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    async def start(self) -> tuple[str, int]:
+        self.loop = asyncio.get_running_loop()
+        self.server = await self.loop.create_server(lambda: WsConnection(self), self.cfg.host, self.cfg.port,
+                                                    reuse_address=True, backlog=512)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def stop(self) -> None:
+        for c in list(self.connections):
+            c.close(1001, "going away")
+        if self.server is not None:
+            self.server.close()
+            try:
+                async with asyncio.timeout(1.0):
+                    await self.server.wait_closed()
+            except TimeoutError:
+                pass
+        for c in list(self.connections):
+            c._abort()
+
+    def make_session(self, conn: WsConnection, route: WsRoute, req: Request) -> Session:
+        self.count(f"ws_connections_{route.protocol}")
+        if route.protocol == "twilio":
+            from brisvox.gateway.twilio_ws import TwilioSession
+
+            return TwilioSession(self.core, conn, route)
+        from brisvox.gateway.native_ws import NativeSession
+
+        return NativeSession(self.core, conn, route)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.counters)
+        out["ws_connections_open"] = len(self.connections)
+        return out
+

@@ -1,0 +1,126 @@
+"""SIPp scenarios for the gateway's system tests and bench (generated per test)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+HEAD = '<?xml version="1.0" encoding="ISO-8859-1" ?>\n<!DOCTYPE scenario SYSTEM "sipp.dtd">\n'
+
+_HDRS = """      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
+      From: sipp <sip:sipp@[local_ip]:[local_port]>;tag=[pid]SIPpTag00[call_number]
+      To: <sip:[service]@[remote_ip]:[remote_port]>{peer}
+      Call-ID: [call_id]
+      CSeq: {cseq} {method}
+      Contact: sip:sipp@[local_ip]:[local_port]
+      Max-Forwards: 70"""
+
+
+def _req(method: str, cseq: int, peer: bool, body: str = "", extra: str = "") -> str:
+    hdrs = _HDRS.format(peer="[peer_tag_param]" if peer else "", cseq=cseq, method=method)
+    lines = [f"      {method} sip:[service]@[remote_ip]:[remote_port] SIP/2.0", hdrs]
+    if extra:
+        lines.append(extra)
+    if body:
+        lines.append("      Content-Type: application/sdp\n      Content-Length: [len]\n\n" + body)
+    else:
+        lines.append("      Content-Length: 0")
+    return "\n".join(lines)
+
+
+def _sdp(port: str = "[media_port]", direction: str = "sendrecv") -> str:
+    return f"""      v=0
+      o=user1 53655765 2353687637 IN IP[local_ip_type] [local_ip]
+      s=-
+      c=IN IP[media_ip_type] [media_ip]
+      t=0 0
+      m=audio {port} RTP/AVP 0 101
+      a=rtpmap:0 PCMU/8000
+      a=rtpmap:101 telephone-event/8000
+      a=fmtp:101 0-16
+      a={direction}"""
+
+
+def send(msg: str, retrans: bool = True) -> str:
+    r = ' retrans="500"' if retrans else ""
+    return f"  <send{r}>\n    <![CDATA[\n{msg}\n    ]]>\n  </send>\n"
+
+
+def invite_answered(port: str = "[media_port]") -> str:
+    return (send(_req("INVITE", 1, False, _sdp(port)))
+            + '  <recv response="100" optional="true"/>\n  <recv response="180" optional="true"/>\n'
+            + '  <recv response="200" rtd="true"/>\n'
+            + send(_req("ACK", 1, True), retrans=False))
+
+
+def bye(cseq: int) -> str:
+    return send(_req("BYE", cseq, True)) + '  <recv response="200" crlf="true"/>\n'
+
+
+def scenario(body: str, name: str = "brisvox") -> str:
+    return HEAD + f'<scenario name="{name}">\n{body}</scenario>\n'
+
+
+def rtp_stream_call(ulaw: Path, play_ms: int) -> str:
+    return scenario(invite_answered("[rtpstream_audio_port]")
+                    + f'  <nop><action><exec rtp_stream="{ulaw},1,0"/></action></nop>\n'
+                    + f'  <pause milliseconds="{play_ms}"/>\n' + bye(2))
+
+
+def load_call(ulaw: Path, hold_ms: int) -> str:
+    """One call of the load scenario: answered, streams audio, hangs up."""
+    return rtp_stream_call(ulaw, hold_ms)
+
+
+def features_call(dtmf_pcap: str) -> str:
+    """Hold/unhold re-INVITEs, in-band RFC 4733 DTMF, INFO DTMF, then the gateway's REFER
+    (answered 202 + NOTIFY 200) and the gateway's BYE."""
+    reinvite_hold = send(_req("INVITE", 2, True, _sdp("[media_port]", "sendonly")))
+    reinvite_unhold = send(_req("INVITE", 3, True, _sdp("[media_port]", "sendrecv")))
+    ack2 = send(_req("ACK", 2, True), retrans=False)
+    ack3 = send(_req("ACK", 3, True), retrans=False)
+    info = ("      INFO sip:[service]@[remote_ip]:[remote_port] SIP/2.0\n"
+            + _HDRS.format(peer="[peer_tag_param]", cseq=4, method="INFO")
+            + "\n      Content-Type: application/dtmf-relay\n      Content-Length: [len]\n\n"
+            + "      Signal=9\n      Duration=160")
+    notify = ("      NOTIFY sip:brisvox@[remote_ip]:[remote_port] SIP/2.0\n"
+              + _HDRS.format(peer="[peer_tag_param]", cseq=5, method="NOTIFY")
+              + "\n      Event: refer\n      Subscription-State: terminated;reason=noresource\n"
+              "      Content-Type: message/sipfrag;version=2.0\n"
+              "      Content-Length: [len]\n\n      SIP/2.0 200 OK")
+    body = (invite_answered()
+            + reinvite_hold
+            + '  <recv response="200"><action><ereg regexp="a=recvonly" search_in="body" check_it="true" '
+              'assign_to="h1"/></action></recv>\n'
+            + ack2
+            + '  <pause milliseconds="200"/>\n'
+            + reinvite_unhold
+            + '  <recv response="200"><action><ereg regexp="a=sendrecv" search_in="body" check_it="true" '
+              'assign_to="h2"/></action></recv>\n'
+            + ack3
+            + f'  <nop><action><exec play_pcap_audio="{dtmf_pcap}"/></action></nop>\n'
+            + '  <pause milliseconds="600"/>\n'
+            + send(info) + '  <recv response="200"/>\n'
+            + '  <recv request="REFER"><action><ereg regexp="sip:queue@" search_in="hdr" '
+              'header="Refer-To:" check_it="true" assign_to="r1"/></action></recv>\n'
+            + send("      SIP/2.0 202 Accepted\n      [last_Via:]\n      [last_From:]\n      [last_To:]\n"
+                   "      [last_Call-ID:]\n      [last_CSeq:]\n      Contact: sip:sipp@[local_ip]:[local_port]\n"
+                   "      Content-Length: 0", retrans=False)
+            + send(notify) + '  <recv response="200"/>\n'
+            + '  <recv request="BYE"/>\n'
+            + send("      SIP/2.0 200 OK\n      [last_Via:]\n      [last_From:]\n      [last_To:]\n"
+                   "      [last_Call-ID:]\n      [last_CSeq:]\n      Content-Length: 0", retrans=False)
+            + '  <Reference variables="h1,h2,r1"/>\n')
+    return scenario(body, "features")
+
+
+def run_sipp(tmp: Path, scen: str, target: str, *, service: str = "echo", calls: int = 1, rate: int = 10,
+             limit: int = 1, timeout: int = 60, media_port: int, local_port: int,
+             extra: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    path = tmp / f"scen-{local_port}.xml"
+    path.write_text(scen)
+    args = ["sipp", "-sf", str(path), "-m", str(calls), "-r", str(rate), "-l", str(limit), "-s", service,
+            target, "-i", "127.0.0.1", "-p", str(local_port), "-mi", "127.0.0.1", "-mp", str(media_port),
+            "-timeout", f"{timeout}s", "-timeout_error", "-nostdin", "-trace_err",
+            "-error_file", str(tmp / f"sipp-err-{local_port}.log"), *(extra or [])]
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout + 15, cwd=tmp)

@@ -1,0 +1,279 @@
+"""The pacer and the epoch ledger on real rings, driven tick by tick (no sockets, no timer):
+release timing, the first frame at once, partial frames, Clear (cut, gate, final position,
+cut marks), OutUtterance opening the gate, marks released or echoed, underruns, admission."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+
+from brisvox.gateway.calls import AdmissionError
+from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
+from brisvox.gateway.core import GatewayCore
+from brisvox.gateway.pacer import FRAME_S
+
+
+class FakeLeg:
+    transport = "native"
+
+    def __init__(self, marks_by_echo: bool = False) -> None:
+        self.marks_by_echo = marks_by_echo
+        self.sent: list[tuple[float, np.ndarray]] = []
+        self.events: list[tuple] = []
+        self.can_send = True
+
+    def send_audio(self, samples, now):
+        self.sent.append((now, samples.copy()))
+        self.events.append(("audio", len(samples)))
+        return True
+
+    def end_spurt(self):
+        self.events.append(("end_spurt",))
+
+    def send_clear(self):
+        self.events.append(("clear",))
+
+    def send_mark(self, name):
+        self.events.append(("mark", name))
+
+    def tick_dtmf(self, now):
+        return False
+
+    def send_dtmf(self, digits):
+        return 0
+
+    def hangup(self, reason):
+        self.events.append(("hangup", reason))
+
+    def transfer(self, target, done):
+        done(False, "no")
+
+    def poll(self, now):
+        pass
+
+
+class Agent:
+    """Stands in for the agent side (a built-in agent gets the callbacks directly)."""
+
+    def __init__(self) -> None:
+        self.cleared: list[tuple[int, int, list[str]]] = []
+        self.played: list[tuple[str, int]] = []
+
+    def tick(self, now):
+        pass
+
+    def on_cleared(self, epoch, position, marks):
+        self.cleared.append((epoch, position, marks))
+
+    def on_mark_played(self, name, position):
+        self.played.append((name, position))
+
+    def on_dtmf(self, digit):
+        pass
+
+
+@pytest.fixture
+def rig(shm_clean):
+    ctx = zmq.Context()
+    settings = GatewaySettings(GatewayConfig(max_calls=2, ring_seconds=2.0), SipConfig(enabled=False),
+                               WebSocketConfig(enabled=False))
+    core = GatewayCore(settings, instance=shm_clean, ctx=ctx)
+    made = []
+
+    def make(echo_marks: bool = False):
+        call = core.admit("native", "echo", 8000)
+        leg = FakeLeg(echo_marks)
+        agent = Agent()
+        call.leg = leg
+        call.builtin = agent
+        call.state = "active"
+        core.pacer.add(call)
+        made.append(call)
+        return call, leg, agent
+
+    yield core, make
+    for c in made:
+        core.table.release(c)
+    ctx.term()
+
+
+def tone(n: int, value: int = 1000) -> np.ndarray:
+    return np.full(n, value, dtype=np.int16)
+
+
+def run_ticks(core, call, t0: float, n: int) -> float:
+    t = t0
+    for _ in range(n):
+        core.pacer.service(call, t)
+        t += FRAME_S
+    return t
+
+
+def test_frames_go_out_one_per_tick_never_late(rig):
+    core, make = rig
+    call, leg, _ = make()
+    call.out_ring.write(tone(1600))
+    run_ticks(core, call, 10.0, 12)
+    assert [len(s) for _, s in leg.sent] == [160] * 10
+    times = [t for t, _ in leg.sent]
+    assert np.allclose(np.diff(times), FRAME_S)
+    assert call.release_pos == 1600 and call.stats.late_frames == 0
+    assert leg.events[-1] == ("end_spurt",)
+
+
+def test_first_frame_of_a_response_goes_out_at_once(rig):
+    core, make = rig
+    call, leg, _ = make()
+    core.pacer._loop = type("L", (), {"time": staticmethod(lambda: 5.007)})()
+    run_ticks(core, call, 5.0, 1)  # idle tick
+    call.out_ring.write(tone(800))
+    core.note_utterance(call, 1, 0)  # OutUtterance: kicks the call
+    assert len(leg.sent) == 1 and leg.sent[0][0] == pytest.approx(5.007)
+    run_ticks(core, call, 5.02, 4)
+    assert len(leg.sent) == 5 and call.release_pos == 800
+
+
+def test_partial_frame_waits_one_tick_then_goes(rig):
+    core, make = rig
+    call, leg, _ = make()
+    call.out_ring.write(tone(200))
+    run_ticks(core, call, 1.0, 1)
+    assert [len(s) for _, s in leg.sent] == [160]
+    run_ticks(core, call, 1.02, 1)
+    assert len(leg.sent) == 1  # 40 samples: wait for more
+    run_ticks(core, call, 1.04, 1)
+    assert [len(s) for _, s in leg.sent] == [160, 40] and call.release_pos == 200
+
+
+def test_clear_cuts_gates_stale_audio_and_reports_the_final_position(rig):
+    core, make = rig
+    call, leg, agent = make()
+    call.out_ring.write(tone(4000))
+    core.note_utterance(call, 1, 0)
+    core.add_mark(call, "end-1", 4000)
+    run_ticks(core, call, 1.0, 5)
+    assert call.release_pos == 800
+    core.apply_clear(call, 1, 0)
+    assert leg.events[-1] == ("clear",)
+    assert agent.cleared == [(1, 800, ["end-1"])]
+    assert call.out_ring.floor == 4000
+    # the worker's stale tail of epoch 1 lands after the cut: never released
+    call.out_ring.write(tone(1000, 1))
+    core.note_utterance(call, 1, 4000)  # a stale utterance start is ignored
+    n = len(leg.sent)
+    run_ticks(core, call, 2.0, 10)
+    assert len(leg.sent) == n
+    # epoch 2 starts at 5000: only its audio plays
+    call.out_ring.write(tone(480, 2))
+    core.note_utterance(call, 2, 5000)
+    run_ticks(core, call, 3.0, 5)
+    new = np.concatenate([s for _, s in leg.sent[n:]])
+    assert len(new) == 480 and set(new.tolist()) == {2}
+    assert call.stats.stale_samples == 1000 and call.release_pos == 5480
+    # the same epoch again: idempotent, no cut, Cleared repeated
+    floor = call.out_ring.floor
+    core.apply_clear(call, 1, 0)
+    assert call.out_ring.floor == floor and agent.cleared[-1] == (1, 5480, [])
+
+
+def test_clear_after_a_newer_utterance_started_keeps_it(rig):
+    core, make = rig
+    call, leg, agent = make()
+    call.out_ring.write(tone(1600, 1))
+    run_ticks(core, call, 1.0, 2)
+    call.out_ring.write(tone(800, 2))
+    core.note_utterance(call, 2, 1600)  # the new epoch's audio raced ahead of the Clear
+    core.apply_clear(call, 1, 0)
+    assert call.out_ring.floor == 1600 and call.gate_open
+    run_ticks(core, call, 2.0, 6)
+    vals = np.concatenate([s for _, s in leg.sent[2:]])
+    assert set(vals.tolist()) == {2} and len(vals) == 800
+
+
+def test_marks_released_and_echoed(rig):
+    core, make = rig
+    call, leg, agent = make()
+    call.out_ring.write(tone(800))
+    core.add_mark(call, "m1", 480)
+    core.add_mark(call, "m0", 160)  # out of order: inserted in place
+    run_ticks(core, call, 1.0, 5)
+    assert agent.played == [("m0", 160), ("m1", 480)]
+    core.add_mark(call, "late", 100)  # already passed: reported at once (next service)
+    run_ticks(core, call, 2.0, 1)
+    assert agent.played[-1] == ("late", 100)
+
+    call2, leg2, agent2 = make(echo_marks=True)
+    call2.out_ring.write(tone(800))
+    core.add_mark(call2, "e1", 320)
+    core.add_mark(call2, "e2", 800)
+    run_ticks(core, call2, 1.0, 2)
+    assert leg2.events[:3] == [("audio", 160), ("audio", 160), ("mark", "e1")]
+    core.mark_echo(call2, "e1")
+    assert agent2.played == [("e1", 320)]
+    run_ticks(core, call2, 2.0, 3)
+    assert ("mark", "e2") in leg2.events
+    core.apply_clear(call2, 1, 0)  # e2 sent but not echoed: cut, its late echo swallowed
+    assert agent2.cleared[-1][2] == ["e2"]
+    core.mark_echo(call2, "e2")
+    assert agent2.played == [("e1", 320)] and core.metrics.counters["marks_echo_after_clear"] == 1
+
+
+def test_underrun_counts_a_gap_mid_stream_not_the_end_of_speech(rig):
+    core, make = rig
+    call, leg, _ = make()
+    call.out_ring.write(tone(320))
+    t = run_ticks(core, call, 1.0, 3)  # 2 frames, then dry
+    call.out_ring.write(tone(320))
+    run_ticks(core, call, t, 2)  # resumes within 200 ms: an underrun
+    assert call.stats.underruns == 1
+    run_ticks(core, call, t + 1.0, 1)
+    call.out_ring.write(tone(320))
+    run_ticks(core, call, t + 2.0, 2)  # resumes a second later: a new response
+    assert call.stats.underruns == 1
+
+
+def test_hold_pauses_release_and_position(rig):
+    core, make = rig
+    call, leg, _ = make()
+    call.out_ring.write(tone(800))
+    run_ticks(core, call, 1.0, 2)
+    leg.can_send = False
+    run_ticks(core, call, 1.04, 5)
+    assert call.release_pos == 320
+    leg.can_send = True
+    run_ticks(core, call, 2.0, 5)
+    assert call.release_pos == 800
+
+
+def test_admission_limit_and_ring_cleanup(rig):
+    core, make = rig
+    make()
+    make()
+    with pytest.raises(AdmissionError) as e:
+        core.admit("sip", "echo", 8000)
+    assert e.value.reason == "full" and core.table.refused["full"] == 1
+    core.table.draining = True
+    with pytest.raises(AdmissionError) as e2:
+        core.admit("sip", "echo", 8000)
+    assert e2.value.reason == "draining"
+
+
+def test_tick_lateness_never_bursts_or_skips_and_missed_ticks_catch_up(rig):
+    core, make = rig
+    call, leg, _ = make()
+    call.out_ring.write(tone(160 * 60))
+    rng = np.random.default_rng(7)
+    grid = 100.0
+    for _ in range(40):  # each tick runs 0..15 ms late: still exactly one frame per tick
+        n = len(leg.sent)
+        core.pacer.service(call, grid + float(rng.uniform(0, 0.015)), grid)
+        assert len(leg.sent) == n + 1
+        grid += FRAME_S
+    # the loop stalled: two ticks were never run, the next one catches up (3 frames)
+    grid += 2 * FRAME_S
+    n = len(leg.sent)
+    core.pacer.service(call, grid + 0.001, grid)
+    assert len(leg.sent) == n + 3 and call.stats.late_frames >= 1
+    core.pacer.service(call, grid + FRAME_S, grid + FRAME_S)
+    assert len(leg.sent) == n + 4
