@@ -358,15 +358,19 @@ class Detached(Frame):
 
 @frame("worker_tick")
 class WorkerTick(Frame):
-    """Worker -> subscriber, once per tick for all of that subscriber's calls.
+    """Worker -> subscriber, once per tick for all of that subscriber's calls, when the
+    tick has news for it (else at least every 100 ms, empty, as a keepalive).
 
-    ``positions``: call_id -> in16 write position after this tick.
-    ``events``: VAD events ``{"call_id", "kind": "start"|"stop"|"gap"|"vad_failed"|"vad_recovered",
+    ``positions``: call_id -> in16 write position, for the calls whose in16
+    advanced in this tick.
+    ``events``: VAD events ``{"call_id", "kind": "start"|"stop"|"falling"|"gap"|"vad_failed"|"vad_recovered",
     "pos": in16 position (for stop: one past the last speech sample), "ns"}``.
     start/stop also carry ``"at"``: the in16 position of the end of the VAD
     window that decided them (the audio horizon of the decision). A stop
     that did not come from silence carries ``"reason"``: "gap" (input
-    overrun), "vad_error", "overflow" or "worker_lost". gap: ``"lost"``
+    overrun), "vad_error", "overflow" or "worker_lost". falling (opt-in,
+    ``vad.fall_delay_ms``): silence began ``fall_delay`` ago; its ``pos`` is
+    exactly the pos the stop of that fall will carry (early Smart Turn). gap: ``"lost"``
     in16 samples of zeros were written at ``pos``. vad_failed is the one
     non-fatal error of a fail-open (no events until vad_recovered).
     """
@@ -428,6 +432,111 @@ class SmartTurnResult(Frame):
     probability: float
     queued_us: int
     took_us: int
+
+
+# Local model jobs (the no-key stack; workers/local_jobs.py, brisvox/providers/local_*.py).
+# They run on per-kind job lanes of the call's worker, never on the tick thread.
+# Requests carry a correlation id and are answered at once (JobAccepted) or with
+# the result (SttJobResult) or an ErrorReply: expired, busy, unknown_call,
+# bad_range, unsupported (model missing), job_failed, timeout. Streamed output
+# travels WITHOUT a correlation id, keyed by (call_id, job): LLM tokens as
+# LlmJobDelta, synthesized audio as TtsJobAudio naming positions in the call's
+# job-output ring (written by the worker only; audio never travels in a frame).
+
+
+@frame("stt_job")
+class SttJob(Frame):
+    """Actor -> worker: transcribe in16 ``[start_pos, end_pos)`` (the VAD-gated utterance)
+    with the local Whisper model, at most ``max_tokens`` tokens. Reply: SttJobResult."""
+
+    call_id: str
+    start_pos: int
+    end_pos: int
+    deadline_ns: int
+    language: str = "en"
+    max_tokens: int = 96
+
+
+@frame("stt_job_result")
+class SttJobResult(Frame):
+    call_id: str
+    text: str
+    start_pos: int
+    end_pos: int
+    queued_us: int
+    took_us: int
+
+
+@frame("tts_job")
+class TtsJob(Frame):
+    """Actor -> worker: synthesize ``text`` with the local voice. Reply: JobAccepted (then
+    TtsJobAudio frames) or ErrorReply."""
+
+    call_id: str
+    job: int
+    text: str
+    deadline_ns: int
+    voice: str = ""
+    speed: float = 1.0
+
+
+@frame("tts_job_audio")
+class TtsJobAudio(Frame):
+    """Worker -> actor: samples ``[start_pos, end_pos)`` of ring ``ring`` (at ``rate``) belong
+    to ``job``; ``done`` on the last frame of the job (``error`` set if it failed)."""
+
+    call_id: str
+    job: int
+    ring: str
+    rate: int
+    start_pos: int
+    end_pos: int
+    done: bool = False
+    error: str = ""
+
+
+@frame("llm_job")
+class LlmJob(Frame):
+    """Actor -> worker: a chat completion with the local model. ``messages`` are
+    ``{"role", "content"}`` rows. Reply: JobAccepted (then LlmJobDelta frames) or ErrorReply."""
+
+    call_id: str
+    job: int
+    messages: list[dict[str, Any]]
+    deadline_ns: int
+    max_tokens: int = 128
+    temperature: float = 0.2
+
+
+@frame("llm_job_delta")
+class LlmJobDelta(Frame):
+    """Worker -> actor: generated text of ``job`` in order (``seq`` from 0); the last frame has
+    ``done`` with ``stop_reason`` ("stop", "length", "cancelled") or ``error``, and the usage."""
+
+    call_id: str
+    job: int
+    seq: int
+    text: str = ""
+    done: bool = False
+    stop_reason: str = ""
+    error: str = ""
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@frame("job_accepted")
+class JobAccepted(Frame):
+    call_id: str
+    job: int
+
+
+@frame("job_cancel")
+class JobCancel(Frame):
+    """Actor -> worker, fire-and-forget: stop ``job`` (queued: dropped; running: stopped at
+    its next token or sentence). Its stream still ends with a done frame."""
+
+    call_id: str
+    job: int
 
 
 @frame("error")

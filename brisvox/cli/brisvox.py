@@ -14,13 +14,14 @@ import sys
 # subcommand -> module that implements it
 SUBCOMMANDS = {
     "models": "workers.models_cli",
+    "calls": "brisvox.agent.calls_cli",
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="brisvox", description="brisvox user tools")
     sub = p.add_subparsers(dest="command", required=True)
-    for name, modname in SUBCOMMANDS.items():
+    for modname in SUBCOMMANDS.values():
         mod = importlib.import_module(modname)
         mod.add_parser(sub)
     return p

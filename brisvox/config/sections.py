@@ -6,4 +6,14 @@ naming the offending key (``where`` is the dotted path, e.g. ``gateway.sip``).
 A section missing from the file gets the class defaults.
 """
 
-SECTION_PARSERS: dict[str, str] = {}
+SECTION_PARSERS: dict[str, str] = {
+    "workers": "workers.config:WorkersConfig",
+    "vad": "workers.config:VadConfig",
+    "smart_turn": "workers.config:SmartTurnConfig",
+    "models": "workers.config:ModelsConfig",
+    "gateway": "brisvox.gateway.config:GatewayConfig",
+    "sip": "brisvox.gateway.config:SipConfig",
+    "websocket": "brisvox.gateway.config:WebSocketConfig",
+    "agents": "brisvox.agent.config:AgentsConfig",
+    "calls": "brisvox.agent.config:CallsConfig",
+}

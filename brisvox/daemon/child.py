@@ -204,7 +204,10 @@ class ChildRuntime:
 
         Use ``exitcodes.CONFIG`` with an error naming the key for a
         configuration error: the daemon then stops instead of restarting.
+        The error is also logged: the Hello may not reach a supervisor that
+        is not listening yet, but the log pipe always does.
         """
+        log.error("boot failed: %s", error)
         self._fail_hello(error)
         raise ChildExit(code)
 

@@ -6,7 +6,7 @@ ZeroMQ-using role code before it forks.
 """
 
 ROLE_MAINS: dict[str, str] = {
-    "gateway": "brisvox.daemon.minimal:main",
-    "worker": "brisvox.daemon.minimal:main",
-    "agent": "brisvox.daemon.minimal:main",
+    "gateway": "brisvox.gateway.process:main",
+    "worker": "workers.process:main",
+    "agent": "brisvox.agent.process:main",
 }

@@ -32,7 +32,7 @@ class VirtualDeadlock(RuntimeError):
     """Every task waits on something that no timer and no I/O will ever wake."""
 
 
-class _VirtualSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _VirtualSelector(selectors.DefaultSelector):
     def __init__(self, loop: VirtualEventLoop) -> None:
         super().__init__()
         self._vloop = loop

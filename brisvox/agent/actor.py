@@ -1,0 +1,331 @@
+"""CallActor: one call's pipeline, assembled, started, fed and ended.
+
+Owns the assembly of seed 003 ("Assembly") for the ring architecture:
+
+    pump -> SttStage -> TurnDriver -> LlmRunner -> SegmenterStage -> TtsStage -> TransportOut
+
+* Inbox shapes (``QueueConfig``): input 8 data frames (lossy, drop-oldest),
+  user 8 (lossless), bot 32, sink 4; system lanes 32.
+* One PlayoutBook per call, shared by the TTS stage, TransportOut, the
+  runner, the inbound path and the driver's clear hook, and one
+  :class:`~brisvox.agent.transport_out.ClearLedger` shared by the clear hook
+  and TransportOut.
+* The clear hook (the barge-in fast path): ``book.note_clear`` first, then
+  Clear to the gateway and TtsCut to the worker, synchronously inside the
+  driver's decision step.
+* The pump is not a task: the host calls ``on_worker`` (a worker tick for
+  this call: in16 position and VAD events), ``on_out_utterance``,
+  ``on_playback``, ``on_cleared``, ``on_mark_played``, ``on_dtmf``. Audio is
+  read from the in16 ring and offered to the STT inbox without waiting; VAD
+  events take the system lane with times backdated from their positions.
+  After a hang-up audio and DTMF are discarded; marks and positions still
+  reach the book.
+* ``hangup(reason)`` sends Stop through the chain, waits (bounded) for every
+  stage to finish, ends every remaining task and returns the call record.
+  ``live_tasks()`` is 0 afterwards (tested).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from brisvox.agent.call_io import AudioSink, AudioSource, CallLink
+from brisvox.agent.call_record import build_record
+from brisvox.agent.context import Context
+from brisvox.agent.engine import ToolEngine
+from brisvox.agent.frames import (
+    AudioFrame,
+    DtmfFrame,
+    Start,
+    Stop,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+)
+from brisvox.agent.llm_runner import LlmRunner, LlmRunnerConfig
+from brisvox.agent.playout import PlayoutBook, PlayoutConfig
+from brisvox.agent.segmenter import SegmenterConfig, SegmenterStage
+from brisvox.agent.stage import EpochWatch, Inbox, TaskOwner
+from brisvox.agent.stt_stage import SttStage, SttStageConfig
+from brisvox.agent.timeline import Timeline
+from brisvox.agent.tools import ToolRegistry
+from brisvox.agent.transport_out import ClearLedger, TransportOut, TransportOutConfig
+from brisvox.agent.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.turn_driver import TurnDriver, TurnDriverConfig
+from brisvox.clock import CLOCK, Clock
+from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
+
+log = logging.getLogger("brisvox.agent.actor")
+
+IN16_RATE = 16000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    input: int = 8
+    user: int = 8
+    bot: int = 32
+    sink: int = 4
+    system: int = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ActorConfig:
+    queues: QueueConfig = field(default_factory=QueueConfig)
+    stt: SttStageConfig = field(default_factory=SttStageConfig)
+    turn: TurnDriverConfig = field(default_factory=TurnDriverConfig)
+    llm: LlmRunnerConfig = field(default_factory=LlmRunnerConfig)
+    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
+    tts: TtsStageConfig = field(default_factory=TtsStageConfig)
+    out: TransportOutConfig = field(default_factory=TransportOutConfig)
+    playout: PlayoutConfig = field(default_factory=PlayoutConfig)
+    stop_timeout: float = 3.0
+
+
+@dataclass(slots=True)
+class PumpStats:
+    frames: int = 0
+    samples: int = 0
+    lost: int = 0
+    gaps: int = 0
+    vad_starts: int = 0
+    vad_stops: int = 0
+    vad_failures: int = 0
+    vad_recoveries: int = 0
+    discarded_after_hangup: int = 0
+    dtmf: int = 0
+    positions: int = 0
+    cleared: int = 0
+    marks: int = 0
+
+
+class CallActor:
+    def __init__(
+        self,
+        call_id: str,
+        cfg: ActorConfig,
+        *,
+        stt: SttProvider,
+        llm: LlmProvider,
+        tts: TtsProvider,
+        source: AudioSource,
+        sink: AudioSink,
+        link: CallLink,
+        call_rate: int,
+        tts_rate: int,
+        clock: Clock = CLOCK,
+        registry: ToolRegistry | None = None,
+        transport: str = "",
+        transport_ids: dict[str, str] | None = None,
+        agent: str = "",
+        context: Context | None = None,
+    ) -> None:
+        self.call_id = call_id
+        self.cfg = cfg
+        self.clock = clock
+        self.source = source
+        self.sink = sink
+        self.link = link
+        self.call_rate = call_rate
+        self.tts_rate = tts_rate
+        self.transport = transport
+        self.transport_ids = dict(transport_ids or {})
+        self.agent = agent
+        self.started_wall = time.time()
+        self.ended_wall: float | None = None
+        self.end_reason = ""
+        self.tasks = TaskOwner(f"call:{call_id}")
+        self.watch = EpochWatch()
+        self.timeline = Timeline()
+        self.book = PlayoutBook(clock, call_rate, tts_rate, cfg.playout)
+        self.clears = ClearLedger(call_id, link, sink, time.monotonic_ns)
+        self.pump = PumpStats()
+        q = cfg.queues
+        ib = Inbox
+        self.stt = SttStage(stt, cfg.stt, ib("stt", q.input, lossy=True, sys_cap=q.system), clock, self.watch, self.tasks)
+        self.driver = TurnDriver(
+            cfg.turn,
+            ib("turn", q.user, sys_cap=q.system),
+            clock,
+            self.watch,
+            self.tasks,
+            clear_hook=self._clear_hook,
+            link=link,
+            timeline=self.timeline,
+        )
+        self.engine = ToolEngine(registry, call_id, clock) if registry is not None and len(registry) else None
+        self.runner = LlmRunner(
+            llm,
+            cfg.llm,
+            self.book,
+            self.timeline,
+            self.driver.inbox,
+            ib("llm", q.bot, sys_cap=q.system),
+            clock,
+            self.watch,
+            self.tasks,
+            engine=self.engine,
+            context=context,
+        )
+        self.segmenter = SegmenterStage(cfg.segmenter, ib("segmenter", q.bot, sys_cap=q.system), clock, self.watch, self.tasks)
+        tcfg = cfg.tts if cfg.tts.ring_rate == tts_rate else _with_ring_rate(cfg.tts, tts_rate)
+        self.tts = TtsStage(tts, tcfg, self.book, ib("tts", q.bot, sys_cap=q.system), clock, self.watch, self.tasks)
+        self.out = TransportOut(
+            call_id,
+            cfg.out,
+            sink,
+            link,
+            self.clears,
+            self.book,
+            self.timeline,
+            self.driver.inbox,
+            tts_rate,
+            ib("out", q.sink, sys_cap=q.system),
+            clock,
+            self.watch,
+            self.tasks,
+        )
+        self.stages = [self.stt, self.driver, self.runner, self.segmenter, self.tts, self.out]
+        for a, b in zip(self.stages, self.stages[1:], strict=False):
+            a.pipe(b)
+        self._in_pos: int | None = None
+        self._gap = False
+        self._started = False
+        self._hung_up = False
+        self._done = asyncio.Event()
+        self.record: dict[str, Any] | None = None
+        self.clear_applied_ns: list[int] = []
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for s in self.stages:
+            s.start()
+        self.stt.inbox.put_nowait(Start())
+
+    def _clear_hook(self, new_epoch: int, at: float) -> None:
+        self.book.note_clear(new_epoch, at)
+        self.clears.clear(new_epoch)
+
+    async def hangup(self, reason: str = "hangup") -> dict[str, Any]:
+        """End the call: Stop through the chain, bounded wait, end every task, record."""
+        if self._hung_up:
+            await self._done.wait()
+            assert self.record is not None
+            return self.record
+        self._hung_up = True
+        self.end_reason = reason
+        self.stt.inbox.put_nowait(Stop(reason))
+        stage_tasks = [s.task for s in self.stages if s.task is not None]
+        if stage_tasks:
+            done, pending = await asyncio.wait(stage_tasks, timeout=self.cfg.stop_timeout)
+            if pending:
+                log.warning("call %s: %d stages did not stop in time", self.call_id, len(pending))
+        if self.engine is not None:
+            await self.engine.aclose()
+        await self.tasks.close()
+        self.ended_wall = time.time()
+        self.record = build_record(self)
+        self._done.set()
+        return self.record
+
+    async def wait(self) -> dict[str, Any]:
+        await self._done.wait()
+        assert self.record is not None
+        return self.record
+
+    def live_tasks(self) -> int:
+        return self.tasks.live()
+
+    @property
+    def context(self) -> Context:
+        return self.runner.ctx
+
+    # -- inbound (the pump) -----------------------------------------------------------
+    def on_worker(self, in16_pos: int, events: list[dict[str, Any]]) -> None:
+        """A worker tick for this call: read in16 up to ``in16_pos``, then the VAD events."""
+        if self._hung_up:
+            self.pump.discarded_after_hangup += 1
+            return
+        now = self.clock.now()
+        if self._in_pos is None:
+            self._in_pos = in16_pos if not events else min(in16_pos, *(int(e.get("pos", in16_pos)) for e in events))
+        if in16_pos > self._in_pos:
+            r = self.source.read_range(self._in_pos, in16_pos)
+            if r.lost:
+                self.pump.lost += r.lost
+                self._gap = True
+            if len(r.samples):
+                self.pump.frames += 1
+                self.pump.samples += len(r.samples)
+                self.stt.inbox.put_nowait(AudioFrame(r.start, r.samples, self._gap))
+                self._gap = False
+            self._in_pos = r.start + len(r.samples) if len(r.samples) else in16_pos
+        for ev in events:
+            kind = ev.get("kind")
+            pos = int(ev.get("pos", in16_pos))
+            at = now - max(0, in16_pos - pos) / IN16_RATE
+            if kind == "start":
+                self.pump.vad_starts += 1
+                self.stt.inbox.put_nowait(UserStartedSpeaking(at, pos))
+            elif kind == "stop":
+                self.pump.vad_stops += 1
+                self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos))
+            elif kind == "gap":
+                self.pump.gaps += 1
+                self._gap = True
+            elif kind == "vad_failed":
+                self.pump.vad_failures += 1
+            elif kind == "vad_recovered":
+                self.pump.vad_recoveries += 1
+
+    def on_out_utterance(self, utterance: int, epoch: int, out_pos: int) -> None:
+        self.timeline.out_utterance(epoch, self.clock.now())
+        self.book.utterance_out_start(utterance, out_pos)
+        self.out.on_out_utterance(utterance, out_pos)
+
+    def on_playback(self, position: int, lead: float | None = None) -> None:
+        self.pump.positions += 1
+        self.book.note_release(position, lead)
+
+    def on_cleared(self, epoch: int, position: int, marks: list[str] | None = None) -> None:
+        """The gateway applied Clear(epoch): epochs <= ``epoch`` are dead; ``position``
+        is the last out position released; ``marks`` the end marks the cut discarded."""
+        self.pump.cleared += 1
+        if len(self.clear_applied_ns) < 256:
+            self.clear_applied_ns.append(time.monotonic_ns())
+        self.book.note_cleared(epoch + 1, position, marks or ())
+
+    def on_mark_played(self, name: str) -> None:
+        self.pump.marks += 1
+        self.out.on_mark_played(name)
+
+    def on_dtmf(self, digit: str) -> None:
+        if self._hung_up:
+            self.pump.discarded_after_hangup += 1
+            return
+        self.pump.dtmf += 1
+        if not self.driver.inbox.put_nowait(DtmfFrame(digit)):
+            log.warning("call %s: DTMF dropped (full lane)", self.call_id)
+
+    # -- introspection -------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        d: dict[str, Any] = {s.name: s.stats() for s in self.stages}
+        d["pump"] = {k: getattr(self.pump, k) for k in self.pump.__slots__}
+        d["book"] = self.book.stats()
+        d["clears_sent"] = self.clears.sent
+        if self.engine is not None:
+            snap = self.engine.stats()
+            d["tools"] = {k: getattr(snap, k) for k in getattr(snap, "__dataclass_fields__", {})}
+        return d
+
+
+def _with_ring_rate(cfg: TtsStageConfig, rate: int) -> TtsStageConfig:
+    from dataclasses import replace
+
+    return replace(cfg, ring_rate=rate)

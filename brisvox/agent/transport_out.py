@@ -1,0 +1,301 @@
+"""TransportOut: bot audio into the call's tts ring, the epoch ledger, end marks.
+
+Owns the tail of the output chain (seed 003, "Output chain", adapted to the
+ring architecture of DESIGN.md section 2):
+
+* Audio of a live epoch is written into the ``tts`` ring (the worker converts
+  it into the ``out`` ring, the gateway paces it). A new utterance is
+  announced first (``TtsUtterance`` to the worker, with the ring position it
+  starts at; the worker answers ``OutUtterance`` with its out-ring position,
+  which the actor's inbound path gives to the book and to :meth:`on_out_utterance`).
+  Not a pacer: it only keeps the ring at most ``max_ahead`` seconds ahead of
+  real-time playout (estimated), so a long answer never overruns a ring.
+* Epoch ledger: the stage is KeepAll and filters epochs itself so it can
+  count (``stale_dropped``, ``stale_control``); the floor is the newest of its
+  own Clear epoch and the last Interrupt. Before the first audio of any epoch
+  above ``tx_epoch`` it sends Clear{epoch} (idempotent through the shared
+  :class:`ClearLedger`; on an idle transport it cuts nothing; without it the
+  second turn's audio would be refused by the gateway).
+* The first audio the ring accepted for an epoch sends BotStarted upstream
+  and marks FirstAudioOut, once per epoch.
+* TtsEnded of a response with audio becomes an end Mark (unique name
+  ``brisvox-end-<epoch>-<n>``, registered in the book for the response's
+  last utterance, at that utterance's end out-position); its echo
+  (:meth:`on_mark_played`) sends BotEnded upstream once per epoch
+  (``ended_through``). A response without audio ends at once. A client that
+  never echoes: the end is reported ``mark_timeout`` after the audio should
+  have played out. A cut epoch never reports an end.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from brisvox.agent.call_io import AudioSink, CallLink
+from brisvox.agent.frames import (
+    AudioOut,
+    BotEnded,
+    BotStarted,
+    Interrupt,
+    PipelineFrame,
+    Stop,
+    TtsEnded,
+)
+from brisvox.agent.playout import PlayoutBook
+from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
+from brisvox.agent.timeline import Timeline
+from brisvox.clock import Clock
+from ipc.frames import Clear, Mark, TtsCut, TtsUtterance
+
+log = logging.getLogger("brisvox.agent.out")
+
+
+@dataclass(frozen=True, slots=True)
+class TransportOutConfig:
+    max_ahead: float = 2.0
+    mark_timeout: float = 10.0
+
+
+class ClearLedger:
+    """The newest epoch cleared FOR; Clear is idempotent per epoch.
+
+    ``clear(epoch)`` makes every epoch below ``epoch`` dead: it sends the
+    gateway ``Clear(epoch - 1)`` and the worker ``TtsCut(epoch - 1, tts write
+    position)`` (on the wire a Clear/TtsCut names the newest DEAD epoch: the
+    gateway refuses out-ring audio of epochs <= it), only for an epoch above
+    every earlier one.
+    """
+
+    __slots__ = ("call_id", "link", "sink", "clock_ns", "epoch", "sent")
+
+    def __init__(self, call_id: str, link: CallLink, sink: AudioSink, clock_ns: Callable[[], int]) -> None:
+        self.call_id = call_id
+        self.link = link
+        self.sink = sink
+        self.clock_ns = clock_ns
+        self.epoch = 0
+        self.sent = 0
+
+    def clear(self, epoch: int) -> bool:
+        if epoch <= self.epoch:
+            return False
+        self.epoch = epoch
+        self.sent += 1
+        self.link.to_gateway(Clear(self.call_id, epoch - 1, self.clock_ns()))
+        self.link.to_worker(TtsCut(self.call_id, epoch - 1, self.sink.write_pos))
+        return True
+
+
+@dataclass(slots=True)
+class OutStats:
+    audio_frames: int = 0
+    samples_written: int = 0
+    stale_dropped: int = 0
+    stale_control: int = 0
+    clears_lazy: int = 0
+    marks_sent: int = 0
+    marks_echoed: int = 0
+    mark_timeouts: int = 0
+    direct_ends: int = 0
+    duplicate_ends: int = 0
+    utterances: int = 0
+    ahead_waits: int = 0
+
+
+@dataclass(slots=True)
+class _EpochOut:
+    first_at: float
+    play_end: float  # estimated end of playout of what was written
+    last_utt: int
+    utts: list[int]
+    mark: str | None = None
+    mark_deadline: float | None = None
+
+
+class TransportOut(Stage):
+    DROP_STALE = False  # filters epochs itself (counted)
+
+    def __init__(
+        self,
+        call_id: str,
+        cfg: TransportOutConfig,
+        sink: AudioSink,
+        link: CallLink,
+        clears: ClearLedger,
+        book: PlayoutBook,
+        timeline: Timeline,
+        upstream: Inbox,
+        tts_rate: int,
+        inbox: Inbox,
+        clock: Clock,
+        watch: EpochWatch,
+        tasks: TaskOwner,
+    ) -> None:
+        super().__init__("out", inbox, clock, watch, tasks)
+        self.call_id = call_id
+        self.cfg = cfg
+        self.sink = sink
+        self.link = link
+        self.clears = clears
+        self.book = book
+        self.timeline = timeline
+        self.upstream = upstream
+        self.tts_rate = tts_rate
+        self.st = OutStats()
+        self.floor = 0
+        self.tx_epoch = 0
+        self._cur_utt: int | None = None
+        self._play_end = 0.0
+        self._epochs: dict[int, _EpochOut] = {}
+        self._ended_through: set[int] = set()
+        self._mark_seq = 0
+        self._pending_marks: dict[int, str] = {}  # utterance -> mark name waiting for out_start
+
+    def _is_stale(self, epoch: int) -> bool:
+        return epoch < self.floor or epoch < self.clears.epoch or self.watch.stale(epoch)
+
+    async def process(self, frame: PipelineFrame) -> None:
+        if isinstance(frame, AudioOut):
+            await self._audio(frame)
+        elif isinstance(frame, TtsEnded):
+            self._tts_ended(frame.epoch)
+        elif isinstance(frame, Interrupt):
+            if frame.epoch > self.floor:
+                self.floor = frame.epoch
+            self.clears.clear(frame.epoch)
+            self._cur_utt = None
+            self._play_end = self.clock.now()
+            for e in [e for e in self._epochs if e < frame.epoch]:
+                eo = self._epochs.pop(e)
+                if eo.mark is not None:
+                    self._pending_marks = {u: m for u, m in self._pending_marks.items() if m != eo.mark}
+        elif isinstance(frame, Stop):
+            self.deadline = None
+        self._rearm()
+
+    async def _audio(self, f: AudioOut) -> None:
+        e = f.epoch
+        if self._is_stale(e):
+            self.st.stale_dropped += 1
+            return
+        if e > self.tx_epoch:
+            if self.clears.clear(e):
+                self.st.clears_lazy += 1
+            self.tx_epoch = e
+            self._cur_utt = None
+        # stay at most max_ahead seconds ahead of the estimated playout
+        now = self.clock.now()
+        ahead = self._play_end - now
+        if ahead > self.cfg.max_ahead:
+            self.st.ahead_waits += 1
+            await self.clock.sleep(ahead - self.cfg.max_ahead)
+            if self._is_stale(e):  # epoch check right before the write
+                self.st.stale_dropped += 1
+                return
+            now = self.clock.now()
+        if f.utterance != self._cur_utt:
+            self._cur_utt = f.utterance
+            pos = self.sink.write_pos
+            self.st.utterances += 1
+            self.book.utterance_tts_start(f.utterance, pos)
+            self.link.to_worker(TtsUtterance(self.call_id, f.utterance, e, pos))
+        n = len(f.samples)
+        self.sink.write(f.samples)
+        self.book.add_audio(f.utterance, n)
+        self.st.audio_frames += 1
+        self.st.samples_written += n
+        self._play_end = max(self._play_end, now) + n / self.tts_rate
+        eo = self._epochs.get(e)
+        if eo is None:
+            eo = _EpochOut(now, self._play_end, f.utterance, [f.utterance])
+            self._epochs[e] = eo
+            self.timeline.first_audio_out(e, now)
+            self.upstream.put_nowait(BotStarted(e, now))
+        else:
+            eo.play_end = self._play_end
+            if eo.last_utt != f.utterance:
+                eo.last_utt = f.utterance
+                eo.utts.append(f.utterance)
+
+    def _tts_ended(self, epoch: int) -> None:
+        if self._is_stale(epoch):
+            self.st.stale_control += 1
+            return
+        eo = self._epochs.get(epoch)
+        if eo is None:
+            self.st.direct_ends += 1
+            self._report_end(epoch, "no_audio")
+            return
+        if eo.mark is not None:
+            self.st.duplicate_ends += 1
+            return
+        self._mark_seq += 1
+        name = f"brisvox-end-{epoch}-{self._mark_seq}"
+        eo.mark = name
+        eo.mark_deadline = eo.play_end + self.cfg.mark_timeout
+        self.book.register_end_mark(eo.last_utt, name)
+        u = self.book.utts.get(eo.last_utt)
+        if u is not None and u.out_start is not None:
+            self._send_mark(name, u.out_start + self.book.total_out(u))
+        else:
+            self._pending_marks[eo.last_utt] = name
+
+    def _send_mark(self, name: str, position: int) -> None:
+        self.st.marks_sent += 1
+        self.link.to_gateway(Mark(self.call_id, name, position))
+
+    def _report_end(self, epoch: int, reason: str) -> None:
+        if epoch in self._ended_through:
+            self.st.duplicate_ends += 1
+            return
+        self._ended_through.add(epoch)
+        if len(self._ended_through) > 64:
+            self._ended_through = {e for e in self._ended_through if e >= epoch - 32}
+        self.upstream.put_nowait(BotEnded(epoch, reason))
+
+    # -- inbound (called by the actor's pump; synchronous) --------------------------------
+    def on_out_utterance(self, utt: int, out_pos: int) -> None:
+        name = self._pending_marks.pop(utt, None)
+        if name is not None:
+            u = self.book.utts.get(utt)
+            if u is not None:
+                self._send_mark(name, out_pos + self.book.total_out(u))
+
+    def on_mark_played(self, name: str) -> None:
+        epoch = self.book.mark_played(name)
+        if epoch is None or self._is_stale(epoch):
+            self.st.stale_control += 1
+            return
+        self.st.marks_echoed += 1
+        eo = self._epochs.get(epoch)
+        if eo is not None:
+            eo.mark_deadline = None
+        self._report_end(epoch, "mark")
+
+    # -- mark timeouts ----------------------------------------------------------------------
+    def _rearm(self) -> None:
+        dls = [eo.mark_deadline for e, eo in self._epochs.items() if eo.mark_deadline is not None]
+        self.deadline = min(dls) if dls else None
+
+    async def on_deadline(self, now: float) -> None:
+        for e, eo in list(self._epochs.items()):
+            if eo.mark_deadline is not None and now >= eo.mark_deadline:
+                eo.mark_deadline = None
+                if self._is_stale(e):
+                    continue  # the transport moved past it: ends nothing
+                self.st.mark_timeouts += 1
+                self._report_end(e, "mark_timeout")
+        # forget old epochs (bounded)
+        if len(self._epochs) > 8:
+            for e in sorted(self._epochs)[:-8]:
+                if self._epochs[e].mark_deadline is None:
+                    del self._epochs[e]
+        self._rearm()
+
+    def stats(self) -> dict[str, int]:
+        d = super().stats()
+        d.update({k: getattr(self.st, k) for k in self.st.__slots__})
+        d["tx_epoch"] = self.tx_epoch
+        return d

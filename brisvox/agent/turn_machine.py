@@ -1,0 +1,430 @@
+"""The turn machine: who is talking, when a user turn ends, when a barge-in is real.
+
+A pure state machine (seed 003 sections 2 and 3): ``handle(input)`` returns a
+list of actions and performs no I/O; the TurnDriver executes the actions.
+It owns the turn epoch: every new user turn bumps it, and
+``Interrupt(old, new)`` is returned only on a real barge-in (the bot was
+answering or speaking), always BEFORE the ``StartUserTurn`` of the same
+decision.
+
+Phases: IDLE -> USER_SPEAKING <-> USER_PAUSED -> AWAITING_RESPONSE ->
+BOT_SPEAKING -> IDLE, and CLOSED after Hangup.
+
+End of turn: with a fixed policy, ``silence`` after the VAD stop; with Smart
+Turn, a ``RequestAnalysis`` at the stop ends the turn on a complete verdict,
+and ``fallback_silence`` ends it when the verdict is incomplete, late, stale
+or missing. A verdict for an older pause (the user resumed) is ignored.
+
+Barge-in guards (:class:`InterruptionConfig`): with OFF every VAD start while
+the bot is active interrupts at once. With RECOMMENDED a start is a
+*candidate*: ignored inside the echo window after the bot's first audio;
+confirmed once it has lasted ``min_speech`` and its transcript holds a word
+that is not a backchannel, or once it has lasted ``max_backchannel``;
+vetoed when it stops with an empty or backchannel-only final; a short
+candidate with a real word (a quick "stop") interrupts at its final.
+
+Invariants: one timer slot (``ArmTimer`` replaces, ``CancelTimer`` clears);
+``BotAudioStarted/Ended`` of another epoch are ignored; nothing but Hangup
+is accepted after CLOSED; every ``VadStop`` returns exactly one ``OwnStop``
+naming who the stop (and so its STT final) belongs to.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+# --- configuration -------------------------------------------------------------------
+
+DEFAULT_BACKCHANNELS = frozenset(
+    {
+        "uh-huh", "uhhuh", "uh", "huh", "mhm", "mm", "mmm", "mm-hmm", "hmm", "um", "yeah", "yep",
+        "yes", "ok", "okay", "right", "sure", "aha", "ah", "oh", "i", "see", "got", "it", "alright",
+        "cool", "nice", "great", "evet", "tamam", "hı-hı", "hıhı",
+    }
+)
+_WORD = re.compile(r"[\w'-]+", re.UNICODE)
+
+
+@dataclass(frozen=True, slots=True)
+class InterruptionConfig:
+    """Barge-in guards. ``enabled`` False = OFF: every start interrupts at once."""
+
+    enabled: bool = True
+    min_speech: float = 0.3
+    max_backchannel: float = 0.8
+    echo_window: float = 0.25
+    backchannels: frozenset[str] = DEFAULT_BACKCHANNELS
+
+    @classmethod
+    def off(cls) -> InterruptionConfig:
+        return cls(enabled=False, min_speech=0.0, max_backchannel=0.0, echo_window=0.0)
+
+    @classmethod
+    def recommended(cls) -> InterruptionConfig:
+        return cls()
+
+    def is_backchannel(self, text: str) -> bool:
+        """True if ``text`` has words and every one is a backchannel."""
+        words = _WORD.findall(text.lower())
+        return bool(words) and all(w in self.backchannels for w in words)
+
+    def has_real_word(self, text: str) -> bool:
+        return any(w not in self.backchannels for w in _WORD.findall(text.lower()))
+
+
+@dataclass(frozen=True, slots=True)
+class TurnConfig:
+    """End-of-turn policy. ``smart_turn`` False: fixed ``silence``."""
+
+    silence: float = 0.45
+    smart_turn: bool = False
+    fallback_silence: float = 1.5
+    complete_threshold: float = 0.5
+    interruption: InterruptionConfig = field(default_factory=InterruptionConfig)
+
+
+# --- inputs --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VadStart:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class VadStop:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SttInterim:
+    text: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class SttFinal:
+    """The joined final text of one stop; ``owner`` as returned by that stop's OwnStop."""
+
+    text: str
+    owner: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    id: int
+    probability: float | None  # None: the analysis failed
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class BotAudioStarted:
+    epoch: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BotAudioEnded:
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hangup:
+    pass
+
+
+TurnInput = VadStart | VadStop | SttInterim | SttFinal | Verdict | Tick | BotAudioStarted | BotAudioEnded | Hangup
+
+
+# --- actions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartUserTurn:
+    epoch: int
+    at: float
+    from_candidate: bool = False  # the candidate's stops belong to this turn now
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    old_epoch: int
+    new_epoch: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RequestAnalysis:
+    id: int
+    at: float  # the stop the analysis ends at
+
+
+@dataclass(frozen=True, slots=True)
+class ArmTimer:
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTimer:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EndUserTurn:
+    epoch: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class OwnStop:
+    """Who a VAD stop belongs to: "turn" (the open user turn), "candidate" (an
+    undecided barge-in) or "none" (echo, vetoed backchannel, closed)."""
+
+    owner: str
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """Something to count: stale_verdict, echo, vetoed, candidate, incomplete, ..."""
+
+    kind: str
+
+
+Action = StartUserTurn | Interrupt | RequestAnalysis | ArmTimer | CancelTimer | EndUserTurn | OwnStop | Note
+
+
+class Phase(Enum):
+    IDLE = "idle"
+    USER_SPEAKING = "user_speaking"
+    USER_PAUSED = "user_paused"
+    AWAITING_RESPONSE = "awaiting_response"
+    BOT_SPEAKING = "bot_speaking"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class _Candidate:
+    start: float
+    speaking: bool = True
+    stopped_at: float | None = None
+    text: str = ""
+    vetoed: bool = False
+
+
+class TurnMachine:
+    """See the module docstring. ``epoch`` is the current turn epoch (0 before any turn)."""
+
+    __slots__ = ("cfg", "phase", "epoch", "deadline", "analysis_id", "pause_at", "bot_started_at", "_cand")
+
+    def __init__(self, cfg: TurnConfig | None = None) -> None:
+        self.cfg = cfg or TurnConfig()
+        self.phase = Phase.IDLE
+        self.epoch = 0
+        self.deadline: float | None = None
+        self.analysis_id = 0
+        self.pause_at = 0.0
+        self.bot_started_at: float | None = None
+        self._cand: _Candidate | None = None
+
+    @property
+    def bot_active(self) -> bool:
+        return self.phase in (Phase.AWAITING_RESPONSE, Phase.BOT_SPEAKING)
+
+    @property
+    def candidate_pending(self) -> bool:
+        return self._cand is not None and not self._cand.vetoed
+
+    def handle(self, inp: TurnInput) -> list[Action]:
+        if self.phase is Phase.CLOSED:
+            return []
+        if isinstance(inp, Hangup):
+            self.phase = Phase.CLOSED
+            self._cand = None
+            return self._cancel_timer()
+        if isinstance(inp, VadStart):
+            return self._vad_start(inp.at)
+        if isinstance(inp, VadStop):
+            return self._vad_stop(inp.at)
+        if isinstance(inp, Tick):
+            return self._tick(inp.now)
+        if isinstance(inp, Verdict):
+            return self._verdict(inp)
+        if isinstance(inp, SttInterim):
+            return self._interim(inp)
+        if isinstance(inp, SttFinal):
+            return self._final(inp)
+        if isinstance(inp, BotAudioStarted):
+            if inp.epoch == self.epoch and self.phase is Phase.AWAITING_RESPONSE:
+                self.phase = Phase.BOT_SPEAKING
+                self.bot_started_at = inp.at
+            return []
+        if isinstance(inp, BotAudioEnded):
+            return self._bot_ended(inp.epoch)
+        raise TypeError(f"unknown input {inp!r}")
+
+    # -- helpers
+    def _arm(self, at: float) -> list[Action]:
+        self.deadline = at
+        return [ArmTimer(at)]
+
+    def _cancel_timer(self) -> list[Action]:
+        if self.deadline is None:
+            return []
+        self.deadline = None
+        return [CancelTimer()]
+
+    def _pause(self, at: float) -> list[Action]:
+        self.phase = Phase.USER_PAUSED
+        self.pause_at = at
+        if self.cfg.smart_turn:
+            self.analysis_id += 1
+            return [RequestAnalysis(self.analysis_id, at), *self._arm(at + self.cfg.fallback_silence)]
+        return self._arm(at + self.cfg.silence)
+
+    def _new_turn(self, at: float) -> list[Action]:
+        self.epoch += 1
+        self.phase = Phase.USER_SPEAKING
+        self._cand = None
+        self.bot_started_at = None
+        return [StartUserTurn(self.epoch, at)]
+
+    def _barge_in(self, now: float) -> list[Action]:
+        cand = self._cand
+        old = self.epoch
+        self.epoch += 1
+        self._cand = None
+        self.bot_started_at = None
+        acts: list[Action] = [Interrupt(old, self.epoch, now)]
+        acts += self._cancel_timer()
+        if cand is None:
+            self.phase = Phase.USER_SPEAKING
+            acts.append(StartUserTurn(self.epoch, now))
+            return acts
+        acts.append(StartUserTurn(self.epoch, cand.start, from_candidate=True))
+        if cand.speaking:
+            self.phase = Phase.USER_SPEAKING
+        else:
+            acts += self._pause(cand.stopped_at if cand.stopped_at is not None else now)
+        return acts
+
+    # -- inputs
+    def _vad_start(self, at: float) -> list[Action]:
+        ph = self.phase
+        if ph is Phase.IDLE:
+            return self._new_turn(at)
+        if ph is Phase.USER_SPEAKING:
+            return []
+        if ph is Phase.USER_PAUSED:
+            self.phase = Phase.USER_SPEAKING
+            self.analysis_id += 1  # a verdict for the old pause is stale now
+            return self._cancel_timer()
+        # bot active
+        icfg = self.cfg.interruption
+        if not icfg.enabled:
+            return self._barge_in(at)
+        if (
+            ph is Phase.BOT_SPEAKING
+            and self.bot_started_at is not None
+            and at < self.bot_started_at + icfg.echo_window
+        ):
+            return [Note("echo")]
+        cand = self._cand
+        if cand is not None and not cand.vetoed:
+            cand.speaking = True
+            cand.stopped_at = None
+            return self._arm(max(at, cand.start + icfg.max_backchannel))
+        self._cand = _Candidate(start=at)
+        return [Note("candidate"), *self._arm(at + icfg.max_backchannel)]
+
+    def _vad_stop(self, at: float) -> list[Action]:
+        ph = self.phase
+        if ph is Phase.USER_SPEAKING:
+            return [OwnStop("turn"), *self._pause(at)]
+        if ph in (Phase.AWAITING_RESPONSE, Phase.BOT_SPEAKING):
+            cand = self._cand
+            if cand is not None and not cand.vetoed and cand.speaking:
+                cand.speaking = False
+                cand.stopped_at = at
+                # decided by its final (a short candidate), no timer needed meanwhile
+                return [OwnStop("candidate"), *self._cancel_timer()]
+            if cand is not None and cand.vetoed:
+                self._cand = None
+        return [OwnStop("none")]
+
+    def _tick(self, now: float) -> list[Action]:
+        if self.deadline is None or now < self.deadline:
+            return []
+        self.deadline = None
+        ph = self.phase
+        if ph is Phase.USER_PAUSED:
+            self.phase = Phase.AWAITING_RESPONSE
+            return [EndUserTurn(self.epoch, now)]
+        cand = self._cand
+        if self.bot_active and cand is not None and not cand.vetoed and cand.speaking:
+            # lasted max_backchannel: no backchannel is this long
+            return self._barge_in(now)
+        return []
+
+    def _verdict(self, v: Verdict) -> list[Action]:
+        if v.id != self.analysis_id or self.phase is not Phase.USER_PAUSED:
+            return [Note("stale_verdict")]
+        if v.probability is None:
+            return [Note("verdict_failed")]
+        if v.probability >= self.cfg.complete_threshold:
+            self.phase = Phase.AWAITING_RESPONSE
+            return [*self._cancel_timer(), EndUserTurn(self.epoch, v.now)]
+        return [Note("incomplete")]
+
+    def _interim(self, i: SttInterim) -> list[Action]:
+        cand = self._cand
+        if not self.bot_active or cand is None or cand.vetoed:
+            return []
+        cand.text = i.text
+        icfg = self.cfg.interruption
+        if cand.speaking and i.now - cand.start >= icfg.min_speech and icfg.has_real_word(i.text):
+            return self._barge_in(i.now)
+        return []
+
+    def _final(self, f: SttFinal) -> list[Action]:
+        if f.owner != "candidate":
+            return []
+        cand = self._cand
+        if not self.bot_active or cand is None or cand.vetoed:
+            return []
+        icfg = self.cfg.interruption
+        text = f.text.strip()
+        cand.text = (cand.text + " " + text).strip() if text else cand.text
+        if text and icfg.has_real_word(text):
+            return self._barge_in(f.now)
+        if cand.speaking:
+            return []
+        # stopped, and its final is empty or only backchannels: vetoed
+        self._cand = None
+        return [Note("vetoed")]
+
+    def _bot_ended(self, epoch: int) -> list[Action]:
+        if epoch != self.epoch or not self.bot_active:
+            return []
+        cand = self._cand
+        self._cand = None
+        self.bot_started_at = None
+        acts = self._cancel_timer()
+        if cand is None or cand.vetoed:
+            self.phase = Phase.IDLE
+            return acts
+        # the bot stopped by itself while a candidate was pending: a plain new turn
+        self.epoch += 1
+        acts.append(StartUserTurn(self.epoch, cand.start, from_candidate=True))
+        if cand.speaking:
+            self.phase = Phase.USER_SPEAKING
+        else:
+            acts += self._pause(cand.stopped_at if cand.stopped_at is not None else cand.start)
+        return acts

@@ -1,0 +1,415 @@
+"""Agent definitions: ``configs/agents/*.toml`` parsed, validated and checked offline.
+
+Owns the file format of an agent (its schema is ``agent.schema.json`` next to
+this module, JSON Schema draft 2020-12, checked with jsonschema) and the
+offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
+
+* Every problem names its position: the dotted key and the LINE of the
+  offending key in the file (found by :func:`key_lines`, a small scanner of
+  the TOML text, since ``tomllib`` keeps no positions).
+* Keys are never read from the file: a provider leg names the environment
+  variable (``api_key_env = "OPENAI_API_KEY"``; each provider has a default
+  variable) and any ``api_key``/``key``/``token``/``secret``/``password`` key
+  is refused by the schema. The check reports an unset variable as a
+  warning (offline: no key needed to check a file); :func:`resolve_key` reads
+  it when a call is built.
+* Fail closed: a tool listed in ``tools`` that nothing provides (the built-in
+  telephony tools, or a ``tool_modules`` entry ``package.module:function``
+  returning ``(ToolSpec, tool)`` pairs) is an ERROR naming its line and what
+  would provide it; ``confirm_tools`` must be a subset of ``tools`` and name
+  SideEffect tools; a scripted LLM's rules must compile.
+
+The parsed :class:`AgentDef` is frozen; the registry
+(:mod:`brisvox.providers.registry`) builds a call's providers from its
+:class:`ProviderDef` legs and :mod:`brisvox.agent.tools_loader` its tools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from brisvox.config.errors import ConfigError
+
+SCHEMA_PATH = Path(__file__).with_name("agent.schema.json")
+
+# provider -> (stage, default key variable or "" when no key is needed)
+PROVIDERS: dict[str, tuple[str, str]] = {
+    "local_whisper": ("stt", ""), "deepgram": ("stt", "DEEPGRAM_API_KEY"),
+    "local_llm": ("llm", ""), "scripted": ("llm", ""), "openai": ("llm", "OPENAI_API_KEY"),
+    "ollama": ("llm", ""), "vllm": ("llm", "VLLM_API_KEY"), "openrouter": ("llm", "OPENROUTER_API_KEY"),
+    "groq": ("llm", "GROQ_API_KEY"), "openai_compatible": ("llm", "OPENAI_COMPATIBLE_API_KEY"),
+    "anthropic": ("llm", "ANTHROPIC_API_KEY"), "gemini": ("llm", "GEMINI_API_KEY"),
+    "local_piper": ("tts", ""), "espeak": ("tts", ""), "cartesia": ("tts", "CARTESIA_API_KEY"),
+    "elevenlabs": ("tts", "ELEVENLABS_API_KEY"), "openai_tts": ("tts", "OPENAI_API_KEY"),
+}
+KEY_OPTIONAL = {"vllm", "openai_compatible", "ollama"}  # servers that may run without a key
+LOCAL = {"local_whisper", "local_llm", "local_piper"}  # run as jobs in an inference worker
+
+
+class AgentDefError(ConfigError):
+    """A problem of an agent file: ``key`` dotted path, ``line`` 1-based (0: unknown)."""
+
+    def __init__(self, key: str, message: str, path: str | None = None, line: int = 0) -> None:
+        super().__init__(key, message, path)
+        self.line = line
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}: " if self.path and self.line else (f"{self.path}: " if self.path else "")
+        return f"{where}{self.key}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    severity: str  # "error" | "warning"
+    key: str
+    line: int
+    message: str
+
+    def render(self, path: str) -> str:
+        return f"{path}:{self.line}: {self.severity}: {self.key}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderDef:
+    """One provider leg of a stage."""
+
+    provider: str
+    model: str = ""
+    voice: str = ""
+    base_url: str = ""
+    api_key_env: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    secondary: ProviderDef | None = None
+
+    @property
+    def key_env(self) -> str:
+        return self.api_key_env or PROVIDERS.get(self.provider, ("", ""))[1]
+
+    def legs(self) -> list[ProviderDef]:
+        return [self] + ([self.secondary] if self.secondary else [])
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDef:
+    name: str
+    path: str
+    system_prompt: str
+    stt: ProviderDef
+    llm: ProviderDef
+    tts: ProviderDef
+    language: str = "en"
+    voice: str = ""
+    greeting: str = ""
+    tools: tuple[str, ...] = ()
+    confirm_tools: tuple[str, ...] = ()
+    tool_modules: tuple[str, ...] = ()
+    transfer_targets: tuple[str, ...] = ()
+    filler: Mapping[str, Any] = field(default_factory=dict)
+    interruption: Mapping[str, Any] = field(default_factory=dict)
+    turn: Mapping[str, Any] = field(default_factory=dict)
+    speculation: Mapping[str, Any] = field(default_factory=dict)
+
+    def needs_worker_jobs(self) -> bool:
+        return any(leg.provider in LOCAL for p in (self.stt, self.llm, self.tts) for leg in p.legs())
+
+
+@lru_cache(maxsize=1)
+def schema() -> dict[str, Any]:
+    with open(SCHEMA_PATH, encoding="utf-8") as f:
+        out: dict[str, Any] = json.load(f)
+    return out
+
+
+# -- positions ---------------------------------------------------------------------------------
+
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
+
+
+def _parts(dotted: str) -> list[str]:
+    return [p.strip().strip("\"'") for p in re.findall(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""", dotted)]
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Dotted key -> 1-based line of its definition (tables: their header line).
+
+    Array-of-tables entries are numbered (``llm.options.rules.0.match``). Keys
+    inside multi-line strings are skipped; inline tables map to their key's line."""
+    out: dict[str, int] = {}
+    prefix: list[str] = []
+    counts: dict[str, int] = {}
+    in_multi: str | None = None
+    for n, line in enumerate(text.splitlines(), start=1):
+        if in_multi is not None:
+            if line.count(in_multi) % 2 == 1:
+                in_multi = None
+            continue
+        m = _HEADER.match(line)
+        if m and not _KEY.match(line):
+            parts = _parts(m.group(2))
+            if m.group(1) == "[[":
+                base = ".".join(parts)
+                idx = counts.get(base, 0)
+                counts[base] = idx + 1
+                parts = [*parts, str(idx)]
+            prefix = parts
+            for i in range(1, len(parts) + 1):
+                out.setdefault(".".join(parts[:i]), n)
+            continue
+        k = _KEY.match(line)
+        if k:
+            full = ".".join([*prefix, *_parts(k.group(1))])
+            out.setdefault(full, n)
+            rest = line[k.end():]
+            for q in ('"""', "'''"):
+                if rest.count(q) % 2 == 1:
+                    in_multi = q
+    return out
+
+
+def line_of(lines: Mapping[str, int], path: list[Any]) -> int:
+    parts = [str(p) for p in path]
+    while parts:
+        got = lines.get(".".join(parts))
+        if got:
+            return got
+        parts.pop()
+    return 0
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def _leg(d: Mapping[str, Any]) -> ProviderDef:
+    sec = d.get("secondary")
+    return ProviderDef(provider=str(d["provider"]), model=str(d.get("model", "")), voice=str(d.get("voice", "")),
+                       base_url=str(d.get("base_url", "")), api_key_env=str(d.get("api_key_env", "")),
+                       options=dict(d.get("options", {})), secondary=_leg(sec) if isinstance(sec, dict) else None)
+
+
+def parse(data: Mapping[str, Any], path: str) -> AgentDef:
+    return AgentDef(
+        name=str(data.get("name") or Path(path).stem), path=path, system_prompt=str(data["system_prompt"]),
+        stt=_leg(data["stt"]), llm=_leg(data["llm"]), tts=_leg(data["tts"]),
+        language=str(data.get("language", "en")), voice=str(data.get("voice", "")),
+        greeting=str(data.get("greeting", "")), tools=tuple(data.get("tools", ())),
+        confirm_tools=tuple(data.get("confirm_tools", ())), tool_modules=tuple(data.get("tool_modules", ())),
+        transfer_targets=tuple(data.get("transfer_targets", ())), filler=dict(data.get("filler", {})),
+        interruption=dict(data.get("interruption", {})), turn=dict(data.get("turn", {})),
+        speculation=dict(data.get("speculation", {})),
+    )
+
+
+SECRET_KEYS = ("api_key", "key", "token", "secret", "password")
+NO_SECRETS = "keys are never read from the file: name the environment variable with api_key_env"
+
+
+def _leaves(err: Any) -> list[Any]:
+    if err.context:
+        return [leaf for c in err.context for leaf in _leaves(c)]
+    return [err]
+
+
+def _schema_problems(data: Any, lines: Mapping[str, int]) -> list[Problem]:
+    v = jsonschema.Draft202012Validator(schema())
+    seen: set[tuple[str, str]] = set()
+    out: list[Problem] = []
+
+    def add(path: list[Any], msg: str) -> None:
+        key = ".".join(map(str, path)) or "(file)"
+        if (key, msg) not in seen:
+            seen.add((key, msg))
+            out.append(Problem("error", key, line_of(lines, path), msg))
+
+    for top in sorted(v.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        for err in _leaves(top):
+            path = list(err.absolute_path)
+            if err.validator == "not" and isinstance(err.instance, dict):
+                for k in SECRET_KEYS:
+                    if k in err.instance:
+                        add([*path, k], NO_SECRETS)
+                continue
+            if err.validator == "additionalProperties":
+                for x in re.findall(r"'([^']+)'", err.message):
+                    if x not in SECRET_KEYS:
+                        add([*path, x], "unknown key")
+                continue
+            if err.validator == "enum" and path and path[-1] == "provider":
+                add(path, f"unknown provider {err.instance!r}; known: {', '.join(map(str, err.validator_value))}")
+                continue
+            add(path, err.message)
+    return out
+
+
+def read(path: str | os.PathLike[str]) -> tuple[Any, dict[str, int], list[Problem]]:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        return None, {}, [Problem("error", "(file)", 0, f"cannot read: {e.strerror or e}")]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        return None, {}, [Problem("error", "(syntax)", int(m.group(1)) if m else 0, str(e))]
+    return data, key_lines(text), []
+
+
+def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None,
+                     load_modules: bool = True) -> tuple[AgentDef | None, list[Problem]]:
+    """Validate an agent file offline. Returns the definition (None if unusable) and every problem."""
+    env = os.environ if env is None else env
+    data, lines, problems = read(path)
+    if data is None:
+        return None, problems
+    problems = _schema_problems(data, lines)
+    if problems:
+        return None, problems
+    agent = parse(data, str(path))
+    for stage in ("stt", "llm", "tts"):
+        for i, leg in enumerate(getattr(agent, stage).legs()):
+            where = [stage] if i == 0 else [stage, "secondary"]
+            var = leg.key_env
+            if var and leg.provider not in KEY_OPTIONAL and not env.get(var):
+                problems.append(Problem("warning", ".".join([*where, "api_key_env"]),
+                                        line_of(lines, [*where, "api_key_env"]) or line_of(lines, where),
+                                        f"{var} is not set: calls with this agent will fail to start {stage}"))
+            if leg.provider == "scripted":
+                problems.extend(_check_rules(leg, where, lines))
+            from brisvox.providers.registry import unknown_options
+
+            for opt_name in unknown_options(leg):
+                problems.append(Problem("error", ".".join([*where, "options", opt_name]),
+                                        line_of(lines, [*where, "options", opt_name]),
+                                        f"unknown option for {leg.provider}"))
+    problems.extend(_check_tools(agent, lines, load_modules))
+    return agent, problems
+
+
+def _check_rules(leg: ProviderDef, where: list[str], lines: Mapping[str, int]) -> list[Problem]:
+    out: list[Problem] = []
+    rules = leg.options.get("rules", [])
+    if not isinstance(rules, list):
+        return [Problem("error", ".".join([*where, "options", "rules"]), line_of(lines, [*where, "options", "rules"]),
+                        "rules must be an array of tables")]
+    for i, r in enumerate(rules):
+        key = [*where, "options", "rules", i]
+        if not isinstance(r, dict) or "match" not in r:
+            out.append(Problem("error", ".".join(map(str, key)), line_of(lines, key), "a rule needs match"))
+            continue
+        try:
+            re.compile(str(r["match"]))
+        except re.error as e:
+            out.append(Problem("error", ".".join(map(str, [*key, "match"])), line_of(lines, [*key, "match"]),
+                               f"bad regular expression: {e}"))
+    return out
+
+
+def _check_tools(agent: AgentDef, lines: Mapping[str, int], load_modules: bool) -> list[Problem]:
+    from brisvox.agent.tools_loader import ToolSetupError, provided_tools
+
+    out: list[Problem] = []
+    try:
+        base = str(Path(agent.path).resolve().parent)
+        provided = provided_tools(agent.tool_modules, base) if load_modules else {}
+    except ToolSetupError as e:
+        i = agent.tool_modules.index(e.module) if e.module in agent.tool_modules else 0
+        return [Problem("error", f"tool_modules.{i}", line_of(lines, ["tool_modules"]), str(e))]
+    for name in agent.tools:
+        if load_modules and name not in provided:
+            out.append(Problem("error", "tools", line_of(lines, ["tools"]),
+                               f"tool {name!r} is not provided by anything: add the module that defines it to "
+                               f"tool_modules (package.module:function), or use a built-in "
+                               f"(end_call, send_dtmf, transfer_call); a call without its tools would answer wrongly"))
+    for name in agent.confirm_tools:
+        if name not in agent.tools:
+            out.append(Problem("error", "confirm_tools", line_of(lines, ["confirm_tools"]),
+                               f"{name!r} is not in tools"))
+        elif name in provided and not provided[name].side_effect:
+            out.append(Problem("error", "confirm_tools", line_of(lines, ["confirm_tools"]),
+                               f"{name!r} is ReadOnly: only SideEffect tools take a confirmation"))
+    if "transfer_call" in agent.tools and not agent.transfer_targets:
+        out.append(Problem("warning", "transfer_targets", line_of(lines, ["tools"]),
+                           "transfer_call without transfer_targets: the model may transfer to any number; "
+                           "list the allowed targets or put transfer_call in confirm_tools"))
+    return out
+
+
+def load_agent(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> AgentDef:
+    """Parse and check; raises :class:`AgentDefError` on the first error (warnings pass)."""
+    agent, problems = check_agent_file(path, env)
+    for p in problems:
+        if p.severity == "error":
+            raise AgentDefError(p.key, p.message, str(path), p.line)
+    assert agent is not None
+    return agent
+
+
+def resolve_key(leg: ProviderDef, env: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if env is None else env
+    var = leg.key_env
+    return env.get(var) or None if var else None
+
+
+def check_main(path: str, env: Mapping[str, str] | None = None, out: Any = None) -> int:
+    """``brisvoxd check AGENT.toml``: print every problem with its line; 0 ok, 2 errors."""
+    import sys
+
+    out = out or sys.stdout
+    agent, problems = check_agent_file(path, env)
+    for p in problems:
+        print(p.render(path), file=out)
+    errors = sum(1 for p in problems if p.severity == "error")
+    if errors or agent is None:
+        print(f"{path}: {errors} error(s)", file=out)
+        return 2
+    print(f"{path}: ok (agent {agent.name}: stt {agent.stt.provider}, llm {agent.llm.provider}, "
+          f"tts {agent.tts.provider}; tools: {', '.join(agent.tools) or 'none'})", file=out)
+    return 0
+
+
+def is_agent_file(path: str | os.PathLike[str]) -> bool:
+    """True if ``path`` looks like an agent definition (has system_prompt and [llm])."""
+    data, _, _ = read(path)
+    return isinstance(data, dict) and "system_prompt" in data and "llm" in data
+
+
+def actor_config(agent: AgentDef, base: Any = None) -> Any:
+    """The call actor's :class:`~brisvox.agent.actor.ActorConfig` with this agent's settings:
+    system prompt, filler, interruption and turn policy, STT language/model, TTS voice/model.
+    Unset keys keep ``base``'s values (default: ``ActorConfig()``)."""
+    from dataclasses import fields, replace
+
+    from brisvox.agent.actor import ActorConfig
+    from brisvox.agent.tool_filler import FillerConfig
+    from brisvox.agent.turn_machine import InterruptionConfig, TurnConfig
+
+    cfg = base or ActorConfig()
+
+    def pick(cls: Any, table: Mapping[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+        names = {f.name for f in fields(cls)}
+        return {k: v for k, v in table.items() if k in names and k not in skip}
+
+    fill = dict(agent.filler)
+    phrases = tuple(fill.pop("phrases", ()) or cfg.llm.filler_phrases)
+    filler = replace(cfg.llm.filler, **pick(FillerConfig, fill))
+    llm = replace(cfg.llm, system_prompt=agent.system_prompt, filler=filler, filler_phrases=phrases)
+    inter = dict(agent.interruption)
+    if "backchannels" in inter:
+        inter["backchannels"] = frozenset(str(b).lower() for b in inter["backchannels"])
+    interruption = replace(cfg.turn.turn.interruption, **pick(InterruptionConfig, inter))
+    turn = replace(cfg.turn.turn, interruption=interruption, **pick(TurnConfig, agent.turn, ("interruption",)))
+    stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.language, model=agent.stt.model))
+    tts = replace(cfg.tts, tts=replace(cfg.tts.tts, language=agent.language, model=agent.tts.model,
+                                       voice=agent.tts.voice or agent.voice))
+    return replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn), stt=stt, tts=tts)

@@ -1,0 +1,159 @@
+"""LocalWhisperStt: the no-key speech-to-text (Whisper tiny.en) run as a job on the call's worker.
+
+Owns the actor side of local transcription. Whisper is a batch model: the
+session sends nothing while audio streams (the worker already has it in the
+call's in16 ring) and, at each ``finalize()``, asks the worker to transcribe
+the utterance ``[start, end)`` of in16; the answer is exactly ONE
+``Transcript(is_final=True, speech_final=True, from_finalize=True)`` per
+Finalize, in order (possibly empty text). No interims.
+
+Where the utterance is: if the stage reports the in16 span of every audio
+chunk (:class:`~brisvox.providers.base.SttSpanSink`, ``note_span``), the
+span since the previous Finalize is exact. Otherwise it is estimated: it ends
+at the in16 position the worker reported when the last audio chunk arrived
+and is as long as the audio received since the previous Finalize (one
+worker tick of error at most); the worker trims it to its voiced part anyway.
+``preroll`` seconds before the start are included (VAD starts late by a
+window), the length is capped at 30 s.
+
+A refused or failed job answers its Finalize with empty text (counted in
+``failed``): the turn proceeds with what it has, as after an STT death.
+``warm()`` sends the empty span once per worker per process: the worker
+loads the model before the first turn needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+from brisvox.providers.base import ProviderError, SttClosed, SttConfig, SttEvent, Transcript
+from brisvox.providers.worker_jobs import JobChannel
+from brisvox.providers.ws_common import EventPipe
+from ipc.frames import ErrorReply, SttJob, SttJobResult
+
+RATE = 16_000
+MAX_SAMPLES = 30 * RATE
+
+
+class LocalWhisperSession:
+    def __init__(self, provider: LocalWhisperStt, language: str) -> None:
+        self.p = provider
+        self.language = language or "en"
+        self._pipe = EventPipe(256)
+        self._queue: deque[tuple[int, int]] = deque()
+        self._wake = asyncio.Event()
+        self._received = 0  # samples since the last Finalize
+        self._end_est = 0
+        self._span_start: int | None = None
+        self._span_end: int | None = None
+        self._closed = False
+        self.failed = 0
+        self.jobs = 0
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    # -- contract ------------------------------------------------------------------------
+    async def send_audio(self, pcm: bytes, timeout: float) -> None:  # noqa: ASYNC109
+        if self._closed:
+            raise ProviderError("closed", "session closed")
+        self._received += len(pcm) // 2
+        self._end_est = self.p.channel.in16_pos(self.p.call_id)
+
+    def note_span(self, start: int, end: int) -> None:
+        if self._span_start is None:
+            self._span_start = start
+        self._span_end = end
+
+    async def finalize(self, timeout: float) -> None:  # noqa: ASYNC109
+        if self._closed:
+            raise ProviderError("closed", "session closed")
+        pre = int(self.p.preroll * RATE)
+        if self._span_start is not None and self._span_end is not None:
+            start, end = self._span_start, self._span_end
+        elif self._received:
+            end = self._end_est
+            start = end - self._received
+        else:
+            start = end = 0
+        if end > start:
+            start = max(0, start - pre, end - MAX_SAMPLES)
+        self._received = 0
+        self._span_start = self._span_end = None
+        self._queue.append((start, end))
+        self._wake.set()
+
+    def events(self) -> AsyncIterator[SttEvent]:
+        return self._pipe.iterate()
+
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109
+        if self._closed:
+            return
+        self._closed = True
+        self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self._task, timeout)
+        self._pipe.end(SttClosed(""))
+
+    # -- the job loop (answers Finalizes in order) ----------------------------------------
+    async def _run(self) -> None:
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            start, end = self._queue.popleft()
+            text = ""
+            if end > start:
+                text = await self._transcribe(start, end)
+            await self._pipe.put(Transcript(text, True, True, True, 1.0 if text else 0.0,
+                                            start / RATE, end / RATE, self.language))
+
+    async def _transcribe(self, start: int, end: int) -> str:
+        self.jobs += 1
+        p = self.p
+        job = SttJob(call_id=p.call_id, start_pos=start, end_pos=end,
+                     deadline_ns=time.monotonic_ns() + int(p.queue_deadline * 1e9), language=self.language,
+                     max_tokens=p.max_tokens)
+        try:
+            reply = await p.channel.request(job, p.job_timeout)
+        except ProviderError:
+            self.failed += 1
+            return ""
+        if isinstance(reply, SttJobResult):
+            return reply.text
+        self.failed += 1
+        if isinstance(reply, ErrorReply) and reply.kind == "bad_range" and start > 0:
+            # an estimate off by a tick past the ring's end: retry up to the newest position
+            newest = p.channel.in16_pos(p.call_id)
+            if start < newest < end:
+                return await self._transcribe(start, newest)
+        return ""
+
+
+class LocalWhisperStt:
+    def __init__(self, channel: JobChannel, call_id: str, *, max_tokens: int = 96, preroll: float = 0.2,
+                 job_timeout: float = 8.0, queue_deadline: float = 3.0, name: str = "local_whisper") -> None:
+        self.name = name
+        self.channel = channel
+        self.call_id = call_id
+        self.max_tokens = max_tokens
+        self.preroll = preroll
+        self.job_timeout = job_timeout
+        self.queue_deadline = queue_deadline
+
+    async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
+        w = self.channel.worker_of(self.call_id)
+        if w < 0 or (w, "stt") in self.channel.warmed:
+            return
+        self.channel.warmed.add((w, "stt"))
+        job = SttJob(call_id=self.call_id, start_pos=0, end_pos=0,  # the empty span: a warm-up
+                     deadline_ns=time.monotonic_ns() + int(2e9), max_tokens=4)
+        with contextlib.suppress(ProviderError):
+            await self.channel.request(job, max(timeout, self.job_timeout))
+
+    async def connect(self, config: SttConfig, timeout: float) -> LocalWhisperSession:  # noqa: ASYNC109
+        if self.channel.worker_of(self.call_id) < 0:
+            raise ProviderError("connect", "the call has no inference worker")
+        return LocalWhisperSession(self, config.language)

@@ -1,0 +1,213 @@
+"""Provider name -> factory: a call's STT, LLM and TTS built from its agent definition.
+
+Owns the mapping from an agent file's ``[stt]``/``[llm]``/``[tts]`` legs
+(:class:`brisvox.config.agent_def.ProviderDef`) to adapter instances, and the
+options each provider accepts (:data:`OPTIONS`; an unknown option is a
+:class:`ProviderError` here and an error of ``brisvoxd check``).
+
+* Keys come from the environment only (:func:`brisvox.config.agent_def.resolve_key`),
+  read when the call is built; a missing key raises ``auth`` naming the variable.
+* Local providers (``local_whisper``, ``local_llm``, ``local_piper``) need the
+  call's :class:`~brisvox.providers.worker_jobs.JobChannel` (the agent
+  process's worker client) in the :class:`CallEnv`.
+* A leg with ``secondary`` is wrapped in the failover layer
+  (:mod:`brisvox.providers.failover`): connect/request failures move to the
+  secondary, with a process-wide breaker per provider leg.
+* HTTP adapters share one client per origin (:mod:`brisvox.providers.http`)
+  whatever the call: building a provider per call costs no connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from brisvox.clock import CLOCK, Clock
+from brisvox.config.agent_def import AgentDef, ProviderDef, resolve_key
+from brisvox.providers.base import LlmProvider, ProviderError, SttProvider, TtsProvider
+from brisvox.providers.worker_jobs import JobChannel
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnv:
+    """What a call's providers may need besides their definition."""
+
+    call_id: str
+    channel: JobChannel | None = None
+    clock: Clock = CLOCK
+    env: Mapping[str, str] | None = None  # None: os.environ
+
+
+COMMON_HTTP = {"connect_timeout", "read_timeout", "max_response_bytes", "max_event_bytes", "max_seconds", "headers"}
+OPTIONS: dict[str, set[str]] = {
+    "local_whisper": {"max_tokens", "preroll", "job_timeout", "queue_deadline"},
+    "deepgram": {"endpointing", "keepalive_interval", "smart_format", "punctuate", "diarize", "numerals",
+                 "filler_words", "utterance_end_ms", "vad_events", "keyterm", "keywords"},
+    "local_llm": {"max_tokens", "temperature", "max_context_chars", "request_timeout"},
+    "scripted": {"rules", "fallback", "first_token_ms", "token_ms"},
+    "anthropic": COMMON_HTTP | {"max_tokens", "thinking", "top_p", "top_k", "metadata"},
+    "gemini": COMMON_HTTP | {"thinking_budget", "generationConfig", "safetySettings"},
+    "local_piper": {"job_timeout", "request_timeout"},
+    "espeak": {"wpm", "binary", "timeout"},
+    "cartesia": {"version", "sample_rate", "speed", "emotion"},
+    "elevenlabs": {"sample_rate", "inactivity_timeout", "voice_settings"},
+    "openai_tts": {"instructions", "connect_timeout", "read_timeout"},
+}
+for _p in ("openai", "ollama", "vllm", "openrouter", "groq", "openai_compatible"):
+    OPTIONS[_p] = COMMON_HTTP | {"reasoning_effort", "max_tokens", "top_p", "seed", "parallel_tool_calls",
+                                 "frequency_penalty", "presence_penalty", "preset", "user", "stop"}
+
+
+def unknown_options(leg: ProviderDef) -> list[str]:
+    allowed = OPTIONS.get(leg.provider, set())
+    return sorted(k for k in leg.options if k not in allowed)
+
+
+def _opts(leg: ProviderDef, *keys: str) -> dict[str, Any]:
+    return {k: leg.options[k] for k in keys if k in leg.options}
+
+
+def _key(leg: ProviderDef, env: CallEnv, required: bool = True) -> str | None:
+    key = resolve_key(leg, env.env)
+    if required and not key:
+        raise ProviderError("auth", f"{leg.provider}: set {leg.key_env} in the environment", retryable=False)
+    return key
+
+
+def _channel(leg: ProviderDef, env: CallEnv) -> JobChannel:
+    if env.channel is None:
+        raise ProviderError("connect", f"{leg.provider} runs in an inference worker: no worker client", retryable=False)
+    return env.channel
+
+
+def _check(leg: ProviderDef) -> None:
+    bad = unknown_options(leg)
+    if bad:
+        raise ProviderError("bad_request", f"{leg.provider}: unknown option(s) {', '.join(bad)}", retryable=False)
+
+
+# -- STT --------------------------------------------------------------------------------------------
+
+
+def _stt(leg: ProviderDef, env: CallEnv) -> SttProvider:
+    _check(leg)
+    if leg.provider == "local_whisper":
+        from brisvox.providers.local_whisper import LocalWhisperStt
+
+        return LocalWhisperStt(_channel(leg, env), env.call_id,
+                               **_opts(leg, "max_tokens", "preroll", "job_timeout", "queue_deadline"))
+    if leg.provider == "deepgram":
+        from brisvox.providers.deepgram import DeepgramStt
+
+        o = dict(leg.options)
+        kw: dict[str, Any] = {}
+        if "endpointing" in o:
+            kw["endpointing_ms"] = int(o.pop("endpointing"))
+        if "keepalive_interval" in o:
+            kw["keepalive_interval"] = float(o.pop("keepalive_interval"))
+        return DeepgramStt(_key(leg, env), model=leg.model or "nova-3",
+                           base_url=leg.base_url or "wss://api.deepgram.com", options=o, **kw)
+    raise ProviderError("bad_request", f"unknown STT provider {leg.provider!r}", retryable=False)
+
+
+# -- LLM --------------------------------------------------------------------------------------------
+
+
+def _llm(leg: ProviderDef, env: CallEnv) -> LlmProvider:
+    _check(leg)
+    p = leg.provider
+    o = dict(leg.options)
+    http = {k: o.pop(k) for k in list(o) if k in COMMON_HTTP}
+    if p == "local_llm":
+        from brisvox.providers.local_llm import LocalLlm
+
+        return LocalLlm(_channel(leg, env), env.call_id, **o)
+    if p == "scripted":
+        from brisvox.providers.scripted_llm import ScriptedLlm
+
+        return ScriptedLlm(o.pop("rules", []), clock=env.clock, **o)
+    if p in ("openai", "ollama", "vllm", "openrouter", "groq", "openai_compatible"):
+        from brisvox.providers.openai_compat import PRESETS, OpenAiCompatLlm
+
+        preset = str(o.pop("preset", p if p != "openai_compatible" else "vllm"))
+        if p == "openai_compatible" and not leg.base_url:
+            raise ProviderError("bad_request", "openai_compatible needs base_url", retryable=False)
+        key = _key(leg, env, required=PRESETS[preset].key_required)
+        effort = o.pop("reasoning_effort", None)
+        return OpenAiCompatLlm(leg.model or "gpt-4.1-mini", preset=preset, base_url=leg.base_url or None,
+                               api_key=key, reasoning_effort=effort, options=o, name=p, **http)
+    if p == "anthropic":
+        from brisvox.providers.anthropic import AnthropicLlm
+
+        mt = int(o.pop("max_tokens", 1024))
+        return AnthropicLlm(leg.model or "claude-3-5-haiku-latest", api_key=_key(leg, env),
+                            base_url=leg.base_url or "https://api.anthropic.com", max_tokens=mt, options=o, **http)
+    if p == "gemini":
+        from brisvox.providers.gemini import GeminiLlm
+
+        return GeminiLlm(leg.model or "gemini-2.5-flash", api_key=_key(leg, env),
+                         base_url=leg.base_url or "https://generativelanguage.googleapis.com", options=o, **http)
+    raise ProviderError("bad_request", f"unknown LLM provider {p!r}", retryable=False)
+
+
+# -- TTS --------------------------------------------------------------------------------------------
+
+
+def _tts(leg: ProviderDef, env: CallEnv) -> TtsProvider:
+    _check(leg)
+    p = leg.provider
+    o = dict(leg.options)
+    if p == "local_piper":
+        from brisvox.providers.local_piper import LocalPiperTts
+
+        return LocalPiperTts(_channel(leg, env), env.call_id, **o)
+    if p == "espeak":
+        from brisvox.providers.espeak import EspeakTts
+
+        return EspeakTts(voice=leg.voice or "en-us", **o)
+    if p == "cartesia":
+        from brisvox.providers.cartesia import CartesiaTts
+
+        kw = {k: o.pop(k) for k in ("version", "sample_rate") if k in o}
+        return CartesiaTts(_key(leg, env), model=leg.model or "sonic-2", voice=leg.voice,
+                           base_url=leg.base_url or "wss://api.cartesia.ai", options=o, **kw)
+    if p == "elevenlabs":
+        from brisvox.providers.elevenlabs import ElevenLabsTts
+
+        return ElevenLabsTts(_key(leg, env), voice=leg.voice or "21m00Tcm4TlvDq8ikWAM",
+                             model=leg.model or "eleven_flash_v2_5",
+                             base_url=leg.base_url or "wss://api.elevenlabs.io", **o)
+    if p == "openai_tts":
+        from brisvox.providers.openai_tts import OpenAiTts
+
+        return OpenAiTts(_key(leg, env), model=leg.model or "gpt-4o-mini-tts", voice=leg.voice or "alloy",
+                         base_url=leg.base_url or "https://api.openai.com/v1", **o)
+    raise ProviderError("bad_request", f"unknown TTS provider {p!r}", retryable=False)
+
+
+FACTORIES: dict[str, Callable[[ProviderDef, CallEnv], Any]] = {"stt": _stt, "llm": _llm, "tts": _tts}
+
+
+def build(stage: str, leg: ProviderDef, env: CallEnv) -> Any:
+    """The provider for ``stage`` (with failover to ``leg.secondary`` when it has one)."""
+    primary = FACTORIES[stage](leg, env)
+    if leg.secondary is None:
+        return primary
+    from brisvox.providers import failover
+
+    secondary = FACTORIES[stage](leg.secondary, env)
+    return failover.wrap(stage, primary, secondary, failover.leg_key(leg), failover.leg_key(leg.secondary))
+
+
+@dataclass
+class CallProviders:
+    stt: SttProvider
+    llm: LlmProvider
+    tts: TtsProvider
+    notes: list[str] = field(default_factory=list)
+
+
+def build_call(agent: AgentDef, env: CallEnv) -> CallProviders:
+    """All three providers of a call (raises ProviderError naming the failing leg)."""
+    return CallProviders(build("stt", agent.stt, env), build("llm", agent.llm, env), build("tts", agent.tts, env))

@@ -1,0 +1,159 @@
+"""Finals gate, resume, tool-round limit, crashes and provider deaths on the production actor."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from brisvox.agent.context import AssistantMessage, ToolMessage, UserMessage
+from brisvox.agent.llm_runner import FALLBACK_LINE
+from brisvox.sim.fakes import Call, Crash, LlmScript, Say, SttFault, TtsFault
+from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
+from brisvox.sim.scenarios import LONG
+from brisvox.sim.sim_tools import SimTools
+from brisvox.sim.vloop import run_virtual
+from brisvox.sim.world import Press, Utter
+
+
+def sim(call: SimCall):
+    return run_virtual(lambda: simulate(call))
+
+
+def users(res):
+    return [m.content for m in res.actor.context if isinstance(m, UserMessage)]
+
+
+def assistant(res):
+    return [m.text for m in res.actor.context if isinstance(m, AssistantMessage)]
+
+
+def test_the_finals_gate_holds_the_turn_end_for_a_late_final():
+    res = sim(
+        SimCall(
+            steps=[Utter("what time is it please", at=0.5)],
+            llm=[LlmScript((Say("It is noon."),))],
+            stt_faults=[SttFault(final_delay=1.0)],
+        )
+    )
+    st = res.actor.driver.st
+    assert st.gate_holds == 1 and st.gate_timeouts == 0
+    assert users(res) == ["what time is it please"]
+    # the turn ended when the final arrived, not at the silence deadline
+    t = res.record["turns"][0]
+    assert t["end_of_turn_ms"] >= 900
+
+
+def test_speaking_again_while_the_end_is_held_is_a_resume_not_a_barge_in():
+    res = sim(
+        SimCall(
+            steps=[Utter("I would like", at=0.5), Utter("a large coffee please", after=0.55)],
+            llm=[LlmScript((Say("One large coffee."),))],
+            stt_faults=[SttFault(final_delay=0.9)],
+        )
+    )
+    st = res.actor.driver.st
+    assert st.resumes == 1 and st.interrupts == 0
+    assert users(res) == ["I would like a large coffee please"]
+    assert res.actor.out.st.clears_lazy == 1  # no barge-in clear
+    assert len(res.llm.probe.requests) == 1
+
+
+def test_a_final_that_never_comes_falls_back_to_the_interim_after_the_gate():
+    res = sim(
+        SimCall(
+            steps=[Utter("please call me back tomorrow", at=0.5)],
+            llm=[LlmScript((Say("I will."),))],
+            stt_faults=[SttFault(hang_finalize=True)],
+        )
+    )
+    st = res.actor.driver.st
+    assert st.gate_timeouts == 1 and st.gate_extensions == 0  # an interim existed: no extension
+    assert users(res) and users(res)[0].startswith("please call me")
+    assert assistant(res) == ["I will."]
+
+
+def test_the_seventh_tool_round_is_refused_and_a_fallback_line_is_spoken():
+    tools = SimTools()
+    looping = LlmScript((Call("get_weather", {"city": "Oslo"}),))
+    res = sim(
+        SimCall(
+            steps=[Utter("check the weather again and again", at=0.5)],
+            llm=[looping] * 7,
+            registry=tools.registry,
+            max_time=60.0,
+        )
+    )
+    assert tools.bodies["get_weather"] == 6
+    limited = [m for m in res.actor.context if isinstance(m, ToolMessage) and "tool_round_limit" in m.content]
+    assert len(limited) == 1
+    assert assistant(res)[-1] == FALLBACK_LINE
+    assert res.actor.runner.st.round_limits == 1
+    res.actor.context.validate()
+
+
+def test_a_crashing_adapter_closes_the_turn_and_the_next_turn_works():
+    res = sim(
+        SimCall(
+            steps=[Utter("hello there", at=0.5), Utter("hello again", after=3.0)],
+            llm=[LlmScript((Crash(),)), LlmScript((Say("Hi, sorry about that."),))],
+        )
+    )
+    assert res.actor.runner.st.round_crashes == 1
+    assert assistant(res) == ["Hi, sorry about that."]
+    assert res.actor.driver.st.response_deadlines == 0  # closed at once, not by the backstop
+
+
+def test_a_tts_death_mid_answer_keeps_only_what_was_spoken_and_recovers():
+    res = sim(
+        SimCall(
+            steps=[Utter("tell me about the weather", at=0.5), Utter("and tomorrow", after_bot_done=1.0)],
+            llm=[LlmScript((Say(LONG),)), LlmScript((Say("Colder tomorrow."),))],
+            tts_faults=[TtsFault(die_after_audio=2.0)],
+            max_time=60.0,
+        )
+    )
+    tts = res.actor.tts.st
+    assert tts.deaths == 1 and tts.connects >= 2
+    a = assistant(res)
+    assert LONG.startswith(a[0]) and 0 < len(a[0]) < len(LONG)
+    assert a[1] == "Colder tomorrow."
+    assert oracle_mismatches(res) == []
+
+
+def test_without_word_timings_the_cut_is_an_estimate_at_a_word_end():
+    res = sim(
+        SimCall(
+            steps=[Utter("what is the weather like", at=0.5), Utter("wait stop please", after_bot=1.7)],
+            llm=[LlmScript((Say(LONG),)), LlmScript((Say("Okay."),))],
+            tts_faults=[TtsFault(no_words=True)],
+        )
+    )
+    assert res.actor.book.st.estimated == 1
+    first = assistant(res)[0]
+    assert LONG.startswith(first) and 0 < len(first) < len(LONG)
+    assert first == LONG[: len(first)] and (len(first) == len(LONG) or LONG[len(first)] == " ")
+
+
+def test_dtmf_is_retagged_and_reaches_the_runner():
+    res = sim(
+        SimCall(
+            steps=[Utter("hello there", at=0.5), Press("5", after=2.5)],
+            llm=[LlmScript((Say("Hi."),))],
+        )
+    )
+    assert res.actor.driver.st.dtmf == 1 and res.actor.runner.st.dtmf == 1
+
+
+def test_guards_off_interrupts_a_backchannel():
+    cfg = default_actor_config()
+    from brisvox.agent.turn_machine import InterruptionConfig
+
+    cfg = replace(cfg, turn=replace(cfg.turn, turn=replace(cfg.turn.turn, interruption=InterruptionConfig.off())))
+    res = sim(
+        SimCall(
+            steps=[Utter("tell me about the weather", at=0.5), Utter("uh-huh", after_bot=2.0)],
+            llm=[LlmScript((Say(LONG),)), LlmScript((Say("Yes?"),))],
+            actor=cfg,
+        )
+    )
+    assert res.interrupts == 1 and res.actor.driver.st.vetoed == 0
+    assert oracle_mismatches(res) == []

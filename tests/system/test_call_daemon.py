@@ -1,0 +1,108 @@
+"""The whole daemon (gateway, workers, agent process) serving simultaneous WebSocket calls
+with scripted providers, each call with a barge-in.
+
+Each client speaks a real recorded question (so the real Silero VAD in the
+worker hears it), waits for the bot's long answer, talks over it, and later
+hangs up. Checks, per call, from outside the daemon:
+
+* the call record's conversation: the interrupted answer is cut to exactly the
+  words whose audio the client received before the clear (+-1 frame), and
+  the second answer is whole;
+* no stale audio after the clear: nothing of the cut answer arrives after the
+  client got the clear (every frame after it until the second answer starts
+  is silence);
+* every record has one interrupt and both user turns.
+
+Run twice: 20 calls with the fixed end-of-turn silence, and 4 calls with
+Smart Turn on (the turn ends come from the worker's job lane).
+The word boundaries the client judges by come from the scripted TTS's
+deterministic word durations (``brisvox.sim.speech.word_seconds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import orjson
+import pytest
+import soundfile as sf
+
+from brisvox.agent.call_record import read_records
+from brisvox.sim.ws_caller import ANSWER, RATE, SECOND, TTS_RATE, judge, one_call
+from tests.system.daemon_harness import Daemon, write_config
+
+pytestmark = pytest.mark.system
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEECH = ROOT / "tests" / "fixtures" / "generated" / "turn_complete.8k.wav"
+
+
+def config(tmp: Path, script: Path, smart_turn: bool = False) -> Path:
+    st = "true" if smart_turn else "false"
+    extra = f"""
+[gateway]
+echo_use_workers = false
+tts_rate = {TTS_RATE}
+
+[sip]
+enabled = false
+
+[websocket]
+port = 0
+
+[smart_turn]
+enabled = {st}
+
+[agents]
+script = "{script}"
+smart_turn = {st}
+lead_margin_ms = 0
+max_calls = 64
+
+[calls]
+path = "{tmp / 'records'}"
+"""
+    return write_config(tmp, workers=1, agents=1, extra=extra)
+
+
+@pytest.mark.parametrize(
+    ("n_calls", "smart_turn"), [(int(os.environ.get("BRISVOX_TEST_CALLS", "20")), False), (4, True)]
+)
+def test_simultaneous_calls_with_barge_in_context_equals_what_each_client_heard(short_tmp, n_calls, smart_turn):
+    """With Smart Turn on, the turn ends come from the worker's job lane (verdicts)."""
+    speech, rate = sf.read(SPEECH, dtype="int16")
+    assert rate == RATE
+    script = short_tmp / "script.json"
+    script.write_bytes(orjson.dumps({"user": ["what time do you close", "wait a moment"], "bot": [ANSWER, SECOND]}))
+    d = Daemon(short_tmp, config=config(short_tmp, script, smart_turn), real_roles=True)
+    try:
+        d.start()
+        snap = d.wait_ready(60)
+        gw = d.child(snap, "gateway-0")
+        port = int(gw["endpoints"]["websocket"].rsplit(":", 1)[1])
+
+        async def all_calls():
+            async def staggered(i: int):
+                await asyncio.sleep(i * 0.05)
+                return await one_call(port, speech, seed=i)
+
+            return await asyncio.gather(*(staggered(i) for i in range(n_calls)))
+
+        results = asyncio.run(all_calls())
+        want = {r["call_id"] for r in results}
+        d.wait_for(lambda s: len({r["call_id"] for r in read_records(short_tmp / "records")} & want) == n_calls,
+                   30, "every call record")
+        records = {r["call_id"]: r for r in read_records(short_tmp / "records")}
+        failures = {}
+        for res in results:
+            bad = judge(res, records[res["call_id"]])
+            if bad:
+                failures[res["call_id"]] = bad
+        assert not failures, failures
+        if smart_turn:
+            assert all(r["stats"]["turn"]["analyses"] >= 2 for r in records.values() if r["call_id"] in want)
+            assert sum(r["stats"]["turn"]["analyses_failed"] for r in records.values() if r["call_id"] in want) == 0
+    finally:
+        d.close()

@@ -1,0 +1,107 @@
+"""Bad provider input through the LLM runner: a counted error and the documented fallback, never a hang.
+
+The runner (seed 003 section 4) retries once only while nothing of the
+response was sent, keeps the partial text of a failed response in the
+context, invents no speech, and ends the turn (LlmResponseEnded; a turn with
+no speech sends BotEnded "silent" upstream). Over the OpenAI-compatible
+adapter against the loopback fake:
+
+* garbage: both attempts fail ``protocol``; two requests, two counted errors,
+  the turn ends silent;
+* an oversized response after some text: ``oversized``, no retry (text was
+  sent), the partial text stays in the context;
+* a never-ending stream (keep-alive comments after some text): the runner's
+  idle timeout ends it; a silent server: the first-token timeout (counted);
+* a stream cut mid-way: ``closed``, the partial text kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from brisvox.agent.context import AssistantMessage
+from brisvox.agent.frames import BotEnded
+from brisvox.providers.base import ProviderTimeouts
+from brisvox.providers.http import close_all
+from brisvox.providers.llm_stream import STATS
+from brisvox.providers.openai_compat import OpenAiCompatLlm
+from tests.providers_fakes.http_server import FakeHttpServer, Reply
+from tests.providers_fakes.llm_wire import Resp, ScriptedVendor, reply_for
+from tests.providers_fakes.runner_rig import Rig, ToolLog, scenario_registry
+
+pytestmark = pytest.mark.timeout(60)
+FAST = ProviderTimeouts(llm_first_token=0.6, llm_idle=0.6)
+
+
+def run(reply: Any) -> tuple[Rig, ScriptedVendor, str, float]:
+    sv = ScriptedVendor("openai", lambda i, b: reply)
+
+    async def main() -> tuple[Rig, str, float]:
+        async with FakeHttpServer(sv) as srv:
+            p = OpenAiCompatLlm("m", preset="vllm", base_url=srv.url + "/v1")
+            async with Rig(p, scenario_registry(ToolLog()), timeouts=FAST) as rig:
+                t0 = asyncio.get_running_loop().time()
+                spoken = await rig.turn(1, "hello", timeout=10)
+                took = asyncio.get_running_loop().time() - t0
+            await close_all()
+        return rig, spoken, took
+
+    rig, spoken, took = asyncio.run(main())
+    return rig, sv, spoken, took
+
+
+def silent_turn(rig: Rig) -> bool:
+    up = []
+    while True:
+        f = rig.upstream._pop()
+        if f is None:
+            break
+        up.append(f)
+    return BotEnded(1, "silent") in up
+
+
+def partial(rig: Rig) -> list[str]:
+    return [m.text for m in rig.snapshot if isinstance(m, AssistantMessage)]
+
+
+def test_garbage() -> None:
+    before = STATS["error.protocol"]
+    rig, sv, spoken, _ = run(Reply(200, [b"data: {{{{ garbage\n\n"]))
+    assert len(sv.bodies) == 2 and rig.runner.st.errors == 2 and rig.runner.st.retries == 1
+    assert spoken == "" and silent_turn(rig)
+    assert STATS["error.protocol"] == before + 2
+
+
+def test_oversized_after_text() -> None:
+    big = reply_for("openai", Resp(text=["Hello there. "] + ["x" * 1000] * 3000)).chunks
+    rig, sv, spoken, _ = run(Reply(200, big))
+    assert len(sv.bodies) == 1 and rig.runner.st.errors == 1 and rig.runner.st.retries == 0
+    assert spoken.startswith("Hello there.")
+    assert partial(rig) and partial(rig)[0].startswith("Hello there.")
+
+
+def test_never_ending_stream_hits_the_idle_timeout() -> None:
+    head = reply_for("openai", Resp(text=["Still thinking"])).chunks[:1]
+    rig, sv, spoken, took = run(Reply(200, head, forever=b": ping\n\n", forever_every=0.05))
+    assert rig.runner.st.idle_timeouts == 1 and rig.runner.st.errors == 1
+    assert spoken == "Still thinking" and partial(rig) == ["Still thinking"]
+    assert took < 5.0
+
+
+def test_silent_server_hits_the_first_token_timeout() -> None:
+    r = reply_for("openai", Resp(text=["late"]))
+    r.first_byte_delay = 5.0
+    rig, sv, spoken, took = run(r)
+    assert rig.runner.st.first_token_timeouts == 2 and len(sv.bodies) == 2  # one retry, nothing was sent
+    assert spoken == "" and silent_turn(rig) and took < 4.0
+
+
+def test_cut_mid_stream_keeps_the_partial_text() -> None:
+    r = reply_for("openai", Resp(text=["One, ", "two, ", "three."]))
+    r.cut_after = 2
+    rig, sv, spoken, _ = run(r)
+    assert spoken == "One, two, " and rig.runner.st.errors == 1 and len(sv.bodies) == 1
+    assert partial(rig) == ["One, two, "]
