@@ -25,14 +25,11 @@ The key (``ANTHROPIC_API_KEY`` via the registry) travels in the per-request
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
-from typing import Any
+from typing import Any, Unpack
 
-import httpx
 import orjson
 
 from brisvox.providers import convert_anthropic as conv
-from brisvox.providers import http as nh
 from brisvox.providers.base import (
     Done,
     LlmEvent,
@@ -42,8 +39,8 @@ from brisvox.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from brisvox.providers.llm_stream import GeneratedStream
-from brisvox.providers.sse import SseParser
+from brisvox.providers.llm_stream import HttpLlmOptions, HttpSseLlm
+from brisvox.providers.sse import SseEvent, json_object
 
 API_VERSION = "2023-06-01"
 STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "max_tokens": "length",
@@ -51,7 +48,9 @@ STOP = {"end_turn": "stop", "stop_sequence": "stop", "tool_use": "tool_calls", "
 RETRYABLE = {"overloaded_error": "server", "api_error": "server", "rate_limit_error": "rate_limited"}
 
 
-class AnthropicLlm:
+class AnthropicLlm(HttpSseLlm):
+    wire_headers = {"anthropic-version": API_VERSION}
+
     def __init__(
         self,
         model: str,
@@ -59,74 +58,23 @@ class AnthropicLlm:
         api_key: str | None,
         base_url: str = "https://api.anthropic.com",
         max_tokens: int = 1024,
-        headers: Mapping[str, str] | None = None,
-        options: Mapping[str, Any] | None = None,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 30.0,
-        max_response_bytes: int = 2 << 20,
-        max_event_bytes: int = 256 << 10,
-        max_seconds: float = 120.0,
         name: str = "anthropic",
+        **http: Unpack[HttpLlmOptions],
     ) -> None:
         if not api_key:
             raise ProviderError("auth", "anthropic: no API key (set ANTHROPIC_API_KEY)", retryable=False)
-        self.name = name
-        self.model = model
-        self.base_url = base_url.rstrip("/")
-        nh.origin_of(self.base_url)
-        self._auth = {"x-api-key": api_key}
-        self.headers = dict(headers or {})
+        super().__init__(name, model, base_url, {"x-api-key": api_key}, **http)
         self.max_tokens = max_tokens
-        self.options = dict(options or {})
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.max_response_bytes = max_response_bytes
-        self.max_event_bytes = max_event_bytes
-        self.max_seconds = max_seconds
 
-    async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
-        await nh.warm_origin(self.base_url, timeout, self.connect_timeout)
-
-    def stream(self, request: LlmRequest) -> GeneratedStream:
-        return GeneratedStream(self.name, self._events(request), max_seconds=self.max_seconds)
+    @property
+    def url(self) -> str:
+        return self.base_url + "/v1/messages"
 
     def request_body(self, request: LlmRequest) -> dict[str, Any]:
         return conv.body(request, self.model, self.max_tokens, self.options)
 
-    async def _events(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
-        client = nh.shared_client(self.base_url, connect_timeout=self.connect_timeout)
-        payload = orjson.dumps(self.request_body(request))
-        headers = nh.merge_headers({"Content-Type": "application/json", "Accept": "text/event-stream",
-                                    "anthropic-version": API_VERSION}, self.headers, self._auth)
-        try:
-            async with client.stream("POST", self.base_url + "/v1/messages", content=payload, headers=headers,
-                                     timeout=nh.timeout(self.read_timeout, self.connect_timeout)) as resp:
-                if resp.status_code != 200:
-                    raise nh.status_error(resp.status_code, await nh.read_bounded(resp))
-                parser = SseParser(self.max_event_bytes)
-                st = _State()
-                total = 0
-                chunks = resp.aiter_bytes()
-                async for chunk in chunks:
-                    total += len(chunk)
-                    if total > self.max_response_bytes:
-                        raise ProviderError("oversized", f"response over {self.max_response_bytes} bytes",
-                                            retryable=False)
-                    for ev in parser.feed(chunk):
-                        try:
-                            obj = orjson.loads(ev.data)
-                        except orjson.JSONDecodeError:
-                            raise ProviderError("protocol", "an event is not JSON", retryable=False) from None
-                        if not isinstance(obj, dict):
-                            raise ProviderError("protocol", "an event is not an object", retryable=False)
-                        for out in st.translate(obj):
-                            if isinstance(out, Done):
-                                await nh.drain(chunks)
-                                yield out
-                                return
-                            yield out
-        except httpx.HTTPError as e:
-            raise nh.transport_error(e) from None
+    def decoder(self) -> _State:
+        return _State()
 
 
 class _State:
@@ -136,6 +84,12 @@ class _State:
         self.stop = "stop"
         self.input_tokens = 0
         self.cached = 0
+
+    def event(self, ev: SseEvent) -> list[LlmEvent]:
+        return self.translate(json_object(ev))
+
+    def end(self, pending: bool) -> list[LlmEvent]:
+        return []  # only message_stop completes a response
 
     def translate(self, obj: dict[str, Any]) -> list[LlmEvent]:
         t = obj.get("type")

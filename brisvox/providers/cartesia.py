@@ -25,55 +25,27 @@ Options: ``model`` (sonic-2), ``voice`` (a voice id), ``language``,
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
-import orjson
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
-from brisvox.providers.base import (
-    ProviderError,
-    TtsAudio,
-    TtsCancelled,
-    TtsClosed,
-    TtsConfig,
-    TtsEvent,
-    TtsFlushed,
-    TtsWord,
-)
+from brisvox.providers.base import ProviderError, TtsConfig, TtsWord
 from brisvox.providers.ws_common import (
-    CancelledIds,
-    EventPipe,
-    close_ws,
-    resolve,
-    send_bounded,
+    WsTtsSession,
+    context_id,
+    context_of,
+    resolve_url,
     ws_connect,
 )
 
 API_VERSION = "2025-04-16"
 
 
-def _cid(context: int) -> str:
-    return f"bv-{context}"
-
-
-def _ctx(cid: Any) -> int | None:
-    if isinstance(cid, str) and cid.startswith("bv-") and cid[3:].isdigit():
-        return int(cid[3:])
-    return None
-
-
-class CartesiaSession:
+class CartesiaSession(WsTtsSession):
     def __init__(self, ws: ClientConnection, model: str, voice: str, language: str, sample_rate: int,
                  speed: float, extra: Mapping[str, Any]) -> None:
-        self._ws = ws
-        self.sample_rate = sample_rate
+        super().__init__(ws, sample_rate)
         self._base: dict[str, Any] = {
             "model_id": model, "voice": {"mode": "id", "id": voice}, "language": language,
             "output_format": {"container": "raw", "encoding": "pcm_s16le", "sample_rate": sample_rate},
@@ -82,102 +54,30 @@ class CartesiaSession:
         if speed != 1.0:
             self._base["speed"] = speed
         self._base.update(extra)
-        self._pipe = EventPipe(1024)
-        self._cancelled = CancelledIds()
-        self._flushing: set[int] = set()
-        self._open: set[int] = set()
-        self._closed = False
-        self.bad_messages = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def send_text(self, context: int, text: str, *, continue_: bool, timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            raise ProviderError("closed", "session closed")
+        self._check_open()
         if context in self._cancelled or not text:
             return
         self._open.add(context)
-        msg = {**self._base, "context_id": _cid(context), "transcript": text, "continue": True}
-        await send_bounded(self._ws, orjson.dumps(msg).decode(), timeout)
+        await self._send_json({**self._base, "context_id": context_id(context), "transcript": text,
+                               "continue": True}, timeout)
 
     async def flush(self, context: int, timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            raise ProviderError("closed", "session closed")
+        self._check_open()
         if context in self._cancelled:
             return
         self._flushing.add(context)
         self._open.add(context)
-        msg = {**self._base, "context_id": _cid(context), "transcript": "", "continue": False}
-        await send_bounded(self._ws, orjson.dumps(msg).decode(), timeout)
+        await self._send_json({**self._base, "context_id": context_id(context), "transcript": "",
+                               "continue": False}, timeout)
 
-    def cancel(self, context: int) -> None:
-        self._cancelled.add(context)
-        self._flushing.discard(context)
-        was_open = context in self._open
-        self._open.discard(context)
-        if not self._pipe.put_nowait(TtsCancelled(context)):
-            self._spawn(self._pipe.put(TtsCancelled(context)))
-        if was_open and not self._closed:
-            self._spawn(self._send_cancel(context))
-
-    def _spawn(self, coro: Any) -> None:
-        t = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-
-    async def _send_cancel(self, context: int) -> None:
-        with contextlib.suppress(ProviderError):
-            await send_bounded(self._ws, orjson.dumps({"context_id": _cid(context), "cancel": True}).decode(), 2.0)
-
-    def events(self) -> AsyncIterator[TtsEvent]:
-        return self._pipe.iterate()
-
-    async def close(self, timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            return
-        self._closed = True
-        await close_ws(self._ws, timeout)
-        self._reader.cancel()
-        for t in list(self._tasks):
-            t.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(self._reader, timeout)
-        self._pipe.end(TtsClosed(""))
-
-    async def _read(self) -> None:
-        error = ""
-        try:
-            async for msg in self._ws:
-                try:
-                    obj = orjson.loads(msg)
-                except orjson.JSONDecodeError:
-                    self.bad_messages += 1
-                    error = "garbage from the server"
-                    break
-                if not isinstance(obj, dict):
-                    self.bad_messages += 1
-                    continue
-                err = await self._handle(obj)
-                if err:
-                    error = err
-                    break
-        except ConnectionClosed as e:
-            error = "" if self._closed else f"closed: {e.rcvd.code if e.rcvd else 1006}"
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            error = type(e).__name__
-        finally:
-            if not self._closed and not error:
-                error = "closed by the server"
-            self._closed = True
-            self._pipe.end(TtsClosed(error))
-            if error:
-                await close_ws(self._ws, 0.5)
+    def _cancel_message(self, context: int) -> dict[str, Any]:
+        return {"context_id": context_id(context), "cancel": True}
 
     async def _handle(self, obj: dict[str, Any]) -> str:
         t = obj.get("type")
-        ctx = _ctx(obj.get("context_id"))
+        ctx = context_of(obj.get("context_id"))
         if t == "error":
             if ctx is not None and ctx in self._cancelled:
                 return ""
@@ -185,25 +85,17 @@ class CartesiaSession:
         if ctx is None or ctx in self._cancelled:
             return ""
         if t == "chunk":
-            try:
-                pcm = base64.b64decode(obj.get("data") or "", validate=True)
-            except (binascii.Error, ValueError):
-                self.bad_messages += 1
+            pcm = self._pcm(obj.get("data") or "")
+            if pcm is None:
                 return "bad audio chunk"
-            if len(pcm) % 2:
-                pcm = pcm[:-1]
-            if pcm:
-                await self._pipe.put(TtsAudio(ctx, pcm))
+            await self._audio(ctx, pcm)
         elif t == "timestamps":
             wt = obj.get("word_timestamps") or {}
             words, starts, ends = wt.get("words") or [], wt.get("start") or [], wt.get("end") or []
             for w, s, e in zip(words, starts, ends, strict=False):
                 await self._pipe.put(TtsWord(ctx, str(w), float(s), float(e)))
         elif t == "done":
-            if ctx in self._flushing:
-                self._flushing.discard(ctx)
-                self._open.discard(ctx)
-                await self._pipe.put(TtsFlushed(ctx))
+            await self._flushed(ctx)
         return ""
 
 
@@ -226,8 +118,7 @@ class CartesiaTts:
         return 300.0
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
-        u = urlsplit(self.base_url)
-        await resolve(u.hostname or "", u.port or (443 if u.scheme == "wss" else 80), timeout)
+        await resolve_url(self.base_url, timeout)
 
     async def connect(self, config: TtsConfig, timeout: float) -> CartesiaSession:  # noqa: ASYNC109
         ws = await ws_connect(f"{self.base_url}/tts/websocket", self._headers, timeout)

@@ -30,19 +30,17 @@ the open Finalizes itself (seed 003 section 7).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import orjson
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
 from brisvox.providers.base import ProviderError, SttClosed, SttConfig, SttEvent, Transcript
-from brisvox.providers.ws_common import EventPipe, close_ws, resolve, send_bounded, ws_connect
+from brisvox.providers.ws_common import WsSession, resolve_url, send_bounded, ws_connect
 
 log = logging.getLogger("brisvox.providers.deepgram")
 
@@ -51,28 +49,22 @@ KEEPALIVE = orjson.dumps({"type": "KeepAlive"}).decode()
 CLOSE = orjson.dumps({"type": "CloseStream"}).decode()
 
 
-class DeepgramSession:
+class DeepgramSession(WsSession):
     def __init__(self, ws: ClientConnection, keepalive_interval: float) -> None:
-        self._ws = ws
-        self._pipe = EventPipe(512)
+        super().__init__(ws, 512, SttClosed)
         self._keepalive = keepalive_interval
         self._last_send = time.monotonic()
         self._outstanding = 0  # Finalizes not yet answered
-        self._closed = False
-        self.bad_messages = 0
         self.keepalives = 0
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-        self._ka = asyncio.get_running_loop().create_task(self._keepalive_loop())
+        self._tasks.spawn(self._keepalive_loop())
 
     async def send_audio(self, pcm: bytes, timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            raise ProviderError("closed", "session closed")
+        self._check_open()
         await send_bounded(self._ws, pcm, timeout)
         self._last_send = time.monotonic()
 
     async def finalize(self, timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            raise ProviderError("closed", "session closed")
+        self._check_open()
         self._outstanding += 1
         await send_bounded(self._ws, FINALIZE, timeout)
         self._last_send = time.monotonic()
@@ -80,22 +72,14 @@ class DeepgramSession:
     def events(self) -> AsyncIterator[SttEvent]:
         return self._pipe.iterate()
 
-    async def close(self, timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            return
-        self._closed = True
-        self._ka.cancel()
-        with contextlib.suppress(Exception):
-            await send_bounded(self._ws, CLOSE, min(timeout, 0.2))
-        await close_ws(self._ws, timeout)
-        self._reader.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(self._reader, timeout)
-        self._pipe.end(SttClosed(""))
+    def _goodbye(self) -> str | None:
+        return CLOSE
 
     async def _keepalive_loop(self) -> None:
         while True:
             await asyncio.sleep(max(0.05, self._keepalive / 4))
+            if self._closed:
+                return
             if time.monotonic() - self._last_send >= self._keepalive:
                 try:
                     await send_bounded(self._ws, KEEPALIVE, 2.0)
@@ -104,33 +88,20 @@ class DeepgramSession:
                 self.keepalives += 1
                 self._last_send = time.monotonic()
 
-    async def _read(self) -> None:
-        error = ""
+    async def _message(self, msg: str | bytes) -> str:
+        """Binary frames and garbage are counted and skipped (never fatal)."""
+        if isinstance(msg, bytes):
+            self.bad_messages += 1
+            return ""
         try:
-            async for msg in self._ws:
-                if isinstance(msg, bytes):
-                    self.bad_messages += 1
-                    continue
-                try:
-                    obj = orjson.loads(msg)
-                except orjson.JSONDecodeError:
-                    self.bad_messages += 1
-                    continue
-                ev = self._translate(obj) if isinstance(obj, dict) else None
-                if ev is not None:
-                    await self._pipe.put(ev)
-        except ConnectionClosed as e:
-            error = "" if self._closed else f"closed: {e.rcvd.code if e.rcvd else 1006}"
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a reader bug ends the session, not the process
-            error = f"{type(e).__name__}"
-        finally:
-            self._ka.cancel()
-            if not self._closed and not error:
-                error = "closed by the server"
-            self._closed = True
-            self._pipe.end(SttClosed(error))
+            obj = orjson.loads(msg)
+        except orjson.JSONDecodeError:
+            self.bad_messages += 1
+            return ""
+        ev = self._translate(obj) if isinstance(obj, dict) else None
+        if ev is not None:
+            await self._pipe.put(ev)
+        return ""
 
     def _translate(self, obj: dict[str, Any]) -> Transcript | None:
         t = obj.get("type")
@@ -186,8 +157,7 @@ class DeepgramStt:
         return f"{self.base_url}/v1/listen?{urlencode(q)}"
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
-        u = urlsplit(self.base_url)
-        await resolve(u.hostname or "", u.port or (443 if u.scheme == "wss" else 80), timeout)
+        await resolve_url(self.base_url, timeout)
 
     async def connect(self, config: SttConfig, timeout: float) -> DeepgramSession:  # noqa: ASYNC109
         ws = await ws_connect(self.url(config), self._headers, timeout)

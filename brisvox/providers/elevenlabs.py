@@ -22,44 +22,24 @@ Key: ``ELEVENLABS_API_KEY``.
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import binascii
-import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 import orjson
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
 
-from brisvox.providers.base import (
-    ProviderError,
-    TtsAudio,
-    TtsCancelled,
-    TtsClosed,
-    TtsConfig,
-    TtsEvent,
-    TtsFlushed,
-    TtsWord,
-)
+from brisvox.providers.base import ProviderError, TtsConfig, TtsFlushed, TtsWord
 from brisvox.providers.ws_common import (
-    CancelledIds,
-    EventPipe,
-    close_ws,
-    resolve,
-    send_bounded,
+    WsTtsSession,
+    context_id,
+    context_of,
+    resolve_url,
     ws_connect,
 )
 
 RATES = (8000, 16000, 22050, 24000, 44100)
-
-
-def _ctx(cid: Any) -> int | None:
-    if isinstance(cid, str) and cid.startswith("bv-") and cid[3:].isdigit():
-        return int(cid[3:])
-    return None
+CLOSE_SOCKET = orjson.dumps({"close_socket": True}).decode()
 
 
 def words_from_alignment(al: Mapping[str, Any], offset: float) -> list[tuple[str, float, float]]:
@@ -84,143 +64,60 @@ def words_from_alignment(al: Mapping[str, Any], offset: float) -> list[tuple[str
     return out
 
 
-class ElevenLabsSession:
+class ElevenLabsSession(WsTtsSession):
     def __init__(self, ws: ClientConnection, sample_rate: int, voice_settings: Mapping[str, Any] | None) -> None:
-        self._ws = ws
-        self.sample_rate = sample_rate
+        super().__init__(ws, sample_rate)
         self._settings = dict(voice_settings or {})
-        self._pipe = EventPipe(1024)
-        self._cancelled = CancelledIds()
-        self._opened: set[int] = set()
-        self._flushing: set[int] = set()
-        self._audio_s: dict[int, float] = {}
-        self._closed = False
-        self.bad_messages = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._reader = asyncio.get_running_loop().create_task(self._read())
-
-    async def _send(self, obj: dict[str, Any], timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            raise ProviderError("closed", "session closed")
-        await send_bounded(self._ws, orjson.dumps(obj).decode(), timeout)
+        self._audio_s: dict[int, float] = {}  # seconds of audio of each open context so far
 
     async def send_text(self, context: int, text: str, *, continue_: bool, timeout: float) -> None:  # noqa: ASYNC109
         if context in self._cancelled or not text:
             return
-        msg: dict[str, Any] = {"text": text, "context_id": f"bv-{context}"}
-        if context not in self._opened:
-            self._opened.add(context)
+        msg: dict[str, Any] = {"text": text, "context_id": context_id(context)}
+        if context not in self._open:
+            self._open.add(context)
             self._audio_s[context] = 0.0
             if self._settings:
                 msg["voice_settings"] = self._settings
-        await self._send(msg, timeout)
+        await self._send_json(msg, timeout)
 
     async def flush(self, context: int, timeout: float) -> None:  # noqa: ASYNC109
         if context in self._cancelled:
             return
-        if context not in self._opened:  # nothing was sent: nothing to wait for
+        if context not in self._open:  # nothing was sent: nothing to wait for
             await self._pipe.put(TtsFlushed(context))
             return
         self._flushing.add(context)
-        await self._send({"context_id": f"bv-{context}", "flush": True}, timeout)
-        await self._send({"context_id": f"bv-{context}", "close_context": True}, timeout)
+        await self._send_json({"context_id": context_id(context), "flush": True}, timeout)
+        await self._send_json({"context_id": context_id(context), "close_context": True}, timeout)
 
-    def cancel(self, context: int) -> None:
-        self._cancelled.add(context)
-        self._flushing.discard(context)
-        was_open = context in self._opened
-        self._opened.discard(context)
-        if not self._pipe.put_nowait(TtsCancelled(context)):
-            self._spawn(self._pipe.put(TtsCancelled(context)))
-        if was_open and not self._closed:
-            self._spawn(self._send_close(context))
+    def _cancel_message(self, context: int) -> dict[str, Any]:
+        return {"context_id": context_id(context), "close_context": True}
 
-    def _spawn(self, coro: Any) -> None:
-        t = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
-
-    async def _send_close(self, context: int) -> None:
-        with contextlib.suppress(ProviderError):
-            await self._send({"context_id": f"bv-{context}", "close_context": True}, 2.0)
-
-    def events(self) -> AsyncIterator[TtsEvent]:
-        return self._pipe.iterate()
-
-    async def close(self, timeout: float) -> None:  # noqa: ASYNC109
-        if self._closed:
-            return
-        with contextlib.suppress(ProviderError):
-            await self._send({"close_socket": True}, min(timeout, 0.2))
-        self._closed = True
-        await close_ws(self._ws, timeout)
-        self._reader.cancel()
-        for t in list(self._tasks):
-            t.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(self._reader, timeout)
-        self._pipe.end(TtsClosed(""))
-
-    async def _read(self) -> None:
-        error = ""
-        try:
-            async for msg in self._ws:
-                try:
-                    obj = orjson.loads(msg)
-                except orjson.JSONDecodeError:
-                    self.bad_messages += 1
-                    error = "garbage from the server"
-                    break
-                if not isinstance(obj, dict):
-                    self.bad_messages += 1
-                    continue
-                if "error" in obj or obj.get("message_type") == "error":
-                    error = f"error: {str(obj.get('error') or obj.get('message') or '')[:200]}"
-                    break
-                err = await self._handle(obj)
-                if err:
-                    error = err
-                    break
-        except ConnectionClosed as e:
-            error = "" if self._closed else f"closed: {e.rcvd.code if e.rcvd else 1006}"
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            error = type(e).__name__
-        finally:
-            if not self._closed and not error:
-                error = "closed by the server"
-            self._closed = True
-            self._pipe.end(TtsClosed(error))
-            if error:
-                await close_ws(self._ws, 0.5)
+    def _goodbye(self) -> str | None:
+        return CLOSE_SOCKET
 
     async def _handle(self, obj: dict[str, Any]) -> str:
-        ctx = _ctx(obj.get("contextId") or obj.get("context_id"))
+        if "error" in obj or obj.get("message_type") == "error":
+            return f"error: {str(obj.get('error') or obj.get('message') or '')[:200]}"
+        ctx = context_of(obj.get("contextId") or obj.get("context_id"))
         if ctx is None or ctx in self._cancelled:
             return ""
         audio = obj.get("audio")
         if isinstance(audio, str) and audio:
-            try:
-                pcm = base64.b64decode(audio, validate=True)
-            except (binascii.Error, ValueError):
-                self.bad_messages += 1
+            pcm = self._pcm(audio)
+            if pcm is None:
                 return "bad audio chunk"
-            if len(pcm) % 2:
-                pcm = pcm[:-1]
             offset = self._audio_s.get(ctx, 0.0)
             al = obj.get("alignment") or obj.get("normalizedAlignment")
             if isinstance(al, dict):
                 for w, s, e in words_from_alignment(al, offset):
                     await self._pipe.put(TtsWord(ctx, w, s, e))
             self._audio_s[ctx] = offset + len(pcm) / 2 / self.sample_rate
-            if pcm:
-                await self._pipe.put(TtsAudio(ctx, pcm))
+            await self._audio(ctx, pcm)
         if obj.get("isFinal") is True and ctx in self._flushing:
-            self._flushing.discard(ctx)
-            self._opened.discard(ctx)
             self._audio_s.pop(ctx, None)
-            await self._pipe.put(TtsFlushed(ctx))
+            await self._flushed(ctx)
         return ""
 
 
@@ -252,8 +149,7 @@ class ElevenLabsTts:
         return f"{self.base_url}/v1/text-to-speech/{voice}/multi-stream-input?{q}"
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
-        u = urlsplit(self.base_url)
-        await resolve(u.hostname or "", u.port or (443 if u.scheme == "wss" else 80), timeout)
+        await resolve_url(self.base_url, timeout)
 
     async def connect(self, config: TtsConfig, timeout: float) -> ElevenLabsSession:  # noqa: ASYNC109
         ws = await ws_connect(self.url(config), self._headers, timeout)

@@ -33,7 +33,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from brisvox.providers.base import (
     LlmError,
@@ -136,31 +136,38 @@ class _Legs:
         return False
 
 
-class FailoverStt(_Legs):
-    def __init__(self, primary: SttProvider, secondary: SttProvider, pkey: str, skey: str,
-                 attempt_timeout: float = 2.0) -> None:
-        super().__init__("stt", primary, secondary, pkey, skey)
+C = TypeVar("C", SttConfig, TtsConfig)
+S = TypeVar("S", SttSession, TtsSession)
+
+
+class _SessionLegs(_Legs, Generic[C, S]):
+    """STT / TTS: a session from the first leg that connects (see :func:`_connect`)."""
+
+    def __init__(self, stage: str, primary: Any, secondary: Any, pkey: str, skey: str,
+                 attempt_timeout: float) -> None:
+        super().__init__(stage, primary, secondary, pkey, skey)
         self.attempt_timeout = attempt_timeout
 
-    async def connect(self, config: SttConfig, timeout: float) -> SttSession:  # noqa: ASYNC109
-        s: SttSession = await _connect(self, lambda p, t: p.connect(config, t), timeout, self.attempt_timeout)
+    async def connect(self, config: C, timeout: float) -> S:  # noqa: ASYNC109
+        s: S = await _connect(self, lambda p, t: p.connect(config, t), timeout, self.attempt_timeout)
         return s
 
 
-class FailoverTts(_Legs):
+class FailoverStt(_SessionLegs[SttConfig, SttSession]):
+    def __init__(self, primary: SttProvider, secondary: SttProvider, pkey: str, skey: str,
+                 attempt_timeout: float = 2.0) -> None:
+        super().__init__("stt", primary, secondary, pkey, skey, attempt_timeout)
+
+
+class FailoverTts(_SessionLegs[TtsConfig, TtsSession]):
     def __init__(self, primary: TtsProvider, secondary: TtsProvider, pkey: str, skey: str,
                  attempt_timeout: float = 2.0) -> None:
-        super().__init__("tts", primary, secondary, pkey, skey)
-        self.attempt_timeout = attempt_timeout
+        super().__init__("tts", primary, secondary, pkey, skey, attempt_timeout)
 
     def idle_limit(self) -> float | None:
         limits = [p.idle_limit() for p, _ in self.legs]
         known = [x for x in limits if x is not None]
         return min(known) if known else None
-
-    async def connect(self, config: TtsConfig, timeout: float) -> TtsSession:  # noqa: ASYNC109
-        s: TtsSession = await _connect(self, lambda p, t: p.connect(config, t), timeout, self.attempt_timeout)
-        return s
 
 
 async def _connect(legs: _Legs, fn: Any, timeout: float, attempt: float) -> Any:  # noqa: ASYNC109

@@ -24,6 +24,12 @@ pooling", gap 1):
   ``bad_request`` and 401/403 ``auth`` are not retryable; 429
   ``rate_limited`` and 5xx ``server`` are). :func:`transport_error` maps
   httpx exceptions. Error bodies are read bounded and never logged whole.
+* :func:`post_stream` is the one streamed POST of every adapter: the shared
+  client, per-request timeouts, a non-200 status mapped by
+  :func:`status_error` (its body read bounded), and every httpx error raised
+  while the response is open (the handshake or any later chunk) mapped by
+  :func:`transport_error`; leaving the ``async with`` closes the response
+  (which releases the connection).
 * Proxy variables of the environment are ignored (``trust_env=False``):
   a voice call must not detour through a proxy nobody configured for it.
 
@@ -36,6 +42,8 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -176,6 +184,24 @@ async def read_bounded(resp: httpx.Response, limit: int = MAX_ERROR_BODY) -> byt
     except httpx.HTTPError:
         pass
     return bytes(buf[:limit])
+
+
+@asynccontextmanager
+async def post_stream(url: str, payload: bytes, headers: dict[str, str], *, read_timeout: float,
+                      connect_timeout: float) -> AsyncIterator[httpx.Response]:
+    """POST ``payload`` to ``url`` on the shared client and hold the streamed 200 response open.
+
+    A non-200 status raises :func:`status_error`; an httpx error raised inside the
+    block (reading the body included) is re-raised as :func:`transport_error`."""
+    client = shared_client(url, connect_timeout=connect_timeout)
+    try:
+        async with client.stream("POST", url, content=payload, headers=headers,
+                                 timeout=timeout(read_timeout, connect_timeout)) as resp:
+            if resp.status_code != 200:
+                raise status_error(resp.status_code, await read_bounded(resp))
+            yield resp
+    except httpx.HTTPError as e:
+        raise transport_error(e) from None
 
 
 async def warm_origin(url: str, budget: float, connect_timeout: float = 5.0,

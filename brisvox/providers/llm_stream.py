@@ -18,6 +18,18 @@ translates its wire format:
   response or socket.
 * :data:`STATS` counts streams, errors by kind and closes, process-wide
   (the "counted error" of every bad-input case).
+
+:class:`HttpSseLlm` is the skeleton of the HTTP/SSE adapters (OpenAI-compatible,
+Anthropic, Gemini): the options they share (:class:`HttpLlmOptions`, the keys
+the registry passes as ``COMMON_HTTP``), ``warm`` (a pooled connection to the
+origin), ``stream`` and the request loop: one streamed POST
+(:func:`brisvox.providers.http.post_stream`), the body's SSE events bounded by
+``max_response_bytes`` / ``max_event_bytes`` (:class:`~brisvox.providers.sse.SseBody`),
+each event handed to the vendor's :class:`SseDecoder`. A :class:`Done` from the
+decoder ends the stream after the rest of the body is drained (the connection
+goes back to the pool); a body that ends is handed to ``decoder.end`` (no events
+= ``truncated``). The vendor module keeps its wire: URL, body, extra headers and
+the decoder.
 """
 
 from __future__ import annotations
@@ -26,10 +38,14 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from typing import Any, Protocol, TypedDict
 
-from brisvox.providers.base import Done, LlmError, LlmEvent, ProviderError
-from brisvox.providers.sse import SseError
+import orjson
+
+from brisvox.providers import http as nh
+from brisvox.providers.base import Done, LlmError, LlmEvent, LlmRequest, ProviderError
+from brisvox.providers.sse import SseBody, SseError, SseEvent
 
 log = logging.getLogger("brisvox.providers")
 
@@ -116,3 +132,99 @@ class ErrorStream:
 
     async def aclose(self) -> None:
         self._ev = None
+
+
+class SseDecoder(Protocol):
+    """One response's wire state: SSE events in, LlmEvents out."""
+
+    def event(self, ev: SseEvent) -> list[LlmEvent]:
+        """The events one SSE event carries (a Done among them ends the stream);
+        raises ProviderError for an error event or a broken one."""
+        ...
+
+    def end(self, pending: bool) -> list[LlmEvent]:
+        """The body ended without a Done (``pending``: inside an event). The last
+        events (a Done when the response was complete), or none: ``truncated``."""
+        ...
+
+
+class HttpLlmOptions(TypedDict, total=False):
+    """The options every HTTP/SSE LLM adapter takes (defaults in :class:`HttpSseLlm`)."""
+
+    headers: Mapping[str, str] | None
+    options: Mapping[str, Any] | None
+    connect_timeout: float
+    read_timeout: float
+    max_response_bytes: int
+    max_event_bytes: int
+    max_seconds: float
+
+
+SSE_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+class HttpSseLlm:
+    """Base of the HTTP/SSE LLM adapters; a vendor supplies ``url``, ``request_body`` and ``decoder``."""
+
+    wire_headers: Mapping[str, str] = {}  # the vendor's fixed request headers (API version, ...)
+
+    def __init__(
+        self,
+        name: str,
+        model: str,
+        base_url: str,
+        auth: Mapping[str, str],
+        *,
+        headers: Mapping[str, str] | None = None,
+        options: Mapping[str, Any] | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 30.0,
+        max_response_bytes: int = 2 << 20,
+        max_event_bytes: int = 256 << 10,
+        max_seconds: float = 120.0,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        nh.origin_of(self.base_url)  # validates the URL
+        self._auth = dict(auth)
+        self.headers = dict(headers or {})
+        self.options: dict[str, Any] = dict(options or {})
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_response_bytes = max_response_bytes
+        self.max_event_bytes = max_event_bytes
+        self.max_seconds = max_seconds
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def request_body(self, request: LlmRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def decoder(self) -> SseDecoder:
+        raise NotImplementedError
+
+    async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
+        await nh.warm_origin(self.base_url, timeout, self.connect_timeout)
+
+    def stream(self, request: LlmRequest) -> GeneratedStream:
+        return GeneratedStream(self.name, self._events(request), max_seconds=self.max_seconds)
+
+    async def _events(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
+        payload = orjson.dumps(self.request_body(request))
+        headers = nh.merge_headers(SSE_JSON_HEADERS, dict(self.wire_headers), self.headers, self._auth)
+        decoder = self.decoder()
+        async with nh.post_stream(self.url, payload, headers, read_timeout=self.read_timeout,
+                                  connect_timeout=self.connect_timeout) as resp:
+            body = SseBody(resp.aiter_bytes(), max_bytes=self.max_response_bytes, max_event=self.max_event_bytes)
+            async for ev in body:
+                for out in decoder.event(ev):
+                    if isinstance(out, Done):
+                        await nh.drain(body.rest)
+                        yield out
+                        return
+                    yield out
+            for out in decoder.end(body.pending()):
+                yield out

@@ -33,15 +33,12 @@ origin (:mod:`brisvox.providers.http`). Bounds: ``max_response_bytes``
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
-import httpx
 import orjson
 
 from brisvox.providers import convert_openai as conv
-from brisvox.providers import http as nh
 from brisvox.providers.base import (
     Done,
     LlmEvent,
@@ -51,8 +48,8 @@ from brisvox.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from brisvox.providers.llm_stream import GeneratedStream
-from brisvox.providers.sse import SseParser
+from brisvox.providers.llm_stream import HttpLlmOptions, HttpSseLlm
+from brisvox.providers.sse import SseEvent, json_object
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +83,7 @@ def _error_kind(err: Any) -> tuple[str, bool]:
     return "server", True
 
 
-class OpenAiCompatLlm:
+class OpenAiCompatLlm(HttpSseLlm):
     def __init__(
         self,
         model: str,
@@ -95,90 +92,58 @@ class OpenAiCompatLlm:
         base_url: str | None = None,
         api_key: str | None = None,
         reasoning_effort: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        options: Mapping[str, Any] | None = None,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 30.0,
-        max_response_bytes: int = 2 << 20,
-        max_event_bytes: int = 256 << 10,
-        max_seconds: float = 120.0,
         name: str | None = None,
+        **http: Unpack[HttpLlmOptions],
     ) -> None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r} (known: {', '.join(PRESETS)})")
         p = PRESETS[preset]
         self.preset = preset
-        self.name = name or (preset if preset != "openai" else "openai")
-        self.model = model
-        self.base_url = (base_url or p.base_url).rstrip("/")
-        nh.origin_of(self.base_url)  # validates the URL
+        auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        super().__init__(name or preset, model, base_url or p.base_url, auth, **http)
         if p.key_required and not api_key:
             raise ProviderError("auth", f"{preset}: no API key (set {p.key_env})", retryable=False)
-        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.headers = dict(headers or {})
         self.max_tokens_field = p.max_tokens_field
-        self.options: dict[str, Any] = dict(options or {})
         if reasoning_effort is not None:
             self.options["reasoning_effort"] = reasoning_effort
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self.max_response_bytes = max_response_bytes
-        self.max_event_bytes = max_event_bytes
-        self.max_seconds = max_seconds
 
-    async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
-        await nh.warm_origin(self.base_url, timeout, self.connect_timeout)
-
-    def stream(self, request: LlmRequest) -> GeneratedStream:
-        return GeneratedStream(self.name, self._events(request), max_seconds=self.max_seconds)
+    @property
+    def url(self) -> str:
+        return self.base_url + "/chat/completions"
 
     def request_body(self, request: LlmRequest) -> dict[str, Any]:
         return conv.body(request, self.model, max_tokens_field=self.max_tokens_field, options=self.options)
 
-    async def _events(self, request: LlmRequest) -> AsyncGenerator[LlmEvent, None]:
-        client = nh.shared_client(self.base_url, connect_timeout=self.connect_timeout)
-        payload = orjson.dumps(self.request_body(request))
-        headers = nh.merge_headers({"Content-Type": "application/json", "Accept": "text/event-stream"},
-                                   self.headers, self._auth)
-        try:
-            async with client.stream("POST", self.base_url + "/chat/completions", content=payload,
-                                     headers=headers,
-                                     timeout=nh.timeout(self.read_timeout, self.connect_timeout)) as resp:
-                if resp.status_code != 200:
-                    raise nh.status_error(resp.status_code, await nh.read_bounded(resp))
-                parser = SseParser(self.max_event_bytes)
-                total = 0
-                finish: str | None = None
-                chunks = resp.aiter_bytes()
-                async for chunk in chunks:
-                    total += len(chunk)
-                    if total > self.max_response_bytes:
-                        raise ProviderError("oversized", f"response over {self.max_response_bytes} bytes",
-                                            retryable=False)
-                    for ev in parser.feed(chunk):
-                        if ev.data.strip() == "[DONE]":
-                            await nh.drain(chunks)
-                            yield Done(FINISH.get(finish or "stop", finish or "stop"))
-                            return
-                        try:
-                            obj = orjson.loads(ev.data)
-                        except orjson.JSONDecodeError:
-                            raise ProviderError("protocol", "a stream chunk is not JSON", retryable=False) from None
-                        if not isinstance(obj, dict):
-                            raise ProviderError("protocol", "a stream chunk is not an object", retryable=False)
-                        if "error" in obj:
-                            kind, retry = _error_kind(obj["error"])
-                            raise ProviderError(kind, "error event in the stream", retryable=retry)
-                        for out in _translate(obj):
-                            if isinstance(out, str):
-                                finish = out
-                            else:
-                                yield out
-                if finish is not None and not parser.pending():
-                    yield Done(FINISH.get(finish, finish))
-                    return
-        except httpx.HTTPError as e:
-            raise nh.transport_error(e) from None
+    def decoder(self) -> _Decoder:
+        return _Decoder()
+
+
+class _Decoder:
+    """Chat Completions chunks: ``[DONE]`` ends the response; so does the body ending after a finish_reason."""
+
+    def __init__(self) -> None:
+        self.finish: str | None = None
+
+    def event(self, ev: SseEvent) -> list[LlmEvent]:
+        if ev.data.strip() == "[DONE]":
+            finish = self.finish or "stop"
+            return [Done(FINISH.get(finish, finish))]
+        obj = json_object(ev, "a stream chunk")
+        if "error" in obj:
+            kind, retry = _error_kind(obj["error"])
+            raise ProviderError(kind, "error event in the stream", retryable=retry)
+        out: list[LlmEvent] = []
+        for item in _translate(obj):
+            if isinstance(item, str):
+                self.finish = item
+            else:
+                out.append(item)
+        return out
+
+    def end(self, pending: bool) -> list[LlmEvent]:
+        if self.finish is None or pending:
+            return []
+        return [Done(FINISH.get(self.finish, self.finish))]
 
 
 def _translate(obj: dict[str, Any]) -> list[LlmEvent | str]:

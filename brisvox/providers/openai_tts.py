@@ -27,7 +27,6 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-import httpx
 import orjson
 
 from brisvox.providers import http as nh
@@ -40,7 +39,7 @@ from brisvox.providers.base import (
     TtsEvent,
     TtsFlushed,
 )
-from brisvox.providers.ws_common import CancelledIds, EventPipe
+from brisvox.providers.ws_common import CancelledIds, EventPipe, TaskSet
 
 RATE = 24000
 FLUSH = object()
@@ -60,6 +59,7 @@ class SerialTtsSession:
         self._wake = asyncio.Event()
         self._pipe = EventPipe(1024)
         self._cancelled = CancelledIds()
+        self._tasks = TaskSet()
         self._current: tuple[int, asyncio.Task[None]] | None = None
         self._closed = False
         self._on_close = on_close
@@ -89,8 +89,7 @@ class SerialTtsSession:
         cur = self._current
         if cur is not None and cur[0] == context:
             cur[1].cancel()
-        if not self._pipe.put_nowait(TtsCancelled(context)):
-            asyncio.get_running_loop().create_task(self._pipe.put(TtsCancelled(context)))
+        self._pipe.put_soon(TtsCancelled(context), self._tasks)
 
     def events(self) -> AsyncIterator[TtsEvent]:
         return self._pipe.iterate()
@@ -100,6 +99,7 @@ class SerialTtsSession:
             return
         self._closed = True
         self._worker.cancel()
+        self._tasks.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self._worker, timeout)
         if self._on_close is not None:
@@ -190,15 +190,9 @@ class OpenAiTts:
         return SerialTtsSession(lambda ctx, text: self._synth(body, text), RATE)
 
     async def _synth(self, base: Mapping[str, Any], text: str) -> AsyncIterator[bytes]:
-        client = nh.shared_client(self.base_url, connect_timeout=self.connect_timeout)
         payload = orjson.dumps({**base, "input": text})
         headers = {"Content-Type": "application/json", **self._auth}
-        try:
-            async with client.stream("POST", self.base_url + "/audio/speech", content=payload, headers=headers,
-                                     timeout=nh.timeout(self.read_timeout, self.connect_timeout)) as resp:
-                if resp.status_code != 200:
-                    raise nh.status_error(resp.status_code, await nh.read_bounded(resp))
-                async for chunk in resp.aiter_bytes():
-                    yield chunk
-        except httpx.HTTPError as e:
-            raise nh.transport_error(e) from None
+        async with nh.post_stream(self.base_url + "/audio/speech", payload, headers, read_timeout=self.read_timeout,
+                                  connect_timeout=self.connect_timeout) as resp:
+            async for chunk in resp.aiter_bytes():
+                yield chunk

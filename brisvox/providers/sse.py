@@ -12,11 +12,24 @@ mid-event loses that event: the adapter reports it as truncated).
 Bounds: a pending line or event larger than ``max_event`` bytes raises
 :class:`SseError` ("oversized"), so a hostile or broken server cannot make
 the process buffer without limit.
+
+:class:`SseBody` is the same step over a whole response body (an async
+iterator of byte chunks), with the second bound: more than ``max_bytes`` in
+total raises ProviderError("oversized"). :func:`json_object` decodes an
+event's data as the JSON object the vendors send (anything else is a
+non-retryable ``protocol`` error).
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from brisvox.providers.base import ProviderError
 
 
 class SseError(Exception):
@@ -124,3 +137,48 @@ class SseParser:
     def pending(self) -> bool:
         """Bytes or fields of an event that was not terminated yet."""
         return bool(self._buf) or bool(self._data)
+
+
+class SseBody:
+    """The events of one streamed body, in order; ``max_bytes`` bounds the whole body."""
+
+    __slots__ = ("_chunks", "_parser", "_ready", "max_bytes", "total")
+
+    def __init__(self, chunks: AsyncIterator[bytes], *, max_bytes: int, max_event: int) -> None:
+        self._chunks = chunks
+        self._parser = SseParser(max_event)
+        self._ready: deque[SseEvent] = deque()
+        self.max_bytes = max_bytes
+        self.total = 0
+
+    def __aiter__(self) -> SseBody:
+        return self
+
+    async def __anext__(self) -> SseEvent:
+        while not self._ready:
+            chunk = await self._chunks.__anext__()  # StopAsyncIteration: the body ended
+            self.total += len(chunk)
+            if self.total > self.max_bytes:
+                raise ProviderError("oversized", f"response over {self.max_bytes} bytes", retryable=False)
+            self._ready.extend(self._parser.feed(chunk))
+        return self._ready.popleft()
+
+    def pending(self) -> bool:
+        """The body ended inside an event."""
+        return self._parser.pending()
+
+    @property
+    def rest(self) -> AsyncIterator[bytes]:
+        """The chunks not read yet (drained after the last event so the connection is reused)."""
+        return self._chunks
+
+
+def json_object(ev: SseEvent, what: str = "an event") -> dict[str, Any]:
+    """``ev.data`` as a JSON object; ``what`` names the unit in the error detail."""
+    try:
+        obj = orjson.loads(ev.data)
+    except orjson.JSONDecodeError:
+        raise ProviderError("protocol", f"{what} is not JSON", retryable=False) from None
+    if not isinstance(obj, dict):
+        raise ProviderError("protocol", f"{what} is not an object", retryable=False)
+    return obj

@@ -96,6 +96,11 @@ def merged(events: list[Any]) -> tuple[str, dict[int, list[str]]]:
     return text, calls
 
 
+def first_text(vendor: str, text: str) -> list[bytes]:
+    """The chunks of a ``vendor`` response up to and including its first text event (no end)."""
+    return reply_for(vendor, Resp(text=[text])).chunks[: 3 if vendor == "anthropic" else 1]
+
+
 RESP = Resp(text=["Zürich ", "is ", "cold ☃."], calls=[Call("c1", "get_weather", {"city": "Zürich"}),
                                                         Call("c2", "get_weather", {"city": "Åre"})], interleave=True)
 
@@ -129,7 +134,7 @@ def test_http_errors(vendor: str, status: int, kind: str, retryable: bool) -> No
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_error_event_inside_the_stream(vendor: str) -> None:
-    good = reply_for(vendor, Resp(text=["Hello"])).chunks[: 3 if vendor == "anthropic" else 1]
+    good = first_text(vendor, "Hello")
     if vendor == "anthropic":
         bad = b'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "x"}}\n\n'
     else:
@@ -191,16 +196,14 @@ def test_oversized_single_event(vendor: str) -> None:
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_never_ending_stream_is_bounded(vendor: str) -> None:
-    head = reply_for(vendor, Resp(text=["forever"])).chunks[: 3 if vendor == "anthropic" else 1]
-    r = Reply(200, head, forever=b": keep-alive\n\n", forever_every=0.02)
+    r = Reply(200, first_text(vendor, "forever"), forever=b": keep-alive\n\n", forever_every=0.02)
     evs = run(ScriptedVendor(vendor, [r]), lambda srv: collect(provider(vendor, srv.url, max_seconds=0.5)))
     assert isinstance(evs[-1], LlmError) and evs[-1].kind == "too_long"
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_aclose_mid_stream_is_prompt(vendor: str) -> None:
-    head = reply_for(vendor, Resp(text=["one"])).chunks[: 3 if vendor == "anthropic" else 1]
-    r = Reply(200, head, forever=b": ping\n\n", forever_every=0.05)
+    r = Reply(200, first_text(vendor, "one"), forever=b": ping\n\n", forever_every=0.05)
 
     async def body(srv: FakeHttpServer) -> tuple[float, int]:
         s = provider(vendor, srv.url).stream(REQ)
@@ -224,21 +227,14 @@ def test_one_connection_per_origin_for_many_calls() -> None:
     """Three adapter instances (three 'calls', different keys), 12 sequential requests: ONE connection."""
     sv = ScriptedVendor("openai", lambda i, b: Resp(text=[f"r{i}"]))
 
-    async def body(srv: FakeHttpServer) -> list[str]:
+    async def body(srv: FakeHttpServer) -> tuple[list[str], int, list[str]]:
         ps = [OpenAiCompatLlm("m", preset="openai", base_url=srv.url + "/v1", api_key=f"sk-{k}") for k in range(3)]
         out = []
         for i in range(12):
             out.append(merged(await collect(ps[i % 3]))[0])
-        return out
+        return out, srv.connections, [r.headers["authorization"] for r in srv.requests]
 
-    async def main() -> tuple[list[str], int, list[str]]:
-        async with FakeHttpServer(sv) as srv:
-            out = await body(srv)
-            auths = [r.headers["authorization"] for r in srv.requests]
-            await close_all()
-            return out, srv.connections, auths
-
-    out, conns, auths = asyncio.run(main())
+    out, conns, auths = run(sv, body)
     assert out == [f"r{i}" for i in range(12)]
     assert conns == 1
     assert auths[:3] == ["Bearer sk-0", "Bearer sk-1", "Bearer sk-2"]  # credentials per request
@@ -247,32 +243,27 @@ def test_one_connection_per_origin_for_many_calls() -> None:
 def test_warm_opens_the_connection_the_request_uses() -> None:
     sv = ScriptedVendor("anthropic", [Resp(text=["ok"])])
 
-    async def main() -> tuple[int, list[str]]:
-        async with FakeHttpServer(sv) as srv:
-            p = AnthropicLlm("m", api_key="k", base_url=srv.url)
-            await p.warm(1.0)
-            await collect(p)
-            await close_all()
-            return srv.connections, [r.method for r in srv.requests]
+    async def body(srv: FakeHttpServer) -> tuple[int, list[str]]:
+        p = AnthropicLlm("m", api_key="k", base_url=srv.url)
+        await p.warm(1.0)
+        await collect(p)
+        return srv.connections, [r.method for r in srv.requests]
 
-    conns, methods = asyncio.run(main())
+    conns, methods = run(sv, body)
     assert (conns, methods) == (1, ["HEAD", "POST"])
 
 
 def test_presets_and_passthrough() -> None:
     sv = ScriptedVendor("openai", lambda i, b: Resp(text=["ok"]))
 
-    async def main() -> list[Any]:
-        async with FakeHttpServer(sv) as srv:
-            openai = OpenAiCompatLlm("gpt-x", preset="openai", base_url=srv.url + "/v1", api_key="sk")
-            ollama = OpenAiCompatLlm("gemma", preset="ollama", base_url=srv.url + "/v1", reasoning_effort="none")
-            for p in (openai, ollama):
-                await collect(p, LlmRequest(REQ.messages, REQ.tools, temperature=0.2, max_tokens=50))
-            reqs = list(srv.requests)
-            await close_all()
-            return reqs
+    async def body(srv: FakeHttpServer) -> list[Any]:
+        openai = OpenAiCompatLlm("gpt-x", preset="openai", base_url=srv.url + "/v1", api_key="sk")
+        ollama = OpenAiCompatLlm("gemma", preset="ollama", base_url=srv.url + "/v1", reasoning_effort="none")
+        for p in (openai, ollama):
+            await collect(p, LlmRequest(REQ.messages, REQ.tools, temperature=0.2, max_tokens=50))
+        return list(srv.requests)
 
-    reqs = asyncio.run(main())
+    reqs = run(sv, body)
     a, b = reqs[0], reqs[1]
     assert a.path == "/v1/chat/completions" and a.headers["authorization"] == "Bearer sk"
     assert a.json["max_completion_tokens"] == 50 and "max_tokens" not in a.json

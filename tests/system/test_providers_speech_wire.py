@@ -24,8 +24,10 @@ What each test proves:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -88,6 +90,72 @@ async def take(it: Any, until: type, limit: float = 3.0) -> list[Any]:
     return out
 
 
+async def opened(p: Any, config: Any, timeout: float = 2.0) -> tuple[Any, Any]:  # noqa: ASYNC109
+    """A connected session and its event iterator."""
+    s = await p.connect(config, timeout)
+    return s, s.events().__aiter__()
+
+
+@contextlib.asynccontextmanager
+async def http_vendor(handler: Any) -> AsyncIterator[FakeHttpServer]:
+    """The fake HTTP speech endpoint; the adapters' shared HTTP clients are closed on the way out."""
+    async with FakeHttpServer(handler) as srv:
+        try:
+            yield srv
+        finally:
+            await close_all()
+
+
+class Collect(Stage):
+    def __init__(self, tasks: TaskOwner, watch: EpochWatch) -> None:
+        super().__init__("collect", Inbox("collect", 4096, sys_cap=256), CLOCK, watch, tasks)
+        self.frames: list[PipelineFrame] = []
+
+    async def process(self, frame: PipelineFrame) -> None:
+        self.frames.append(frame)
+
+
+S = TypeVar("S", bound=Stage)
+
+
+@contextlib.asynccontextmanager
+async def stage_running(make: Callable[[TaskOwner, EpochWatch], S]) -> AsyncIterator[tuple[S, Collect]]:
+    """The stage ``make`` builds, piped into a :class:`Collect` sink, started (Start sent);
+    stopped and its tasks closed on the way out."""
+    tasks, watch = TaskOwner("t"), EpochWatch()
+    stage = make(tasks, watch)
+    sink = Collect(tasks, watch)
+    stage.pipe(sink)
+    stage.start()
+    sink.start()
+    stage.inbox.put_nowait(Start())
+    await asyncio.sleep(0.2)
+    try:
+        yield stage, sink
+    finally:
+        stage.inbox.put_nowait(Stop("test"))
+        if stage.task is not None:
+            await asyncio.wait([stage.task], timeout=3)
+        await tasks.close()
+
+
+async def until_frame(sink: Collect, kind: type) -> None:
+    """Wait (3 s at most) until the sink has seen a frame of ``kind``."""
+    for _ in range(150):
+        if any(isinstance(f, kind) for f in sink.frames):
+            return
+        await asyncio.sleep(0.02)
+
+
+async def speak_until_closed(p: Any, text: str) -> list[Any]:
+    """Connect, send one text on context 1, and collect the events up to TtsClosed."""
+    s, it = await opened(p, TtsConfig())
+    await s.send_text(1, text, continue_=False, timeout=1.0)
+    evs = await take(it, TtsClosed)
+    await s.close(1.0)
+    return evs
+
+
 # -- Deepgram --------------------------------------------------------------------------------
 
 
@@ -95,8 +163,7 @@ def test_deepgram_interims_and_one_answer_per_finalize() -> None:
     async def main() -> tuple[list[Any], list[Any], FakeDeepgram]:
         async with FakeDeepgram() as srv:
             p = DeepgramStt("dg-key", base_url=srv.url, keepalive_interval=30)
-            s = await p.connect(SttConfig(keywords=("brisvox",)), 2.0)
-            it = s.events().__aiter__()
+            s, it = await opened(p, SttConfig(keywords=("brisvox",)))
             for _ in range(4):
                 await s.send_audio(AUDIO_100MS * 2, 1.0)
             await s.finalize(1.0)
@@ -139,8 +206,7 @@ def test_deepgram_keepalive_after_silence() -> None:
 def test_deepgram_garbage_is_counted_and_skipped() -> None:
     async def main() -> tuple[list[Any], int]:
         async with FakeDeepgram("garbage") as srv:
-            s = await DeepgramStt("k", base_url=srv.url).connect(SttConfig(), 2.0)
-            it = s.events().__aiter__()
+            s, it = await opened(DeepgramStt("k", base_url=srv.url), SttConfig())
             await s.send_audio(AUDIO_100MS * 4, 1.0)
             await s.finalize(1.0)
             evs: list[Any] = []
@@ -156,8 +222,7 @@ def test_deepgram_garbage_is_counted_and_skipped() -> None:
 def test_deepgram_cut_mid_utterance_closes_with_an_error() -> None:
     async def main() -> tuple[list[Any], str]:
         async with FakeDeepgram("cut") as srv:
-            s = await DeepgramStt("k", base_url=srv.url).connect(SttConfig(), 2.0)
-            it = s.events().__aiter__()
+            s, it = await opened(DeepgramStt("k", base_url=srv.url), SttConfig())
             for _ in range(4):
                 try:
                     await s.send_audio(AUDIO_100MS * 2, 1.0)
@@ -191,46 +256,28 @@ def test_deepgram_refused_handshake(mode: str, kind: str) -> None:
     assert asyncio.run(main()) == kind
 
 
-class Collect(Stage):
-    def __init__(self, tasks: TaskOwner, watch: EpochWatch) -> None:
-        super().__init__("collect", Inbox("collect", 4096, sys_cap=256), CLOCK, watch, tasks)
-        self.frames: list[PipelineFrame] = []
-
-    async def process(self, frame: PipelineFrame) -> None:
-        self.frames.append(frame)
-
-
 def test_stt_stage_answers_the_finalize_when_deepgram_dies_mid_utterance() -> None:
     """The provider dies after 400 ms of speech; the stage still emits the one UtteranceFinal
     (synthetic) for the VAD stop, and counts the death: the turn is not hung."""
 
     async def main() -> tuple[list[PipelineFrame], dict[str, int]]:
         async with FakeDeepgram("cut") as srv:
-            tasks, watch = TaskOwner("t"), EpochWatch()
             cfg = SttStageConfig(reconnect_backoff=0.1)
-            stage = SttStage(DeepgramStt("k", base_url=srv.url), cfg, Inbox("stt", 64, sys_cap=64), CLOCK, watch, tasks)
-            sink = Collect(tasks, watch)
-            stage.pipe(sink)
-            stage.start()
-            sink.start()
-            stage.inbox.put_nowait(Start())
-            await asyncio.sleep(0.2)
-            stage.inbox.put_nowait(UserStartedSpeaking(CLOCK.now(), 0))
-            pos = 0
-            for _ in range(6):
-                samples = np.full(1600, 700, dtype=np.int16)
-                await stage.inbox.put(AudioFrame(pos, samples))
-                pos += 1600
-                await asyncio.sleep(0.03)
-            stage.inbox.put_nowait(UserStoppedSpeaking(CLOCK.now(), pos))
-            for _ in range(150):
-                if any(isinstance(f, UtteranceFinal) for f in sink.frames):
-                    break
-                await asyncio.sleep(0.02)
-            stage.inbox.put_nowait(Stop("test"))
-            if stage.task is not None:
-                await asyncio.wait([stage.task], timeout=3)
-            await tasks.close()
+
+            def make(tasks: TaskOwner, watch: EpochWatch) -> SttStage:
+                return SttStage(DeepgramStt("k", base_url=srv.url), cfg, Inbox("stt", 64, sys_cap=64), CLOCK,
+                                watch, tasks)
+
+            async with stage_running(make) as (stage, sink):
+                stage.inbox.put_nowait(UserStartedSpeaking(CLOCK.now(), 0))
+                pos = 0
+                for _ in range(6):
+                    samples = np.full(1600, 700, dtype=np.int16)
+                    await stage.inbox.put(AudioFrame(pos, samples))
+                    pos += 1600
+                    await asyncio.sleep(0.03)
+                stage.inbox.put_nowait(UserStoppedSpeaking(CLOCK.now(), pos))
+                await until_frame(sink, UtteranceFinal)
             return sink.frames, stage.stats()
 
     frames, stats = asyncio.run(main())
@@ -245,9 +292,7 @@ def test_stt_stage_answers_the_finalize_when_deepgram_dies_mid_utterance() -> No
 def test_cartesia_contexts_words_and_flush() -> None:
     async def main() -> tuple[list[Any], FakeCartesia]:
         async with FakeCartesia() as srv:
-            p = CartesiaTts("ck", base_url=srv.url, voice="v-1")
-            s = await p.connect(TtsConfig(sample_rate=16000), 2.0)
-            it = s.events().__aiter__()
+            s, it = await opened(CartesiaTts("ck", base_url=srv.url, voice="v-1"), TtsConfig(sample_rate=16000))
             await s.send_text(7, "Hello there,", continue_=False, timeout=1.0)
             await s.send_text(7, " how are you?", continue_=True, timeout=1.0)
             await s.flush(7, 1.0)
@@ -273,8 +318,7 @@ def test_cartesia_contexts_words_and_flush() -> None:
 def test_cartesia_cancel_is_immediate_and_final() -> None:
     async def main() -> tuple[list[Any], list[Any]]:
         async with FakeCartesia() as srv:
-            s = await CartesiaTts("ck", base_url=srv.url).connect(TtsConfig(), 2.0)
-            it = s.events().__aiter__()
+            s, it = await opened(CartesiaTts("ck", base_url=srv.url), TtsConfig())
             await s.send_text(1, "First context text.", continue_=False, timeout=1.0)
             s.cancel(1)
             await s.send_text(1, "late text", continue_=True, timeout=1.0)  # dropped
@@ -295,12 +339,7 @@ def test_cartesia_cancel_is_immediate_and_final() -> None:
 def test_cartesia_broken_server_closes_the_session(mode: str) -> None:
     async def main() -> list[Any]:
         async with FakeCartesia(mode) as srv:
-            s = await CartesiaTts("ck", base_url=srv.url).connect(TtsConfig(), 2.0)
-            it = s.events().__aiter__()
-            await s.send_text(1, "Hello.", continue_=False, timeout=1.0)
-            evs = await take(it, TtsClosed)
-            await s.close(1.0)
-            return evs
+            return await speak_until_closed(CartesiaTts("ck", base_url=srv.url), "Hello.")
 
     evs = asyncio.run(main())
     assert isinstance(evs[-1], TtsClosed) and evs[-1].error
@@ -311,30 +350,20 @@ def test_tts_stage_ends_the_response_when_cartesia_dies() -> None:
 
     async def main() -> list[PipelineFrame]:
         async with FakeCartesia("cut") as srv:
-            tasks, watch = TaskOwner("t"), EpochWatch()
             book = PlayoutBook(CLOCK, 8000, 24000)
             cfg = TtsStageConfig(ring_rate=24000, reconnect_backoff=0.1)
-            stage = TtsStage(CartesiaTts("ck", base_url=srv.url), cfg, book, Inbox("tts", 64, sys_cap=64), CLOCK,
-                             watch, tasks)
-            sink = Collect(tasks, watch)
-            stage.pipe(sink)
-            stage.start()
-            sink.start()
-            stage.inbox.put_nowait(Start())
-            await asyncio.sleep(0.2)
-            book.register_round(1, 0)
-            await stage.inbox.put(LlmResponseStarted(1, 0))
-            await stage.inbox.put(TextChunk(1, 0, "Hello there.", last=True))
-            await stage.inbox.put(Flush(1, 0))
-            await stage.inbox.put(LlmResponseEnded(1))
-            for _ in range(150):
-                if any(isinstance(f, TtsEnded) for f in sink.frames):
-                    break
-                await asyncio.sleep(0.02)
-            stage.inbox.put_nowait(Stop("test"))
-            if stage.task is not None:
-                await asyncio.wait([stage.task], timeout=3)
-            await tasks.close()
+
+            def make(tasks: TaskOwner, watch: EpochWatch) -> TtsStage:
+                return TtsStage(CartesiaTts("ck", base_url=srv.url), cfg, book, Inbox("tts", 64, sys_cap=64), CLOCK,
+                                watch, tasks)
+
+            async with stage_running(make) as (stage, sink):
+                book.register_round(1, 0)
+                await stage.inbox.put(LlmResponseStarted(1, 0))
+                await stage.inbox.put(TextChunk(1, 0, "Hello there.", last=True))
+                await stage.inbox.put(Flush(1, 0))
+                await stage.inbox.put(LlmResponseEnded(1))
+                await until_frame(sink, TtsEnded)
             return sink.frames
 
     frames = asyncio.run(main())
@@ -349,8 +378,7 @@ def test_elevenlabs_context_alignment_and_flush() -> None:
     async def main() -> tuple[list[Any], FakeElevenLabs]:
         async with FakeElevenLabs() as srv:
             p = ElevenLabsTts("xi", voice="joe", base_url=srv.url, voice_settings={"stability": 0.5})
-            s = await p.connect(TtsConfig(), 2.0)
-            it = s.events().__aiter__()
+            s, it = await opened(p, TtsConfig())
             await s.send_text(3, "Hi you", continue_=False, timeout=1.0)
             await s.send_text(3, " there", continue_=True, timeout=1.0)
             await s.flush(3, 1.0)
@@ -377,12 +405,7 @@ def test_elevenlabs_words_from_alignment() -> None:
 def test_elevenlabs_garbage_closes_the_session() -> None:
     async def main() -> list[Any]:
         async with FakeElevenLabs("garbage") as srv:
-            s = await ElevenLabsTts("xi", voice="joe", base_url=srv.url).connect(TtsConfig(), 2.0)
-            it = s.events().__aiter__()
-            await s.send_text(1, "Hello", continue_=False, timeout=1.0)
-            evs = await take(it, TtsClosed)
-            await s.close(1.0)
-            return evs
+            return await speak_until_closed(ElevenLabsTts("xi", voice="joe", base_url=srv.url), "Hello")
 
     evs = asyncio.run(main())
     assert evs[-1].error == "garbage from the server"
@@ -396,17 +419,14 @@ def test_openai_speech_streams_pcm_in_order() -> None:
     chunks = [pcm[:1001], pcm[1001:4001], pcm[4001:]]  # odd sizes: samples split across chunks
 
     async def main() -> tuple[list[Any], list[Any]]:
-        async with FakeHttpServer(lambda r: Reply(200, chunks, content_type="audio/pcm")) as srv:
-            s = await OpenAiTts("sk", base_url=srv.url + "/v1", voice="verse").connect(TtsConfig(), 1.0)
-            it = s.events().__aiter__()
+        async with http_vendor(lambda r: Reply(200, chunks, content_type="audio/pcm")) as srv:
+            s, it = await opened(OpenAiTts("sk", base_url=srv.url + "/v1", voice="verse"), TtsConfig())
             await s.send_text(1, "Hello there.", continue_=False, timeout=1.0)
             await s.send_text(1, " Second sentence.", continue_=True, timeout=1.0)
             await s.flush(1, 1.0)
             evs = await take(it, TtsFlushed)
             await s.close(1.0)
-            bodies = [r.json for r in srv.requests]
-            await close_all()
-            return evs, bodies
+            return evs, [r.json for r in srv.requests]
 
     evs, bodies = asyncio.run(main())
     audio = b"".join(e.pcm for e in evs if isinstance(e, TtsAudio))
@@ -418,13 +438,8 @@ def test_openai_speech_streams_pcm_in_order() -> None:
 
 def test_openai_speech_server_error_closes_the_session() -> None:
     async def main() -> list[Any]:
-        async with FakeHttpServer(lambda r: json_reply(500, {"error": "x"})) as srv:
-            s = await OpenAiTts("sk", base_url=srv.url + "/v1").connect(TtsConfig(), 1.0)
-            it = s.events().__aiter__()
-            await s.send_text(1, "Hello.", continue_=False, timeout=1.0)
-            evs = await take(it, TtsClosed)
-            await close_all()
-            return evs
+        async with http_vendor(lambda r: json_reply(500, {"error": "x"})) as srv:
+            return await speak_until_closed(OpenAiTts("sk", base_url=srv.url + "/v1"), "Hello.")
 
     evs = asyncio.run(main())
     assert evs[-1].error.startswith("server")
@@ -433,9 +448,8 @@ def test_openai_speech_server_error_closes_the_session() -> None:
 def test_openai_speech_cancel_mid_synthesis() -> None:
     async def main() -> tuple[list[Any], float, int]:
         r = Reply(200, [b"\x01\x00" * 100], content_type="audio/pcm", forever=b"\x02\x00" * 100, forever_every=0.02)
-        async with FakeHttpServer(lambda req: r) as srv:
-            s = await OpenAiTts("sk", base_url=srv.url + "/v1").connect(TtsConfig(), 1.0)
-            it = s.events().__aiter__()
+        async with http_vendor(lambda req: r) as srv:
+            s, it = await opened(OpenAiTts("sk", base_url=srv.url + "/v1"), TtsConfig())
             await s.send_text(1, "A very long text.", continue_=False, timeout=1.0)
             first = await take(it, TtsAudio)
             t0 = time.monotonic()
@@ -447,7 +461,6 @@ def test_openai_speech_cancel_mid_synthesis() -> None:
                     break
                 await asyncio.sleep(0.02)
             await s.close(1.0)
-            await close_all()
             return evs, took, srv.open_connections
 
     evs, took, still_open = asyncio.run(main())
@@ -476,8 +489,7 @@ def test_live_tts_speaks(name: str, key_env: str) -> None:
               "openai_tts": lambda: OpenAiTts(key)}[name]()
 
     async def main() -> list[Any]:
-        s = await p.connect(TtsConfig(sample_rate=24000), 10.0)
-        it = s.events().__aiter__()
+        s, it = await opened(p, TtsConfig(sample_rate=24000), 10.0)
         await s.send_text(1, "Hello from the brisvox test suite.", continue_=False, timeout=5.0)
         await s.flush(1, 5.0)
         evs = await take(it, TtsFlushed, 30.0)
@@ -505,8 +517,7 @@ def test_live_deepgram_transcribes() -> None:
         rate, pcm = w.getframerate(), w.readframes(w.getnframes())
 
     async def main() -> list[Any]:
-        s = await DeepgramStt(key).connect(SttConfig(sample_rate=rate), 10.0)
-        it = s.events().__aiter__()
+        s, it = await opened(DeepgramStt(key), SttConfig(sample_rate=rate), 10.0)
         for i in range(0, len(pcm), 3200):
             await s.send_audio(pcm[i : i + 3200], 5.0)
             await asyncio.sleep(0.05)

@@ -64,6 +64,15 @@ async def run_scenario(vendor: str, script: list[Resp], body: Any, **rig_kw: Any
     return sv, srv, log, rig, out
 
 
+def one_turn(vendor: str, script: list[Resp], text: str, **rig_kw: Any) -> Any:
+    """:func:`run_scenario` of one user turn saying ``text``; ``out`` is what was spoken."""
+
+    async def body(rig: Rig, log: ToolLog) -> str:
+        return await rig.turn(1, text)
+
+    return asyncio.run(run_scenario(vendor, script, body, **rig_kw))
+
+
 def refs(vendor: str, calls: list[Call]) -> list[str]:
     return [c.name if vendor == "gemini" else c.id for c in calls]
 
@@ -84,10 +93,7 @@ def test_s1_three_parallel_calls(vendor: str, shape: str) -> None:
                    chunk_size=7 if shape == "interleaved" else 0),
               Resp(text=["Paris 18, ", "Rome 24, Izmir 27."])]
 
-    async def body(rig: Rig, log: ToolLog) -> str:
-        return await rig.turn(1, "Weather in Paris, Rome and Izmir?")
-
-    sv, srv, log, rig, spoken = asyncio.run(run_scenario(vendor, script, body))
+    sv, srv, log, rig, spoken = one_turn(vendor, script, "Weather in Paris, Rome and Izmir?")
     assert len(sv.bodies) == 2
     assert spoken == "Let me check.Paris 18, Rome 24, Izmir 27."
     assert log.count("get_weather") == 3
@@ -117,10 +123,7 @@ def test_s2_three_round_chain(vendor: str) -> None:
                   Call("a3", "get_weather", {"city": "Ankara"}))
     script = [Resp(calls=[c1]), Resp(calls=[c2]), Resp(calls=[c3]), Resp(text=["It is 21 degrees in Ankara."])]
 
-    async def body(rig: Rig, log: ToolLog) -> str:
-        return await rig.turn(1, "What's the weather where I live?")
-
-    sv, srv, log, rig, spoken = asyncio.run(run_scenario(vendor, script, body))
+    sv, srv, log, rig, spoken = one_turn(vendor, script, "What's the weather where I live?")
     assert len(sv.bodies) == 4
     assert spoken == "It is 21 degrees in Ankara."
     assert [n for n, _ in log.runs] == ["get_customer", "get_capital", "get_weather"]
@@ -143,10 +146,7 @@ def test_s3_repeated_booking_is_already_done(vendor: str) -> None:
     script = [Resp(calls=[Call("b1", "book_table", args)]), Resp(calls=[Call("b2", "book_table", dict(args))]),
               Resp(text=["Your table is booked."])]
 
-    async def body(rig: Rig, log: ToolLog) -> str:
-        return await rig.turn(1, "Book a table for two at seven for Kaya.")
-
-    sv, srv, log, rig, spoken = asyncio.run(run_scenario(vendor, script, body))
+    sv, srv, log, rig, spoken = one_turn(vendor, script, "Book a table for two at seven for Kaya.")
     assert len(sv.bodies) == 3
     assert log.count("book_table") == 1
     first = parsed(results_on_wire(vendor, sv.bodies[1])[0][1])
@@ -168,10 +168,7 @@ def test_s4_invalid_argument_then_corrected(vendor: str) -> None:
               Resp(calls=[Call("f2", "get_forecast", {"city": "Paris", "days": 3})]),
               Resp(text=["Sunny for three days."])]
 
-    async def body(rig: Rig, log: ToolLog) -> str:
-        return await rig.turn(1, "Forecast for Paris for ten days?")
-
-    sv, srv, log, rig, spoken = asyncio.run(run_scenario(vendor, script, body))
+    sv, srv, log, rig, spoken = one_turn(vendor, script, "Forecast for Paris for ten days?")
     assert len(sv.bodies) == 3
     assert log.runs == [("get_forecast", {"city": "Paris", "days": 3})]
     err = results_on_wire(vendor, sv.bodies[1])[0][1]
@@ -191,11 +188,8 @@ def test_s4_invalid_argument_then_corrected(vendor: str) -> None:
 def test_s5_slow_tool_plays_a_filler(vendor: str) -> None:
     script = [Resp(calls=[Call("w1", "get_weather", {"city": "Izmir"})]), Resp(text=["It is 27 degrees in Izmir."])]
 
-    async def body(rig: Rig, log: ToolLog) -> str:
-        return await rig.turn(1, "Weather in Izmir?")
-
-    sv, srv, log, rig, spoken = asyncio.run(run_scenario(
-        vendor, script, body, reg={"weather_delay": 0.6}, filler=FillerConfig(enabled=True, delay=0.2)))
+    sv, srv, log, rig, spoken = one_turn(vendor, script, "Weather in Izmir?", reg={"weather_delay": 0.6},
+                                         filler=FillerConfig(enabled=True, delay=0.2))
     assert len(sv.bodies) == 2
     assert rig.runner.st.fillers == 1
     rounds = rig.sink.round_texts(1)
