@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from bench.loadgen.mulaw import loud_fraction
 from bench.loadgen.stats import CallResult, Turn
 from bench.workload import SAMPLE_RATE, CallPlan
+from brisvox.client.twilio import loud_fraction
 
 
 class Phase(Enum):

@@ -27,12 +27,12 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
-from bench.loadgen import mulaw, speech
+from bench.loadgen import speech
 from bench.loadgen.caller import CallerTiming, CallScript
 from bench.loadgen.pacing import Pacer
 from bench.loadgen.stats import summarize
-from bench.loadgen.twilio import TwilioStream, parse_bot
 from bench.workload import FRAME_SAMPLES, Workload
+from brisvox.client.twilio import SILENCE_BYTE, TwilioStream, encode, parse_bot
 
 log = logging.getLogger("bench.loadgen")
 
@@ -54,9 +54,9 @@ class _Call:
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
 
-def line_frames(samples, silence_byte: int = mulaw.SILENCE_BYTE) -> list[str]:
+def line_frames(samples, silence_byte: int = SILENCE_BYTE) -> list[str]:
     """int16 speech -> base64 mu-law 20 ms frames; the last frame padded with silence."""
-    data = mulaw.encode(samples)
+    data = encode(samples)
     rem = len(data) % FRAME_SAMPLES
     if rem:
         data += bytes([silence_byte]) * (FRAME_SAMPLES - rem)
@@ -77,7 +77,7 @@ async def run_load(urls: list[str], n_calls: int, wl: Workload, *, quick: bool =
         raise ValueError("need at least one url and one call")
     plans = [wl.plan(i, n_calls, quick) for i in range(n_calls)]
     lines = prepare_lines(wl, {t for p in plans for t in p.lines}, cache_dir)
-    silence = base64.b64encode(bytes([mulaw.SILENCE_BYTE]) * FRAME_SAMPLES).decode()
+    silence = base64.b64encode(bytes([SILENCE_BYTE]) * FRAME_SAMPLES).decode()
     timing = CallerTiming.from_workload(wl)
     calls = [_Call(script=CallScript(p, [lines[t] for t in p.lines], silence, timing),
                    stream=TwilioStream(p.index), url=urls[p.index % len(urls)]) for p in plans]

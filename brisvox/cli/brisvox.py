@@ -15,6 +15,7 @@ import sys
 SUBCOMMANDS = {
     "models": "workers.models_cli",
     "calls": "brisvox.agent.calls_cli",
+    "call": "brisvox.client.call_cli",
 }
 
 

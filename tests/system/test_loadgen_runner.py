@@ -20,8 +20,8 @@ import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from bench import workload
-from bench.loadgen import mulaw
 from bench.loadgen.runner import run_load
+from brisvox.client import twilio as ulaw
 
 pytestmark = pytest.mark.system
 
@@ -47,7 +47,7 @@ def short_workload() -> workload.Workload:
 
 class FakeBot:
     def __init__(self) -> None:
-        frame = mulaw.encode(workload.bot_audio(8000, 20))
+        frame = ulaw.encode(workload.bot_audio(8000, 20))
         self.payload = base64.b64encode(frame).decode()
         self.starts: list[str] = []
         self.stops = 0
@@ -66,7 +66,7 @@ class FakeBot:
                 sid = m["start"]["streamSid"]
                 self.starts.append(sid)
             elif ev == "media":
-                loud = mulaw.loud_fraction(base64.b64decode(m["media"]["payload"])) > 0.1
+                loud = ulaw.loud_fraction(base64.b64decode(m["media"]["payload"])) > 0.1
                 loud_run, quiet_run = (loud_run + 1, 0) if loud else (0, quiet_run + 1)
                 if loud_run >= 5 and not speaking:
                     speaking = True

@@ -5,14 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.loadgen import mulaw
 from bench.loadgen.caller import CallerTiming, CallScript, Phase
 from bench.workload import CallPlan
+from brisvox.client import twilio as ulaw
 
 TICK = 0.02
 SIL = "SIL"
-LOUD = mulaw.encode(np.full(160, 6000, np.int16))
-QUIET = bytes([mulaw.SILENCE_BYTE]) * 160
+LOUD = ulaw.encode(np.full(160, 6000, np.int16))
+QUIET = bytes([ulaw.SILENCE_BYTE]) * 160
 TIMING = CallerTiming(lead_in=0.1, pause_after_bot=0.1, response_timeout=1.0, tail=0.06, answer=0.2)
 
 

@@ -1,0 +1,146 @@
+"""Client side of the native brisvox WebSocket protocol (``/ws``; docs/PROTOCOL.md).
+
+Owns one ``brisvox call`` over the native protocol: ``start`` (rate, params,
+``marks: "release"``), caller audio as binary PCM16 frames, ``dtmf`` events,
+``stop``; from the gateway ``started`` (the call id), binary bot audio,
+``clear``, ``dtmf`` (digits the agent pressed), ``error`` (counted, the call
+goes on), ``stop`` and the close.
+
+Invariants: ``open`` returns only once ``started`` arrived (or raises
+:class:`TransportError` after ``CONNECT_TIMEOUT_S``); audio is sent only
+after that; a close or a ``stop`` from the gateway ends the call once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import orjson
+
+from brisvox.client.transport import CLOSE_TIMEOUT_S, CONNECT_TIMEOUT_S, BotEvents, TransportError
+
+
+class NativeTransport:
+    """See :class:`~brisvox.client.transport.CallTransport`."""
+
+    def __init__(self, url: str, rate: int = 16000, params: dict[str, str] | None = None,
+                 token: str = "") -> None:
+        self.url = url
+        self.rate = rate
+        self.params = params or {}
+        self.token = token
+        self.call_id = ""
+        self.agent = ""
+        self.ids: dict[str, str] = {}
+        self.errors: list[str] = []
+        self.ws: Any = None
+        self._rx: asyncio.Task[None] | None = None
+        self._events = BotEvents()
+        self._ended = False
+        self._closing = False
+
+    async def open(self, events: BotEvents) -> None:
+        from websockets.asyncio.client import connect
+
+        self._events = events
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                self.ws = await connect(self.url, compression=None, ping_interval=None,
+                                        open_timeout=CONNECT_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S,
+                                        max_size=2**20, additional_headers=headers)
+                start = {"event": "start", "rate": self.rate, "params": self.params, "marks": "release"}
+                await self.ws.send(orjson.dumps(start).decode())
+                while True:
+                    first = await self.ws.recv()
+                    if isinstance(first, bytes):
+                        continue
+                    msg = orjson.loads(first)
+                    if msg.get("event") == "started":
+                        break
+                    if msg.get("event") == "error":
+                        self.errors.append(str(msg.get("code")))
+                        continue
+                    raise TransportError(f"unexpected first message {msg.get('event')!r}")
+        except TransportError:
+            raise
+        except Exception as e:  # refused, timeout, closed (1003 bad rate, 1013 full, 1011 no agent)
+            code = getattr(self.ws, "close_code", None) if self.ws is not None else None
+            why = f" (close {code}: {getattr(self.ws, 'close_reason', '')})" if code else ""
+            raise TransportError(f"cannot start a call at {self.url}: {type(e).__name__}{why}") from None
+        self.call_id = str(msg.get("call_id", ""))
+        self.agent = str(msg.get("agent", ""))
+        self.ids = {"call_id": self.call_id}
+        self._rx = asyncio.create_task(self._receive())
+
+    def _end(self, reason: str) -> None:
+        if not self._ended:
+            self._ended = True
+            self._events.on_end(reason, time.monotonic())
+
+    async def _receive(self) -> None:
+        ws = self.ws
+        reason = "closed by the server"
+        try:
+            async for m in ws:
+                now = time.monotonic()
+                if isinstance(m, bytes):
+                    self._events.on_audio(np.frombuffer(m, dtype="<i2"), now)
+                    continue
+                try:
+                    msg = orjson.loads(m)
+                except orjson.JSONDecodeError:
+                    self.errors.append("bad_json_from_server")
+                    continue
+                ev = msg.get("event")
+                if ev == "clear":
+                    self._events.on_clear(now)
+                elif ev == "dtmf":
+                    self._events.on_dtmf(str(msg.get("digits", "")), now)
+                elif ev == "error":
+                    self.errors.append(str(msg.get("code")))
+                elif ev == "stop":
+                    reason = str(msg.get("reason") or "stop")
+                    if not self._closing:
+                        self._end(reason)
+        except Exception as e:  # noqa: BLE001 - a reset ends the call like a close
+            reason = f"connection lost: {type(e).__name__}"
+        if not self._closing:
+            self._end(reason)
+
+    async def send_audio(self, pcm: np.ndarray) -> None:
+        if self._ended or self.ws is None:
+            return
+        try:
+            await self.ws.send(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
+        except Exception:  # noqa: BLE001 - the receive task reports the end
+            return
+
+    async def send_dtmf(self, digits: str) -> None:
+        if self._ended or self.ws is None:
+            return
+        for d in digits:
+            try:
+                await self.ws.send(orjson.dumps({"event": "dtmf", "digit": d, "duration_ms": 100}).decode())
+            except Exception:  # noqa: BLE001
+                return
+
+    async def close(self) -> None:
+        self._closing = True
+        ws = self.ws
+        if ws is not None:
+            try:
+                if not self._ended:
+                    await asyncio.wait_for(ws.send(b'{"event":"stop"}'.decode()), CLOSE_TIMEOUT_S)
+                await asyncio.wait_for(ws.close(), CLOSE_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - best effort at hang-up
+                pass
+        if self._rx is not None:
+            self._rx.cancel()
+            await asyncio.gather(self._rx, return_exceptions=True)
+        if ws is not None and ws.transport is not None:
+            ws.transport.abort()
+        self._ended = True
