@@ -9,8 +9,10 @@ Figures:
 * first TTS audio written -> first frame at the caller: the actor's
   first write of an epoch into the tts ring (timeline ``t_first_audio``, a
   ``time.monotonic()`` mark) to the arrival of that answer's first non-silent
-  frame at a WebSocket client on loopback (so it includes the worker's
-  conversion tick, the gateway's pacer and the WebSocket send);
+  frame at a WebSocket client on loopback (so it includes the hop to the
+  worker, its immediate conversion of the utterance's first audio, the
+  OutUtterance to the gateway, the pacer's release and the WebSocket send);
+  with the gateway's own part (OutUtterance read -> first frame released);
 * barge-in decision -> Clear applied in the gateway: the gateway's own
   ``clear_latency_p99_ms`` (Clear's ``sent_ns``, stamped in the decision
   step, to the cut), and the decision to the client's ``clear`` event;
@@ -99,7 +101,7 @@ def _daemon(n_calls: int) -> dict[str, list[float] | float]:
     script.write_bytes(orjson.dumps({"user": ["what time do you close", "wait a moment"], "bot": [ANSWER, SECOND]}))
     d = Daemon(tmp, config=config(tmp, script), real_roles=True)
     out: dict[str, Any] = {"request": [], "first_audio": [], "worker_announce": [], "clear_client": [],
-                           "clear_gw_p99": float("nan"),
+                           "clear_gw_p99": float("nan"), "first_frame_gw": (float("nan"), float("nan")),
                            "pss_per_call": float("nan")}
     try:
         d.start()
@@ -159,6 +161,8 @@ def _daemon(n_calls: int) -> dict[str, list[float] | float]:
         snap = d.status()
         gw = d.child(snap, "gateway-0").get("stats") or {}
         out["clear_gw_p99"] = float(gw.get("clear_latency_p99_ms", float("nan")))
+        out["first_frame_gw"] = (float(gw.get("first_frame_p50_ms", float("nan"))),
+                                 float(gw.get("first_frame_p99_ms", float("nan"))))
         if peak:
             pss, calls = max(peak, key=lambda x: x[1])
             out["pss_per_call"] = (pss - pss0) / max(1, calls)
@@ -182,6 +186,11 @@ def run(quick: bool) -> list[Row]:
     rows.append((f"daemon, {n} calls: first TTS audio written -> client frame p95", _pct(dm["first_audio"], 95), "ms", "<= 5 (to gateway release)"))  # type: ignore[arg-type]
     rows.append((f"daemon, {n} calls:   of which written -> worker's OutUtterance at the actor p50", _pct(dm["worker_announce"], 50), "ms", ""))  # type: ignore[arg-type]
     rows.append((f"daemon, {n} calls:   of which written -> worker's OutUtterance at the actor p95", _pct(dm["worker_announce"], 95), "ms", ""))  # type: ignore[arg-type]
+    ff50, ff99 = dm["first_frame_gw"]  # type: ignore[misc]
+    rows.append((f"daemon, {n} calls:   of which OutUtterance read -> first frame released (gateway p50)", ff50, "ms",
+                 "(histogram step 0.05)"))
+    rows.append((f"daemon, {n} calls:   of which OutUtterance read -> first frame released (gateway p99)", ff99, "ms",
+                 ""))
     rows.append((f"daemon, {n} calls: barge-in decision -> Clear applied (gateway p99)", float(dm["clear_gw_p99"]), "ms", "<= 2 (p95)"))  # type: ignore[arg-type]
     rows.append((f"daemon, {n} calls: barge-in decision -> client clear event p95", _pct(dm["clear_client"], 95), "ms", ""))  # type: ignore[arg-type]
     rows.append((f"daemon, {n} calls: agent PSS growth per live call", float(dm["pss_per_call"]) / 1e6, "MB", "<= 2"))  # type: ignore[arg-type]

@@ -20,6 +20,9 @@ Figures (measured inside the gateway unless said otherwise):
   the cut (target <= 1 ms); also from the agent's send stamp (includes the
   ZeroMQ hop and the gateway loop's queue).
 * Underruns and late frames while the out ring has audio (target 0).
+* First frame of a new utterance: from the OutUtterance's arrival to the
+  release of the utterance's first frame (issue 5: at once, not at the next
+  tick), p50/p99 over the utterances started in the window's run.
 
 The machine is shared (2 cores): the load generator and this process compete
 with the gateway, so the figures are an upper bound of what the gateway needs.
@@ -298,6 +301,9 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
             "underruns": stats1["call_underruns_total"] - stats0["call_underruns_total"],
             "late_frames": stats1["call_late_frames_total"] - stats0["call_late_frames_total"],
             "frames_out": stats1["call_frames_out_total"] - stats0["call_frames_out_total"],
+            "first_frame_p50": stats1.get("first_frame_p50_ms", float("nan")),
+            "first_frame_p99": stats1.get("first_frame_p99_ms", float("nan")),
+            "first_frames": stats1.get("first_frame_n", 0),
             "packets_in": stats1["call_packets_in_total"] - stats0["call_packets_in_total"],
         }
     finally:
@@ -333,6 +339,10 @@ def run(quick: bool = False) -> list[Row]:
                 (f"{name}: Clear arrival->cut p99", round(m["clear_local_p99"], 3), "ms", "<= 1"),
                 (f"{name}: Clear agent send->cut p99", round(m["clear_sent_p99"], 2), "ms", ""),
                 (f"{name}: clears in the window", m["clears"], "", ""),
+                (f"{name}: new utterance, OutUtterance -> first frame p50", round(m["first_frame_p50"], 2), "ms",
+                 ""),
+                (f"{name}: new utterance, OutUtterance -> first frame p99 ({m['first_frames']})",
+                 round(m["first_frame_p99"], 2), "ms", "at once (histogram step 0.05)"),
                 (f"{name}: underruns (out ring had audio)", m["underruns"], "", "0"),
                 (f"{name}: late frames", m["late_frames"], "", "0"),
                 (f"{name}: frames out per call-second", round(m["frames_out"] / max(1, m["calls"]) / window, 1),

@@ -203,7 +203,9 @@ class CallEnded(Frame):
 class Clear(Frame):
     """Agent -> gateway, fast path of a barge-in: stop playing ``call_id`` now.
 
-    The gateway cuts the out ring at its write position, sends Twilio
+    The gateway stops releasing at once (cutting the out ring at its
+    release position; the audio after it may already be the newer epoch's,
+    written by the worker before this frame was read), sends Twilio
     ``clear`` (or stops RTP audio), and refuses out-ring audio of epochs
     <= ``epoch`` (see OutUtterance): after Clear(E) nothing is released
     before the start of an utterance of an epoch > E, so ``epoch`` is the
@@ -395,7 +397,9 @@ class TtsUtterance(Frame):
 @frame("out_utterance")
 class OutUtterance(Frame):
     """Worker -> actor and gateway: that utterance starts at ``out_pos`` in the out ring
-    (resampler ramp-in dropped, so word offsets stay exact)."""
+    (resampler ramp-in dropped, so word offsets stay exact). Sent as soon as the
+    utterance's first audio is in the out ring (converted at once, outside the
+    worker's tick), so the gateway releases its first frame on receipt."""
 
     call_id: str
     utterance: int
@@ -406,7 +410,8 @@ class OutUtterance(Frame):
 @frame("tts_cut")
 class TtsCut(Frame):
     """Actor -> worker: epoch ``epoch`` was interrupted; drop tts audio before ``tts_pos``
-    and reset the output resampler."""
+    and reset the output resampler (unless audio after ``tts_pos``, which is a newer
+    epoch's, was already converted: then the running stream is kept)."""
 
     call_id: str
     epoch: int

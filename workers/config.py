@@ -60,6 +60,9 @@ class VadConfig:
     failure_window_ms: int = opt(1000, min=0, max=600_000)
     recovery_interval_ms: int = opt(5000, min=0, max=3_600_000)  # 0 disables recovery probes
     refine_boundaries: bool = True  # sharpen start/stop positions with the signal's energy
+    # 8 kHz calls (telephony): Silero's native 8 kHz mode on the `in` samples (about 40 % less CPU per
+    # window; the audio is band-limited to 4 kHz anyway) instead of the 16 kHz model on in16
+    native_8k: bool = True
 
     def __post_init__(self) -> None:
         try:

@@ -12,9 +12,21 @@ Owns everything a worker process does for the calls attached to it
   call whose next 32 ms VAD window is complete (or whose in16 is older than
   ``fresh_ms``), run ONE batched Silero over every call that has a full
   window (more runs only when a call catches up after a stall or a
-  re-attach), feed each call's :class:`workers.vad.VadStream`, convert
+  re-attach; one run per VAD rate: 8 kHz calls use Silero's native 8 kHz
+  mode on the ``in`` samples themselves when ``[vad] native_8k`` is on, the
+  others the 16 kHz model on ``in16``; positions are in16 positions either
+  way), feed each call's :class:`workers.vad.VadStream`, convert
   ``tts`` -> ``out``, then send one :class:`WorkerTick` to each subscriber
   with news (the in16 positions that advanced, the VAD events of the tick).
+* the **first audio of an utterance** does not wait for a tick: a
+  TtsUtterance makes the call "hot"; as soon as the utterance's first 20 ms
+  of tts audio is in the ring (usually already when the frame arrives: the
+  actor writes right after announcing) the worker converts that one call's
+  ``tts`` -> ``out`` on its loop, outside the tick, and sends OutUtterance at
+  once, so the gateway can release the first frame without waiting for its
+  own tick. While a call is hot the loop polls every millisecond (at most
+  one tick long); the conversion costs the realtime lane what it would have
+  cost in the next tick.
   VAD windows sit on a fixed grid (``GRID_PHASE``) so a window never waits
   for the next 20 ms frame because of the resampler's 4-sample hold-back.
 * the **job lane** (:class:`workers.jobs.JobLane`): Smart Turn analyses read
@@ -66,7 +78,9 @@ from workers.jobs import CLOSE_HOOKS, DETACH_HOOKS, FRAME_HANDLERS, Job, JobDone
 from workers.resample import RATE16, InputChain, OutputChain, resume_in_pos
 from workers.smart_turn import WINDOW_SAMPLES, SmartTurnModel
 from workers.vad import (
+    RATE8,
     WINDOW,
+    WINDOW8,
     SileroBatch,
     VadEvent,
     VadHealth,
@@ -78,7 +92,7 @@ from workers.vad import (
 
 log = logging.getLogger("brisvox.workers")
 
-PEND_CAP = 2 * RATE16  # 16 kHz samples waiting for the VAD, per call
+PEND_S = 2  # seconds of audio waiting for the VAD, per call, at most
 HOLDBACK16 = 4  # in16 samples soxr QQ may hold back (measured: 4 from 8 kHz, <= 2 from higher rates)
 # VAD windows end at in16 positions == GRID_PHASE (mod GRID): 8 samples before a multiple of 32.
 # Frames of any multiple of 2 ms end on multiples of 32 in16 samples, so a window's last sample
@@ -101,10 +115,11 @@ class Call:
 
     __slots__ = ("call_id", "subscriber", "gateway", "slot", "rings", "inp", "out", "params", "stream",
                  "health", "pend", "pend_n", "pend_off", "vad_pos", "events", "in16_name", "probe",
-                 "attached_ns", "fall_ref", "need_in", "hold16", "conv_ns", "pub_pos")
+                 "attached_ns", "fall_ref", "need_in", "hold16", "conv_ns", "pub_pos", "native8", "win")
 
     def __init__(self, call_id: str, subscriber: str, gateway: str, slot: int, rings: dict[str, Ring],
-                 inp: InputChain, out: OutputChain, params: VadParams, health: VadHealth) -> None:
+                 inp: InputChain, out: OutputChain, params: VadParams, health: VadHealth,
+                 native8: bool = False) -> None:
         self.call_id = call_id
         self.subscriber = subscriber
         self.gateway = gateway
@@ -115,41 +130,57 @@ class Call:
         self.params = params
         self.stream = VadStream(params)
         self.health = health
-        self.pend = np.zeros(PEND_CAP, dtype=np.int16)
+        # the VAD reads the `in` samples of an 8 kHz call at their own rate (Silero's 8 kHz mode):
+        # `pend` holds VAD-rate samples, `win` of them per 32 ms window; `vad_pos` is in16 either way
+        self.native8 = native8 and inp.rate == RATE8
+        self.win = WINDOW8 if self.native8 else WINDOW
+        self.pend = np.zeros(PEND_S * (RATE8 if self.native8 else RATE16), dtype=np.int16)
         self.pend_n = 0
         self.pend_off = 0
         self.vad_pos = 0
-        self.align(inp.out_pos)
+        self.align()
         self.events: list[dict[str, Any]] = []
         self.in16_name = rings["in16"].name
         self.probe = False
         self.attached_ns = time.monotonic_ns()
         self.fall_ref = (-1, -1)  # (raw stop pos, refined pos) announced by the last falling event
+        # convert when in16 (not only `in`) covers the window: a stop's `at` is then always in
+        # in16 when it is published (Smart Turn reads up to it; the actor defers until it is)
         self.hold16 = 0 if inp.rate == RATE16 else HOLDBACK16
         self.need_in = 0  # the in position that completes the next VAD window: convert then
         self.conv_ns = 0  # when the input was last converted
         self.pub_pos = -1  # the in16 position last published
 
-    def align(self, pos: int) -> None:
-        """Restart the VAD at ``pos`` on the window grid: the stream starts up to 31
-        samples earlier, with those samples taken from in16 (zeros where there are none)."""
+    def align(self) -> None:
+        """Restart the VAD where the input continues, on the window grid (in16 positions):
+        the stream starts up to 31 in16 samples earlier, with those samples taken from the
+        ring the VAD reads (in16, or ``in`` for native 8 kHz; zeros where there are none)."""
+        if self.native8:
+            pos = 2 * self.inp.in_pos  # in16 sample 2k is in sample k (QQ has no delay)
+        else:
+            pos = self.inp.out_pos
         start = pos - ((pos - GRID_PHASE) % GRID)
         self.vad_pos = start
         self.pend_off = 0
-        self.pend_n = pos - start
+        if self.native8:
+            lo, hi, ring = start // 2, pos // 2, self.rings["in"]
+        else:
+            lo, hi, ring = start, pos, self.rings["in16"]
+        self.pend_n = hi - lo
         self.pend[: self.pend_n] = 0
-        if pos > 0 and self.pend_n:
-            got = self.rings["in16"].read_range(max(0, start), pos)
+        if hi > 0 and self.pend_n:
+            got = ring.read_range(max(0, lo), hi)
             self.pend[self.pend_n - len(got.samples) : self.pend_n] = got.samples
 
     def schedule(self) -> None:
         """Set ``need_in`` from the VAD position: the input is converted when the
         next window is complete (or after ``fresh_ms`` at the latest)."""
         inp = self.inp
-        needed = self.vad_pos + (self.pend_n - self.pend_off) // WINDOW * WINDOW + WINDOW
-        if self.pend_n - self.pend_off >= WINDOW:
+        have = self.pend_n - self.pend_off
+        if have >= self.win:
             self.need_in = 0  # a full window is already waiting (VAD rounds ran out)
         else:
+            needed = self.vad_pos + WINDOW  # in16
             self.need_in = resume_in_pos(needed + self.hold16, inp.rate)
 
     def close(self) -> None:
@@ -180,6 +211,8 @@ class TickStats:
     output_ns: int = 0
     send_ns: int = 0
     tick_max_ns: int = 0
+    out_nudges: int = 0  # utterance starts converted and announced outside a tick
+    nudge_ns: int = 0  # CPU time of those conversions
     errors: dict[str, int] = field(default_factory=dict)
 
 
@@ -226,11 +259,11 @@ class Worker:
         self.fresh_ns = self.cfg.fresh_ms * 1_000_000
         self.keepalive_ns = 100 * 1_000_000
         self._last_pub: dict[str, int] = {}
+        # call_id -> deadline (monotonic ns): an announced utterance waits for its first audio
+        self._hot: dict[str, int] = {}
         self.warm_report: dict[str, float] = {}
-        # batch scratch, sized for max_calls at load()
-        self._slots = np.zeros(0, dtype=np.intp)
-        self._win16 = np.zeros((0, WINDOW), dtype=np.int16)
-        self._win = np.zeros((0, WINDOW), dtype=np.float32)
+        # batch scratch per VAD window width (16 kHz, native 8 kHz), sized for max_calls at load()
+        self._scratch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -241,9 +274,8 @@ class Worker:
         self.silero = self._silero_factory(self.models.silero, cap, self.cfg.vad_threads)
         self.silero.warm()
         self.free_slots = list(range(cap - 1, -1, -1))
-        self._slots = np.zeros(cap, dtype=np.intp)
-        self._win16 = np.zeros((cap, WINDOW), dtype=np.int16)
-        self._win = np.zeros((cap, WINDOW), dtype=np.float32)
+        self._scratch = {w: (np.zeros(cap, dtype=np.intp), np.zeros((cap, w), dtype=np.int16),
+                             np.zeros((cap, w), dtype=np.float32)) for w in (WINDOW, WINDOW8)}
         t1 = time.perf_counter()
         self.warm_report["silero_s"] = t1 - t0
         if self.st_cfg.enabled and self.models.smart_turn is not None:
@@ -301,6 +333,8 @@ class Worker:
         while not stop.is_set():
             now = time.monotonic()
             wait_ms = max(0, int((next_tick - now) * 1000 + 0.999))
+            if self._hot and wait_ms > 1:
+                wait_ms = 1  # an utterance's first audio is due any moment
             events = dict(poller.poll(wait_ms)) if wait_ms > 0 else {}
             if self.sock in events:
                 self._drain_inbox()
@@ -311,6 +345,8 @@ class Worker:
                 except (BlockingIOError, OSError):
                     pass
             self._send_job_results()
+            if self._hot:
+                self._serve_hot()
             now = time.monotonic()
             if now >= next_tick:
                 late = now - next_tick
@@ -376,8 +412,11 @@ class Worker:
             if c is None:
                 return self._error("unknown_call", "tts_utterance for a call not attached here", frame.call_id)
             placed = c.out.announce(frame.utterance, frame.epoch, frame.tts_pos)
-            if placed is not None:
+            if placed is not None:  # its audio was already converted
                 self._send_out_utterance(c, placed.utterance, placed.epoch, placed.out_pos)
+            elif c.out.next_start() >= 0:
+                self._hot[c.call_id] = time.monotonic_ns() + int(self.tick_s * 1e9)
+                self._serve_hot()
             return None
         if isinstance(frame, TtsCut):
             c = self.calls.get(frame.call_id)
@@ -425,7 +464,8 @@ class Worker:
         out = OutputChain(rings["tts"], rings["out"], f.tts_rate, f.call_rate, self.cfg.max_read_ms / 1000.0)
         health = VadHealth(self.vad_cfg.max_consecutive_failures, self.vad_cfg.failure_window,
                            self.vad_cfg.recovery_interval)
-        c = Call(f.call_id, f.subscriber, f.gateway, slot, rings, inp, out, params, health)
+        c = Call(f.call_id, f.subscriber, f.gateway, slot, rings, inp, out, params, health,
+                 native8=self.vad_cfg.native_8k)
         if f.speaking_since >= 0:
             # the previous worker died during speech: close it where its in16 ended
             at = inp.out_pos
@@ -531,7 +571,7 @@ class Worker:
                 c.conv_ns = now
                 self._input(c)
                 active.append(c)
-            elif c.pend_n - c.pend_off >= WINDOW:  # windows left over from a catch-up
+            elif c.pend_n - c.pend_off >= c.win:  # windows left over from a catch-up
                 active.append(c)
         c1 = cpu()
         self._vad(active)
@@ -539,9 +579,12 @@ class Worker:
             c.schedule()
         c2 = cpu()
         for c in calls:
-            placed = c.out.step()
-            for u in placed:
-                self._send_out_utterance(c, u.utterance, u.epoch, u.out_pos)
+            out = c.out
+            if out.src.write_pos > out.tts_pos:  # new tts audio (most calls are silent most ticks)
+                for u in out.step():
+                    self._send_out_utterance(c, u.utterance, u.epoch, u.out_pos)
+        if self._hot:
+            self._hot = {k: v for k, v in self._hot.items() if k in self.calls and self.calls[k].out.next_start() >= 0}
         c3 = cpu()
         self._publish()
         c4 = cpu()
@@ -570,23 +613,27 @@ class Worker:
             self._close_stream(c, inp.gap, "gap")
             c.events.append({"call_id": c.call_id, "kind": "gap", "pos": inp.gap, "lost": inp.gap_lost,
                              "ns": time.monotonic_ns()})
-            c.align(inp.out_pos)
+            c.align()
             return
+        fresh = inp.raw if c.native8 else inp.fresh
+        n = len(fresh)
         if n == 0:
             return
         m = c.pend_n
-        if m + n > PEND_CAP:
+        pend = c.pend
+        cap = len(pend)
+        if m + n > cap:
             off = c.pend_off
-            if m - off + n > PEND_CAP:  # the VAD fell 2 s behind: shed the backlog like a gap
+            if m - off + n > cap:  # the VAD fell 2 s behind: shed the backlog like a gap
                 self.stats.pend_overflows += 1
                 self._close_stream(c, c.vad_pos, "overflow")
-                c.align(inp.out_pos)
+                c.align()
                 return
             # compact: the unconsumed tail moves to the front (once per ~2 s of audio)
-            c.pend[: m - off] = c.pend[off:m]
+            pend[: m - off] = pend[off:m]
             m -= off
             c.pend_off = 0
-        c.pend[m : m + n] = inp.fresh
+        pend[m : m + n] = fresh
         c.pend_n = m + n
 
     def _close_stream(self, c: Call, at: int, reason: str) -> None:
@@ -632,23 +679,21 @@ class Worker:
             return ev.pos
 
     def _vad(self, calls: list[Call]) -> None:
-        """One batched Silero run over every call with a full window; more runs only
-        for calls that are more than one window behind (a stall, a re-attach)."""
+        """One batched Silero run per VAD rate over every call with a full window; more
+        runs only for calls that are more than one window behind (a stall, a re-attach)."""
         silero = self.silero
         assert silero is not None
-        st = self.stats
-        slots = self._slots
-        win16 = self._win16
         todo = calls
         for _ in range(self.cfg.max_vad_rounds):
-            batch: list[Call] = []
+            batches: dict[int, list[Call]] = {}
             behind: list[Call] = []
             for c in todo:
                 off = c.pend_off
                 have = c.pend_n - off
-                if have < WINDOW:
-                    continue
-                if have >= 2 * WINDOW:
+                w = c.win
+                if have < w or (c.native8 and c.vad_pos + WINDOW > c.inp.out_pos):
+                    continue  # no full window (native 8 kHz: or in16 does not cover it yet)
+                if have >= 2 * w:
                     behind.append(c)
                 h = c.health
                 if h.failed_open:
@@ -658,46 +703,58 @@ class Worker:
                         silero.reset(c.slot)
                         c.stream = VadStream(c.params)
                     else:  # failed open: audio flows, no VAD
-                        c.pend_off = off + WINDOW
+                        c.pend_off = off + w
                         c.vad_pos = end
                         continue
+                batch = batches.get(w)
+                if batch is None:
+                    batch = batches[w] = []
+                slots, win16, _ = self._scratch[w]
                 i = len(batch)
                 slots[i] = c.slot
-                win16[i] = c.pend[off : off + WINDOW]
+                win16[i] = c.pend[off : off + w]
                 batch.append(c)
-            n = len(batch)
-            if n:
-                win = self._win[:n]
-                np.multiply(win16[:n], SCALE, out=win)
-                try:
-                    probs = silero.run(slots[:n], win).tolist()
-                except Exception as e:
-                    probs = self._isolate(batch, win, e)
-                st.vad_runs += 1
-                st.vad_rows += n
-                for i in range(n):
-                    c = batch[i]
-                    end = c.vad_pos + WINDOW
-                    c.vad_pos = end
-                    c.pend_off += WINDOW
-                    p = probs[i]
-                    if p != p or p < 0.0 or p > 1.0:  # NaN or nonsense: a failed window
-                        self._vad_failure(c, end)
-                        continue
-                    h = c.health
-                    if h.streak or h.failed_open:
-                        if h.on_success(end) == "recovered":
-                            st.recoveries += 1
-                            log.warning("call %s: VAD recovered", c.call_id)
-                            c.events.append({"call_id": c.call_id, "kind": "vad_recovered", "pos": end,
-                                             "ns": time.monotonic_ns()})
-                        c.probe = False
-                    ev = c.stream.push(p, end)
-                    if ev is not None:
-                        self._emit(c, ev)
+            for w, batch in batches.items():
+                self._vad_run(w, batch)
             if not behind:
                 break
             todo = behind
+
+    def _vad_run(self, w: int, batch: list[Call]) -> None:
+        """Score the windows gathered in the ``w``-wide scratch rows and feed each call's stream."""
+        silero = self.silero
+        assert silero is not None
+        st = self.stats
+        n = len(batch)
+        slots, win16, winf = self._scratch[w]
+        win = winf[:n]
+        np.multiply(win16[:n], SCALE, out=win)
+        try:
+            probs = silero.run(slots[:n], win).tolist()
+        except Exception as e:
+            probs = self._isolate(batch, win, e)
+        st.vad_runs += 1
+        st.vad_rows += n
+        for i in range(n):
+            c = batch[i]
+            end = c.vad_pos + WINDOW
+            c.vad_pos = end
+            c.pend_off += w
+            p = probs[i]
+            if p != p or p < 0.0 or p > 1.0:  # NaN or nonsense: a failed window
+                self._vad_failure(c, end)
+                continue
+            h = c.health
+            if h.streak or h.failed_open:
+                if h.on_success(end) == "recovered":
+                    st.recoveries += 1
+                    log.warning("call %s: VAD recovered", c.call_id)
+                    c.events.append({"call_id": c.call_id, "kind": "vad_recovered", "pos": end,
+                                     "ns": time.monotonic_ns()})
+                c.probe = False
+            ev = c.stream.push(p, end)
+            if ev is not None:
+                self._emit(c, ev)
 
     def _isolate(self, batch: list[Call], win: np.ndarray, err: Exception) -> list[float]:
         """The batched run failed: run each row alone so one bad call cannot fail the rest."""
@@ -730,6 +787,32 @@ class Worker:
                              "ns": time.monotonic_ns(), "failures": c.health.streak})
         elif was_probe:
             log.info("call %s: VAD recovery probe failed", c.call_id)
+
+    def _serve_hot(self) -> None:
+        """Convert the output of calls whose announced utterance got its first audio, now
+        (outside the tick), and announce it. A call leaves the hot set once its start is
+        placed, when it is gone, or after one tick (the tick converts it anyway)."""
+        now = time.monotonic_ns()
+        cpu0 = time.thread_time_ns()
+        done: list[str] = []
+        for call_id, deadline in self._hot.items():
+            c = self.calls.get(call_id)
+            b = c.out.next_start() if c is not None else -1
+            if c is None or b < 0:
+                done.append(call_id)
+                continue
+            have = c.out.src.write_pos - b
+            if have >= c.out.src_rate // 50 or (have > 0 and now >= deadline):
+                for u in c.out.step():
+                    self._send_out_utterance(c, u.utterance, u.epoch, u.out_pos)
+                self.stats.out_nudges += 1
+                if c.out.next_start() < 0:
+                    done.append(call_id)
+            elif now >= deadline:
+                done.append(call_id)
+        for call_id in done:
+            self._hot.pop(call_id, None)
+        self.stats.nudge_ns += time.thread_time_ns() - cpu0
 
     def _send_out_utterance(self, c: Call, utterance: int, epoch: int, out_pos: int) -> None:
         payload = encode(OutUtterance(call_id=c.call_id, utterance=utterance, epoch=epoch, out_pos=out_pos))
@@ -782,6 +865,7 @@ class Worker:
             "vad_failures": st.vad_failures, "failed_open": st.failed_open, "recoveries": st.recoveries,
             "gaps": st.gaps, "events": st.events, "send_failed": st.send_failed,
             "tick_cpu_ms": st.tick_cpu_ns / 1e6, "tick_max_ms": st.tick_max_ns / 1e6,
+            "out_nudges": st.out_nudges,
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},
             **{f"{n}_{k}": v for n, lane in self.extra_lanes.items() for k, v in lane.counters.items()},

@@ -101,11 +101,13 @@ def standalone(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh-ms", type=int, default=None)
     ap.add_argument("--job-threads", type=int, default=1)
     ap.add_argument("--no-smart-turn", action="store_true")
+    ap.add_argument("--vad-16k", action="store_true",
+                    help="8 kHz calls use the 16 kHz model on in16 ([vad] native_8k = false)")
     ap.add_argument("--log-level", default="WARNING")
     a = ap.parse_args(argv)
     logging.basicConfig(level=a.log_level, format="%(asctime)s worker-%(process)d %(levelname)s %(message)s")
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    from workers.config import SmartTurnConfig, WorkersConfig
+    from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
     from workers.core import Worker
     from workers.models import ModelError
 
@@ -121,7 +123,8 @@ def standalone(argv: list[str] | None = None) -> int:
         settings = dataclasses.replace(settings, tick_ms=a.tick_ms)
     if a.fresh_ms is not None:
         settings = dataclasses.replace(settings, fresh_ms=a.fresh_ms)
-    w = Worker(a.index, a.endpoint, models, settings, smart_turn=SmartTurnConfig(enabled=not a.no_smart_turn))
+    w = Worker(a.index, a.endpoint, models, settings, vad=VadConfig(native_8k=not a.vad_16k),
+               smart_turn=SmartTurnConfig(enabled=not a.no_smart_turn))
     w.load()
     w.bind()
     stop = threading.Event()

@@ -24,6 +24,11 @@ Position invariants (positions are absolute sample counts, DESIGN.md section 2):
   ``out_pos`` is exact and word offsets measured from it stay valid. A
   boundary learnt late (the audio was already converted) is placed by the
   same linear map of the running segment.
+* An announced utterance start is placed (and reported) only once some of
+  its own audio was converted: when the core reports it, the ``out`` ring
+  already holds the utterance's first samples, so the gateway can release its
+  first frame at once. :meth:`OutputChain.next_start` tells the core which
+  boundary is still waiting for audio.
 
 Neither class does ZeroMQ I/O; they return what the core must send.
 """
@@ -73,13 +78,15 @@ def _processor(rs: soxr.ResampleStream | None) -> Any:
 class InputChain:
     """``in`` -> ``in16`` for one call. :meth:`step` is called once per tick.
 
-    After a step, ``fresh`` holds the 16 kHz samples produced by it (valid
-    until the next step) and ``gap`` the in16 position where a gap started
-    (-1 if none; then ``fresh`` is empty and the stream restarts at
-    ``out_pos``), ``gap_lost`` its length in in16 samples.
+    After a step, ``fresh`` holds the 16 kHz samples produced by it and
+    ``raw`` the ``in`` samples it consumed (both valid until the next step;
+    ``raw`` feeds the VAD of 8 kHz calls at their own rate), and ``gap`` the
+    in16 position where a gap started (-1 if none; then both are empty and
+    the stream restarts at ``out_pos`` / ``in_pos``), ``gap_lost`` its length
+    in in16 samples.
     """
 
-    __slots__ = ("src", "dst", "rate", "rs", "proc", "in_pos", "out_pos", "max_read", "fresh", "gap",
+    __slots__ = ("src", "dst", "rate", "rs", "proc", "in_pos", "out_pos", "max_read", "fresh", "raw", "gap",
                  "gap_lost", "lost_total", "_zeros")
 
     def __init__(self, src: Ring, dst: Ring, rate: int, max_read_s: float = 1.0) -> None:
@@ -95,6 +102,7 @@ class InputChain:
             self.out_pos = dst.write(np.zeros(pad, dtype=np.int16))
         self.max_read = max(1, int(rate * max_read_s))
         self.fresh: np.ndarray = np.zeros(0, dtype=np.int16)
+        self.raw: np.ndarray = self.fresh
         self.gap = -1
         self.gap_lost = 0
         self.lost_total = 0
@@ -107,7 +115,7 @@ class InputChain:
         w = src.write_pos
         pos = self.in_pos
         if w <= pos:
-            self.fresh = self._zeros
+            self.fresh = self.raw = self._zeros
             return 0
         if w - pos > src.capacity:  # overrun: skip to where the audio is safe from the writer
             return self._gap(w - src.capacity + src.capacity // 8)
@@ -122,6 +130,7 @@ class InputChain:
         if n:
             self.out_pos = self.dst.write(out)
         self.fresh = out
+        self.raw = x
         return n
 
     def _gap(self, new_in_pos: int) -> int:
@@ -144,7 +153,7 @@ class InputChain:
         self.proc = _processor(self.rs)
         self.gap = gap_at
         self.gap_lost = lost16
-        self.fresh = self._zeros  # the VAD drops its partial window at a gap
+        self.fresh = self.raw = self._zeros  # the VAD drops its partial window at a gap
         return 0
 
     def reset_stream(self) -> None:
@@ -167,7 +176,8 @@ class OutputChain:
     ``announce(utterance, epoch, tts_pos)`` registers a boundary;
     ``cut(epoch, tts_pos)`` drops everything before ``tts_pos`` and forgets
     boundaries of epochs up to ``epoch``; ``step()`` converts what arrived and
-    returns the utterance starts it placed.
+    returns the utterance starts it placed (a start is placed once audio
+    after it exists, never at the very end of what was written).
     """
 
     __slots__ = ("src", "dst", "src_rate", "dst_rate", "rs", "tts_pos", "seg_tts0", "seg_out0",
@@ -194,20 +204,28 @@ class OutputChain:
         """Register an utterance start; returns it at once if that audio was already converted."""
         if epoch <= self.cut_epoch:
             return None
-        if tts_pos <= self.tts_pos:
+        if tts_pos < self.tts_pos:
             pos = max(self._map(max(tts_pos, self.seg_tts0)), self.seg_out0)
             return UtteranceStart(utterance, epoch, pos)
         self.pending.append((tts_pos, utterance, epoch))
         self.pending.sort()
         return None
 
+    def next_start(self) -> int:
+        """The tts position of the first utterance start still waiting for its audio (-1: none)."""
+        return self.pending[0][0] if self.pending else -1
+
     def cut(self, epoch: int, tts_pos: int) -> None:
+        """Epochs up to ``epoch`` are dead; ``tts_pos`` is the tts write position when that was
+        decided, so everything after it belongs to a newer epoch. If some of that was already
+        converted (the frame came late), the running segment is kept: the newer utterance's
+        start is then placed exactly by its linear map instead of being lost behind the cut."""
         self.cut_epoch = max(self.cut_epoch, epoch)
         self.pending = [p for p in self.pending if p[2] > epoch and p[0] >= tts_pos]
-        self.tts_pos = max(self.tts_pos, tts_pos)
-        self.rs = _stream(self.src_rate, self.dst_rate)  # drop what it held: it belongs to the cut
-        self.seg_tts0 = self.tts_pos
-        self.seg_out0 = self.dst.write_pos
+        if tts_pos < self.tts_pos:
+            return
+        self.tts_pos = tts_pos
+        self._restart()  # drop what the stream held: it belongs to the cut
 
     def _convert(self, end: int, last: bool) -> None:
         if end > self.tts_pos:
@@ -244,7 +262,7 @@ class OutputChain:
             self._restart()
         end = min(w, self.tts_pos + self.max_read)
         placed: list[UtteranceStart] = []
-        while self.pending and self.pending[0][0] <= end:
+        while self.pending and self.pending[0][0] < end:  # some of the utterance's own audio is here
             b_pos, utt, epoch = self.pending.pop(0)
             if b_pos < self.tts_pos:  # cannot happen (announce handles the past), keep safe
                 placed.append(UtteranceStart(utt, epoch, self._map(b_pos)))

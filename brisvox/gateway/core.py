@@ -16,13 +16,19 @@ Call lifecycle::
 Invariants:
 
 * A Clear is applied in the callback that read it (:meth:`apply_clear`):
-  cut the ``out`` ring at its write position, close the epoch gate, tell
-  the transport (Twilio ``clear`` / stop RTP audio), answer Cleared with the
-  final release position and the marks the cut discarded. Nothing queued
-  runs before it.
+  stop releasing (close the epoch gate), tell the transport (Twilio
+  ``clear`` / stop RTP audio), answer Cleared with the final release
+  position and the marks the cut discarded. Nothing queued runs before it.
 * Epoch ledger: after Clear(E) nothing is released from the out ring before
   the start of an utterance of an epoch > E (OutUtterance), and everything in
-  between is counted as stale.
+  between is counted as stale. The ring is cut at the release position (or
+  at the newer utterance's start when it is already known), never at the
+  write position: the worker may already have written the newer epoch's
+  first audio while its OutUtterance is still on the way, and the utterance
+  start, not the moment the Clear was read, says where the stale audio ends.
+* The first frame of a response goes out in the callback that read its
+  OutUtterance (or the Clear that found that utterance already announced),
+  not at the pacer's next tick.
 * Every call ends exactly once on each side (transport, agent) and its rings
   are unlinked exactly once.
 """
@@ -431,9 +437,9 @@ class GatewayCore:
             call.gate_open = True
             call.gate_pos = max(call.gate_pos, start)
         else:
-            ring.cut(w)
+            # hold what is not released yet: the next utterance's start decides what is stale
+            ring.cut(call.out_reader.position)
             call.gate_open = False
-            call.gate_pos = max(call.gate_pos, w)
         call.playing = False
         call.partial_wait = False
         call.starved_at = -1.0
@@ -453,6 +459,11 @@ class GatewayCore:
         if sent_ns > 0:
             self.metrics.clear_latency.add((applied - sent_ns) / 1e6)
         self._send_cleared(call, epoch, cut_marks, applied)
+        if not call.gate_open:
+            self.pacer.forget_announcement(call)
+        elif call.state == "active":
+            # the newer epoch's utterance was announced before this Clear arrived: it starts now
+            self.pacer.utterance(call)
 
     def _send_cleared(self, call: Call, epoch: int, marks: list[str], applied: int = 0) -> None:
         call.reported_pos = call.release_pos
@@ -474,7 +485,7 @@ class GatewayCore:
             call.gate_open = True
             call.gate_pos = max(call.gate_pos, out_pos)
         if call.state == "active":
-            self.pacer.kick(call)
+            self.pacer.utterance(call)
 
     def _mark_played(self, call: Call, m: PendingMark) -> None:
         if call.builtin is not None:
@@ -595,6 +606,10 @@ class GatewayCore:
         if self.ws is not None:
             out.update(self.ws.stats())
         out["pacer_ticks"] = self.pacer.ticks
+        ff = self.pacer.first_frame
+        out["first_frame_n"] = ff.n
+        out["first_frame_p50_ms"] = ff.quantile(0.5)
+        out["first_frame_p99_ms"] = ff.quantile(0.99)
         per_call = {}
         for c in list(self.table.calls.values())[:MAX_REPORTED_CALLS]:
             s = c.stats

@@ -12,12 +12,18 @@ Invariants:
 * A call's frames are never released later than they are due and never more
   than one frame early: frame ``k`` of a talkspurt is due at ``t0 + k*20 ms``
   and goes out on the last tick at or before that time. The first frame of a
-  response goes out at once (:meth:`Pacer.kick`, called when an utterance
-  starts), not at the next tick.
+  response goes out at once, not at the next tick: :meth:`Pacer.utterance`
+  (OutUtterance arrived; the worker sends it once the utterance's first audio
+  is in the ``out`` ring) releases it in the callback that read the frame,
+  and the talkspurt's grid starts there. ``first_frame`` measures the time
+  from the announcement to that release.
 * ``release_pos`` (the out-ring position after the last released sample) is
-  the call's playback position. It only moves forward; after a Clear the
-  reader jumps to the cut floor, and nothing below the epoch gate
-  (``Call.gate_pos``) or before the first utterance of a newer epoch is ever
+  the call's playback position. It only moves forward. After a Clear the
+  reader holds (the gate is closed: nothing is released, nothing skipped,
+  since audio past the reader may already be the newer epoch's) until an
+  utterance of a newer epoch starts; then it skips to that start
+  (``Call.gate_pos``), counting the skipped samples as stale. Nothing below
+  the epoch gate or before the first utterance of a newer epoch is ever
   released.
 * Marks (SIP, native): reported played once ``release_pos`` passes their
   position. Marks for a peer that echoes them (Twilio): the ``mark`` message
@@ -35,7 +41,7 @@ import time
 from collections.abc import Callable
 
 from brisvox.gateway.calls import Call, PendingMark
-from brisvox.gateway.metrics import GatewayMetrics
+from brisvox.gateway.metrics import GatewayMetrics, Histogram
 
 log = logging.getLogger("brisvox.gateway.pacer")
 
@@ -67,6 +73,9 @@ class Pacer:
         self._handle: asyncio.TimerHandle | None = None
         self._scheduled = 0.0
         self.busy_s = 0.0  # CPU-ish time spent inside ticks (wall time of the tick body)
+        # an utterance announced while the call was silent: call_id -> loop time of the announcement
+        self._announced: dict[str, float] = {}
+        self.first_frame = Histogram(0.05, 50.0)  # announcement -> first frame released (ms)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -85,6 +94,7 @@ class Pacer:
 
     def remove(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)
+        self._announced.pop(call.call_id, None)
 
     # -- the tick -----------------------------------------------------------
 
@@ -116,6 +126,18 @@ class Pacer:
             self._scheduled += skipped * FRAME_S
         self.busy_s += time.perf_counter() - t0
         self._handle = loop.call_at(self._scheduled, self._tick)
+
+    def utterance(self, call: Call) -> None:
+        """An utterance of a live epoch starts (OutUtterance): release its first frame now."""
+        if self._loop is None or call.call_id not in self.calls:
+            return
+        if not call.playing:
+            self._announced[call.call_id] = self._loop.time()
+        self.kick(call)
+
+    def forget_announcement(self, call: Call) -> None:
+        """A Clear closed the gate: the announced utterance will not play."""
+        self._announced.pop(call.call_id, None)
 
     def kick(self, call: Call) -> None:
         """Release what is due for ``call`` now (the first frame of a response goes out at once)."""
@@ -158,9 +180,6 @@ class Pacer:
                 pos = floor
             if not call.gate_open:
                 # after a Clear: nothing plays until an utterance of a newer epoch starts
-                if w > pos:
-                    call.stats.stale_samples += w - pos
-                    reader.seek(w)
                 break
             if pos < call.gate_pos:
                 skip = min(call.gate_pos, w) - pos
@@ -181,6 +200,10 @@ class Pacer:
                     break
                 if not call.playing:
                     call.playing = True
+                    if self._announced:
+                        t_ann = self._announced.pop(call.call_id, None)
+                        if t_ann is not None:
+                            self.first_frame.add((now - t_ann) * 1000.0)
                     if call.starved_at >= 0 and now - call.starved_at < UNDERRUN_WINDOW_S:
                         call.stats.underruns += 1
                     call.starved_at = -1.0

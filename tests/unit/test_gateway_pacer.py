@@ -134,6 +134,78 @@ def test_first_frame_of_a_response_goes_out_at_once(rig):
     assert len(leg.sent) == 5 and call.release_pos == 800
 
 
+class FakeLoop:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+
+def test_a_new_utterance_is_released_on_its_announcement_then_paced_on_the_grid(rig):
+    """The first frame leaves in the callback that read OutUtterance (13 ms before the next
+    tick here); the rest follows one frame per tick, never bursting, never late."""
+    core, make = rig
+    call, leg, _ = make()
+    loop = FakeLoop(7.0)
+    core.pacer._loop = loop
+    run_ticks(core, call, 7.0, 1)  # idle tick at 7.00
+    call.out_ring.write(tone(160 * 6))
+    loop.t = 7.027
+    core.note_utterance(call, 1, 0)
+    assert [t for t, _ in leg.sent] == [pytest.approx(7.027)]
+    assert core.pacer.first_frame.n == 1 and core.pacer.first_frame.quantile(0.5) <= 0.05
+    for k in range(2, 8):  # ticks at 7.04 .. 7.14: one frame each, then the talkspurt ends
+        core.pacer.service(call, 7.0 + k * FRAME_S, 7.0 + k * FRAME_S)
+    times = [t for t, _ in leg.sent]
+    assert len(times) == 6 and call.release_pos == 960
+    assert np.allclose(np.diff(times[1:]), FRAME_S) and call.stats.late_frames == 0
+    assert all(t2 - t1 <= FRAME_S + 1e-9 for t1, t2 in zip(times, times[1:], strict=False))
+    assert leg.events[-1] == ("end_spurt",)
+
+
+def test_an_announcement_while_playing_does_not_count_as_a_first_frame(rig):
+    core, make = rig
+    call, leg, _ = make()
+    core.pacer._loop = FakeLoop(3.0)
+    call.out_ring.write(tone(800))
+    run_ticks(core, call, 3.0, 2)  # playing
+    core.note_utterance(call, 1, 800)  # the next utterance of the same response
+    assert core.pacer.first_frame.n == 0 and not core.pacer._announced
+
+
+def test_a_clear_that_finds_the_newer_utterance_announced_starts_it_at_once(rig):
+    """OutUtterance of epoch 2 raced ahead of the Clear of epoch 1: the Clear cuts the old
+    audio and the new response's first frame leaves in the same callback."""
+    core, make = rig
+    call, leg, agent = make()
+    loop = FakeLoop(1.0)
+    core.pacer._loop = loop
+    call.out_ring.write(tone(3200, 1))
+    core.note_utterance(call, 1, 0)
+    run_ticks(core, call, 1.02, 3)
+    call.out_ring.write(tone(800, 2))  # epoch 2 starts at 3200
+    loop.t = 1.075
+    core.note_utterance(call, 2, 3200)
+    n = len(leg.sent)
+    core.apply_clear(call, 1, 0)
+    assert agent.cleared[-1][0] == 1 and call.out_ring.floor == 3200
+    assert len(leg.sent) == n + 1
+    t, x = leg.sent[-1]
+    assert t == pytest.approx(1.075) and set(x.tolist()) == {2}
+    assert call.release_pos == 3360
+
+
+def test_a_clear_without_a_newer_utterance_forgets_the_pending_announcement(rig):
+    core, make = rig
+    call, leg, _ = make()
+    core.pacer._loop = FakeLoop(2.0)
+    core.note_utterance(call, 1, 0)  # announced, audio not there yet
+    assert core.pacer._announced
+    core.apply_clear(call, 1, 0)
+    assert not core.pacer._announced and not leg.sent
+
+
 def test_partial_frame_waits_one_tick_then_goes(rig):
     core, make = rig
     call, leg, _ = make()
@@ -157,7 +229,7 @@ def test_clear_cuts_gates_stale_audio_and_reports_the_final_position(rig):
     core.apply_clear(call, 1, 0)
     assert leg.events[-1] == ("clear",)
     assert agent.cleared == [(1, 800, ["end-1"])]
-    assert call.out_ring.floor == 4000
+    assert call.out_ring.floor == 800  # cut at the release position: the rest waits for the ledger
     # the worker's stale tail of epoch 1 lands after the cut: never released
     call.out_ring.write(tone(1000, 1))
     core.note_utterance(call, 1, 4000)  # a stale utterance start is ignored
@@ -170,11 +242,38 @@ def test_clear_cuts_gates_stale_audio_and_reports_the_final_position(rig):
     run_ticks(core, call, 3.0, 5)
     new = np.concatenate([s for _, s in leg.sent[n:]])
     assert len(new) == 480 and set(new.tolist()) == {2}
-    assert call.stats.stale_samples == 1000 and call.release_pos == 5480
+    assert call.stats.stale_samples == 3200 + 1000 and call.release_pos == 5480
     # the same epoch again: idempotent, no cut, Cleared repeated
     floor = call.out_ring.floor
     core.apply_clear(call, 1, 0)
     assert call.out_ring.floor == floor and agent.cleared[-1] == (1, 5480, [])
+
+
+def test_a_new_epoch_written_before_the_clear_was_read_plays_whole(rig):
+    """The worker converts the new response's first audio within a millisecond of the actor's
+    write, so it can land in the out ring before the gateway reads the actor's (earlier sent)
+    Clear, and a pacer tick can run before its OutUtterance arrives. Neither may eat it: the
+    utterance start, not the moment the Clear was read, says where the stale audio ends."""
+    core, make = rig
+    call, leg, agent = make()
+    core.pacer._loop = FakeLoop(1.0)
+    call.out_ring.write(tone(1600, 1))  # epoch 1, playing
+    core.note_utterance(call, 1, 0)
+    run_ticks(core, call, 1.02, 3)
+    assert call.release_pos == 640  # the announcement's frame and three ticks
+    call.out_ring.write(tone(800, 1))  # epoch 1's stale tail (worker had not seen the cut yet)
+    call.out_ring.write(tone(1600, 2))  # epoch 2's first audio, at 2400
+    core.apply_clear(call, 1, 0)  # read late
+    n = len(leg.sent)
+    run_ticks(core, call, 1.2, 3)  # ticks before the OutUtterance: hold, release nothing, skip nothing
+    assert len(leg.sent) == n and call.out_reader.position == 640
+    core.pacer._loop = FakeLoop(1.265)
+    core.note_utterance(call, 2, 2400)
+    run_ticks(core, call, 1.28, 12)
+    new = np.concatenate([x for _, x in leg.sent[n:]])
+    assert len(new) == 1600 and set(new.tolist()) == {2}
+    assert leg.sent[n][0] == pytest.approx(1.265)  # at once, on the announcement
+    assert call.stats.stale_samples == 1600 + 800 - 640 and call.release_pos == 4000
 
 
 def test_clear_after_a_newer_utterance_started_keeps_it(rig):

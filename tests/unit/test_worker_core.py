@@ -44,6 +44,7 @@ class EnergyBatch:
         self.rows = 0
         self.failing: set[int] = set()
         self.batch_sizes: list[int] = []
+        self.widths: list[int] = []  # window width of each run: 512 (16 kHz) or 256 (native 8 kHz)
 
     def reset(self, slot: int) -> None:
         pass
@@ -57,6 +58,7 @@ class EnergyBatch:
         self.runs += 1
         self.rows += len(slots)
         self.batch_sizes.append(len(slots))
+        self.widths.append(windows.shape[1])
         rms = np.sqrt((windows.astype(np.float64) ** 2).mean(axis=1))
         return (rms > 0.02).astype(np.float32)
 
@@ -149,9 +151,11 @@ class Rig:
         return events
 
 
-@pytest.fixture
-def rig(short_tmp, shm_clean):
-    r = Rig(short_tmp, shm_clean)
+@pytest.fixture(params=[True, False], ids=["vad8k", "vad16k"])
+def rig(request, short_tmp, shm_clean):
+    """Every core test runs with the 8 kHz calls' VAD in Silero's native 8 kHz mode (on the
+    ``in`` samples) and in the 16 kHz mode (on in16)."""
+    r = Rig(short_tmp, shm_clean, native_8k=request.param)
     yield r
     r.close()
 
@@ -190,6 +194,37 @@ def test_one_batched_run_per_tick_for_all_calls(rig):
     assert windows >= 3 * 24 and sum(rig.model.batch_sizes) == windows
     assert all(rig.w.calls[c].vad_pos % 32 == 24 for c in ("a", "b", "c"))
     assert max(rig.model.batch_sizes) == 3 and len(rig.model.batch_sizes) <= 40
+
+
+def test_8k_and_16k_calls_share_the_timeline_with_one_run_per_vad_rate(rig):
+    """An 8 kHz call is scored on its own samples (256-sample windows) with ``native_8k``,
+    on in16 otherwise; a 16 kHz call always on in16. Events carry in16 positions either way."""
+    rig.call("n")
+    rig.rings["w"] = create_call_rings(rig.inst, "w", 16000, 16000, seconds=4.0)
+    assert isinstance(rig.attach("n"), Attached)
+    assert isinstance(rig.request(AttachCall(call_id="w", subscriber="sub-0", instance=rig.inst,
+                                             call_rate=16000, tts_rate=16000)), Attached)
+    rig.model.widths.clear()
+    events: dict[str, list[dict]] = {"n": [], "w": []}
+    for k, loud in enumerate(speech(400, 600, 500)):
+        rig.feed("n", loud)
+        x = rig.rng.normal(0, LOUD if loud else 8.0, 320)
+        rig.rings["w"]["in"].write(np.clip(x, -32768, 32767).astype(np.int16))
+        for e in rig.tick().events:
+            events[e["call_id"]].append(e)
+            # a decision is published only once in16 holds its audio (Smart Turn reads up to `at`)
+            assert e["at"] <= rig.rings[e["call_id"]]["in16"].write_pos
+        assert rig.w.stats.ticks == k + 1
+    native = rig.w.vad_cfg.native_8k
+    assert set(rig.model.widths) == ({256, 512} if native else {512})
+    assert rig.w.calls["n"].win == (256 if native else 512) and rig.w.calls["w"].win == 512
+    for call_id in ("n", "w"):
+        kinds = [e["kind"] for e in events[call_id]]
+        assert kinds == ["start", "stop"], (call_id, kinds)
+        start, stop = events[call_id]
+        assert abs(start["pos"] - 400 * 16) <= 512 and abs(stop["pos"] - 1000 * 16) <= 512
+    # both calls hear the same timeline: their decisions fall on the same in16 window grid
+    assert events["n"][0]["at"] % 32 == events["w"][0]["at"] % 32 == 24
 
 
 def test_bad_requests_get_typed_errors_and_the_worker_keeps_serving(rig):
@@ -340,28 +375,93 @@ def test_calls_of_an_unreachable_subscriber_are_detached(rig):
     assert "a" not in rig.w.calls and rig.w.stats.orphan_detaches == 1
 
 
-def test_tts_utterances_are_placed_on_the_out_ring_and_reported(rig):
-    rig.call("a")
-    rig.request(AttachCall(call_id="a", subscriber="sub-0", instance=rig.inst, call_rate=SR, tts_rate=16000,
+def _attach_with_gateway(rig, call_id: str = "a") -> None:
+    rig.call(call_id)
+    rig.request(AttachCall(call_id=call_id, subscriber="sub-0", instance=rig.inst, call_rate=SR, tts_rate=16000,
                            gateway="sub-0"))
-    tts = rig.rings["a"]["tts"]
+
+
+def _no_out_utterance(rig) -> bool:
+    while rig.sub.poll(20):
+        if isinstance(decode(rig.sub.recv()), OutUtterance):
+            return False
+    return True
+
+
+def test_tts_utterances_are_placed_on_the_out_ring_and_reported(rig):
+    _attach_with_gateway(rig)
+    tts, out = rig.rings["a"]["tts"], rig.rings["a"]["out"]
+    # announced before its audio (the protocol's order): reported with its first audio
     rig.send(TtsUtterance(call_id="a", utterance=1, epoch=1, tts_pos=0))
+    assert _no_out_utterance(rig)
+    tts.write(np.full(3200, 1000, dtype=np.int16))
+    rig.w.tick()
     got = rig.recv(lambda f: isinstance(f, OutUtterance))
     assert (got.utterance, got.out_pos) == (1, 0)
     rig.recv(lambda f: isinstance(f, OutUtterance))  # the gateway copy
     rig.send(TtsUtterance(call_id="a", utterance=2, epoch=1, tts_pos=3200))
-    tts.write(np.full(3200 + 1600, 1000, dtype=np.int16))
+    tts.write(np.full(1600, 1000, dtype=np.int16))
     rig.w.tick()
     got = rig.recv(lambda f: isinstance(f, OutUtterance))
     assert (got.utterance, got.out_pos) == (2, 1600)
     rig.recv(lambda f: isinstance(f, OutUtterance))  # the gateway copy
     rig.send(TtsCut(call_id="a", epoch=1, tts_pos=tts.write_pos))
-    out_w = rig.rings["a"]["out"].write_pos
+    out_w = out.write_pos
     tts.write(np.full(1600, 1000, dtype=np.int16))
     rig.w.tick()
-    assert rig.rings["a"]["out"].write_pos - out_w == pytest.approx(800, abs=4)
+    assert out.write_pos - out_w == pytest.approx(800, abs=4)
     r = rig.request(TtsCut(call_id="zzz", epoch=1, tts_pos=0))
     assert isinstance(r, ErrorReply) and r.kind == "unknown_call"
+
+
+def test_an_utterance_whose_audio_is_written_is_converted_and_announced_at_once(rig):
+    """The agent process writes the first audio before its TtsUtterance leaves: the worker
+    converts that call's tts -> out while handling the frame (no tick) and announces it, so
+    the out ring already holds the first frame when the gateway hears of the utterance."""
+    _attach_with_gateway(rig)
+    tts, out = rig.rings["a"]["tts"], rig.rings["a"]["out"]
+    tts.write(np.full(4000, 1000, dtype=np.int16))  # utterance 1: 250 ms at 16 kHz
+    ticks = rig.w.stats.ticks
+    rig.send(TtsUtterance(call_id="a", utterance=1, epoch=1, tts_pos=0))
+    got = rig.recv(lambda f: isinstance(f, OutUtterance))
+    assert (got.utterance, got.out_pos) == (1, 0)
+    assert rig.w.stats.ticks == ticks and rig.w.stats.out_nudges == 1
+    assert out.write_pos >= 1990  # all of it converted (8 kHz), at least one 20 ms frame
+    # the next utterance of the response (previous one converted completely): the same
+    tts.write(np.full(800, 2000, dtype=np.int16))
+    rig.send(TtsUtterance(call_id="a", utterance=2, epoch=1, tts_pos=4000))
+    got = [rig.recv(lambda f: isinstance(f, OutUtterance)) for _ in range(3)]  # u1 gateway copy, u2 x2
+    assert [(f.utterance, f.out_pos) for f in got[1:]] == [(2, 2000), (2, 2000)]
+    assert rig.w.stats.ticks == ticks and out.write_pos - 2000 == pytest.approx(400, abs=4)
+
+
+def test_an_utterance_announced_before_its_audio_goes_out_as_soon_as_the_audio_lands(rig):
+    """Announced first (the protocol's order), written a few ms later: the worker's loop
+    watches the call (1 ms polls, at most one tick) and converts once 20 ms of the
+    utterance's audio is in the tts ring, outside the tick."""
+    import threading
+
+    _attach_with_gateway(rig)
+    rig.w.tick_s = 0.3  # a tick far away: only the loop's watch can announce in time
+    tts, out = rig.rings["a"]["tts"], rig.rings["a"]["out"]
+    stop = threading.Event()
+    loop = threading.Thread(target=rig.w.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        rig.sub.send(encode(TtsUtterance(call_id="a", utterance=7, epoch=2, tts_pos=0)))
+        time.sleep(0.01)
+        tts.write(np.full(160, 1000, dtype=np.int16))  # 10 ms: less than a frame, keep waiting
+        time.sleep(0.005)
+        assert rig.w.stats.out_nudges == 0
+        tts.write(np.full(1440, 1000, dtype=np.int16))
+        got = rig.recv(lambda f: isinstance(f, OutUtterance))
+        seen_out = out.write_pos
+    finally:
+        stop.set()
+        loop.join(2)
+    assert (got.utterance, got.epoch, got.out_pos) == (7, 2, 0)
+    assert seen_out >= 790  # the 100 ms of audio was in the out ring before the announcement
+    assert rig.w.stats.out_nudges >= 1
 
 
 def test_falling_events_are_opt_in_per_call_and_match_their_stop(rig):

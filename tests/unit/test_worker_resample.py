@@ -98,22 +98,41 @@ def test_a_new_chain_resumes_where_in16_left_off(rings):
 def test_utterance_starts_are_exact_and_each_starts_a_fresh_stream(rings):
     tts, out = rings("tts", 22050), rings("out", 8000)
     chain = OutputChain(tts, out, 22050, 8000)
-    # utterance 1 at tts 0, utterance 2 at tts 5000 announced before its audio
-    assert chain.announce(1, 1, 0) is not None  # already at the read position
+    # utterance 1 at tts 0, utterance 2 at tts 5000, both announced before their audio
+    assert chain.announce(1, 1, 0) is None
     assert chain.announce(2, 1, 5000) is None
+    assert chain.next_start() == 0
     tts.write(tone(4000, 22050))
-    assert chain.step() == []
+    placed = chain.step()  # utterance 1's first audio is here: placed at the ring's start
+    assert [(p.utterance, p.out_pos) for p in placed] == [(1, 0)] and out.write_pos > 0
+    assert chain.next_start() == 5000
     tts.write(tone(1000, 22050, 4000))
-    placed = chain.step()  # utterance 1 is complete: utterance 2 starts right after its tail
-    assert len(placed) == 1 and placed[0].utterance == 2
-    assert out.write_pos == placed[0].out_pos
+    assert chain.step() == []  # utterance 2 starts exactly where the audio ends: not yet
     tts.write(tone(3000, 22050, 5000, f=500))
-    assert chain.step() == []
+    placed = chain.step()  # its own audio arrived: utterance 1's tail flushed, a fresh stream
+    assert len(placed) == 1 and placed[0].utterance == 2 and chain.next_start() == -1
+    assert out.write_pos > placed[0].out_pos  # the out ring holds its first samples when it is reported
     # utterance 1 was flushed completely before utterance 2 began
     assert placed[0].out_pos == pytest.approx(5000 * 8000 / 22050, abs=1)
     # a boundary learnt late is placed by the same linear map
     late = chain.announce(3, 1, 6000)
     assert late is not None and late.out_pos == placed[0].out_pos + (1000 * 8000) // 22050
+
+
+def test_a_start_at_the_converted_position_waits_for_its_own_audio(rings):
+    """The common case: the previous utterance was converted completely when the next one is
+    announced. The start is reported with the first audio, never before it."""
+    tts, out = rings("tts", 24000), rings("out", 8000)
+    chain = OutputChain(tts, out, 24000, 8000)
+    tts.write(tone(2400, 24000))
+    assert chain.announce(1, 1, 0) is None
+    assert [p.utterance for p in chain.step()] == [1]
+    assert chain.announce(2, 1, 2400) is None  # == the converted position
+    assert chain.step() == []  # no audio of it yet
+    tts.write(tone(480, 24000, 2400))
+    placed = chain.step()
+    assert [(p.utterance, p.out_pos) for p in placed] == [(2, 800)]
+    assert out.write_pos - 800 == pytest.approx(160, abs=4)
 
 
 def test_a_cut_drops_audio_before_the_position_and_stale_boundaries(rings):
@@ -129,11 +148,30 @@ def test_a_cut_drops_audio_before_the_position_and_stale_boundaries(rings):
     assert chain.step() == []
     assert out.write_pos == before  # nothing of the cut epoch was converted
     assert chain.announce(3, 1, 13_000) is None  # epoch 1 is over
-    placed_new = chain.announce(4, 2, 12_000)
-    assert placed_new is not None and placed_new.out_pos == out.write_pos
+    assert chain.next_start() == -1
+    assert chain.announce(4, 2, 12_000) is None  # placed with its first audio
     tts.write(tone(2400, 24000, 12_000))
-    chain.step()
+    placed = chain.step()
+    assert [(p.utterance, p.out_pos) for p in placed] == [(4, before)]
     assert out.write_pos - before == pytest.approx(800, abs=4)
+
+
+def test_a_cut_read_after_the_newer_epochs_audio_was_converted_keeps_that_audio(rings):
+    """The agent process's frames can reach the worker after the audio they announce: a tick
+    may convert the new epoch's first audio before the TtsCut and TtsUtterance arrive. The
+    audio after the cut position is the newer epoch's: its start maps where it really is."""
+    tts, out = rings("tts", 24000), rings("out", 8000)
+    chain = OutputChain(tts, out, 24000, 8000)
+    tts.write(tone(2400, 24000))  # epoch 1 (its start was announced and placed)
+    assert chain.announce(1, 1, 0) is None and [p.utterance for p in chain.step()] == [1]
+    tts.write(tone(4800, 24000, 2400, f=500))  # epoch 2's first 200 ms, written at 2400
+    chain.step()  # a tick converts it before the frames arrive
+    conv = out.write_pos
+    chain.cut(epoch=1, tts_pos=2400)
+    placed = chain.announce(2, 2, 2400)
+    assert placed is not None and placed.out_pos == 800  # where its audio is, not after it
+    tts.write(tone(2400, 24000, 7200, f=500))
+    assert chain.step() == [] and out.write_pos - conv == pytest.approx(800, abs=4)
 
 
 def test_equal_rates_copy_samples_unchanged(rings):
