@@ -26,6 +26,9 @@ Invariants:
   write position: the worker may already have written the newer epoch's
   first audio while its OutUtterance is still on the way, and the utterance
   start, not the moment the Clear was read, says where the stale audio ends.
+  A Clear read after the newer epoch's audio already started releasing
+  (its OutUtterance overtook the Clear) stops nothing: no cut, no transport
+  clear, no marks discarded (they are the newer epoch's or already played).
 * The first frame of a response goes out in the callback that read its
   OutUtterance (or the Clear that found that utterance already announced),
   not at the pacer's next tick.
@@ -431,6 +434,15 @@ class GatewayCore:
         ring = call.out_ring
         w = ring.write_pos
         newer = [p for e, p in call.utterances if e > epoch]
+        if newer and call.release_pos > min(newer):
+            # the newer epoch already plays (its OutUtterance raced ahead of this Clear, e.g.
+            # the actor's lazy Clear of a new response): nothing of epochs <= ``epoch`` is left
+            # to stop, and a transport clear would drop the new response's frames at the peer
+            self.metrics.inc("clears_after_newer")
+            call.gate_pos = max(call.gate_pos, min(newer))
+            call.stats.clears += 1
+            self._send_cleared(call, epoch, [], time.monotonic_ns())
+            return
         if newer:
             start = min(newer)
             ring.cut(min(w, start))

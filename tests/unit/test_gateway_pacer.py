@@ -290,6 +290,55 @@ def test_clear_after_a_newer_utterance_started_keeps_it(rig):
     assert set(vals.tolist()) == {2} and len(vals) == 800
 
 
+def test_a_lazy_clear_read_after_the_new_response_started_playing_leaves_it_alone(rig):
+    """The race of the 4-call Smart Turn daemon test: the actor sends Clear(1) to the gateway
+    and TtsUtterance(2) to the worker on the new response's first audio; the worker's
+    OutUtterance(2) can reach the gateway first, and its first frame goes out at once. The
+    Clear read after it has nothing of epoch <= 1 left to stop: it must not send the
+    transport ``clear`` (the client would drop the frame it just got, and everything after it
+    looks like audio after a clear), restart the talkspurt or discard epoch 2's marks."""
+    core, make = rig
+    call, leg, agent = make(echo_marks=True)
+    loop = FakeLoop(1.0)
+    core.pacer._loop = loop
+    run_ticks(core, call, 1.0, 1)  # idle line
+    call.out_ring.write(tone(160 * 8, 2))  # epoch 2's first audio at 0
+    loop.t = 1.013
+    core.note_utterance(call, 2, 0)  # OutUtterance(2) raced ahead of the actor's Clear(1)
+    assert [len(x) for _, x in leg.sent] == [160]
+    core.add_mark(call, "brisvox-end-2-1", 160 * 8)
+    loop.t = 1.015
+    core.apply_clear(call, 1, 0)  # the lazy Clear(1), read late
+    assert ("clear",) not in leg.events
+    assert agent.cleared == [(1, 160, [])] and call.gate_open and call.playing
+    assert len(leg.sent) == 1  # no second "first frame" on the Clear
+    run_ticks(core, call, 1.02, 10)
+    times = [t for t, _ in leg.sent]
+    vals = np.concatenate([x for _, x in leg.sent])
+    assert len(vals) == 160 * 8 and set(vals.tolist()) == {2} and call.stats.stale_samples == 0
+    assert np.allclose(np.diff(times[1:]), FRAME_S) and times[1] == pytest.approx(1.02)
+    assert ("mark", "brisvox-end-2-1") in leg.events  # epoch 2's mark survived the Clear
+
+
+def test_a_clear_read_after_the_new_epoch_took_over_mid_stream_keeps_playing(rig):
+    """Epoch 1 played out into epoch 2's audio (contiguous in the ring) before Clear(1) was
+    read: nothing of epoch 1 is left to stop, so the stream goes on without a transport clear."""
+    core, make = rig
+    call, leg, agent = make()
+    core.pacer._loop = FakeLoop(1.0)
+    call.out_ring.write(tone(320, 1))
+    core.note_utterance(call, 1, 0)
+    call.out_ring.write(tone(800, 2))
+    core.note_utterance(call, 2, 320)
+    run_ticks(core, call, 1.02, 2)  # released through 480: 160 samples of epoch 2 are out
+    assert call.release_pos == 480
+    core.apply_clear(call, 1, 0)
+    assert ("clear",) not in leg.events and agent.cleared[-1] == (1, 480, [])
+    run_ticks(core, call, 1.06, 6)
+    vals = np.concatenate([x for _, x in leg.sent])
+    assert vals.tolist() == [1] * 320 + [2] * 800 and call.stats.stale_samples == 0
+
+
 def test_marks_released_and_echoed(rig):
     core, make = rig
     call, leg, agent = make()
