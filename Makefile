@@ -23,7 +23,7 @@ install: .stamp-venv .stamp-apt .stamp-models
 	touch $@
 
 run: install
-	$(BIN)/brisvoxd start --foreground
+	$(BIN)/brisvoxd start --foreground --config configs/brisvoxd.toml
 
 test: install
 	$(BIN)/python -m pytest tests

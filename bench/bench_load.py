@@ -15,7 +15,13 @@ It needs only two things from brisvox, both overridable:
   must route ``/twilio`` to the scripted bench agent, whose STT/LLM/TTS timing
   comes from ``bench/workload.toml`` (its path is passed to the daemon in
   ``BRISVOX_BENCH_WORKLOAD``), with the real local VAD and Smart Turn;
-* the WebSocket URL: ``BRISVOX_BENCH_URL``, default ``ws://127.0.0.1:8765/twilio``.
+* the WebSocket URL: ``BRISVOX_BENCH_URL``, default ``ws://127.0.0.1:8775/twilio``.
+
+``BRISVOX_BENCH_CALLS`` (e.g. ``1,25,50,75,100,125,150``) replaces the workload's
+levels. The bench config (``configs/brisvoxd.bench.toml``) routes ``/twilio`` to
+``configs/agents/bench.toml``: scripted STT/LLM/TTS stand-ins
+(``brisvox/providers/scripted_speech.py``, ``scripted_llm.py``) timed by the
+workload, with the real Silero VAD and Smart Turn in the worker.
 
 Failure is a message, never a hang: a missing command or config, a port
 already taken by something else, a daemon that exits or does not accept
@@ -49,9 +55,15 @@ from bench.loadgen import harness
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "configs" / "brisvoxd.bench.toml"
-DEFAULT_URL = "ws://127.0.0.1:8765/twilio"
+DEFAULT_URL = "ws://127.0.0.1:8775/twilio"  # configs/brisvoxd.bench.toml's port
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
+
+# the daemon's own counters reported next to the client's figures (bench/out/brisvox.json)
+SERVER_KEYS: dict[str, tuple[str, ...]] = {
+    "gateway": ("call_late_frames_total", "call_underruns_total", "tick_late_p99_ms"),
+    "worker": ("jobs_done", "jobs_expired", "tick_max_ms"),
+}
 
 TARGETS = {
     "mem": "<= 5",
@@ -86,6 +98,8 @@ class BrisvoxDaemon:
         self.wl_path = wl_path
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: Path | None = None
+        self._n = 0
+        self.server_stats: dict[int, dict[str, float]] = {}  # N -> the daemon's own counters at the end
 
     def describe(self) -> str:
         return f"brisvoxd ({' '.join(self.cmd[1:])}) at {self.url}"
@@ -111,6 +125,7 @@ class BrisvoxDaemon:
 
     def start(self, n_calls: int) -> list[str]:
         self.stop()
+        self._n = n_calls
         self._check_command()
         if self._port_open():
             raise harness.ServerError(f"{self.host}:{self.port} is already in use by another process; "
@@ -149,10 +164,46 @@ class BrisvoxDaemon:
     def pids(self) -> list[int]:
         return [self._proc.pid] if self._proc is not None else []
 
+    def _runtime_dir(self) -> Path | None:
+        if "--config" not in self.cmd:
+            return None
+        try:
+            from brisvox.config.daemon import load_config
+            from brisvox.daemon.paths import runtime_dir
+
+            return runtime_dir(load_config(self.cmd[self.cmd.index("--config") + 1]))
+        except Exception:  # noqa: BLE001 - diagnostics only
+            return None
+
+    def _collect(self) -> None:
+        """The daemon's own view of the run (before it stops): the gateway's late frames
+        and underruns, its pacer's tick lateness, the worker's Smart Turn jobs, the agents'."""
+        rdir = self._runtime_dir()
+        if rdir is None:
+            return
+        try:
+            from ipc.bus import endpoint, request_sync
+            from ipc.frames import Command
+
+            snap = request_sync(endpoint(rdir, "control"), Command(name="status"), 3.0).data
+        except Exception:  # noqa: BLE001 - diagnostics only
+            return
+        out: dict[str, float] = {}
+        for c in snap.get("children", []):
+            st = c.get("stats") or {}
+            for key in SERVER_KEYS.get(c.get("role", ""), ()):
+                if isinstance(st.get(key), int | float):
+                    name = f"{c['role']}.{key}"
+                    agg = max if key.endswith(("_ms", "_max_ms")) else (lambda a, b: a + b)
+                    out[name] = agg(out[name], st[key]) if name in out else st[key]
+        self.server_stats[self._n] = out
+
     def stop(self) -> None:
         p = self._proc
         if p is None:
             return
+        if p.poll() is None:
+            self._collect()
         self._proc = None
         try:
             tree = psutil.Process(p.pid).children(recursive=True)
@@ -173,12 +224,27 @@ class BrisvoxDaemon:
                 pass
 
 
+def env_levels() -> list[int] | None:
+    """``BRISVOX_BENCH_CALLS="1,25,50,75,100"`` replaces the workload's levels (the first
+    should be 1: the single-call p95 is the baseline every level is held to)."""
+    raw = os.environ.get("BRISVOX_BENCH_CALLS", "").strip()
+    if not raw:
+        return None
+    try:
+        ns = [int(x) for x in raw.split(",") if x.strip()]
+    except ValueError:
+        raise harness.ServerError(f"BRISVOX_BENCH_CALLS {raw!r}: expected comma-separated call counts") from None
+    if not ns or min(ns) < 1:
+        raise harness.ServerError(f"BRISVOX_BENCH_CALLS {raw!r}: call counts must be >= 1")
+    return ns
+
+
 def measure(quick: bool, ns: list[int] | None = None,
             wl: workload.Workload | None = None) -> tuple[list[harness.Level], int, str]:
     """Measure brisvox; returns (levels, largest N held, description)."""
     wl = wl or workload.load()
     daemon = BrisvoxDaemon(wl_path=wl.source or None)
-    levels_n = ns or list(wl.load.brisvox_calls_quick if quick else wl.load.brisvox_calls)
+    levels_n = ns or env_levels() or list(wl.load.brisvox_calls_quick if quick else wl.load.brisvox_calls)
     try:
         levels, largest = harness.measure(daemon, levels_n, wl, quick)
     except harness.ServerError as e:
@@ -189,9 +255,35 @@ def measure(quick: bool, ns: list[int] | None = None,
     out.mkdir(exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=out, delete=False, suffix=".tmp") as f:
         json.dump({"server": daemon.describe(), "largest_n_held": largest,
-                   "levels": [harness.level_json(lv) for lv in levels]}, f, indent=1)
+                   "levels": [dict(harness.level_json(lv), server=daemon.server_stats.get(lv.n, {}))
+                              for lv in levels]}, f, indent=1)
     os.replace(f.name, out / "brisvox.json")
+    LAST_SERVER_STATS.clear()
+    LAST_SERVER_STATS.update(daemon.server_stats)
     return levels, largest, daemon.describe()
+
+
+LAST_SERVER_STATS: dict[int, dict[str, float]] = {}
+
+
+def server_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
+    """The daemon's own view of each level: did the gateway release late or run dry (a
+    server-side stall), or was a frame only stamped late by a stalled load generator?"""
+    out: list[tuple[str, Any, str, str]] = []
+    for lv in levels:
+        st = LAST_SERVER_STATS.get(lv.n)
+        if not st:
+            continue
+        p = f"brisvox N={lv.n}:"
+        out += [
+            (f"{p} gateway frames released > 1 frame late", st.get("gateway.call_late_frames_total"), "frames", "0"),
+            (f"{p} gateway underruns (out ring ran dry)", st.get("gateway.call_underruns_total"), "", "0"),
+            (f"{p} gateway pacer tick lateness p99", st.get("gateway.tick_late_p99_ms"), "ms", ""),
+            (f"{p} Smart Turn analyses expired in the queue", st.get("worker.jobs_expired"),
+             f"of {int(st.get('worker.jobs_done', 0) + st.get('worker.jobs_expired', 0))}", "0"),
+            (f"{p} worker tick max", st.get("worker.tick_max_ms"), "ms", ""),
+        ]
+    return out
 
 
 def run(quick: bool) -> list[tuple[str, Any, str, str]]:
@@ -199,4 +291,4 @@ def run(quick: bool) -> list[tuple[str, Any, str, str]]:
     levels, largest, describe = measure(quick, wl=wl)
     rows = harness.rows("brisvox", levels, largest, wl, TARGETS)
     rows.insert(0, ("brisvox: how it was run", describe, "", ""))
-    return rows
+    return rows + server_rows(levels)

@@ -77,6 +77,8 @@ def _side(name: str, fn, quick: bool) -> tuple[tuple[list[harness.Level], int] |
     wl = workload.load()
     targets = bench_load.TARGETS if name == "brisvox" else None
     rows = [(f"{name}: how it was run", describe, "", "")] + harness.rows(name, levels, largest, wl, targets)
+    if name == "brisvox":
+        rows += bench_load.server_rows(levels)  # the daemon's own view: stalls vs client stamping
     return (levels, largest), rows, ""
 
 

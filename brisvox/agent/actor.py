@@ -40,6 +40,7 @@ from brisvox.agent.engine import ToolEngine
 from brisvox.agent.frames import (
     AudioFrame,
     DtmfFrame,
+    Greet,
     Start,
     Stop,
     UserStartedSpeaking,
@@ -122,8 +123,10 @@ class CallActor:
         transport_ids: dict[str, str] | None = None,
         agent: str = "",
         context: Context | None = None,
+        greeting: str = "",
     ) -> None:
         self.call_id = call_id
+        self.greeting = greeting
         self.cfg = cfg
         self.clock = clock
         self.source = source
@@ -207,6 +210,8 @@ class CallActor:
         for s in self.stages:
             s.start()
         self.stt.inbox.put_nowait(Start())
+        if self.greeting.strip():
+            self.stt.inbox.put_nowait(Greet(self.greeting))  # the bot speaks first
 
     def _clear_hook(self, new_epoch: int, at: float) -> None:
         self.book.note_clear(new_epoch, at)
@@ -275,7 +280,7 @@ class CallActor:
                 self.stt.inbox.put_nowait(UserStartedSpeaking(at, pos))
             elif kind == "stop":
                 self.pump.vad_stops += 1
-                self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos))
+                self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=int(ev.get("at", 0))))
             elif kind == "gap":
                 self.pump.gaps += 1
                 self._gap = True

@@ -81,12 +81,16 @@ class UserStartedSpeaking(PipelineFrame):
 
 @dataclass(frozen=True, slots=True)
 class UserStoppedSpeaking(PipelineFrame):
-    """VAD stop: ``pos`` is one past the last speech sample (in16), ``at`` its time."""
+    """VAD stop: ``pos`` is one past the last speech sample (in16), ``at`` its time.
+    ``decided_pos`` (0: unknown) is the in16 position where the VAD decided the stop,
+    after its silence window: the end of the audio Smart Turn analyses (the model
+    expects the trailing pause; a tail cut at ``pos`` can read as unfinished)."""
 
     LANE: ClassVar[int] = SYSTEM
     at: float
     pos: int
     epoch: int = 0
+    decided_pos: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,23 @@ class UserTurnEnded(PipelineFrame):
     epoch: int
     text: str
     at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Greet(PipelineFrame):
+    """The actor asks the driver for a greeting at call start (system lane: never dropped)."""
+
+    LANE: ClassVar[int] = SYSTEM
+    text: str
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Greeting(PipelineFrame):
+    """Driver -> runner: speak ``text`` as the whole response of the bot turn ``epoch``."""
+
+    epoch: int
+    text: str
 
 
 # --- bot side (data lane, DropStale) ------------------------------------------------------

@@ -30,6 +30,9 @@ seed 000 "Tool UX"):
   without invented speech. A turn that produced no speech sends BotEnded
   upstream itself (non-blocking). A crash in the round task is contained:
   the turn is closed like a failed one.
+* Greeting(epoch, text): the bot turn of the agent's greeting is one fixed
+  round (no model request) that enters the context as the first assistant
+  message; a barge-in cuts it to what was heard like any answer.
 * Barge-in (Interrupt) and hang-up (Stop): cancel the token, cancel and join
   the task (bounded; a task that does not end is a zombie that never touches
   the context again), then the partial assistant message (raw text so far:
@@ -61,6 +64,7 @@ from brisvox.agent.frames import (
     BotEnded,
     DtmfFrame,
     Flush,
+    Greeting,
     Interrupt,
     LlmResponseEnded,
     LlmResponseStarted,
@@ -149,6 +153,7 @@ class RunnerStats:
     warm_failures: int = 0
     truncation_timeouts: int = 0
     dtmf: int = 0
+    greetings: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
 
@@ -226,6 +231,13 @@ class LlmRunner(Stage):
             return
         if isinstance(frame, UserTranscript):
             return  # the text comes with UserTurnEnded
+        if isinstance(frame, Greeting):
+            await self._halt()
+            self.st.greetings += 1
+            turn = _Turn(frame.epoch, CancelToken(), started_at=self.clock.now())
+            self._turn = turn
+            self._task = self.tasks.spawn(self._run_greeting(turn, frame.text), f"llm-greeting-{frame.epoch}")
+            return
         if isinstance(frame, DtmfFrame):
             self.st.dtmf += 1
             return
@@ -370,6 +382,15 @@ class LlmRunner(Stage):
         await self.guarded_send(LlmResponseEnded(turn.epoch))
         if not turn.spoke:
             self.st.silent_turns += 1
+            self.upstream.put_nowait(BotEnded(turn.epoch, "silent"))
+
+    async def _run_greeting(self, turn: _Turn, text: str) -> None:
+        if text.strip():
+            await self._speak_line(turn, text.strip(), into_context=True)
+        if turn.token.cancelled:
+            return
+        await self.guarded_send(LlmResponseEnded(turn.epoch))
+        if not turn.spoke:
             self.upstream.put_nowait(BotEnded(turn.epoch, "silent"))
 
     async def _turn_rounds(self, turn: _Turn) -> None:

@@ -8,18 +8,35 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``
   non-blocking, handled-inline link the gateway uses), plus a
   :class:`workers.client.WorkerClient` (identity ``agent-<i>``) for the
   worker lanes.
+* At start (``[agents] providers = "definitions"``, the default): every agent
+  file the daemon config names (routes, SIP users, "default" =
+  ``[agents] default_agent``) is checked offline; an error fails the boot
+  with the config exit code (the daemon stops, exit 2, naming the file, line
+  and key).
 * CallStart -> attach the call's ``in16`` and ``tts`` rings, attach the call
   to a worker (AttachCall through the client, with the gateway named so it
-  gets OutUtterance too), build the call's providers and actor, start it,
-  answer CallAccepted (ErrorReply ``full``, ``bad_ring`` or ``no_worker``
-  otherwise). CallEnd -> hang the actor up, write the call record, detach
-  the worker, close the rings, answer CallEnded.
+  gets OutUtterance too), build the call (below), start it, answer
+  CallAccepted (ErrorReply ``full``, ``bad_ring``, ``no_worker`` or
+  ``bad_agent`` otherwise).
+* A call's build from its agent file ``<agents dir>/<CallStart.agent>.toml``
+  (re-read when it changes): its providers through
+  :func:`brisvox.providers.registry.build_call` with the process's ONE
+  :class:`~brisvox.providers.worker_jobs.WorkerJobChannel`, its tools
+  (:func:`brisvox.agent.tools_loader.build_registry`, the telephony tools
+  bound to the call's link, TransferResult frames routed to the port), its
+  actor config (``[agents]`` keys, then the file's prompt, filler,
+  interruption, turn, STT/TTS settings: :func:`brisvox.config.agent_def.actor_config`)
+  and its greeting. With ``providers = "scripted"`` every call gets the
+  simulation's scripted providers instead (tests).
+* CallEnd -> hang the actor up, write the call record, detach the worker,
+  close the rings, answer CallEnded.
 * Inbound frames are handed to the actor synchronously in the callback that
   read them (Playback, Cleared, MarkPlayed, Dtmf; ticks and OutUtterance
   through the worker client): no queue between the socket and the book.
 * The barge-in fast path: the actor's clear hook calls
   :meth:`ProcessLink.to_gateway` which sends Clear with a NOBLOCK send on the
   gateway DEALER, inside the driver's decision step.
+* Once ready, the startup heap is frozen out of the cyclic GC (:func:`gc_freeze`).
 * Every 0.5 s: ``rt.heartbeat()`` and ``rt.report(calls, stats)``. On stop:
   refuse new calls; with drain, wait for live calls up to the grace period;
   then hang every call up (records are written) and close.
@@ -41,7 +58,7 @@ from typing import Any
 
 from brisvox.agent.actor import CallActor
 from brisvox.agent.call_record import write_record
-from brisvox.agent.config import AgentsConfig, CallsConfig
+from brisvox.agent.config import AgentsConfig, CallsConfig, check_referenced_agents
 from ipc.frames import (
     CallAccepted,
     CallEnd,
@@ -270,7 +287,10 @@ class AgentProcess:
                 r.close()
             return refuse("no_worker")
         try:
-            await self.workers.attach(f.call_id, f.instance, f.call_rate, f.tts_rate, worker=f.worker, gateway=sender)
+            # the least loaded worker by this process's own attachments: the gateway's hint
+            # (CallStart.worker) counts only its echo calls, so it names worker 0 for every
+            # pipeline call and a second worker would stay idle
+            await self.workers.attach(f.call_id, f.instance, f.call_rate, f.tts_rate, worker=None, gateway=sender)
         except Exception as e:  # AttachError, timeouts
             for r in rings:
                 r.close()
@@ -279,15 +299,19 @@ class AgentProcess:
         actor_cfg = self.cfg.actor_config(f.tts_rate)
         registry = None
         telephony = None
+        greeting = ""
         if self.cfg.providers == "definitions":
             try:
-                stt, llm, tts_p, registry, telephony, prompt = self._from_definition(f, link)
+                agent = self._agent_def(self.cfg.agent_name(f.agent))
+                stt, llm, tts_p, registry, telephony = self._from_definition(agent, f, link)
             except Exception as e:  # a bad definition, a missing key, a tool that is not provided
                 await self._undo_attach(f.call_id, rings)
+                log.warning("call %s refused: agent %r: %s", f.call_id, f.agent, f"{type(e).__name__}: {e}"[:300])
                 return refuse("bad_agent", f"{type(e).__name__}: {e}"[:200])
-            from dataclasses import replace
+            from brisvox.config.agent_def import actor_config
 
-            actor_cfg = replace(actor_cfg, llm=replace(actor_cfg.llm, system_prompt=prompt))
+            actor_cfg = actor_config(agent, base=actor_cfg)
+            greeting = agent.greeting
         else:
             stt, llm, tts_p = scripted_providers(self.cfg, f.call_id, f.tts_rate)
         actor = CallActor(
@@ -305,6 +329,7 @@ class AgentProcess:
             transport_ids=f.transport_ids,
             agent=f.agent,
             registry=registry,
+            greeting=greeting,
         )
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
         actor.start()
@@ -312,13 +337,13 @@ class AgentProcess:
         self.links.reply(sender, CallAccepted(call_id=f.call_id), cid)
 
     def _agent_def(self, name: str) -> Any:
+        """The parsed agent file ``<agents dir>/<name>.toml``, re-read when it changed."""
+        from brisvox.agent.config import AGENT_NAME
         from brisvox.config.agent_def import load_agent
 
-        base = Path(self.cfg.agents_dir).expanduser() if self.cfg.agents_dir else None
-        if base is None:
-            cfg_path = getattr(self.rt.config, "path", None)
-            base = (Path(cfg_path).parent if cfg_path else Path("configs")) / "agents"
-        path = base / f"{name}.toml"
+        if not AGENT_NAME.match(name):
+            raise ValueError(f"invalid agent name {name!r}")
+        path = self.cfg.agents_path(getattr(self.rt.config, "path", None)) / f"{name}.toml"
         mtime = path.stat().st_mtime
         hit = self._agents.get(name)
         if hit is not None and hit[0] == mtime:
@@ -327,22 +352,25 @@ class AgentProcess:
         self._agents[name] = (mtime, agent)
         return agent
 
-    def _from_definition(self, f: CallStart, link: ProcessLink) -> tuple[Any, Any, Any, Any, Any, str]:
+    def job_channel(self) -> Any:
+        """The process's one channel to the workers' local-model job lanes (created once)."""
+        if self.jobs is None and self.workers is not None:
+            from brisvox.providers.worker_jobs import WorkerJobChannel
+
+            self.jobs = WorkerJobChannel(self.workers)
+        return self.jobs
+
+    def _from_definition(self, agent: Any, f: CallStart, link: ProcessLink) -> tuple[Any, Any, Any, Any, Any]:
         """Providers, tool registry and telephony port of a call from its agent definition."""
         from brisvox.agent.tools_builtin import LinkTelephony
         from brisvox.agent.tools_loader import build_registry
         from brisvox.providers.registry import CallEnv, build_call
 
-        agent = self._agent_def(f.agent)
-        if self.jobs is None and self.workers is not None:
-            from brisvox.providers.worker_jobs import WorkerJobChannel
-
-            self.jobs = WorkerJobChannel(self.workers)
-        provs = build_call(agent, CallEnv(f.call_id, channel=self.jobs))
+        provs = build_call(agent, CallEnv(f.call_id, channel=self.job_channel()))
         telephony = LinkTelephony(f.call_id, link.to_gateway,
                                   hangup_hook=lambda reason: self.spawn(self._hangup_after_playout(f.call_id, reason)))
         registry = build_registry(agent, telephony) if agent.tools else None
-        return provs.stt, provs.llm, provs.tts, registry, telephony, agent.system_prompt
+        return provs.stt, provs.llm, provs.tts, registry, telephony
 
     async def _hangup_after_playout(self, call_id: str, reason: str, limit: float = 15.0) -> None:
         """end_call: let the goodbye play out (the bot idle again), then ask the gateway
@@ -450,6 +478,7 @@ class AgentProcess:
         rt.add_shutdown_callback(on_stop)
         rt.ready({"inbox": rt.inbox_endpoint("agent", rt.index)})
         log.info("agent %s ready", self.identity)
+        gc_freeze()
         while not stop.is_set():
             rt.heartbeat()
             rt.report(len(self.calls), self.stats())
@@ -474,6 +503,18 @@ class AgentProcess:
         self.links.close()
         rt.report(0, self.stats())
         return 0
+
+
+def gc_freeze() -> None:
+    """Move everything alive at startup (modules, schemas, numpy, zmq: about 46,000
+    tracked objects) out of the cyclic collector's reach, so a full collection scans
+    only what the calls allocated (about 3,000 tracked objects per live call; at 100
+    calls in one process a full collection still pauses the loop 80-190 ms, which is
+    why the benchmark runs two agent processes: docs/BENCHMARKS.md, issue 8)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
 
 
 def records_dir(rt: Any, calls: CallsConfig) -> Path | None:
@@ -518,6 +559,11 @@ def main(rt: Any) -> int:
             prune_records(target, calls.keep_days)
         if cfg.script and not Path(cfg.script).is_file():
             raise ConfigError("agents.script", f"no such file: {cfg.script}")
+        errors, warnings = check_referenced_agents(rt.config)
+        for w in warnings:
+            log.warning("%s", w)
+        if errors:  # fail closed: the daemon stops (exit 2) naming the agent file, its key and line
+            raise ConfigError("agents", "; ".join(errors[:3]) + (f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""))
     except ConfigError as e:
         rt.fail(str(e), exitcodes.CONFIG)
     except OSError as e:

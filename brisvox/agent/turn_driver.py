@@ -25,7 +25,9 @@ Owns (seed 003 sections 2-3 and "SttStage and TurnDriver"):
   without guards, Interrupt or Clear), carries the held text into the new
   turn and re-attributes its owed finals.
 * Smart Turn: ``RequestAnalysis`` asks the worker's job lane for the
-  analysis ending at the stop's in16 position (a helper task; the verdict
+  analysis ending where the VAD decided the stop (its ``decided_pos``: the
+  speech and the pause after it, as the model expects; else the stop's
+  ``pos``) (a helper task; the verdict
   comes back as a Wake on the upstream lane). It is deferred while the
   newest caller audio this stage saw ends before the stop (at most
   ``analysis_defer_max``); a failed or late analysis is counted and the
@@ -35,6 +37,10 @@ Owns (seed 003 sections 2-3 and "SttStage and TurnDriver"):
   end (BotEnded) arrives first.
 * DTMF is re-tagged with the machine's epoch. Caller audio, VAD events and
   transcripts stop here.
+* Greet (the agent's greeting, at call start): the machine's BotTurn opens a
+  bot turn of a new epoch; the driver sends Greeting(epoch, text) downstream
+  and arms the response backstop as for a user turn. Ignored once the caller
+  spoke.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ from brisvox.agent.frames import (
     BotEnded,
     BotStarted,
     DtmfFrame,
+    Greet,
+    Greeting,
     Interrupt,
     PipelineFrame,
     Stop,
@@ -116,6 +124,7 @@ class DriverStats:
     unexpected_finals: int = 0
     response_deadlines: int = 0
     dtmf: int = 0
+    greetings: int = 0
 
 
 class TurnDriver(Stage):
@@ -152,6 +161,7 @@ class TurnDriver(Stage):
         self._stops: deque[tuple[float, int]] = deque(maxlen=8)  # (at, pos)
         self._pending_analysis: tuple[int, int, float] | None = None  # (id, pos, deadline)
         self._open_turn = 0  # epoch of the turn whose text is collected (0: none)
+        self._greeting = ""
         self._closed = False
 
     # -- frames ----------------------------------------------------------------------
@@ -170,7 +180,7 @@ class TurnDriver(Stage):
             else:
                 await self._feed(tm.VadStart(frame.at))
         elif isinstance(frame, UserStoppedSpeaking):
-            self._stops.append((frame.at, frame.pos))
+            self._stops.append((frame.at, max(frame.pos, frame.decided_pos)))
             await self._feed(tm.VadStop(frame.at))
         elif isinstance(frame, UserTranscript):
             if frame.final:
@@ -202,6 +212,9 @@ class TurnDriver(Stage):
         elif isinstance(frame, DtmfFrame):
             self.st.dtmf += 1
             await self.send(DtmfFrame(frame.digit, self.machine.epoch))
+        elif isinstance(frame, Greet):
+            self._greeting = frame.text
+            await self._feed(tm.BotTurn(now))
         elif isinstance(frame, Stop):
             self._closed = True
             self.machine.handle(tm.Hangup())
@@ -284,6 +297,11 @@ class TurnDriver(Stage):
             self._open_turn = act.epoch
             self.timeline.speech_start(act.epoch, act.at)
             await self.send(UserTurnStarted(act.epoch))
+        elif isinstance(act, tm.StartBotTurn):
+            self.st.greetings += 1
+            self.watch.bump(act.epoch)
+            await self.send(Greeting(act.epoch, self._greeting))
+            self._response = (act.epoch, self.clock.now() + self.cfg.response_deadline)
         elif isinstance(act, tm.OwnStop):
             owner = act.owner
             if owner == "candidate":

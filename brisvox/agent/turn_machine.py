@@ -8,7 +8,9 @@ answering or speaking), always BEFORE the ``StartUserTurn`` of the same
 decision.
 
 Phases: IDLE -> USER_SPEAKING <-> USER_PAUSED -> AWAITING_RESPONSE ->
-BOT_SPEAKING -> IDLE, and CLOSED after Hangup.
+BOT_SPEAKING -> IDLE, and CLOSED after Hangup. ``BotTurn`` (the agent's
+greeting) goes IDLE -> AWAITING_RESPONSE with a new epoch and
+``StartBotTurn``; the caller talking over it is a barge-in like any other.
 
 End of turn: with a fixed policy, ``silence`` after the VAD stop; with Smart
 Turn, a ``RequestAnalysis`` at the stop ends the turn on a complete verdict,
@@ -141,7 +143,15 @@ class Hangup:
     pass
 
 
-TurnInput = VadStart | VadStop | SttInterim | SttFinal | Verdict | Tick | BotAudioStarted | BotAudioEnded | Hangup
+@dataclass(frozen=True, slots=True)
+class BotTurn:
+    """The bot speaks first (a greeting): only taken while IDLE."""
+
+    at: float
+
+
+TurnInput = (VadStart | VadStop | SttInterim | SttFinal | Verdict | Tick | BotAudioStarted | BotAudioEnded | Hangup
+             | BotTurn)
 
 
 # --- actions -------------------------------------------------------------------------
@@ -198,7 +208,16 @@ class Note:
     kind: str
 
 
-Action = StartUserTurn | Interrupt | RequestAnalysis | ArmTimer | CancelTimer | EndUserTurn | OwnStop | Note
+@dataclass(frozen=True, slots=True)
+class StartBotTurn:
+    """A bot-initiated response of ``epoch`` (the greeting) starts now."""
+
+    epoch: int
+    at: float
+
+
+Action = (StartUserTurn | Interrupt | RequestAnalysis | ArmTimer | CancelTimer | EndUserTurn | OwnStop | Note
+          | StartBotTurn)
 
 
 class Phase(Enum):
@@ -268,6 +287,13 @@ class TurnMachine:
             return []
         if isinstance(inp, BotAudioEnded):
             return self._bot_ended(inp.epoch)
+        if isinstance(inp, BotTurn):
+            if self.phase is not Phase.IDLE:
+                return []  # the caller is already talking: no greeting
+            self.epoch += 1
+            self.phase = Phase.AWAITING_RESPONSE
+            self.bot_started_at = None
+            return [StartBotTurn(self.epoch, inp.at)]
         raise TypeError(f"unknown input {inp!r}")
 
     # -- helpers

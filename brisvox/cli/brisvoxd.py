@@ -99,7 +99,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     counts = (args.workers, args.agents)
     if args.foreground:
-        return Arbiter(cfg, rdir, sdir, lock, cli_counts=counts).run()
+        from brisvox.cli.banner import fork_reporter
+
+        status_fd = fork_reporter(rdir, cfg)  # prints where to call once ready, then exits
+        return Arbiter(cfg, rdir, sdir, lock, cli_counts=counts, status_fd=status_fd).run()
     return _daemonize(cfg, rdir, sdir, lock, counts)
 
 
@@ -153,6 +156,9 @@ def _daemonize(cfg: DaemonConfig, rdir: Path, sdir: Path, lock: Any, counts: tup
             print(f"brisvoxd started: pid {d['pid']}, {d['status']}")
             print(f"  runtime dir {d['runtime_dir']}, control {d['control']}")
             print(f"  metrics {d['metrics_url'] or 'disabled'}, logs {log_path}")
+            from brisvox.cli.banner import lines
+
+            print("\n".join(lines(snap, cfg, foreground=False)))
         except Exception:
             print(f"brisvoxd started; logs {log_path}")
         return exitcodes.OK
@@ -290,13 +296,25 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """A daemon config (and every agent file it names), or one agent file."""
+    from brisvox.agent.config import check_referenced_agents
+    from brisvox.config.agent_def import check_main, is_agent_file
     from brisvox.daemon.paths import check_endpoint_lengths, runtime_dir
 
+    if is_agent_file(args.file):
+        return check_main(args.file)
     try:
         cfg = load_config(args.file)
         check_endpoint_lengths(runtime_dir(cfg), cfg)
     except ConfigError as e:
         _err(f"configuration error: {e}")
+        return exitcodes.CONFIG
+    errors, warnings = check_referenced_agents(cfg)
+    for line in warnings:
+        print(line)
+    if errors:
+        for line in errors:
+            _err(f"configuration error: {line}")
         return exitcodes.CONFIG
     names = ", ".join(["daemon", *sorted(cfg.sections)])
     print(f"{args.file}: ok (workers {cfg.daemon.workers}, agents {cfg.daemon.agents}; sections: {names})")
@@ -339,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     locate(sp)
     sp.set_defaults(func=cmd_reload)
 
-    sp = sub.add_parser("check", help="validate a config file offline")
+    sp = sub.add_parser("check", help="validate a daemon config (with the agent files it names) or an agent file, offline")
     sp.add_argument("file")
     sp.set_defaults(func=cmd_check)
     return p

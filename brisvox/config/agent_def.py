@@ -44,13 +44,13 @@ SCHEMA_PATH = Path(__file__).with_name("agent.schema.json")
 
 # provider -> (stage, default key variable or "" when no key is needed)
 PROVIDERS: dict[str, tuple[str, str]] = {
-    "local_whisper": ("stt", ""), "deepgram": ("stt", "DEEPGRAM_API_KEY"),
+    "local_whisper": ("stt", ""), "deepgram": ("stt", "DEEPGRAM_API_KEY"), "scripted_stt": ("stt", ""),
     "local_llm": ("llm", ""), "scripted": ("llm", ""), "openai": ("llm", "OPENAI_API_KEY"),
     "ollama": ("llm", ""), "vllm": ("llm", "VLLM_API_KEY"), "openrouter": ("llm", "OPENROUTER_API_KEY"),
     "groq": ("llm", "GROQ_API_KEY"), "openai_compatible": ("llm", "OPENAI_COMPATIBLE_API_KEY"),
     "anthropic": ("llm", "ANTHROPIC_API_KEY"), "gemini": ("llm", "GEMINI_API_KEY"),
     "local_piper": ("tts", ""), "espeak": ("tts", ""), "cartesia": ("tts", "CARTESIA_API_KEY"),
-    "elevenlabs": ("tts", "ELEVENLABS_API_KEY"), "openai_tts": ("tts", "OPENAI_API_KEY"),
+    "elevenlabs": ("tts", "ELEVENLABS_API_KEY"), "openai_tts": ("tts", "OPENAI_API_KEY"), "scripted_tts": ("tts", ""),
 }
 KEY_OPTIONAL = {"vllm", "openai_compatible", "ollama"}  # servers that may run without a key
 LOCAL = {"local_whisper", "local_llm", "local_piper"}  # run as jobs in an inference worker
@@ -286,6 +286,8 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                         f"{var} is not set: calls with this agent will fail to start {stage}"))
             if leg.provider == "scripted":
                 problems.extend(_check_rules(leg, where, lines))
+            if "timing_file" in leg.options:
+                problems.extend(_check_timing(leg, where, lines))
             from brisvox.providers.registry import unknown_options
 
             for opt_name in unknown_options(leg):
@@ -313,6 +315,26 @@ def _check_rules(leg: ProviderDef, where: list[str], lines: Mapping[str, int]) -
             out.append(Problem("error", ".".join(map(str, [*key, "match"])), line_of(lines, [*key, "match"]),
                                f"bad regular expression: {e}"))
     return out
+
+
+def _check_timing(leg: ProviderDef, where: list[str], lines: Mapping[str, int]) -> list[Problem]:
+    """A scripted leg's ``timing_file`` must be readable when it names a file."""
+    from brisvox.providers.base import ProviderError
+    from brisvox.providers.scripted_speech import read_timing, timing_path
+
+    key = [*where, "options", "timing_file"]
+    raw = str(leg.options["timing_file"])
+    path = timing_path(raw)
+    if path is None:
+        unset = [v for v in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", raw) if not os.environ.get(v)]
+        what = f"{', '.join(unset)} is not set" if unset else f"{raw!r} names no file"
+        return [Problem("warning", ".".join(key), line_of(lines, key),
+                        f"{what}: the built-in scripted timing applies")]
+    try:
+        read_timing(path)
+    except ProviderError as e:
+        return [Problem("error", ".".join(key), line_of(lines, key), e.detail)]
+    return []
 
 
 def _check_tools(agent: AgentDef, lines: Mapping[str, int], load_modules: bool) -> list[Problem]:

@@ -14,7 +14,10 @@ at the in16 position the worker reported when the last audio chunk arrived
 and is as long as the audio received since the previous Finalize (one
 worker tick of error at most); the worker trims it to its voiced part anyway.
 ``preroll`` seconds before the start are included (VAD starts late by a
-window), the length is capped at 30 s.
+window), the length is capped at ``max_span`` seconds (6 s: the span since the
+previous Finalize includes the whole time the bot spoke, and the worker can
+only read what its in16 ring still holds, 8 s by default; the worker trims
+the span to its voiced part).
 
 A refused or failed job answers its Finalize with empty text (counted in
 ``failed``): the turn proceeds with what it has, as after an STT death.
@@ -79,7 +82,7 @@ class LocalWhisperSession:
         else:
             start = end = 0
         if end > start:
-            start = max(0, start - pre, end - MAX_SAMPLES)
+            start = max(0, start - pre, end - min(MAX_SAMPLES, int(self.p.max_span * RATE)))
         self._received = 0
         self._span_start = self._span_end = None
         self._queue.append((start, end))
@@ -134,8 +137,10 @@ class LocalWhisperSession:
 
 class LocalWhisperStt:
     def __init__(self, channel: JobChannel, call_id: str, *, max_tokens: int = 96, preroll: float = 0.2,
-                 job_timeout: float = 8.0, queue_deadline: float = 3.0, name: str = "local_whisper") -> None:
+                 job_timeout: float = 8.0, queue_deadline: float = 3.0, max_span: float = 6.0,
+                 name: str = "local_whisper") -> None:
         self.name = name
+        self.max_span = max_span
         self.channel = channel
         self.call_id = call_id
         self.max_tokens = max_tokens

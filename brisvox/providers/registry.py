@@ -41,14 +41,16 @@ class CallEnv:
 
 COMMON_HTTP = {"connect_timeout", "read_timeout", "max_response_bytes", "max_event_bytes", "max_seconds", "headers"}
 OPTIONS: dict[str, set[str]] = {
-    "local_whisper": {"max_tokens", "preroll", "job_timeout", "queue_deadline"},
+    "local_whisper": {"max_tokens", "preroll", "job_timeout", "queue_deadline", "max_span"},
+    "scripted_stt": {"timing_file", "final_ms", "interim_ms", "interim_delay_ms", "text"},
     "deepgram": {"endpointing", "keepalive_interval", "smart_format", "punctuate", "diarize", "numerals",
                  "filler_words", "utterance_end_ms", "vad_events", "keyterm", "keywords"},
     "local_llm": {"max_tokens", "temperature", "max_context_chars", "request_timeout"},
-    "scripted": {"rules", "fallback", "first_token_ms", "token_ms"},
+    "scripted": {"rules", "fallback", "first_token_ms", "token_ms", "timing_file"},
     "anthropic": COMMON_HTTP | {"max_tokens", "thinking", "top_p", "top_k", "metadata"},
     "gemini": COMMON_HTTP | {"thinking_budget", "generationConfig", "safetySettings"},
     "local_piper": {"job_timeout", "request_timeout"},
+    "scripted_tts": {"timing_file", "first_audio_ms", "answer_ms", "chunk_ms", "lead_ms"},
     "espeak": {"wpm", "binary", "timeout"},
     "cartesia": {"version", "sample_rate", "speed", "emotion"},
     "elevenlabs": {"sample_rate", "inactivity_timeout", "voice_settings"},
@@ -96,7 +98,13 @@ def _stt(leg: ProviderDef, env: CallEnv) -> SttProvider:
         from brisvox.providers.local_whisper import LocalWhisperStt
 
         return LocalWhisperStt(_channel(leg, env), env.call_id,
-                               **_opts(leg, "max_tokens", "preroll", "job_timeout", "queue_deadline"))
+                               **_opts(leg, "max_tokens", "preroll", "job_timeout", "queue_deadline", "max_span"))
+    if leg.provider == "scripted_stt":
+        from brisvox.providers.scripted_speech import ScriptedStt, timing
+
+        t = timing(leg.options)
+        return ScriptedStt(final_ms=t.final_ms, clock=env.clock,
+                           **_opts(leg, "interim_ms", "interim_delay_ms", "text"))
     if leg.provider == "deepgram":
         from brisvox.providers.deepgram import DeepgramStt
 
@@ -126,6 +134,12 @@ def _llm(leg: ProviderDef, env: CallEnv) -> LlmProvider:
     if p == "scripted":
         from brisvox.providers.scripted_llm import ScriptedLlm
 
+        if "timing_file" in o:  # the workload's first token and answer (explicit options still win)
+            from brisvox.providers.scripted_speech import timing
+
+            t = timing({"timing_file": o.pop("timing_file")})
+            o.setdefault("first_token_ms", t.first_token_ms)
+            o.setdefault("fallback", t.answer_text)
         return ScriptedLlm(o.pop("rules", []), clock=env.clock, **o)
     if p in ("openai", "ollama", "vllm", "openrouter", "groq", "openai_compatible"):
         from brisvox.providers.openai_compat import PRESETS, OpenAiCompatLlm
@@ -162,6 +176,12 @@ def _tts(leg: ProviderDef, env: CallEnv) -> TtsProvider:
         from brisvox.providers.local_piper import LocalPiperTts
 
         return LocalPiperTts(_channel(leg, env), env.call_id, **o)
+    if p == "scripted_tts":
+        from brisvox.providers.scripted_speech import ScriptedTts, timing
+
+        t = timing(o)
+        return ScriptedTts(first_audio_ms=t.first_audio_ms, answer_ms=t.answer_ms, chunk_ms=t.chunk_ms,
+                           lead_ms=t.lead_ms, clock=env.clock)
     if p == "espeak":
         from brisvox.providers.espeak import EspeakTts
 

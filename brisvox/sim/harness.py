@@ -47,6 +47,7 @@ class SimCall:
     llm_default: Responder | None = None
     probe: Callable[[float, CallActor], None] | None = None  # called every probe_every s of sim time
     probe_every: float = 60.0
+    greeting: str = ""  # the agent's greeting: the bot speaks first
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ async def simulate(call: SimCall) -> SimResult:
         registry=call.registry() if call.registry else None,
         transport="sim",
         transport_ids={"sim": call.call_id},
+        greeting=call.greeting,
     )
     before = {t for t in asyncio.all_tasks(loop)}
     actor.start()

@@ -56,6 +56,7 @@ port = 0
 enabled = {st}
 
 [agents]
+providers = "scripted"
 script = "{script}"
 smart_turn = {st}
 lead_margin_ms = 0
