@@ -254,7 +254,10 @@ def test_barge_in_stops_the_bot_and_the_context_holds_what_was_heard(daemon, tmp
     decision_to_stop_ms = (stopped - t_int) * 1000
     assert decision_to_stop_ms <= DECISION_TO_STOP_MS, (decision_to_stop_ms, printed)
     users, answers = user_and_assistant(rec)
-    assert len(users) == 2 and "two" in users[1].lower().replace("2", "two")
+    # the second user turn is the caller's second line (Whisper tiny may mishear any one
+    # word of it, e.g. "two plus two" as "to plus do": judge by word overlap)
+    second = set(words(users[1].lower().replace("2", "two"))) if len(users) == 2 else set()
+    assert len(users) == 2 and len(second & {"stop", "please", "tell", "what", "two", "plus"}) >= 3, users
     cut = words(answers[0])
     heard = words(first["bot"])
     assert len(answers) == 2
