@@ -65,6 +65,25 @@ def _running_or_explain(rdir: Path) -> bool:
     return False
 
 
+def _ask(rdir: Path, name: str, not_running: int, args: dict[str, Any] | None = None) -> Any:
+    """The running daemon's reply to command ``name``, or an exit code (explained on
+    stderr): ``not_running`` when no daemon holds the pid lock, FAILURE when it does
+    not answer in time or refuses the command."""
+    from ipc.bus import RequestTimeout
+
+    if not _running_or_explain(rdir):
+        return not_running
+    try:
+        reply = _command(rdir, name, args)
+    except RequestTimeout:
+        _err(f"the daemon does not answer on {rdir}/control.sock")
+        return exitcodes.FAILURE
+    if not reply.ok:
+        _err(reply.error)
+        return exitcodes.FAILURE
+    return reply
+
+
 def _wait_gone(rdir: Path, timeout: float) -> bool:
     from brisvox.daemon.paths import is_locked
 
@@ -175,19 +194,10 @@ def _daemonize(cfg: DaemonConfig, rdir: Path, sdir: Path, lock: Any, counts: tup
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from ipc.bus import RequestTimeout
-
     rdir = _runtime_dir(args)
-    if not _running_or_explain(rdir):
-        return exitcodes.OK
-    try:
-        reply = _command(rdir, "stop")
-    except RequestTimeout:
-        _err(f"the daemon does not answer on {rdir}/control.sock")
-        return exitcodes.FAILURE
-    if not reply.ok:
-        _err(reply.error)
-        return exitcodes.FAILURE
+    reply = _ask(rdir, "stop", exitcodes.OK)
+    if isinstance(reply, int):
+        return reply
     if _wait_gone(rdir, args.timeout):
         print("brisvoxd stopped")
         return exitcodes.OK
@@ -196,20 +206,11 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    from ipc.bus import RequestTimeout
-
     rdir = _runtime_dir(args)
-    if not _running_or_explain(rdir):
-        return exitcodes.OK
     cargs = {"timeout_s": args.timeout} if args.timeout is not None else None
-    try:
-        reply = _command(rdir, "drain", cargs)
-    except RequestTimeout:
-        _err(f"the daemon does not answer on {rdir}/control.sock")
-        return exitcodes.FAILURE
-    if not reply.ok:
-        _err(reply.error)
-        return exitcodes.FAILURE
+    reply = _ask(rdir, "drain", exitcodes.OK, cargs)
+    if isinstance(reply, int):
+        return reply
     timeout = float(reply.data.get("drain_timeout_s", 0)) if reply.data else 0.0
     print(f"draining (up to {timeout:g}s for live calls)")
     if args.no_wait:
@@ -260,16 +261,10 @@ def render_status(snap: dict[str, Any]) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from ipc.bus import RequestTimeout
-
     rdir = _runtime_dir(args)
-    if not _running_or_explain(rdir):
-        return exitcodes.NOT_RUNNING
-    try:
-        reply = _command(rdir, "status")
-    except RequestTimeout:
-        _err(f"the daemon does not answer on {rdir}/control.sock")
-        return exitcodes.FAILURE
+    reply = _ask(rdir, "status", exitcodes.NOT_RUNNING)
+    if isinstance(reply, int):
+        return reply
     if args.json:
         print(json.dumps(reply.data, indent=2, sort_keys=True))
     else:
@@ -278,19 +273,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_reload(args: argparse.Namespace) -> int:
-    from ipc.bus import RequestTimeout
-
     rdir = _runtime_dir(args)
-    if not _running_or_explain(rdir):
-        return exitcodes.NOT_RUNNING
-    try:
-        reply = _command(rdir, "reload")
-    except RequestTimeout:
-        _err(f"the daemon does not answer on {rdir}/control.sock")
-        return exitcodes.FAILURE
-    if not reply.ok:
-        _err(reply.error)
-        return exitcodes.FAILURE
+    reply = _ask(rdir, "reload", exitcodes.NOT_RUNNING)
+    if isinstance(reply, int):
+        return reply
     print((reply.data or {}).get("message", "reloaded"))
     return exitcodes.OK
 
