@@ -14,6 +14,9 @@ Owns the Anthropic message shape (seed 000 "Normalization"):
   that follows them joins the same message, so roles strictly alternate.
 * Tool-use ids must match ``[A-Za-z0-9_-]+``: a call without a provider id
   gets brisvox's id with every other character replaced by ``_``.
+* A conversation that starts with the bot (an agent greeting) gets a short
+  user turn (:data:`CALL_OPENED`) before it: the Messages API expects the
+  first message to be the user's.
 * tools -> ``[{"name", "description", "input_schema"}]``.
 
 Pure; no I/O.
@@ -48,6 +51,9 @@ def _thinking(provider_data: str) -> list[dict[str, Any]]:
     pd = _json_obj(provider_data)
     blocks = pd.get("anthropic_thinking")
     return [b for b in blocks if isinstance(b, dict)] if isinstance(blocks, list) else []
+
+# The user turn put before a conversation that starts with the bot (its greeting).
+CALL_OPENED = "[The call connected.]"
 
 
 def convert(msgs: Sequence[LlmMessage]) -> tuple[str, list[dict[str, Any]]]:
@@ -91,6 +97,8 @@ def convert(msgs: Sequence[LlmMessage]) -> tuple[str, list[dict[str, Any]]]:
             if not content:
                 content.append({"type": "text", "text": " "})
             out.append({"role": "assistant", "content": content})
+    if out and out[0]["role"] == "assistant":  # a greeting came first: the API wants a user turn first
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": CALL_OPENED}]})
     return "\n\n".join(s for s in system if s), out
 
 

@@ -14,6 +14,8 @@ finding that ``parameters`` only takes an OpenAPI subset):
   content** in issue order: ``{"name", "response": {...}, "id"?}`` where the
   response is the result object (a non-object result is wrapped as
   ``{"result": value}``; an error as ``{"error": value}``).
+* A conversation that starts with the bot (an agent greeting) gets a short
+  user content (:data:`CALL_OPENED`) before it, so turns start with the user.
 * tools -> ONE ``{"functionDeclarations": [...]}`` whose declarations carry
   the JSON Schema in ``parametersJsonSchema`` (never ``parameters``).
 
@@ -40,6 +42,9 @@ def _loads(text: str) -> Any:
 def _obj(text: str) -> dict[str, Any]:
     v = _loads(text)
     return v if isinstance(v, dict) else {}
+
+# The user turn put before a conversation that starts with the bot (its greeting).
+CALL_OPENED = "[The call connected.]"
 
 
 def convert(msgs: Sequence[LlmMessage]) -> tuple[str, list[dict[str, Any]]]:
@@ -103,6 +108,8 @@ def convert(msgs: Sequence[LlmMessage]) -> tuple[str, list[dict[str, Any]]]:
             if not parts:
                 parts.append({"text": " "})
             out.append({"role": "model", "parts": parts})
+    if out and out[0]["role"] == "model":  # a greeting came first: the API wants a user turn first
+        out.insert(0, {"role": "user", "parts": [{"text": CALL_OPENED}]})
     return "\n\n".join(s for s in system if s), out
 
 

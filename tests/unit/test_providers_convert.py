@@ -127,3 +127,20 @@ def test_gemini_text_signature_and_plain_results() -> None:
     assert contents[1]["parts"] == [{"text": "Hello", "thoughtSignature": "T"}]
     assert contents[-1]["parts"] == [{"functionResponse": {"name": "n", "response": {"result": "plain text result"}}}]
     assert orjson.dumps(contents)  # serializable
+
+
+GREETED = [LlmMessage("system", "be brief"), LlmMessage("assistant", "Hello, how can I help?"),
+           LlmMessage("user", "a table for two")]
+
+
+def test_a_greeting_first_gets_a_user_turn_before_it_on_anthropic_and_gemini() -> None:
+    _, ms = convert_anthropic.convert(GREETED)
+    assert [m["role"] for m in ms] == ["user", "assistant", "user"]
+    assert ms[0]["content"] == [{"type": "text", "text": convert_anthropic.CALL_OPENED}]
+    assert ms[1]["content"] == [{"type": "text", "text": "Hello, how can I help?"}]
+    _, cs = convert_gemini.convert(GREETED)
+    assert [c["role"] for c in cs] == ["user", "model", "user"]
+    assert cs[0]["parts"] == [{"text": convert_gemini.CALL_OPENED}]
+    # a conversation that starts with the caller is left as it is
+    _, plain = convert_anthropic.convert(MSGS)
+    assert plain[0]["content"][0] == {"type": "text", "text": "weather?"}
