@@ -16,6 +16,11 @@ behaviour before the native 8 kHz path) for a side-by-side comparison:
   (4 requests always outstanding), and the Smart Turn latency (request sent
   -> result received) p50 / p99 under that load.
 
+First, in this process: the CPU of one Smart Turn analysis on one thread
+(features and inference separately; the original int8 model with the float64
+features vs the worker's path: :class:`workers.mel.LogMel` and the
+float32-softmax file derived at install time).
+
 Processes: this one (the subscriber, plus a Smart Turn requester thread with
 its own socket), a feeder process writing every call's ``in`` ring in 20 ms
 frames on the wall clock (:class:`workers.harness.Feeder`), and the worker
@@ -235,12 +240,62 @@ def _rows(label: str, m: dict[str, float]) -> list[Row]:
     ]
 
 
+def smart_turn_cpu(runs: int = 60) -> dict[str, float]:
+    """CPU ms (this thread) of one Smart Turn analysis on real speech, 1 onnxruntime thread:
+    the float64 reference features vs the worker's :class:`workers.mel.LogMel`, the original
+    int8 model vs the float32-softmax file derived at install time. Medians over ``runs``."""
+    from workers import mel
+    from workers.models import locate
+    from workers.smart_turn import SmartTurnModel
+
+    spec = importlib.util.spec_from_file_location("make_fixtures", ROOT / "scripts" / "make_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    dialog = mod.load("vad_dialog", 16000)[0]
+    clips = {"8 s of speech": dialog[-128_000:], "3.7 s, left-padded": mod.load("turn_complete", 16000)[0]}
+    path = locate("smart_turn")
+    orig, new = SmartTurnModel(path, derived=False), SmartTurnModel(path)
+    ext = mel.LogMel()
+
+    def cpu_ms(fn, *a: object) -> float:
+        fn(*a)
+        xs = []
+        for _ in range(runs):
+            c0 = time.thread_time_ns()
+            fn(*a)
+            xs.append((time.thread_time_ns() - c0) / 1e6)
+        return float(np.median(xs))
+
+    out: dict[str, float] = {"derived": float(new.is_derived)}
+    for label, audio in clips.items():
+        out[f"features float64, {label}"] = cpu_ms(mel.log_mel, audio)
+        out[f"features LogMel, {label}"] = cpu_ms(ext, audio)
+    feats = ext(clips["8 s of speech"])
+    out["inference original"] = cpu_ms(orig.infer, feats)
+    out["inference derived"] = cpu_ms(new.infer, feats)
+    out["analysis original"] = cpu_ms(lambda a: orig.infer(mel.log_mel(a)), clips["8 s of speech"])
+    out["analysis worker"] = cpu_ms(new.analyze, clips["8 s of speech"])
+    return out
+
+
+def _st_rows(m: dict[str, float]) -> list[Row]:
+    rows: list[Row] = [(f"Smart Turn CPU per analysis (1 thread): {k}", v, "ms", "report")
+                       for k, v in m.items() if k != "derived"]
+    rows.append(("Smart Turn: worker loads the derived float32-softmax file", m["derived"], "bool", "1"))
+    # the load benchmark's workload asks 0.18 analyses per call-second (docs/BENCHMARKS.md, issue 8)
+    for k in ("original", "worker"):
+        rows.append((f"Smart Turn CPU per call-second at 0.18 analyses/call-s: {k}",
+                     0.18 * m[f"analysis {k}"], "ms", "report"))
+    return rows
+
+
 def run(quick: bool = False) -> list[Row]:
     """Default settings (tick 20 ms) for 16, 64, 150 calls; then 150 calls with ``tick_ms = 10`` and
     150 calls with the 16 kHz VAD on in16 (``--vad-16k``)."""
     import tempfile
 
-    rows: list[Row] = []
+    rows: list[Row] = _st_rows(smart_turn_cpu(20 if quick else 60))
     sizes = (16,) if quick else (16, 64, 150)
     phase_s = 3.0 if quick else 12.0
     with tempfile.TemporaryDirectory(prefix="bvb", dir="/tmp") as td:

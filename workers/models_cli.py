@@ -1,7 +1,9 @@
 """``brisvox models install|list|verify``: the user-facing side of :mod:`workers.models`.
 
 Owns argument parsing and the exit codes: 0 when every model is present and
-verified, 1 otherwise (verify) or when installation failed (install).
+verified, 1 otherwise (verify) or when installation (or a derivation) failed
+(install). Derived files are listed and verified too, but a missing one does
+not fail ``verify``: the worker falls back to the source model.
 """
 
 from __future__ import annotations
@@ -61,16 +63,22 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return 0 if all(s.state == "ok" for s in sts) else 1
     sts = models.verify(directory)
+    derived = models.verify_derived(directory)
     if cmd == "list":
         print(f"models directory: {directory}")
         for s in sts:
             sp = s.spec
             print(f"  {sp.name:<12} {s.state:<8} {sp.filename:<28} {sp.size:>10} B  "
                   f"{sp.package}=={sp.version} ({sp.license})  {s.detail}")
+        for d in derived:
+            print(f"  {d.spec.name:<12} {d.state:<8} {d.spec.filename:<28} derived from "
+                  f"{d.spec.source} by {d.spec.recipe} (optional)  {d.detail}")
         return 0
     bad = [s for s in sts if s.state != "ok"]
     for s in sts:
         print(f"{s.spec.name}: {s.state} {s.detail}".rstrip())
+    for d in derived:  # optional: the worker falls back to the source without it
+        print(f"{d.spec.name} (derived, optional): {d.state} {d.detail}".rstrip())
     if bad:
         print(f"{len(bad)} model(s) not usable in {directory}: {models.INSTALL_HINT}", file=sys.stderr)
         return 1
