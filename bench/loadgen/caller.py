@@ -9,7 +9,9 @@ marks at once) and echoes ``mark`` when the audio before it has played.
 
 It performs no I/O: the runner calls ``next_payload(now)`` once per frame tick
 (``None`` means hang up now) and feeds ``on_media``/``on_clear``/``on_mark``;
-``due_marks(now)`` returns the mark names to echo.
+``due_marks(now)`` returns the mark names to echo. The frames it hands out are
+opaque to it: whatever the runner gave it per line (the runner's pre-encoded
+:class:`bench.loadgen.wire.MediaPayload`, plain strings in tests).
 
 Invariants: the caller always sends exactly one frame per tick while the call
 lasts (speech or silence, like a phone); a turn's speech end is the send time
@@ -22,8 +24,10 @@ end that answer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from bench.loadgen.stats import CallResult, Turn
 from bench.workload import SAMPLE_RATE, CallPlan
@@ -62,7 +66,7 @@ SPEECH_FRACTION = 0.25  # a bot frame is speech when a quarter of its samples ar
 
 
 class CallScript:
-    def __init__(self, plan: CallPlan, line_frames: list[list[str]], silence_frame: str,
+    def __init__(self, plan: CallPlan, line_frames: Sequence[Sequence[Any]], silence_frame: Any,
                  timing: CallerTiming) -> None:
         if len(line_frames) != plan.turns:
             raise ValueError("one list of frames per planned turn")
@@ -94,8 +98,8 @@ class CallScript:
         self.t_next = now + self.timing.lead_in
         self.result.t_connect = now
 
-    def next_payload(self, now: float) -> str | None:
-        """The base64 payload to send now, or None: hang up."""
+    def next_payload(self, now: float) -> Any | None:
+        """The frame to send now (one of the line frames or the silence frame), or None: hang up."""
         if self.phase is Phase.LEAD_IN and now >= self.t_next:
             self._begin_line(0, barge=False)
         elif self.phase is Phase.WAITING:
@@ -131,7 +135,7 @@ class CallScript:
         self.pos = 0
         self._barge_pending = barge
 
-    def _speak(self, now: float) -> str:
+    def _speak(self, now: float) -> Any:
         turn = self.turns[self.k]
         frames = self.frames[self.k]
         if self.pos == 0:

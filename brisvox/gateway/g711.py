@@ -107,17 +107,15 @@ class G711:
         """int16 samples -> uint8 codes (``out`` must be uint8 of the same length)."""
         idx = pcm.view(np.uint16)
         if out is None:
-            return self.encode_table[idx]
-        np.take(self.encode_table, idx, out=out)
-        return out
+            return self.encode_table.take(idx)
+        return self.encode_table.take(idx, out=out)  # the method: np.take's wrapper costs 0.5 us
 
     def decode(self, data: bytes | bytearray | memoryview | np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """G.711 bytes -> int16 samples (``out`` must be int16 of the same length)."""
         codes = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
         if out is None:
-            return self.decode_table[codes]
-        np.take(self.decode_table, codes, out=out)
-        return out
+            return self.decode_table.take(codes)
+        return self.decode_table.take(codes, out=out)
 
 
 PCMU = G711("PCMU", 0, ULAW_ENCODE, ULAW_DECODE)

@@ -1,0 +1,171 @@
+"""The WebSocket server's fast path (ws_server + ws_frames) delivers what the library would.
+
+A connection with a fake transport and a recording session: after the
+handshake, masked data frames arriving whole, several per read, or split at
+every byte boundary reach the session unmasked and in order; a ping in
+between is answered with a pong; a fragmented message, an unmasked frame and
+an oversized frame go to the websockets library, which reassembles the
+first and closes on the others with its own codes (1002, 1009).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+
+import pytest
+from websockets.frames import Close, Frame, Opcode, apply_mask
+from websockets.streams import StreamReader
+
+from brisvox.gateway import ws_frames
+from brisvox.gateway.config import WebSocketConfig
+from brisvox.gateway.ws_server import WebSocketServer, WsConnection
+
+REQ = (b"GET /twilio HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+       b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.out = bytearray()
+
+    def write(self, d: bytes) -> None:
+        self.out += d
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def is_closing(self) -> bool:
+        return False
+
+    def can_write_eof(self) -> bool:
+        return True
+
+    def write_eof(self) -> None:
+        pass
+
+    def get_extra_info(self, k: str) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+    def abort(self) -> None:
+        pass
+
+
+class Session:
+    def __init__(self) -> None:
+        self.got: list[tuple[str, bytes]] = []
+
+    def on_text(self, data: bytes) -> None:
+        self.got.append(("text", data))
+
+    def on_binary(self, data: bytes) -> None:
+        self.got.append(("binary", data))
+
+    def on_closed(self, code: int, reason: str) -> None:
+        pass
+
+
+def frame(payload: bytes, first: int = 0x81, mask: bool = True) -> bytes:
+    key = os.urandom(4)
+    n = len(payload)
+    b1 = (0x80 if mask else 0)
+    hdr = bytes((first, b1 | n)) if n < 126 else struct.pack("!BBH", first, b1 | 126, n)
+    return hdr + (key + apply_mask(payload, key) if mask else payload)
+
+
+def server_frames(data: bytes) -> list[Frame]:
+    reader = StreamReader()
+    reader.feed_data(data)
+    out = []
+    while reader.buffer:
+        gen = Frame.parse(reader.read_exact, mask=False)
+        try:
+            next(gen)
+        except StopIteration as stop:
+            out.append(stop.value)
+            continue
+        break
+    return out
+
+
+@pytest.fixture(autouse=True)
+def loop():
+    lp = asyncio.new_event_loop()
+    asyncio.set_event_loop(lp)
+    yield lp
+    asyncio.set_event_loop(None)
+    lp.close()
+
+
+def connect(max_size: int = 4096) -> tuple[WsConnection, Transport, Session]:
+    server = WebSocketServer(None, WebSocketConfig(max_message_bytes=max_size))  # type: ignore[arg-type]
+    session = Session()
+    server.make_session = lambda conn, route, req: session  # type: ignore[method-assign]
+    conn = WsConnection(server)
+    t = Transport()
+    conn.connection_made(t)  # type: ignore[arg-type]
+    feed(conn, REQ)
+    return conn, t, session
+
+
+def feed(conn: WsConnection, data: bytes) -> None:
+    view = conn.server.rx_view
+    view[:len(data)] = data
+    conn.buffer_updated(len(data))
+
+
+def test_data_frames_whole_batched_and_split_at_every_byte() -> None:
+    conn, t, s = connect()
+    assert conn._fast and b"101" in t.out
+    msgs = [b'{"event":"media","n":%d}' % i + b"x" * (i * 37) for i in range(6)]
+    wire = b"".join(frame(m) for m in msgs) + frame(b"\x01\x02", 0x82)
+    feed(conn, wire)  # all in one read
+    for cut in range(1, len(wire)):  # and every split into two reads
+        feed(conn, wire[:cut])
+        feed(conn, wire[cut:])
+    expect = [("text", m) for m in msgs] + [("binary", b"\x01\x02")]
+    assert s.got == expect * len(wire)
+    assert conn._fast
+
+
+def test_a_ping_is_answered_and_the_fast_path_goes_on() -> None:
+    conn, t, s = connect()
+    t.out.clear()
+    feed(conn, frame(b"a") + frame(b"hi", 0x89) + frame(b"b"))
+    assert s.got == [("text", b"a"), ("text", b"b")]
+    (pong,) = server_frames(bytes(t.out))
+    assert pong.opcode is Opcode.PONG and pong.data == b"hi"
+    assert conn._fast
+
+
+def test_a_fragmented_message_is_reassembled_by_the_library() -> None:
+    conn, t, s = connect()
+    feed(conn, frame(b"one") + frame(b'{"a":', 0x01) + frame(b"1}", 0x80) + frame(b"two"))
+    assert s.got == [("text", b"one"), ("text", b'{"a":1}'), ("text", b"two")]
+    assert not conn._fast
+
+
+def test_unmasked_and_oversized_frames_close_with_the_library_codes() -> None:
+    for data, code in ((frame(b"x", mask=False), 1002), (frame(b"y" * 5000), 1009)):
+        conn, t, s = connect(max_size=4096)
+        t.out.clear()
+        feed(conn, data)
+        assert s.got == []
+        (close,) = server_frames(bytes(t.out))
+        assert close.opcode is Opcode.CLOSE and Close.parse(close.data).code == code
+
+
+def test_scan_classifies_frames() -> None:
+    big = frame(b"z" * 300)
+    assert ws_frames.scan(big, 0, len(big), True, 4096) == (ws_frames.DATA, 8, 300)
+    assert ws_frames.scan(big, 0, len(big) - 1, True, 4096)[0] == ws_frames.MORE
+    assert ws_frames.scan(big, 0, 3, True, 4096)[0] == ws_frames.MORE
+    assert ws_frames.scan(big, 0, len(big), True, 100)[0] == ws_frames.OTHER  # too large
+    assert ws_frames.scan(big, 0, len(big), False, 4096)[0] == ws_frames.OTHER  # masked, server side
+    close = frame(b"\x03\xe8", 0x88)
+    assert ws_frames.scan(close, 0, len(close), True, 4096) == (ws_frames.CONTROL, 6, 2)
+    cont = frame(b"x", 0x00)
+    assert ws_frames.scan(cont, 0, len(cont), True, 4096)[0] == ws_frames.OTHER
+    assert ws_frames.header(5) == b"\x81\x05"
+    assert ws_frames.header(300, ws_frames.BINARY) == b"\x82\x7e\x01\x2c"
