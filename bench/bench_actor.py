@@ -18,7 +18,13 @@ Figures:
   step, to the cut), and the decision to the client's ``clear`` event;
 * memory per call actor: the actor's retained object graph after a 5-minute
   simulated call (without its conversation), and the agent process's PSS
-  growth per live call in the daemon.
+  growth per live call in the daemon;
+* CPU of the agent processes per call-second under the load benchmark's
+  workload (issue 8): ``brisvoxd`` with ``configs/brisvoxd.bench.toml`` (or
+  ``BRISVOX_BENCH_CONFIG`` / ``BRISVOX_BENCH_URL``, as ``bench/bench_load.py``),
+  N calls from the load generator, each process's CPU time (psutil) over the
+  calls' window divided by the call-seconds, summed over the agent processes
+  (and the worker's and gateway's for comparison).
 
 The machine is shared while benches run; figures are medians/percentiles of
 one run.
@@ -171,6 +177,66 @@ def _daemon(n_calls: int) -> dict[str, list[float] | float]:
     return out
 
 
+def _agent_cpu(n_calls: int) -> dict[str, float]:
+    """ms of CPU per call-second, per daemon role, at ``n_calls`` (see the module docstring)."""
+    import threading
+
+    import psutil
+
+    from bench import workload
+    from bench.bench_load import BrisvoxDaemon
+    from bench.loadgen import harness
+
+    wl = workload.load()
+    d = BrisvoxDaemon(wl_path=wl.source or None)
+    urls = d.start(n_calls)
+    samples: list[tuple[float, dict[int, float]]] = []
+    stop = threading.Event()
+    try:
+        time.sleep(2.0)
+        procs: dict[int, tuple[str, psutil.Process]] = {}
+        for c in psutil.Process(d.pids()[0]).children(recursive=True):
+            try:
+                title = " ".join(c.cmdline())
+            except psutil.Error:
+                continue
+            procs[c.pid] = (title.split("brisvoxd:")[-1].strip().split(" ")[0], c)
+
+        def sample() -> None:
+            while not stop.is_set():
+                row: dict[int, float] = {}
+                for pid, (_, p) in procs.items():
+                    try:
+                        t = p.cpu_times()
+                        row[pid] = t.user + t.system
+                    except psutil.Error:
+                        pass
+                samples.append((time.monotonic(), row))
+                stop.wait(0.25)
+
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        try:
+            summary = harness.run_loadgen(urls, n_calls, wl, False, timeout_s=wl.load.run_timeout_s + 60)
+        finally:
+            stop.set()
+            th.join()
+    finally:
+        d.stop()
+    w = summary["window"]
+    if not samples or not summary["call_seconds"] or w["first_connect"] is None:
+        return {}
+
+    def at(t: float) -> dict[int, float]:
+        return min(samples, key=lambda s: abs(s[0] - t))[1]
+
+    a, b = at(w["first_connect"]), at(w["last_end"])
+    out: dict[str, float] = {}
+    for pid, (role, _) in procs.items():
+        out[role] = out.get(role, 0.0) + (b.get(pid, 0.0) - a.get(pid, 0.0)) * 1000.0 / summary["call_seconds"]
+    return out
+
+
 def run(quick: bool) -> list[Row]:
     rows: list[Row] = []
     inproc = _inprocess(3 if quick else 10)
@@ -195,4 +261,10 @@ def run(quick: bool) -> list[Row]:
     rows.append((f"daemon, {n} calls: barge-in decision -> client clear event p95", _pct(dm["clear_client"], 95), "ms", ""))  # type: ignore[arg-type]
     rows.append((f"daemon, {n} calls: agent PSS growth per live call", float(dm["pss_per_call"]) / 1e6, "MB", "<= 2"))  # type: ignore[arg-type]
     rows.append(("daemon run wall time", time.perf_counter() - t, "s", ""))
+    n = 20 if quick else 100
+    cpu = _agent_cpu(n)
+    rows.append((f"load workload, {n} calls: agent processes' CPU per call-second (summed)", cpu.get("agent", float("nan")),
+                 "ms", "(issue 8: 3.5 before the pump/STT batching)"))
+    for role in ("worker", "gateway"):
+        rows.append((f"load workload, {n} calls:   for comparison, the {role}'s", cpu.get(role, float("nan")), "ms", ""))
     return rows

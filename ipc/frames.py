@@ -180,6 +180,7 @@ class CallStart(Frame):
 @frame("call_accepted")
 class CallAccepted(Frame):
     call_id: str
+    worker: int = -1  # the worker the agent attached the call to (-1: not said)
 
 
 @frame("call_end")
@@ -234,6 +235,40 @@ class Cleared(Frame):
     position: int
     applied_ns: int
     marks: list[str] | None = None
+
+
+@frame("pause")
+class Pause(Frame):
+    """Agent -> gateway: hold the bot's audio of ``epoch`` (a barge-in candidate opened).
+
+    Unlike Clear, ``epoch`` names the LIVE epoch being held (the response
+    playing or about to play), not the newest dead one. The gateway stops
+    releasing at once and keeps its release position: the unreleased audio
+    stays in the out ring (nothing is cut, skipped or counted as an
+    underrun; Twilio gets no media, RTP ends the talkspurt). It ends with
+    Resume (the candidate was vetoed: release goes on from the held
+    position, nothing lost or repeated), a Clear (the barge-in was confirmed:
+    answered by Cleared with the held position, exactly what was played), an
+    utterance of a newer epoch, or the gateway's own bound
+    (``[gateway] pause_max_ms``, counted): a pause never silences a call for
+    ever. A Pause of a dead epoch (at or below the last Clear, or older than
+    an utterance already announced) is ignored and counted. Not answered.
+    """
+
+    call_id: str
+    epoch: int
+    sent_ns: int
+
+
+@frame("resume")
+class Resume(Frame):
+    """Agent -> gateway: release the held audio of ``epoch`` again (the candidate
+    was vetoed). Ignored (counted) when the call is not paused for ``epoch``
+    (already resumed by the bound, cleared, or a dead epoch). Not answered."""
+
+    call_id: str
+    epoch: int
+    sent_ns: int
 
 
 @frame("playback")

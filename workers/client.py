@@ -404,13 +404,15 @@ class WorkerClient:
             w.last_tick_ns = time.monotonic_ns()
             w.ticks += 1
         calls = self.calls
+        worker = t.worker
+        on_position = self.on_position
         for call_id, pos in t.positions.items():
             link = calls.get(call_id)
-            if link is None or link.worker != t.worker:
+            if link is None or link.worker != worker:
                 continue
             link.in16_pos = pos
-            if self.on_position is not None:
-                self.on_position(call_id, pos)
+            if on_position is not None:
+                on_position(call_id, pos)
         for ev in t.events:
             call_id = ev.get("call_id", "")
             link = calls.get(call_id)

@@ -12,7 +12,9 @@ Owns what the client measures and how:
   caller restarted speaking at ``t_barge`` (send time of the first frame of its
   next line): -> Twilio ``clear`` received = clear latency; -> last bot frame
   received = last-audio latency; and how long the caller still *heard* the bot
-  (until the clear discarded the buffer, or the buffered audio ran out).
+  (until the clear discarded the buffer, or the buffered audio ran out) =
+  "bot audio stopped after barge-in" (a server that holds its audio at the
+  barge-in's start, before it confirms it with a clear, stops it here too).
 * **Summary** over all calls of one run: p50/p95/p99 of each latency, late and
   missing frames, unanswered turns, missing clears, the loadgen's own timer
   health, and the windows the CPU/PSS sampler needs.

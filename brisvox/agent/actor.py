@@ -12,12 +12,19 @@ Owns the assembly of seed 003 ("Assembly") for the ring architecture:
   and TransportOut.
 * The clear hook (the barge-in fast path): ``book.note_clear`` first, then
   Clear to the gateway and TtsCut to the worker, synchronously inside the
-  driver's decision step.
+  driver's decision step. The pause hook, the same way: ``book.note_pause``
+  / ``note_resume`` and Pause / Resume to the gateway (a barge-in candidate
+  holds the bot's audio until it is confirmed or vetoed).
 * The pump is not a task: the host calls ``on_worker`` (a worker tick for
   this call: in16 position and VAD events), ``on_out_utterance``,
-  ``on_playback``, ``on_cleared``, ``on_mark_played``, ``on_dtmf``. Audio is
-  read from the in16 ring and offered to the STT inbox without waiting; VAD
-  events take the system lane with times backdated from their positions.
+  ``on_playback``, ``on_cleared``, ``on_mark_played``, ``on_dtmf``. Each
+  tick's in16 position goes straight to the turn driver (``note_audio_end``:
+  it needs no audio, so no frame hop). Audio is read from the in16 ring and
+  offered to the STT inbox without waiting: every tick, or, for an STT
+  provider with ``audio_batch`` (seconds), once that much is pending, and
+  always before a VAD event, so a stop never overtakes speech left in the
+  pump. VAD events take the system lane with times backdated from their
+  positions.
   After a hang-up audio and DTMF are discarded; marks and positions still
   reach the book.
 * ``hangup(reason)`` sends Stop through the chain, waits (bounded) for every
@@ -30,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +66,7 @@ from brisvox.agent.tts_stage import TtsStage, TtsStageConfig
 from brisvox.agent.turn_driver import TurnDriver, TurnDriverConfig
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
+from ipc.frames import Pause, Resume
 
 log = logging.getLogger("brisvox.agent.actor")
 
@@ -156,6 +165,7 @@ class CallActor:
             self.watch,
             self.tasks,
             clear_hook=self._clear_hook,
+            pause_hook=self._pause_hook,
             link=link,
             timeline=self.timeline,
         )
@@ -194,8 +204,10 @@ class CallActor:
         self.stages = [self.stt, self.driver, self.runner, self.segmenter, self.tts, self.out]
         for a, b in zip(self.stages, self.stages[1:], strict=False):
             a.pipe(b)
-        self._in_pos: int | None = None
+        self._in_pos: int | None = None  # in16 position of the first sample not yet given to the STT stage
         self._gap = False
+        # audio held in the pump before it is offered to the STT stage (0: every tick)
+        self._batch_samples = max(0, int(float(getattr(stt, "audio_batch", 0.0) or 0.0) * IN16_RATE))
         self._started = False
         self._hung_up = False
         self._done = asyncio.Event()
@@ -216,6 +228,15 @@ class CallActor:
     def _clear_hook(self, new_epoch: int, at: float) -> None:
         self.book.note_clear(new_epoch, at)
         self.clears.clear(new_epoch)
+
+    def _pause_hook(self, epoch: int, at: float, paused: bool) -> None:
+        """Hold (``paused``) or release the bot's audio of ``epoch`` at the gateway."""
+        if paused:
+            self.book.note_pause(at)
+            self.link.to_gateway(Pause(self.call_id, epoch, time.monotonic_ns()))
+        else:
+            self.book.note_resume()
+            self.link.to_gateway(Resume(self.call_id, epoch, time.monotonic_ns()))
 
     async def hangup(self, reason: str = "hangup") -> dict[str, Any]:
         """End the call: Stop through the chain, bounded wait, end every task, record."""
@@ -252,25 +273,46 @@ class CallActor:
         return self.runner.ctx
 
     # -- inbound (the pump) -----------------------------------------------------------
-    def on_worker(self, in16_pos: int, events: list[dict[str, Any]]) -> None:
-        """A worker tick for this call: read in16 up to ``in16_pos``, then the VAD events."""
+    def on_worker(self, in16_pos: int, events: Sequence[dict[str, Any]] = ()) -> None:
+        """A worker tick for this call: the newest in16 position, then the VAD events.
+
+        The position goes to the turn driver at once (it needs nothing else of the
+        audio). The audio itself is read from in16 and offered to the STT stage as one
+        AudioFrame per tick, or, when the STT provider takes batches
+        (``audio_batch``), once at least that much is pending and always before a
+        VAD event is delivered (so a stop never leaves its speech behind in the pump).
+        """
         if self._hung_up:
             self.pump.discarded_after_hangup += 1
             return
+        in_pos = self._in_pos
+        if in_pos is None:
+            in_pos = in16_pos if not events else min(in16_pos, *(int(e.get("pos", in16_pos)) for e in events))
+            self._in_pos = in_pos
+        if in16_pos > in_pos:
+            self.driver.note_audio_end(in16_pos)
+            if events or in16_pos - in_pos >= self._batch_samples:
+                self._read_audio(in_pos, in16_pos)
+        if events:
+            self._events(in16_pos, events)
+
+    def _read_audio(self, start: int, end: int) -> None:
+        r = self.source.read_range(start, end)
+        if r.lost:
+            self.pump.lost += r.lost
+            self._gap = True
+        n = len(r.samples)
+        if n:
+            self.pump.frames += 1
+            self.pump.samples += n
+            self.stt.inbox.put_nowait(AudioFrame(r.start, r.samples, self._gap))
+            self._gap = False
+            self._in_pos = r.start + n
+        else:
+            self._in_pos = end
+
+    def _events(self, in16_pos: int, events: Sequence[dict[str, Any]]) -> None:
         now = self.clock.now()
-        if self._in_pos is None:
-            self._in_pos = in16_pos if not events else min(in16_pos, *(int(e.get("pos", in16_pos)) for e in events))
-        if in16_pos > self._in_pos:
-            r = self.source.read_range(self._in_pos, in16_pos)
-            if r.lost:
-                self.pump.lost += r.lost
-                self._gap = True
-            if len(r.samples):
-                self.pump.frames += 1
-                self.pump.samples += len(r.samples)
-                self.stt.inbox.put_nowait(AudioFrame(r.start, r.samples, self._gap))
-                self._gap = False
-            self._in_pos = r.start + len(r.samples) if len(r.samples) else in16_pos
         for ev in events:
             kind = ev.get("kind")
             pos = int(ev.get("pos", in16_pos))

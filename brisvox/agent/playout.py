@@ -20,6 +20,8 @@ Who writes what:
   the gateway reports with Cleared), ``mark_played``.
 * The clear hook: ``note_clear`` at the barge-in decision, before the Clear
   leaves (so a cut utterance is frozen before any later report arrives).
+* The pause hook: ``note_pause`` when a barge-in candidate holds the bot's
+  audio at the gateway, ``note_resume`` when it is released again.
 
 Positions are out-ring samples at the call rate; an utterance spans
 ``[out_start, out_start + total_out)``. Released audio of a cut utterance is
@@ -32,6 +34,15 @@ audio of later utterances of the same epoch behind it in the client's
 buffer, and (for the fixed margin) faded by the time between the last
 release of this or a later utterance and the barge-in. A response that
 ended without an interruption loses no lead.
+
+Pause (a barge-in candidate held the audio): only released audio is ever
+counted, so a hold changes nothing in the figures themselves; the release
+position simply stops. A cut during a hold loses the client's lead that
+drained while the audio was held (a reported lead is faded by the hold's
+age at the cut, the fixed margin by the age of the last release as
+always), so a confirmed barge-in after a hold keeps exactly what was
+released. :meth:`unreleased_s` (audio written but not yet released, from
+the release reports) bounds the writer's lead while the release is held.
 
 Settle: an interrupted utterance is settled by its end mark echo, the
 Cleared final position, or being played whole; ``wait_settled`` waits for
@@ -119,6 +130,7 @@ class BookStats:
     estimated: int = 0
     not_a_prefix: int = 0
     evicted: int = 0
+    pauses: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +152,7 @@ class PlayoutBook:
         self.release_pos = 0
         self.client_lead: float | None = None
         self._clears: list[tuple[int, float, int | None]] = []  # (epoch, at, final position)
+        self.paused_at: float | None = None  # the gateway holds the bot's audio since then
         self._changed = asyncio.Event()
         self.st = BookStats()
 
@@ -255,17 +268,47 @@ class PlayoutBook:
             if u.out_start + self.total_out(u) <= pos - self.call_rate * 5:
                 break  # older utterances were updated long ago
 
+    def note_pause(self, at: float) -> None:
+        """A barge-in candidate holds the bot's audio at the gateway from ``at`` on."""
+        self.st.pauses += 1
+        if self.paused_at is None:
+            self.paused_at = at
+
+    def note_resume(self) -> None:
+        """The held audio is released again (the candidate was vetoed)."""
+        self.paused_at = None
+
+    def unreleased_s(self) -> float:
+        """Seconds of bot audio written (not cut) that the last release report had not
+        released yet: the writer's real lead over the caller's ear, which a hold stops
+        from shrinking. An upper bound (reports are periodic)."""
+        n = 0
+        for u in reversed(self.utts.values()):
+            if u.cut:
+                break
+            total = self.total_out(u)
+            if u.out_start is None:
+                n += total  # written, not placed in the out ring yet
+                continue
+            n += max(0, u.out_start + total - max(self.release_pos, u.out_start))
+            break
+        return n / self.call_rate
+
     def note_clear(self, new_epoch: int, at: float) -> None:
         """The barge-in decision (before the Clear leaves): freeze what is cut."""
         self.st.clears_noted += 1
         self._clears.append((new_epoch, at, None))
         if len(self._clears) > 64:
             del self._clears[:-64]
+        lead = self.client_lead
+        if lead is not None and self.paused_at is not None:
+            lead = max(0.0, lead - max(0.0, at - self.paused_at))  # the client played it out during the hold
+        self.paused_at = None
         for u in self.utts.values():
             if u.epoch < new_epoch and not u.cut and not u.settled:
                 u.cut = True
                 u.cut_at = at
-                u.client_lead = self.client_lead
+                u.client_lead = lead
                 if u.out_start is not None and u.released >= self.total_out(u) and u.tts_samples > 0:
                     pass  # released whole already: the final position will confirm it
         for r in self.rounds.values():

@@ -244,7 +244,7 @@ class AgentProcess:
     def _on_position(self, call_id: str, pos: int) -> None:
         slot = self.calls.get(call_id)
         if slot is not None:
-            slot.actor.on_worker(pos, [])
+            slot.actor.on_worker(pos)
 
     def _on_event(self, call_id: str, ev: dict[str, Any]) -> None:
         slot = self.calls.get(call_id)
@@ -287,10 +287,10 @@ class AgentProcess:
                 r.close()
             return refuse("no_worker")
         try:
-            # the least loaded worker by this process's own attachments: the gateway's hint
-            # (CallStart.worker) counts only its echo calls, so it names worker 0 for every
-            # pipeline call and a second worker would stay idle
-            await self.workers.attach(f.call_id, f.instance, f.call_rate, f.tts_rate, worker=None, gateway=sender)
+            # the gateway chooses the worker (it counts every call of every agent process);
+            # another one takes the call only if that one refuses, and CallAccepted says which
+            wlink = await self.workers.attach(f.call_id, f.instance, f.call_rate, f.tts_rate,
+                                              worker=f.worker if f.worker >= 0 else None, gateway=sender)
         except Exception as e:  # AttachError, timeouts
             for r in rings:
                 r.close()
@@ -334,7 +334,7 @@ class AgentProcess:
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
         actor.start()
         self.counters["calls_started"] += 1
-        self.links.reply(sender, CallAccepted(call_id=f.call_id), cid)
+        self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker), cid)
 
     def _agent_def(self, name: str) -> Any:
         """The parsed agent file ``<agents dir>/<name>.toml``, re-read when it changed."""

@@ -47,7 +47,7 @@ class Inbox:
         "_sys",
         "_up",
         "_data",
-        "_ready",
+        "_waiter",
         "_space",
         "dropped",
         "sys_dropped",
@@ -63,7 +63,7 @@ class Inbox:
         self._sys: deque[PipelineFrame] = deque()
         self._up: deque[PipelineFrame] = deque()
         self._data: deque[PipelineFrame] = deque()
-        self._ready = asyncio.Event()
+        self._waiter: asyncio.Future[bool] | None = None  # the one getter (the stage task), parked
         self._space = asyncio.Event()
         self._space.set()
         self.dropped = 0
@@ -101,7 +101,11 @@ class Inbox:
                 self.max_queued = len(self._data)
             if len(self._data) >= self.data_cap:
                 self._space.clear()
-        self._ready.set()
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(True)
         return True
 
     async def put(self, frame: PipelineFrame) -> None:
@@ -125,24 +129,30 @@ class Inbox:
         return None
 
     async def get(self, deadline: float | None = None) -> PipelineFrame | None:
-        """Next frame, or None once ``deadline`` (loop time) has passed with nothing queued."""
+        """Next frame, or None once ``deadline`` (loop time) has passed with nothing queued.
+
+        One getter at a time (the stage's task). It parks on a bare future that the
+        next put resolves, and the deadline is a plain loop timer resolving the same
+        future (False): no Event waiter list, no Timeout context per wait."""
         while True:
             f = self._pop()
             if f is not None:
                 return f
-            self._ready.clear()
-            if deadline is None:
-                await self._ready.wait()
-                continue
             loop = asyncio.get_running_loop()
-            if deadline <= loop.time():
+            if deadline is not None and deadline <= loop.time():
                 return None
+            fut: asyncio.Future[bool] = loop.create_future()
+            self._waiter = fut
+            timer = loop.call_at(deadline, _expire, fut) if deadline is not None else None
             try:
-                async with asyncio.timeout_at(deadline):
-                    await self._ready.wait()
-            except TimeoutError:
-                f = self._pop()
-                return f
+                put = await fut
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                if self._waiter is fut:
+                    self._waiter = None
+            if not put:
+                return self._pop()
 
     def has_interrupt_after(self, epoch: int) -> bool:
         """An Interrupt for a newer epoch is queued (a send may be abandoned)."""
@@ -155,6 +165,11 @@ class Inbox:
             "up_dropped": self.up_dropped,
             "max_queued": self.max_queued,
         }
+
+
+def _expire(fut: asyncio.Future[bool]) -> None:
+    if not fut.done():
+        fut.set_result(False)
 
 
 class EpochWatch:

@@ -4,11 +4,17 @@ Owns the call's STT session (seed 003, "SttStage and TurnDriver"):
 
 * ``process`` never awaits the provider. A session that is an
   ``SttSpanSink`` (a model reading in16 itself) gets each chunk's in16
-  positions (``note_span``) right before the chunk. Audio is forwarded downstream at
-  once and queued (bounded, drop-newest at ``audio_queue``, counted) for ONE
-  session task that owns the provider session, the ledger of unanswered
-  Finalizes and every frame the stage emits besides the forwarded ones, so
-  transcripts and UtteranceFinals are strictly ordered.
+  positions (``note_span``) right before the chunk. Audio is queued (bounded,
+  drop-newest at ``audio_queue``, counted) for ONE session task, and not
+  forwarded: the turn driver takes the in16 positions it needs from the
+  actor's pump (``TurnDriver.note_audio_end``), so caller audio costs no
+  frame hop and no task wake past this stage. A provider that declares
+  ``audio_batch`` (seconds; e.g. the scripted STT) gets its audio from the
+  pump in batches of that size (see ``CallActor.on_worker``); 0 or absent
+  (streaming vendors) means every worker tick's audio at once. That one
+  session task owns the provider session, the ledger of unanswered
+  Finalizes and every frame the stage emits besides the forwarded VAD
+  events, so transcripts and UtteranceFinals are strictly ordered.
 * Finalize at every VAD stop, right after forwarding the stop. It never
   precedes the speech it finalizes: the stop travels the system lane and can
   overtake queued audio, so the Finalize is held until an audio frame
@@ -128,15 +134,18 @@ class SttStage(Stage):
     # -- stage side ------------------------------------------------------------------
     async def process(self, frame: PipelineFrame) -> None:
         if isinstance(frame, AudioFrame):
-            await self.send(frame)
+            # not forwarded: the turn driver, the only stage after this one that used
+            # caller audio, takes its positions from the pump (TurnDriver.note_audio_end)
+            end = frame.pos + len(frame.samples)
             if len(self._audio) >= self.cfg.audio_queue:
                 self.st.audio_dropped += 1
             else:
-                self._audio.append((frame.samples.tobytes(), frame.pos, frame.end))
+                self._audio.append((frame.samples.tobytes(), frame.pos, end))
                 self._wake.set()
-            self._processed_end = frame.end
-            while self._held and self._held[0][0] <= self._processed_end:
-                self._held.popleft()
+            self._processed_end = end
+            held = self._held
+            while held and held[0][0] <= end:
+                held.popleft()
                 self._queue_finalize()
             return
         if isinstance(frame, UserStoppedSpeaking):
@@ -372,10 +381,8 @@ class SttStage(Stage):
                     self.st.finalize_timeouts += 1
                     dead = True
                     break
+                # no wake for healthy_after: "lived long enough" is judged when the session ends
                 deadline = self._outstanding[0] + to.finalize if self._outstanding else None
-                if not healthy:
-                    h = started + cfg.healthy_after
-                    deadline = h if deadline is None else min(deadline, h)
                 if events or self._audio or self._finalizes or self._stopping:
                     continue
                 wake.clear()
@@ -388,6 +395,8 @@ class SttStage(Stage):
                     except TimeoutError:
                         pass
         finally:
+            if not healthy and self.clock.now() - started >= cfg.healthy_after:
+                healthy = True
             if dead:
                 self.st.deaths += 1
             await cancel_and_join(rtask, 0.5)

@@ -9,7 +9,13 @@ ring architecture of DESIGN.md section 2):
   starts at; the worker answers ``OutUtterance`` with its out-ring position,
   which the actor's inbound path gives to the book and to :meth:`on_out_utterance`).
   Not a pacer: it only keeps the ring at most ``max_ahead`` seconds ahead of
-  real-time playout (estimated), so a long answer never overruns a ring.
+  playout, so a long answer never overruns a ring. Playout is the larger of
+  a real-time estimate and the book's :meth:`~PlayoutBook.unreleased_s`
+  (from the gateway's release reports): while a barge-in candidate holds the
+  release (Pause), the writer stops too instead of filling the ring; one
+  write waits at most ``max_ahead`` + ``max_hold`` (counted as
+  ``hold_overflows`` when it gives up), so a release that never moves again
+  cannot stall the stage for ever.
 * Epoch ledger: the stage is KeepAll and filters epochs itself so it can
   count (``stale_dropped``, ``stale_control``); the floor is the newest of its
   own Clear epoch and the last Interrupt. Before the first audio of any epoch
@@ -56,6 +62,7 @@ log = logging.getLogger("brisvox.agent.out")
 class TransportOutConfig:
     max_ahead: float = 2.0
     mark_timeout: float = 10.0
+    max_hold: float = 4.0  # above the gateway's pause bound ([gateway] pause_max_ms)
 
 
 class ClearLedger:
@@ -102,6 +109,7 @@ class OutStats:
     duplicate_ends: int = 0
     utterances: int = 0
     ahead_waits: int = 0
+    hold_overflows: int = 0
 
 
 @dataclass(slots=True)
@@ -159,7 +167,8 @@ class TransportOut(Stage):
     async def process(self, frame: PipelineFrame) -> None:
         if isinstance(frame, AudioOut):
             await self._audio(frame)
-        elif isinstance(frame, TtsEnded):
+            return  # audio moves no mark deadline: nothing to re-arm
+        if isinstance(frame, TtsEnded):
             self._tts_ended(frame.epoch)
         elif isinstance(frame, Interrupt):
             if frame.epoch > self.floor:
@@ -185,16 +194,22 @@ class TransportOut(Stage):
                 self.st.clears_lazy += 1
             self.tx_epoch = e
             self._cur_utt = None
-        # stay at most max_ahead seconds ahead of the estimated playout
+        # stay at most max_ahead seconds ahead of playout (estimated, or held by a Pause)
         now = self.clock.now()
-        ahead = self._play_end - now
+        ahead = max(self._play_end - now, self.book.unreleased_s())
         if ahead > self.cfg.max_ahead:
             self.st.ahead_waits += 1
-            await self.clock.sleep(ahead - self.cfg.max_ahead)
-            if self._is_stale(e):  # epoch check right before the write
-                self.st.stale_dropped += 1
-                return
-            now = self.clock.now()
+            give_up = now + ahead - self.cfg.max_ahead + self.cfg.max_hold
+            while ahead > self.cfg.max_ahead:
+                if now >= give_up:
+                    self.st.hold_overflows += 1
+                    break
+                await self.clock.sleep(min(max(ahead - self.cfg.max_ahead, 0.02), give_up - now))
+                if self._is_stale(e):  # epoch check right before the write
+                    self.st.stale_dropped += 1
+                    return
+                now = self.clock.now()
+                ahead = max(self._play_end - now, self.book.unreleased_s())
         if f.utterance != self._cur_utt:
             self._cur_utt = f.utterance
             pos = self.sink.write_pos

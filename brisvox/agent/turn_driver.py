@@ -20,6 +20,10 @@ Owns (seed 003 sections 2-3 and "SttStage and TurnDriver"):
   exists. An empty turn sends no UserTurnEnded and feeds the machine a
   synthetic BotAudioEnded. Late finals of a released turn are dropped and
   counted.
+* Pause on candidate: the machine's PauseOutput / ResumeOutput go through
+  the pause hook (PlayoutBook note, Pause / Resume to the gateway;
+  synchronous inside the decision step, like the clear hook). A confirmed
+  candidate needs no Resume: its Interrupt's Clear cuts at the held position.
 * Resume is not barge-in: a VAD start while an end is held feeds the
   machine the synthetic BotAudioEnded first (so the start opens a new turn
   without guards, Interrupt or Clear), carries the held text into the new
@@ -29,8 +33,10 @@ Owns (seed 003 sections 2-3 and "SttStage and TurnDriver"):
   speech and the pause after it, as the model expects; else the stop's
   ``pos``) (a helper task; the verdict
   comes back as a Wake on the upstream lane). It is deferred while the
-  newest caller audio this stage saw ends before the stop (at most
-  ``analysis_defer_max``); a failed or late analysis is counted and the
+  newest in16 position this stage knows ends before the stop (at most
+  ``analysis_defer_max``); the actor's pump gives it every worker tick's
+  position synchronously (:meth:`TurnDriver.note_audio_end`; an AudioFrame
+  still works the same way), so in the daemon the stop never finds it behind; a failed or late analysis is counted and the
   machine's fallback silence ends the turn.
 * The response backstop: after UserTurnEnded, ``response_deadline`` feeds a
   synthetic BotAudioEnded unless the epoch's first audio (BotStarted) or its
@@ -77,6 +83,7 @@ from brisvox.clock import Clock
 log = logging.getLogger("brisvox.agent.turn")
 
 ClearHook = Callable[[int, float], None]
+PauseHook = Callable[[int, float, bool], None]  # (epoch, at, paused): hold / release the bot's audio
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +132,8 @@ class DriverStats:
     response_deadlines: int = 0
     dtmf: int = 0
     greetings: int = 0
+    output_pauses: int = 0
+    output_resumes: int = 0
 
 
 class TurnDriver(Stage):
@@ -139,6 +148,7 @@ class TurnDriver(Stage):
         tasks: TaskOwner,
         *,
         clear_hook: ClearHook,
+        pause_hook: PauseHook | None = None,
         link: CallLink | None,
         timeline: Timeline,
     ) -> None:
@@ -146,6 +156,7 @@ class TurnDriver(Stage):
         self.cfg = cfg
         self.machine = tm.TurnMachine(cfg.turn)
         self.clear_hook = clear_hook
+        self.pause_hook = pause_hook
         self.link = link
         self.timeline = timeline
         self.st = DriverStats()
@@ -164,16 +175,28 @@ class TurnDriver(Stage):
         self._greeting = ""
         self._closed = False
 
+    # -- caller audio position -------------------------------------------------------
+    def note_audio_end(self, end: int) -> None:
+        """The caller audio available in in16 now ends at ``end``.
+
+        The driver needs only this position (the worker reads the Smart Turn audio
+        from in16 itself), so the actor's pump calls it synchronously on every
+        worker tick instead of sending the driver an AudioFrame (no frame hop, no
+        task wake). A deferred analysis whose stop position is now covered is sent
+        at once (synchronous: it only spawns the job)."""
+        if end > self._last_audio_end:
+            self._last_audio_end = end
+            pa = self._pending_analysis
+            if pa is not None and end >= pa[1]:
+                self._send_analysis()
+
     # -- frames ----------------------------------------------------------------------
     async def process(self, frame: PipelineFrame) -> None:
         if self._closed:
             return
         now = self.clock.now()
         if isinstance(frame, AudioFrame):
-            self._last_audio_end = frame.end
-            pa = self._pending_analysis
-            if pa is not None and self._last_audio_end >= pa[1]:
-                self._send_analysis()
+            self.note_audio_end(frame.end)
         elif isinstance(frame, UserStartedSpeaking):
             if self._held is not None:
                 await self._resume(frame.at)
@@ -326,6 +349,17 @@ class TurnDriver(Stage):
                 self._held = _Held(act.epoch, act.at, self.clock.now() + self.cfg.final_wait)
             else:
                 await self._release(act.epoch)
+        elif isinstance(act, tm.PauseOutput | tm.ResumeOutput):
+            paused = isinstance(act, tm.PauseOutput)
+            if paused:
+                self.st.output_pauses += 1
+            else:
+                self.st.output_resumes += 1
+            if self.pause_hook is not None:
+                try:  # synchronous, like the clear hook: the hold starts in this decision step
+                    self.pause_hook(act.epoch, act.at if isinstance(act, tm.PauseOutput) else self.clock.now(), paused)
+                except Exception:  # a failed pause is counted by the link; the gateway bounds any hold
+                    log.exception("pause hook failed")
         elif isinstance(act, tm.Note):
             k = act.kind
             if k == "echo":

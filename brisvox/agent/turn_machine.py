@@ -25,6 +25,18 @@ that is not a backchannel, or once it has lasted ``max_backchannel``;
 vetoed when it stops with an empty or backchannel-only final; a short
 candidate with a real word (a quick "stop") interrupts at its final.
 
+Pause on candidate (``pause_on_candidate``, on in RECOMMENDED): what a person
+does when talked over. The moment a candidate opens while the bot is active
+(past the echo window), ``PauseOutput(epoch)`` holds the bot's audio at the
+gateway (nothing is cut); the candidate then ends in exactly one of:
+confirmed -> ``Interrupt`` (the driver's Clear cuts at the held position),
+vetoed (backchannel-only or empty final) -> ``ResumeOutput(epoch)`` (the
+answer plays on from the held word), the bot's turn ending by itself ->
+``ResumeOutput`` then the plain new turn, or Hangup. So a backchannel
+("uh-huh") costs the answer a short hold, never the answer, and a real
+barge-in silences the bot at once even when the guard needs
+``max_backchannel`` to confirm it (an STT without interims).
+
 Invariants: one timer slot (``ArmTimer`` replaces, ``CancelTimer`` clears);
 ``BotAudioStarted/Ended`` of another epoch are ignored; nothing but Hangup
 is accepted after CLOSED; every ``VadStop`` returns exactly one ``OwnStop``
@@ -58,10 +70,12 @@ class InterruptionConfig:
     max_backchannel: float = 0.8
     echo_window: float = 0.25
     backchannels: frozenset[str] = DEFAULT_BACKCHANNELS
+    pause_on_candidate: bool = True  # hold the bot's audio while a candidate is undecided
 
     @classmethod
     def off(cls) -> InterruptionConfig:
-        return cls(enabled=False, min_speech=0.0, max_backchannel=0.0, echo_window=0.0)
+        return cls(enabled=False, min_speech=0.0, max_backchannel=0.0, echo_window=0.0,
+                   pause_on_candidate=False)
 
     @classmethod
     def recommended(cls) -> InterruptionConfig:
@@ -216,8 +230,23 @@ class StartBotTurn:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class PauseOutput:
+    """Hold the bot's audio of ``epoch`` where it is (a candidate opened at ``at``)."""
+
+    epoch: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeOutput:
+    """Release the held audio of ``epoch`` again (the candidate was vetoed)."""
+
+    epoch: int
+
+
 Action = (StartUserTurn | Interrupt | RequestAnalysis | ArmTimer | CancelTimer | EndUserTurn | OwnStop | Note
-          | StartBotTurn)
+          | StartBotTurn | PauseOutput | ResumeOutput)
 
 
 class Phase(Enum):
@@ -241,7 +270,8 @@ class _Candidate:
 class TurnMachine:
     """See the module docstring. ``epoch`` is the current turn epoch (0 before any turn)."""
 
-    __slots__ = ("cfg", "phase", "epoch", "deadline", "analysis_id", "pause_at", "bot_started_at", "_cand")
+    __slots__ = ("cfg", "phase", "epoch", "deadline", "analysis_id", "pause_at", "bot_started_at", "_cand",
+                 "paused")
 
     def __init__(self, cfg: TurnConfig | None = None) -> None:
         self.cfg = cfg or TurnConfig()
@@ -252,6 +282,7 @@ class TurnMachine:
         self.pause_at = 0.0
         self.bot_started_at: float | None = None
         self._cand: _Candidate | None = None
+        self.paused = 0  # the epoch whose output a PauseOutput holds (0: none)
 
     @property
     def bot_active(self) -> bool:
@@ -267,6 +298,7 @@ class TurnMachine:
         if isinstance(inp, Hangup):
             self.phase = Phase.CLOSED
             self._cand = None
+            self.paused = 0
             return self._cancel_timer()
         if isinstance(inp, VadStart):
             return self._vad_start(inp.at)
@@ -307,6 +339,12 @@ class TurnMachine:
         self.deadline = None
         return [CancelTimer()]
 
+    def _resume_output(self) -> list[Action]:
+        if not self.paused:
+            return []
+        epoch, self.paused = self.paused, 0
+        return [ResumeOutput(epoch)]
+
     def _pause(self, at: float) -> list[Action]:
         self.phase = Phase.USER_PAUSED
         self.pause_at = at
@@ -328,6 +366,7 @@ class TurnMachine:
         self.epoch += 1
         self._cand = None
         self.bot_started_at = None
+        self.paused = 0  # the Interrupt's Clear ends the hold (cut at the held position)
         acts: list[Action] = [Interrupt(old, self.epoch, now)]
         acts += self._cancel_timer()
         if cand is None:
@@ -368,7 +407,12 @@ class TurnMachine:
             cand.stopped_at = None
             return self._arm(max(at, cand.start + icfg.max_backchannel))
         self._cand = _Candidate(start=at)
-        return [Note("candidate"), *self._arm(at + icfg.max_backchannel)]
+        acts: list[Action] = []
+        if icfg.pause_on_candidate and not self.paused:
+            self.paused = self.epoch
+            acts.append(PauseOutput(self.epoch, at))
+        acts.append(Note("candidate"))
+        return acts + self._arm(at + icfg.max_backchannel)
 
     def _vad_stop(self, at: float) -> list[Action]:
         ph = self.phase
@@ -434,7 +478,7 @@ class TurnMachine:
             return []
         # stopped, and its final is empty or only backchannels: vetoed
         self._cand = None
-        return [Note("vetoed")]
+        return [Note("vetoed"), *self._resume_output()]
 
     def _bot_ended(self, epoch: int) -> list[Action]:
         if epoch != self.epoch or not self.bot_active:
@@ -442,7 +486,7 @@ class TurnMachine:
         cand = self._cand
         self._cand = None
         self.bot_started_at = None
-        acts = self._cancel_timer()
+        acts = self._resume_output() + self._cancel_timer()
         if cand is None or cand.vetoed:
             self.phase = Phase.IDLE
             return acts

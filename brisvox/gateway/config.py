@@ -103,6 +103,7 @@ class GatewayConfig:
     max_marks: int = 64  # pending marks per call (more are refused and counted)
     max_dtmf_queue: int = 32  # queued outbound DTMF digits per call
     uvloop: bool = False  # run the gateway loop on uvloop when installed
+    pause_max_ms: int = 2500  # an agent's Pause (barge-in candidate) is released by itself after this
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "gateway") -> GatewayConfig:
@@ -117,6 +118,8 @@ class GatewayConfig:
             raise ConfigError(f"{where}.tts_rate", "must be within 8000..48000")
         if cfg.ring_seconds > 60:
             raise ConfigError(f"{where}.ring_seconds", "at most 60 s")
+        if not 100 <= cfg.pause_max_ms <= 10000:
+            raise ConfigError(f"{where}.pause_max_ms", "must be within 100..10000")
         return cfg
 
 

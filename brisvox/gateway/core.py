@@ -29,6 +29,15 @@ Invariants:
   A Clear read after the newer epoch's audio already started releasing
   (its OutUtterance overtook the Clear) stops nothing: no cut, no transport
   clear, no marks discarded (they are the newer epoch's or already played).
+* Pause / Resume (a barge-in candidate holds the bot's audio,
+  :meth:`apply_pause`): applied in the callback that read the frame, so the
+  next tick releases nothing; the release position stays (the held audio
+  stays in the out ring, nothing is cut). A hold ends with Resume (release
+  goes on from the held position), a Clear (Cleared carries the held
+  position: exactly what was played), an utterance of a newer epoch, or
+  ``pause_max_ms`` (the pacer; counted). A Pause of a dead epoch (at or
+  below the last Clear, or older than an announced utterance) and a
+  Resume of an epoch that is not held are ignored and counted.
 * The first frame of a response goes out in the callback that read its
   OutUtterance (or the Clear that found that utterance already announced),
   not at the pacer's next tick.
@@ -92,10 +101,11 @@ class GatewayCore:
             report_every=max(1, round(self.cfg.position_interval_ms / (FRAME_S * 1000))),
             on_mark_played=self._mark_played,
             on_report=self._report,
+            pause_max_s=self.cfg.pause_max_ms / 1000.0,
         )
         self.static_peers = dict(static_peers or {})
         self.agents: dict[str, int] = {}  # ready agent process -> live calls
-        self.workers: dict[int, int] = {}  # ready worker index -> live echo calls
+        self.workers: dict[int, int] = {}  # ready worker index -> live calls it serves (all agents)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.sip: Any = None
         self.ws: Any = None
@@ -210,6 +220,9 @@ class GatewayCore:
             if ("worker", idx) not in ready and f"worker-{idx}" not in self.static_peers:
                 del self.workers[idx]
                 self.links.disconnect(f"worker-{idx}")
+                for call in self.table.calls.values():
+                    if call.worker == idx:
+                        call.worker = -1  # re-attached elsewhere; its next OutUtterance says where
 
         if self._echo_client is not None:
             self._echo_client.on_topology(rows)
@@ -247,9 +260,27 @@ class GatewayCore:
         return ECHO, ""  # no agent process: the echo line-test agent serves the call
 
     def pick_worker(self) -> int:
+        """The worker for a new call: the least loaded by the gateway's count of live calls.
+
+        The gateway owns this choice for every call (pipeline and echo): it is the one
+        place that sees all calls of all agent processes. The agent attaches to it (or,
+        if it refuses, to another one and says which in CallAccepted)."""
         if not self.workers:
             return -1
         return min(self.workers, key=lambda i: (self.workers[i], i))
+
+    def set_worker(self, call: Call, index: int) -> None:
+        """``call`` is served by worker ``index`` (-1: none known); keeps ``workers`` true."""
+        if index not in self.workers:
+            index = -1
+        old = call.worker
+        if old == index:
+            return
+        if old in self.workers:
+            self.workers[old] = max(0, self.workers[old] - 1)
+        call.worker = index
+        if index >= 0:
+            self.workers[index] += 1
 
     def admit(self, transport: str, agent: str, call_rate: int) -> Call:
         """Admit a call (rings created). Raises AdmissionError (full/draining/rings)."""
@@ -270,6 +301,7 @@ class GatewayCore:
     async def _start_call(self, call: Call, on_ready: Callable[[bool, str], None]) -> None:
         ok, why = False, ""
         try:
+            self.set_worker(call, self.pick_worker())
             if call.agent == ECHO:
                 from brisvox.gateway.echo import EchoAgent
 
@@ -282,7 +314,7 @@ class GatewayCore:
                 self.agents[proc] = self.agents.get(proc, 0) + 1
                 frame = F.CallStart(
                     call_id=call.call_id, agent=call.agent, transport=call.transport,
-                    call_rate=call.call_rate, tts_rate=call.tts_rate, worker=self.pick_worker(),
+                    call_rate=call.call_rate, tts_rate=call.tts_rate, worker=call.worker,
                     instance=self.instance, started_ns=call.started_ns,
                     transport_ids=dict(call.transport_ids) or None, params=dict(call.params) or None,
                 )
@@ -294,6 +326,8 @@ class GatewayCore:
                     reply = None
                 if isinstance(reply, F.CallAccepted):
                     ok = True
+                    if reply.worker >= 0:
+                        self.set_worker(call, reply.worker)  # another worker took it
                 elif isinstance(reply, F.ErrorReply):
                     why = f"agent refused: {reply.kind}"
                     self.metrics.inc("calls_agent_refused")
@@ -370,8 +404,7 @@ class GatewayCore:
             self.metrics.fold(call.stats)
             if call.agent_proc in self.agents:
                 self.agents[call.agent_proc] = max(0, self.agents[call.agent_proc] - 1)
-            if call.worker >= 0 and call.worker in self.workers and call.builtin is not None:
-                self.workers[call.worker] = max(0, self.workers[call.worker] - 1)
+            self.set_worker(call, -1)
             self._swallow.pop(call.call_id, None)
             self.metrics.inc("calls_ended")
 
@@ -431,6 +464,8 @@ class GatewayCore:
             self._send_cleared(call, epoch, [])
             return
         call.cleared_epoch = epoch
+        if self.pacer.unpause(call) is not None:
+            self.metrics.inc("pauses_cleared")  # the hold ends in the cut, at the held position
         ring = call.out_ring
         w = ring.write_pos
         newer = [p for e, p in call.utterances if e > epoch]
@@ -477,6 +512,32 @@ class GatewayCore:
             # the newer epoch's utterance was announced before this Clear arrived: it starts now
             self.pacer.utterance(call)
 
+    def apply_pause(self, call: Call, epoch: int) -> None:
+        """Hold the bot's audio of live epoch ``epoch`` (see module invariants)."""
+        if epoch <= call.cleared_epoch or any(e > epoch for e, _ in call.utterances):
+            self.metrics.inc("pauses_stale")
+            return
+        held = self.pacer.paused.get(call.call_id)
+        if held is not None:
+            self.metrics.inc("pauses_repeated")
+            if epoch > held[0]:
+                self.pacer.paused[call.call_id] = (epoch, held[1])
+            return
+        self.metrics.inc("pauses")
+        self.pacer.pause(call, epoch)
+
+    def apply_resume(self, call: Call, epoch: int) -> None:
+        """Release the held audio of ``epoch`` from the held position."""
+        held = self.pacer.paused.get(call.call_id)
+        if held is None or held[0] != epoch:
+            self.metrics.inc("resumes_unpaused")
+            return
+        self.metrics.inc("resumes")
+        if call.state == "active":
+            self.pacer.resume(call)
+        else:
+            self.pacer.unpause(call)
+
     def _send_cleared(self, call: Call, epoch: int, marks: list[str], applied: int = 0) -> None:
         call.reported_pos = call.release_pos
         call.released_since_report = False
@@ -493,6 +554,11 @@ class GatewayCore:
         if epoch <= call.cleared_epoch:
             self.metrics.inc("utterances_stale")
             return
+        if self.pacer.paused:
+            held = self.pacer.paused.get(call.call_id)
+            if held is not None and epoch > held[0]:
+                self.pacer.unpause(call)  # the held epoch is over: a newer response plays
+                self.metrics.inc("pauses_superseded")
         if not call.gate_open:
             call.gate_open = True
             call.gate_pos = max(call.gate_pos, out_pos)
@@ -542,7 +608,17 @@ class GatewayCore:
             return
         if isinstance(frame, F.OutUtterance):
             if call is not None:
+                if sender.startswith("worker-") and sender != f"worker-{call.worker}":
+                    self.set_worker(call, int(sender[7:]))  # re-attached after a worker was lost
                 self.note_utterance(call, frame.epoch, frame.out_pos)
+            return
+        if isinstance(frame, F.Pause | F.Resume):
+            if call is None:
+                self.metrics.inc("frames_unknown_call")
+            elif isinstance(frame, F.Pause):
+                self.apply_pause(call, frame.epoch)
+            else:
+                self.apply_resume(call, frame.epoch)
             return
         if isinstance(frame, F.WorkerTick):
             for ev in frame.events:

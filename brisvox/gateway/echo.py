@@ -71,6 +71,7 @@ class EchoAgent:
     def _start_direct(self) -> None:
         """Echo ``in`` straight into ``out`` from the call's first sample."""
         call = self.call
+        self.core.set_worker(call, -1)  # no worker serves it
         self.mode = "direct"
         self.src = call.in_ring.reader(0)
         self.sink = call.out_ring
@@ -85,14 +86,14 @@ class EchoAgent:
         core = self.core
         try:
             link = await client.attach(call.call_id, core.instance, call.call_rate, call.tts_rate,
-                                       gateway=core.identity)
+                                       worker=call.worker if call.worker >= 0 else None, gateway=core.identity)
         except AttachError as e:
             log.warning("echo %s: no worker took the call (%s); echoing directly", call.call_id, e)
             core.metrics.inc("echo_attach_failed")
             return False
         self.client = client
         self.mode = "worker"
-        call.worker = link.worker
+        core.set_worker(call, link.worker)
         self.src = call.rings["in16"].reader(max(link.in16_pos, 0))
         self.sink = call.rings["tts"]
         self.sink_rate = self.sink.rate

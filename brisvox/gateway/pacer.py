@@ -31,6 +31,14 @@ Invariants:
 * A partial frame (less than 20 ms left in the ring) waits one tick for more
   audio, then goes out as it is (padding would move the playback position
   past the words).
+* Pause (a barge-in candidate, :meth:`Pacer.pause`): a paused call releases
+  nothing and keeps its position (nothing cut, skipped or read; the
+  talkspurt ends, which is neither an underrun nor counted as one: RTP
+  simply sends no packets, the next one carries the marker bit, as after
+  any talkspurt; Twilio and native peers get no media). :meth:`Pacer.resume`
+  releases from the held position at once. A pause never outlives
+  ``pause_max_s``: the tick that finds it older resumes it (counted
+  ``pauses_expired``).
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ class Pacer:
         on_mark_played: Callable[[Call, PendingMark], None],
         on_report: Callable[[list[Call]], None],
         on_tick: Callable[[float, int], None] | None = None,
+        pause_max_s: float = 2.5,
     ) -> None:
         self.metrics = metrics
         self.calls: dict[str, Call] = {}
@@ -76,6 +85,8 @@ class Pacer:
         # an utterance announced while the call was silent: call_id -> loop time of the announcement
         self._announced: dict[str, float] = {}
         self.first_frame = Histogram(0.05, 50.0)  # announcement -> first frame released (ms)
+        self.pause_max_s = pause_max_s
+        self.paused: dict[str, tuple[int, float]] = {}  # call_id -> (held epoch, loop time of the pause)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -95,6 +106,33 @@ class Pacer:
     def remove(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)
         self._announced.pop(call.call_id, None)
+        self.paused.pop(call.call_id, None)
+
+    # -- pause ----------------------------------------------------------------
+
+    def pause(self, call: Call, epoch: int, now: float | None = None) -> None:
+        """Hold ``call``'s release at its position from ``now`` on (see module invariants)."""
+        if now is None:
+            assert self._loop is not None
+            now = self._loop.time()
+        if call.call_id not in self.paused:
+            self.paused[call.call_id] = (epoch, now)
+        if call.playing:  # the talkspurt ends here: not starved, so not an underrun later
+            call.playing = False
+            call.starved_at = -1.0
+            if call.leg is not None:
+                call.leg.end_spurt()
+        call.partial_wait = False
+
+    def unpause(self, call: Call) -> int | None:
+        """End ``call``'s hold (Resume, Clear, a newer epoch); returns the held epoch (None: none)."""
+        held = self.paused.pop(call.call_id, None)
+        return None if held is None else held[0]
+
+    def resume(self, call: Call) -> None:
+        """Release from the held position at once (the talkspurt restarts now)."""
+        if self.unpause(call) is not None:
+            self.kick(call)
 
     # -- the tick -----------------------------------------------------------
 
@@ -165,6 +203,13 @@ class Pacer:
             return
         if not leg.can_send:
             return
+        if self.paused:
+            held = self.paused.get(call.call_id)
+            if held is not None:
+                if now - held[1] < self.pause_max_s:
+                    return  # held: nothing released, the position stays
+                del self.paused[call.call_id]
+                self.metrics.inc("pauses_expired")
         ring = call.out_ring
         reader = call.out_reader
         frame = call.frame

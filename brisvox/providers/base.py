@@ -194,6 +194,11 @@ class SttSpanSink(Protocol):
 
 @runtime_checkable
 class SttProvider(Protocol):
+    """An STT service. Optional attribute ``audio_batch`` (seconds, default 0): the
+    provider takes caller audio in batches of about that length, so the call's pump
+    may hold audio that long before offering it (it always flushes before a VAD
+    event). Streaming vendors that want audio as it comes leave it unset."""
+
     name: str
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109

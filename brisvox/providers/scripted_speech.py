@@ -7,12 +7,15 @@ with the real local VAD and Smart Turn in the workers and nothing else that
 costs CPU. The scripted LLM is :class:`brisvox.providers.scripted_llm.ScriptedLlm`.
 
 * :class:`ScriptedStt` (``provider = "scripted_stt"``): caller speech is
-  gated by energy exactly as the simulation's scripted STT does
-  (:class:`brisvox.sim.fakes.ScriptedSttSession`, reused here). While the
-  caller speaks, an interim transcript (``text``) every ``interim_ms`` of
-  speech, delivered ``interim_delay_ms`` later, as a streaming STT's interims
-  are; each ``finalize()`` is answered ``final_ms`` later by exactly one final
-  (``text`` when speech came since the previous finalize, else empty).
+  gated by energy with the simulation's scripted STT's threshold
+  (:class:`brisvox.sim.fakes.ScriptedSttSession`), per 20 ms window. While
+  the caller speaks, an interim transcript (``text``) every ``interim_ms`` of
+  speech, delivered ``interim_delay_ms`` after the window that completed it
+  was spoken, as a streaming STT's interims are. It takes its audio in
+  batches (``audio_batch``, 80 ms): the interims are timed from the audio's
+  own end, so batching moves no transcript. Each ``finalize()`` is answered
+  ``final_ms`` later by exactly one final (``text`` when speech came since
+  the previous finalize, else empty).
   ``text`` may use ``{n}``, the number of the finalize.
 * :class:`ScriptedTts` (``provider = "scripted_tts"``): one context per
   utterance; its first audio ``first_audio_ms`` after its first text, then
@@ -20,14 +23,16 @@ costs CPU. The scripted LLM is :class:`brisvox.providers.scripted_llm.ScriptedLl
   ``chunk_ms`` chunks at real time, kept ``lead_ms`` ahead of real time; word
   timings spread evenly over the answer once the context is flushed;
   ``TtsFlushed`` after the last chunk; ``cancel`` is immediate. Audio is
-  produced at the rate the stage asks for (the tts ring's rate).
+  produced at the rate the stage asks for (the tts ring's rate); the chunks
+  are pushed by a loop timer callback (no task per context).
 * :func:`read_timing`: the timing keys of a workload file (the format of
   ``bench/workload.toml``, whose parser ``bench/workload.py`` owns the schema;
   brisvox does not import ``bench``). Every provider option not given takes
   the value of :data:`DEFAULTS`, which equal ``bench/workload.toml``'s (a
   unit test holds them equal).
 
-Time: every delay is on the injected clock (virtual time in tests).
+Time: every delay is a timer of the running loop, whose clock is the injected
+one (virtual time in tests).
 Invariants: exactly one final per finalize, in order; nothing of a context
 follows its ``TtsCancelled``; every timer of a session ends at ``close``.
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tomllib
+from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
@@ -48,6 +54,7 @@ import numpy as np
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import (
     ProviderError,
+    SttClosed,
     SttConfig,
     SttEvent,
     Transcript,
@@ -59,9 +66,13 @@ from brisvox.providers.base import (
     TtsFlushed,
     TtsWord,
 )
-from brisvox.sim.fakes import ScriptedSttSession, _Events
+from brisvox.sim.fakes import ScriptedSttSession
 
 MIN_SPEECH_SAMPLES = 1600  # 100 ms at 16 kHz of gated speech makes a turn's final non-empty
+GATE_SAMPLES = 320  # the energy gate's window: 20 ms at 16 kHz
+GATE_PEAK = 400  # a window whose peak |sample| exceeds this is speech (the sim's ScriptedSttSession)
+AUDIO_BATCH_S = 0.08  # ScriptedStt.audio_batch: the actor flushes at most a worker tick (20 ms) later,
+# so a batch is at most ~100 ms old: within interim_delay_ms, and every interim stays on time
 MAX_TIMERS = 64
 
 
@@ -155,6 +166,49 @@ def answer_tone(rate: int, ms: int) -> np.ndarray:
 # --- STT -------------------------------------------------------------------------------------
 
 
+class _Feed:
+    """A session's events for its one consumer (the stage's reader task), in order; the
+    iterator ends after a closing event. The same contract as the sim's ``_Events``, but
+    the consumer parks on a bare future that ``push`` resolves (no Event waiter list):
+    this runs for every 20 ms TTS chunk of every call."""
+
+    __slots__ = ("_q", "_closing", "_waiter", "closed")
+
+    def __init__(self, closing: tuple[type, ...]) -> None:
+        self._q: deque[Any] = deque()
+        self._closing = closing
+        self._waiter: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def push(self, ev: Any) -> None:
+        if self.closed:
+            return
+        self._q.append(ev)
+        if isinstance(ev, self._closing):
+            self.closed = True
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
+
+    async def iterate(self) -> AsyncIterator[Any]:
+        q = self._q
+        while True:
+            while q:
+                ev = q.popleft()
+                yield ev
+                if isinstance(ev, self._closing):
+                    return
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiter = fut
+            try:
+                await fut
+            finally:
+                if self._waiter is fut:
+                    self._waiter = None
+
+
 class _Timers:
     """The call_later handles of one session (bounded; all cancelled at close). The
     loop's own timers: the injected clock is the loop's (virtual time in tests)."""
@@ -176,29 +230,69 @@ class _Timers:
         self.handles.clear()
 
 
+_WINDOWS: dict[int, tuple[np.ndarray, list[int]]] = {}
+
+
+def _windows(n: int) -> tuple[np.ndarray, list[int]]:
+    """The gate windows of an ``n``-sample chunk: their starts (for ``reduceat``) and
+    ends (cached: a call's chunks come in a few sizes)."""
+    hit = _WINDOWS.get(n)
+    if hit is None:
+        starts = np.arange(0, n, GATE_SAMPLES)
+        hit = (starts, [min(s + GATE_SAMPLES, n) for s in starts.tolist()])
+        if len(_WINDOWS) < 256:
+            _WINDOWS[n] = hit
+    return hit
+
+
 class ScriptedSttStream(ScriptedSttSession):
     """One call's scripted STT session (the sim's energy gate, the workload's timing)."""
 
     def __init__(self, prov: ScriptedStt) -> None:
         super().__init__(prov)  # type: ignore[arg-type]  # only events_q/speech/closed are used
+        self.events_q = _Feed((SttClosed,))  # type: ignore[assignment]
         self.cfg = prov
         self.timers = _Timers()
         self.finalizes = 0
         self.next_interim = prov.interim_samples
 
     async def send_audio(self, pcm: bytes, timeout: float) -> None:  # noqa: ASYNC109
-        await super().send_audio(pcm, timeout)  # counts gated speech in self.speech
-        step = self.cfg.interim_samples
-        if step <= 0 or self.speech < self.next_interim:
+        """Count gated speech per ``GATE_SAMPLES`` window (the sim's threshold: a window
+        whose peak exceeds ``GATE_PEAK`` is speech) and schedule an interim for every
+        ``interim_ms`` of speech. The chunk's last sample is taken as "now" (the stage
+        sends audio as soon as it is read, or in batches of at most ``audio_batch``), so
+        an interim is due ``interim_delay_ms`` after the window that completed it was
+        spoken, however the audio was batched."""
+        if self.closed:
+            raise ProviderError("closed")
+        x = np.frombuffer(pcm, dtype=np.int16)
+        n = len(x)
+        if not n:
             return
-        self.next_interim = (self.speech // step + 1) * step
+        starts, ends = _windows(n)
+        peaks_hi = np.maximum.reduceat(x, starts).tolist()
+        peaks_lo = np.minimum.reduceat(x, starts).tolist()
+        step = self.cfg.interim_samples
+        prev = 0
+        for hi, lo, end in zip(peaks_hi, peaks_lo, ends, strict=True):
+            size = end - prev
+            prev = end
+            if hi <= GATE_PEAK and lo >= -GATE_PEAK:
+                continue
+            self.speech += size
+            if step <= 0 or self.speech < self.next_interim:
+                continue
+            self.next_interim = (self.speech // step + 1) * step
+            self._interim_later(self.cfg.interim_delay - (n - end) / 16000.0)
+
+    def _interim_later(self, delay: float) -> None:
         text = self.cfg.text.format(n=self.finalizes + 1)
 
         def fire() -> None:
             if not self.closed:
                 self.events_q.push(Transcript(text, is_final=False))
 
-        self.timers.later(self.cfg.interim_delay, fire)
+        self.timers.later(delay, fire)
 
     async def finalize(self, timeout: float) -> None:  # noqa: ASYNC109
         if self.closed:
@@ -235,6 +329,9 @@ class ScriptedStt:
         self.text = text
         self.clock = clock
         self.sessions = 0
+        # the actor may hand this much caller audio over at once (it does not need every
+        # tick's audio promptly: interims are timed from the audio's own positions)
+        self.audio_batch = AUDIO_BATCH_S if self.interim_delay >= AUDIO_BATCH_S + 0.02 else 0.0
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
         return None
@@ -250,7 +347,9 @@ class ScriptedStt:
 @dataclass(slots=True)
 class _Context:
     words: list[str]
-    task: asyncio.Task[None] | None = None
+    timer: asyncio.TimerHandle | None = None  # the next delivery of audio (loop timer)
+    t0: float = 0.0  # loop time of the first audio
+    sent: int = 0  # chunks delivered
     flushed: bool = False
     audio_done: bool = False
     words_sent: bool = False
@@ -262,7 +361,7 @@ class ScriptedTtsStream:
     def __init__(self, prov: ScriptedTts, rate: int) -> None:
         self.prov = prov
         self.sample_rate = rate
-        self.events_q = _Events((TtsClosed,))
+        self.events_q = _Feed((TtsClosed,))
         self.closed = False
         self._ctx: dict[int, _Context] = {}
         self._chunks = _answer_chunks(rate, prov.answer_ms, prov.chunk_ms)
@@ -273,7 +372,7 @@ class ScriptedTtsStream:
         c = self._ctx.get(context)
         if c is None:
             c = self._ctx[context] = _Context([])
-            c.task = asyncio.get_running_loop().create_task(self._speak(context, c), name=f"scripted-tts-{context}")
+            c.timer = asyncio.get_running_loop().call_later(self.prov.first_audio, self._deliver, context, c)
         c.words.extend(text.split())
 
     async def flush(self, context: int, timeout: float) -> None:  # noqa: ASYNC109
@@ -290,8 +389,8 @@ class ScriptedTtsStream:
 
     def cancel(self, context: int) -> None:
         c = self._ctx.pop(context, None)
-        if c is not None and c.task is not None:
-            c.task.cancel()
+        if c is not None and c.timer is not None:
+            c.timer.cancel()
         if not self.closed:
             self.events_q.push(TtsCancelled(context))
 
@@ -302,10 +401,10 @@ class ScriptedTtsStream:
         if self.closed:
             return
         self.closed = True
-        tasks = [c.task for c in self._ctx.values() if c.task is not None]
+        for c in self._ctx.values():
+            if c.timer is not None:
+                c.timer.cancel()
         self._ctx.clear()
-        for t in tasks:
-            t.cancel()
         self.events_q.push(TtsClosed(""))
 
     def _send_words(self, context: int, c: _Context) -> None:
@@ -320,16 +419,30 @@ class ScriptedTtsStream:
         if self._ctx.pop(context, None) is not None:
             self.events_q.push(TtsFlushed(context))
 
-    async def _speak(self, context: int, c: _Context) -> None:
-        clock = self.prov.clock
-        await clock.sleep(self.prov.first_audio)
-        t0 = clock.now()
+    def _deliver(self, context: int, c: _Context) -> None:
+        """Loop timer: push every chunk that is due (chunk ``i`` at ``t0 + i * chunk_ms -
+        lead_ms``, ``t0`` = the first audio), then re-arm for the next one. A timer
+        callback, not a task: one loop timer per chunk and no coroutine to resume."""
+        c.timer = None
+        if self.closed or self._ctx.get(context) is not c:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if c.sent == 0:
+            c.t0 = now
+        chunks = self._chunks
         chunk_s, lead = self.prov.chunk_ms / 1000.0, self.prov.lead
-        for i, pcm in enumerate(self._chunks):
-            await clock.sleep_until(t0 + i * chunk_s - lead)
-            if self.closed or self._ctx.get(context) is not c:
+        push = self.events_q.push
+        i = c.sent
+        while i < len(chunks):
+            due = c.t0 + i * chunk_s - lead
+            if due > now:
+                c.sent = i
+                c.timer = loop.call_at(due, self._deliver, context, c)
                 return
-            self.events_q.push(TtsAudio(context, pcm))
+            push(TtsAudio(context, chunks[i]))
+            i += 1
+        c.sent = i
         c.audio_done = True
         if c.flushed:
             self._done(context)

@@ -24,6 +24,12 @@ one process, with in-memory rings (:class:`~brisvox.sim.memring.MemRing`):
 * :class:`Wire`: what reached the caller's ear, per utterance: the words
   decoded from the released samples and the out offset each started at.
 
+Pause / Resume (a barge-in candidate holds the bot's audio): while paused
+the gateway releases nothing and keeps its position; Resume releases from
+there; a Clear ends the pause (Cleared at the held position); a Pause of a
+dead epoch is ignored; the pause ends by itself after ``pause_max``
+(``pause_log`` records every step).
+
 Fault switches: ``drop_cleared`` (no final position), ``cleared_delay``,
 ``echo_marks`` (False: a client that never echoes), ``echo_marks_on_clear``
 (cut marks echoed anyway, as a raw Twilio client would), ``smart_turn_fail``.
@@ -44,7 +50,7 @@ import numpy as np
 from brisvox.agent.actor import CallActor
 from brisvox.sim.memring import MemRing
 from brisvox.sim.speech import NOISE, THRESHOLD, Decoder, Vocab, encode
-from ipc.frames import Clear, Frame, Mark, TtsCut, TtsUtterance
+from ipc.frames import Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
 
 TICK = 0.02
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -284,6 +290,7 @@ class WorldConfig:
     smart_turn_fail: bool = False
     smart_turn_latency: float = 0.03
     gateway_refuses: bool = False  # off: the actor alone must keep stale audio off the wire
+    pause_max: float = 2.5  # a Pause ends by itself after this long (the gateway's pause_max_ms)
 
 
 class SimPlatform:
@@ -324,11 +331,16 @@ class SimPlatform:
         self.clear_wall_ns: list[int] = []
         self.stale_tts_after_clear = 0  # old-epoch audio the actor wrote after a Clear (must stay 0)
         self.refused_samples = 0
+        self._paused: tuple[int, float] | None = None  # (epoch, since)
+        self.pause_log: list[tuple[float, str, int, int]] = []  # (t, kind, epoch, release position)
+        self.max_unreleased = 0  # out samples written but not released, at most (ring lead)
 
     # -- CallLink ------------------------------------------------------------------------
     def to_gateway(self, frame: Frame) -> None:
         if isinstance(frame, Clear):
             self._clear(frame.epoch)
+        elif isinstance(frame, Pause | Resume):
+            self._pause(frame.epoch, isinstance(frame, Pause))
         elif isinstance(frame, Mark):
             self._marks.append((frame.name, frame.position))
         else:
@@ -357,9 +369,26 @@ class SimPlatform:
         return 0.1
 
     # -- gateway ----------------------------------------------------------------------------
+    def _pause(self, epoch: int, pause: bool) -> None:
+        now = asyncio.get_running_loop().time()
+        if epoch < self._refuse_below:
+            self.pause_log.append((now, "stale", epoch, self._rel))
+        elif pause:
+            if self._paused is None:
+                self._paused = (epoch, now)
+            self.pause_log.append((now, "pause", epoch, self._rel))
+        elif self._paused is not None and self._paused[0] == epoch:
+            self._paused = None
+            self.pause_log.append((now, "resume", epoch, self._rel))
+        else:
+            self.pause_log.append((now, "resume_unpaused", epoch, self._rel))
+
     def _clear(self, epoch: int) -> None:
         """Clear(epoch): epochs <= ``epoch`` are dead (the ipc protocol)."""
         now = asyncio.get_running_loop().time()
+        if self._paused is not None:
+            self._paused = None
+            self.pause_log.append((now, "cleared", epoch, self._rel))
         if len(self.clear_wall_ns) < 256:
             self.clear_wall_ns.append(time.monotonic_ns())
         self.out.cut(self.out.write_pos)
@@ -392,6 +421,13 @@ class SimPlatform:
             self._rel = out.floor
         budget = self.cfg.call_rate * TICK
         n_left = int(budget)
+        if self._paused is not None:
+            if now - self._paused[1] >= self.cfg.pause_max - 1e-9:
+                self.pause_log.append((now, "expired", self._paused[0], self._rel))
+                self._paused = None
+            else:
+                n_left = 0  # held: nothing released, the position stays
+        self.max_unreleased = max(self.max_unreleased, out.write_pos - self._rel)
         while n_left > 0 and self._rel < out.write_pos:
             rec = self._utt_at(self._rel)
             nxt = next((r[0] for r in self._out_utts if r[0] > self._rel), out.write_pos)

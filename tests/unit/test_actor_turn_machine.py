@@ -15,6 +15,7 @@ from brisvox.agent.turn_machine import (
     OwnStop,
     Phase,
     RequestAnalysis,
+    ResumeOutput,
     StartUserTurn,
     SttFinal,
     SttInterim,
@@ -121,7 +122,8 @@ def test_backchannel_is_vetoed_and_the_bot_keeps_talking():
     acts = m.handle(VadStart(t + 2.0))
     assert Note("candidate") in acts
     assert m.handle(VadStop(t + 2.3))[0] == OwnStop("candidate")
-    assert m.handle(SttFinal("uh-huh", "candidate", t + 2.4)) == [Note("vetoed")]
+    # the candidate paused the bot's audio; the veto resumes it (pause_on_candidate)
+    assert m.handle(SttFinal("uh-huh", "candidate", t + 2.4)) == [Note("vetoed"), ResumeOutput(1)]
     assert m.epoch == 1 and m.phase is Phase.BOT_SPEAKING
     assert m.handle(BotAudioEnded(1)) == []
     assert m.phase is Phase.IDLE
