@@ -62,7 +62,8 @@ STOP_TIMEOUT_S = 20.0
 # the daemon's own counters reported next to the client's figures (bench/out/brisvox.json)
 SERVER_KEYS: dict[str, tuple[str, ...]] = {
     "gateway": ("call_late_frames_total", "call_underruns_total", "tick_late_p99_ms"),
-    "worker": ("jobs_done", "jobs_expired", "tick_max_ms"),
+    "worker": ("jobs_done", "jobs_expired", "tick_max_ms", "jobs_wait_us_total", "jobs_wait_us_max",
+               "jobs_run_us_total", "jobs_run_us_max"),
 }
 
 TARGETS = {
@@ -283,6 +284,16 @@ def server_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
              f"of {int(st.get('worker.jobs_done', 0) + st.get('worker.jobs_expired', 0))}", "0"),
             (f"{p} worker tick max", st.get("worker.tick_max_ms"), "ms", ""),
         ]
+        started = st.get("worker.jobs_done", 0) or 0
+        if started and st.get("worker.jobs_wait_us_total") is not None:
+            out += [
+                (f"{p} Smart Turn queue wait mean / max",
+                 f"{st['worker.jobs_wait_us_total'] / started / 1000:.1f} / {st['worker.jobs_wait_us_max'] / 1000:.1f}",
+                 "ms", ""),
+                (f"{p} Smart Turn run time (wall) mean / max",
+                 f"{st['worker.jobs_run_us_total'] / started / 1000:.1f} / {st['worker.jobs_run_us_max'] / 1000:.1f}",
+                 "ms", ""),
+            ]
     return out
 
 

@@ -12,6 +12,8 @@ job's life, so the realtime lane (the tick loop) never waits for a job:
   result is dropped when it finally finishes (counted). A Python thread
   cannot be pre-empted, so the thread stays busy until the model returns.
 * A job that raises is answered ``job_failed`` (counted); the thread lives on.
+* Every started job's queue wait and run time are summed and their maxima
+  kept (``wait_us_*``, ``run_us_*``: what a busy lane adds to a turn).
 * Results are handed to the owner through ``results`` (a deque) plus the
   ``notify`` callback (the core writes a byte to its wake pipe), so only the
   owner's thread touches its ZeroMQ socket.
@@ -90,7 +92,9 @@ class JobLane:
         self._running: dict[int, Job] = {}
         self._stop = False
         self.counters = {"submitted": 0, "refused": 0, "expired": 0, "done": 0, "failed": 0,
-                         "timeouts": 0, "late_results": 0}
+                         "timeouts": 0, "late_results": 0,
+                         # queue wait and run time of started jobs (the turn latency a busy lane adds)
+                         "wait_us_total": 0, "wait_us_max": 0, "run_us_total": 0, "run_us_max": 0}
         self._threads = [
             threading.Thread(target=self._loop, name=f"brisvox-{name}-{i}", daemon=True)
             for i in range(max(1, threads))
@@ -188,6 +192,11 @@ class JobLane:
                     expired = False
                     job.started_ns = now
                     self._running[me] = job
+                    c = self.counters
+                    wait_us = (now - job.received_ns) // 1000
+                    c["wait_us_total"] += wait_us
+                    if wait_us > c["wait_us_max"]:
+                        c["wait_us_max"] = wait_us
             if expired:
                 job.answered = True
                 self.results.append(JobDone(job, ErrorReply(
@@ -202,6 +211,11 @@ class JobLane:
                 log.exception("%s job failed", job.kind)
                 reply = ErrorReply(kind="job_failed", call_id=job.call_id, detail=f"{type(e).__name__}: {e}"[:500])
                 ok = False
+            run_us = (self.clock_ns() - job.started_ns) // 1000
             with self._cv:
-                self.counters["done" if ok else "failed"] += 1
+                c = self.counters
+                c["done" if ok else "failed"] += 1
+                c["run_us_total"] += run_us
+                if run_us > c["run_us_max"]:
+                    c["run_us_max"] = run_us
             self._finish(job, reply)

@@ -120,3 +120,31 @@ def test_a_failing_job_is_answered_and_the_lane_serves_on():
     assert done["bad"].kind == "job_failed" and "model exploded" in done["bad"].detail
     assert isinstance(done["good"], SmartTurnResult)
     lane.lane.stop()
+
+
+def test_queue_wait_and_run_time_are_summed_with_their_maxima():
+    """A job behind a running one waits about as long as that one runs (injected clock)."""
+    now = [0]
+    gate = threading.Event()
+    first_started = threading.Event()
+
+    def runner(j: Job):
+        if j.call_id == "a":
+            first_started.set()
+            gate.wait(5)
+            now[0] += 30 * MS  # the first job runs 30 ms on the lane's clock
+        else:
+            now[0] += 10 * MS
+        return result(j)
+
+    lane = Lane(runner, threads=1, clock_ns=lambda: now[0])
+    assert lane.lane.submit(Job("smart_turn", "a", None, 10**12, 0))
+    assert first_started.wait(5)
+    assert lane.lane.submit(Job("smart_turn", "b", None, 10**12, 0))  # queued at t=0
+    gate.set()
+    assert len(lane.collect(2)) == 2
+    c = lane.lane.counters
+    assert c["done"] == 2
+    assert c["wait_us_max"] == 30_000 and c["wait_us_total"] == 30_000  # b waited for a; a did not wait
+    assert c["run_us_max"] == 30_000 and c["run_us_total"] == 40_000
+    lane.lane.stop()
