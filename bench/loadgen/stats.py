@@ -155,6 +155,7 @@ def summarize(calls: list[CallResult], *, late_frame_ms: float, answer_ms: float
               send_dropped: int = 0) -> dict[str, Any]:
     """Aggregate one run (all calls of one N)."""
     latencies: list[float] = []
+    by_turn: dict[int, list[float]] = {}  # turn index in its call -> latencies
     clear: list[float] = []
     last_audio: list[float] = []
     heard: list[float] = []
@@ -163,7 +164,7 @@ def summarize(calls: list[CallResult], *, late_frame_ms: float, answer_ms: float
     missing_s = 0.0
     after_clear = 0
     for c in calls:
-        for t in c.turns:
+        for k, t in enumerate(c.turns):
             if t.t_speech_end is None:
                 continue  # the call ended before this turn was spoken
             turns += 1
@@ -171,6 +172,7 @@ def summarize(calls: list[CallResult], *, late_frame_ms: float, answer_ms: float
                 unanswered += 1
             else:
                 latencies.append(t.latency_s)
+                by_turn.setdefault(k, []).append(t.latency_s)
             late.extend(t.playout.late_s)
             after_clear += t.frames_after_clear
             if t.t_barge is not None and t.playout.t_first is not None:
@@ -208,6 +210,8 @@ def summarize(calls: list[CallResult], *, late_frame_ms: float, answer_ms: float
         "turns": turns,
         "unanswered": unanswered,
         "turn_ms": dist_ms(latencies),
+        # the same by the turn's place in its call (the first turns meet the ramp of call setups)
+        "turn_ms_by_turn": {str(k): dist_ms(v) for k, v in sorted(by_turn.items())},
         "barge_ins": barge_ins,
         "clears_missing": clears_missing,
         "clear_ms": dist_ms(clear),

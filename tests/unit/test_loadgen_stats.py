@@ -77,6 +77,10 @@ def test_summary_aggregates_latencies_and_judges_answers() -> None:
     s = summarize([c1, c2], late_frame_ms=20, answer_ms=2000)
     assert s["turns"] == 5 and s["unanswered"] == 1
     assert s["turn_ms"]["n"] == 4 and s["turn_ms"]["p50"] == pytest.approx(750.0)
+    by_turn = s["turn_ms_by_turn"]  # turn 0: 800 and 900 ms; turn 1: 700 and 600 ms; turn 2 unanswered
+    assert sorted(by_turn) == ["0", "1"]
+    assert by_turn["0"]["n"] == 2 and by_turn["0"]["max"] == pytest.approx(900.0)
+    assert by_turn["1"]["n"] == 2 and by_turn["1"]["max"] == pytest.approx(700.0)
     assert s["barge_ins"] == 2 and s["clears_missing"] == 1
     assert s["clear_ms"]["p50"] == pytest.approx(250.0)
     assert s["short_answers"] == 1 and s["missing_ms"] == pytest.approx(200.0)
