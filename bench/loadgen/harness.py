@@ -78,6 +78,7 @@ class Level:
     processes: int
     held: bool = False
     notes: list[str] = field(default_factory=list)
+    cpu_roles: dict[str, float] = field(default_factory=dict)  # ms CPU per call-second by process role
 
     @property
     def p95(self) -> float | None:
@@ -138,6 +139,7 @@ def measure_level(server: Server, n: int, wl: Workload, quick: bool) -> Level:
             summary = run_loadgen(urls, n, wl, quick, timeout_s=wl.load.run_timeout_s + 60)
         finally:
             sampler.stop()
+        sampler.note_roles()
         procs = sampler.max_processes()
     finally:
         server.stop()
@@ -147,6 +149,8 @@ def measure_level(server: Server, n: int, wl: Workload, quick: bool) -> Level:
         raise ServerError(f"{server.name}: no call completed at N={n}: {summary['errors']}")
     cpu = sampler.cpu_seconds(w["first_connect"], w["last_end"])
     cpu_per_call = cpu / summary["call_seconds"]
+    roles = {r: round(v * 1000.0 / summary["call_seconds"], 2)
+             for r, v in sorted(sampler.cpu_by_role(w["first_connect"], w["last_end"]).items()) if v > 0}
     pss_load = sampler.pss_max(w["all_active_start"], w["all_active_end"])
     if pss_load is None:
         pss_load = sampler.pss_max() or pss_idle
@@ -161,7 +165,7 @@ def measure_level(server: Server, n: int, wl: Workload, quick: bool) -> Level:
         mem = (pss_load - pss_idle) / n
     return Level(n=n, summary=summary, cpu_per_call=cpu_per_call, mem_per_call_mb=mem / 2**20,
                  pss_idle_mb=pss_idle / 2**20, pss_load_mb=pss_load / 2**20, idle_cpu=idle_cpu,
-                 processes=procs, notes=notes)
+                 processes=procs, notes=notes, cpu_roles=roles)
 
 
 def judge(levels: list[Level], wl: Workload) -> int:
@@ -248,6 +252,8 @@ def rows(name: str, levels: list[Level], largest: int, wl: Workload,
             (f"{p} max frame lateness", s["max_late_ms"], "ms", f"<= {wl.measure.late_frame_ms}"),
             (f"{p} unanswered turns", s["unanswered"], f"of {s['turns']}", "0"),
             (f"{p} server processes", lv.processes, "procs", ""),
+            (f"{p} CPU per call-second by process role",
+             ", ".join(f"{r} {v}" for r, v in lv.cpu_roles.items()) or None, "ms", ""),
             (f"{p} load generator timer lateness p99", s["client"]["tick_late_ms"]["p99"], "ms",
              f"<= {CLIENT_LATE_NOTE_MS:.0f} (else the run is client-bound)"),
         ]
@@ -259,4 +265,5 @@ def rows(name: str, levels: list[Level], largest: int, wl: Workload,
 def level_json(lv: Level) -> dict[str, Any]:
     return {"n": lv.n, "cpu_per_call": lv.cpu_per_call, "mem_per_call_mb": lv.mem_per_call_mb,
             "pss_idle_mb": lv.pss_idle_mb, "pss_load_mb": lv.pss_load_mb, "idle_cpu": lv.idle_cpu,
-            "processes": lv.processes, "held": lv.held, "notes": lv.notes, "summary": lv.summary}
+            "processes": lv.processes, "held": lv.held, "notes": lv.notes, "cpu_roles": lv.cpu_roles,
+            "summary": lv.summary}

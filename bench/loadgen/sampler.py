@@ -34,6 +34,8 @@ class TreeSampler:
         self.pss: list[tuple[float, int]] = []  # (t, summed PSS bytes)
         self._procs: dict[int, psutil.Process] = {}
         self._last_cpu: dict[int, float] = {}
+        self._roles: dict[int, str] = {}  # pid -> role (process title without its index)
+        self.by_pid: list[tuple[float, dict[int, float]]] = []  # (t, cumulative cpu s per pid)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -63,7 +65,9 @@ class TreeSampler:
                 except psutil.Error:
                     continue
             total = sum(self._last_cpu.values())
-            self.cpu.append((time.monotonic(), total, len(procs)))
+            now = time.monotonic()
+            self.cpu.append((now, total, len(procs)))
+            self.by_pid.append((now, dict(self._last_cpu)))
             return total
 
     def sample_pss(self) -> int:
@@ -114,9 +118,49 @@ class TreeSampler:
     def cpu_seconds(self, t0: float, t1: float) -> float:
         return max(0.0, self.cpu_at(t1) - self.cpu_at(t0))
 
+    def note_roles(self) -> None:
+        """Read the live processes' titles now (a child sets its own after the fork):
+        call it before the server stops; gone processes keep the role last read."""
+        with self._lock:
+            for pid, proc in self._procs.items():
+                role = role_of(proc)
+                if role != "other":
+                    self._roles[pid] = role
+
+    def cpu_by_role(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU seconds per role between the samples nearest ``t0`` and ``t1``."""
+        if not self.by_pid:
+            return {}
+        times = [t for t, _ in self.by_pid]
+
+        def snap(t: float) -> dict[int, float]:
+            i = min(range(len(times)), key=lambda k: abs(times[k] - t))
+            return self.by_pid[i][1]
+
+        a, b = snap(t0), snap(t1)
+        self.note_roles()
+        out: dict[str, float] = {}
+        for pid, cpu in b.items():
+            role = self._roles.get(pid, "other")
+            out[role] = out.get(role, 0.0) + max(0.0, cpu - a.get(pid, 0.0))
+        return out
+
     def pss_max(self, t0: float | None = None, t1: float | None = None) -> int | None:
         vals = [v for t, v in self.pss if (t0 is None or t >= t0) and (t1 is None or t <= t1)]
         return max(vals) if vals else None
 
     def max_processes(self) -> int:
         return max((n for _, _, n in self.cpu), default=0)
+
+
+def role_of(p: psutil.Process) -> str:
+    """``brisvoxd: worker 0`` -> ``worker``; any other process: its executable's name."""
+    try:
+        title = " ".join(p.cmdline())
+        name = p.name()
+    except psutil.Error:
+        return "other"
+    if title.startswith("brisvoxd:"):
+        words = title.split(":", 1)[1].split()
+        return words[0] if words else "brisvoxd"
+    return "brisvoxd" if "brisvoxd" in title else name
