@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tomllib
-from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
@@ -66,7 +65,7 @@ from brisvox.providers.base import (
     TtsFlushed,
     TtsWord,
 )
-from brisvox.sim.fakes import ScriptedSttSession
+from brisvox.sim.fakes import ScriptedSttSession, _Events
 
 MIN_SPEECH_SAMPLES = 1600  # 100 ms at 16 kHz of gated speech makes a turn's final non-empty
 GATE_SAMPLES = 320  # the energy gate's window: 20 ms at 16 kHz
@@ -166,49 +165,6 @@ def answer_tone(rate: int, ms: int) -> np.ndarray:
 # --- STT -------------------------------------------------------------------------------------
 
 
-class _Feed:
-    """A session's events for its one consumer (the stage's reader task), in order; the
-    iterator ends after a closing event. The same contract as the sim's ``_Events``, but
-    the consumer parks on a bare future that ``push`` resolves (no Event waiter list):
-    this runs for every 20 ms TTS chunk of every call."""
-
-    __slots__ = ("_q", "_closing", "_waiter", "closed")
-
-    def __init__(self, closing: tuple[type, ...]) -> None:
-        self._q: deque[Any] = deque()
-        self._closing = closing
-        self._waiter: asyncio.Future[None] | None = None
-        self.closed = False
-
-    def push(self, ev: Any) -> None:
-        if self.closed:
-            return
-        self._q.append(ev)
-        if isinstance(ev, self._closing):
-            self.closed = True
-        w = self._waiter
-        if w is not None:
-            self._waiter = None
-            if not w.done():
-                w.set_result(None)
-
-    async def iterate(self) -> AsyncIterator[Any]:
-        q = self._q
-        while True:
-            while q:
-                ev = q.popleft()
-                yield ev
-                if isinstance(ev, self._closing):
-                    return
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiter = fut
-            try:
-                await fut
-            finally:
-                if self._waiter is fut:
-                    self._waiter = None
-
-
 class _Timers:
     """The call_later handles of one session (bounded; all cancelled at close). The
     loop's own timers: the injected clock is the loop's (virtual time in tests)."""
@@ -250,7 +206,7 @@ class ScriptedSttStream(ScriptedSttSession):
 
     def __init__(self, prov: ScriptedStt) -> None:
         super().__init__(prov)  # type: ignore[arg-type]  # only events_q/speech/closed are used
-        self.events_q = _Feed((SttClosed,))  # type: ignore[assignment]
+        self.events_q = _Events((SttClosed,))
         self.cfg = prov
         self.timers = _Timers()
         self.finalizes = 0
@@ -361,7 +317,7 @@ class ScriptedTtsStream:
     def __init__(self, prov: ScriptedTts, rate: int) -> None:
         self.prov = prov
         self.sample_rate = rate
-        self.events_q = _Feed((TtsClosed,))
+        self.events_q = _Events((TtsClosed,))
         self.closed = False
         self._ctx: dict[int, _Context] = {}
         self._chunks = _answer_chunks(rate, prov.answer_ms, prov.chunk_ms)

@@ -60,12 +60,17 @@ from brisvox.sim.speech import Decoder, Vocab, encode, word_seconds
 
 
 class _Events:
-    """An unbounded event queue whose iterator ends after a closing event."""
+    """A session's events for its one consumer, in order; the iterator ends after a
+    closing event. The consumer parks on a bare future that ``push`` resolves (no
+    Event waiter list): the scripted speech providers use it for every 20 ms TTS
+    chunk of every call under load."""
+
+    __slots__ = ("_q", "_closing", "_waiter", "closed")
 
     def __init__(self, closing: tuple[type, ...]) -> None:
         self._q: deque[Any] = deque()
-        self._ev = asyncio.Event()
         self._closing = closing
+        self._waiter: asyncio.Future[None] | None = None
         self.closed = False
 
     def push(self, ev: Any) -> None:
@@ -74,17 +79,27 @@ class _Events:
         self._q.append(ev)
         if isinstance(ev, self._closing):
             self.closed = True
-        self._ev.set()
+        w = self._waiter
+        if w is not None:
+            self._waiter = None
+            if not w.done():
+                w.set_result(None)
 
     async def iterate(self) -> AsyncIterator[Any]:
+        q = self._q
         while True:
-            while self._q:
-                ev = self._q.popleft()
+            while q:
+                ev = q.popleft()
                 yield ev
                 if isinstance(ev, self._closing):
                     return
-            self._ev.clear()
-            await self._ev.wait()
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiter = fut
+            try:
+                await fut
+            finally:
+                if self._waiter is fut:
+                    self._waiter = None
 
 
 # --- STT -------------------------------------------------------------------------------

@@ -106,8 +106,10 @@ def test_two_calls_with_a_barge_in_each(tmp_path) -> None:
     assert s["calls_ok"] == 2 and s["errors"] == []
     assert sorted(bot.starts) == ["MZbench000000", "MZbench000001"] and bot.stops == 2
     assert s["turns"] == 4 and s["unanswered"] == 0 and s["turn_ms"]["n"] == 4
-    # every latency includes the bot's 300 ms endpointing + 100 ms delay, so none is below 400 ms
-    assert s["turn_ms"]["p50"] >= 400
+    # every latency includes the bot's 300 ms endpointing (15 frames it counts as they arrive) + 100 ms
+    # delay: about 400 ms, less at most one frame when a late timer tick sends two frames at once
+    # (the quiet frames then reach the bot sooner after the last speech frame's send stamp)
+    assert s["turn_ms"]["p50"] >= 400 - 20
     assert s["barge_ins"] == 2 and s["clears_missing"] == 0 and s["clear_ms"]["n"] == 2
     assert s["frames_after_clear"] == 0 and s["unattributed_frames"] == 0
     # the second answer of each call played out and its mark came back; the barged ones were cut
