@@ -213,11 +213,18 @@ class Clear(Frame):
     newest epoch that must fall silent. A Clear with an epoch not above the
     last one is idempotent (no cut; Cleared is sent again). Answered by
     Cleared with the final release position.
+
+    ``lazy``: sent by TransportOut before a new response's first audio (not a
+    barge-in). The worker's OutUtterance of that response travels on another
+    link, so its first frame may already be out when this Clear is read; a
+    lazy Clear read after a talkspurt started from a dry ring after
+    ``sent_ns`` stops nothing (that audio is the new response's).
     """
 
     call_id: str
     epoch: int
     sent_ns: int
+    lazy: bool = False
 
 
 @frame("cleared")

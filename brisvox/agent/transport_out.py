@@ -21,7 +21,9 @@ ring architecture of DESIGN.md section 2):
   own Clear epoch and the last Interrupt. Before the first audio of any epoch
   above ``tx_epoch`` it sends Clear{epoch} (idempotent through the shared
   :class:`ClearLedger`; on an idle transport it cuts nothing; without it the
-  second turn's audio would be refused by the gateway).
+  second turn's audio would be refused by the gateway), marked ``lazy`` so
+  the gateway can tell it from a barge-in when it races the new response's
+  first frame (see ``ipc.frames.Clear``).
 * The first audio the ring accepted for an epoch sends BotStarted upstream
   and marks FirstAudioOut, once per epoch.
 * TtsEnded of a response with audio becomes an end Mark (unique name
@@ -85,12 +87,12 @@ class ClearLedger:
         self.epoch = 0
         self.sent = 0
 
-    def clear(self, epoch: int) -> bool:
+    def clear(self, epoch: int, lazy: bool = False) -> bool:
         if epoch <= self.epoch:
             return False
         self.epoch = epoch
         self.sent += 1
-        self.link.to_gateway(Clear(self.call_id, epoch - 1, self.clock_ns()))
+        self.link.to_gateway(Clear(self.call_id, epoch - 1, self.clock_ns(), lazy))
         self.link.to_worker(TtsCut(self.call_id, epoch - 1, self.sink.write_pos))
         return True
 
@@ -190,7 +192,7 @@ class TransportOut(Stage):
             self.st.stale_dropped += 1
             return
         if e > self.tx_epoch:
-            if self.clears.clear(e):
+            if self.clears.clear(e, lazy=True):
                 self.st.clears_lazy += 1
             self.tx_epoch = e
             self._cur_utt = None

@@ -108,6 +108,11 @@ class Call:
         self.next_due = 0.0
         self.playing = False
         self.starved_at = -1.0
+        # the current talkspurt: when it started (time.monotonic_ns) and whether it started
+        # from a dry ring (not from a held position after a Pause)
+        self.spurt_ns = 0
+        self.spurt_from_dry = True
+        self.held_spurt = False  # a Pause ended the last talkspurt
         self.partial_wait = False
         self.last_send = -1.0
         self.last_on_grid = False

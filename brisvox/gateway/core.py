@@ -29,6 +29,9 @@ Invariants:
   A Clear read after the newer epoch's audio already started releasing
   (its OutUtterance overtook the Clear) stops nothing: no cut, no transport
   clear, no marks discarded (they are the newer epoch's or already played).
+  The same holds for a lazy Clear (a new response's, not a barge-in's) read
+  after a talkspurt started from a dry ring after the Clear was sent, before
+  that response's OutUtterance arrived.
 * Pause / Resume (a barge-in candidate holds the bot's audio,
   :meth:`apply_pause`): applied in the callback that read the frame, so the
   next tick releases nothing; the release position stays (the held audio
@@ -456,8 +459,10 @@ class GatewayCore:
             self.pacer.kick(call)
         return True
 
-    def apply_clear(self, call: Call, epoch: int, sent_ns: int = 0, arrival_ns: int = 0) -> None:
-        """The Clear fast path (see module invariants). ``arrival_ns``: when the frame was read."""
+    def apply_clear(self, call: Call, epoch: int, sent_ns: int = 0, arrival_ns: int = 0,
+                    lazy: bool = False) -> None:
+        """The Clear fast path (see module invariants). ``arrival_ns``: when the frame was read;
+        ``lazy``: a new response's Clear, not a barge-in (see ``ipc.frames.Clear``)."""
         t_in = arrival_ns or time.monotonic_ns()
         if epoch <= call.cleared_epoch:
             self.metrics.inc("clears_repeated")
@@ -475,6 +480,15 @@ class GatewayCore:
             # to stop, and a transport clear would drop the new response's frames at the peer
             self.metrics.inc("clears_after_newer")
             call.gate_pos = max(call.gate_pos, min(newer))
+            call.stats.clears += 1
+            self._send_cleared(call, epoch, [], time.monotonic_ns())
+            return
+        if lazy and not newer and call.spurt_from_dry and sent_ns > 0 and call.spurt_ns > sent_ns:
+            # the same race with the OutUtterance still on its way: the last talkspurt (playing,
+            # or already run dry after a short first chunk) started from a dry ring after this
+            # Clear was sent, after everything of the older epochs had been written, so it is the
+            # new response's audio; cutting would send the peer a clear that drops its frames
+            self.metrics.inc("clears_after_newer")
             call.stats.clears += 1
             self._send_cleared(call, epoch, [], time.monotonic_ns())
             return
@@ -602,7 +616,7 @@ class GatewayCore:
         call = self.table.get(call_id) if call_id else None
         if isinstance(frame, F.Clear):
             if call is not None:
-                self.apply_clear(call, frame.epoch, frame.sent_ns, self.links.arrival_ns)
+                self.apply_clear(call, frame.epoch, frame.sent_ns, self.links.arrival_ns, frame.lazy)
             else:
                 self.metrics.inc("frames_unknown_call")
             return

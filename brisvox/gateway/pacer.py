@@ -120,6 +120,7 @@ class Pacer:
         if call.playing:  # the talkspurt ends here: not starved, so not an underrun later
             call.playing = False
             call.starved_at = -1.0
+            call.held_spurt = True
             if call.leg is not None:
                 call.leg.end_spurt()
         call.partial_wait = False
@@ -245,6 +246,9 @@ class Pacer:
                     break
                 if not call.playing:
                     call.playing = True
+                    call.spurt_ns = time.monotonic_ns()
+                    call.spurt_from_dry = not call.held_spurt
+                    call.held_spurt = False
                     if self._announced:
                         t_ann = self._announced.pop(call.call_id, None)
                         if t_ann is not None:

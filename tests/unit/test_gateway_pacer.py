@@ -320,6 +320,62 @@ def test_a_lazy_clear_read_after_the_new_response_started_playing_leaves_it_alon
     assert ("mark", "brisvox-end-2-1") in leg.events  # epoch 2's mark survived the Clear
 
 
+def test_a_lazy_clear_read_after_an_unannounced_new_response_started_leaves_it_alone(rig):
+    """The other order of the same race (the 20-call daemon test under load): the new response's
+    first frame left on a pacer tick before its OutUtterance arrived, then the lazy Clear(1) is
+    read, then the OutUtterance. The talkspurt started from a dry ring after the Clear was sent,
+    so it is the new response: no transport ``clear``, nothing cut, the answer plays whole."""
+    import time as _time
+
+    core, make = rig
+    call, leg, agent = make()
+    sent_ns = _time.monotonic_ns()  # the actor's lazy Clear(1) leaves before its audio exists
+    call.out_ring.write(tone(160 * 8, 2))  # epoch 2's audio, its OutUtterance not read yet
+    t = run_ticks(core, call, 1.0, 1)
+    assert [len(x) for _, x in leg.sent] == [160] and call.playing
+    core.apply_clear(call, 1, sent_ns, lazy=True)
+    assert ("clear",) not in leg.events and call.playing and call.gate_open
+    assert agent.cleared == [(1, 160, [])]
+    core.note_utterance(call, 2, 0)
+    run_ticks(core, call, t, 10)
+    vals = np.concatenate([x for _, x in leg.sent])
+    assert len(vals) == 160 * 8 and set(vals.tolist()) == {2} and call.stats.stale_samples == 0
+
+
+def test_a_lazy_clear_after_a_short_first_chunk_ran_dry_leaves_the_response_alone(rig):
+    """The same race when the new response's first chunk was one frame and the ring ran dry
+    before the Clear was read: the talkspurt is over, but it was the new response's."""
+    import time as _time
+
+    core, make = rig
+    call, leg, agent = make()
+    sent_ns = _time.monotonic_ns()
+    call.out_ring.write(tone(160, 2))  # one frame of epoch 2, then the TTS lags
+    t = run_ticks(core, call, 1.0, 3)
+    assert [len(x) for _, x in leg.sent] == [160] and not call.playing
+    core.apply_clear(call, 1, sent_ns, lazy=True)
+    assert ("clear",) not in leg.events and call.gate_open
+    core.note_utterance(call, 2, 0)
+    call.out_ring.write(tone(160 * 4, 2))
+    run_ticks(core, call, t, 6)
+    vals = np.concatenate([x for _, x in leg.sent])
+    assert len(vals) == 160 * 5 and set(vals.tolist()) == {2}
+
+
+def test_a_barge_in_clear_still_cuts_a_talkspurt_that_started_after_it_was_sent(rig):
+    """Only a lazy Clear gets that benefit: a barge-in Clear cuts whatever plays."""
+    import time as _time
+
+    core, make = rig
+    call, leg, agent = make()
+    sent_ns = _time.monotonic_ns()
+    call.out_ring.write(tone(160 * 8, 1))
+    core.note_utterance(call, 1, 0)
+    run_ticks(core, call, 1.0, 2)
+    core.apply_clear(call, 1, sent_ns)  # a barge-in: lazy=False
+    assert ("clear",) in leg.events and not call.playing and not call.gate_open
+
+
 def test_a_clear_read_after_the_new_epoch_took_over_mid_stream_keeps_playing(rig):
     """Epoch 1 played out into epoch 2's audio (contiguous in the ring) before Clear(1) was
     read: nothing of epoch 1 is left to stop, so the stream goes on without a transport clear."""
