@@ -6,7 +6,8 @@ Owns the call's STT session (seed 003, "SttStage and TurnDriver"):
   ``SttSpanSink`` (a model reading in16 itself) gets each chunk's in16
   positions (``note_span``) right before the chunk. Audio is queued (bounded,
   drop-newest at ``audio_queue``, counted) for ONE session task, and not
-  forwarded: the turn driver takes the in16 positions it needs from the
+  forwarded (a deviation from seed 003, whose stage forwards audio
+  downstream: nothing after this stage used it): the turn driver takes the in16 positions it needs from the
   actor's pump (``TurnDriver.note_audio_end``), so caller audio costs no
   frame hop and no task wake past this stage. A provider that declares
   ``audio_batch`` (seconds; e.g. the scripted STT) gets its audio from the
