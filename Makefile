@@ -2,42 +2,51 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS := test,lint,local
 
-.PHONY: install run test test-fast test-system test-e2e lint bench clean
+.PHONY: install install-test run test test-fast test-system test-e2e lint bench clean
 
-install: .stamp-venv .stamp-apt .stamp-models
+# Order: Debian packages first (python3-venv and the C++ toolchain the venv step needs),
+# then the venv pinned by constraints.txt, then the model files. `make run` installs what
+# running needs; `make test` adds the test/lint extras and the SIP peers.
+install: .stamp-apt-run .stamp-venv-run .stamp-models
+install-test: .stamp-apt-test .stamp-venv-test .stamp-models
 
-.stamp-venv: pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[$(EXTRAS)]'
+.stamp-apt-run: scripts/apt-packages.txt scripts/install-apt.sh
+	scripts/install-apt.sh run
 	touch $@
 
-.stamp-apt: scripts/apt-packages.txt
-	scripts/install-apt.sh
+.stamp-apt-test: .stamp-apt-run
+	scripts/install-apt.sh test
 	touch $@
 
-.stamp-models: .stamp-venv
+.stamp-venv-run: .stamp-apt-run pyproject.toml constraints.txt scripts/install-venv.sh
+	scripts/install-venv.sh $(PYTHON) local
+	touch $@
+
+.stamp-venv-test: .stamp-venv-run
+	scripts/install-venv.sh $(PYTHON) test,lint,local
+	touch $@
+
+.stamp-models: .stamp-venv-run workers/models.py
 	$(BIN)/brisvox models install
 	touch $@
 
 run: install
 	$(BIN)/brisvoxd start --foreground --config configs/brisvoxd.toml
 
-test: install
+test: install-test
 	$(BIN)/python -m pytest tests
 
-test-fast: install
+test-fast: install-test
 	$(BIN)/python -m pytest tests/unit tests/sim
 
-test-system: install
+test-system: install-test
 	$(BIN)/python -m pytest tests/system
 
-test-e2e: install
+test-e2e: install-test
 	$(BIN)/python -m pytest tests/e2e
 
-lint: .stamp-venv
+lint: .stamp-venv-test
 	$(BIN)/ruff check ipc brisvox workers tests bench
 	$(BIN)/mypy ipc brisvox workers
 
@@ -45,5 +54,5 @@ bench: install
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .stamp-* build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .stamp-* .venv-install.log build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -553,6 +553,9 @@ class LlmJob(Frame):
     deadline_ns: int
     max_tokens: int = 128
     temperature: float = 0.2
+    model: str = ""  # a local LLM of the worker's catalogue; "" = the worker's default
+    repeat_penalty: float = 1.0  # 1.0 = off
+    seed: int = 0  # sampling seed (temperature > 0): the same prompt gives the same answer
 
 
 @frame("llm_job_delta")

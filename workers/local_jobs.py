@@ -67,7 +67,7 @@ class _Local:
     models_dir: Path
     whisper: Any = None
     piper: Any = None
-    llama: Any = None
+    llama: dict[str, Any] = field(default_factory=dict)  # LLM catalogue name -> LlamaRunner
     rings: dict[str, Any] = field(default_factory=dict)  # call_id -> job-output Ring (TTS lane thread)
     lock: threading.Lock = field(default_factory=threading.Lock)
     missing: dict[str, str] = field(default_factory=dict)
@@ -98,19 +98,21 @@ def _lane(worker: Any, kind: str) -> JobLane:
     return lane
 
 
-def _model_paths(st: _Local, kind: str) -> dict[str, Path] | str:
-    """Verified model paths for a kind, or the error text (cached per worker)."""
+def _model_paths(st: _Local, kind: str, llm: str = "") -> dict[str, Path] | str:
+    """Verified model paths for a kind (``llm``: which LLM), or the error text (cached per worker)."""
+    from workers.local_llm import DEFAULT_LLM
     from workers.models import ModelError, locate
 
     names = {"stt": ["whisper_tiny_en", "whisper_tiny_en_config", "whisper_tiny_en_tokenizer",
                      "whisper_tiny_en_vocabulary"],
-             "tts": ["piper_joe", "piper_joe_config"], "llm": ["smollm2"]}[kind]
-    if kind in st.missing:
-        return st.missing[kind]
+             "tts": ["piper_joe", "piper_joe_config"], "llm": [llm or DEFAULT_LLM]}[kind]
+    key = f"llm:{names[0]}" if kind == "llm" else kind
+    if key in st.missing:
+        return st.missing[key]
     try:
         return {n: locate(n, st.models_dir) for n in names}
     except ModelError as e:
-        st.missing[kind] = str(e)
+        st.missing[key] = str(e)
         return str(e)
 
 
@@ -167,12 +169,22 @@ def handle_tts(worker: Any, ident: bytes, cid: Any, f: TtsJob) -> Frame | None:
 def handle_llm(worker: Any, ident: bytes, cid: Any, f: LlmJob) -> Frame | None:
     if f.call_id not in worker.calls:
         return _err(worker, "unknown_call", "llm_job for a call not attached here", f.call_id)
-    got = _model_paths(_local(worker), "llm")
+    from workers.local_llm import DEFAULT_LLM, LLM_MODELS
+
+    name = f.model or DEFAULT_LLM
+    if name not in LLM_MODELS:
+        return _err(worker, "bad_params", f"unknown local model {name!r} (known: {', '.join(LLM_MODELS)})",
+                    f.call_id)
+    if not (0.0 <= f.temperature <= 2.0 and 0.5 <= f.repeat_penalty <= 2.0):
+        return _err(worker, "bad_params", "temperature must be in [0, 2] and repeat_penalty in [0.5, 2]",
+                    f.call_id)
+    got = _model_paths(_local(worker), "llm", name)
     if isinstance(got, str):
         return _err(worker, "unsupported", got, f.call_id)
     job = Job("llm", f.call_id, (ident, None), FAR, 0,
               {"job": f.job, "messages": f.messages, "max_tokens": max(1, min(f.max_tokens, 1024)),
-               "temperature": f.temperature, "deadline": f.deadline_ns, "model": got["smollm2"]},
+               "temperature": f.temperature, "deadline": f.deadline_ns, "name": name, "model": got[name],
+               "repeat_penalty": f.repeat_penalty, "seed": f.seed},
               received_ns=time.monotonic_ns())
     if not _lane(worker, "llm").submit(job):
         return _err(worker, "busy", "llm job queue full", f.call_id)
@@ -321,11 +333,13 @@ def run_llm(worker: Any, job: Job) -> Frame:
         from workers.local_llm import LlamaRunner
 
         with st.lock:
-            if st.llama is None:
-                st.llama = LlamaRunner(a["model"])
+            runner = st.llama.get(a["name"])
+            if runner is None:
+                runner = st.llama[a["name"]] = LlamaRunner(a["model"])
         lane = worker.extra_lanes["llm"]
-        out = st.llama.generate(a["messages"], int(a["max_tokens"]), float(a["temperature"]),
-                                cancelled=lambda: job.cancelled, emit=lambda t: lane.emit(job, frame(text=t)))
+        out = runner.generate(a["messages"], int(a["max_tokens"]), float(a["temperature"]),
+                              cancelled=lambda: job.cancelled, emit=lambda t: lane.emit(job, frame(text=t)),
+                              repeat_penalty=float(a["repeat_penalty"]), seed=int(a["seed"]))
         return frame(done=True, stop_reason=out.stop_reason, input_tokens=out.input_tokens,
                      output_tokens=out.output_tokens)
     except Exception as e:  # noqa: BLE001 - the stream must end with a done frame
@@ -356,9 +370,9 @@ def warm(worker: Any, kinds: tuple[str, ...] = ("stt", "tts", "llm")) -> dict[st
             st.piper = st.piper or PiperRunner(got["piper_joe"], got["piper_joe_config"])
             st.piper.load()
         else:
-            from workers.local_llm import LlamaRunner
+            from workers.local_llm import DEFAULT_LLM, LlamaRunner
 
-            st.llama = st.llama or LlamaRunner(got["smollm2"])
-            st.llama.load()
+            runner = st.llama.setdefault(DEFAULT_LLM, LlamaRunner(got[DEFAULT_LLM]))
+            runner.load()
         out[kind] = time.perf_counter() - t0
     return out

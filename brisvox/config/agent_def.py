@@ -286,6 +286,13 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                         f"{var} is not set: calls with this agent will fail to start {stage}"))
             if leg.provider == "scripted":
                 problems.extend(_check_rules(leg, where, lines))
+            if leg.provider == "local_llm" and leg.model:
+                from brisvox.providers.local_llm import MODELS
+
+                if leg.model not in MODELS:
+                    problems.append(Problem("error", ".".join([*where, "model"]),
+                                            line_of(lines, [*where, "model"]) or line_of(lines, where),
+                                            f"unknown local model {leg.model!r} (known: {', '.join(MODELS)})"))
             if "timing_file" in leg.options:
                 problems.extend(_check_timing(leg, where, lines))
             from brisvox.providers.registry import unknown_options

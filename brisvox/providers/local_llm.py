@@ -1,4 +1,9 @@
-"""LocalLlm: the no-key language model (SmolLM2-135M-Instruct via llama.cpp) run as a worker job.
+"""LocalLlm: the no-key language model (a small instruct GGUF via llama.cpp) run as a worker job.
+
+The agent file's ``[llm] model`` picks one of :data:`MODELS` (default
+Qwen2.5-Coder-0.5B-Instruct; ``smollm2`` is the light option); the
+``temperature``, ``repeat_penalty`` and ``seed`` options go with every job
+(temperature 0 is greedy and the same conversation gets the same answer).
 
 Owns the actor side of a local completion: the request is converted to
 ``{"role", "content"}`` rows (tool results become user text; the model is
@@ -43,6 +48,11 @@ ERROR_KINDS = {"busy": ("rate_limited", True), "expired": ("timeout", True), "un
                "job_failed": ("server", True), "timeout": ("timeout", True)}
 
 
+# the local LLMs an inference worker serves (workers.local_llm.LLM_MODELS; a unit test keeps the
+# two equal): agent files are checked against this list at start, without importing the worker
+MODELS = ("qwen_coder_05b", "smollm2")
+
+
 def worker_error(e: ErrorReply) -> ProviderError:
     kind, retry = ERROR_KINDS.get(e.kind, ("server", True))
     return ProviderError(kind, f"worker: {e.kind}: {e.detail}"[:300], retryable=retry)
@@ -74,9 +84,16 @@ def to_rows(msgs: Sequence[LlmMessage], max_chars: int) -> list[dict[str, Any]]:
 
 
 class LocalLlm:
-    def __init__(self, channel: JobChannel, call_id: str, *, max_tokens: int = 96, temperature: float = 0.2,
+    def __init__(self, channel: JobChannel, call_id: str, *, model: str = "", max_tokens: int = 96,
+                 temperature: float = 0.0, repeat_penalty: float = 1.0, seed: int = 0,
                  max_context_chars: int = 6000, request_timeout: float = 2.0, name: str = "local_llm") -> None:
+        if model and model not in MODELS:
+            raise ProviderError("bad_request", f"local_llm: unknown model {model!r} (known: {', '.join(MODELS)})",
+                                retryable=False)
         self.name = name
+        self.model = model
+        self.repeat_penalty = float(repeat_penalty)
+        self.seed = int(seed)
         self.channel = channel
         self.call_id = call_id
         self.max_tokens = max_tokens
@@ -86,9 +103,10 @@ class LocalLlm:
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
         w = self.channel.worker_of(self.call_id)
-        if w < 0 or (w, "llm") in self.channel.warmed:
+        key = (w, f"llm:{self.model}")
+        if w < 0 or key in self.channel.warmed:
             return
-        self.channel.warmed.add((w, "llm"))
+        self.channel.warmed.add(key)
         req = LlmRequest((LlmMessage("user", "Hi"),), max_tokens=1)
         s = self.stream(req)
         try:
@@ -96,7 +114,7 @@ class LocalLlm:
                 async for _ in s:
                     pass
         except TimeoutError:
-            self.channel.warmed.discard((w, "llm"))
+            self.channel.warmed.discard(key)
         finally:
             await s.aclose()
 
@@ -113,7 +131,8 @@ class LocalLlm:
             frame = LlmJob(call_id=self.call_id, job=job, messages=to_rows(req.messages, self.max_context_chars),
                            deadline_ns=time.monotonic_ns() + int(5e9),
                            max_tokens=req.max_tokens or self.max_tokens,
-                           temperature=self.temperature if req.temperature is None else req.temperature)
+                           temperature=self.temperature if req.temperature is None else req.temperature,
+                           model=self.model, repeat_penalty=self.repeat_penalty, seed=self.seed)
             reply = await ch.request(frame, self.request_timeout)
             if isinstance(reply, ErrorReply):
                 finished = True

@@ -45,7 +45,7 @@ OPTIONS: dict[str, set[str]] = {
     "scripted_stt": {"timing_file", "final_ms", "interim_ms", "interim_delay_ms", "text"},
     "deepgram": {"endpointing", "keepalive_interval", "smart_format", "punctuate", "diarize", "numerals",
                  "filler_words", "utterance_end_ms", "vad_events", "keyterm", "keywords"},
-    "local_llm": {"max_tokens", "temperature", "max_context_chars", "request_timeout"},
+    "local_llm": {"max_tokens", "temperature", "repeat_penalty", "seed", "max_context_chars", "request_timeout"},
     "scripted": {"rules", "fallback", "first_token_ms", "token_ms", "timing_file"},
     "anthropic": COMMON_HTTP | {"max_tokens", "thinking", "top_p", "top_k", "metadata"},
     "gemini": COMMON_HTTP | {"thinking_budget", "generationConfig", "safetySettings"},
@@ -130,7 +130,7 @@ def _llm(leg: ProviderDef, env: CallEnv) -> LlmProvider:
     if p == "local_llm":
         from brisvox.providers.local_llm import LocalLlm
 
-        return LocalLlm(_channel(leg, env), env.call_id, **o)
+        return LocalLlm(_channel(leg, env), env.call_id, model=leg.model, **o)
     if p == "scripted":
         from brisvox.providers.scripted_llm import ScriptedLlm
 

