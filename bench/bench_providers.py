@@ -11,7 +11,7 @@ Figures:
   multiplex them; loopback servers here speak HTTP/1.1).
 * **Local stack stage latency** (a real ``python -m workers.process`` worker,
   models warm): Whisper per utterance (a 2.3 s Piper-spoken question read from
-  in16), SmolLM2 first token and whole reply (max 40 tokens), Piper first audio
+  in16), the default local LLM's first token and whole reply (max 40 tokens), Piper first audio
   for one sentence. Medians of ``runs``.
 * **Local job throughput**: jobs of one kind submitted back to back, all at
   once, to one worker (one lane thread per kind): completed jobs per second.
@@ -186,7 +186,7 @@ async def _local(runs: int, burst: int) -> list[Row]:
         rows += [
             (f"STT per utterance (Whisper tiny.en, {len(q) / 8000:.1f} s clip, median of {runs})",
              med(s_t) * 1000, "ms", "~330 (RESOURCES)"),
-            ("LLM first token (SmolLM2-135M, warm)", med(l_ft) * 1000, "ms", "~200 cold / 8 cached"),
+            ("LLM first token (default local LLM, warm)", med(l_ft) * 1000, "ms", "~200 cold / 8 cached"),
             ("LLM whole reply (<= 40 tokens)", med(l_all) * 1000, "ms", "-"),
             ("TTS first audio (Piper joe, one sentence)", med(t_fa) * 1000, "ms", "~83 per 1.9 s"),
         ]

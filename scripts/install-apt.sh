@@ -13,7 +13,7 @@ while read -r pkg tag _; do
   tag=${tag:-run}
   [[ "$tag" == test && "$profile" != test ]] && continue
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-done < "$here/apt-packages.txt"
+done < "${BRISVOX_APT_LIST:-$here/apt-packages.txt}"
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then

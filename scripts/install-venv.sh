@@ -23,7 +23,7 @@ log=.venv-install.log
 pipi() {  # pip install, quiet; on failure name the distribution that failed
   if ! $venv/bin/python -m pip install --disable-pip-version-check "$@" >"$log" 2>&1; then
     what=$(grep -m1 -oE "Failed (building wheel for|to build) [A-Za-z0-9_.-]+|No matching distribution found for [^ ]+|Could not find a version that satisfies the requirement [^ ]+|failed-wheel-build-for-install.*" "$log")
-    pkg=$(echo "$what" | grep -oE '[A-Za-z0-9_.-]+$')
+    pkg=$(echo "$what" | grep -oE '[A-Za-z0-9_.-]+([<>=!~].*)?$' | sed -E 's/[<>=!~].*//')
     case "$pkg" in
       llama[-_]cpp[-_]python) hint="'sudo apt-get install build-essential cmake python3-dev' (its C++ build), then 'make install'";;
       "") hint="read $log, then 'make install'";;
@@ -32,6 +32,7 @@ pipi() {  # pip install, quiet; on failure name the distribution that failed
     fail "pip could not install ${what:-the Python packages} (log: $log); fix: $hint"
   fi
 }
-pipi -q --upgrade "pip>=24"
+# a newer pip when the index has one (Debian 12's venv pip is 23.0); an old one still works
+$venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
 pipi -q -c constraints.txt -e ".[$extras]"
 rm -f "$log"

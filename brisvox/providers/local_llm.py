@@ -50,7 +50,7 @@ ERROR_KINDS = {"busy": ("rate_limited", True), "expired": ("timeout", True), "un
 
 # the local LLMs an inference worker serves (workers.local_llm.LLM_MODELS; a unit test keeps the
 # two equal): agent files are checked against this list at start, without importing the worker
-MODELS = ("qwen_coder_05b", "smollm2")
+MODELS = ("qwen_coder_05b", "smollm2", "qwen_coder_15b")
 
 
 def worker_error(e: ErrorReply) -> ProviderError:

@@ -8,7 +8,7 @@ on ports chosen by the gateway (port 0; the status tells which), a per-test
 RTP port range, agent definitions from a temp folder:
 
 * ``local``: ``configs/agents/local.toml`` as shipped (Whisper tiny.en,
-  SmolLM2, Piper; no keys);
+  the default local LLM with greedy decoding, Piper; no keys);
 * ``booking_e2e``: the scripted LLM with the example booking tools, loaded
   through :mod:`tests.e2e.booking_probe` (the store's counters are written
   to ``booking.json`` in the temp folder).
@@ -79,9 +79,10 @@ def missing_prerequisite() -> str:
         if importlib.util.find_spec(mod) is None:
             return f"the local extra is not installed ({mod}): pip install -e '.[local]'"
     try:
+        from workers.local_llm import DEFAULT_LLM
         from workers.models import ModelError, locate
 
-        for name in ("silero_vad", "smart_turn", "whisper_tiny_en", "piper_joe", "smollm2"):
+        for name in ("silero_vad", "smart_turn", "whisper_tiny_en", "piper_joe", DEFAULT_LLM):
             locate(name)
     except ModelError as e:
         return str(e)
@@ -196,6 +197,30 @@ WORD = re.compile(r"[a-z']+")
 
 def words(text: str) -> list[str]:
     return WORD.findall(text.lower())
+
+
+def is_speech(pcm: Any, rate: int) -> bool:
+    """At least half a second of 20 ms frames above -40 dBFS whose loudness varies as speech does
+    (a steady tone or a constant noise floor has nearly the same level in every frame)."""
+    import numpy as np
+
+    n = rate // 50
+    x = np.asarray(pcm, dtype=np.float64)[: len(pcm) // n * n].reshape(-1, n)
+    rms = np.sqrt((x * x).mean(axis=1)) if len(x) else np.zeros(0)
+    loud = rms > 330.0
+    if loud.sum() * 0.02 < 0.5:
+        return False
+    db = 20 * np.log10(rms[loud])
+    return float(db.std()) > 1.5
+
+
+def heard_what_was_said(said: str, heard: str) -> bool:
+    """The words the call record says the bot spoke reached the caller: at least half of the
+    record's words of three letters or more are in the client's transcript of what it heard
+    (Whisper tiny mishears a few words over G.711)."""
+    want = {w for w in words(said) if len(w) >= 3}
+    got = set(words(heard))
+    return bool(want) and len(want & got) >= max(1, len(want) // 2)
 
 
 def is_english(text: str) -> bool:

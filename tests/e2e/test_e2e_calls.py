@@ -2,7 +2,7 @@
 
 Each test starts its own daemon (:class:`tests.e2e.e2e_daemon.E2EDaemon`:
 a temp config and folder, one worker, one agent process, the shipped
-``local`` agent -- Whisper tiny.en, SmolLM2, Piper -- and a scripted
+``local`` agent -- Whisper tiny.en, the default local LLM, Piper -- and a scripted
 booking agent; ports picked by the gateway), killed by process group with
 its shared memory swept when the test ends, pass or fail. Every call is
 placed by a real peer: ``brisvox call`` (run as the CLI) or baresip. What
@@ -54,7 +54,9 @@ from tests.e2e.e2e_daemon import (
     BOOK_FIRST,
     E2EDaemon,
     brisvox_call,
+    heard_what_was_said,
     is_english,
+    is_speech,
     missing_prerequisite,
     words,
 )
@@ -130,14 +132,19 @@ def test_websocket_call_gets_an_english_answer(daemon, tmp):
     assert is_english(turn["bot"]), printed
     assert "turn 1\n  caller: What is the capital of France?\n  bot:    " in printed
     assert "latency: caller stopped -> first bot audio" in printed
-    assert (tmp / "bot.wav").stat().st_size > 8000
+    from brisvox.client.speech import read_wav
+
+    assert is_speech(read_wav(tmp / "bot.wav", 8000), 8000), "the bot's audio is not speech"
     daemon.record(res)  # written at hang-up
     rec = daemon.calls_show(res["call_id"])  # the state dir comes from the daemon's config
     users, answers = user_and_assistant(rec)
     assert rec["call_id"] == res["call_id"]
     assert rec["transport"] == "native" and rec["agent"] == "local"
+    # the caller's words were transcribed and reached the LLM request (the context is the request)
     assert len(users) == 1 and asked_the_question(users[0]), users
     assert len(answers) == 1 and answers[0].strip()
+    # what the record says the bot answered is what the caller heard
+    assert heard_what_was_said(answers[0], turn["bot"]), (answers[0], turn["bot"])
     assert record_turn(rec, 0)["response_ms"] is not None
 
 
@@ -189,7 +196,7 @@ def test_sip_call_from_baresip(daemon, tmp):
     decoded = sorted(dump.glob("dump-*-dec.wav"))
     assert decoded, out[-3000:]
     heard = read_wav(decoded[-1], 8000)
-    assert len(heard) > 8000 and np.abs(heard.astype(np.int32)).max() > 1000  # the bot spoke
+    assert is_speech(heard, 8000), "baresip received no speech"  # the bot spoke
     text = Transcriber().text(heard, 8000)
     assert is_english(text), text
     rec = _new_sip_record(daemon, before)
@@ -197,6 +204,7 @@ def test_sip_call_from_baresip(daemon, tmp):
     users, answers = user_and_assistant(rec)
     assert len(users) >= 1 and asked_the_question(users[0]), users
     assert answers and answers[0].strip()
+    assert heard_what_was_said(answers[0], text), (answers[0], text)
 
 
 def run_baresip(conf: Path, uri: str, limit_s: float = 40.0) -> str:

@@ -1,10 +1,10 @@
-"""The no-key local stack end to end: VAD -> Whisper -> SmolLM2 -> Piper, in a real worker process.
+"""The no-key local stack end to end: VAD -> Whisper -> the local LLM -> Piper, in a real worker process.
 
 A question synthesized with the Piper joe voice is written, at the 8 kHz call
 rate, into a call's ``in`` ring; a real inference worker (``python -m
 workers.process``) resamples it to in16 and runs its VAD; the VAD-gated
 utterance is transcribed by the worker's Whisper job (LocalWhisperStt), the
-transcript answered by the worker's SmolLM2 job (LocalLlm, tokens streamed back
+transcript answered by the worker's local LLM job (LocalLlm, tokens streamed back
 as frames), the answer synthesized by the worker's Piper job (LocalPiperTts,
 PCM read from the call's job-output ring), and Whisper transcribes the bot's
 audio back to non-empty English text. The timing of every stage is printed.
@@ -45,6 +45,7 @@ from brisvox.providers.local_piper import LocalPiperTts
 from brisvox.providers.local_whisper import LocalWhisperStt
 from brisvox.providers.worker_jobs import WorkerJobChannel
 from ipc.bus import endpoint
+from ipc.frames import ErrorReply, LlmJob
 from workers.client import WorkerClient
 from workers.harness import WorkerProc, close_rings, create_call_rings
 from workers.models import ModelError, locate
@@ -59,7 +60,9 @@ def _have_local() -> str:
         if importlib.util.find_spec(mod) is None:
             return f"the local extra is not installed ({mod}): pip install -e '.[local]'"
     try:
-        for name in ("whisper_tiny_en", "piper_joe", "smollm2"):
+        from workers.local_llm import DEFAULT_LLM
+
+        for name in ("whisper_tiny_en", "piper_joe", DEFAULT_LLM):
             locate(name)
     except ModelError as e:
         return str(e)
@@ -204,7 +207,7 @@ def test_local_stack_end_to_end(short_tmp: Any, shm_clean: str) -> None:
     print("\nlocal stack:")
     print(f"  caller said : {QUESTION!r}")
     print(f"  whisper     : {heard!r}")
-    print(f"  smollm2     : {reply!r}")
+    print(f"  local llm   : {reply!r}")
     print(f"  bot, heard  : {back!r}")
     for k, v in timings.items():
         print(f"  {k:<28} {v * 1000 if 'seconds' not in k else v:8.1f} {'s' if 'seconds' in k else 'ms'}")
@@ -226,6 +229,12 @@ def test_local_jobs_fail_typed_not_hung(short_tmp: Any, shm_clean: str) -> None:
         channel = WorkerJobChannel(client)
         try:
             await client.attach("e2e-bad", inst, 8000, 22050, worker=0)
+            # a model the worker does not serve, or decoding out of range: refused, typed, at once
+            for bad in ({"model": "gpt-9"}, {"temperature": 9.0}, {"repeat_penalty": 0.0}):
+                reply = await channel.request(LlmJob(call_id="e2e-bad", job=channel.next_job(),
+                                                     messages=[{"role": "user", "content": "hi"}],
+                                                     deadline_ns=time.monotonic_ns() + int(5e9), **bad), 5.0)
+                assert isinstance(reply, ErrorReply) and reply.kind == "bad_params", (bad, reply)
             await client.detach("e2e-bad")
             client.calls["e2e-bad"] = type("L", (), {"worker": 0, "in16_pos": 0})()  # a stale routing entry
             s = LocalLlm(channel, "e2e-bad").stream(LlmRequest((LlmMessage("user", "hi"),)))

@@ -2,7 +2,7 @@
 
 brisvoxd starts with no ``[agents]`` section at all (only runtime paths and
 loopback ports are set), so every call to ``/twilio`` runs the default agent,
-``configs/agents/local.toml``: Whisper tiny.en, SmolLM2 and Piper as jobs on
+``configs/agents/local.toml``: Whisper tiny.en, the local LLM and Piper as jobs on
 the inference worker, no key. The client speaks two questions (a generated
 fixture and an espeak-ng line) in Twilio Media Streams messages at real time
 and listens. Checks:
@@ -51,9 +51,10 @@ ANSWER_WAIT_S = 15.0
 def _models_ok() -> bool:
     try:
         from workers import models
+        from workers.local_llm import DEFAULT_LLM
 
         d = models.default_models_dir()
-        names = ("silero_vad", "smart_turn", "whisper_tiny_en", "piper_joe", "smollm2")
+        names = ("silero_vad", "smart_turn", "whisper_tiny_en", "piper_joe", DEFAULT_LLM)
         return all((d / models.CATALOGUE[n].filename).is_file() for n in names)
     except Exception:  # noqa: BLE001 - any failure means "not installed"
         return False

@@ -306,3 +306,24 @@ def test_actor_config_from_agent() -> None:
     assert local.turn.turn.smart_turn is True and local.turn.turn.silence == 0.5
     assert local.turn.turn.interruption.min_speech == 0.3 and not local.llm.filler.enabled
     assert local.stt.stt.language == "en"
+
+
+def test_a_local_llm_model_is_checked_against_the_workers_list(tmp_path: Path) -> None:
+    p = write(tmp_path, '''name = "x"
+system_prompt = "x"
+
+[stt]
+provider = "local_whisper"
+
+[llm]
+provider = "local_llm"
+model = "qwen-7b"
+
+[tts]
+provider = "local_piper"
+''')
+    _, problems = check_agent_file(p, env={})
+    errs = {(x.key, x.line): x.message for x in problems if x.severity == "error"}
+    assert "unknown local model 'qwen-7b'" in errs[("llm.model", 9)] and "qwen_coder_05b" in errs[("llm.model", 9)]
+    p.write_text(p.read_text().replace("qwen-7b", "smollm2"))
+    assert not [x for x in check_agent_file(p, env={})[1] if x.severity == "error"]

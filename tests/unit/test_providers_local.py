@@ -20,12 +20,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pytest
 
 from brisvox.providers.base import (
     Done,
     LlmError,
     LlmMessage,
     LlmRequest,
+    ProviderError,
     SttConfig,
     TextDelta,
     Transcript,
@@ -242,3 +244,24 @@ def test_piper_reads_the_job_ring(shm_clean: str) -> None:
     finally:
         ring.unlink()
         ring.close()
+
+
+def test_llm_job_carries_the_model_and_decoding() -> None:
+    ch = Chan(llm_respond([("", {"done": True, "stop_reason": "stop"})]))
+    collect(LocalLlm(ch, "c", model="smollm2", temperature=0.0, repeat_penalty=1.1, seed=7), REQ)
+    job = ch.requests[0]
+    assert isinstance(job, LlmJob)
+    assert (job.model, job.temperature, job.repeat_penalty, job.seed) == ("smollm2", 0.0, 1.1, 7)
+
+
+def test_an_unknown_local_model_is_refused_at_construction() -> None:
+    with pytest.raises(ProviderError, match="unknown model 'gpt-9'"):
+        LocalLlm(Chan(llm_respond([])), "c", model="gpt-9")
+
+
+def test_the_provider_knows_exactly_the_models_the_worker_serves() -> None:
+    from brisvox.providers.local_llm import MODELS
+    from workers.local_llm import LLM_MODELS
+    from workers.model_catalogue import CATALOGUE
+
+    assert set(MODELS) == set(LLM_MODELS) and all(m in CATALOGUE for m in MODELS)
