@@ -46,7 +46,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from brisvox.agent.call_record import read_records
