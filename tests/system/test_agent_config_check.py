@@ -23,8 +23,10 @@ from tests.system.daemon_harness import Daemon, cli, write_config
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
+# the shipped local agent with a misspelt option in its [llm.options] table
 BAD_LOCAL = (ROOT / "configs" / "agents" / "local.toml").read_text().replace(
-    "temperature = 0.2", "temperature = 0.2\ntemprature = 0.3")
+    "[llm.options]\n", "[llm.options]\ntemprature = 0.3\n", 1)
+assert "temprature" in BAD_LOCAL
 
 
 def _agents(tmp: Path, broken: bool) -> Path:
