@@ -49,10 +49,11 @@ test-e2e: install-test
 lint: .stamp-venv-test
 	$(BIN)/ruff check ipc brisvox workers tests bench
 	$(BIN)/mypy ipc brisvox workers
+	$(BIN)/lint-imports --no-cache --no-logo
 
 bench: install
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .stamp-* .venv-install.log build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .stamp-* .venv-install.log build *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -75,7 +75,7 @@ def _inprocess(n_calls: int) -> list[float]:
 
 def _actor_memory() -> float:
     """Retained bytes of one actor after a 5-minute simulated call (without its context)."""
-    from brisvox.sim.fakes import LlmScript, Say
+    from brisvox.providers.seeded_fakes import LlmScript, Say
     from brisvox.sim.harness import SimCall, simulate
     from brisvox.sim.memsize import actor_bytes, retained_bytes
     from brisvox.sim.vloop import run_virtual
@@ -97,10 +97,10 @@ def _actor_memory() -> float:
 def _daemon(n_calls: int) -> dict[str, list[float] | float]:
     import soundfile as sf
 
+    from bench.harness.call_daemon import SPEECH, config
+    from bench.harness.daemon import Daemon
     from brisvox.agent.call_record import read_records
     from brisvox.sim.ws_caller import ANSWER, SECOND, one_call
-    from tests.system.daemon_harness import Daemon
-    from tests.system.test_call_daemon import SPEECH, config
 
     tmp = Path(tempfile.mkdtemp(prefix="bvb", dir="/tmp"))
     script = tmp / "script.json"

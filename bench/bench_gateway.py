@@ -255,7 +255,7 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
             ulaw = tmp / "tone.ulaw"
             ulaw.write_bytes(bytes([0xFF, 0x7F]) * 4000 * 2)
             scen = tmp / "scen.xml"
-            from tests.system import gateway_sipp as S
+            from bench.harness import sipp as S
 
             scen.write_text(S.scenario(S.invite_answered("[rtpstream_audio_port]")
                                        + f'  <nop><action><exec rtp_stream="{ulaw},-1,0"/></action></nop>\n'

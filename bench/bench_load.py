@@ -170,7 +170,7 @@ class BrisvoxDaemon:
             return None
         try:
             from brisvox.config.daemon import load_config
-            from brisvox.daemon.paths import runtime_dir
+            from brisvox.runtime.paths import runtime_dir
 
             return runtime_dir(load_config(self.cmd[self.cmd.index("--config") + 1]))
         except Exception:  # noqa: BLE001 - diagnostics only

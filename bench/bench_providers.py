@@ -38,11 +38,11 @@ Row = tuple[str, Any, str, str]
 
 
 async def _pool(n: int) -> list[Row]:
+    from bench.harness.http_server import FakeHttpServer
+    from bench.harness.llm_wire import Resp, ScriptedVendor
     from brisvox.providers.base import LlmMessage, LlmRequest
     from brisvox.providers.http import close_all
     from brisvox.providers.openai_compat import OpenAiCompatLlm
-    from tests.providers_fakes.http_server import FakeHttpServer
-    from tests.providers_fakes.llm_wire import Resp, ScriptedVendor
 
     req = LlmRequest((LlmMessage("user", "hi"),))
     sv = ScriptedVendor("openai", lambda i, b: Resp(text=["Hello ", "there, ", "how ", "are ", "you?"]))
@@ -113,7 +113,7 @@ async def _local(runs: int, burst: int) -> list[Row]:
     from ipc.bus import endpoint
     from ipc.frames import SttJob
     from ipc.ring import instance_id
-    from workers.client import WorkerClient
+    from ipc.worker_client import WorkerClient
     from workers.harness import WorkerProc, close_rings, create_call_rings
 
     q = _question()

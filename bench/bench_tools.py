@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from brisvox.agent.context import ToolCall
-from brisvox.agent.engine import EngineConfig, ToolEngine
+from brisvox.agent.tool_engine import EngineConfig, ToolEngine
 from brisvox.agent.tools import ToolKind, ToolRegistry, ToolSpec
 
 TYPICAL = {

@@ -42,7 +42,7 @@ def _models(models_dir: str | None, smart_turn: bool) -> Any:
 
 def main(rt: Any) -> int:
     """Role main under brisvoxd (``brisvox/daemon/roles.py``)."""
-    from brisvox.daemon import exitcodes
+    from brisvox.runtime import exitcodes
     from workers.core import Worker
     from workers.models import ModelError
 

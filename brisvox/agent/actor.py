@@ -44,7 +44,6 @@ from typing import Any
 from brisvox.agent.call_io import AudioSink, AudioSource, CallLink
 from brisvox.agent.call_record import build_record
 from brisvox.agent.context import Context
-from brisvox.agent.engine import ToolEngine
 from brisvox.agent.frames import (
     AudioFrame,
     DtmfFrame,
@@ -60,6 +59,7 @@ from brisvox.agent.segmenter import SegmenterConfig, SegmenterStage
 from brisvox.agent.stage import EpochWatch, Inbox, TaskOwner
 from brisvox.agent.stt_stage import SttStage, SttStageConfig
 from brisvox.agent.timeline import Timeline
+from brisvox.agent.tool_engine import ToolEngine
 from brisvox.agent.tools import ToolRegistry
 from brisvox.agent.transport_out import ClearLedger, TransportOut, TransportOutConfig
 from brisvox.agent.tts_stage import TtsStage, TtsStageConfig

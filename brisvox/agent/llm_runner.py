@@ -59,7 +59,6 @@ from brisvox.agent.context import (
     ToolMessage,
     UserMessage,
 )
-from brisvox.agent.engine import Execution, ToolEngine
 from brisvox.agent.frames import (
     BotEnded,
     DtmfFrame,
@@ -80,6 +79,7 @@ from brisvox.agent.playout import PlayoutBook
 from brisvox.agent.request import RequestConfig, build_request
 from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
 from brisvox.agent.timeline import Timeline
+from brisvox.agent.tool_engine import Execution, ToolEngine
 from brisvox.agent.tool_filler import FillerConfig, FillerPolicy
 from brisvox.agent.tools import CancelToken, ToolSpec
 from brisvox.clock import Clock

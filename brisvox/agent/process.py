@@ -4,9 +4,9 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``
 (DESIGN.md sections 1 and 3):
 
 * ZeroMQ: the process's ROUTER inbox at ``rt.inbox_endpoint("agent", i)``
-  and a DEALER to each ready gateway's inbox (one ``Links`` object, the same
+  and a DEALER to each ready gateway's inbox (one :class:`ipc.links.Links` object, the same
   non-blocking, handled-inline link the gateway uses), plus a
-  :class:`workers.client.WorkerClient` (identity ``agent-<i>``) for the
+  :class:`ipc.worker_client.WorkerClient` (identity ``agent-<i>``) for the
   worker lanes.
 * At start (``[agents] providers = "definitions"``, the default): every agent
   file the daemon config names (routes, SIP users, "default" =
@@ -27,7 +27,8 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``
   actor config (``[agents]`` keys, then the file's prompt, filler,
   interruption, turn, STT/TTS settings: :func:`brisvox.config.agent_def.actor_config`)
   and its greeting. With ``providers = "scripted"`` every call gets the
-  simulation's scripted providers instead (tests).
+  scripted providers the simulation uses too instead (tests:
+  ``brisvox/providers/scripted_session.py``, ``seeded_fakes.py``).
 * CallEnd -> hang the actor up, write the call record, detach the worker,
   close the rings, answer CallEnded.
 * Inbound frames are handed to the actor synchronously in the callback that
@@ -141,8 +142,9 @@ def scripted_providers(cfg: AgentsConfig, call_id: str, tts_rate: int) -> tuple[
     "bot": [...]}) or built-in demo lines."""
     import orjson
 
-    from brisvox.sim.fakes import FakeLlm, FakeTts, LlmScript, Say, ScriptedStt
-    from brisvox.sim.speech import Vocab
+    from brisvox.providers.scripted_session import ScriptedLinesStt
+    from brisvox.providers.seeded_fakes import FakeLlm, FakeTts, LlmScript, Say
+    from brisvox.providers.word_codec import Vocab
 
     user: list[str] = ["hello", "tell me more", "thank you"]
     bot: list[str] = [
@@ -156,7 +158,7 @@ def scripted_providers(cfg: AgentsConfig, call_id: str, tts_rate: int) -> tuple[
         user = [str(x) for x in data.get("user", user)]
         bot = [str(x) for x in data.get("bot", bot)]
     seed = sum(call_id.encode()) % 1000
-    stt = ScriptedStt(user, seed=seed)
+    stt = ScriptedLinesStt(user, seed=seed)
     llm = FakeLlm([LlmScript((Say(b),)) for b in bot], seed=seed + 1, default=LlmScript((Say("Okay."),)))
     tts = FakeTts(Vocab(), seed=seed + 2, rate=tts_rate)
     return stt, llm, tts
@@ -445,8 +447,8 @@ class AgentProcess:
     async def run(self) -> int:
         import zmq.asyncio
 
-        from brisvox.gateway.links import Links
-        from workers.client import WorkerClient
+        from ipc.links import Links
+        from ipc.worker_client import WorkerClient
 
         loop = asyncio.get_running_loop()
         rt = self.rt
@@ -522,7 +524,7 @@ def records_dir(rt: Any, calls: CallsConfig) -> Path | None:
         return None
     if calls.path:
         return Path(calls.path).expanduser()
-    from brisvox.daemon.paths import state_dir
+    from brisvox.runtime.paths import state_dir
 
     return state_dir(rt.config) / "calls"
 
@@ -545,7 +547,7 @@ def prune_records(target: Path, keep_days: int) -> int:
 
 def main(rt: Any) -> int:
     from brisvox.config.errors import ConfigError
-    from brisvox.daemon import exitcodes
+    from brisvox.runtime import exitcodes
 
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

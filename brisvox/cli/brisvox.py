@@ -14,7 +14,7 @@ import sys
 # subcommand -> module that implements it
 SUBCOMMANDS = {
     "models": "workers.models_cli",
-    "calls": "brisvox.agent.calls_cli",
+    "calls": "brisvox.cli.calls",
     "call": "brisvox.client.call_cli",
 }
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from brisvox.config.daemon import DaemonConfig, find_config, load_config
 from brisvox.config.errors import ConfigError
-from brisvox.daemon import exitcodes
+from brisvox.runtime import exitcodes
 
 CONTROL_TIMEOUT_S = 5.0
 
@@ -37,7 +37,7 @@ def _load(args: argparse.Namespace) -> DaemonConfig:
 
 
 def _runtime_dir(args: argparse.Namespace) -> Path:
-    from brisvox.daemon.paths import runtime_dir
+    from brisvox.runtime.paths import runtime_dir
 
     if getattr(args, "runtime_dir", None):
         return Path(args.runtime_dir)
@@ -57,7 +57,7 @@ def _command(rdir: Path, name: str, args: dict[str, Any] | None = None, timeout:
 
 
 def _running_or_explain(rdir: Path) -> bool:
-    from brisvox.daemon.paths import is_locked
+    from brisvox.runtime.paths import is_locked
 
     if is_locked(rdir):
         return True
@@ -85,7 +85,7 @@ def _ask(rdir: Path, name: str, not_running: int, args: dict[str, Any] | None = 
 
 
 def _wait_gone(rdir: Path, timeout: float) -> bool:
-    from brisvox.daemon.paths import is_locked
+    from brisvox.runtime.paths import is_locked
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -100,7 +100,7 @@ def _wait_gone(rdir: Path, timeout: float) -> bool:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from brisvox.daemon.arbiter import Arbiter
-    from brisvox.daemon.paths import AlreadyRunning, PidLock, prepare_dirs
+    from brisvox.runtime.paths import AlreadyRunning, PidLock, prepare_dirs
 
     try:
         cfg = _load(args).with_counts(args.workers, args.agents)
@@ -285,7 +285,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     """A daemon config (and every agent file it names), or one agent file."""
     from brisvox.agent.config import check_referenced_agents
     from brisvox.config.agent_def import check_main, is_agent_file
-    from brisvox.daemon.paths import check_endpoint_lengths, runtime_dir
+    from brisvox.runtime.paths import check_endpoint_lengths, runtime_dir
 
     if is_agent_file(args.file):
         return check_main(args.file)

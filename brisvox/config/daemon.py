@@ -12,7 +12,7 @@ Invariants:
   unknown sections and unknown keys are errors, never ignored.
 * ``config.section(name)`` returns the parsed frozen dataclass of a section,
   default-constructed when the file does not have it.
-* Nothing here opens sockets or creates directories; :mod:`brisvox.daemon.paths`
+* Nothing here opens sockets or creates directories; :mod:`brisvox.runtime.paths`
   turns the settings into directories.
 """
 

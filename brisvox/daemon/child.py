@@ -57,7 +57,7 @@ from typing import Any, NoReturn
 
 from brisvox.config.daemon import DaemonConfig
 from brisvox.config.errors import ConfigError
-from brisvox.daemon import exitcodes
+from brisvox.runtime import exitcodes
 
 log = logging.getLogger("brisvox.child")
 

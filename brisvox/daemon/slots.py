@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brisvox.config.daemon import RestartPolicy
-from brisvox.daemon import exitcodes
+from brisvox.runtime import exitcodes
 
 
 class State(enum.StrEnum):

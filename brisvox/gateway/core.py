@@ -61,11 +61,11 @@ import zmq
 
 from brisvox.gateway.calls import Call, CallTable, Leg, PendingMark
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.links import Links
 from brisvox.gateway.metrics import GatewayMetrics
 from brisvox.gateway.pacer import FRAME_S, Pacer
 from ipc import frames as F
 from ipc.bus import endpoint as bus_endpoint
+from ipc.links import Links
 
 log = logging.getLogger("brisvox.gateway")
 
@@ -242,7 +242,7 @@ class GatewayCore:
                 return None
             import zmq.asyncio
 
-            from workers.client import WorkerClient
+            from ipc.worker_client import WorkerClient
 
             self._echo_actx = zmq.asyncio.Context.shadow(self.ctx.underlying)
             client = WorkerClient(self._echo_actx, f"{self.identity}-echo", endpoints,

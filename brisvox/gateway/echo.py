@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from brisvox.gateway.calls import Call
 from ipc.ring import RingReader
-from workers.client import AttachError, WorkerClient
+from ipc.worker_client import AttachError, WorkerClient
 
 if TYPE_CHECKING:
     from brisvox.gateway.core import GatewayCore

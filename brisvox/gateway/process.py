@@ -22,9 +22,9 @@ import time
 from typing import Any
 
 from brisvox.config.errors import ConfigError
-from brisvox.daemon import exitcodes
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core import GatewayCore
+from brisvox.runtime import exitcodes
 
 log = logging.getLogger("brisvox.gateway")
 

@@ -157,7 +157,8 @@ class WsConnection(asyncio.BufferedProtocol):
                 kind, h, n = scan(data, pos, end, True, max_size)
                 if kind == ws_frames.DATA:
                     start = pos + h
-                    payload = ws_frames.apply_mask(data[start:start + n], data[start - 4:start])
+                    # websockets' C apply_mask takes any buffer (no copy of the view); its stub says bytes
+                    payload = ws_frames.apply_mask(data[start:start + n], data[start - 4:start])  # type: ignore[arg-type]
                     first = data[pos]
                     pos = start + n
                     s = self.session

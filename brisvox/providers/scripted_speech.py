@@ -7,8 +7,8 @@ with the real local VAD and Smart Turn in the workers and nothing else that
 costs CPU. The scripted LLM is :class:`brisvox.providers.scripted_llm.ScriptedLlm`.
 
 * :class:`ScriptedStt` (``provider = "scripted_stt"``): caller speech is
-  gated by energy with the simulation's scripted STT's threshold
-  (:class:`brisvox.sim.fakes.ScriptedSttSession`), per 20 ms window. While
+  gated by energy with the line-scripted STT's threshold
+  (:class:`brisvox.providers.scripted_session.ScriptedSttSession`), per 20 ms window. While
   the caller speaks, an interim transcript (``text``) every ``interim_ms`` of
   speech, delivered ``interim_delay_ms`` after the window that completed it
   was spoken, as a streaming STT's interims are. It takes its audio in
@@ -65,11 +65,11 @@ from brisvox.providers.base import (
     TtsFlushed,
     TtsWord,
 )
-from brisvox.sim.fakes import ScriptedSttSession, _Events
+from brisvox.providers.scripted_session import EventQueue, ScriptedSttSession
 
 MIN_SPEECH_SAMPLES = 1600  # 100 ms at 16 kHz of gated speech makes a turn's final non-empty
 GATE_SAMPLES = 320  # the energy gate's window: 20 ms at 16 kHz
-GATE_PEAK = 400  # a window whose peak |sample| exceeds this is speech (the sim's ScriptedSttSession)
+GATE_PEAK = 400  # a window whose peak |sample| exceeds this is speech (as in ScriptedSttSession)
 AUDIO_BATCH_S = 0.08  # ScriptedStt.audio_batch: the actor flushes at most a worker tick (20 ms) later,
 # so a batch is at most ~100 ms old: within interim_delay_ms, and every interim stays on time
 MAX_TIMERS = 64
@@ -206,7 +206,7 @@ class ScriptedSttStream(ScriptedSttSession):
 
     def __init__(self, prov: ScriptedStt) -> None:
         super().__init__(prov)  # type: ignore[arg-type]  # only events_q/speech/closed are used
-        self.events_q = _Events((SttClosed,))
+        self.events_q = EventQueue((SttClosed,))
         self.cfg = prov
         self.timers = _Timers()
         self.finalizes = 0
@@ -317,7 +317,7 @@ class ScriptedTtsStream:
     def __init__(self, prov: ScriptedTts, rate: int) -> None:
         self.prov = prov
         self.sample_rate = rate
-        self.events_q = _Events((TtsClosed,))
+        self.events_q = EventQueue((TtsClosed,))
         self.closed = False
         self._ctx: dict[int, _Context] = {}
         self._chunks = _answer_chunks(rate, prov.answer_ms, prov.chunk_ms)

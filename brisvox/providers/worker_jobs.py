@@ -2,7 +2,7 @@
 
 Owns :class:`JobChannel` (what the local providers need) and its production
 implementation :class:`WorkerJobChannel` over the agent process's
-:class:`workers.client.WorkerClient`:
+:class:`ipc.worker_client.WorkerClient`:
 
 * ``request(frame, timeout)``: request/reply to the worker the call is
   attached to NOW (after a re-attach, the new one); no worker, or no reply in

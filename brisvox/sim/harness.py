@@ -24,8 +24,9 @@ from brisvox.agent.context import AssistantMessage
 from brisvox.agent.playout import PlayoutConfig
 from brisvox.agent.tools import ToolRegistry
 from brisvox.clock import CLOCK as _LOOP_CLOCK
-from brisvox.sim.fakes import FakeLlm, FakeStt, FakeTts, Responder, SttFault, TtsFault
-from brisvox.sim.speech import Vocab
+from brisvox.providers.seeded_fakes import FakeLlm, FakeTts, Responder, TtsFault
+from brisvox.providers.word_codec import Vocab
+from brisvox.sim.fakes import FakeStt, SttFault
 from brisvox.sim.world import Caller, SimPlatform, Step, WorldConfig
 
 FRAME = 160  # one 20 ms frame at the sim's 8 kHz call rate

@@ -22,7 +22,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from brisvox.sim.fakes import Call, Fail, LlmScript, Say, SttFault
+from brisvox.providers.seeded_fakes import Call, Fail, LlmScript, Say
+from brisvox.sim.fakes import SttFault
 from brisvox.sim.harness import SimCall
 from brisvox.sim.sim_tools import SimTools
 from brisvox.sim.world import HangUp, Utter

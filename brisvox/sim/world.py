@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 
 from brisvox.agent.actor import CallActor
+from brisvox.providers.word_codec import NOISE, THRESHOLD, Decoder, Vocab, encode
 from brisvox.sim.memring import MemRing
-from brisvox.sim.speech import NOISE, THRESHOLD, Decoder, Vocab, encode
 from ipc.frames import Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
 
 TICK = 0.02

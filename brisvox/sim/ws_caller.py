@@ -18,7 +18,7 @@ import time
 import numpy as np
 import orjson
 
-from brisvox.sim.speech import word_seconds
+from brisvox.providers.word_codec import word_seconds
 
 RATE = 8000
 FRAME = RATE // 50

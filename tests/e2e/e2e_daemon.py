@@ -1,7 +1,7 @@
 """The e2e tests' daemon: brisvoxd with the local models and agent files, plus the tools to call it.
 
 :class:`E2EDaemon` starts ``brisvoxd start --foreground`` (via
-:class:`tests.system.daemon_harness.Daemon`: its own session, SIGKILLed by
+:class:`bench.harness.daemon.Daemon`: its own session, SIGKILLed by
 process group and its ``/dev/shm`` segments swept on close, even when a test
 fails) with a temp config: one worker, one agent process, WebSocket and SIP
 on ports chosen by the gateway (port 0; the status tells which), a per-test
@@ -34,8 +34,8 @@ from typing import Any
 
 import orjson
 
+from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.call_record import read_records
-from tests.system.daemon_harness import Daemon, write_config
 from tests.system.gateway_harness import rtp_range
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -46,7 +46,7 @@ from brisvox.providers.local_whisper import LocalWhisperStt
 from brisvox.providers.worker_jobs import WorkerJobChannel
 from ipc.bus import endpoint
 from ipc.frames import ErrorReply, LlmJob
-from workers.client import WorkerClient
+from ipc.worker_client import WorkerClient
 from workers.harness import WorkerProc, close_rings, create_call_rings
 from workers.models import ModelError, locate
 

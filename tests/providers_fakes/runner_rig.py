@@ -12,7 +12,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisvox.agent.engine import ToolEngine
 from brisvox.agent.frames import (
     Interrupt,
     LlmResponseEnded,
@@ -26,6 +25,7 @@ from brisvox.agent.llm_runner import LlmRunner, LlmRunnerConfig
 from brisvox.agent.playout import PlayoutBook
 from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
 from brisvox.agent.timeline import Timeline
+from brisvox.agent.tool_engine import ToolEngine
 from brisvox.agent.tool_filler import FillerConfig
 from brisvox.agent.tools import ToolContext, ToolKind, ToolRegistry, ToolSpec
 from brisvox.clock import CLOCK

@@ -8,7 +8,7 @@ from brisvox.agent.context import AssistantMessage, SystemMessage, ToolMessage, 
 from brisvox.agent.frames import AudioFrame
 from brisvox.agent.stt_stage import SttStage
 from brisvox.agent.turn_machine import TurnConfig
-from brisvox.sim.fakes import Call, LlmScript, Say, Stall
+from brisvox.providers.seeded_fakes import Call, LlmScript, Say, Stall
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import LONG
 from brisvox.sim.sim_tools import SimTools

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 from brisvox.agent.context import AssistantMessage, ToolMessage, UserMessage
 from brisvox.agent.llm_runner import FALLBACK_LINE
-from brisvox.sim.fakes import Call, Crash, LlmScript, Say, SttFault, TtsFault
+from brisvox.providers.seeded_fakes import Call, Crash, LlmScript, Say, TtsFault
+from brisvox.sim.fakes import SttFault
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import LONG
 from brisvox.sim.sim_tools import SimTools

@@ -14,7 +14,7 @@ import sys
 import time
 
 from brisvox.agent.context import UserMessage
-from brisvox.sim.fakes import Call, LlmScript, Say
+from brisvox.providers.seeded_fakes import Call, LlmScript, Say
 from brisvox.sim.harness import SimCall, oracle_mismatches, simulate
 from brisvox.sim.memsize import actor_bytes, retained_bytes
 from brisvox.sim.sim_tools import SimTools

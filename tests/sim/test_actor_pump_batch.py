@@ -18,11 +18,12 @@ import brisvox.sim.harness as harness
 from brisvox.agent.actor import CallActor
 from brisvox.agent.context import AssistantMessage, UserMessage
 from brisvox.agent.frames import AudioFrame, UserStoppedSpeaking
-from brisvox.sim.fakes import FakeLlm, FakeStt, FakeTts
+from brisvox.providers.seeded_fakes import FakeLlm, FakeTts
+from brisvox.providers.word_codec import Vocab
+from brisvox.sim.fakes import FakeStt
 from brisvox.sim.harness import oracle_mismatches, simulate
 from brisvox.sim.memring import MemRing
 from brisvox.sim.scenarios import EXPECTED_INTERRUPTS, EXPECTED_TURNS, SCENARIOS
-from brisvox.sim.speech import Vocab
 from brisvox.sim.vloop import run_virtual
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from brisvox.agent.turn_machine import InterruptionConfig
-from brisvox.sim.fakes import LlmScript, Say
+from brisvox.providers.seeded_fakes import LlmScript, Say
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import LONG
 from brisvox.sim.vloop import run_virtual

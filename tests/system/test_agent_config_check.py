@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.daemon_harness import Daemon, cli, write_config
+from bench.harness.daemon import Daemon, cli, write_config
 
 pytestmark = pytest.mark.system
 

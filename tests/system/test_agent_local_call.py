@@ -34,9 +34,9 @@ import pytest
 import soundfile as sf
 import soxr
 
+from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.call_record import read_records
 from brisvox.gateway.g711 import ULAW_SILENCE, ulaw_decode, ulaw_encode
-from tests.system.daemon_harness import Daemon, write_config
 
 pytestmark = [pytest.mark.system, pytest.mark.e2e]
 

@@ -16,56 +16,24 @@ hangs up. Checks, per call, from outside the daemon:
 Run twice: 20 calls with the fixed end-of-turn silence, and 4 calls with
 Smart Turn on (the turn ends come from the worker's job lane).
 The word boundaries the client judges by come from the scripted TTS's
-deterministic word durations (``brisvox.sim.speech.word_seconds``).
+deterministic word durations (``brisvox.providers.word_codec.word_seconds``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 import orjson
 import pytest
 import soundfile as sf
 
+from bench.harness.call_daemon import SPEECH, config
+from bench.harness.daemon import Daemon
 from brisvox.agent.call_record import read_records
-from brisvox.sim.ws_caller import ANSWER, RATE, SECOND, TTS_RATE, judge, one_call
-from tests.system.daemon_harness import Daemon, write_config
+from brisvox.sim.ws_caller import ANSWER, RATE, SECOND, judge, one_call
 
 pytestmark = pytest.mark.system
-
-ROOT = Path(__file__).resolve().parents[2]
-SPEECH = ROOT / "tests" / "fixtures" / "generated" / "turn_complete.8k.wav"
-
-
-def config(tmp: Path, script: Path, smart_turn: bool = False) -> Path:
-    st = "true" if smart_turn else "false"
-    extra = f"""
-[gateway]
-echo_use_workers = false
-tts_rate = {TTS_RATE}
-
-[sip]
-enabled = false
-
-[websocket]
-port = 0
-
-[smart_turn]
-enabled = {st}
-
-[agents]
-providers = "scripted"
-script = "{script}"
-smart_turn = {st}
-lead_margin_ms = 0
-max_calls = 64
-
-[calls]
-path = "{tmp / 'records'}"
-"""
-    return write_config(tmp, workers=1, agents=1, extra=extra)
 
 
 @pytest.mark.parametrize(

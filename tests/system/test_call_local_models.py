@@ -19,8 +19,8 @@ import orjson
 import pytest
 import soundfile as sf
 
+from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.call_record import read_records
-from tests.system.daemon_harness import Daemon, write_config
 
 pytestmark = [pytest.mark.system, pytest.mark.e2e]
 

@@ -15,8 +15,8 @@ import pytest
 import zmq
 
 from brisvox.config.daemon import DaemonConfig
-from brisvox.daemon import exitcodes
 from brisvox.daemon.child import ChildSpec, spawn
+from brisvox.runtime import exitcodes
 from ipc.bus import bind, endpoint, make_socket
 from ipc.codec import decode, encode
 from ipc.frames import ChildEvent, ErrorReply, Hello, Ping, Pong, Shutdown, ShutdownAck, Topology

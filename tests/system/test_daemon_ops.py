@@ -10,10 +10,10 @@ import time
 import pytest
 import zmq
 
+from bench.harness.daemon import Daemon, cli, write_config
 from ipc.bus import endpoint, make_socket, request_sync
 from ipc.codec import encode
 from ipc.frames import Command, Pong
-from tests.system.daemon_harness import Daemon, cli, write_config
 from tests.system.daemon_promparse import parse, value
 
 pytestmark = pytest.mark.system

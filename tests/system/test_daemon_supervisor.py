@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from brisvox.daemon import exitcodes
+from bench.harness.daemon import Daemon, alive, child_env, cli, wait_dead, write_config
+from brisvox.runtime import exitcodes
 from ipc.ring import SHM_DIR, Ring, ring_name
-from tests.system.daemon_harness import Daemon, alive, child_env, cli, wait_dead, write_config
 from tests.system.daemon_promparse import parse, value
 
 pytestmark = pytest.mark.system

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.system.daemon_harness import Daemon, write_config
+from bench.harness.daemon import Daemon, write_config
 from tests.system.daemon_promparse import parse
 
 pytestmark = pytest.mark.system

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import soundfile as sf
 
+from bench.harness import sipp as S
 from ipc import frames as F
-from tests.system import gateway_sipp as S
 from tests.system.gateway_harness import (
     FakeAgent,
     GatewayProc,

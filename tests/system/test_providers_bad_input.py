@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
+from bench.harness.http_server import FakeHttpServer, Reply
+from bench.harness.llm_wire import Resp, ScriptedVendor, reply_for
 from brisvox.agent.context import AssistantMessage
 from brisvox.agent.frames import BotEnded
 from brisvox.providers.base import ProviderTimeouts
 from brisvox.providers.http import close_all
 from brisvox.providers.llm_stream import STATS
 from brisvox.providers.openai_compat import OpenAiCompatLlm
-from tests.providers_fakes.http_server import FakeHttpServer, Reply
-from tests.providers_fakes.llm_wire import Resp, ScriptedVendor, reply_for
 from tests.providers_fakes.runner_rig import Rig, ToolLog, scenario_registry
 
 pytestmark = pytest.mark.timeout(60)

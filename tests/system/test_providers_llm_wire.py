@@ -26,6 +26,15 @@ from typing import Any
 
 import pytest
 
+from bench.harness.http_server import FakeHttpServer, Reply
+from bench.harness.llm_wire import (
+    VENDORS,
+    Call,
+    Resp,
+    ScriptedVendor,
+    error_reply,
+    reply_for,
+)
 from brisvox.providers.anthropic import AnthropicLlm
 from brisvox.providers.base import (
     Done,
@@ -41,15 +50,6 @@ from brisvox.providers.gemini import GeminiLlm
 from brisvox.providers.http import close_all
 from brisvox.providers.llm_stream import STATS
 from brisvox.providers.openai_compat import OpenAiCompatLlm
-from tests.providers_fakes.http_server import FakeHttpServer, Reply
-from tests.providers_fakes.llm_wire import (
-    VENDORS,
-    Call,
-    Resp,
-    ScriptedVendor,
-    error_reply,
-    reply_for,
-)
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
+from bench.harness.http_server import FakeHttpServer, Reply, json_reply
 from brisvox.agent.frames import (
     AudioFrame,
     AudioOut,
@@ -69,7 +70,6 @@ from brisvox.providers.deepgram import DeepgramStt
 from brisvox.providers.elevenlabs import ElevenLabsTts, words_from_alignment
 from brisvox.providers.http import close_all
 from brisvox.providers.openai_tts import OpenAiTts
-from tests.providers_fakes.http_server import FakeHttpServer, Reply, json_reply
 from tests.providers_fakes.ws_vendors import FakeCartesia, FakeDeepgram, FakeElevenLabs
 
 pytestmark = pytest.mark.timeout(60)

@@ -24,14 +24,8 @@ from typing import Any
 import orjson
 import pytest
 
-from brisvox.agent.context import AssistantMessage, SystemMessage, ToolMessage
-from brisvox.agent.tool_filler import FillerConfig
-from brisvox.providers.anthropic import AnthropicLlm
-from brisvox.providers.gemini import GeminiLlm
-from brisvox.providers.http import close_all
-from brisvox.providers.openai_compat import OpenAiCompatLlm
-from tests.providers_fakes.http_server import FakeHttpServer
-from tests.providers_fakes.llm_wire import (
+from bench.harness.http_server import FakeHttpServer
+from bench.harness.llm_wire import (
     VENDORS,
     Call,
     Resp,
@@ -39,6 +33,12 @@ from tests.providers_fakes.llm_wire import (
     result_messages_on_wire,
     results_on_wire,
 )
+from brisvox.agent.context import AssistantMessage, SystemMessage, ToolMessage
+from brisvox.agent.tool_filler import FillerConfig
+from brisvox.providers.anthropic import AnthropicLlm
+from brisvox.providers.gemini import GeminiLlm
+from brisvox.providers.http import close_all
+from brisvox.providers.openai_compat import OpenAiCompatLlm
 from tests.providers_fakes.runner_rig import Rig, ToolLog, scenario_registry
 
 pytestmark = pytest.mark.timeout(60)

@@ -3,7 +3,7 @@
 The test plays the gateway (creates the rings, feeds caller audio in real
 time from a separate process) and the supervisor (notices the death by pid
 and tells the subscriber, as brisvoxd's Topology push does); the subscriber
-is the production :class:`workers.client.WorkerClient`.
+is the production :class:`ipc.worker_client.WorkerClient`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from ipc.bus import endpoint
 from ipc.ring import SHM_DIR
-from workers.client import WorkerClient
+from ipc.worker_client import WorkerClient
 from workers.harness import Feeder, WorkerProc, close_rings, create_call_rings
 
 pytestmark = pytest.mark.system

@@ -23,6 +23,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
+from bench.harness.daemon import Daemon, write_config
 from ipc.bus import endpoint, make_socket
 from ipc.codec import decode, encode
 from ipc.frames import (
@@ -34,8 +35,7 @@ from ipc.frames import (
     WorkerTick,
 )
 from ipc.ring import SHM_DIR, ring_name
-from tests.system.daemon_harness import Daemon, write_config
-from workers.client import WorkerClient
+from ipc.worker_client import WorkerClient
 from workers.harness import Feeder, WorkerProc, close_rings, create_call_rings
 
 pytestmark = pytest.mark.system

@@ -8,7 +8,7 @@ import pytest
 
 from brisvox.config.daemon import parse_config
 from brisvox.config.errors import ConfigError
-from brisvox.daemon.paths import (
+from brisvox.runtime.paths import (
     AlreadyRunning,
     PidLock,
     is_locked,

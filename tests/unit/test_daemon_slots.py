@@ -5,8 +5,8 @@ from __future__ import annotations
 import signal
 
 from brisvox.config.daemon import RestartPolicy
-from brisvox.daemon import exitcodes
 from brisvox.daemon.slots import Slot, State, StormTracker, hung_reason, memory_verdict, on_exit
+from brisvox.runtime import exitcodes
 
 POLICY = RestartPolicy(backoff_initial_s=0.1, backoff_max_s=1.0, backoff_reset_s=60.0, boot_failures_max=3,
                        storm_restarts=100, storm_window_s=60.0, storm_delay_s=10.0)

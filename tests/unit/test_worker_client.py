@@ -14,8 +14,8 @@ import zmq.asyncio
 
 from ipc.bus import endpoint
 from ipc.frames import WorkerTick
+from ipc.worker_client import AttachError, WorkerClient
 from tests.unit.test_worker_core import EnergyBatch
-from workers.client import AttachError, WorkerClient
 from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
 from workers.core import Worker, WorkerModels
 from workers.harness import close_rings, create_call_rings

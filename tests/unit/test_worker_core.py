@@ -189,7 +189,7 @@ def test_one_batched_run_per_tick_for_all_calls(rig):
     rig.model.batch_sizes.clear()
     rig.run({c: [True] * 40 for c in ("a", "b", "c")})
     # every full 512-sample window of in16 was scored (the window grid starts 8 samples early,
-    # see workers/core.py GRID_PHASE), in runs that carry every call that had one
+    # see workers/call_table.py GRID_PHASE), in runs that carry every call that had one
     windows = sum((rig.rings[c]["in16"].write_pos + 8) // 512 for c in ("a", "b", "c"))
     assert windows >= 3 * 24 and sum(rig.model.batch_sizes) == windows
     assert all(rig.w.calls[c].vad_pos % 32 == 24 for c in ("a", "b", "c"))

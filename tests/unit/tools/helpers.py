@@ -10,7 +10,7 @@ import orjson
 
 from brisvox.agent.assemble import ResponseAssembler
 from brisvox.agent.context import AssistantMessage, Context, SystemMessage, ToolMessage, UserMessage
-from brisvox.agent.engine import EngineConfig, Execution, ToolEngine
+from brisvox.agent.tool_engine import EngineConfig, Execution, ToolEngine
 from brisvox.agent.tools import (
     CancelToken,
     ToolContext,

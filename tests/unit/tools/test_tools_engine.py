@@ -11,7 +11,7 @@ import pytest
 
 from brisvox.agent import tool_errors as te
 from brisvox.agent.context import SystemMessage, ToolCall, UserMessage
-from brisvox.agent.engine import MAILBOX_CAPACITY, TRUNCATION_MARKER, ToolEngine
+from brisvox.agent.tool_engine import MAILBOX_CAPACITY, TRUNCATION_MARKER, ToolEngine
 from brisvox.agent.tools import CancelToken, IdempotencyKey, ToolContext
 from brisvox.clock import CLOCK
 

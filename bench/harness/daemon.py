@@ -1,4 +1,4 @@
-"""Start a real brisvoxd in the foreground for a system test, talk to it, always clean up.
+"""Start a real brisvoxd in the foreground for a system test or a benchmark, talk to it, always clean up.
 
 The daemon runs in its own session (``start_new_session``), so teardown can
 SIGKILL exactly the process group this test started, then removes the

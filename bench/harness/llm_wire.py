@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from tests.providers_fakes.http_server import Reply, Request, json_reply, split_bytes
+from bench.harness.http_server import Reply, Request, json_reply, split_bytes
 
 VENDORS = ("openai", "anthropic", "gemini")
 

@@ -30,6 +30,10 @@ Usage (an agent process; ``rt`` is its ChildRuntime)::
     r = await client.smart_turn(call_id, stop_event["at"], budget_s=0.5)
     await client.detach(call_id)
 
+It speaks only the worker-lane frames of :mod:`ipc.frames`; the Topology
+rows it reads are plain dicts (``role``, ``index``, ``state``), so it needs
+nothing from ``workers`` or ``brisvox`` (``ipc`` imports no role package).
+
 Invariants: a call is attached to at most one worker at a time, and a tick
 from any other worker is ignored for it (a late tick from the dead worker
 cannot produce events after the re-attach); every request has a timeout; the
@@ -67,7 +71,7 @@ from ipc.frames import (
     WorkerTick,
 )
 
-log = logging.getLogger("brisvox.workers.client")
+log = logging.getLogger("brisvox.workers.client")  # the historical name: log filters keep working
 
 EventCb = Callable[[str, dict[str, Any]], Any]
 

@@ -37,7 +37,7 @@ def _target(args: argparse.Namespace) -> Path:
     if args.path:
         return Path(args.path).expanduser()
     from brisvox.config.daemon import find_config, load_config
-    from brisvox.daemon.paths import state_dir
+    from brisvox.runtime.paths import state_dir
 
     path = find_config(args.config)
     if path is not None:

@@ -1,12 +1,16 @@
-"""Synthetic "speech" for the simulation: words encoded in PCM sample values.
+"""Synthetic "speech": words encoded in PCM sample values (the scripted providers' codec).
 
-Owns the sim's audio codec. A word is a run of constant samples
-``sign * (1000 + code)``, ``code`` its index in a :class:`Vocab`, ``sign``
-alternating per word so two equal neighbours stay two runs; silence is 0.
-So any party can decode exactly which words a stretch of audio carries:
-the fake STT transcribes only the caller audio it really received, and the
-simulated caller knows exactly which bot words reached its ear (the
-played-text oracle). Decimation by an integer factor keeps the values.
+Owns the audio codec of the scripted TTS
+(:class:`brisvox.providers.seeded_fakes.FakeTts`, which the agent process's
+``[agents] providers = "scripted"`` speaks with) and of the simulation
+(``brisvox/sim``: its STT, caller and WebSocket client decode it). A word is
+a run of constant samples ``sign * (1000 + code)``, ``code`` its index in a
+:class:`Vocab`, ``sign`` alternating per word so two equal neighbours stay
+two runs; silence is 0. So any party can decode exactly which words a
+stretch of audio carries: the fake STT transcribes only the caller audio it
+really received, and the simulated caller knows exactly which bot words
+reached its ear (the played-text oracle). Decimation by an integer factor
+keeps the values.
 
 Word duration: ``0.08 + 0.055 * len(word)`` seconds (about 14 characters
 per second, the speaking-rate estimate the seed uses).

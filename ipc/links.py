@@ -1,10 +1,14 @@
-"""The gateway's ZeroMQ links to agent processes and inference workers.
+"""A process's ZeroMQ control-plane links: one ROUTER inbox plus one DEALER per peer.
 
-Owns the gateway's sockets of the control plane: its ROUTER inbox (agents
-and workers connect DEALERs to it and push frames: Clear, Mark, Hangup,
-OutUtterance, ...) and one DEALER per peer inbox (identity ``gateway-<i>``)
-for requests (CallStart, AttachCall) and pushes (CallEnd, Playback, Cleared,
-MarkPlayed, Dtmf). Frames arriving on either side go to one handler.
+Owns one process's sockets of the control plane. The gateway uses it (its
+ROUTER inbox, to which agents and workers connect DEALERs and push frames:
+Clear, Mark, Hangup, OutUtterance, ...; and one DEALER per peer inbox,
+identity ``gateway-<i>``, for requests such as CallStart and AttachCall and
+pushes such as CallEnd, Playback, Cleared, MarkPlayed, Dtmf), and so does
+the agent process (its inbox, and a DEALER to each ready gateway, identity
+``agent-<i>``). Frames arriving on either side go to one handler. The module
+knows frames and sockets only (``ipc`` imports no role package); which peers
+exist and what their frames mean is the owner's business.
 
 Invariants:
 
@@ -34,7 +38,7 @@ import zmq
 from ipc.bus import bind, make_socket
 from ipc.codec import DecodeGuard, Frame, encode
 
-log = logging.getLogger("brisvox.gateway.links")
+log = logging.getLogger("brisvox.gateway.links")  # the historical name: log filters keep working
 
 FrameHandler = Callable[[Frame, str, "int | str | None"], None]
 

@@ -1,0 +1,217 @@
+"""Delivery of a run's answers and late notes into the conversation.
+
+Owns the :class:`Execution` (the answers of one response) with its Delivery
+guard, the record of what a run did (:class:`_RunRecord`), and the mailbox of
+late SideEffect results (:class:`_LateNote`): how answers and notes reach the
+context, and what happens when they do not (a barge-in, a dropped execute).
+
+Invariants:
+
+* Each SideEffect result reaches the caller exactly once: in its slot, or as a
+  late note (mailbox), whatever the caller does (cancel, drop the execute
+  task, discard the Execution). A note of a result the model already read (a
+  consumed :class:`~brisvox.agent.tool_recent.RecentCall`) is never delivered.
+* ``results`` has one tool message per call, in issue order.
+* Delivery guard: :meth:`Execution.append_to` (or
+  :meth:`~Execution.mark_delivered`) marks it delivered; an execution dropped
+  or discarded undelivered reports each SideEffect result it carried as a late
+  note, marks its SideEffect calls orphans and puts the late notes it took back
+  in the mailbox, ahead of newer ones and in order.
+* The mailbox holds at most :data:`MAILBOX_CAPACITY` notes; a note beyond it is
+  dropped and counted (``late_notes_dropped``), its call marked DROPPED.
+
+Caller obligations (seed 000): push the assistant message before ``execute``;
+``append_to`` each Execution (or ``discard()`` it) before the next message of
+the turn; after a dropped execute or a discarded speculation close the open
+calls with ``Context.interrupt_pending_tool_calls()``; take the mailbox's notes
+(:meth:`_Delivery.take_late_notes`) only when no call is open in the context.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from brisvox.agent import tool_events as ev
+from brisvox.agent.context import Context, SystemMessage, ToolMessage, late_tool_result_note
+from brisvox.agent.tool_engine.config import MAILBOX_CAPACITY
+from brisvox.agent.tool_engine.state import _EngineState, _Item
+from brisvox.agent.tool_recent import NoteState, RecentCall, RunState
+from brisvox.agent.tools import IdempotencyKey
+
+
+@dataclass(slots=True, eq=False)
+class _LateNote:
+    call_id: str
+    tool: str
+    message: SystemMessage
+    recent: RecentCall | None
+
+
+@dataclass(slots=True, eq=False)
+class _RunRecord:
+    """What a run (execute / commit) did that matters after it: for the Delivery
+    guard and for a dropped execute."""
+
+    run: int
+    fresh: list[tuple[RecentCall | None, ToolMessage, str, int]] = field(default_factory=list)  # (rc, answer, tool, epoch)
+    running: list[RecentCall] = field(default_factory=list)
+    replays: list[tuple[RecentCall, ToolMessage, int]] = field(default_factory=list)  # (orphan, answer, epoch)
+    taken: list[_LateNote] = field(default_factory=list)
+    withheld: list[_LateNote] = field(default_factory=list)
+    state: str = "open"  # open | delivered | discarded
+
+
+class Execution:
+    """The answers of one response: ``results`` (one per call, issue order),
+    ``late_notes`` (system notes to append after them) and ``budget_exhausted``.
+
+    Delivery guard: :meth:`append_to` (or :meth:`mark_delivered`) marks it
+    delivered; an execution dropped or :meth:`discard`-ed undelivered reports
+    each SideEffect result it carried as a late note, marks its SideEffect
+    calls orphans and puts the late notes it took back in the mailbox.
+    """
+
+    __slots__ = ("results", "budget_exhausted", "_engine", "_record", "__weakref__")
+
+    def __init__(self, results: list[ToolMessage], budget_exhausted: bool, engine: _Delivery,
+                 record: _RunRecord) -> None:
+        self.results = results
+        self.budget_exhausted = budget_exhausted
+        self._engine = engine
+        self._record = record
+
+    @property
+    def late_notes(self) -> list[SystemMessage]:
+        return [n.message for n in self._record.taken if not (n.recent and n.recent.consumed)]
+
+    @property
+    def delivered(self) -> bool:
+        return self._record.state == "delivered"
+
+    def append_to(self, ctx: Context) -> None:
+        """Push the results, then the late notes, and mark the execution delivered."""
+        if self._record.state != "open":
+            raise RuntimeError(f"the execution was already {self._record.state}")
+        ctx.extend(self.results)
+        ctx.extend(self.late_notes)
+        self._engine._deliver(self._record)
+
+    def mark_delivered(self) -> None:
+        """For a caller that wrote ``results`` and ``late_notes`` itself."""
+        if self._record.state == "open":
+            self._engine._deliver(self._record)
+
+    def discard(self) -> None:
+        """The execution never reaches the model (barge-in): see the class doc."""
+        if self._record.state == "open":
+            self._engine._abandon(self._record)
+
+    def __del__(self) -> None:
+        try:
+            if self._record.state == "open":
+                self._engine._abandon(self._record)
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+class _Delivery(_EngineState):
+    """The mailbox and the Delivery guard (a part of :class:`ToolEngine`)."""
+
+    _mailbox: deque[_LateNote]
+    _dropped_notes: int
+
+    def take_late_notes(self) -> list[SystemMessage]:
+        """Late notes waiting in the mailbox (call only when no call is open in
+        the context); they count as reported."""
+        out = []
+        while self._mailbox:
+            n = self._mailbox.popleft()
+            if n.recent is not None:
+                if n.recent.consumed:
+                    continue
+                n.recent.note = NoteState.REPORTED
+            out.append(n.message)
+        return out
+
+    def _finish(self, items: list[_Item], exhausted: bool, record: _RunRecord) -> Execution:
+        results = [it.msg for it in items if it.msg is not None]
+        assert len(results) == len(items)
+        replayed = {id(rc) for rc, _, _ in record.replays}
+        while self._mailbox:
+            n = self._mailbox.popleft()
+            if n.recent is not None and n.recent.consumed:
+                continue
+            if n.recent is not None and id(n.recent) in replayed:
+                record.withheld.append(n)
+            else:
+                if n.recent is not None:
+                    n.recent.note = NoteState.TAKEN
+                record.taken.append(n)
+        for n in record.withheld:
+            if n.recent is not None:
+                n.recent.note = NoteState.TAKEN
+        return Execution(results, exhausted, self, record)
+
+    def _push_note(self, call_id: str, tool: str, msg: ToolMessage, rc: RecentCall | None, front: bool = False) -> None:
+        if rc is not None and rc.consumed:
+            return
+        note = _LateNote(call_id, tool, late_tool_result_note(call_id, tool, msg.content, msg.is_error), rc)
+        self._enqueue(note, front)
+
+    def _enqueue(self, note: _LateNote, front: bool = False) -> None:
+        if len(self._mailbox) >= MAILBOX_CAPACITY:
+            self._dropped_notes += 1
+            if note.recent is not None:
+                note.recent.note = NoteState.DROPPED
+            return
+        if note.recent is not None:
+            note.recent.note = NoteState.PENDING
+        if front:
+            self._mailbox.appendleft(note)
+        else:
+            self._mailbox.append(note)
+
+    def _orphan(self, rc: RecentCall | None) -> None:
+        if rc is not None and not rc.orphan:
+            rc.orphan = True
+            rc.orphan_at = self.clock.now()
+
+    # ------------------------------------------------------------------ delivery guard
+    def _deliver(self, record: _RunRecord) -> None:
+        record.state = "delivered"
+        for rc, _msg, _ in record.replays:
+            rc.replays.discard(record.run)
+            rc.consumed = True
+        for n in record.taken:
+            if n.recent is not None and not n.recent.consumed:
+                n.recent.note = NoteState.REPORTED
+        # A delivered replay now stands for the result the model read: a repeat of
+        # it in a later response of the same turn is already_done.
+        for rc, msg, epoch in record.replays:
+            if not msg.is_error:
+                self._recent.add(RecentCall(IdempotencyKey(self.session, epoch, msg.call_id), rc.tool,
+                                            rc.digest, epoch, record.run, self.clock.now(),
+                                            RunState.DONE, msg.content, msg.is_error))
+        record.withheld.clear()
+
+    def _abandon(self, record: _RunRecord) -> None:
+        """An execution (or a run) that never reaches the model."""
+        if record.state != "open":
+            return
+        record.state = "discarded"
+        for rc, msg, tool, epoch in record.fresh:
+            self._orphan(rc)
+            self._push_note(msg.call_id, tool, msg, rc)
+            self._stats.side_effect_late_results += 1
+            ev.emit("late_result", self.session, epoch, msg.call_id, tool, ev.LATE_RESULT, 0, 0)
+        for rc in record.running:
+            self._orphan(rc)
+        for rc, _, _ in record.replays:
+            rc.replays.discard(record.run)
+        # Notes this execution took go back, in order, ahead of newer ones.
+        back = [n for n in record.taken + record.withheld if not (n.recent and n.recent.consumed)]
+        for n in reversed(back):
+            self._enqueue(n, front=True)
+        record.taken.clear()
+        record.withheld.clear()

@@ -1,0 +1,212 @@
+"""The supervisor's child table: spawn, reap, the child channel (a part of the arbiter).
+
+Owns what the master loop does to and hears from its children
+(:class:`ChildTable`, mixed into :class:`~brisvox.daemon.arbiter.Arbiter`):
+forking a slot's next incarnation with its log pipe, reaping exits with
+``waitpid(WNOHANG)`` and applying the restart decision of
+:func:`brisvox.daemon.slots.on_exit`, signals to a child, and the child
+channel (ROUTER ``supervisor.sock``): frames out (``send_to``, Topology)
+and in (Hello, Pong, ShutdownAck, ChildEvent).
+
+Invariants:
+
+* Only the master loop's thread calls these; nothing blocks (every socket
+  operation is NOBLOCK; a failed send is counted in ``send_failed``).
+* A child's peer identity is ``<slot name>:<pid>``; a frame from a peer that is
+  not a live incarnation is dropped and counted (``unknown_peer``), so a late
+  frame of a dead incarnation never touches its successor.
+* A signal goes only to a live incarnation's pid (never to a reaped pid).
+* An exit with the configuration-error code stops the daemon (``fatal``); a
+  slot marked ``remove`` (scaled down) leaves the table when it exits.
+* A spawn, an exit or a handshake marks the topology dirty; the loop then
+  pushes one Topology frame (numbered) to every ready or stopping child.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brisvox.config.daemon import DaemonConfig
+from brisvox.daemon.child import ChildSpec, resolve_main, spawn
+from brisvox.daemon.logs import LineForwarder
+from brisvox.daemon.slots import Slot, State, StormTracker, on_exit
+from brisvox.runtime import exitcodes
+
+if TYPE_CHECKING:
+    from ipc.codec import DecodeGuard
+
+log = logging.getLogger("brisvox.supervisor")
+
+ROLE_ORDER = ("gateway", "worker", "agent")
+
+
+class ChildTable:
+    """Spawn, reap and talk to children (state set by ``Arbiter.__init__``)."""
+
+    config: DaemonConfig
+    rdir: Path
+    instance: str
+    pid: int
+    slots: list[Slot]
+    storm: StormTracker
+    forwarders: dict[int, LineForwarder]
+    log_lines: collections.Counter[str]
+    chan: Any
+    chan_guard: DecodeGuard
+    send_failed: int
+    topology_seq: int
+    topology_dirty: bool
+
+    if TYPE_CHECKING:  # from the other parts of the arbiter
+        def fatal(self, code: int, message: str) -> None: ...
+
+    def spawn(self, slot: Slot, now: float) -> None:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        spec = ChildSpec(
+            role=slot.role, index=slot.index, config=self.config, runtime_dir=self.rdir,
+            instance=self.instance, parent_pid=self.pid, main_ref=resolve_main(slot.role, slot.index), log_fd=w,
+        )
+        try:
+            pid = spawn(spec)
+        finally:
+            os.close(w)
+        slot.on_spawn(pid, now)
+        self.forwarders[r] = LineForwarder(r, slot.role, slot.name, pid, self.config.daemon.log.format)
+        self.topology_dirty = True
+        log.debug("%s spawned (pid %d)", slot.name, pid)
+
+    def close_forwarder(self, fd: int) -> None:
+        fwd = self.forwarders.pop(fd, None)
+        if fwd is not None:
+            before = fwd.lines
+            fwd.close()
+            self.log_lines[fwd.role] += fwd.lines - before
+
+    def reap(self, now: float) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            slot = next((s for s in self.slots if s.pid == pid and s.live), None)
+            if slot is not None:
+                self.on_child_exit(slot, code, now)
+
+    def on_child_exit(self, slot: Slot, code: int, now: float) -> None:
+        for fd, fwd in list(self.forwarders.items()):
+            if fwd.pid == slot.pid:
+                self.close_forwarder(fd)
+        was = slot.state
+        stopping = was is State.STOPPING
+        reason = slot.stop_reason
+        decision = on_exit(slot, code, now, self.config.daemon.restart, self.storm)
+        self.topology_dirty = True
+        if decision.action == "config_error":
+            msg = slot.error or f"{slot.name} exited with the configuration-error code"
+            log.critical("%s: %s; stopping the daemon", slot.name, msg)
+            self.fatal(exitcodes.CONFIG, msg)
+        elif decision.action == "retired":
+            (log.info if code in (0, -signal.SIGTERM) or stopping else log.warning)(
+                "%s (pid %d) exited: %s", slot.name, slot.pid, slot.last_exit)
+        elif decision.action == "failed":
+            log.error("%s failed to boot %d times in a row (%s%s); marked failed, not restarted "
+                      "(`brisvoxd reload` retries it)", slot.name, slot.boot_failures, slot.last_exit,
+                      f": {slot.error}" if slot.error else "")
+        else:
+            what = "boot failure" if decision.boot_failure else ("restart: " + reason if stopping else "crashed")
+            log.warning("%s (pid %d) exited: %s (%s%s); restarting in %.2fs", slot.name, slot.pid, slot.last_exit,
+                        what, f": {slot.error}" if slot.error else "", decision.delay_s)
+        if slot.remove:
+            self.slots.remove(slot)
+
+    def _kill(self, slot: Slot, sig: int) -> None:
+        if slot.pid and slot.live:
+            try:
+                os.kill(slot.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def send_to(self, slot: Slot, frame: Any) -> bool:
+        import zmq
+
+        from ipc.codec import encode
+
+        try:
+            self.chan.send_multipart([f"{slot.name}:{slot.pid}".encode(), encode(frame)], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            self.send_failed += 1
+            return False
+
+    def recv_children(self, now: float) -> None:
+        import zmq
+
+        from ipc.frames import ChildEvent, Hello, Pong, ShutdownAck
+
+        for _ in range(1000):
+            try:
+                parts = self.chan.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(parts) != 2:
+                self.chan_guard.errors["malformed"] = self.chan_guard.errors.get("malformed", 0) + 1
+                continue
+            f = self.chan_guard.decode(parts[1])
+            if f is None:
+                continue
+            slot = self.slot_for(parts[0])
+            if slot is None:
+                self.chan_guard.errors["unknown_peer"] = self.chan_guard.errors.get("unknown_peer", 0) + 1
+                continue
+            if isinstance(f, Pong):
+                slot.last_pong_at = now
+                slot.beat_ms = f.beat_ms
+                slot.calls = f.calls
+                slot.stats = f.stats
+            elif isinstance(f, Hello):
+                self.on_hello(slot, f, now)
+            elif isinstance(f, ShutdownAck):
+                slot.acked = True
+            elif isinstance(f, ChildEvent):
+                slot.events[f.kind[:64]] += 1
+                log.info("%s event %s: %s", slot.name, f.kind, f.detail[:500])
+            else:
+                self.chan_guard.errors["unexpected_type"] = self.chan_guard.errors.get("unexpected_type", 0) + 1
+
+    def slot_for(self, ident: bytes) -> Slot | None:
+        name, _, pid_s = ident.decode("ascii", "replace").partition(":")
+        if not pid_s.isdigit():
+            return None
+        pid = int(pid_s)
+        return next((s for s in self.slots if s.pid == pid and s.name == name and s.live), None)
+
+    def on_hello(self, slot: Slot, f: Any, now: float) -> None:
+        if not f.ok:
+            slot.error = f.error or "boot failed"
+            log.error("%s (pid %d) failed to boot: %s", slot.name, slot.pid, slot.error)
+            return
+        if slot.state is State.STARTING:
+            slot.on_ready(now, f.endpoints)
+            self.topology_dirty = True
+            log.info("%s ready (pid %d, boot %.2fs)", slot.name, slot.pid, now - slot.started_at)
+        elif slot.state is State.STOPPING:
+            slot.ready_at = now  # handshake completed; a stop is already under way
+
+    def push_topology(self) -> None:
+        from ipc.frames import Topology
+
+        self.topology_dirty = False
+        self.topology_seq += 1
+        rows = [s.row() for s in self.slots]
+        frame = Topology(children=rows, seq=self.topology_seq)
+        for s in self.slots:
+            if s.state in (State.READY, State.STOPPING):
+                self.send_to(s, frame)

@@ -1,0 +1,71 @@
+"""The process map, enforced: the import-linter contracts of ``pyproject.toml`` hold.
+
+The contracts (``[tool.importlinter]``) say which package may import which:
+``ipc`` imports no domain package; the gateway, the agent, the workers and
+the providers import no other role (nor the supervisor); the tool engine and
+the context import no provider; nothing but ``tests`` and ``bench`` imports
+the simulator; ``bench`` imports no ``tests`` module. ``make lint`` runs the
+same check (``lint-imports``). The graph (grimp) holds every import
+statement at any depth, imports inside functions included, and a forbidden
+contract also fails on an indirect chain; a broken contract is printed with
+every offending import and its line.
+
+Checked here as well, because a module expression cannot say ``tool_*``: the
+tool-engine contract lists every ``brisvox/agent/tool*`` module, and the
+production contract lists every ``brisvox`` subpackage but ``sim``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+
+
+def _contracts() -> dict[str, dict[str, Any]]:
+    doc = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    return {c["name"]: c for c in doc["tool"]["importlinter"]["contracts"]}
+
+
+def _contract(starts: str) -> dict[str, Any]:
+    found = [c for name, c in _contracts().items() if name.startswith(starts)]
+    assert len(found) == 1, f"one contract named {starts!r}... in pyproject.toml, found {len(found)}"
+    return found[0]
+
+
+def _children(package: Path, prefix: str) -> set[str]:
+    """Dotted names of a package's direct modules and subpackages."""
+    out = {f"{prefix}.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    out |= {f"{prefix}.{p.parent.name}" for p in package.glob("*/__init__.py")}
+    return out
+
+
+def test_the_import_contracts_hold():
+    """The same check as ``make lint`` (import-linter comes with the test extra)."""
+    proc = subprocess.run([sys.executable, "-c", LINT, "--no-cache", "--no-logo"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, (
+        "a layering contract of pyproject.toml [tool.importlinter] is broken "
+        "(move the code to where it belongs; see README 'Layout'):\n" + proc.stdout + proc.stderr)
+    assert f"{len(_contracts())} kept, 0 broken" in proc.stdout, proc.stdout
+
+
+def test_the_tool_engine_contract_lists_every_tool_module():
+    sources = set(_contract("the tool engine and the context")["source_modules"])
+    agent = ROOT / "brisvox" / "agent"
+    tool_modules = {m for m in _children(agent, "brisvox.agent") if m.rsplit(".", 1)[1].startswith("tool")}
+    assert tool_modules, "no brisvox/agent/tool* module found"
+    assert tool_modules <= sources, f"add to the tool-engine contract: {sorted(tool_modules - sources)}"
+    assert {"brisvox.agent.context", "brisvox.agent.truncation", "brisvox.agent.assemble"} <= sources
+
+
+def test_the_production_contract_lists_every_production_package():
+    sources = set(_contract("production code imports neither")["source_modules"])
+    want = (_children(ROOT / "brisvox", "brisvox") - {"brisvox.sim"}) | {"ipc", "workers"}
+    assert want <= sources, f"add to the production contract: {sorted(want - sources)}"
+    assert "brisvox.sim" not in sources

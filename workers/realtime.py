@@ -1,0 +1,410 @@
+"""The inference worker's realtime lane: the tick loop with batched VAD, and hot output.
+
+Owns :class:`RealtimeLane` (mixed into :class:`workers.core.Worker`) and its
+counters (:class:`TickStats`):
+
+* the **tick**, one every ``tick_ms`` on the main thread: convert ``in`` ->
+  ``in16`` (:class:`workers.resample.InputChain`) for every call whose next
+  32 ms VAD window is complete (or whose in16 is older than ``fresh_ms``), run
+  ONE batched Silero over every call that has a full window (more runs only
+  when a call catches up after a stall or a re-attach; one run per VAD rate:
+  8 kHz calls use Silero's native 8 kHz mode on the ``in`` samples themselves
+  when ``[vad] native_8k`` is on, the others the 16 kHz model on ``in16``;
+  positions are in16 positions either way), feed each call's
+  :class:`workers.vad.VadStream`, convert ``tts`` -> ``out``, then send one
+  :class:`WorkerTick` to each subscriber with news (the in16 positions that
+  advanced, the VAD events of the tick).
+* the **first audio of an utterance** does not wait for a tick: a
+  TtsUtterance makes the call "hot"; as soon as the utterance's first 20 ms
+  of tts audio is in the ring (usually already when the frame arrives: the
+  actor writes right after announcing) the worker converts that one call's
+  ``tts`` -> ``out`` on its loop, outside the tick, and sends OutUtterance at
+  once, so the gateway can release the first frame without waiting for its
+  own tick. While a call is hot the loop polls every millisecond (at most
+  one tick long); the conversion costs the realtime lane what it would have
+  cost in the next tick.
+
+Invariants (failure behaviour):
+
+* One call's failure never stops the tick for the others: a broken input
+  ring resets that call's stream; a failed batched Silero run is retried row
+  by row so one bad call cannot fail the rest.
+* Per-call VAD fail-open with recovery probes (:class:`workers.vad.VadHealth`):
+  a failed window closes speech and rebuilds the stream; after too many
+  failures the call fails open (audio flows, no VAD) and is probed again.
+* Gaps (and a VAD that fell ``PEND_S`` behind) close speech with a stop dated
+  to the last speech, and the VAD restarts on the window grid.
+* A stop's ``at`` is in in16 when it is published.
+* Every subscriber hears from the worker at least every 100 ms (an empty tick
+  as a keepalive); one that stays unreachable for ``orphan_timeout_s`` has its
+  calls detached.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ipc.codec import encode
+from ipc.frames import OutUtterance, WorkerTick
+from workers.call_table import Call
+from workers.config import VadConfig, WorkersConfig
+from workers.vad import WINDOW, SileroBatch, VadEvent, VadStream, refine_start, refine_stop
+
+log = logging.getLogger("brisvox.workers")
+
+SCALE = np.float32(1.0 / 32768.0)
+
+
+@dataclass
+class TickStats:
+    """Counters of the realtime lane (exported with each pong and read by the bench)."""
+
+    ticks: int = 0
+    overruns: int = 0  # ticks that started more than one interval late
+    vad_runs: int = 0
+    vad_rows: int = 0
+    vad_failures: int = 0
+    failed_open: int = 0
+    recoveries: int = 0
+    gaps: int = 0
+    pend_overflows: int = 0
+    events: int = 0
+    send_failed: int = 0
+    orphan_detaches: int = 0
+    tick_ns: int = 0  # wall time inside ticks
+    tick_cpu_ns: int = 0  # CPU time of the tick thread inside ticks, and per phase:
+    input_ns: int = 0
+    vad_ns: int = 0
+    output_ns: int = 0
+    send_ns: int = 0
+    tick_max_ns: int = 0
+    out_nudges: int = 0  # utterance starts converted and announced outside a tick
+    nudge_ns: int = 0  # CPU time of those conversions
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class RealtimeLane:
+    """The tick and the hot-output path (state set by ``Worker.__init__``)."""
+
+    index: int
+    cfg: WorkersConfig
+    vad_cfg: VadConfig
+    silero: SileroBatch | None
+    calls: dict[str, Call]
+    by_sub: dict[str, list[Call]]
+    stats: TickStats
+    seq: int
+    fresh_ns: int
+    keepalive_ns: int
+    _hot: dict[str, int]
+    _last_pub: dict[str, int]
+    _unroutable: dict[str, int]
+    _scratch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    if TYPE_CHECKING:  # from the other parts of the worker
+        def _send(self, ident: bytes, payload: bytes) -> bool: ...
+        def detach(self, call_id: str) -> bool: ...
+
+    def tick(self) -> None:
+        st = self.stats
+        t0 = time.perf_counter_ns()
+        cpu = time.thread_time_ns
+        c0 = cpu()
+        calls = list(self.calls.values())
+        now = time.monotonic_ns()
+        fresh = self.fresh_ns
+        active: list[Call] = []
+        for c in calls:  # convert a call's input when its next VAD window is complete
+            w = c.inp.src.write_pos
+            if w > c.inp.in_pos and (w >= c.need_in or now - c.conv_ns >= fresh):
+                c.conv_ns = now
+                self._input(c)
+                active.append(c)
+            elif c.pend_n - c.pend_off >= c.win:  # windows left over from a catch-up
+                active.append(c)
+        c1 = cpu()
+        self._vad(active)
+        for c in active:
+            c.schedule()
+        c2 = cpu()
+        for c in calls:
+            out = c.out
+            if out.src.write_pos > out.tts_pos:  # new tts audio (most calls are silent most ticks)
+                for u in out.step():
+                    self._send_out_utterance(c, u.utterance, u.epoch, u.out_pos)
+        if self._hot:
+            self._hot = {k: v for k, v in self._hot.items() if k in self.calls and self.calls[k].out.next_start() >= 0}
+        c3 = cpu()
+        self._publish()
+        c4 = cpu()
+        t4 = time.perf_counter_ns()
+        st.ticks += 1
+        st.input_ns += c1 - c0
+        st.vad_ns += c2 - c1
+        st.output_ns += c3 - c2
+        st.send_ns += c4 - c3
+        st.tick_cpu_ns += c4 - c0
+        st.tick_ns += t4 - t0
+        if t4 - t0 > st.tick_max_ns:
+            st.tick_max_ns = t4 - t0
+
+    def _input(self, c: Call) -> None:
+        inp = c.inp
+        try:
+            n = inp.step()
+        except Exception as e:  # a broken ring must not stop the tick for everyone
+            self.stats.errors["input"] = self.stats.errors.get("input", 0) + 1
+            log.warning("call %s: input conversion failed: %s", c.call_id, e)
+            inp.reset_stream()
+            return
+        if inp.gap >= 0:
+            self.stats.gaps += 1
+            self._close_stream(c, inp.gap, "gap")
+            c.events.append({"call_id": c.call_id, "kind": "gap", "pos": inp.gap, "lost": inp.gap_lost,
+                             "ns": time.monotonic_ns()})
+            c.align()
+            return
+        fresh = inp.raw if c.native8 else inp.fresh
+        n = len(fresh)
+        if n == 0:
+            return
+        m = c.pend_n
+        pend = c.pend
+        cap = len(pend)
+        if m + n > cap:
+            off = c.pend_off
+            if m - off + n > cap:  # the VAD fell 2 s behind: shed the backlog like a gap
+                self.stats.pend_overflows += 1
+                self._close_stream(c, c.vad_pos, "overflow")
+                c.align()
+                return
+            # compact: the unconsumed tail moves to the front (once per ~2 s of audio)
+            pend[: m - off] = pend[off:m]
+            m -= off
+            c.pend_off = 0
+        pend[m : m + n] = fresh
+        c.pend_n = m + n
+
+    def _close_stream(self, c: Call, at: int, reason: str) -> None:
+        """End the call's VAD stream (gap, failure): stop dated to the last speech, fresh state."""
+        ev = c.stream.finish(at)
+        if ev is not None:
+            self._emit(c, ev, reason)
+        c.pend_n = c.pend_off = 0
+        assert self.silero is not None
+        self.silero.reset(c.slot)
+
+    def _emit(self, c: Call, ev: VadEvent, reason: str = "") -> None:
+        pos = ev.pos
+        if ev.kind == "start":
+            c.fall_ref = (-1, -1)
+        if self.vad_cfg.refine_boundaries and not reason:
+            if ev.kind == "stop" and c.fall_ref[0] == ev.pos:
+                pos = c.fall_ref[1]  # the stop carries exactly what its falling event announced
+            else:
+                pos = self._refine(c, ev)
+                if ev.kind == "falling":
+                    c.fall_ref = (ev.pos, pos)
+        d: dict[str, Any] = {"call_id": c.call_id, "kind": ev.kind, "pos": max(0, pos), "at": ev.at,
+                             "ns": time.monotonic_ns()}
+        if reason:
+            d["reason"] = reason
+        c.events.append(d)
+        self.stats.events += 1
+
+    def _refine(self, c: Call, ev: VadEvent) -> int:
+        ring = c.rings["in16"]
+        try:
+            if ev.kind == "start":
+                base = max(0, ev.pos - 3 * WINDOW - 3200)
+                got = ring.read_range(base, ev.pos + WINDOW)
+                return refine_start(got.samples, got.start, ev.pos) if got.start <= base + 3200 else ev.pos
+            base = max(0, ev.pos - 3 * WINDOW)
+            got = ring.read_range(base, ev.at)
+            if got.start > base:
+                return ev.pos
+            return refine_stop(got.samples, got.start, ev.pos, ev.at)
+        except Exception:  # refinement is an improvement, never a reason to lose an event
+            return ev.pos
+
+    def _vad(self, calls: list[Call]) -> None:
+        """One batched Silero run per VAD rate over every call with a full window; more
+        runs only for calls that are more than one window behind (a stall, a re-attach)."""
+        silero = self.silero
+        assert silero is not None
+        todo = calls
+        for _ in range(self.cfg.max_vad_rounds):
+            batches: dict[int, list[Call]] = {}
+            behind: list[Call] = []
+            for c in todo:
+                off = c.pend_off
+                have = c.pend_n - off
+                w = c.win
+                if have < w or (c.native8 and c.vad_pos + WINDOW > c.inp.out_pos):
+                    continue  # no full window (native 8 kHz: or in16 does not cover it yet)
+                if have >= 2 * w:
+                    behind.append(c)
+                h = c.health
+                if h.failed_open:
+                    end = c.vad_pos + WINDOW
+                    if h.probe_due(end):
+                        c.probe = True
+                        silero.reset(c.slot)
+                        c.stream = VadStream(c.params)
+                    else:  # failed open: audio flows, no VAD
+                        c.pend_off = off + w
+                        c.vad_pos = end
+                        continue
+                batch = batches.get(w)
+                if batch is None:
+                    batch = batches[w] = []
+                slots, win16, _ = self._scratch[w]
+                i = len(batch)
+                slots[i] = c.slot
+                win16[i] = c.pend[off : off + w]
+                batch.append(c)
+            for w, batch in batches.items():
+                self._vad_run(w, batch)
+            if not behind:
+                break
+            todo = behind
+
+    def _vad_run(self, w: int, batch: list[Call]) -> None:
+        """Score the windows gathered in the ``w``-wide scratch rows and feed each call's stream."""
+        silero = self.silero
+        assert silero is not None
+        st = self.stats
+        n = len(batch)
+        slots, win16, winf = self._scratch[w]
+        win = winf[:n]
+        np.multiply(win16[:n], SCALE, out=win)
+        try:
+            probs = silero.run(slots[:n], win).tolist()
+        except Exception as e:
+            probs = self._isolate(batch, win, e)
+        st.vad_runs += 1
+        st.vad_rows += n
+        for i in range(n):
+            c = batch[i]
+            end = c.vad_pos + WINDOW
+            c.vad_pos = end
+            c.pend_off += w
+            p = probs[i]
+            if p != p or p < 0.0 or p > 1.0:  # NaN or nonsense: a failed window
+                self._vad_failure(c, end)
+                continue
+            h = c.health
+            if h.streak or h.failed_open:
+                if h.on_success(end) == "recovered":
+                    st.recoveries += 1
+                    log.warning("call %s: VAD recovered", c.call_id)
+                    c.events.append({"call_id": c.call_id, "kind": "vad_recovered", "pos": end,
+                                     "ns": time.monotonic_ns()})
+                c.probe = False
+            ev = c.stream.push(p, end)
+            if ev is not None:
+                self._emit(c, ev)
+
+    def _isolate(self, batch: list[Call], win: np.ndarray, err: Exception) -> list[float]:
+        """The batched run failed: run each row alone so one bad call cannot fail the rest."""
+        silero = self.silero
+        assert silero is not None
+        self.stats.errors["vad_batch"] = self.stats.errors.get("vad_batch", 0) + 1
+        probs = [float("nan")] * len(batch)
+        for i, c in enumerate(batch):
+            try:
+                probs[i] = float(silero.run(np.array([c.slot], dtype=np.intp), win[i : i + 1])[0])
+            except Exception:
+                pass
+        return probs
+
+    def _vad_failure(self, c: Call, end: int) -> None:
+        st = self.stats
+        st.vad_failures += 1
+        was_probe = c.probe
+        c.probe = False
+        ev = c.stream.finish(end)  # the stream is lost: close speech, rebuild it
+        if ev is not None:
+            self._emit(c, ev, "vad_error")
+        c.stream = VadStream(c.params)
+        assert self.silero is not None
+        self.silero.reset(c.slot)
+        if c.health.on_failure(end) == "failed_open":
+            st.failed_open += 1
+            log.error("call %s: VAD failed open after %d failures", c.call_id, c.health.streak)
+            c.events.append({"call_id": c.call_id, "kind": "vad_failed", "pos": end,
+                             "ns": time.monotonic_ns(), "failures": c.health.streak})
+        elif was_probe:
+            log.info("call %s: VAD recovery probe failed", c.call_id)
+
+    def _serve_hot(self) -> None:
+        """Convert the output of calls whose announced utterance got its first audio, now
+        (outside the tick), and announce it. A call leaves the hot set once its start is
+        placed, when it is gone, or after one tick (the tick converts it anyway)."""
+        now = time.monotonic_ns()
+        cpu0 = time.thread_time_ns()
+        done: list[str] = []
+        for call_id, deadline in self._hot.items():
+            c = self.calls.get(call_id)
+            b = c.out.next_start() if c is not None else -1
+            if c is None or b < 0:
+                done.append(call_id)
+                continue
+            have = c.out.src.write_pos - b
+            if have >= c.out.src_rate // 50 or (have > 0 and now >= deadline):
+                for u in c.out.step():
+                    self._send_out_utterance(c, u.utterance, u.epoch, u.out_pos)
+                self.stats.out_nudges += 1
+                if c.out.next_start() < 0:
+                    done.append(call_id)
+            elif now >= deadline:
+                done.append(call_id)
+        for call_id in done:
+            self._hot.pop(call_id, None)
+        self.stats.nudge_ns += time.thread_time_ns() - cpu0
+
+    def _send_out_utterance(self, c: Call, utterance: int, epoch: int, out_pos: int) -> None:
+        payload = encode(OutUtterance(call_id=c.call_id, utterance=utterance, epoch=epoch, out_pos=out_pos))
+        self._send(c.subscriber.encode(), payload)
+        if c.gateway:
+            self._send(c.gateway.encode(), payload)
+
+    def _publish(self) -> None:
+        """One WorkerTick per subscriber that has news: the in16 positions that advanced
+        and the tick's events (an empty tick every 100 ms at least, as a keepalive)."""
+        self.seq += 1
+        now = time.monotonic_ns()
+        orphaned: list[str] = []
+        for sub, calls in self.by_sub.items():
+            positions: dict[str, int] = {}
+            events: list[dict[str, Any]] = []
+            for c in calls:
+                pos = c.inp.out_pos
+                if pos != c.pub_pos:
+                    positions[c.call_id] = pos
+                    c.pub_pos = pos
+                if c.events:
+                    events.extend(c.events)
+                    c.events.clear()
+            if not positions and not events and now - self._last_pub.get(sub, 0) < self.keepalive_ns:
+                continue
+            self._last_pub[sub] = now
+            payload = encode(WorkerTick(worker=self.index, seq=self.seq, positions=positions, events=events,
+                                        sent_ns=now))
+            if self._send(sub.encode(), payload):
+                self._unroutable.pop(sub, None)
+            else:
+                first = self._unroutable.setdefault(sub, now)
+                if now - first > self.cfg.orphan_timeout_s * 1e9:
+                    orphaned.append(sub)
+        for sub in orphaned:
+            for c in list(self.by_sub.get(sub, [])):
+                log.warning("detaching call %s: subscriber %s unreachable", c.call_id, sub)
+                self.stats.orphan_detaches += 1
+                self.detach(c.call_id)
+            self._unroutable.pop(sub, None)
