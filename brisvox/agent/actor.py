@@ -252,8 +252,11 @@ class CallActor:
             done, pending = await asyncio.wait(stage_tasks, timeout=self.cfg.stop_timeout)
             if pending:
                 log.warning("call %s: %d stages did not stop in time", self.call_id, len(pending))
-        if self.engine is not None:
-            await self.engine.aclose()
+        if self.engine is not None:  # a tool body that ignores its cancellation cannot hold the hang-up
+            left = await self.engine.aclose(self.cfg.stop_timeout)
+            if left:
+                log.warning("call %s: %d tool run(s) ignored their cancellation for %.1f s; left running",
+                            self.call_id, left, self.cfg.stop_timeout)
         await self.tasks.close()
         self.ended_wall = time.time()
         self.record = build_record(self)

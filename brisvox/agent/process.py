@@ -468,7 +468,7 @@ class AgentProcess:
         )
         await self.workers.start()
         self._topology(list(rt.topology or []))
-        rt.add_topology_callback(lambda rows: loop.call_soon_threadsafe(self._topology, list(rows)))
+        rt.add_topology_callback(self._topology, loop=loop)
         stop = asyncio.Event()
         drain = False
 

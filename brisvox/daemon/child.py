@@ -256,9 +256,24 @@ class ChildRuntime:
         if self.stopping.is_set():
             self._call(cb)
 
-    def add_topology_callback(self, cb: Callable[[list[dict[str, Any]]], Any]) -> None:
-        """``cb(rows)`` runs on the control thread whenever the supervisor pushes a Topology."""
-        self._topology_cbs.append(cb)
+    def add_topology_callback(self, cb: Callable[[list[dict[str, Any]]], Any],
+                              loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``cb(rows)`` runs whenever the supervisor pushes a Topology: on the control thread,
+        or with ``loop`` on that loop (``call_soon_threadsafe``; nothing once the loop is
+        closed: a Topology that arrives while the role is stopping reaches no one)."""
+        if loop is None:
+            self._topology_cbs.append(cb)
+            return
+
+        def post(rows: list[dict[str, Any]]) -> None:
+            if loop.is_closed():
+                return
+            try:
+                loop.call_soon_threadsafe(cb, list(rows))
+            except RuntimeError:  # closed between the check and the call
+                pass
+
+        self._topology_cbs.append(post)
 
     def stop_event(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
         """An asyncio.Event on ``loop`` that is set when a stop is requested."""

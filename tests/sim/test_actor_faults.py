@@ -158,3 +158,36 @@ def test_guards_off_interrupts_a_backchannel():
     )
     assert res.interrupts == 1 and res.actor.driver.st.vetoed == 0
     assert oracle_mismatches(res) == []
+
+
+def test_a_tool_that_ignores_its_cancellation_cannot_hold_the_hang_up():
+    """The caller is gone while a SideEffect tool runs that swallows its cancellation: the
+    hang-up still ends within the actor's stop budget and the record is written."""
+    import asyncio
+
+    from brisvox.agent.tools import ToolKind, ToolRegistry, ToolSpec
+
+    started: list[float] = []
+
+    async def stubborn(args, ctx):
+        started.append(asyncio.get_running_loop().time())
+        for _ in range(100):  # swallows every cancellation (as a body stuck in a shielded call does)
+            try:
+                await asyncio.sleep(60.0)
+                break
+            except asyncio.CancelledError:
+                continue
+        return {"ok": True}
+
+    def registry() -> ToolRegistry:
+        r = ToolRegistry()
+        r.register(ToolSpec("stubborn", "A tool that will not stop.", {"type": "object"}, ToolKind.SIDE_EFFECT,
+                            timeout=120.0), stubborn)
+        return r
+
+    res = sim(SimCall(steps=[Utter("please do the thing", at=0.5)],
+                      llm=[LlmScript((Say("Doing it."), Call("stubborn", {})))], registry=registry))
+    assert started, "the tool never ran"
+    budget = 3 * res.actor.cfg.stop_timeout + 1.0  # stages, the engine, the task owner
+    assert res.ended_at - started[0] < 2.5 + 1.0 + budget, (res.ended_at, started)
+    assert res.record["end_reason"] == "sim_end"

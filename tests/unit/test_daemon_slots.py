@@ -124,3 +124,29 @@ def test_topology_row():
     booted(s, 0.0, pid=42)
     assert s.row() == {"role": "worker", "index": 3, "pid": 42, "state": "ready"}
     assert s.name == "worker-3"
+
+
+def test_a_topology_for_a_closed_loop_reaches_no_one_and_logs_nothing(tmp_path, caplog):
+    """A Topology that arrives while a role's loop is closing (its peers are stopping too) is
+    dropped quietly; an open loop gets the rows through call_soon_threadsafe."""
+    import asyncio
+    import os
+
+    from brisvox.config.daemon import DaemonConfig
+    from brisvox.daemon.child import ChildRuntime, ChildSpec
+
+    rt = ChildRuntime(ChildSpec(role="gateway", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
+                                instance="t", parent_pid=os.getpid(), main_ref="x:y"))
+    got: list[list[dict]] = []
+    loop = asyncio.new_event_loop()
+    rt.add_topology_callback(got.append, loop=loop)
+    rows = [{"role": "agent", "index": 0, "pid": 1, "state": "ready"}]
+    for cb in rt._topology_cbs:
+        rt._call(cb, rows)
+    loop.run_until_complete(asyncio.sleep(0))
+    assert got == [rows]
+    loop.close()
+    with caplog.at_level("ERROR"):
+        for cb in rt._topology_cbs:
+            rt._call(cb, rows)
+    assert got == [rows] and not [r for r in caplog.records if r.levelname == "ERROR"]

@@ -172,11 +172,15 @@ class ToolEngine(_Planning, _Running):
         for t in list(self._tasks):
             t.cancel()
 
-    async def aclose(self) -> None:
+    async def aclose(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        """:meth:`close`, then wait for the aborted runs to end, at most ``timeout`` seconds
+        (a body that swallows its cancellation is left running). Returns how many did not end."""
         self.close()
-        tasks = list(self._tasks)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        tasks = [t for t in self._tasks if not t.done()]
+        if not tasks:
+            return 0
+        _, pending = await asyncio.wait(tasks, timeout=timeout)  # never cancels what it waits for
+        return len(pending)
 
     def _check_open(self) -> None:
         if self._closed:
