@@ -462,10 +462,23 @@ class ChildRuntime:
         if self._thread is not None:
             self._thread.join(timeout)
         if self._ctx is not None:
-            try:
-                self._ctx.destroy(linger=0)
-            except Exception:
-                pass
+            # destroy() closes the sockets this context object made; one made through a shadow
+            # context (asyncio) and left open would make term() wait forever, and with it the
+            # process's exit: bounded here, the process exits anyway and says why
+            ctx = self._ctx
+
+            def destroy() -> None:
+                try:
+                    ctx.destroy(linger=0)
+                except Exception:
+                    pass
+
+            t = threading.Thread(target=destroy, name="zmq-term", daemon=True)
+            t.start()
+            t.join(timeout)
+            if t.is_alive():
+                log.warning("the ZeroMQ context did not terminate in %.1f s (a socket was left open); "
+                            "exiting anyway", timeout)
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)

@@ -150,3 +150,28 @@ def test_a_topology_for_a_closed_loop_reaches_no_one_and_logs_nothing(tmp_path, 
         for cb in rt._topology_cbs:
             rt._call(cb, rows)
     assert got == [rows] and not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_socket_left_open_on_a_shadow_context_cannot_hold_the_exit(tmp_path, caplog):
+    """ZeroMQ's term() waits for every socket of the context; one made through an asyncio
+    shadow and never closed (seen: an agent stuck at exit after calls) is bounded by close()."""
+    import os
+    import time
+
+    import zmq
+    import zmq.asyncio
+
+    from brisvox.config.daemon import DaemonConfig
+    from brisvox.daemon.child import ChildRuntime, ChildSpec
+
+    rt = ChildRuntime(ChildSpec(role="agent", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
+                                instance="t", parent_pid=os.getpid(), main_ref="x:y"))
+    shadow = zmq.asyncio.Context.shadow(rt.zmq_context().underlying)
+    leaked = shadow.socket(zmq.DEALER)  # never closed
+    leaked.connect("ipc://" + str(tmp_path / "nobody.sock"))
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING"):
+        rt.close(timeout=0.5)
+    assert time.monotonic() - t0 < 2.0
+    assert any("did not terminate" in r.getMessage() for r in caplog.records)
+    leaked.close(0)
