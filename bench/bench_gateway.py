@@ -31,7 +31,6 @@ with the gateway, so the figures are an upper bound of what the gateway needs.
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import shutil
 import signal
@@ -52,6 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from brisvox.wire import twilio  # noqa: E402
+from brisvox.wire.g711 import ULAW_SILENCE  # noqa: E402
 from ipc.bus import request_sync  # noqa: E402
 from ipc.codec import decode_env, encode  # noqa: E402
 from ipc.frames import CallAccepted, CallEnd, CallEnded, CallStart, Clear, Command, OutUtterance  # noqa: E402
@@ -197,22 +198,21 @@ def stop_proc(proc: subprocess.Popen) -> None:
 async def _ws_calls(port: int, n: int, seconds: float) -> None:
     from websockets.asyncio.client import connect
 
-    payload = base64.b64encode(bytes([0xFF]) * FRAME).decode()
+    silence = bytes([ULAW_SILENCE]) * FRAME
 
     async def one(i: int) -> None:
         sid = f"MZ{i:032d}"
-        media = orjson.dumps({"event": "media", "streamSid": sid, "media": {"payload": payload}}).decode()
-        start = orjson.dumps({"event": "start", "streamSid": sid, "start": {
-            "streamSid": sid, "callSid": f"CA{i}", "accountSid": "AC", "customParameters": {},
-            "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}).decode()
+        # the same 20 ms of silence every frame, in the minimal media shape (the one a bot
+        # sends: no sequenceNumber, track, chunk, timestamp), encoded once per call
+        media = twilio.BotStream(sid).media(silence).decode()
+        start = twilio.TwilioStream(stream_sid=sid, call_sid=f"CA{i}", account_sid="AC").start()
         await asyncio.sleep(i * 0.01)
         async with connect(f"ws://127.0.0.1:{port}/twilio", max_queue=256) as ws:
             await ws.send(start)
 
             async def drain() -> None:
-                async for m in ws:
-                    if m[:20] == '{"event":"mark","st':
-                        pass
+                async for _ in ws:
+                    pass
 
             rx = asyncio.create_task(drain())
             t0 = time.monotonic()

@@ -124,9 +124,11 @@ def _round_trip(n: int) -> tuple[float, float]:
 def _codec_cost(n: int) -> float:
     from ipc.codec import decode, encode
     from ipc.frames import WorkerTick
+    from ipc.tick_events import SpeechStart, to_wire
 
+    start = SpeechStart(call_id="call-0001", pos=1_234_000, at=1_234_512, ns=1)
     tick = WorkerTick(worker=1, seq=123456, positions={f"call-{i:04d}": 1_234_567 + i for i in range(8)},
-                      events=[{"call_id": "call-0001", "kind": "start", "pos": 1_234_000, "ns": 1}], sent_ns=1)
+                      events=[to_wire(start)], sent_ns=1)
     t0 = time.perf_counter()
     for _ in range(n):
         decode(encode(tick))

@@ -50,6 +50,7 @@ from ipc.frames import (
     WorkerTick,
 )
 from ipc.ring import instance_id
+from ipc.tick_events import SpeechStart, SpeechStop, from_wire
 from workers.harness import Feeder, WorkerProc, close_rings, create_call_rings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -174,9 +175,9 @@ def measure(n_calls: int, phase_s: float, workdir: Path, worker_args: tuple[str,
             t = time.monotonic_ns()
             if isinstance(f, WorkerTick):
                 positions.update(f.positions)
-                for e in f.events:
-                    if e["kind"] in ("start", "stop"):
-                        arrivals.append((t, int(e["at"]), e["kind"], f.sent_ns, e["call_id"]))
+                for e in map(from_wire, f.events):
+                    if isinstance(e, SpeechStart | SpeechStop):
+                        arrivals.append((t, e.at, e.KIND, f.sent_ns, e.call_id))
         load.stop.set()
         load.join(5)
         times = feeder.times()

@@ -16,6 +16,18 @@ Invariants:
   not walked). ``tuple`` fields come back as tuples, so decoded frames are
   equal to the frames that were encoded.
 * A tag is registered once; registering it twice is a programming error.
+  Every frame names who receives it (``to``: see ``RECEIVERS`` in
+  ``ipc/frames.py``); :func:`received_by` lists a receiver's frames, so each
+  role's dispatch table is checked against the protocol by a test.
+
+Records (:func:`record`) are typed values carried *inside* a frame field (a
+WorkerTick's events): frozen slotted dataclasses with a ``kind`` tag. The
+frame field holds their wire form, a JSON object ``{"kind": <tag>, <field>:
+<value>, ...}`` without the fields that hold their default
+(:func:`record_to_wire`); the receiver types them with
+:func:`record_from_wire`, which like ``decode`` raises only
+:class:`FrameError`. Decoding them inside every frame would cost the hot
+path (see ``ipc/tick_events.py``).
 """
 
 from __future__ import annotations
@@ -54,15 +66,22 @@ _Check = Callable[[Any], Any]  # returns the (possibly converted) value or raise
 
 
 class _Spec:
-    __slots__ = ("cls", "fields", "required")
+    __slots__ = ("cls", "fields", "required", "to", "always", "defaults")
 
-    def __init__(self, cls: type, fields: list[tuple[str, _Check]], required: frozenset[str]):
+    def __init__(self, cls: type, fields: list[tuple[str, _Check]], required: frozenset[str],
+                 to: tuple[str, ...] = (), defaults: tuple[tuple[str, Any], ...] = ()):
         self.cls = cls
         self.fields = fields
         self.required = required
+        self.to = to  # frames: who receives them
+        # records: the fields always on the wire, and those left out at their default
+        self.always = tuple(name for name, _ in fields if name in required)
+        self.defaults = defaults
 
 
 _REGISTRY: dict[str, _Spec] = {}
+_RECORDS: dict[str, _Spec] = {}
+_RECORD_OF: dict[type, _Spec] = {}
 F = TypeVar("F", bound=type)
 
 
@@ -154,25 +173,34 @@ def _checker(t: Any) -> _Check:
     raise TypeError(f"unsupported frame field type {t!r}")
 
 
+def _dataclass(cls: type, what: str, reserved: tuple[str, ...]) -> tuple[Any, list[tuple[str, _Check]], set[str]]:
+    dc: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    hints = typing.get_type_hints(dc)
+    fields = []
+    required = set()
+    for f in dataclasses.fields(dc):
+        if f.name in reserved:
+            raise RuntimeError(f"{what}: field name {f.name!r} is reserved")
+        fields.append((f.name, _checker(hints[f.name])))
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.add(f.name)
+    return dc, fields, required
+
+
 @typing.dataclass_transform(frozen_default=True)  # type checkers see the fields of every frame
-def frame(tag: str) -> Callable[[F], F]:
-    """Class decorator: make ``cls`` a frozen slotted dataclass frame with ``tag``."""
+def frame(tag: str, *, to: str | tuple[str, ...]) -> Callable[[F], F]:
+    """Class decorator: make ``cls`` a frozen slotted dataclass frame with ``tag``,
+    received by ``to`` (one receiver or several)."""
+    receivers = (to,) if isinstance(to, str) else tuple(to)
 
     def wrap(cls: F) -> F:
         if tag in _REGISTRY:
             raise RuntimeError(f"frame type {tag!r} registered twice")
-        dc: Any = dataclasses.dataclass(frozen=True, slots=True)(cls)
-        hints = typing.get_type_hints(dc)
-        fields = []
-        required = set()
-        for f in dataclasses.fields(dc):
-            if f.name in ("type", "cid"):
-                raise RuntimeError(f"frame {tag}: field name {f.name!r} is reserved")
-            fields.append((f.name, _checker(hints[f.name])))
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                required.add(f.name)
+        if not receivers:
+            raise RuntimeError(f"frame {tag}: no receiver")
+        dc, fields, required = _dataclass(cls, f"frame {tag}", ("type", "cid"))
         dc.TYPE = tag
-        _REGISTRY[tag] = _Spec(dc, fields, frozenset(required))
+        _REGISTRY[tag] = _Spec(dc, fields, frozenset(required), receivers)
         return typing.cast(F, dc)
 
     return wrap
@@ -181,6 +209,79 @@ def frame(tag: str) -> Callable[[F], F]:
 def frame_types() -> dict[str, type]:
     """Every registered tag and its class (the whole protocol)."""
     return {tag: spec.cls for tag, spec in sorted(_REGISTRY.items())}
+
+
+def frame_receivers() -> dict[type, tuple[str, ...]]:
+    """Every frame class and who receives it (its ``to``)."""
+    return {spec.cls: spec.to for _, spec in sorted(_REGISTRY.items())}
+
+
+def received_by(receiver: str) -> frozenset[type]:
+    """The frame classes ``receiver`` is documented to receive (what its dispatch table must handle)."""
+    return frozenset(spec.cls for spec in _REGISTRY.values() if receiver in spec.to)
+
+
+# -- records: typed values inside a frame field ------------------------------------
+
+
+class Record:
+    """Base of a record: a frozen slotted dataclass registered with a ``kind`` tag."""
+
+    KIND: ClassVar[str] = ""
+    __slots__ = ()
+
+
+@typing.dataclass_transform(frozen_default=True)
+def record(kind: str) -> Callable[[F], F]:
+    """Class decorator: make ``cls`` a frozen slotted dataclass record of ``kind``."""
+
+    def wrap(cls: F) -> F:
+        if kind in _RECORDS:
+            raise RuntimeError(f"record kind {kind!r} registered twice")
+        dc, fields, required = _dataclass(cls, f"record {kind}", ("kind",))
+        defaults = tuple((f.name, f.default) for f in dataclasses.fields(dc) if f.name not in required)
+        dc.KIND = kind
+        _RECORDS[kind] = _RECORD_OF[dc] = _Spec(dc, fields, frozenset(required), defaults=defaults)
+        return typing.cast(F, dc)
+
+    return wrap
+
+
+def record_to_wire(r: Record) -> dict[str, Any]:
+    """A record -> its wire object (the fields at their default left out)."""
+    spec = _RECORD_OF[type(r)]
+    d: dict[str, Any] = {"kind": r.KIND}
+    for name in spec.always:
+        d[name] = getattr(r, name)
+    for name, default in spec.defaults:
+        v = getattr(r, name)
+        if v != default:
+            d[name] = v
+    return d
+
+
+def record_from_wire(obj: Any) -> Record:
+    """A record's wire object -> the record. Raises :class:`FrameError` (``bad_field``) only."""
+    if type(obj) is not dict:
+        raise FrameError("bad_field", "record: expected an object")
+    kind = obj.get("kind")
+    spec = _RECORDS.get(kind) if type(kind) is str else None
+    if spec is None:
+        raise FrameError("bad_field", f"unknown record kind {str(kind)[:64]!r}")
+    kwargs: dict[str, Any] = {}
+    for name, check in spec.fields:
+        if name in obj:
+            try:
+                kwargs[name] = check(obj[name])
+            except TypeError as e:
+                raise FrameError("bad_field", f"{kind}.{name}: {e}") from None
+        elif name in spec.required:
+            raise FrameError("bad_field", f"{kind}: missing field {name!r}")
+    if len(kwargs) + 1 != len(obj):
+        extra = sorted(k for k in obj if k != "kind" and k not in kwargs)
+        raise FrameError("bad_field", f"{kind}: unknown field(s) {extra[:5]}")
+    r: Record = spec.cls(**kwargs)
+    return r
 
 
 def _default(obj: Any) -> Any:
@@ -241,18 +342,28 @@ def decode(data: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES) -> Frame:
     return decode_env(data, max_bytes)[0]
 
 
+def note_unexpected(counts: dict[str, int], seen: set[str], where: str, f: Frame) -> None:
+    """A dispatch table's miss: ``counts["unexpected_type"]`` + 1; logged the first time
+    its frame type is met (``seen``: the types already logged by this receiver)."""
+    counts["unexpected_type"] = counts.get("unexpected_type", 0) + 1
+    if f.TYPE not in seen:
+        seen.add(f.TYPE)
+        log.warning("dropped unexpected %s frame on %s (no handler)", f.TYPE, where)
+
+
 class DecodeGuard:
     """Decode for a receiving loop: bad frames are counted, logged once per kind, dropped.
 
     ``errors`` maps error kind -> count (exported as a metric by the owner).
     """
 
-    __slots__ = ("where", "errors", "max_bytes")
+    __slots__ = ("where", "errors", "max_bytes", "_unexpected")
 
     def __init__(self, where: str, max_bytes: int = MAX_FRAME_BYTES) -> None:
         self.where = where
         self.errors: dict[str, int] = {}
         self.max_bytes = max_bytes
+        self._unexpected: set[str] = set()  # frame types without a handler, already logged
 
     def decode_env(self, data: bytes | memoryview) -> tuple[Frame, int | str | None] | None:
         try:
@@ -267,6 +378,11 @@ class DecodeGuard:
     def decode(self, data: bytes | memoryview) -> Frame | None:
         r = self.decode_env(data)
         return None if r is None else r[0]
+
+    def unexpected(self, f: Frame) -> None:
+        """A frame that decoded but has no handler here: counted as ``unexpected_type``,
+        logged once per frame type (see :func:`note_unexpected`)."""
+        note_unexpected(self.errors, self._unexpected, self.where, f)
 
     @property
     def dropped(self) -> int:

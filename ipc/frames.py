@@ -15,42 +15,31 @@ Conventions:
   (``encode(frame, cid=...)``), not in the frame.
 
 Sections, in the order data flows: supervisor <-> child, command plane,
-gateway <-> agent, worker lanes. Add a frame to its section.
+gateway <-> agent, worker lanes. Add a frame to its section, naming its receiver (``to``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ipc.codec import (
-    DecodeGuard,
-    Frame,
-    FrameError,
-    decode,
-    decode_env,
-    encode,
-    frame,
-    frame_types,
-)
+from ipc.codec import DecodeGuard, Frame, FrameError, decode, decode_env, encode, frame, frame_types
 
-__all__ = [
-    "DecodeGuard",
-    "Frame",
-    "FrameError",
-    "decode",
-    "decode_env",
-    "encode",
-    "frame",
-    "frame_types",
-]
+__all__ = ["DecodeGuard", "Frame", "FrameError", "decode", "decode_env", "encode", "frame", "frame_types"]
 
 ROLES = ("gateway", "worker", "agent")
+
+# Who receives a frame (``@frame(tag, to=...)``): the dispatch table that handles it
+# (``ipc.codec.received_by(receiver)``; a test checks each table against it). supervisor: its
+# child channel; control: its command plane; child: every child's control thread; gateway;
+# agent: the agent process's inbox; worker: a worker's inbox; subscriber: the worker client
+# (ipc/worker_client.py); reply: only ever an answer, matched to its request by correlation id.
+RECEIVERS = ("supervisor", "control", "child", "gateway", "agent", "worker", "subscriber", "reply")
 
 
 # --- supervisor <-> child (the child's DEALER, the supervisor's ROUTER) ------------
 
 
-@frame("hello")
+@frame("hello", to="supervisor")
 class Hello(Frame):
     """Child -> supervisor, first frame: the init handshake. ``ok`` False = boot failed."""
 
@@ -62,7 +51,7 @@ class Hello(Frame):
     endpoints: dict[str, str] | None = None  # what the child serves (role-specific)
 
 
-@frame("ping")
+@frame("ping", to="child")
 class Ping(Frame):
     """Supervisor -> child health probe."""
 
@@ -70,7 +59,7 @@ class Ping(Frame):
     sent_ns: int
 
 
-@frame("pong")
+@frame("pong", to="supervisor")
 class Pong(Frame):
     """Child -> supervisor answer to :class:`Ping`, with a small load report.
 
@@ -86,7 +75,7 @@ class Pong(Frame):
     beat_ms: int = -1
 
 
-@frame("topology")
+@frame("topology", to="child")
 class Topology(Frame):
     """Supervisor -> every child, pushed whenever a child changes state.
 
@@ -100,7 +89,7 @@ class Topology(Frame):
     seq: int
 
 
-@frame("shutdown")
+@frame("shutdown", to="child")
 class Shutdown(Frame):
     """Supervisor -> child: stop within ``grace_s`` (after which SIGTERM, then SIGKILL)."""
 
@@ -109,14 +98,14 @@ class Shutdown(Frame):
     drain: bool = False  # finish live calls first (up to grace_s)
 
 
-@frame("shutdown_ack")
+@frame("shutdown_ack", to="supervisor")
 class ShutdownAck(Frame):
     """Child -> supervisor: shutdown request received; exit follows."""
 
     pid: int
 
 
-@frame("child_event")
+@frame("child_event", to="supervisor")
 class ChildEvent(Frame):
     """Child -> supervisor, unsolicited: something operators should see (counted, logged)."""
 
@@ -128,15 +117,16 @@ class ChildEvent(Frame):
 # --- command plane (brisvoxd CLI <-> supervisor, REQ-style over DEALER/ROUTER) -------
 
 
-@frame("command")
+@frame("command", to=("control", "gateway"))
 class Command(Frame):
-    """CLI -> supervisor. ``name`` is one of status, stop, drain, reload."""
+    """CLI -> supervisor. ``name`` is one of status, stop, drain, reload (the gateway's inbox
+    answers its own: stats, calls)."""
 
     name: str
     args: dict[str, Any] | None = None
 
 
-@frame("command_reply")
+@frame("command_reply", to="reply")
 class CommandReply(Frame):
     """Supervisor -> CLI."""
 
@@ -161,7 +151,7 @@ class CommandReply(Frame):
 # the gateway unlinks the rings after both sides detached (or a timeout).
 
 
-@frame("call_start")
+@frame("call_start", to="agent")
 class CallStart(Frame):
     """Gateway -> agent: a new call. Reply: CallAccepted or ErrorReply."""
 
@@ -177,13 +167,13 @@ class CallStart(Frame):
     params: dict[str, Any] | None = None  # custom parameters from the transport
 
 
-@frame("call_accepted")
+@frame("call_accepted", to="reply")
 class CallAccepted(Frame):
     call_id: str
     worker: int = -1  # the worker the agent attached the call to (-1: not said)
 
 
-@frame("call_end")
+@frame("call_end", to="agent")
 class CallEnd(Frame):
     """Gateway -> agent: the caller hung up / the transport closed."""
 
@@ -192,7 +182,7 @@ class CallEnd(Frame):
     ended_ns: int
 
 
-@frame("call_ended")
+@frame("call_ended", to="gateway")
 class CallEnded(Frame):
     """Agent -> gateway: the actor finished (after CallEnd, or on its own: end_call)."""
 
@@ -200,7 +190,7 @@ class CallEnded(Frame):
     reason: str
 
 
-@frame("clear")
+@frame("clear", to="gateway")
 class Clear(Frame):
     """Agent -> gateway, fast path of a barge-in: stop playing ``call_id`` now.
 
@@ -227,7 +217,7 @@ class Clear(Frame):
     lazy: bool = False
 
 
-@frame("cleared")
+@frame("cleared", to="agent")
 class Cleared(Frame):
     """Gateway -> agent: the Clear was applied; ``position`` is the last out
     position released to the caller (the played-text truncation point).
@@ -244,7 +234,7 @@ class Cleared(Frame):
     marks: list[str] | None = None
 
 
-@frame("pause")
+@frame("pause", to="gateway")
 class Pause(Frame):
     """Agent -> gateway: hold the bot's audio of ``epoch`` (a barge-in candidate opened).
 
@@ -267,7 +257,7 @@ class Pause(Frame):
     sent_ns: int
 
 
-@frame("resume")
+@frame("resume", to="gateway")
 class Resume(Frame):
     """Agent -> gateway: release the held audio of ``epoch`` again (the candidate
     was vetoed). Ignored (counted) when the call is not paused for ``epoch``
@@ -278,7 +268,7 @@ class Resume(Frame):
     sent_ns: int
 
 
-@frame("playback")
+@frame("playback", to="agent")
 class Playback(Frame):
     """Gateway -> agent every 100 ms: out-ring release position per call of that agent."""
 
@@ -286,7 +276,7 @@ class Playback(Frame):
     sent_ns: int
 
 
-@frame("mark")
+@frame("mark", to="gateway")
 class Mark(Frame):
     """Agent -> gateway: report ``name`` once the caller has heard out position ``position``."""
 
@@ -295,7 +285,7 @@ class Mark(Frame):
     position: int
 
 
-@frame("mark_played")
+@frame("mark_played", to="agent")
 class MarkPlayed(Frame):
     """Gateway -> agent: a mark was played (Twilio echo, or release position passed it)."""
 
@@ -305,7 +295,7 @@ class MarkPlayed(Frame):
     played_ns: int
 
 
-@frame("dtmf")
+@frame("dtmf", to="agent")
 class Dtmf(Frame):
     """Gateway -> agent: the caller pressed ``digit``."""
 
@@ -315,7 +305,7 @@ class Dtmf(Frame):
     at_ns: int
 
 
-@frame("send_dtmf")
+@frame("send_dtmf", to="gateway")
 class SendDtmf(Frame):
     """Agent -> gateway: play DTMF digits to the caller (RFC 4733 / Twilio)."""
 
@@ -323,7 +313,7 @@ class SendDtmf(Frame):
     digits: str
 
 
-@frame("transfer")
+@frame("transfer", to="gateway")
 class Transfer(Frame):
     """Agent -> gateway: blind transfer (SIP REFER / Twilio REST). Reply: TransferResult."""
 
@@ -331,14 +321,14 @@ class Transfer(Frame):
     target: str
 
 
-@frame("transfer_result")
+@frame("transfer_result", to="agent")
 class TransferResult(Frame):
     call_id: str
     ok: bool
     detail: str = ""
 
 
-@frame("hangup")
+@frame("hangup", to="gateway")
 class Hangup(Frame):
     """Agent -> gateway: end the call from our side (SIP BYE / WebSocket close)."""
 
@@ -355,7 +345,7 @@ class Hangup(Frame):
 # Turn, local STT/TTS/LLM) runs on its own thread(s) and never delays a tick.
 
 
-@frame("attach_call")
+@frame("attach_call", to="worker")
 class AttachCall(Frame):
     """Subscriber -> worker: serve a call's rings. Reply: Attached or ErrorReply.
 
@@ -381,52 +371,45 @@ class AttachCall(Frame):
     gateway: str = ""
 
 
-@frame("attached")
+@frame("attached", to="reply")
 class Attached(Frame):
     call_id: str
     worker: int
     in16_pos: int
 
 
-@frame("detach_call")
+@frame("detach_call", to="worker")
 class DetachCall(Frame):
     """Subscriber -> worker: stop serving the call (its rings stay). Reply: Detached."""
 
     call_id: str
 
 
-@frame("detached")
+@frame("detached", to="reply")
 class Detached(Frame):
     call_id: str
 
 
-@frame("worker_tick")
+@frame("worker_tick", to="subscriber")
 class WorkerTick(Frame):
     """Worker -> subscriber, once per tick for all of that subscriber's calls, when the
     tick has news for it (else at least every 100 ms, empty, as a keepalive).
 
     ``positions``: call_id -> in16 write position, for the calls whose in16
     advanced in this tick.
-    ``events``: VAD events ``{"call_id", "kind": "start"|"stop"|"falling"|"gap"|"vad_failed"|"vad_recovered",
-    "pos": in16 position (for stop: one past the last speech sample), "ns"}``.
-    start/stop also carry ``"at"``: the in16 position of the end of the VAD
-    window that decided them (the audio horizon of the decision). A stop
-    that did not come from silence carries ``"reason"``: "gap" (input
-    overrun), "vad_error", "overflow" or "worker_lost". falling (opt-in,
-    ``vad.fall_delay_ms``): silence began ``fall_delay`` ago; its ``pos`` is
-    exactly the pos the stop of that fall will carry (early Smart Turn). gap: ``"lost"``
-    in16 samples of zeros were written at ``pos``. vad_failed is the one
-    non-fatal error of a fail-open (no events until vad_recovered).
+    ``events``: the tick's events (VAD start/stop/falling, input gaps, VAD
+    failure/recovery), each the wire object of a typed event of
+    ``ipc/tick_events.py`` (what each kind carries), read with its ``from_wire``.
     """
 
     worker: int
     seq: int
     positions: dict[str, int]
-    events: list[dict[str, Any]]
+    events: list[dict[str, Any]]  # tick_events.to_wire(event) objects
     sent_ns: int
 
 
-@frame("tts_utterance")
+@frame("tts_utterance", to="worker")
 class TtsUtterance(Frame):
     """Actor -> worker: utterance ``utterance`` of ``epoch`` starts at ``tts_pos`` in the tts ring."""
 
@@ -436,7 +419,7 @@ class TtsUtterance(Frame):
     tts_pos: int
 
 
-@frame("out_utterance")
+@frame("out_utterance", to=("subscriber", "gateway"))
 class OutUtterance(Frame):
     """Worker -> actor and gateway: that utterance starts at ``out_pos`` in the out ring
     (resampler ramp-in dropped, so word offsets stay exact). Sent as soon as the
@@ -449,7 +432,7 @@ class OutUtterance(Frame):
     out_pos: int
 
 
-@frame("tts_cut")
+@frame("tts_cut", to="worker")
 class TtsCut(Frame):
     """Actor -> worker: epoch ``epoch`` was interrupted; drop tts audio before ``tts_pos``
     and reset the output resampler (unless audio after ``tts_pos``, which is a newer
@@ -460,7 +443,7 @@ class TtsCut(Frame):
     tts_pos: int
 
 
-@frame("smart_turn")
+@frame("smart_turn", to="worker")
 class SmartTurnRequest(Frame):
     """Actor -> worker job lane: score the 8 s of in16 ending at ``end_pos``.
     Reply: SmartTurnResult, or ErrorReply: expired (past ``deadline_ns``
@@ -472,7 +455,7 @@ class SmartTurnRequest(Frame):
     deadline_ns: int
 
 
-@frame("smart_turn_result")
+@frame("smart_turn_result", to="reply")
 class SmartTurnResult(Frame):
     call_id: str
     end_pos: int
@@ -491,7 +474,7 @@ class SmartTurnResult(Frame):
 # job-output ring (written by the worker only; audio never travels in a frame).
 
 
-@frame("stt_job")
+@frame("stt_job", to="worker")
 class SttJob(Frame):
     """Actor -> worker: transcribe in16 ``[start_pos, end_pos)`` (the VAD-gated utterance)
     with the local Whisper model, at most ``max_tokens`` tokens. Reply: SttJobResult."""
@@ -504,7 +487,7 @@ class SttJob(Frame):
     max_tokens: int = 96
 
 
-@frame("stt_job_result")
+@frame("stt_job_result", to="reply")
 class SttJobResult(Frame):
     call_id: str
     text: str
@@ -514,7 +497,7 @@ class SttJobResult(Frame):
     took_us: int
 
 
-@frame("tts_job")
+@frame("tts_job", to="worker")
 class TtsJob(Frame):
     """Actor -> worker: synthesize ``text`` with the local voice. Reply: JobAccepted (then
     TtsJobAudio frames) or ErrorReply."""
@@ -527,7 +510,7 @@ class TtsJob(Frame):
     speed: float = 1.0
 
 
-@frame("tts_job_audio")
+@frame("tts_job_audio", to="subscriber")
 class TtsJobAudio(Frame):
     """Worker -> actor: samples ``[start_pos, end_pos)`` of ring ``ring`` (at ``rate``) belong
     to ``job``; ``done`` on the last frame of the job (``error`` set if it failed)."""
@@ -542,7 +525,7 @@ class TtsJobAudio(Frame):
     error: str = ""
 
 
-@frame("llm_job")
+@frame("llm_job", to="worker")
 class LlmJob(Frame):
     """Actor -> worker: a chat completion with the local model. ``messages`` are
     ``{"role", "content"}`` rows. Reply: JobAccepted (then LlmJobDelta frames) or ErrorReply."""
@@ -558,7 +541,7 @@ class LlmJob(Frame):
     seed: int = 0  # sampling seed (temperature > 0): the same prompt gives the same answer
 
 
-@frame("llm_job_delta")
+@frame("llm_job_delta", to="subscriber")
 class LlmJobDelta(Frame):
     """Worker -> actor: generated text of ``job`` in order (``seq`` from 0); the last frame has
     ``done`` with ``stop_reason`` ("stop", "length", "cancelled") or ``error``, and the usage."""
@@ -574,13 +557,13 @@ class LlmJobDelta(Frame):
     output_tokens: int = 0
 
 
-@frame("job_accepted")
+@frame("job_accepted", to="reply")
 class JobAccepted(Frame):
     call_id: str
     job: int
 
 
-@frame("job_cancel")
+@frame("job_cancel", to="worker")
 class JobCancel(Frame):
     """Actor -> worker, fire-and-forget: stop ``job`` (queued: dropped; running: stopped at
     its next token or sentence). Its stream still ends with a done frame."""
@@ -589,7 +572,7 @@ class JobCancel(Frame):
     job: int
 
 
-@frame("error")
+@frame("error", to="reply")
 class ErrorReply(Frame):
     """Typed error answer to any request. ``kind`` is a stable label (counted)."""
 

@@ -6,10 +6,14 @@ attachment of each of its calls:
 
 * ``attach`` / ``detach`` a call (request/reply with a timeout), Smart Turn
   requests, TTS utterance boundaries and cuts.
-* Every :class:`WorkerTick` is split per call: the in16 position and the VAD
-  events go to ``on_event(call_id, event)`` / ``on_position(call_id, pos)``;
-  the client tracks whether each call is inside speech (a start without its
-  stop) and where that speech started.
+* Every :class:`WorkerTick` is split per call: the in16 position and the
+  events, typed (``ipc/tick_events.py``), go to ``on_event(call_id, event)``
+  / ``on_position(call_id, pos)``; the client tracks whether each call is
+  inside speech (a start without its stop) and where that speech started.
+* Frames from the workers are dispatched by one table (frame class ->
+  handler): ticks, OutUtterance (``on_out_utterance``) and the streamed
+  local-job output (``on_job_frame``); any other frame is counted
+  (``unexpected_type``) and logged once per type.
 * A worker death (``worker_lost(index)``, driven by the supervisor's
   Topology push through :meth:`on_topology`) re-attaches each of its calls to
   the least loaded ready worker with ``speaking_since``; the new worker opens
@@ -26,8 +30,8 @@ Usage (an agent process; ``rt`` is its ChildRuntime)::
     await client.start()
     rt.add_topology_callback(lambda rows: loop.call_soon_threadsafe(client.on_topology, rows))
     link = await client.attach(call_id, instance, call_rate, tts_rate, worker=preferred)
-    ...  # on_event(call_id, {"kind": "start"|"stop"|..., "pos", "at", ...}) per VAD event
-    r = await client.smart_turn(call_id, stop_event["at"], budget_s=0.5)
+    ...  # on_event(call_id, SpeechStart(...) | SpeechStop(...) | ...) per tick event
+    r = await client.smart_turn(call_id, stop_event.at, budget_s=0.5)
     await client.detach(call_id)
 
 It speaks only the worker-lane frames of :mod:`ipc.frames`; the Topology
@@ -56,24 +60,27 @@ import zmq
 import zmq.asyncio
 
 from ipc.bus import AsyncRequester, RequestTimeout, make_socket
-from ipc.codec import Frame
+from ipc.codec import Frame, FrameError, note_unexpected
 from ipc.frames import (
     AttachCall,
     Attached,
     DetachCall,
     Detached,
     ErrorReply,
+    LlmJobDelta,
     OutUtterance,
     SmartTurnRequest,
     SmartTurnResult,
     TtsCut,
+    TtsJobAudio,
     TtsUtterance,
     WorkerTick,
 )
+from ipc.tick_events import SpeechStart, SpeechStop, TickEvent, from_wire
 
 log = logging.getLogger("brisvox.workers.client")  # the historical name: log filters keep working
 
-EventCb = Callable[[str, dict[str, Any]], Any]
+EventCb = Callable[[str, TickEvent], Any]
 
 
 class AttachError(Exception):
@@ -140,8 +147,16 @@ class WorkerClient:
         self.workers: dict[int, WorkerLink] = {}
         self.calls: dict[str, CallLink] = {}
         self.counters = {"ticks": 0, "stale_ticks": 0, "reattaches": 0, "local_stops": 0,
-                         "attach_failures": 0}
+                         "attach_failures": 0, "bad_events": 0, "unexpected_type": 0}
         self._pending_reattach: set[str] = set()
+        self._unexpected: set[str] = set()  # frame types without a handler, already logged
+        # the dispatch of frames from the workers (replies are matched to their requests first)
+        self.handlers: dict[type[Frame], Callable[[Any], None]] = {
+            WorkerTick: self._on_tick,
+            OutUtterance: self._on_out_utterance,
+            LlmJobDelta: self._on_job_frame,
+            TtsJobAudio: self._on_job_frame,
+        }
 
     # -- links ---------------------------------------------------------------
 
@@ -376,8 +391,8 @@ class WorkerClient:
             self._pending_reattach.add(link.call_id)
             if link.speaking_since >= 0:
                 self.counters["local_stops"] += 1
-                ev = {"call_id": link.call_id, "kind": "stop", "pos": max(link.speaking_since, link.in16_pos),
-                      "at": link.in16_pos, "ns": time.monotonic_ns(), "reason": "worker_lost"}
+                ev = SpeechStop(call_id=link.call_id, pos=max(link.speaking_since, link.in16_pos),
+                                at=link.in16_pos, ns=time.monotonic_ns(), reason="worker_lost")
                 link.speaking_since = -1
                 self._deliver(link.call_id, ev)
 
@@ -388,17 +403,23 @@ class WorkerClient:
 
     # -- inbound -----------------------------------------------------------------
 
-    def _deliver(self, call_id: str, ev: dict[str, Any]) -> None:
+    def _deliver(self, call_id: str, ev: TickEvent) -> None:
         if self.on_event is not None:
             self.on_event(call_id, ev)
 
     def _on_frame(self, frame: Frame) -> None:
-        if isinstance(frame, WorkerTick):
-            self._on_tick(frame)
-        elif isinstance(frame, OutUtterance):
-            if self.on_out_utterance is not None:
-                self.on_out_utterance(frame)
-        elif self.on_job_frame is not None:
+        handler = self.handlers.get(type(frame))
+        if handler is None:
+            note_unexpected(self.counters, self._unexpected, f"{self.identity}<-workers", frame)
+        else:
+            handler(frame)
+
+    def _on_out_utterance(self, frame: OutUtterance) -> None:
+        if self.on_out_utterance is not None:
+            self.on_out_utterance(frame)
+
+    def _on_job_frame(self, frame: Frame) -> None:
+        if self.on_job_frame is not None:
             self.on_job_frame(frame)
 
     def _on_tick(self, t: WorkerTick) -> None:
@@ -417,15 +438,21 @@ class WorkerClient:
             link.in16_pos = pos
             if on_position is not None:
                 on_position(call_id, pos)
-        for ev in t.events:
-            call_id = ev.get("call_id", "")
+        for row in t.events:
+            try:
+                ev = from_wire(row)
+            except FrameError as e:
+                self.counters["bad_events"] += 1
+                if self.counters["bad_events"] == 1:
+                    log.warning("dropped a bad event from worker-%d: %s", t.worker, e)
+                continue
+            call_id = ev.call_id
             link = calls.get(call_id)
             if link is None or link.worker != t.worker:
                 self.counters["stale_ticks"] += 1
                 continue
-            kind = ev.get("kind")
-            if kind == "start":
-                link.speaking_since = int(ev.get("pos", 0))
-            elif kind == "stop":
+            if isinstance(ev, SpeechStart):
+                link.speaking_since = ev.pos
+            elif isinstance(ev, SpeechStop):
                 link.speaking_since = -1
             self._deliver(call_id, ev)

@@ -31,13 +31,14 @@ Invariants:
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ipc.codec import Frame
 from ipc.frames import AttachCall, Attached, ErrorReply
 from ipc.ring import Ring, RingError, ring_name
+from ipc.tick_events import SpeechStop, TickEvent
 from workers.config import VadConfig, WorkersConfig
 from workers.jobs import DETACH_HOOKS
 from workers.resample import RATE16, InputChain, OutputChain, resume_in_pos
@@ -83,7 +84,7 @@ class Call:
         self.pend_off = 0
         self.vad_pos = 0
         self.align()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[TickEvent] = []  # this tick's, sent with the next WorkerTick
         self.in16_name = rings["in16"].name
         self.probe = False
         self.attached_ns = time.monotonic_ns()
@@ -191,8 +192,8 @@ class CallTable:
         if f.speaking_since >= 0:
             # the previous worker died during speech: close it where its in16 ended
             at = inp.out_pos
-            c.events.append({"call_id": c.call_id, "kind": "stop", "pos": max(f.speaking_since, at),
-                             "at": at, "ns": time.monotonic_ns(), "reason": "worker_lost"})
+            c.events.append(SpeechStop(call_id=c.call_id, pos=max(f.speaking_since, at), at=at,
+                                       ns=time.monotonic_ns(), reason="worker_lost"))
         self.calls[f.call_id] = c
         self.by_sub.setdefault(f.subscriber, []).append(c)
         return Attached(call_id=f.call_id, worker=self.index, in16_pos=inp.out_pos)

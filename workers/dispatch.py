@@ -2,9 +2,10 @@
 
 Owns :class:`RequestDispatch` (mixed into :class:`workers.core.Worker`): the
 ROUTER inbox (decode, one reply per request), the dispatch of each control
-frame to its handler (attach, detach, TtsUtterance/TtsCut, Smart Turn, the
-frames registered in :data:`workers.jobs.FRAME_HANDLERS` by
-:mod:`workers.local_jobs`), the submission of jobs to the job lane
+frame to its handler through ONE table, :data:`workers.jobs.FRAME_HANDLERS`
+(frame class -> ``handler(worker, ident, cid, frame)``: attach, detach,
+TtsUtterance/TtsCut and Smart Turn registered here, the local STT/TTS/LLM job
+frames by :mod:`workers.local_jobs`), the submission of jobs to the job lane
 (:class:`workers.jobs.JobLane`: Smart Turn analyses read the last 8 s straight
 from the call's in16 ring on their own thread; the tick never waits for them)
 and the sending of their results.
@@ -13,7 +14,8 @@ Invariants:
 
 * Bad requests get a typed :class:`ErrorReply` (counted in ``errors``) and
   the worker serves on; a bug handling one frame is answered ``internal``,
-  never stops the worker.
+  never stops the worker. A frame without a handler is answered
+  ``unsupported`` (and counted as ``unexpected_type``, logged once per type).
 * A request answered now carries the request's correlation id; a job's final
   result carries it too (its partial results do not).
 * Only the thread that runs :meth:`workers.core.Worker.run` touches the
@@ -109,34 +111,37 @@ class RequestDispatch:
 
     def handle(self, ident: bytes, frame: Frame, cid: int | str | None = None) -> Frame | None:
         """One control frame -> its reply (None: nothing to answer)."""
-        if isinstance(frame, AttachCall):
-            return self.attach(frame)
-        if isinstance(frame, DetachCall):
-            self.detach(frame.call_id)
-            return Detached(call_id=frame.call_id)
-        if isinstance(frame, SmartTurnRequest):
-            return self.smart_turn(ident, cid, frame)
-        if isinstance(frame, TtsUtterance):
-            c = self.calls.get(frame.call_id)
-            if c is None:
-                return self._error("unknown_call", "tts_utterance for a call not attached here", frame.call_id)
-            placed = c.out.announce(frame.utterance, frame.epoch, frame.tts_pos)
-            if placed is not None:  # its audio was already converted
-                self._send_out_utterance(c, placed.utterance, placed.epoch, placed.out_pos)
-            elif c.out.next_start() >= 0:
-                self._hot[c.call_id] = time.monotonic_ns() + int(self.tick_s * 1e9)
-                self._serve_hot()
-            return None
-        if isinstance(frame, TtsCut):
-            c = self.calls.get(frame.call_id)
-            if c is None:
-                return self._error("unknown_call", "tts_cut for a call not attached here", frame.call_id)
-            c.out.cut(frame.epoch, frame.tts_pos)
-            return None
         handler = FRAME_HANDLERS.get(type(frame))
-        if handler is not None:
-            return handler(self, ident, cid, frame)
-        return self._error("unsupported", f"worker does not serve {frame.TYPE}")
+        if handler is None:
+            self.guard.unexpected(frame)
+            return self._error("unsupported", f"worker does not serve {frame.TYPE}")
+        return handler(self, ident, cid, frame)
+
+    def _on_attach(self, ident: bytes, cid: int | str | None, f: AttachCall) -> Frame | None:
+        return self.attach(f)
+
+    def _on_detach(self, ident: bytes, cid: int | str | None, f: DetachCall) -> Frame | None:
+        self.detach(f.call_id)
+        return Detached(call_id=f.call_id)
+
+    def _on_tts_utterance(self, ident: bytes, cid: int | str | None, f: TtsUtterance) -> Frame | None:
+        c = self.calls.get(f.call_id)
+        if c is None:
+            return self._error("unknown_call", "tts_utterance for a call not attached here", f.call_id)
+        placed = c.out.announce(f.utterance, f.epoch, f.tts_pos)
+        if placed is not None:  # its audio was already converted
+            self._send_out_utterance(c, placed.utterance, placed.epoch, placed.out_pos)
+        elif c.out.next_start() >= 0:
+            self._hot[c.call_id] = time.monotonic_ns() + int(self.tick_s * 1e9)
+            self._serve_hot()
+        return None
+
+    def _on_tts_cut(self, ident: bytes, cid: int | str | None, f: TtsCut) -> Frame | None:
+        c = self.calls.get(f.call_id)
+        if c is None:
+            return self._error("unknown_call", "tts_cut for a call not attached here", f.call_id)
+        c.out.cut(f.epoch, f.tts_pos)
+        return None
 
     # -- job lane --------------------------------------------------------------
 
@@ -195,3 +200,12 @@ class RequestDispatch:
             if isinstance(d.reply, ErrorReply):
                 self.stats.errors[d.reply.kind] = self.stats.errors.get(d.reply.kind, 0) + 1
             self._send(ident, encode(d.reply, cid=cid) if d.final else encode(d.reply))
+
+
+FRAME_HANDLERS.update({
+    AttachCall: RequestDispatch._on_attach,
+    DetachCall: RequestDispatch._on_detach,
+    SmartTurnRequest: RequestDispatch.smart_turn,
+    TtsUtterance: RequestDispatch._on_tts_utterance,
+    TtsCut: RequestDispatch._on_tts_cut,
+})

@@ -51,6 +51,15 @@ import numpy as np
 
 from ipc.codec import encode
 from ipc.frames import OutUtterance, WorkerTick
+from ipc.tick_events import (
+    InputGap,
+    SpeechFalling,
+    SpeechStart,
+    SpeechStop,
+    VadFailed,
+    VadRecovered,
+    to_wire,
+)
 from workers.call_table import Call
 from workers.config import VadConfig, WorkersConfig
 from workers.vad import WINDOW, SileroBatch, VadEvent, VadStream, refine_start, refine_stop
@@ -165,8 +174,7 @@ class RealtimeLane:
         if inp.gap >= 0:
             self.stats.gaps += 1
             self._close_stream(c, inp.gap, "gap")
-            c.events.append({"call_id": c.call_id, "kind": "gap", "pos": inp.gap, "lost": inp.gap_lost,
-                             "ns": time.monotonic_ns()})
+            c.events.append(InputGap(call_id=c.call_id, pos=inp.gap, lost=inp.gap_lost, ns=time.monotonic_ns()))
             c.align()
             return
         fresh = inp.raw if c.native8 else inp.fresh
@@ -210,11 +218,14 @@ class RealtimeLane:
                 pos = self._refine(c, ev)
                 if ev.kind == "falling":
                     c.fall_ref = (ev.pos, pos)
-        d: dict[str, Any] = {"call_id": c.call_id, "kind": ev.kind, "pos": max(0, pos), "at": ev.at,
-                             "ns": time.monotonic_ns()}
-        if reason:
-            d["reason"] = reason
-        c.events.append(d)
+        pos = max(0, pos)
+        ns = time.monotonic_ns()
+        if ev.kind == "stop":
+            c.events.append(SpeechStop(call_id=c.call_id, pos=pos, at=ev.at, ns=ns, reason=reason))
+        elif ev.kind == "start":
+            c.events.append(SpeechStart(call_id=c.call_id, pos=pos, at=ev.at, ns=ns))
+        else:
+            c.events.append(SpeechFalling(call_id=c.call_id, pos=pos, at=ev.at, ns=ns))
         self.stats.events += 1
 
     def _refine(self, c: Call, ev: VadEvent) -> int:
@@ -303,8 +314,7 @@ class RealtimeLane:
                 if h.on_success(end) == "recovered":
                     st.recoveries += 1
                     log.warning("call %s: VAD recovered", c.call_id)
-                    c.events.append({"call_id": c.call_id, "kind": "vad_recovered", "pos": end,
-                                     "ns": time.monotonic_ns()})
+                    c.events.append(VadRecovered(call_id=c.call_id, pos=end, ns=time.monotonic_ns()))
                 c.probe = False
             ev = c.stream.push(p, end)
             if ev is not None:
@@ -337,8 +347,8 @@ class RealtimeLane:
         if c.health.on_failure(end) == "failed_open":
             st.failed_open += 1
             log.error("call %s: VAD failed open after %d failures", c.call_id, c.health.streak)
-            c.events.append({"call_id": c.call_id, "kind": "vad_failed", "pos": end,
-                             "ns": time.monotonic_ns(), "failures": c.health.streak})
+            c.events.append(VadFailed(call_id=c.call_id, pos=end, failures=c.health.streak,
+                                      ns=time.monotonic_ns()))
         elif was_probe:
             log.info("call %s: VAD recovery probe failed", c.call_id)
 
@@ -389,7 +399,7 @@ class RealtimeLane:
                     positions[c.call_id] = pos
                     c.pub_pos = pos
                 if c.events:
-                    events.extend(c.events)
+                    events.extend([to_wire(e) for e in c.events])
                     c.events.clear()
             if not positions and not events and now - self._last_pub.get(sub, 0) < self.keepalive_ns:
                 continue

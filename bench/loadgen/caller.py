@@ -31,7 +31,7 @@ from typing import Any
 
 from bench.loadgen.stats import CallResult, Turn
 from bench.workload import SAMPLE_RATE, CallPlan
-from brisvox.client.twilio import loud_fraction
+from brisvox.wire.g711 import ulaw_loud_fraction
 
 
 class Phase(Enum):
@@ -181,7 +181,7 @@ class CallScript:
 
     def on_media(self, now: float, payload: bytes) -> None:
         dur = len(payload) / SAMPLE_RATE
-        speech = loud_fraction(payload) >= SPEECH_FRACTION
+        speech = ulaw_loud_fraction(payload) >= SPEECH_FRACTION
         turn = self.attrib
         if turn is None:
             self.result.unattributed_frames += 1

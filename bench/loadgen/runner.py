@@ -35,12 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from bench.loadgen import speech, wire, wsclient
 from bench.loadgen.caller import CallerTiming, CallScript
 from bench.loadgen.pacing import Pacer
 from bench.loadgen.stats import summarize
 from bench.workload import FRAME_SAMPLES, Workload
-from brisvox.client.twilio import SILENCE_BYTE, encode
+from brisvox.wire.g711 import ULAW_SILENCE, ulaw_encode
+from brisvox.wire.twilio import bot_event
 
 log = logging.getLogger("bench.loadgen")
 
@@ -61,9 +64,9 @@ class _Call:
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
 
 
-def line_frames(samples, silence_byte: int = SILENCE_BYTE) -> list[str]:
+def line_frames(samples, silence_byte: int = ULAW_SILENCE) -> list[str]:
     """int16 speech -> base64 mu-law 20 ms frames; the last frame padded with silence."""
-    data = encode(samples)
+    data = ulaw_encode(samples)
     rem = len(data) % FRAME_SAMPLES
     if rem:
         data += bytes([silence_byte]) * (FRAME_SAMPLES - rem)
@@ -86,7 +89,7 @@ async def run_load(urls: list[str], n_calls: int, wl: Workload, *, quick: bool =
     key = wire.new_key()
     lines = {t: wire.encode_payloads(frames, key)  # once per line, shared by every caller
              for t, frames in prepare_lines(wl, {t for p in plans for t in p.lines}, cache_dir).items()}
-    silence = wire.MediaPayload(base64.b64encode(bytes([SILENCE_BYTE]) * FRAME_SAMPLES).decode(), key)
+    silence = wire.MediaPayload(base64.b64encode(bytes([ULAW_SILENCE]) * FRAME_SAMPLES).decode(), key)
     timing = CallerTiming.from_workload(wl)
     calls = [_Call(script=CallScript(p, [lines[t] for t in p.lines], silence, timing),
                    stream=wire.WireStream(p.index, key), url=urls[p.index % len(urls)]) for p in plans]
@@ -188,7 +191,10 @@ def _send_failed(c: _Call, now: float, closers: list[asyncio.Task[None]]) -> int
 
 def _on_message(c: _Call, data: bytes, now: float) -> None:
     script = c.script
-    event, value = wire.bot_event(data)
+    try:
+        event, value = bot_event(orjson.loads(data))
+    except orjson.JSONDecodeError:
+        event, value = "invalid", None
     if event == "media":
         script.on_media(now, value)
     elif event == "clear":

@@ -1,17 +1,21 @@
-"""The load generator's Twilio messages as WebSocket frames, pre-encoded where they repeat.
+"""The load generator's Twilio messages as masked WebSocket frames, pre-encoded where they repeat.
 
 Owns the bytes a simulated caller puts on the wire for its media (50 a
-second per call) and the cheap reading of what the bot sends back.
+second per call). The messages are :mod:`brisvox.wire.twilio`'s (the bot's
+replies are read with its ``bot_event``); what is here is the WebSocket
+side: the masking, with the ``websockets`` library's C ``apply_mask`` (the
+wire package imports no third-party library but numpy).
 
 A media message is exactly the text :meth:`TwilioStream.media` builds::
 
     {"event":"media","sequenceNumber":"<seq>","media":{"track":"inbound",
     "chunk":"<chunk>","timestamp":"<ts>","payload":"<base64>"},"streamSid":"<sid>"}
 
-split in three: a head that changes every frame (three counters), the
-payload that is the same for every caller speaking that line (encoded once
-per line frame, :class:`MediaPayload`, and shared by all callers), and a tail
-fixed per call. A client frame must be masked (RFC 6455 5.3); masking is a
+split in three as the wire module builds it: a head that changes every frame
+(``MEDIA_HEAD``, three counters), the payload that is the same for every
+caller speaking that line (encoded once per line frame,
+:class:`MediaPayload`, and shared by all callers), and a tail fixed per call
+(``TwilioStream.media_tail``). A client frame must be masked (RFC 6455 5.3); masking is a
 XOR with the 4-byte key repeating from the payload's first byte, so a piece
 at offset ``o`` is masked with the key rotated by ``o % 4``: each shared
 payload and each call's tail are kept masked under all four rotations of one
@@ -22,23 +26,17 @@ Invariants: :meth:`WireStream.media_frame` returns one complete masked text
 frame whose payload, unmasked, is byte for byte what
 :meth:`TwilioStream.media` returns for the same call state, and it advances
 the same counters (``sequenceNumber`` over every message, ``chunk`` over
-media); :func:`bot_event` reads a bot message exactly as
-:func:`brisvox.client.twilio.parse_bot` does, without building a message
-object or going through ``base64``'s Python wrapper.
+media).
 """
 
 from __future__ import annotations
 
-import binascii
 import os
-from typing import Any
 
-import orjson
+from websockets.frames import apply_mask
 
-from brisvox.client.twilio import TwilioStream
-from brisvox.gateway import ws_frames
-
-_HEAD = '{{"event":"media","sequenceNumber":"{}","media":{{"track":"inbound","chunk":"{}","timestamp":"{}","payload":"'
+from brisvox.wire import ws_frames
+from brisvox.wire.twilio import MEDIA_HEAD, TwilioStream
 
 
 def new_key() -> bytes:
@@ -48,7 +46,7 @@ def new_key() -> bytes:
 
 def _rotations(data: bytes, key: bytes) -> tuple[bytes, bytes, bytes, bytes]:
     """``data`` masked as if it started at an offset ``o`` of the frame, for ``o % 4`` = 0..3."""
-    return tuple(ws_frames.apply_mask(data, key[r:] + key[:r]) for r in range(4))  # type: ignore[return-value]
+    return tuple(apply_mask(data, key[r:] + key[:r]) for r in range(4))  # type: ignore[return-value]
 
 
 class MediaPayload:
@@ -76,33 +74,16 @@ class WireStream(TwilioStream):
     def __init__(self, index: int, key: bytes, tag: str = "bench") -> None:
         super().__init__(index, tag)
         self.key = key
-        self._tail = _rotations(f'"}},"streamSid":"{self.stream_sid}"}}'.encode(), key)
+        self._tail = _rotations(self.media_tail.encode(), key)
         self._tail_size = len(self._tail[0])
 
     def media_frame(self, payload: MediaPayload) -> bytes:
         """The masked WebSocket text frame of ``self.media(payload.b64)`` (same counters)."""
         self._chunk += 1
         chunk = self._chunk
-        head = _HEAD.format(self._next_seq(), chunk, (chunk - 1) * 20).encode()
+        head = MEDIA_HEAD.format(self._next_seq(), chunk, (chunk - 1) * 20).encode()
         key = self.key
         o1 = len(head)
         o2 = o1 + payload.size
         return (ws_frames.header(o2 + self._tail_size, ws_frames.TEXT, key)
-                + ws_frames.apply_mask(head, key) + payload.masked[o1 & 3] + self._tail[o2 & 3])
-
-
-def bot_event(data: bytes | str) -> tuple[str, Any]:
-    """``(event, value)`` of one bot message: media -> the mu-law bytes, mark -> its
-    name, anything unparseable -> ``("invalid", None)`` (as ``parse_bot``)."""
-    try:
-        msg = orjson.loads(data)
-        event = msg.get("event", "")
-        if event == "media":
-            return "media", binascii.a2b_base64(msg["media"]["payload"])
-        if event == "mark":
-            return "mark", str(msg.get("mark", {}).get("name", ""))
-        if event == "clear":
-            return "clear", None
-        return str(event) or "other", None
-    except Exception:
-        return "invalid", None
+                + apply_mask(head, key) + payload.masked[o1 & 3] + self._tail[o2 & 3])

@@ -9,7 +9,7 @@ generator runs on the same cores as the server it measures:
 * reads land in ONE buffer shared by every connection of the run
   (``asyncio.BufferedProtocol``: a plain ``Protocol`` makes asyncio allocate a
   256 KiB bytes object per read), and complete unfragmented data frames are
-  split here (:mod:`brisvox.gateway.ws_frames`) and handed to ``on_message``
+  split here (:mod:`brisvox.wire.ws_frames`) and handed to ``on_message``
   with the read's arrival time (``time.monotonic``), in order;
 * :meth:`WsClient.write` puts a pre-encoded masked frame on the socket
   (:mod:`bench.loadgen.wire`); :meth:`WsClient.send_text` lets the library
@@ -38,7 +38,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from brisvox.gateway import ws_frames
+from brisvox.wire import ws_frames
 
 OPEN = State.OPEN
 RECV_BUFFER_BYTES = 65536

@@ -16,7 +16,7 @@ Owns the assembly of seed 003 ("Assembly") for the ring architecture:
   / ``note_resume`` and Pause / Resume to the gateway (a barge-in candidate
   holds the bot's audio until it is confirmed or vetoed).
 * The pump is not a task: the host calls ``on_worker`` (a worker tick for
-  this call: in16 position and VAD events), ``on_out_utterance``,
+  this call: in16 position and its typed events, ``ipc/tick_events.py``), ``on_out_utterance``,
   ``on_playback``, ``on_cleared``, ``on_mark_played``, ``on_dtmf``. Each
   tick's in16 position goes straight to the turn driver (``note_audio_end``:
   it needs no audio, so no frame hop). Audio is read from the in16 ring and
@@ -67,6 +67,7 @@ from brisvox.agent.turn_driver import TurnDriver, TurnDriverConfig
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
 from ipc.frames import Pause, Resume
+from ipc.tick_events import InputGap, SpeechStart, SpeechStop, TickEvent, VadFailed, VadRecovered
 
 log = logging.getLogger("brisvox.agent.actor")
 
@@ -276,7 +277,7 @@ class CallActor:
         return self.runner.ctx
 
     # -- inbound (the pump) -----------------------------------------------------------
-    def on_worker(self, in16_pos: int, events: Sequence[dict[str, Any]] = ()) -> None:
+    def on_worker(self, in16_pos: int, events: Sequence[TickEvent] = ()) -> None:
         """A worker tick for this call: the newest in16 position, then the VAD events.
 
         The position goes to the turn driver at once (it needs nothing else of the
@@ -290,7 +291,7 @@ class CallActor:
             return
         in_pos = self._in_pos
         if in_pos is None:
-            in_pos = in16_pos if not events else min(in16_pos, *(int(e.get("pos", in16_pos)) for e in events))
+            in_pos = in16_pos if not events else min(in16_pos, *(e.pos for e in events))
             self._in_pos = in_pos
         if in16_pos > in_pos:
             self.driver.note_audio_end(in16_pos)
@@ -314,25 +315,26 @@ class CallActor:
         else:
             self._in_pos = end
 
-    def _events(self, in16_pos: int, events: Sequence[dict[str, Any]]) -> None:
+    def _events(self, in16_pos: int, events: Sequence[TickEvent]) -> None:
         now = self.clock.now()
         for ev in events:
-            kind = ev.get("kind")
-            pos = int(ev.get("pos", in16_pos))
+            pos = ev.pos
             at = now - max(0, in16_pos - pos) / IN16_RATE
-            if kind == "start":
-                self.pump.vad_starts += 1
-                self.stt.inbox.put_nowait(UserStartedSpeaking(at, pos))
-            elif kind == "stop":
-                self.pump.vad_stops += 1
-                self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=int(ev.get("at", 0))))
-            elif kind == "gap":
-                self.pump.gaps += 1
-                self._gap = True
-            elif kind == "vad_failed":
-                self.pump.vad_failures += 1
-            elif kind == "vad_recovered":
-                self.pump.vad_recoveries += 1
+            match ev:
+                case SpeechStart():
+                    self.pump.vad_starts += 1
+                    self.stt.inbox.put_nowait(UserStartedSpeaking(at, pos))
+                case SpeechStop():
+                    self.pump.vad_stops += 1
+                    self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=ev.at))
+                case InputGap():
+                    self.pump.gaps += 1
+                    self._gap = True
+                case VadFailed():
+                    self.pump.vad_failures += 1
+                case VadRecovered():
+                    self.pump.vad_recoveries += 1
+                # SpeechFalling: not used by the actor
 
     def on_out_utterance(self, utterance: int, epoch: int, out_pos: int) -> None:
         self.timeline.out_utterance(epoch, self.clock.now())

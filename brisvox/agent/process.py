@@ -34,6 +34,8 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``
 * Inbound frames are handed to the actor synchronously in the callback that
   read them (Playback, Cleared, MarkPlayed, Dtmf; ticks and OutUtterance
   through the worker client): no queue between the socket and the book.
+  One table (``handlers``: frame class -> handler) dispatches the gateways'
+  frames; one without a handler is counted (``unexpected_type``), logged once.
 * The barge-in fast path: the actor's clear hook calls
   :meth:`ProcessLink.to_gateway` which sends Clear with a NOBLOCK send on the
   gateway DEALER, inside the driver's decision step.
@@ -54,6 +56,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,7 @@ from ipc.frames import (
     TtsCut,
     TtsUtterance,
 )
+from ipc.tick_events import TickEvent
 
 log = logging.getLogger("brisvox.agent.process")
 
@@ -188,6 +192,16 @@ class AgentProcess:
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
         self._agents: dict[str, tuple[float, Any]] = {}  # agent definitions: name -> (mtime, AgentDef)
+        # what the gateways send: frame class -> handler(frame, sender, cid)
+        self.handlers: dict[type[Frame], Callable[[Any, str, int | str | None], None]] = {
+            CallStart: self._on_call_start,
+            CallEnd: self._on_call_end,
+            Playback: self._on_playback,
+            Cleared: self._on_cleared,
+            MarkPlayed: self._on_mark_played,
+            Dtmf: self._on_dtmf,
+            TransferResult: self._on_transfer_result,
+        }
 
     # -- plumbing ---------------------------------------------------------------
     def spawn(self, coro: Any) -> None:
@@ -212,47 +226,59 @@ class AgentProcess:
 
     # -- inbound ----------------------------------------------------------------
     def _on_frame(self, frame: Frame, sender: str, cid: int | str | None) -> None:
-        if isinstance(frame, Playback):
-            for call_id, pos in frame.positions.items():
-                slot = self.calls.get(call_id)
-                if slot is not None:
-                    slot.actor.on_playback(pos)
-            return
-        call_id = getattr(frame, "call_id", "")
+        handler = self.handlers.get(type(frame))
+        if handler is None:
+            self.links.guard.unexpected(frame)
+        else:
+            handler(frame, sender, cid)
+
+    def _slot(self, call_id: str) -> _CallSlot | None:
         slot = self.calls.get(call_id)
-        if isinstance(frame, CallStart):
-            self.spawn(self._start_call(frame, sender, cid))
-            return
         if slot is None:
-            if isinstance(frame, CallEnd):
-                self.links.reply(sender, CallEnded(call_id=call_id, reason="unknown call"), cid)
-            else:
-                self.counters["unknown_call_frames"] += 1
-            return
-        if isinstance(frame, Cleared):
-            slot.actor.on_cleared(frame.epoch, frame.position, frame.marks)
-        elif isinstance(frame, MarkPlayed):
-            slot.actor.on_mark_played(frame.name)
-        elif isinstance(frame, Dtmf):
-            slot.actor.on_dtmf(frame.digit)
-        elif isinstance(frame, OutUtterance):
-            slot.actor.on_out_utterance(frame.utterance, frame.epoch, frame.out_pos)
-        elif isinstance(frame, CallEnd):
-            self.spawn(self._end_call(call_id, frame.reason, answer=True))
-        elif isinstance(frame, TransferResult):
-            if slot.telephony is not None:
-                slot.telephony.on_transfer_result(frame)
+            self.counters["unknown_call_frames"] += 1
+        return slot
+
+    def _on_call_start(self, f: CallStart, sender: str, cid: int | str | None) -> None:
+        self.spawn(self._start_call(f, sender, cid))
+
+    def _on_call_end(self, f: CallEnd, sender: str, cid: int | str | None) -> None:
+        if f.call_id in self.calls:
+            self.spawn(self._end_call(f.call_id, f.reason, answer=True))
+        else:
+            self.links.reply(sender, CallEnded(call_id=f.call_id, reason="unknown call"), cid)
+
+    def _on_playback(self, f: Playback, sender: str, cid: int | str | None) -> None:
+        for call_id, pos in f.positions.items():
+            slot = self.calls.get(call_id)
+            if slot is not None:
+                slot.actor.on_playback(pos)
+
+    def _on_cleared(self, f: Cleared, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None:
+            slot.actor.on_cleared(f.epoch, f.position, f.marks)
+
+    def _on_mark_played(self, f: MarkPlayed, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None:
+            slot.actor.on_mark_played(f.name)
+
+    def _on_dtmf(self, f: Dtmf, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None:
+            slot.actor.on_dtmf(f.digit)
+
+    def _on_transfer_result(self, f: TransferResult, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
+            slot.telephony.on_transfer_result(f)
 
     def _on_position(self, call_id: str, pos: int) -> None:
         slot = self.calls.get(call_id)
         if slot is not None:
             slot.actor.on_worker(pos)
 
-    def _on_event(self, call_id: str, ev: dict[str, Any]) -> None:
+    def _on_event(self, call_id: str, ev: TickEvent) -> None:
         slot = self.calls.get(call_id)
         if slot is not None:
             link = self.workers.calls.get(call_id) if self.workers is not None else None
-            pos = link.in16_pos if link is not None else int(ev.get("pos", 0))
+            pos = link.in16_pos if link is not None else ev.pos
             slot.actor.on_worker(pos, [ev])
 
     def _on_out_utterance(self, f: OutUtterance) -> None:

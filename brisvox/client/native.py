@@ -4,7 +4,7 @@ Owns one ``brisvox call`` over the native protocol: ``start`` (rate, params,
 ``marks: "release"``), caller audio as binary PCM16 frames, ``dtmf`` events,
 ``stop``; from the gateway ``started`` (the call id), binary bot audio,
 ``clear``, ``dtmf`` (digits the agent pressed), ``error`` (counted, the call
-goes on), ``stop`` and the close.
+goes on), ``stop`` and the close. The messages are :mod:`brisvox.wire.native`.
 
 Invariants: ``open`` returns only once ``started`` arrived (or raises
 :class:`TransportError` after ``CONNECT_TIMEOUT_S``); audio is sent only
@@ -21,6 +21,7 @@ import numpy as np
 import orjson
 
 from brisvox.client.transport import CLOSE_TIMEOUT_S, CONNECT_TIMEOUT_S, BotEvents, TransportError
+from brisvox.wire.native import NativeStream, server_message
 
 
 class NativeTransport:
@@ -32,6 +33,7 @@ class NativeTransport:
         self.rate = rate
         self.params = params or {}
         self.token = token
+        self.stream = NativeStream(rate, self.params, marks="release")
         self.call_id = ""
         self.agent = ""
         self.ids: dict[str, str] = {}
@@ -52,27 +54,26 @@ class NativeTransport:
                 self.ws = await connect(self.url, compression=None, ping_interval=None,
                                         open_timeout=CONNECT_TIMEOUT_S, close_timeout=CLOSE_TIMEOUT_S,
                                         max_size=2**20, additional_headers=headers)
-                start = {"event": "start", "rate": self.rate, "params": self.params, "marks": "release"}
-                await self.ws.send(orjson.dumps(start).decode())
+                await self.ws.send(self.stream.start())
                 while True:
                     first = await self.ws.recv()
                     if isinstance(first, bytes):
                         continue
-                    msg = orjson.loads(first)
-                    if msg.get("event") == "started":
+                    msg = server_message(orjson.loads(first))
+                    if msg.event == "started":
                         break
-                    if msg.get("event") == "error":
-                        self.errors.append(str(msg.get("code")))
+                    if msg.event == "error":
+                        self.errors.append(msg.code)
                         continue
-                    raise TransportError(f"unexpected first message {msg.get('event')!r}")
+                    raise TransportError(f"unexpected first message {msg.event!r}")
         except TransportError:
             raise
         except Exception as e:  # refused, timeout, closed (1003 bad rate, 1013 full, 1011 no agent)
             code = getattr(self.ws, "close_code", None) if self.ws is not None else None
             why = f" (close {code}: {getattr(self.ws, 'close_reason', '')})" if code else ""
             raise TransportError(f"cannot start a call at {self.url}: {type(e).__name__}{why}") from None
-        self.call_id = str(msg.get("call_id", ""))
-        self.agent = str(msg.get("agent", ""))
+        self.call_id = msg.call_id
+        self.agent = msg.agent
         self.ids = {"call_id": self.call_id}
         self._rx = asyncio.create_task(self._receive())
 
@@ -91,19 +92,19 @@ class NativeTransport:
                     self._events.on_audio(np.frombuffer(m, dtype="<i2"), now)
                     continue
                 try:
-                    msg = orjson.loads(m)
+                    msg = server_message(orjson.loads(m))
                 except orjson.JSONDecodeError:
                     self.errors.append("bad_json_from_server")
                     continue
-                ev = msg.get("event")
+                ev = msg.event
                 if ev == "clear":
                     self._events.on_clear(now)
                 elif ev == "dtmf":
-                    self._events.on_dtmf(str(msg.get("digits", "")), now)
+                    self._events.on_dtmf(msg.digits, now)
                 elif ev == "error":
-                    self.errors.append(str(msg.get("code")))
+                    self.errors.append(msg.code)
                 elif ev == "stop":
-                    reason = str(msg.get("reason") or "stop")
+                    reason = msg.reason or "stop"
                     if not self._closing:
                         self._end(reason)
         except Exception as e:  # noqa: BLE001 - a reset ends the call like a close
@@ -124,7 +125,7 @@ class NativeTransport:
             return
         for d in digits:
             try:
-                await self.ws.send(orjson.dumps({"event": "dtmf", "digit": d, "duration_ms": 100}).decode())
+                await self.ws.send(self.stream.dtmf(d, 100))
             except Exception:  # noqa: BLE001
                 return
 
@@ -134,7 +135,7 @@ class NativeTransport:
         if ws is not None:
             try:
                 if not self._ended:
-                    await asyncio.wait_for(ws.send(b'{"event":"stop"}'.decode()), CLOSE_TIMEOUT_S)
+                    await asyncio.wait_for(ws.send(self.stream.stop()), CLOSE_TIMEOUT_S)
                 await asyncio.wait_for(ws.close(), CLOSE_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - best effort at hang-up
                 pass

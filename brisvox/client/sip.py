@@ -7,7 +7,7 @@ answer's codec and RTP address; RTP both ways (20 ms G.711 packets out,
 marker on the first packet of a talkspurt; packets in decoded as they
 arrive); RFC 4733 DTMF out (the caller's audio pauses while an event plays)
 and in (digits the agent pressed); BYE both ways. Everything SIP, SDP, RTP
-and DTMF is the gateway's own code (``brisvox.gateway.sip_message``,
+and DTMF is the code the gateway uses too (``brisvox.wire.sip_message``,
 ``sip_dialog``, ``sip_transaction``, ``sdp``, ``rtp``, ``dtmf``, ``g711``);
 this module only drives it from the client's side.
 
@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 
 from brisvox.client.transport import CLOSE_TIMEOUT_S, BotEvents, TransportError
-from brisvox.gateway import dtmf, rtp, sdp
-from brisvox.gateway.g711 import BY_PT, CODECS, G711
-from brisvox.gateway.sip_dialog import Dialog, make_response
-from brisvox.gateway.sip_message import (
+from brisvox.wire import dtmf, rtp, sdp
+from brisvox.wire.g711 import BY_PT, CODECS, G711
+from brisvox.wire.sip_dialog import Dialog, make_response
+from brisvox.wire.sip_message import (
     SipMessage,
     SipParseError,
     new_branch,
@@ -44,7 +44,7 @@ from brisvox.gateway.sip_message import (
     parse_name_addr,
     parse_uri,
 )
-from brisvox.gateway.sip_transaction import ClientNonInvite, Deliver, Send, TimedOut, Timers
+from brisvox.wire.sip_transaction import ClientNonInvite, Deliver, Send, TimedOut, Timers
 
 RATE = 8000
 FRAME = 160

@@ -131,6 +131,8 @@ class Arbiter(ChildTable, HealthPolicy, StopPlan, CommandPlane):
 
         self.chan_guard = DecodeGuard("supervisor")
         self.control_guard = DecodeGuard("control")
+        self.child_handlers = self.child_frame_handlers()
+        self.control_handlers = self.control_frame_handlers()
 
     # -- lifecycle ---------------------------------------------------------------
 

@@ -25,7 +25,8 @@ connects to the supervisor's ROUTER at ``endpoint(runtime_dir, "supervisor")``.
 A control thread owns that socket: it answers Ping with Pong (carrying the
 age of the main loop's last :meth:`heartbeat`, the last :meth:`report`),
 applies Topology, and answers Shutdown with ShutdownAck before it sets
-:attr:`stopping` and runs the shutdown callbacks. Frames the main thread
+:attr:`stopping` and runs the shutdown callbacks (one table, :meth:`control_frame_handlers`;
+any other frame is counted as ``unexpected_type`` and logged once per type). Frames the main thread
 sends (Hello, ChildEvent) go through a deque plus a wake pipe, so only the
 control thread ever touches the socket.
 
@@ -344,12 +345,46 @@ class ChildRuntime:
             stats["decode_errors"] = de
         return stats or None
 
+    def control_frame_handlers(self) -> dict[type, Callable[[Any, Any], None]]:
+        """The control thread's dispatch table: frame class -> ``handler(sock, frame)``."""
+        from ipc.frames import Ping, Shutdown, Topology
+
+        return {Ping: self._on_ping, Topology: self._on_topology, Shutdown: self._on_shutdown}
+
+    def _reply_now(self, sock: Any, frame: Any) -> None:
+        import zmq
+
+        from ipc.codec import encode
+
+        try:
+            sock.send(encode(frame), zmq.NOBLOCK)
+        except zmq.Again:
+            self.sent_dropped += 1
+
+    def _on_ping(self, sock: Any, f: Any) -> None:
+        from ipc.frames import Pong
+
+        beat = -1 if self._beat is None else int((time.monotonic() - self._beat) * 1000)
+        self._reply_now(sock, Pong(seq=f.seq, sent_ns=f.sent_ns, calls=self._calls, stats=self._pong_stats(), beat_ms=beat))
+
+    def _on_topology(self, sock: Any, f: Any) -> None:
+        if f.seq > self.topology_seq:
+            self.topology_seq = f.seq
+            self.topology = list(f.children)
+            for tcb in list(self._topology_cbs):
+                self._call(tcb, self.topology)
+
+    def _on_shutdown(self, sock: Any, f: Any) -> None:
+        from ipc.frames import ShutdownAck
+
+        self._reply_now(sock, ShutdownAck(pid=self.pid))
+        self._begin_stop(f.reason, f.drain, f.grace_s)
+
     def _control_loop(self) -> None:
         import zmq
 
         from ipc.bus import endpoint, make_socket
-        from ipc.codec import DecodeGuard, encode
-        from ipc.frames import Ping, Pong, Shutdown, ShutdownAck, Topology
+        from ipc.codec import DecodeGuard
 
         ctx = self.zmq_context()
         sock = make_socket(ctx, zmq.DEALER, hwm=1000, identity=f"{self.name}:{self.pid}".encode())
@@ -359,6 +394,7 @@ class ChildRuntime:
         self._connected.set()
         guard = DecodeGuard(f"{self.name} control")
         guard.errors = self.control_errors
+        handlers = self.control_frame_handlers()
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
@@ -396,28 +432,13 @@ class ChildRuntime:
                         except zmq.Again:
                             break
                         f = guard.decode(data)
-                        if isinstance(f, Ping):
-                            beat = -1 if self._beat is None else int((time.monotonic() - self._beat) * 1000)
-                            pong = Pong(seq=f.seq, sent_ns=f.sent_ns, calls=self._calls,
-                                        stats=self._pong_stats(), beat_ms=beat)
-                            try:
-                                sock.send(encode(pong), zmq.NOBLOCK)
-                            except zmq.Again:
-                                self.sent_dropped += 1
-                        elif isinstance(f, Topology):
-                            if f.seq > self.topology_seq:
-                                self.topology_seq = f.seq
-                                self.topology = list(f.children)
-                                for tcb in list(self._topology_cbs):
-                                    self._call(tcb, self.topology)
-                        elif isinstance(f, Shutdown):
-                            try:
-                                sock.send(encode(ShutdownAck(pid=self.pid)), zmq.NOBLOCK)
-                            except zmq.Again:
-                                self.sent_dropped += 1
-                            self._begin_stop(f.reason, f.drain, f.grace_s)
-                        elif f is not None:
-                            self.control_errors["unexpected_type"] = self.control_errors.get("unexpected_type", 0) + 1
+                        if f is None:
+                            continue
+                        handler = handlers.get(type(f))
+                        if handler is None:
+                            guard.unexpected(f)
+                        else:
+                            handler(sock, f)
                 if not self.orphaned and os.getppid() != self.parent_pid:
                     self.orphaned = True
                     orphan_deadline = time.monotonic() + self.config.daemon.health.orphan_exit_s

@@ -6,7 +6,9 @@ forking a slot's next incarnation with its log pipe, reaping exits with
 ``waitpid(WNOHANG)`` and applying the restart decision of
 :func:`brisvox.daemon.slots.on_exit`, signals to a child, and the child
 channel (ROUTER ``supervisor.sock``): frames out (``send_to``, Topology)
-and in (Hello, Pong, ShutdownAck, ChildEvent).
+and in (Hello, Pong, ShutdownAck, ChildEvent: one dispatch table,
+:meth:`ChildTable.child_frame_handlers`; any other frame is counted as
+``unexpected_type`` and logged once per type).
 
 Invariants:
 
@@ -38,7 +40,11 @@ from brisvox.daemon.slots import Slot, State, StormTracker, on_exit
 from brisvox.runtime import exitcodes
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ipc.codec import DecodeGuard
+
+    ChildFrameHandler = Callable[[Slot, Any, float], None]
 
 log = logging.getLogger("brisvox.supervisor")
 
@@ -61,6 +67,7 @@ class ChildTable:
     send_failed: int
     topology_seq: int
     topology_dirty: bool
+    child_handlers: dict[type, ChildFrameHandler]
 
     if TYPE_CHECKING:  # from the other parts of the arbiter
         def fatal(self, code: int, message: str) -> None: ...
@@ -146,10 +153,15 @@ class ChildTable:
             self.send_failed += 1
             return False
 
+    def child_frame_handlers(self) -> dict[type, ChildFrameHandler]:
+        """The child channel's dispatch table: frame class -> ``handler(slot, frame, now)``."""
+        from ipc.frames import ChildEvent, Hello, Pong, ShutdownAck
+
+        return {Hello: self.on_hello, Pong: self._on_pong, ShutdownAck: self._on_shutdown_ack,
+                ChildEvent: self._on_child_event}
+
     def recv_children(self, now: float) -> None:
         import zmq
-
-        from ipc.frames import ChildEvent, Hello, Pong, ShutdownAck
 
         for _ in range(1000):
             try:
@@ -166,20 +178,24 @@ class ChildTable:
             if slot is None:
                 self.chan_guard.errors["unknown_peer"] = self.chan_guard.errors.get("unknown_peer", 0) + 1
                 continue
-            if isinstance(f, Pong):
-                slot.last_pong_at = now
-                slot.beat_ms = f.beat_ms
-                slot.calls = f.calls
-                slot.stats = f.stats
-            elif isinstance(f, Hello):
-                self.on_hello(slot, f, now)
-            elif isinstance(f, ShutdownAck):
-                slot.acked = True
-            elif isinstance(f, ChildEvent):
-                slot.events[f.kind[:64]] += 1
-                log.info("%s event %s: %s", slot.name, f.kind, f.detail[:500])
+            handler = self.child_handlers.get(type(f))
+            if handler is None:
+                self.chan_guard.unexpected(f)
             else:
-                self.chan_guard.errors["unexpected_type"] = self.chan_guard.errors.get("unexpected_type", 0) + 1
+                handler(slot, f, now)
+
+    def _on_pong(self, slot: Slot, f: Any, now: float) -> None:
+        slot.last_pong_at = now
+        slot.beat_ms = f.beat_ms
+        slot.calls = f.calls
+        slot.stats = f.stats
+
+    def _on_shutdown_ack(self, slot: Slot, f: Any, now: float) -> None:
+        slot.acked = True
+
+    def _on_child_event(self, slot: Slot, f: Any, now: float) -> None:
+        slot.events[f.kind[:64]] += 1
+        log.info("%s event %s: %s", slot.name, f.kind, f.detail[:500])
 
     def slot_for(self, ident: bytes) -> Slot | None:
         name, _, pid_s = ident.decode("ascii", "replace").partition(":")

@@ -10,8 +10,9 @@ Invariants:
 
 * Every frame that decodes gets exactly one reply (a ``CommandReply``; ``ok``
   False with an error for an unknown command, a bad argument or a frame that
-  is not a command, which is also counted); one that does not decode is
-  counted and dropped.
+  is not a command, which is also counted as ``unexpected_type`` and logged
+  once per type); one that does not decode is counted and dropped. Frames
+  are dispatched by one table (:meth:`CommandPlane.control_frame_handlers`).
 * A reload that fails (a configuration error) keeps the running
   configuration; what cannot change live (``runtime_dir``, ``state_dir``,
   ``metrics``, ``log.format``) is kept and reported as changing at the next
@@ -37,6 +38,8 @@ from brisvox.daemon.child_table import ROLE_ORDER
 from brisvox.daemon.slots import Slot, State
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ipc.codec import DecodeGuard
 
 def resolve_log_format(cfg: DaemonConfig, stream: Any = None) -> DaemonConfig:
@@ -73,16 +76,26 @@ class CommandPlane:
     send_failed: int
     pss: int | None
     topology_dirty: bool
+    control_handlers: dict[type, Callable[[Any], Any]]
 
     if TYPE_CHECKING:  # from the other parts of the arbiter
         def begin_stop(self, drain: bool, reason: str) -> None: ...
         def stop_child(self, slot: Slot, reason: str, drain: bool, grace_s: float, now: float) -> None: ...
 
+    def control_frame_handlers(self) -> dict[type, Callable[[Any], Any]]:
+        """The command plane's dispatch table: frame class -> ``handler(frame) -> CommandReply``."""
+        from ipc.frames import Command
+
+        return {Command: self._on_command}
+
+    def _on_command(self, f: Any) -> Any:
+        return self.run_command(f.name, f.args or {})
+
     def recv_control(self, now: float) -> None:
         import zmq
 
         from ipc.codec import encode
-        from ipc.frames import Command, CommandReply
+        from ipc.frames import CommandReply
 
         for _ in range(100):
             try:
@@ -96,10 +109,11 @@ class CommandPlane:
             if got is None:
                 continue
             frame, cid = got
-            if isinstance(frame, Command):
-                reply = self.run_command(frame.name, frame.args or {})
+            handler = self.control_handlers.get(type(frame))
+            if handler is not None:
+                reply = handler(frame)
             else:
-                self.control_guard.errors["unexpected_type"] = self.control_guard.errors.get("unexpected_type", 0) + 1
+                self.control_guard.unexpected(frame)
                 reply = CommandReply(ok=False, error=f"expected a command frame, got {frame.TYPE}")
             try:
                 self.control.send_multipart([parts[0], encode(reply, cid=cid)], zmq.NOBLOCK)

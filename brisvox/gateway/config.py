@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brisvox.config.errors import ConfigError
+from brisvox.wire.native import RATES as NATIVE_RATES
 
 AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-NATIVE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 
 
 def _check_type(value: Any, hint: Any, key: str) -> Any:

@@ -1,18 +1,18 @@
 """The native brisvox WebSocket protocol: JSON control plus binary PCM16 frames.
 
-Owns the message grammar of ``/ws`` (documented in docs/PROTOCOL.md) on one
-connection and the call leg it becomes.
+Owns one ``/ws`` connection (documented in docs/PROTOCOL.md) and the call
+leg it becomes: what each client message does and when the gateway's are
+sent. The messages themselves (builders, parsers, error codes) are
+:mod:`brisvox.wire.native`.
 
-Client -> server: ``{"event": "start", "rate": 16000, "params": {...},
-"marks": "release" | "echo"}``; binary frames of PCM16 little-endian mono at
-the declared rate; ``{"event": "mark", "name": ...}`` (echo mode: the client
-played that mark); ``{"event": "dtmf", "digit": "5"}``; ``{"event": "stop"}``.
+Client -> server: ``start`` (rate, params, marks release | echo); binary
+frames of PCM16 little-endian mono at the declared rate; ``mark`` (echo
+mode: the client played that mark); ``dtmf``; ``stop``.
 
-Server -> client: ``{"event": "started", "call_id", "rate", "frame_ms"}``;
-binary 20 ms PCM16 frames of bot audio; ``{"event": "mark", "name"}`` (echo
-mode, right after the frame that reaches it); ``{"event": "clear"}``;
-``{"event": "dtmf", "digits"}``; ``{"event": "transfer", "target"}``;
-``{"event": "error", "code", "message"}``; ``{"event": "stop", "reason"}``.
+Server -> client: ``started`` (call_id, rate, frame_ms, agent); binary 20 ms
+PCM16 frames of bot audio; ``mark`` (echo mode, right after the frame that
+reaches it); ``clear``; ``dtmf`` (digits); ``transfer``; ``error`` (code,
+message); ``stop`` (reason).
 
 Invariants:
 
@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from brisvox.gateway import dtmf
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
+from brisvox.wire import dtmf, native
+from brisvox.wire.native import NativeError
 
 if TYPE_CHECKING:
     from brisvox.gateway.core import GatewayCore
@@ -69,7 +70,7 @@ class NativeSession:
         self.core.metrics.inc(f"ws_malformed_{code}")
         if self.call is not None:
             self.call.stats.malformed += 1
-        self.conn.send_text(orjson.dumps({"event": "error", "code": code, "message": message}))
+        self.conn.send_text(native.error(code, message))
 
     def _close(self, kind: str, code: int, reason: str) -> None:
         self.core.metrics.inc(f"ws_malformed_{kind}")
@@ -104,69 +105,57 @@ class NativeSession:
         except orjson.JSONDecodeError:
             self._error("bad_json", "invalid JSON")
             return
-        if type(msg) is not dict or type(msg.get("event")) is not str:
-            self._error("bad_message", "expected a JSON object with an event")
-            return
-        ev = msg["event"]
-        if ev == "start":
-            self._start(msg)
-        elif ev == "mark":
-            name = msg.get("name")
-            if type(name) is not str:
-                self._error("bad_mark", "mark needs a name")
-            elif self.call is not None and self.marks_by_echo:
-                self.core.mark_echo(self.call, name)
-        elif ev == "dtmf":
-            digit = msg.get("digit")
-            dur = msg.get("duration_ms", 0)
-            if type(digit) is not str or len(digit) != 1 or digit.upper() not in dtmf.DIGITS:
-                self._error("bad_dtmf", "digit must be one of 0-9 * # A-D")
-            elif self.call is None:
-                self._error("dtmf_before_start", "send start first")
+        try:
+            ev = native.event_name(msg)
+            if ev == "start":
+                self._start(msg)
+            elif ev == "mark":
+                name = native.mark_name(msg)
+                if self.call is not None and self.marks_by_echo:
+                    self.core.mark_echo(self.call, name)
+            elif ev == "dtmf":
+                digit, dur = native.parse_dtmf(msg)
+                if self.call is None:
+                    self._error("dtmf_before_start", "send start first")
+                else:
+                    self.core.dtmf_in(self.call, digit, dur)
+            elif ev == "stop":
+                self._ended("stop")
+                self.conn.send_text(native.stop("client stop"))
+                self.conn.close(1000, "stop")
             else:
-                self.core.dtmf_in(self.call, digit.upper(), dur if type(dur) is int and dur >= 0 else 0)
-        elif ev == "stop":
-            self._ended("stop")
-            self.conn.send_text(orjson.dumps({"event": "stop", "reason": "client stop"}))
-            self.conn.close(1000, "stop")
-        else:
-            self._error("unknown_event", f"unknown event {ev[:32]!r}")
+                self._error("unknown_event", f"unknown event {ev[:32]!r}")
+        except NativeError as e:
+            if e.close:
+                self._close(e.code, e.close, e.message)
+            else:
+                self._error(e.code, e.message)
 
     def _start(self, msg: dict[str, Any]) -> None:
         if self.call is not None:
             self._error("duplicate_start", "the stream already started")
             return
-        rate = msg.get("rate")
-        rates = self.core.settings.websocket.native_rates
-        if type(rate) is not int or rate not in rates:
-            self._close("bad_rate", 1003, f"rate must be one of {list(rates)}")
-            return
-        marks = msg.get("marks", "release")
-        if marks not in ("release", "echo"):
-            self._error("bad_start", "marks must be release or echo")
-            return
+        start = native.parse_start(msg, self.core.settings.websocket.native_rates)
         if self._start_timer is not None:
             self._start_timer.cancel()
             self._start_timer = None
         try:
-            call = self.core.admit("native", self.route.agent, rate)
+            call = self.core.admit("native", self.route.agent, start.rate)
         except AdmissionError as e:
             busy = e.reason in ("full", "draining")
             self.conn.close(1013 if busy else 1011, "try again later" if busy else "cannot serve the call")
             return
-        self.rate = rate
-        self.marks_by_echo = marks == "echo"
-        params = msg.get("params")
-        if type(params) is dict:
-            call.params = {str(k)[:64]: str(v)[:1024] for k, v in list(params.items())[:32]}
+        self.rate = start.rate
+        self.marks_by_echo = start.marks_echo
+        if start.params is not None:
+            call.params = start.params
         self.call = call
-        self.conn.send_text(orjson.dumps({"event": "started", "call_id": call.call_id, "rate": rate,
-                                          "frame_ms": 20, "agent": call.agent}))
+        self.conn.send_text(native.started(call.call_id, start.rate, call.agent))
         self.core.start_call(call, self, self._on_ready)
 
     def _on_ready(self, ok: bool, why: str) -> None:
         if not ok:
-            self.conn.send_text(orjson.dumps({"event": "stop", "reason": f"agent unavailable: {why}"}))
+            self.conn.send_text(native.stop(f"agent unavailable: {why}"))
             self.conn.close(1011, "agent unavailable")
             self._ended("agent unavailable")
 
@@ -196,27 +185,27 @@ class NativeSession:
         pass
 
     def send_clear(self) -> None:
-        self.conn.send_text(b'{"event":"clear"}')
+        self.conn.send_text(native.CLEAR)
 
     def send_mark(self, name: str) -> None:
-        self.conn.send_text(orjson.dumps({"event": "mark", "name": name}))
+        self.conn.send_text(native.mark(name))
 
     def send_dtmf(self, digits: str) -> int:
         valid = "".join(d.upper() for d in digits if d.upper() in dtmf.DIGITS)
         if valid:
-            self.conn.send_text(orjson.dumps({"event": "dtmf", "digits": valid}))
+            self.conn.send_text(native.dtmf(valid))
         return len(digits) - len(valid)
 
     def tick_dtmf(self, now: float) -> bool:
         return False
 
     def hangup(self, reason: str) -> None:
-        self.conn.send_text(orjson.dumps({"event": "stop", "reason": reason}))
+        self.conn.send_text(native.stop(reason))
         self.conn.close(1000, reason[:120])
         self._ended(reason)
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
-        ok = self.conn.send_text(orjson.dumps({"event": "transfer", "target": target}))
+        ok = self.conn.send_text(native.transfer(target))
         done(ok, "delegated to the client" if ok else "connection closed")
 
     def poll(self, now: float) -> None:

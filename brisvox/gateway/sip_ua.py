@@ -40,12 +40,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from brisvox.gateway import dtmf, rtp, sdp
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import SipConfig
-from brisvox.gateway.g711 import BY_PT, CODECS, G711
-from brisvox.gateway.sip_dialog import Dialog, make_response
-from brisvox.gateway.sip_message import (
+from brisvox.gateway.jitter import JitterBuffer
+from brisvox.wire import dtmf, rtp, sdp
+from brisvox.wire.g711 import BY_PT, CODECS, G711
+from brisvox.wire.sip_dialog import Dialog, make_response
+from brisvox.wire.sip_message import (
     SipMessage,
     SipParseError,
     new_tag,
@@ -53,7 +54,7 @@ from brisvox.gateway.sip_message import (
     parse_name_addr,
     parse_uri,
 )
-from brisvox.gateway.sip_transaction import (
+from brisvox.wire.sip_transaction import (
     Action,
     ClientNonInvite,
     Deliver,
@@ -282,9 +283,9 @@ def _same(proto: RtpProtocol) -> RtpProtocol:
     return proto
 
 
-def JitterFor(cfg: SipConfig) -> rtp.JitterBuffer:
-    return rtp.JitterBuffer(depth=cfg.max_buffered_packets, max_wait=cfg.jitter_ms / 1000.0,
-                            max_gap=RATE, clock_rate=RATE)
+def JitterFor(cfg: SipConfig) -> JitterBuffer:
+    return JitterBuffer(depth=cfg.max_buffered_packets, max_wait=cfg.jitter_ms / 1000.0,
+                        max_gap=RATE, clock_rate=RATE)
 
 
 class SipUserAgent(asyncio.DatagramProtocol):

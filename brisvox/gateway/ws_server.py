@@ -11,7 +11,8 @@ library where it costs most: every read lands in ONE receive buffer shared by
 all connections (``recv_into``; a plain ``asyncio.Protocol`` makes asyncio
 allocate a fresh 256 KiB bytes object per read, about 17 us each); once the
 handshake is done, complete unfragmented data frames are split and unmasked
-here (:mod:`brisvox.gateway.ws_frames`), control frames go to the library
+here (:mod:`brisvox.wire.ws_frames`, unmasked by the library's C
+``apply_mask``), control frames go to the library
 whole, and anything unusual hands the rest of the stream to the library for
 good; outbound data frames are written with a prebuilt header while the
 connection is open.
@@ -33,21 +34,19 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import hmac
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import InvalidState
-from websockets.frames import Opcode
+from websockets.frames import Opcode, apply_mask
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from brisvox.gateway import ws_frames
 from brisvox.gateway.config import WebSocketConfig, WsRoute
+from brisvox.wire import twilio, ws_frames
 
 if TYPE_CHECKING:
     from brisvox.gateway.core import GatewayCore
@@ -66,13 +65,6 @@ class Session(Protocol):
     def on_binary(self, data: bytes) -> None: ...
 
     def on_closed(self, code: int, reason: str) -> None: ...
-
-
-def twilio_signature(auth_token: str, url: str, params: dict[str, str] | None = None) -> str:
-    """X-Twilio-Signature: base64(HMAC-SHA1(token, url + sorted(k + v)))."""
-    data = url + "".join(k + v for k, v in sorted((params or {}).items()))
-    mac = hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()
-    return base64.b64encode(mac).decode()
 
 
 class WsConnection(asyncio.BufferedProtocol):
@@ -158,7 +150,7 @@ class WsConnection(asyncio.BufferedProtocol):
                 if kind == ws_frames.DATA:
                     start = pos + h
                     # websockets' C apply_mask takes any buffer (no copy of the view); its stub says bytes
-                    payload = ws_frames.apply_mask(data[start:start + n], data[start - 4:start])  # type: ignore[arg-type]
+                    payload = apply_mask(data[start:start + n], data[start - 4:start])  # type: ignore[arg-type]
                     first = data[pos]
                     pos = start + n
                     s = self.session
@@ -261,7 +253,7 @@ class WsConnection(asyncio.BufferedProtocol):
         if not sig:
             return False
         base = cfg.public_url or f"wss://{req.headers.get('Host', '')}"
-        expect = twilio_signature(cfg.twilio_auth_token, base + req.path)
+        expect = twilio.signature(cfg.twilio_auth_token, base + req.path)
         return hmac.compare_digest(sig.encode(), expect.encode())
 
     # -- frames -----------------------------------------------------------------

@@ -43,7 +43,6 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -51,6 +50,7 @@ from brisvox.agent.actor import CallActor
 from brisvox.providers.word_codec import NOISE, THRESHOLD, Decoder, Vocab, encode
 from brisvox.sim.memring import MemRing
 from ipc.frames import Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
+from ipc.tick_events import SpeechStart, SpeechStop, TickEvent
 
 TICK = 0.02
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -456,8 +456,11 @@ class SimPlatform:
             self.actor.on_playback(self._rel)
 
     # -- worker -----------------------------------------------------------------------------
-    def _vad(self, now: float) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
+    def _vad(self, now: float) -> list[TickEvent]:
+        """The simulated worker's VAD (an energy gate): its events carry no decision
+        horizon (``at`` 0: unknown) and no time (``ns`` 0)."""
+        events: list[TickEvent] = []
+        call_id = self.actor.call_id
         w = self.in16.write_pos
         while self._vad_pos + IN_FRAME <= w:
             fr = self.in16.read_range(self._vad_pos, self._vad_pos + IN_FRAME).samples
@@ -472,7 +475,7 @@ class SimPlatform:
                 self._vad_last_end = p0 + int(speech[-1]) + 1
                 if not self._vad_speaking and self._vad_run >= self.cfg.vad_start_frames:
                     self._vad_speaking = True
-                    events.append({"kind": "start", "pos": self._vad_first})
+                    events.append(SpeechStart(call_id=call_id, pos=self._vad_first, at=0, ns=0))
             else:
                 if not self._vad_speaking:
                     self._vad_run = 0
@@ -481,7 +484,7 @@ class SimPlatform:
                     if self._vad_sil >= self.cfg.vad_stop_frames:
                         self._vad_speaking = False
                         self._vad_run = 0
-                        events.append({"kind": "stop", "pos": self._vad_last_end})
+                        events.append(SpeechStop(call_id=call_id, pos=self._vad_last_end, at=0, ns=0))
         return events
 
     def _convert(self) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 import orjson
 
 from brisvox.providers.word_codec import word_seconds
+from brisvox.wire.native import NativeStream, server_message
 
 RATE = 8000
 FRAME = RATE // 50
@@ -46,10 +47,11 @@ async def one_call(port: int, speech: np.ndarray, seed: int) -> dict:
     from websockets.asyncio.client import connect
 
     async with connect(f"ws://127.0.0.1:{port}/ws/default", max_size=2**20) as ws:
-        await ws.send(orjson.dumps({"event": "start", "rate": RATE}).decode())
-        started = orjson.loads(await ws.recv())
-        assert started["event"] == "started", started
-        out["call_id"] = started["call_id"]
+        stream = NativeStream(RATE)
+        await ws.send(stream.start())
+        started = server_message(orjson.loads(await ws.recv()))
+        assert started.event == "started", started
+        out["call_id"] = started.call_id
         t0 = time.monotonic()
         out["t0"] = t0
         state: dict[str, float | None] = {"first_audio": None, "barge_sent": None, "barge_end": None}
@@ -63,10 +65,10 @@ async def one_call(port: int, speech: np.ndarray, seed: int) -> dict:
                     if state["first_audio"] is None and np.any(x):
                         state["first_audio"] = now
                 else:
-                    ev = orjson.loads(m)
+                    ev = server_message(orjson.loads(m))
                     # the first clear after the bot's audio started (earlier ones are the
                     # lazy clears of a new turn on an idle line)
-                    if ev.get("event") == "clear" and out["clear_at"] is None and state["first_audio"] is not None:
+                    if ev.event == "clear" and out["clear_at"] is None and state["first_audio"] is not None:
                         out["clear_at"] = (now, len(out["frames"]))
 
         task = asyncio.create_task(rx())
@@ -94,7 +96,7 @@ async def one_call(port: int, speech: np.ndarray, seed: int) -> dict:
             await ws.send(fr.astype("<i2").tobytes())
             next_t += 0.02
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
-        await ws.send(orjson.dumps({"event": "stop"}).decode())
+        await ws.send(stream.stop())
         try:
             async with asyncio.timeout(2.0):
                 await task

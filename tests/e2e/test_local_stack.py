@@ -46,6 +46,7 @@ from brisvox.providers.local_whisper import LocalWhisperStt
 from brisvox.providers.worker_jobs import WorkerJobChannel
 from ipc.bus import endpoint
 from ipc.frames import ErrorReply, LlmJob
+from ipc.tick_events import SpeechStart, SpeechStop, TickEvent
 from ipc.worker_client import WorkerClient
 from workers.harness import WorkerProc, close_rings, create_call_rings
 from workers.models import ModelError, locate
@@ -105,12 +106,12 @@ def test_local_stack_end_to_end(short_tmp: Any, shm_clean: str) -> None:
 
     async def main() -> tuple[str, str, str]:
         ctx = zmq.asyncio.Context()
-        events: list[dict[str, Any]] = []
+        events: list[TickEvent] = []
         got_stop = asyncio.Event()
 
-        def on_event(call_id: str, ev: dict[str, Any]) -> None:
+        def on_event(call_id: str, ev: TickEvent) -> None:
             events.append(ev)
-            if ev.get("kind") == "stop":
+            if isinstance(ev, SpeechStop):
                 got_stop.set()
 
         client = WorkerClient(ctx, "agent-0", {0: ep}, on_event=on_event, request_timeout=5.0)
@@ -131,8 +132,8 @@ def test_local_stack_end_to_end(short_tmp: Any, shm_clean: str) -> None:
             # caller speaks; the worker's VAD finds the utterance
             await feed(rings["in"], question)
             await asyncio.wait_for(got_stop.wait(), 20)
-            start = next(e["pos"] for e in events if e["kind"] == "start")
-            stop = next(e["pos"] for e in events if e["kind"] == "stop")
+            start = next(e.pos for e in events if isinstance(e, SpeechStart))
+            stop = next(e.pos for e in events if isinstance(e, SpeechStop))
             assert 0 < start < stop
 
             # STT: one answer per Finalize, from the VAD-gated span
@@ -310,13 +311,12 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
         stt_stage: SttStage | None = None
         state = {"pos": None}
 
-        def on_event(call_id: str, ev: dict[str, Any]) -> None:
+        def on_event(call_id: str, ev: TickEvent) -> None:
             assert stt_stage is not None
-            kind = ev.get("kind")
-            if kind == "start":
-                stt_stage.inbox.put_nowait(UserStartedSpeaking(CLOCK.now(), int(ev["pos"])))
-            elif kind == "stop":
-                stt_stage.inbox.put_nowait(UserStoppedSpeaking(CLOCK.now(), int(ev["pos"])))
+            if isinstance(ev, SpeechStart):
+                stt_stage.inbox.put_nowait(UserStartedSpeaking(CLOCK.now(), ev.pos))
+            elif isinstance(ev, SpeechStop):
+                stt_stage.inbox.put_nowait(UserStoppedSpeaking(CLOCK.now(), ev.pos))
 
         def on_position(call_id: str, pos: int) -> None:  # the actor's pump: in16 -> AudioFrame
             assert stt_stage is not None

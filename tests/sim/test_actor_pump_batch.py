@@ -25,6 +25,7 @@ from brisvox.sim.harness import oracle_mismatches, simulate
 from brisvox.sim.memring import MemRing
 from brisvox.sim.scenarios import EXPECTED_INTERRUPTS, EXPECTED_TURNS, SCENARIOS
 from brisvox.sim.vloop import run_virtual
+from ipc.tick_events import SpeechStop
 
 
 class BatchingStt(FakeStt):
@@ -96,7 +97,7 @@ def test_the_pump_batches_audio_and_flushes_it_before_a_vad_event():
         actor.on_worker(src.write_pos)  # 80 ms: one frame with all of it
         assert [(f.pos, f.end) for f in inbox._data] == [(0, 1280)]
         src.write(np.full(320, 1000, dtype=np.int16))
-        actor.on_worker(src.write_pos, [{"kind": "stop", "pos": 1500, "at": 1600}])
+        actor.on_worker(src.write_pos, [SpeechStop(call_id="c", pos=1500, at=1600, ns=0)])
         frames = list(inbox._data)
         assert [(f.pos, f.end) for f in frames] == [(0, 1280), (1280, 1600)]
         assert all(isinstance(f, AudioFrame) for f in frames)

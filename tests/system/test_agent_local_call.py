@@ -36,7 +36,8 @@ import soxr
 
 from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.call_record import read_records
-from brisvox.gateway.g711 import ULAW_SILENCE, ulaw_decode, ulaw_encode
+from brisvox.wire import twilio
+from brisvox.wire.g711 import ULAW_SILENCE, ulaw_decode, ulaw_encode
 
 pytestmark = [pytest.mark.system, pytest.mark.e2e]
 
@@ -85,34 +86,28 @@ async def _call(port: int, questions: list[np.ndarray]) -> dict:
 
     got: list[tuple[float, bytes]] = []
     ends: list[float] = []
-    stream = "MZbrisvoxlocal0001"
+    stream = twilio.TwilioStream(stream_sid="MZbrisvoxlocal0001", call_sid="CAbrisvoxlocal0001",
+                                 account_sid="ACtest")
     async with connect(f"ws://127.0.0.1:{port}/twilio", max_size=2**20) as ws:
-        await ws.send(orjson.dumps({"event": "connected", "protocol": "Call", "version": "1.0.0"}).decode())
-        await ws.send(orjson.dumps({"event": "start", "sequenceNumber": "1", "streamSid": stream, "start": {
-            "streamSid": stream, "accountSid": "ACtest", "callSid": "CAbrisvoxlocal0001", "tracks": ["inbound"],
-            "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000,
-                                                    "channels": 1}}}).decode())
+        await ws.send(stream.connected())
+        await ws.send(stream.start())
         t0 = time.monotonic()
 
         async def rx() -> None:
             async for m in ws:
-                msg = orjson.loads(m)
-                if msg.get("event") == "media":
-                    got.append((time.monotonic() - t0, base64.b64decode(msg["media"]["payload"])))
-                elif msg.get("event") == "mark":  # echo marks as Twilio does when the audio played
-                    await ws.send(orjson.dumps({"event": "mark", "streamSid": stream,
-                                                "mark": {"name": msg["mark"]["name"]}}).decode())
+                msg = twilio.bot_message(orjson.loads(m))
+                if msg.event == "media":
+                    got.append((time.monotonic() - t0, msg.payload))
+                elif msg.event == "mark":  # echo marks as Twilio does when the audio played
+                    await ws.send(stream.mark(msg.name))
 
         task = asyncio.create_task(rx())
         silence = base64.b64encode(bytes([ULAW_SILENCE]) * FRAME).decode()
-        seq = 0
         nxt = time.monotonic()
 
         async def send(payload: str) -> None:
-            nonlocal seq, nxt
-            seq += 1
-            await ws.send(orjson.dumps({"event": "media", "streamSid": stream, "sequenceNumber": str(seq),
-                                        "media": {"payload": payload}}).decode())
+            nonlocal nxt
+            await ws.send(stream.media(payload))
             nxt += FRAME / RATE
             await asyncio.sleep(max(0.0, nxt - time.monotonic()))
 
@@ -132,7 +127,7 @@ async def _call(port: int, questions: list[np.ndarray]) -> dict:
                 heard = [t for t, p in got if t > end and _loud_seconds([(t, p)], 0) > 0]
                 if heard and time.monotonic() - t0 - heard[-1] > 1.2:
                     break
-        await ws.send(orjson.dumps({"event": "stop", "streamSid": stream}).decode())
+        await ws.send(stream.stop())
         await asyncio.sleep(0.3)
         task.cancel()
     return {"frames": got, "ends": ends}

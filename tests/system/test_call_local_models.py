@@ -21,6 +21,7 @@ import soundfile as sf
 
 from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.call_record import read_records
+from brisvox.wire.native import NativeStream, server_message
 
 pytestmark = [pytest.mark.system, pytest.mark.e2e]
 
@@ -71,9 +72,10 @@ path = "{short_tmp / 'records'}"
 
             got: list[np.ndarray] = []
             async with connect(f"ws://127.0.0.1:{port}/ws/scripted") as ws:
-                await ws.send(orjson.dumps({"event": "start", "rate": 8000}).decode())
-                started = orjson.loads(await ws.recv())
-                assert started["agent"] == "scripted"
+                stream = NativeStream(8000)
+                await ws.send(stream.start())
+                started = server_message(orjson.loads(await ws.recv()))
+                assert started.event == "started" and started.agent == "scripted"
 
                 async def rx() -> None:
                     async for m in ws:
@@ -89,10 +91,10 @@ path = "{short_tmp / 'records'}"
                     await ws.send(fr.astype("<i2").tobytes())
                     nxt += 0.02
                     await asyncio.sleep(max(0.0, nxt - time.monotonic()))
-                await ws.send(orjson.dumps({"event": "stop"}).decode())
+                await ws.send(stream.stop())
                 await asyncio.sleep(0.3)
                 task.cancel()
-            return started["call_id"], got
+            return started.call_id, got
 
         call_id, got = asyncio.run(call())
         d.wait_for(lambda s: any(r["call_id"] == call_id for r in read_records(short_tmp / "records")),

@@ -1,4 +1,4 @@
-"""brisvox/client/sip.py against a scripted SIP server on loopback (the gateway's parser and
+"""brisvox/client/sip.py against a scripted SIP server on loopback (brisvox.wire's parser and
 response builder play the server): the client UA's transaction behaviour.
 
 * INVITE retransmission on T1 until a response; a failure response is ACKed
@@ -22,11 +22,11 @@ import pytest
 
 from brisvox.client.sip import SipTransport
 from brisvox.client.transport import BotEvents, TransportError
-from brisvox.gateway import rtp, sdp
-from brisvox.gateway.g711 import PCMU
-from brisvox.gateway.sip_dialog import Dialog, make_response
-from brisvox.gateway.sip_message import SipMessage, new_tag, parse
-from brisvox.gateway.sip_transaction import Timers
+from brisvox.wire import rtp, sdp
+from brisvox.wire.g711 import PCMU
+from brisvox.wire.sip_dialog import Dialog, make_response
+from brisvox.wire.sip_message import SipMessage, new_tag, parse
+from brisvox.wire.sip_transaction import Timers
 
 pytestmark = pytest.mark.system
 

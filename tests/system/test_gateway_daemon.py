@@ -12,6 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from bench.harness.daemon import Daemon, write_config
+from brisvox.wire.native import NativeStream, server_message
 from tests.system.daemon_promparse import parse
 
 pytestmark = pytest.mark.system
@@ -44,8 +45,8 @@ def test_gateway_role_serves_a_call_and_reports_metrics(short_tmp):
         async def call() -> int:
             n = 0
             async with connect(f"ws://127.0.0.1:{ws_port}/ws/echo") as ws:
-                await ws.send(orjson.dumps({"event": "start", "rate": 8000}).decode())
-                assert orjson.loads(await ws.recv())["event"] == "started"
+                await ws.send(NativeStream(8000).start())
+                assert server_message(orjson.loads(await ws.recv())).event == "started"
                 for _ in range(25):
                     await ws.send(b"\x10\x00" * 160)
                     await asyncio.sleep(0.02)

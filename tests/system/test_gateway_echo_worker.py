@@ -13,6 +13,7 @@ import pytest
 import soundfile as sf
 from websockets.asyncio.client import connect
 
+from brisvox.wire.native import NativeStream, server_message
 from tests.system.gateway_harness import GatewayProc, correlate, have, make_fixture
 
 pytestmark = [pytest.mark.system, pytest.mark.skipif(not (have("espeak-ng") and have("sox")),
@@ -46,9 +47,9 @@ def test_echo_through_worker_resampling(short_tmp, worker, rate):
             got = []
             frame = rate // 50
             async with connect(f"ws://127.0.0.1:{gw.ws_port}/ws/echo") as ws:
-                await ws.send(orjson.dumps({"event": "start", "rate": rate}).decode())
-                started = orjson.loads(await ws.recv())
-                assert started["event"] == "started" and started["agent"] == "echo"
+                await ws.send(NativeStream(rate).start())
+                started = server_message(orjson.loads(await ws.recv()))
+                assert started.event == "started" and started.agent == "echo" and started.rate == rate
 
                 async def rx():
                     async for m in ws:

@@ -24,7 +24,6 @@ samples it got. What each test proves:
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 
 import numpy as np
@@ -32,7 +31,8 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from brisvox.gateway.g711 import PCMU
+from brisvox.wire import twilio
+from brisvox.wire.g711 import PCMU
 from ipc import frames as F
 from tests.system.gateway_harness import FakeAgent, GatewayProc, attached_ring
 
@@ -45,11 +45,8 @@ LEVELS = np.unique(PCMU.decode(np.arange(256, dtype=np.uint8)))
 LEVELS = LEVELS[np.abs(LEVELS) > 200][:120]
 
 
-def start_msg() -> str:
-    return orjson.dumps({"event": "start", "sequenceNumber": "1", "streamSid": SID, "start": {
-        "streamSid": SID, "accountSid": "AC1", "callSid": "CA2", "tracks": ["inbound"],
-        "customParameters": {}, "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000,
-                                                "channels": 1}}}).decode()
+def new_stream() -> twilio.TwilioStream:
+    return twilio.TwilioStream(stream_sid=SID, call_sid="CA2", account_sid="AC1")
 
 
 def tagged(n_frames: int, first: int = 0) -> np.ndarray:
@@ -61,6 +58,7 @@ class Client:
     """A Twilio peer: records every media frame with its arrival time."""
 
     def __init__(self) -> None:
+        self.stream = new_stream()  # what it sends
         self.media: list[tuple[float, np.ndarray]] = []
         self.events: list[tuple[float, str]] = []
         self.n = 0
@@ -68,12 +66,11 @@ class Client:
 
     async def rx(self, ws) -> None:
         async for m in ws:
-            d = orjson.loads(m)
+            d = twilio.bot_message(orjson.loads(m))
             now = time.monotonic()
-            self.events.append((now, d["event"]))
-            if d["event"] == "media":
-                self.media.append((now, PCMU.decode(np.frombuffer(base64.b64decode(d["media"]["payload"]),
-                                                                  dtype=np.uint8))))
+            self.events.append((now, d.event))
+            if d.event == "media":
+                self.media.append((now, PCMU.decode(d.payload)))
                 self.n += len(self.media[-1][1])
                 self.more.set()
 
@@ -96,14 +93,14 @@ class Client:
 
 async def open_call(gw: GatewayProc, agent: FakeAgent, client: Client):
     ws = await connect(f"ws://127.0.0.1:{gw.ws_port}/twilio")
-    await ws.send(start_msg())
+    await ws.send(client.stream.start())
     start = await asyncio.to_thread(agent.wait_for, F.CallStart)
     task = asyncio.create_task(client.rx(ws))
     return ws, task, start.call_id
 
 
-async def close_call(ws, task) -> None:
-    await ws.send(orjson.dumps({"event": "stop", "streamSid": SID, "stop": {}}).decode())
+async def close_call(ws, task, client: Client) -> None:
+    await ws.send(client.stream.stop())
     await asyncio.sleep(0.1)
     task.cancel()
     await ws.close()
@@ -132,7 +129,7 @@ def test_pause_holds_and_resume_continues_from_the_held_position(short_tmp):
                 agent.send(F.Resume(call_id=cid, epoch=1, sent_ns=time.monotonic_ns()))
                 await client.until_samples(len(audio))
                 stats = await asyncio.to_thread(gw.stats)
-            await close_call(ws, task)
+            await close_call(ws, task, client)
             return client, audio, held, in_hold, pb_after, stats
 
         client, audio, held, in_hold, pb_after, stats = asyncio.run(run())
@@ -160,7 +157,7 @@ def test_a_pause_ends_by_itself_after_pause_max_ms(short_tmp):
                 agent.send(F.Pause(call_id=cid, epoch=1, sent_ns=time.monotonic_ns()))
                 await client.until_samples(len(audio))
                 stats = await asyncio.to_thread(gw.stats)
-            await close_call(ws, task)
+            await close_call(ws, task, client)
             return client, audio, stats
 
         client, audio, stats = asyncio.run(run())
@@ -197,7 +194,7 @@ def test_clear_after_pause_answers_the_held_position(short_tmp):
                 agent.send(F.OutUtterance(call_id=cid, utterance=2, epoch=2, out_pos=w))
                 await client.until_samples(after_cut + len(nxt))
                 stats = await asyncio.to_thread(gw.stats)
-            await close_call(ws, task)
+            await close_call(ws, task, client)
             return client, received, cleared, after_cut, nxt, stats
 
         client, received, cleared, after_cut, nxt, stats = asyncio.run(run())

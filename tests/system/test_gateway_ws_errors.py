@@ -5,7 +5,6 @@ each bad connection gets the protocol's error (native) or a close with a reason
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import socket
 import time
@@ -16,21 +15,20 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from brisvox.gateway.g711 import PCMU
-from brisvox.gateway.ws_server import twilio_signature
+from brisvox.wire import native, twilio
+from brisvox.wire.g711 import PCMU
 from tests.system.gateway_harness import GatewayProc
 
 pytestmark = pytest.mark.system
 
 SID = "MZ0000000000000000000000000000000f"
-START = orjson.dumps({"event": "start", "streamSid": SID, "start": {
-    "streamSid": SID, "callSid": "CA1", "accountSid": "AC1", "customParameters": {},
-    "mediaFormat": {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}}}).decode()
+START = twilio.TwilioStream(stream_sid=SID, call_sid="CA1", account_sid="AC1").start()
+assert "audio/x-mulaw" in START
 
 
 def media(payload: bytes) -> str:
-    return orjson.dumps({"event": "media", "streamSid": SID,
-                         "media": {"payload": base64.b64encode(payload).decode()}}).decode()
+    """A good media message (the minimal shape, as a bot sends it; the gateway takes it too)."""
+    return twilio.BotStream(SID).media(payload).decode()
 
 
 async def closed_with(ws) -> tuple[int | None, str]:
@@ -59,13 +57,13 @@ async def twilio_bad(port: int, *msgs: str | bytes) -> tuple[int | None, str]:
             await ws.close()
 
 
-async def native_errors(port: int, *msgs: str | bytes, start: bool = True) -> list[dict]:
+async def native_errors(port: int, *msgs: str | bytes, start: bool = True) -> list[native.ServerMessage]:
     out = []
     async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
         if start:
-            await ws.send(orjson.dumps({"event": "start", "rate": 16000}).decode())
-            d = orjson.loads(await ws.recv())
-            assert d["event"] == "started" and d["rate"] == 16000
+            await ws.send(native.NativeStream(16000).start())
+            d = native.server_message(orjson.loads(await ws.recv()))
+            assert d.event == "started" and d.rate == 16000
         for m in msgs:
             await ws.send(m)
         deadline = time.monotonic() + 2
@@ -76,7 +74,7 @@ async def native_errors(port: int, *msgs: str | bytes, start: bool = True) -> li
             except TimeoutError:
                 break
             if isinstance(m, str):
-                out.append(orjson.loads(m))
+                out.append(native.server_message(orjson.loads(m)))
     return out
 
 
@@ -95,7 +93,7 @@ def test_malformed_websocket_messages_are_refused_and_isolated(short_tmp):
                 async def rx():
                     nonlocal good_rx
                     async for m in good:
-                        if orjson.loads(m)["event"] == "media":
+                        if twilio.bot_event(orjson.loads(m))[0] == "media":
                             good_rx += 1
 
                 task = asyncio.create_task(rx())
@@ -111,19 +109,19 @@ def test_malformed_websocket_messages_are_refused_and_isolated(short_tmp):
                     "bad_json": await twilio_bad(port, "{not json"),
                     "not_object": await twilio_bad(port, "[1,2]"),
                     "media_before_start": await twilio_bad(port, media(b"\xff" * 160)),
-                    "bad_base64": await twilio_bad(port, START, orjson.dumps(
-                        {"event": "media", "streamSid": SID, "media": {"payload": "@@@not base64"}}).decode()),
+                    "bad_base64": await twilio_bad(
+                        port, START, f'{{"event":"media","streamSid":"{SID}","media":{{"payload":"@@@not base64"}}}}'),
                     "binary": await twilio_bad(port, b"\x00\x01"),
                     "huge": await twilio_bad(port, "x" * (10 * 1024 * 1024)),
                     "bad_format": await twilio_bad(port, START.replace("audio/x-mulaw", "audio/l16")),
                 }
-                native = await native_errors(port, "{bad", orjson.dumps({"event": "nope"}).decode(), b"\x01\x02\x03",
-                                             orjson.dumps({"event": "dtmf", "digit": "Z"}).decode())
+                errors = await native_errors(port, "{bad", '{"event":"nope"}', b"\x01\x02\x03",
+                                             native.NativeStream.dtmf("Z"))
                 before = await native_errors(port, b"\x00\x00" * 160, start=False)
                 # an unknown Twilio event is counted and ignored: that connection stays up
                 async with connect(f"ws://127.0.0.1:{port}/twilio") as ws:
                     await ws.send(START)
-                    await ws.send(orjson.dumps({"event": "future_event"}).decode())
+                    await ws.send('{"event":"future_event"}')
                     await ws.send(media(b"\xff" * 160))
                     await asyncio.sleep(0.2)
                     assert ws.close_code is None
@@ -134,17 +132,18 @@ def test_malformed_websocket_messages_are_refused_and_isolated(short_tmp):
                 await streamer
                 await asyncio.sleep(0.3)
                 task.cancel()
-            return results, native, before, good_rx, e404.value.response.status_code
+            return results, errors, before, good_rx, e404.value.response.status_code
 
-        results, native, before, good_rx, status404 = asyncio.run(main())
+        results, errors, before, good_rx, status404 = asyncio.run(main())
         assert results["bad_json"][0] == 1007 and results["not_object"][0] == 1007
         assert results["media_before_start"] == (1008, "media before start")
         assert results["bad_base64"][0] == 1007
         assert results["binary"][0] == 1003
         assert results["huge"][0] == 1009
         assert results["bad_format"][0] == 1003
-        assert [m["code"] for m in native] == ["bad_json", "unknown_event", "odd_frame", "bad_dtmf"]
-        assert [m["code"] for m in before] == ["media_before_start"]
+        assert [m.event for m in errors + before] == ["error"] * 5
+        assert [m.code for m in errors] == ["bad_json", "unknown_event", "odd_frame", "bad_dtmf"]
+        assert [m.code for m in before] == ["media_before_start"]
         assert status404 == 404
         # the good call echoed its 3 s all along (plus the 100 ms delay)
         assert good_rx >= 150
@@ -162,11 +161,11 @@ def test_admission_refuses_beyond_max_calls_on_both_transports(short_tmp):
         async def main():
             a = await connect(f"ws://127.0.0.1:{gw.ws_port}/ws")
             b = await connect(f"ws://127.0.0.1:{gw.ws_port}/twilio")
-            await a.send(orjson.dumps({"event": "start", "rate": 8000}).decode())
+            await a.send(native.NativeStream(8000).start())
             await b.send(START)
             await asyncio.sleep(0.3)
             c = await connect(f"ws://127.0.0.1:{gw.ws_port}/ws")
-            await c.send(orjson.dumps({"event": "start", "rate": 8000}).decode())
+            await c.send(native.NativeStream(8000).start())
             code_c = await closed_with(c)
             d = await connect(f"ws://127.0.0.1:{gw.ws_port}/twilio")
             await d.send(START)
@@ -213,7 +212,7 @@ def test_auth_native_secret_and_twilio_signature(short_tmp):
                 return e.response.status_code
 
         async def main():
-            sig = twilio_signature("tok", "wss://example.com/twilio")
+            sig = twilio.signature("tok", "wss://example.com/twilio")
             return [
                 await status("/ws"),
                 await status("/ws?token=wrong"),

@@ -11,17 +11,16 @@ when the caller talks over it. Needs espeak-ng and sox (scripts/apt-packages.txt
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import shutil
 import time
 
+import orjson
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
 from bench import workload
 from bench.loadgen.runner import run_load
-from brisvox.client import twilio as ulaw
+from brisvox.wire import g711, twilio
 
 pytestmark = pytest.mark.system
 
@@ -47,49 +46,53 @@ def short_workload() -> workload.Workload:
 
 class FakeBot:
     def __init__(self) -> None:
-        frame = ulaw.encode(workload.bot_audio(8000, 20))
-        self.payload = base64.b64encode(frame).decode()
+        self.frame = g711.ulaw_encode(workload.bot_audio(8000, 20))
         self.starts: list[str] = []
         self.stops = 0
         self.marks_back: list[str] = []
 
     async def handler(self, ws: ServerConnection) -> None:
-        sid = ""
+        out: twilio.BotStream | None = None
         loud_run = quiet_run = 0
         speaking = False
         answer: asyncio.Task[None] | None = None
         turn = 0
         async for raw in ws:
-            m = json.loads(raw)
+            m = orjson.loads(raw)
             ev = m["event"]
             if ev == "start":
-                sid = m["start"]["streamSid"]
+                sid = twilio.parse_start(m).stream_sid
+                out = twilio.BotStream(sid)
                 self.starts.append(sid)
             elif ev == "media":
-                loud = ulaw.loud_fraction(base64.b64decode(m["media"]["payload"])) > 0.1
+                assert out is not None, "media before start"
+                payload = twilio.media_payload(m)
+                assert payload is not None, "the caller's own track"
+                loud = g711.ulaw_loud_fraction(payload) > 0.1
                 loud_run, quiet_run = (loud_run + 1, 0) if loud else (0, quiet_run + 1)
                 if loud_run >= 5 and not speaking:
                     speaking = True
                     if answer is not None and not answer.done():
                         answer.cancel()
-                        await ws.send(json.dumps({"event": "clear", "streamSid": sid}))
+                        await ws.send(out.clear.decode())
                 if speaking and quiet_run >= 15:
                     speaking = False
                     turn += 1
-                    answer = asyncio.create_task(self.answer(ws, sid, turn))
+                    answer = asyncio.create_task(self.answer(ws, out, turn))
             elif ev == "mark":
-                self.marks_back.append(m["mark"]["name"])
+                self.marks_back.append(twilio.mark_name(m))
             elif ev == "stop":
                 self.stops += 1
                 break
 
-    async def answer(self, ws: ServerConnection, sid: str, turn: int) -> None:
+    async def answer(self, ws: ServerConnection, out: twilio.BotStream, turn: int) -> None:
         await asyncio.sleep(0.1)
         t0 = time.monotonic()
+        media = out.media(self.frame).decode()  # a str: a text frame
         for i in range(ANSWER_FRAMES):
             await asyncio.sleep(max(0.0, t0 + i * 0.02 - time.monotonic()))
-            await ws.send(json.dumps({"event": "media", "streamSid": sid, "media": {"payload": self.payload}}))
-        await ws.send(json.dumps({"event": "mark", "streamSid": sid, "mark": {"name": f"end-{turn}"}}))
+            await ws.send(media)
+        await ws.send(out.mark(f"end-{turn}").decode())
 
 
 @pytest.mark.skipif(not (shutil.which("espeak-ng") and shutil.which("sox")), reason="needs espeak-ng and sox")

@@ -68,7 +68,7 @@ def test_killing_a_worker_mid_speech_moves_its_calls_within_500ms(short_tmp, shm
     assert len(moved) == N_CALLS // 2 and len(kept) == N_CALLS // 2
     for call_id in moved:
         evs = result["events"][call_id]
-        kinds = [(e["kind"], e.get("reason", "")) for _, e in evs]
+        kinds = [(e.KIND, getattr(e, "reason", "")) for _, e in evs]
         # the speech that was in progress is closed once, by the synthesized stop
         assert kinds[0] == ("start", "") and kinds[1] == ("stop", "worker_lost"), (call_id, kinds)
         t_stop = evs[1][0]
@@ -80,19 +80,19 @@ def test_killing_a_worker_mid_speech_moves_its_calls_within_500ms(short_tmp, shm
         assert evs[2][0] - t_kill < 0.5e9, f"{call_id}: VAD start {(evs[2][0] - t_kill) / 1e6:.0f} ms after the kill"
         # and the rest of the call is served normally: the phrase's stop near its true end, then phrase 2
         assert kinds[3] == ("stop", "")
-        assert abs(evs[3][1]["pos"] - seg1[1]) <= 512
+        assert abs(evs[3][1].pos - seg1[1]) <= 512
         assert kinds[4:6] == [("start", ""), ("stop", "")]
         # the stop was dated where the old worker's in16 ended: inside the phrase
-        assert seg1[0] < evs[1][1]["pos"] < seg1[1]
+        assert seg1[0] < evs[1][1].pos < seg1[1]
     worst = {k: max((v[c] - t_kill) / 1e6 for c in moved) for k, v in (
         ("stop", {c: result["events"][c][1][0] for c in moved}),
         ("first tick", result["first_tick"]),
         ("start", {c: result["events"][c][2][0] for c in moved}))}
     print("after the kill, worst of 25 calls (ms):", {k: round(v, 1) for k, v in worst.items()})
     for call_id in kept:
-        kinds = [e["kind"] for _, e in result["events"][call_id]]
+        kinds = [e.KIND for _, e in result["events"][call_id]]
         assert kinds[:4] == ["start", "stop", "start", "stop"], (call_id, kinds)
-        assert all("reason" not in e for _, e in result["events"][call_id])
+        assert all(getattr(e, "reason", "") == "" for _, e in result["events"][call_id])
 
 
 async def _scenario(inst, eps, procs, rings, audio, seg1, tmp):

@@ -35,6 +35,7 @@ from ipc.frames import (
     WorkerTick,
 )
 from ipc.ring import SHM_DIR, ring_name
+from ipc.tick_events import from_wire
 from ipc.worker_client import WorkerClient
 from workers.harness import Feeder, WorkerProc, close_rings, create_call_rings
 
@@ -124,10 +125,10 @@ def test_bad_input_gets_typed_errors_and_the_worker_keeps_serving(short_tmp, shm
         feeder = Feeder([rings["in"].name], audio, 8000, seconds=len(audio) / 8000, workdir=short_tmp)
         feeder.start()
         sub.collect(len(audio) / 8000 + 0.3)
-        evs = [e for t in sub.ticks for e in t.events]
-        assert [e["kind"] for e in evs] == ["start", "stop"]
+        evs = [from_wire(e) for t in sub.ticks for e in t.events]
+        assert [e.KIND for e in evs] == ["start", "stop"]
         stop = evs[1]
-        r = sub.request(SmartTurnRequest(call_id="good", end_pos=stop["at"], deadline_ns=time.monotonic_ns() + 10**9))
+        r = sub.request(SmartTurnRequest(call_id="good", end_pos=stop.at, deadline_ns=time.monotonic_ns() + 10**9))
         assert isinstance(r, SmartTurnResult) and r.probability > 0.5
         for name in [ring_name(inst, "wrong", k) for k in ("in", "in16", "tts", "out")]:
             (SHM_DIR / name).unlink(missing_ok=True)

@@ -1,15 +1,11 @@
-"""brisvox/client: the playout recorder, the Twilio message layer and mu-law helpers, line
-speech bounds, target resolution and the text report."""
+"""brisvox/client: the playout recorder, line speech bounds, target resolution and the text
+report (the Twilio messages and mu-law are tests/unit/test_wire_twilio.py and test_wire_g711.py)."""
 
 from __future__ import annotations
-
-import base64
-import json
 
 import numpy as np
 import pytest
 
-from brisvox.client import twilio
 from brisvox.client.call_cli import resolve
 from brisvox.client.recorder import PlayoutRecorder
 from brisvox.client.report import render
@@ -58,49 +54,6 @@ def test_track_until_pads_to_the_end_of_the_call() -> None:
     r = PlayoutRecorder(RATE, t0=0.0)
     r.on_audio(frame(7), 0.0)
     assert len(r.track(until=1.0)) == RATE
-
-
-# -- Twilio messages and mu-law -----------------------------------------------------------
-
-
-def test_twilio_messages_count_like_twilio() -> None:
-    s = twilio.TwilioStream(7, tag="t")
-    assert json.loads(s.connected())["event"] == "connected"
-    start = json.loads(s.start({"user": "u1"}))
-    assert start["sequenceNumber"] == "1" and start["start"]["streamSid"] == "MZt000007"
-    assert start["start"]["customParameters"] == {"user": "u1"}
-    assert start["start"]["mediaFormat"] == {"encoding": "audio/x-mulaw", "sampleRate": 8000, "channels": 1}
-    m1 = json.loads(s.media("AAA="))
-    m2 = json.loads(s.media("AAA="))
-    assert (m1["sequenceNumber"], m1["media"]["chunk"], m1["media"]["timestamp"]) == ("2", "1", "0")
-    assert (m2["sequenceNumber"], m2["media"]["chunk"], m2["media"]["timestamp"]) == ("3", "2", "20")
-    d = json.loads(s.dtmf("5"))
-    assert d["event"] == "dtmf" and d["dtmf"]["digit"] == "5" and d["sequenceNumber"] == "4"
-    mk = json.loads(s.mark("m1"))
-    assert mk["mark"]["name"] == "m1" and mk["streamSid"] == "MZt000007"
-    stop = json.loads(s.stop())
-    assert stop["event"] == "stop" and stop["stop"]["callSid"] == "CAt000007"
-
-
-def test_parse_bot_messages() -> None:
-    payload = base64.b64encode(b"\xff" * 160).decode()
-    m = twilio.parse_bot(json.dumps({"event": "media", "streamSid": "x", "media": {"payload": payload}}))
-    assert m.event == "media" and m.payload == b"\xff" * 160
-    assert twilio.parse_bot('{"event":"clear","streamSid":"x"}').event == "clear"
-    assert twilio.parse_bot('{"event":"mark","mark":{"name":"a"}}').name == "a"
-    assert twilio.parse_bot("not json").event == "invalid"
-    assert twilio.parse_bot('{"event":"media"}').event == "invalid"
-
-
-def test_mulaw_is_the_gateway_codec_and_loudness_tells_speech_from_silence() -> None:
-    assert twilio.encode(np.array([0], np.int16)) == b"\xff"
-    assert twilio.SILENCE_BYTE == 0xFF
-    codes = bytes(range(256))
-    back = twilio.encode(twilio.decode(codes))
-    assert [i for i in range(256) if back[i] != i] == [0x7F]  # negative zero encodes as 0xFF
-    assert twilio.loud_fraction(b"\xff" * 160) == 0.0
-    assert twilio.loud_fraction(b"") == 0.0
-    assert twilio.loud_fraction(twilio.encode(np.full(160, 4000, np.int16))) == 1.0
 
 
 # -- lines, targets, report -----------------------------------------------------------------

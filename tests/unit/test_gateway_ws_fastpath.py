@@ -1,4 +1,4 @@
-"""The WebSocket server's fast path (ws_server + ws_frames) delivers what the library would.
+"""The WebSocket server's fast path (ws_server + brisvox.wire.ws_frames) delivers what the library would.
 
 A connection with a fake transport and a recording session: after the
 handshake, masked data frames arriving whole, several per read, or split at
@@ -18,9 +18,9 @@ import pytest
 from websockets.frames import Close, Frame, Opcode, apply_mask
 from websockets.streams import StreamReader
 
-from brisvox.gateway import ws_frames
 from brisvox.gateway.config import WebSocketConfig
 from brisvox.gateway.ws_server import WebSocketServer, WsConnection
+from brisvox.wire import ws_frames
 
 REQ = (b"GET /twilio HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")

@@ -1,22 +1,29 @@
 """The process map, enforced: the import-linter contracts of ``pyproject.toml`` hold.
 
 The contracts (``[tool.importlinter]``) say which package may import which:
-``ipc`` imports no domain package; the gateway, the agent, the workers and
-the providers import no other role (nor the supervisor); the tool engine and
-the context import no provider; nothing but ``tests`` and ``bench`` imports
-the simulator; ``bench`` imports no ``tests`` module. ``make lint`` runs the
+``ipc`` imports no domain package; ``brisvox.wire`` (every wire format)
+imports no other brisvox package, nor ``ipc``, the workers, ``bench`` or
+``tests``, and the callers (client, load generator, simulator) import no
+gateway module; the gateway, the agent, the workers and the providers import
+no other role (nor the supervisor); the tool engine and the context import no
+provider; nothing but ``tests`` and ``bench`` imports the simulator;
+``bench`` imports no ``tests`` module. ``make lint`` runs the
 same check (``lint-imports``). The graph (grimp) holds every import
 statement at any depth, imports inside functions included, and a forbidden
 contract also fails on an indirect chain; a broken contract is printed with
 every offending import and its line.
 
 Checked here as well, because a module expression cannot say ``tool_*``: the
-tool-engine contract lists every ``brisvox/agent/tool*`` module, and the
-production contract lists every ``brisvox`` subpackage but ``sim``.
+tool-engine contract lists every ``brisvox/agent/tool*`` module, the
+production contract lists every ``brisvox`` subpackage but ``sim``, and the
+wire contract every one but ``wire``. And what import-linter does not see
+(it graphs the project's own packages only): ``brisvox.wire`` imports no
+third-party package but numpy, at any depth of any of its modules.
 """
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -69,3 +76,26 @@ def test_the_production_contract_lists_every_production_package():
     want = (_children(ROOT / "brisvox", "brisvox") - {"brisvox.sim"}) | {"ipc", "workers"}
     assert want <= sources, f"add to the production contract: {sorted(want - sources)}"
     assert "brisvox.sim" not in sources
+
+
+def test_the_wire_contract_lists_every_other_brisvox_package():
+    forbidden = set(_contract("the wire formats import no other")["forbidden_modules"])
+    want = (_children(ROOT / "brisvox", "brisvox") - {"brisvox.wire"}) | {"ipc", "workers", "bench", "tests"}
+    assert want <= forbidden, f"add to the wire contract: {sorted(want - forbidden)}"
+
+
+def test_the_wire_package_imports_only_the_standard_library_numpy_and_itself():
+    allowed = set(sys.stdlib_module_names) | {"numpy", "__future__"}
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "brisvox" / "wire").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue  # a relative import stays inside the package
+            for name in names:
+                if name.split(".")[0] not in allowed and not (name + ".").startswith("brisvox.wire."):
+                    found.setdefault(path.relative_to(ROOT).as_posix(), set()).add(name)
+    assert not found, f"brisvox.wire imports only the standard library, numpy and itself: {found}"

@@ -7,12 +7,12 @@ import pytest
 
 from bench.loadgen.caller import CallerTiming, CallScript, Phase
 from bench.workload import CallPlan
-from brisvox.client import twilio as ulaw
+from brisvox.wire import g711
 
 TICK = 0.02
 SIL = "SIL"
-LOUD = ulaw.encode(np.full(160, 6000, np.int16))
-QUIET = bytes([ulaw.SILENCE_BYTE]) * 160
+LOUD = g711.ulaw_encode(np.full(160, 6000, np.int16))
+QUIET = bytes([g711.ULAW_SILENCE]) * 160
 TIMING = CallerTiming(lead_in=0.1, pause_after_bot=0.1, response_timeout=1.0, tail=0.06, answer=0.2)
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from bench.loadgen.pacing import Pacer
 from bench.loadgen.runner import line_frames
-from brisvox.client import twilio as ulaw
+from brisvox.wire import g711
 
 
 def test_frames_are_due_on_their_deadlines_and_handed_out_once() -> None:
@@ -45,5 +45,5 @@ def test_a_line_is_cut_into_20ms_frames_padded_with_silence() -> None:
     frames = line_frames(samples)
     raw = [base64.b64decode(f) for f in frames]
     assert [len(r) for r in raw] == [160, 160, 160]
-    assert raw[2][10:] == bytes([ulaw.SILENCE_BYTE]) * 150
-    assert b"".join(raw)[:330] == ulaw.encode(samples)
+    assert raw[2][10:] == bytes([g711.ULAW_SILENCE]) * 150
+    assert b"".join(raw)[:330] == g711.ulaw_encode(samples)

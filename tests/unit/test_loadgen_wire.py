@@ -1,10 +1,10 @@
-"""bench/loadgen/wire.py: the pre-encoded media frames are exactly the old messages, masked.
+"""bench/loadgen/wire.py: the pre-encoded media frames are exactly the wire module's messages, masked.
 
 Every frame is parsed back with the websockets library's own server-side
 parser (which checks the masking bit and unmasks), and the text compared
-byte for byte with what ``TwilioStream.media`` builds for the same call
-state; counters are shared with the other messages of the call. Bot messages
-are read exactly as ``parse_bot`` reads them.
+byte for byte with what ``brisvox.wire.twilio.TwilioStream.media`` builds for
+the same call state; counters are shared with the other messages of the call.
+(How bot messages are read is tests/unit/test_wire_twilio.py.)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
 from bench.loadgen import wire
-from brisvox.client.twilio import TwilioStream, parse_bot
+from brisvox.wire.twilio import TwilioStream
 
 
 def parse_frames(data: bytes) -> list[Frame]:
@@ -66,32 +66,3 @@ def test_the_same_payload_object_serves_every_caller() -> None:
     ref = TwilioStream(2)
     ref.media(payload.b64)
     assert ref.media(payload.b64).encode() == fb.data
-
-
-BOT_MESSAGES = [
-    b'{"event":"media","streamSid":"MZ1","media":{"payload":"' + base64.b64encode(b"\xff" * 160) + b'"}}',
-    b'{"event": "media", "streamSid": "MZ1", "media": {"payload": "AAEC"}}',
-    b'{"event":"mark","streamSid":"MZ1","mark":{"name":"brisvox-end-1-1"}}',
-    b'{"event":"mark","streamSid":"MZ1"}',
-    b'{"event":"clear","streamSid":"MZ1"}',
-    b'{"event":"stop"}',
-    b'{"streamSid":"MZ1"}',
-    b'{"event":"media","media":{}}',
-    b'{"event":"media","media":{"payload":"%%%"}}',
-    b'{"event":"media","media":{"payload":"\xc3\xa9"}}',
-    b'{"event":"media","media":{"payload":5}}',
-    b'[1, 2]',
-    b'not json',
-    b'',
-]
-
-
-@pytest.mark.parametrize("data", BOT_MESSAGES)
-def test_bot_messages_are_read_as_parse_bot_reads_them(data: bytes) -> None:
-    event, value = wire.bot_event(data)
-    ref = parse_bot(data)
-    assert event == ref.event
-    if event == "media":
-        assert value == ref.payload
-    elif event == "mark":
-        assert value == ref.name

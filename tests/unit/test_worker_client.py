@@ -13,7 +13,8 @@ import pytest
 import zmq.asyncio
 
 from ipc.bus import endpoint
-from ipc.frames import WorkerTick
+from ipc.frames import LlmJobDelta, OutUtterance, Ping, TtsJobAudio, WorkerTick
+from ipc.tick_events import SpeechStart, SpeechStop, to_wire
 from ipc.worker_client import AttachError, WorkerClient
 from tests.unit.test_worker_core import EnergyBatch
 from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
@@ -140,12 +141,12 @@ def test_a_stopping_worker_hands_its_calls_over_without_two_writers(env):
             c.on_topology([{"role": "worker", "index": 0, "state": "stopping"}])
             for _ in range(100):
                 await asyncio.sleep(0.02)
-                if c.calls["a"].worker == 1 and any(e.get("reason") == "worker_lost" for _, e in events):
+                if c.calls["a"].worker == 1 and any(getattr(e, "reason", "") == "worker_lost" for _, e in events):
                     break
             assert c.calls["a"].worker == 1
             assert "a" not in p.workers[0].calls  # detached from the old worker first
-            stops = [e for _, e in events if e["kind"] == "stop"]
-            assert len(stops) == 1 and stops[0]["reason"] == "worker_lost"
+            stops = [e for _, e in events if isinstance(e, SpeechStop)]
+            assert len(stops) == 1 and stops[0].reason == "worker_lost"
         finally:
             await _close(c)
 
@@ -170,7 +171,7 @@ def test_with_no_worker_left_the_client_closes_speech_itself_and_waits(env):
             p.stop(0)
             c.on_topology([{"role": "worker", "index": 0, "state": "exited"}])
             await asyncio.sleep(0.1)
-            assert [e.get("reason") for _, e in events if e["kind"] == "stop"] == ["worker_lost"]
+            assert [e.reason for _, e in events if isinstance(e, SpeechStop)] == ["worker_lost"]
             assert c.calls["a"].worker == -1 and c.counters["local_stops"] == 1
             p.start(0)  # the supervisor restarted it
             c.on_topology([{"role": "worker", "index": 0, "state": "ready"}])
@@ -216,10 +217,49 @@ def test_ticks_from_a_worker_that_does_not_own_the_call_are_ignored(env):
         try:
             rings("a")
             await c.attach("a", inst, 8000, 16000)
-            c._on_tick(WorkerTick(worker=7, seq=1, positions={"a": 999_999},
-                                  events=[{"call_id": "a", "kind": "start", "pos": 1, "ns": 0}], sent_ns=0))
+            start = to_wire(SpeechStart(call_id="a", pos=1, at=512, ns=0))
+            c._on_tick(WorkerTick(worker=7, seq=1, positions={"a": 999_999}, events=[start], sent_ns=0))
             assert events == [] and c.calls["a"].in16_pos != 999_999 and c.counters["stale_ticks"] == 1
         finally:
             await _close(c)
 
     run(go())
+
+
+def test_tick_events_reach_the_owner_typed_and_a_bad_one_is_counted_and_dropped(env):
+    inst, rings, pool = env
+    p = pool(1)
+    events: list = []
+
+    async def go():
+        c = await _client(p, [0], events)
+        try:
+            rings("a")
+            await c.attach("a", inst, 8000, 16000)
+            start = SpeechStart(call_id="a", pos=100, at=612, ns=5)
+            stop = SpeechStop(call_id="a", pos=900, at=4000, ns=6, reason="gap")
+            bad = {"call_id": "a", "kind": "start", "pos": "100", "at": 612, "ns": 5}
+            c._on_tick(WorkerTick(worker=0, seq=1, positions={}, events=[to_wire(start), bad], sent_ns=0))
+            assert events == [("a", start)] and c.calls["a"].speaking_since == 100
+            assert c.counters["bad_events"] == 1
+            c._on_tick(WorkerTick(worker=0, seq=2, positions={}, events=[to_wire(stop)], sent_ns=0))
+            assert events[-1] == ("a", stop) and c.calls["a"].speaking_since == -1
+        finally:
+            await _close(c)
+
+    run(go())
+
+
+def test_the_worker_client_routes_job_frames_and_counts_unexpected_ones(caplog):
+    got: list = []
+    c = WorkerClient(None, "agent-0", {}, on_out_utterance=got.append, on_job_frame=got.append)  # type: ignore[arg-type]
+    frames = [OutUtterance(call_id="a", utterance=1, epoch=1, out_pos=0),
+              LlmJobDelta(call_id="a", job=1, seq=0, text="hi"),
+              TtsJobAudio(call_id="a", job=2, ring="r", rate=16000, start_pos=0, end_pos=10)]
+    for f in frames:
+        c._on_frame(f)
+    assert got == frames
+    c._on_frame(Ping(seq=1, sent_ns=0))
+    c._on_frame(Ping(seq=2, sent_ns=0))
+    assert got == frames and c.counters["unexpected_type"] == 2
+    assert sum("unexpected ping frame" in r.message for r in caplog.records) == 1

@@ -9,6 +9,7 @@ production.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +25,14 @@ from ipc.frames import (
     Detached,
     ErrorReply,
     OutUtterance,
+    Ping,
     SmartTurnRequest,
     TtsCut,
     TtsUtterance,
     WorkerTick,
 )
 from ipc.ring import SHM_DIR, ring_name
+from ipc.tick_events import TickEvent, from_wire
 from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
 from workers.core import Worker, WorkerModels
 from workers.harness import close_rings, create_call_rings
@@ -66,6 +69,14 @@ class EnergyBatch:
 LOUD = 3000.0
 SR = 8000
 FRAME = 160  # 20 ms at 8 kHz
+
+
+@dataclass
+class Tick:
+    """What one worker tick sent the subscriber: in16 positions and the typed events."""
+
+    positions: dict[str, int] = field(default_factory=dict)
+    events: list[TickEvent] = field(default_factory=list)
 
 
 class Rig:
@@ -127,20 +138,19 @@ class Rig:
         x = self.rng.normal(0, LOUD if loud else 8.0, n)
         self.rings[call_id]["in"].write(np.clip(x, -32768, 32767).astype(np.int16))
 
-    def tick(self) -> WorkerTick:
-        """One worker tick; the WorkerTick it sent (ticks go out only with news: an empty
-        tick here means nothing was sent)."""
+    def tick(self) -> Tick:
+        """One worker tick: what its WorkerTicks carried, events typed (ticks go out only
+        with news: an empty tick here means nothing was sent)."""
         self.w.tick()
-        positions: dict[str, int] = {}
-        events: list[dict] = []
+        t = Tick()
         while self.sub.poll(5):
             f = decode(self.sub.recv())
             if isinstance(f, WorkerTick):
-                positions.update(f.positions)
-                events.extend(f.events)
-        return WorkerTick(worker=0, seq=self.w.seq, positions=positions, events=events, sent_ns=0)
+                t.positions.update(f.positions)
+                t.events.extend(from_wire(e) for e in f.events)
+        return t
 
-    def run(self, pattern: dict[str, list[bool]]) -> list[dict]:
+    def run(self, pattern: dict[str, list[bool]]) -> list[TickEvent]:
         """Feed one 20 ms frame per call per tick following ``pattern``; return all events."""
         events = []
         for k in range(max(len(v) for v in pattern.values())):
@@ -173,12 +183,12 @@ def test_attach_speak_and_get_backdated_events_once_per_tick(rig):
     rep = rig.attach("a")
     assert isinstance(rep, Attached) and rep.in16_pos == 0 and rep.worker == 0
     evs = rig.run({"a": speech(400, 600, 500)})
-    kinds = [(e["kind"], e["call_id"]) for e in evs]
+    kinds = [(e.KIND, e.call_id) for e in evs]
     assert kinds == [("start", "a"), ("stop", "a")]
     start, stop = evs
-    assert abs(start["pos"] - 400 * 16) <= 512  # in16 positions: 16 samples per ms
-    assert abs(stop["pos"] - 1000 * 16) <= 512
-    assert stop["at"] - stop["pos"] >= 200 * 16
+    assert abs(start.pos - 400 * 16) <= 512  # in16 positions: 16 samples per ms
+    assert abs(stop.pos - 1000 * 16) <= 512
+    assert stop.at - stop.pos >= 200 * 16
     assert rig.w.calls["a"].pub_pos == rig.rings["a"]["in16"].write_pos  # what the subscriber last got
 
 
@@ -205,26 +215,34 @@ def test_8k_and_16k_calls_share_the_timeline_with_one_run_per_vad_rate(rig):
     assert isinstance(rig.request(AttachCall(call_id="w", subscriber="sub-0", instance=rig.inst,
                                              call_rate=16000, tts_rate=16000)), Attached)
     rig.model.widths.clear()
-    events: dict[str, list[dict]] = {"n": [], "w": []}
+    events: dict[str, list[TickEvent]] = {"n": [], "w": []}
     for k, loud in enumerate(speech(400, 600, 500)):
         rig.feed("n", loud)
         x = rig.rng.normal(0, LOUD if loud else 8.0, 320)
         rig.rings["w"]["in"].write(np.clip(x, -32768, 32767).astype(np.int16))
         for e in rig.tick().events:
-            events[e["call_id"]].append(e)
+            events[e.call_id].append(e)
             # a decision is published only once in16 holds its audio (Smart Turn reads up to `at`)
-            assert e["at"] <= rig.rings[e["call_id"]]["in16"].write_pos
+            assert e.at <= rig.rings[e.call_id]["in16"].write_pos
         assert rig.w.stats.ticks == k + 1
     native = rig.w.vad_cfg.native_8k
     assert set(rig.model.widths) == ({256, 512} if native else {512})
     assert rig.w.calls["n"].win == (256 if native else 512) and rig.w.calls["w"].win == 512
     for call_id in ("n", "w"):
-        kinds = [e["kind"] for e in events[call_id]]
+        kinds = [e.KIND for e in events[call_id]]
         assert kinds == ["start", "stop"], (call_id, kinds)
         start, stop = events[call_id]
-        assert abs(start["pos"] - 400 * 16) <= 512 and abs(stop["pos"] - 1000 * 16) <= 512
+        assert abs(start.pos - 400 * 16) <= 512 and abs(stop.pos - 1000 * 16) <= 512
     # both calls hear the same timeline: their decisions fall on the same in16 window grid
-    assert events["n"][0]["at"] % 32 == events["w"][0]["at"] % 32 == 24
+    assert events["n"][0].at % 32 == events["w"][0].at % 32 == 24
+
+
+def test_a_frame_without_a_handler_is_answered_unsupported_counted_and_logged_once(rig, caplog):
+    for seq in (1, 2):
+        r = rig.request(Ping(seq=seq, sent_ns=0))
+        assert isinstance(r, ErrorReply) and r.kind == "unsupported"
+    assert rig.w.guard.errors == {"unexpected_type": 2} and rig.w.stats.errors["unsupported"] == 2
+    assert sum("unexpected ping frame" in rec.message for rec in caplog.records) == 1
 
 
 def test_bad_requests_get_typed_errors_and_the_worker_keeps_serving(rig):
@@ -269,7 +287,7 @@ def test_bad_requests_get_typed_errors_and_the_worker_keeps_serving(rig):
     assert rig.w.guard.dropped == 2
     # still serving: the good call keeps getting VAD events
     evs = rig.run({"ok": speech(0, 400, 400)})
-    assert [e["kind"] for e in evs] == ["start", "stop"]
+    assert [e.KIND for e in evs] == ["start", "stop"]
     assert {"bad_ring", "bad_rate", "bad_params", "unknown_call", "bad_range", "expired"} <= set(rig.w.stats.errors)
 
 
@@ -277,15 +295,15 @@ def test_a_gap_closes_speech_with_a_stop_dated_to_the_last_speech(rig):
     rig.call("a")
     rig.attach("a")
     evs = rig.run({"a": speech(200, 400, 0)})
-    assert [e["kind"] for e in evs] == ["start"]
+    assert [e.KIND for e in evs] == ["start"]
     cap = rig.rings["a"]["in"].capacity
     rig.feed("a", True, frames=cap // FRAME + 10)  # the worker was not there for > a ring
     t = rig.tick()
-    kinds = [e["kind"] for e in t.events]
+    kinds = [e.KIND for e in t.events]
     assert kinds == ["stop", "gap"]
     stop, gap = t.events
-    assert stop["reason"] == "gap" and stop["pos"] <= gap["pos"]
-    assert gap["lost"] > 0
+    assert stop.reason == "gap" and stop.pos <= gap.pos
+    assert gap.lost > 0
     # positions stayed aligned to the caller's time
     in_w = rig.rings["a"]["in"].write_pos
     assert t.positions["a"] <= in_w * 2
@@ -299,24 +317,24 @@ def test_vad_fails_open_after_failures_spanning_the_window_then_recovers(rig):
     rig.run({"a": speech(0, 200, 0), "b": speech(0, 200, 0)})  # both speaking
     rig.model.failing.add(slot_a)
     evs = rig.run({"a": [True] * 75, "b": speech(0, 300, 1200)})  # 1.5 s of failing windows for a
-    a_evs = [e for e in evs if e["call_id"] == "a"]
-    b_evs = [e for e in evs if e["call_id"] == "b"]
+    a_evs = [e for e in evs if e.call_id == "a"]
+    b_evs = [e for e in evs if e.call_id == "b"]
     # a: its speech is closed at the first failure, then exactly one vad_failed, after >= 1 s of audio
-    assert [e["kind"] for e in a_evs] == ["stop", "vad_failed"]
-    assert a_evs[0]["reason"] == "vad_error"
-    assert a_evs[1]["pos"] - a_evs[0]["at"] >= 16000 - 512
+    assert [e.KIND for e in a_evs] == ["stop", "vad_failed"]
+    assert a_evs[0].reason == "vad_error"
+    assert a_evs[1].pos - a_evs[0].at >= 16000 - 512
     assert rig.w.calls["a"].health.failed_open
     # b is unaffected by a's failures (its rows are re-run alone)
-    assert [e["kind"] for e in b_evs] == ["stop"]
+    assert [e.KIND for e in b_evs] == ["stop"]
     # failed open: audio still flows into in16, no VAD events
     before = rig.rings["a"]["in16"].write_pos
     evs = rig.run({"a": speech(0, 400, 600)})
-    assert [e for e in evs if e["call_id"] == "a"] == []
+    assert [e for e in evs if e.call_id == "a"] == []
     assert rig.rings["a"]["in16"].write_pos > before
     # the model heals: the next probe (every 2 s of audio here) recovers and events resume
     rig.model.failing.clear()
     evs = rig.run({"a": [False] * 110 + speech(0, 400, 400)})
-    kinds = [e["kind"] for e in evs if e["call_id"] == "a"]
+    kinds = [e.KIND for e in evs if e.call_id == "a"]
     assert kinds == ["vad_recovered", "start", "stop"]
     assert rig.w.stats.failed_open == 1 and rig.w.stats.recoveries == 1
 
@@ -329,7 +347,7 @@ def test_a_short_failure_burst_heals_without_failing_open(rig):
     rig.run({"a": [False] * 10})  # 200 ms of failures: more than 5 but less than the 1 s window
     rig.model.failing.clear()
     evs = rig.run({"a": speech(0, 400, 400)})
-    assert [e["kind"] for e in evs] == ["start", "stop"]
+    assert [e.KIND for e in evs] == ["start", "stop"]
     assert not rig.w.calls["a"].health.failed_open and rig.w.stats.vad_failures >= 5
 
 
@@ -342,8 +360,8 @@ def test_reattach_after_a_worker_death_opens_with_a_synthesized_stop(rig):
     rep = rig.attach("a", speaking_since=8000)
     assert isinstance(rep, Attached) and rep.in16_pos == 16000
     t = rig.tick()
-    assert t.events[0]["kind"] == "stop" and t.events[0]["reason"] == "worker_lost"
-    assert t.events[0]["pos"] == 16000
+    assert t.events[0].KIND == "stop" and t.events[0].reason == "worker_lost"
+    assert t.events[0].pos == 16000
     assert t.positions["a"] == pytest.approx(16000 + 3200, abs=8)  # the backlog was converted seamlessly
 
 
@@ -470,8 +488,8 @@ def test_falling_events_are_opt_in_per_call_and_match_their_stop(rig):
     rig.attach("a", vad={"fall_delay_ms": 96})
     rig.attach("b")
     evs = rig.run({"a": speech(200, 400, 400), "b": speech(200, 400, 400)})
-    a = [e for e in evs if e["call_id"] == "a"]
-    b = [e for e in evs if e["call_id"] == "b"]
-    assert [e["kind"] for e in a] == ["start", "falling", "stop"]
-    assert a[1]["pos"] == a[2]["pos"] and a[1]["at"] < a[2]["at"]
-    assert [e["kind"] for e in b] == ["start", "stop"]
+    a = [e for e in evs if e.call_id == "a"]
+    b = [e for e in evs if e.call_id == "b"]
+    assert [e.KIND for e in a] == ["start", "falling", "stop"]
+    assert a[1].pos == a[2].pos and a[1].at < a[2].at
+    assert [e.KIND for e in b] == ["start", "stop"]

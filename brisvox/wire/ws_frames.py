@@ -6,6 +6,9 @@ Sans-I/O protocol: the gateway's WebSocket server (client frames, masked) and
 the load generator's client (server frames, unmasked). At 50 messages a
 second each way per call, the library's generator-based parser costs about
 3.5 us per frame; :func:`scan` plus one ``apply_mask`` costs about 0.4 us.
+The masking itself is the library's C ``websockets.frames.apply_mask``, which
+the callers import (this package imports only the standard library and
+numpy); :func:`header` only appends the key.
 
 :func:`scan` looks at the frame starting at ``buf[pos]`` and says what it is:
 
@@ -32,9 +35,7 @@ from __future__ import annotations
 
 import struct
 
-from websockets.frames import apply_mask
-
-__all__ = ["CONTROL", "DATA", "MORE", "OTHER", "apply_mask", "header", "scan"]
+__all__ = ["BINARY", "CONTROL", "DATA", "MORE", "OTHER", "TEXT", "header", "scan"]
 
 DATA = 0
 CONTROL = 1

@@ -22,7 +22,7 @@ import ipaddress
 import random
 from dataclasses import dataclass, field
 
-from brisvox.gateway.sip_message import (
+from brisvox.wire.sip_message import (
     SipMessage,
     new_branch,
     parse_name_addr,

@@ -1,6 +1,6 @@
-"""G.711 tables vs a scalar transcription of the ITU-T G.191 reference routines,
-on every one of the 65,536 linear inputs and 256 codes, plus sox as an
-independent decoder."""
+"""brisvox/wire/g711.py: the tables vs a scalar transcription of the ITU-T G.191 reference
+routines, on every one of the 65,536 linear inputs and 256 codes, plus sox as an
+independent decoder; the bytes helpers and the mu-law loudness test."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from brisvox.gateway import g711
+from brisvox.wire import g711
 
 
 def _s16(v: int) -> int:
@@ -127,3 +127,17 @@ def test_decode_matches_sox(enc):
     ).stdout
     ours = (g711.PCMU if enc == "mu-law" else g711.PCMA).decode(codes)
     assert np.array_equal(np.frombuffer(out, dtype="<i2"), ours)
+
+
+def test_ulaw_helpers_and_loudness_tells_speech_from_silence() -> None:
+    assert g711.ulaw_encode(np.array([0], np.int16)) == b"\xff"
+    assert g711.ulaw_encode([0, 0]) == b"\xff\xff"  # any int16-convertible samples
+    assert g711.ULAW_SILENCE == 0xFF and g711.ALAW_SILENCE == 0xD5
+    codes = bytes(range(256))
+    back = g711.ulaw_encode(g711.ulaw_decode(codes))
+    assert [i for i in range(256) if back[i] != i] == [0x7F]  # negative zero encodes as 0xFF
+    assert g711.alaw_decode(g711.alaw_encode(np.array([0, 4000], np.int16))).tolist() == [8, 4032]
+    assert g711.ulaw_loud_fraction(b"\xff" * 160) == 0.0
+    assert g711.ulaw_loud_fraction(b"") == 0.0
+    assert g711.ulaw_loud_fraction(g711.ulaw_encode(np.full(160, 4000, np.int16))) == 1.0
+    assert g711.ulaw_loud_fraction(g711.ulaw_encode(np.array([4000, 0] * 80, np.int16))) == 0.5

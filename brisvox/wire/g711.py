@@ -1,18 +1,22 @@
 """G.711 mu-law and A-law codecs as precomputed numpy lookup tables.
 
-Owns the conversion between PCM16 and G.711 bytes for every transport of the
-gateway (SIP/RTP PCMU/PCMA, Twilio media). No ``audioop`` (removed in 3.13).
+Owns the conversion between PCM16 and G.711 bytes wherever brisvox speaks
+G.711 (the gateway's SIP/RTP PCMU/PCMA and Twilio media, the ``brisvox call``
+client, the load generator, the tests), and the cheap loudness test of a
+mu-law payload. No ``audioop`` (removed in 3.13).
 
 Invariants:
 
 * The tables reproduce the ITU-T G.191 reference routines (``ulaw_compress``,
   ``ulaw_expand``, ``alaw_compress``, ``alaw_expand``) bit for bit on all
-  65,536 linear inputs and all 256 codes (``tests/unit/test_gateway_g711.py``
+  65,536 linear inputs and all 256 codes (``tests/unit/test_wire_g711.py``
   checks them against a scalar transcription of those routines).
 * Encoding is one fancy-index into a 65,536-entry uint8 table (the int16
   sample reinterpreted as uint16 is the index); decoding one index into a
   256-entry int16 table. Both accept an ``out=`` buffer so the hot path can
   run without allocating.
+* :func:`ulaw_loud_fraction` decodes nothing: one ``bytes.translate`` through
+  a 256-entry table (C speed), as the load generator reads every bot frame.
 """
 
 from __future__ import annotations
@@ -125,7 +129,8 @@ BY_PT: dict[int, G711] = {0: PCMU, 8: PCMA}
 
 
 def ulaw_encode(pcm: np.ndarray) -> bytes:
-    return PCMU.encode(pcm).tobytes()
+    """int16 samples (any int16-convertible array) -> mu-law bytes."""
+    return PCMU.encode(np.ascontiguousarray(pcm, dtype=np.int16)).tobytes()
 
 
 def ulaw_decode(data: bytes) -> np.ndarray:
@@ -138,3 +143,14 @@ def alaw_encode(pcm: np.ndarray) -> bytes:
 
 def alaw_decode(data: bytes) -> np.ndarray:
     return PCMA.decode(data)
+
+
+# A mu-law byte is "loud" when it decodes to more than about -40 dBFS.
+ULAW_LOUD = bytes(1 if abs(int(v)) > 330 else 0 for v in ULAW_DECODE)
+
+
+def ulaw_loud_fraction(data: bytes) -> float:
+    """Fraction of mu-law samples louder than about -40 dBFS (C-speed, no decode)."""
+    if not data:
+        return 0.0
+    return data.translate(ULAW_LOUD).count(1) / len(data)

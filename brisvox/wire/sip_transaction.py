@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from brisvox.gateway.sip_message import SipMessage
+from brisvox.wire.sip_message import SipMessage
 
 Addr = tuple[str, int]
 

@@ -1,13 +1,13 @@
-"""SIP parser/serializer, SDP offer/answer and SIP transaction timers (pure logic)."""
+"""brisvox/wire: SIP parser/serializer, SDP offer/answer and SIP transaction timers (pure logic)."""
 
 from __future__ import annotations
 
 import pytest
 
-from brisvox.gateway import sdp
-from brisvox.gateway.sip_dialog import Dialog, make_response
-from brisvox.gateway.sip_message import SipParseError, parse, parse_name_addr, parse_uri, parse_via
-from brisvox.gateway.sip_transaction import (
+from brisvox.wire import sdp
+from brisvox.wire.sip_dialog import Dialog, make_response
+from brisvox.wire.sip_message import SipParseError, parse, parse_name_addr, parse_uri, parse_via
+from brisvox.wire.sip_transaction import (
     ClientNonInvite,
     Deliver,
     Retransmit2xx,

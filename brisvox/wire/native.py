@@ -1,0 +1,206 @@
+"""The native brisvox WebSocket protocol (``/ws``): every message, both directions.
+
+Owns the JSON control messages of docs/PROTOCOL.md "Native brisvox
+protocol" (audio is binary PCM16 little-endian mono at the call's rate and
+needs no builder):
+
+* client -> gateway (built by :class:`NativeStream`: the ``brisvox call``
+  client, the simulator's caller, the tests; parsed by the gateway with
+  :func:`event_name`, :func:`parse_start`, :func:`mark_name`,
+  :func:`parse_dtmf`): ``start`` (rate, params, marks), ``mark`` (echo
+  mode), ``dtmf`` (digit, duration_ms), ``stop``.
+* gateway -> client (built by the module functions :func:`started`,
+  :func:`mark`, :data:`CLEAR`, :func:`dtmf`, :func:`transfer`, :func:`error`,
+  :func:`stop`; parsed by clients with :func:`server_message`): ``started``,
+  ``mark``, ``clear``, ``dtmf`` (digits the agent pressed), ``transfer``,
+  ``error``, ``stop``.
+
+A client's messages are ``str`` (a client library sends a str as a text
+frame); the gateway's are UTF-8 ``bytes`` (it writes its frames itself). The
+parsers take the decoded JSON value and raise :class:`NativeError`.
+
+Invariants:
+
+* A :class:`NativeError` is either recoverable (``close`` 0: the gateway
+  answers an ``error`` message with ``code`` and the call goes on) or fatal
+  (``close`` is the WebSocket close code, e.g. 1003 for a rate not offered).
+  ``code`` is the stable label of the error message and of the counters.
+* :func:`parse_start` accepts only a rate among the offered ``rates``
+  (a subset of :data:`RATES`) and a ``marks`` mode of release or echo, and
+  bounds the parameters (:func:`brisvox.wire.jsontext.bounded_params`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from json.encoder import encode_basestring
+from typing import Any
+
+from brisvox.wire.dtmf import DIGITS
+from brisvox.wire.jsontext import bounded_params, data, text
+
+RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)  # every rate the protocol knows
+FRAME_MS = 20
+MARK_MODES = ("release", "echo")
+
+
+class NativeError(ValueError):
+    """A client message the gateway refuses (see module invariants)."""
+
+    def __init__(self, code: str, message: str, close: int = 0) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.close = close
+
+
+# --- client -> gateway ------------------------------------------------------------------
+
+
+class NativeStream:
+    """Builds a client's messages for one call (``marks``: None leaves the gateway's default,
+    release; ``params`` None sends none)."""
+
+    def __init__(self, rate: int, params: dict[str, str] | None = None, marks: str | None = None) -> None:
+        self.rate = rate
+        self.params = params
+        self.marks = marks
+
+    def start(self) -> str:
+        msg: dict[str, Any] = {"event": "start", "rate": self.rate}
+        if self.params is not None:
+            msg["params"] = self.params
+        if self.marks is not None:
+            msg["marks"] = self.marks
+        return text(msg)
+
+    @staticmethod
+    def mark(name: str) -> str:
+        """Echo mode: the client played up to the mark ``name``."""
+        return text({"event": "mark", "name": name})
+
+    @staticmethod
+    def dtmf(digit: str, duration_ms: int | None = None) -> str:
+        msg: dict[str, Any] = {"event": "dtmf", "digit": digit}
+        if duration_ms is not None:
+            msg["duration_ms"] = duration_ms
+        return text(msg)
+
+    @staticmethod
+    def stop() -> str:
+        return '{"event":"stop"}'
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """What the gateway keeps of ``start``."""
+
+    rate: int
+    marks_echo: bool  # marks: "echo" (the client echoes each mark) rather than "release"
+    params: dict[str, str] | None = None  # None when absent or not an object
+
+
+def event_name(msg: Any) -> str:
+    """The event of a decoded client message; raises :class:`NativeError` (bad_message)."""
+    if type(msg) is not dict or type(msg.get("event")) is not str:
+        raise NativeError("bad_message", "expected a JSON object with an event")
+    return msg["event"]
+
+
+def parse_start(msg: dict[str, Any], rates: tuple[int, ...] = RATES) -> Start:
+    """The ``start`` message; ``rates`` are the rates this gateway offers."""
+    rate = msg.get("rate")
+    if type(rate) is not int or rate not in rates:
+        raise NativeError("bad_rate", f"rate must be one of {list(rates)}", close=1003)
+    marks = msg.get("marks", "release")
+    if marks not in MARK_MODES:
+        raise NativeError("bad_start", "marks must be release or echo")
+    return Start(rate, marks == "echo", bounded_params(msg.get("params")))
+
+
+def mark_name(msg: dict[str, Any]) -> str:
+    name = msg.get("name")
+    if type(name) is not str:
+        raise NativeError("bad_mark", "mark needs a name")
+    return name
+
+
+def parse_dtmf(msg: dict[str, Any]) -> tuple[str, int]:
+    """``(digit upper case, duration in ms)`` of a ``dtmf`` message (duration 0 when absent or bad)."""
+    digit = msg.get("digit")
+    dur = msg.get("duration_ms", 0)
+    if type(digit) is not str or len(digit) != 1 or digit.upper() not in DIGITS:
+        raise NativeError("bad_dtmf", "digit must be one of 0-9 * # A-D")
+    return digit.upper(), dur if type(dur) is int and dur >= 0 else 0
+
+
+# --- gateway -> client ------------------------------------------------------------------
+
+CLEAR = b'{"event":"clear"}'
+
+
+def started(call_id: str, rate: int, agent: str, frame_ms: int = FRAME_MS) -> bytes:
+    return data({"event": "started", "call_id": call_id, "rate": rate, "frame_ms": frame_ms, "agent": agent})
+
+
+def mark(name: str) -> bytes:
+    """Echo mode: sent right after the frame that reaches the mark."""
+    return b'{"event":"mark","name":' + encode_basestring(name).encode() + b"}"  # jsontext.quote, inlined
+
+
+def dtmf(digits: str) -> bytes:
+    """The agent asks the client to play ``digits``."""
+    return data({"event": "dtmf", "digits": digits})
+
+
+def transfer(target: str) -> bytes:
+    return data({"event": "transfer", "target": target})
+
+
+def error(code: str, message: str) -> bytes:
+    return data({"event": "error", "code": code, "message": message})
+
+
+def stop(reason: str) -> bytes:
+    return data({"event": "stop", "reason": reason})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMessage:
+    """One decoded gateway message; the fields its event does not carry are left empty.
+    ``event`` is ``invalid`` for something that is not an object with an event."""
+
+    event: str
+    call_id: str = ""  # started
+    rate: int = 0  # started
+    frame_ms: int = 0  # started
+    agent: str = ""  # started
+    name: str = ""  # mark
+    digits: str = ""  # dtmf
+    target: str = ""  # transfer
+    code: str = ""  # error
+    message: str = ""  # error
+    reason: str = ""  # stop
+
+
+def server_message(msg: Any) -> ServerMessage:
+    """Read one decoded gateway message (never raises)."""
+    if type(msg) is not dict or type(msg.get("event")) is not str:
+        return ServerMessage("invalid")
+    ev = msg["event"]
+    if ev == "started":
+        rate, frame_ms = msg.get("rate"), msg.get("frame_ms")
+        return ServerMessage(ev, call_id=str(msg.get("call_id", "")), agent=str(msg.get("agent", "")),
+                             rate=rate if type(rate) is int else 0,
+                             frame_ms=frame_ms if type(frame_ms) is int else 0)
+    if ev == "mark":
+        return ServerMessage(ev, name=str(msg.get("name", "")))
+    if ev == "dtmf":
+        return ServerMessage(ev, digits=str(msg.get("digits", "")))
+    if ev == "transfer":
+        return ServerMessage(ev, target=str(msg.get("target", "")))
+    if ev == "error":
+        return ServerMessage(ev, code=str(msg.get("code")), message=str(msg.get("message", "")))
+    if ev == "stop":
+        return ServerMessage(ev, reason=str(msg.get("reason") or ""))
+    return ServerMessage(ev)
