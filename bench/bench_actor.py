@@ -1,4 +1,4 @@
-"""The call actor's own overhead (issue 6): ``python -m bench actor [--quick]``.
+"""The call actor's own overhead: ``python -m bench actor [--quick]``.
 
 Figures:
 
@@ -20,7 +20,7 @@ Figures:
   simulated call (without its conversation), and the agent process's PSS
   growth per live call in the daemon;
 * CPU of the agent processes per call-second under the load benchmark's
-  workload (issue 8): ``brisvoxd`` with ``configs/brisvoxd.bench.toml`` (or
+  workload (docs/BENCHMARKS.md, "Load"): ``brisvoxd`` with ``configs/brisvoxd.bench.toml`` (or
   ``BRISVOX_BENCH_CONFIG`` / ``BRISVOX_BENCH_URL``, as ``bench/bench_load.py``),
   N calls from the load generator, each process's CPU time (psutil) over the
   calls' window divided by the call-seconds, summed over the agent processes
@@ -264,7 +264,7 @@ def run(quick: bool) -> list[Row]:
     n = 20 if quick else 100
     cpu = _agent_cpu(n)
     rows.append((f"load workload, {n} calls: agent processes' CPU per call-second (summed)", cpu.get("agent", float("nan")),
-                 "ms", "(issue 8: 3.5 before the pump/STT batching)"))
+                 "ms", "(3.5 before the pump/STT batching)"))
     for role in ("worker", "gateway"):
         rows.append((f"load workload, {n} calls:   for comparison, the {role}'s", cpu.get(role, float("nan")), "ms", ""))
     return rows

@@ -21,7 +21,7 @@ Figures (measured inside the gateway unless said otherwise):
   ZeroMQ hop and the gateway loop's queue).
 * Underruns and late frames while the out ring has audio (target 0).
 * First frame of a new utterance: from the OutUtterance's arrival to the
-  release of the utterance's first frame (issue 5: at once, not at the next
+  release of the utterance's first frame (target: at once, not at the next
   tick), p50/p99 over the utterances started in the window's run.
 
 The machine is shared (2 cores): the load generator and this process compete

@@ -1,4 +1,4 @@
-"""brisvox under the shared workload: the load benchmark of issue 8 (brisvox side).
+"""brisvox under the shared workload: the load benchmark against Pipecat (brisvox side).
 
 ``python -m bench load [--quick]``. For each N of ``workload.toml``'s
 ``load.brisvox_calls`` it starts ``brisvoxd start --foreground`` fresh with the

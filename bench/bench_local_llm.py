@@ -16,9 +16,9 @@ loads it (:class:`workers.local_llm.LlamaRunner`, one thread, 2048 context):
   checks each (answers the question, one or two sentences, English, no
   lists), as a score out of 80, per decoding setting: ``greedy``
   (temperature 0), ``greedy rp1.1`` (repeat penalty 1.1), ``t0.2`` (temperature
-  0.2, seed 0) and ``greedy few-shot`` (two example exchanges before the
+  0.2, sampling ``seed=0``) and ``greedy few-shot`` (two example exchanges before the
   question);
-* **S1**: seed 000's three-city weather question with a ``get_weather`` tool
+* **S1**: tool scenario S1, the three-city weather question with a ``get_weather`` tool
   offered through the model's own chat template: passed when the model wrote
   exactly three well-formed calls for Paris, Rome and Izmir.
 

@@ -1,4 +1,4 @@
-"""Pipecat 1.14 under the shared workload: the reference side of the comparison (issue 8).
+"""Pipecat 1.14 under the shared workload: the reference side of the load comparison.
 
 ``python -m bench pipecat [--quick]``. Installs ``bench/.venv-pipecat`` if needed
 (``bench/pipecat/install.sh``), then for each N of ``workload.toml``'s
@@ -24,7 +24,7 @@ How Pipecat is run (``BENCH_PIPECAT_MODE``):
 
 Every server process gets ``OPENBLAS_NUM_THREADS=1`` / ``OMP_NUM_THREADS=1``
 (numpy's OpenBLAS helper thread otherwise busy-waits: about 4% of a core per
-process, shared/RESOURCES.md), and Pipecat's log level WARNING: the settings a
+process at one call, measured on 2 cores), and Pipecat's log level WARNING: the settings a
 careful operator would use, so the comparison does not flatter brisvox.
 
 Invariants: only processes this module started are signalled, by pid; each

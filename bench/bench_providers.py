@@ -185,7 +185,7 @@ async def _local(runs: int, burst: int) -> list[Row]:
         med = statistics.median
         rows += [
             (f"STT per utterance (Whisper tiny.en, {len(q) / 8000:.1f} s clip, median of {runs})",
-             med(s_t) * 1000, "ms", "~330 (RESOURCES)"),
+             med(s_t) * 1000, "ms", "~330 idle"),
             ("LLM first token (default local LLM, warm)", med(l_ft) * 1000, "ms", "~200 cold / 8 cached"),
             ("LLM whole reply (<= 40 tokens)", med(l_all) * 1000, "ms", "-"),
             ("TTS first audio (Piper joe, one sentence)", med(t_fa) * 1000, "ms", "~83 per 1.9 s"),

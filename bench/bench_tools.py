@@ -1,4 +1,4 @@
-"""Cost of the tool engine's ``execute`` (seed 000 "Cost": target <= 50 us for a valid typical call).
+"""Cost of the tool engine's ``execute`` (target: <= 50 us for a valid typical call).
 
 Figures, per call, on the real asyncio loop (one process, one thread):
 

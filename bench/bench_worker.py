@@ -284,7 +284,7 @@ def _st_rows(m: dict[str, float]) -> list[Row]:
     rows: list[Row] = [(f"Smart Turn CPU per analysis (1 thread): {k}", v, "ms", "report")
                        for k, v in m.items() if k != "derived"]
     rows.append(("Smart Turn: worker loads the derived float32-softmax file", m["derived"], "bool", "1"))
-    # the load benchmark's workload asks 0.18 analyses per call-second (docs/BENCHMARKS.md, issue 8)
+    # the load benchmark's workload asks 0.18 analyses per call-second (docs/BENCHMARKS.md, "Load")
     for k in ("original", "worker"):
         rows.append((f"Smart Turn CPU per call-second at 0.18 analyses/call-s: {k}",
                      0.18 * m[f"analysis {k}"], "ms", "report"))

@@ -1,4 +1,4 @@
-"""Side by side: brisvox vs Pipecat on the same calls, in one invocation (issue 8).
+"""Side by side: brisvox vs Pipecat on the same calls, in one invocation (docs/BENCHMARKS.md).
 
 ``python -m bench.compare [--quick] [--only pipecat|brisvox]``: measures Pipecat
 (``bench_pipecat``) and brisvox (``bench_load``) with the same workload and

@@ -12,10 +12,10 @@ model judges a model):
 * ``english``: mostly ASCII letters and at least one very common English word;
 * ``plain``: no list, no markdown, no code, no emoji (it is spoken by a TTS).
 
-Also :data:`S1` (seed 000's scenario S1, three independent weather lookups
-asked in one sentence) and :func:`s1_calls`, which reads the tool calls a
-model wrote (Qwen's ``<tool_call>{json}</tool_call>`` text or bare JSON
-objects) and keeps the well-formed ``get_weather`` ones.
+Also :data:`S1` (tool scenario S1 of ``tests/system/test_providers_tool_scenarios.py``:
+three independent weather lookups asked in one sentence) and :func:`s1_calls`,
+which reads the tool calls a model wrote (Qwen's ``<tool_call>{json}</tool_call>``
+text or bare JSON objects) and keeps the well-formed ``get_weather`` ones.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def score(answer: str, accepted: tuple[str, ...]) -> Score:
     return Score(answers, short, int(is_english(answer)), int(is_plain(answer)))
 
 
-# -- seed 000, scenario S1: three independent calls in one response -------------------------------
+# -- tool scenario S1: three independent calls in one response -----------------------------------
 
 S1 = "What is the weather in Paris, Rome and Izmir?"
 S1_CITIES = ("paris", "rome", "izmir")

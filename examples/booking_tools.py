@@ -6,8 +6,8 @@ Named in an agent file as ``tool_modules = ["../../examples/booking_tools.py:too
 * ``check_availability(date, time, people)`` -- ReadOnly: may run
   speculatively and is cancelled at a barge-in.
 * ``book_table(name, date, time, people)`` -- SideEffect. The engine already
-  guarantees that ONE tool call never runs twice in a call (seed 000, "What
-  never twice covers"); it does not know the business rule "one booking per
+  guarantees that ONE tool call never runs twice in a call (docs/TOOLS.md,
+  what "never twice" covers); it does not know the business rule "one booking per
   guest and slot". That rule is enforced here, where the effect lives: the
   application key ``sha256(name, date, time)`` is unique in the store (a
   unique constraint in a real database, or the Idempotency-Key of a booking

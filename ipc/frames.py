@@ -224,7 +224,8 @@ class Cleared(Frame):
 
     ``marks``: names of the marks the cut discarded (never played; for
     Twilio also the marks sent but not yet echoed, whose late echoes the
-    gateway swallows). They settle like seed 003's MarkCleared.
+    gateway swallows). Each settles its utterance in the playout book, which
+    never counts it as played.
     """
 
     call_id: str

@@ -1,6 +1,7 @@
 """Shared-memory audio ring: one writer, any number of readers, int16 samples.
 
-Owns the layout and the read/write protocol of the audio plane (DESIGN.md §2).
+Owns the layout and the read/write protocol of the audio plane (the two planes: control
+frames over ZeroMQ, audio in these rings; docs/ARCHITECTURE.md).
 
 Layout (all header fields are little-endian int64, each on its own 64-byte line)::
 

@@ -1,7 +1,8 @@
 """The inference worker: call table, realtime lane (tick loop) and the control inbox.
 
 Owns everything a worker process does for the calls attached to it
-(DESIGN.md section 1, "Inference workers"). :class:`Worker` holds the state
+(the inference workers of the process map, docs/ARCHITECTURE.md: resampling,
+batched VAD, Smart Turn, local model jobs). :class:`Worker` holds the state
 and the lifecycle (load and warm the models, bind, the serve loop ``run``,
 close, the stats it reports) and mixes in its parts, each of which states its
 invariants:

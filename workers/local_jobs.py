@@ -1,6 +1,7 @@
 """Local STT/TTS/LLM jobs on an inference worker: request handling, lanes, runners.
 
-Owns the worker side of the no-key stack (DESIGN.md section 5). It registers
+Owns the worker side of the no-key stack (the local models a call uses when no
+provider key is configured; docs/PROVIDERS.md, "The local stack"). It registers
 with :mod:`workers.jobs` (FRAME_HANDLERS, DETACH_HOOKS, CLOSE_HOOKS), so the
 worker core serves SttJob, TtsJob, LlmJob and JobCancel without knowing the
 models. Nothing heavy is imported here: each model loads on its lane thread at

@@ -5,12 +5,12 @@ compute_type="int8", cpu_threads=1)``, loaded lazily on the job-lane thread
 that uses it; faster-whisper is imported only then) and one transcription of a
 VAD-gated utterance read from the call's in16 ring.
 
-Guards (RESOURCES.md: a click before speech once sent Whisper into a
-repetition loop): the utterance is trimmed to its voiced part (20 ms frames
-above an energy floor, 150 ms kept around it), clips shorter than 0.2 s are
-not transcribed, at most 30 s are read, decoding is greedy with
-``max_new_tokens`` capped, no conditioning on previous text, a
-no-repeat-ngram guard and the compression-ratio / no-speech filters on.
+Guards (a click before speech once sent Whisper into a repetition loop): the
+utterance is trimmed to its voiced part (20 ms frames above an energy floor,
+150 ms kept around it), clips shorter than 0.2 s are not transcribed, at most
+30 s are read, decoding is greedy with ``max_new_tokens`` capped, no
+conditioning on previous text, a no-repeat-ngram guard and the
+compression-ratio / no-speech filters on.
 Single-threaded use only (one lane thread).
 """
 

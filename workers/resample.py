@@ -9,7 +9,8 @@ Owns the two per-call converters of the worker's realtime lane:
 * :class:`OutputChain` -- the ``tts`` ring (TTS rate) to the ``out`` ring
   (call rate), cutting the stream at utterance boundaries and at epoch cuts.
 
-Position invariants (positions are absolute sample counts, DESIGN.md section 2):
+Position invariants (positions are absolute sample counts since the call started,
+so a position means the same in every process):
 
 * ``in16`` sample ``k`` is the caller audio at time ``k / 16000`` s, i.e. at
   ``in`` position ``k * rate / 16000``. QQ has zero delay (its first output

@@ -6,9 +6,10 @@ Owns three things, each testable without processes:
 * :class:`VadStream` -- the per-call state machine. It consumes one speech
   probability per 512-sample window (32 ms at 16 kHz) and *returns* events
   (:class:`VadEvent`); it does no I/O. Positions are in16 sample positions.
-* :class:`VadHealth` -- the fail-open logic of seed 003 (section 12,
-  VadWorker): consecutive failures spanning a window of audio time fail the
-  call's VAD open; a recovery probe runs every ``recovery_interval`` of audio.
+* :class:`VadHealth` -- the fail-open logic (docs/CONFIGURATION.md, ``[vad]``):
+  consecutive failures spanning a window of audio time fail the call's VAD
+  open (audio keeps flowing, no VAD events are sent); a recovery probe runs
+  every ``recovery_interval`` of audio.
 * :class:`SileroBatch` -- one Silero ONNX run for many calls: a batch row
   per call, one state row per call (slot), 64 samples of context; or, for
   8 kHz calls, the model's native 8 kHz mode (256-sample windows, the same

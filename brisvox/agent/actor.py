@@ -1,20 +1,23 @@
 """CallActor: one call's pipeline, assembled, started, fed and ended.
 
-Owns the assembly of seed 003 ("Assembly") for the ring architecture:
+Owns the life of one call's pipeline on the ring architecture:
 
     pump -> SttStage -> TurnDriver -> LlmRunner -> SegmenterStage -> TtsStage -> TransportOut
 
-* Inbox shapes (``QueueConfig``): input 8 data frames (lossy, drop-oldest),
-  user 8 (lossless), bot 32, sink 4; system lanes 32.
-* One PlayoutBook per call, shared by the TTS stage, TransportOut, the
-  runner, the inbound path and the driver's clear hook, and one
-  :class:`~brisvox.agent.transport_out.ClearLedger` shared by the clear hook
-  and TransportOut.
-* The clear hook (the barge-in fast path): ``book.note_clear`` first, then
-  Clear to the gateway and TtsCut to the worker, synchronously inside the
-  driver's decision step. The pause hook, the same way: ``book.note_pause``
-  / ``note_resume`` and Pause / Resume to the gateway (a barge-in candidate
-  holds the bot's audio until it is confirmed or vetoed).
+* The chain is declared once, as data (:data:`brisvox.agent.chain.CHAIN`:
+  names, classes, config selectors, inbox shapes, upstream routes); the actor
+  assembles it (``chain=``: another declaration, e.g. a test's with one class
+  replaced) over ONE :class:`~brisvox.agent.call_context.CallContext` built
+  per call: clock, epoch watch, task owner, the PlayoutBook (shared by the
+  TTS stage, TransportOut, the runner, the inbound path and the clear hook),
+  the ClearLedger (shared by the clear hook and TransportOut), the timeline,
+  the gateway and worker links and the upstream router.
+* The clear hook (the barge-in fast path, :meth:`CallContext.clear`):
+  ``book.note_clear`` first, then Clear to the gateway and TtsCut to the
+  worker, synchronously inside the driver's decision step. The pause hook,
+  the same way: ``book.note_pause`` / ``note_resume`` and Pause / Resume to
+  the gateway (a barge-in candidate holds the bot's audio until it is
+  confirmed or vetoed).
 * The pump is not a task: the host calls ``on_worker`` (a worker tick for
   this call: in16 position and its typed events, ``ipc/tick_events.py``), ``on_out_utterance``,
   ``on_playback``, ``on_cleared``, ``on_mark_played``, ``on_dtmf``. Each
@@ -30,6 +33,8 @@ Owns the assembly of seed 003 ("Assembly") for the ring architecture:
 * ``hangup(reason)`` sends Stop through the chain, waits (bounded) for every
   stage to finish, ends every remaining task and returns the call record.
   ``live_tasks()`` is 0 afterwards (tested).
+* ``stats()``: one entry per stage of the chain (by its name), then the
+  pump, the book, the clears sent and the tool engine.
 """
 
 from __future__ import annotations
@@ -39,10 +44,12 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.call_io import AudioSink, AudioSource, CallLink
 from brisvox.agent.call_record import build_record
+from brisvox.agent.chain import CHAIN, CallParts, StageSpec, assemble
 from brisvox.agent.context import Context
 from brisvox.agent.frames import (
     AudioFrame,
@@ -54,19 +61,17 @@ from brisvox.agent.frames import (
     UserStoppedSpeaking,
 )
 from brisvox.agent.llm_runner import LlmRunner, LlmRunnerConfig
-from brisvox.agent.playout import PlayoutBook, PlayoutConfig
+from brisvox.agent.playout import PlayoutConfig
 from brisvox.agent.segmenter import SegmenterConfig, SegmenterStage
-from brisvox.agent.stage import EpochWatch, Inbox, TaskOwner
+from brisvox.agent.stage import Stage
 from brisvox.agent.stt_stage import SttStage, SttStageConfig
-from brisvox.agent.timeline import Timeline
 from brisvox.agent.tool_engine import ToolEngine
 from brisvox.agent.tools import ToolRegistry
-from brisvox.agent.transport_out import ClearLedger, TransportOut, TransportOutConfig
+from brisvox.agent.transport_out import TransportOut, TransportOutConfig
 from brisvox.agent.tts_stage import TtsStage, TtsStageConfig
 from brisvox.agent.turn_driver import TurnDriver, TurnDriverConfig
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
-from ipc.frames import Pause, Resume
 from ipc.tick_events import InputGap, SpeechStart, SpeechStop, TickEvent, VadFailed, VadRecovered
 
 log = logging.getLogger("brisvox.agent.actor")
@@ -134,6 +139,7 @@ class CallActor:
         agent: str = "",
         context: Context | None = None,
         greeting: str = "",
+        chain: Sequence[StageSpec] = CHAIN,
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -150,61 +156,25 @@ class CallActor:
         self.started_wall = time.time()
         self.ended_wall: float | None = None
         self.end_reason = ""
-        self.tasks = TaskOwner(f"call:{call_id}")
-        self.watch = EpochWatch()
-        self.timeline = Timeline()
-        self.book = PlayoutBook(clock, call_rate, tts_rate, cfg.playout)
-        self.clears = ClearLedger(call_id, link, sink, time.monotonic_ns)
+        self.call = CallContext.create(call_id, gateway=link, worker=link, sink=sink, call_rate=call_rate,
+                                       tts_rate=tts_rate, clock=clock, playout=cfg.playout)
+        self.tasks = self.call.tasks
+        self.watch = self.call.watch
+        self.timeline = self.call.timeline
+        self.book = self.call.book
+        self.clears = self.call.clears
         self.pump = PumpStats()
-        q = cfg.queues
-        ib = Inbox
-        self.stt = SttStage(stt, cfg.stt, ib("stt", q.input, lossy=True, sys_cap=q.system), clock, self.watch, self.tasks)
-        self.driver = TurnDriver(
-            cfg.turn,
-            ib("turn", q.user, sys_cap=q.system),
-            clock,
-            self.watch,
-            self.tasks,
-            clear_hook=self._clear_hook,
-            pause_hook=self._pause_hook,
-            link=link,
-            timeline=self.timeline,
-        )
         self.engine = ToolEngine(registry, call_id, clock) if registry is not None and len(registry) else None
-        self.runner = LlmRunner(
-            llm,
-            cfg.llm,
-            self.book,
-            self.timeline,
-            self.driver.inbox,
-            ib("llm", q.bot, sys_cap=q.system),
-            clock,
-            self.watch,
-            self.tasks,
-            engine=self.engine,
-            context=context,
-        )
-        self.segmenter = SegmenterStage(cfg.segmenter, ib("segmenter", q.bot, sys_cap=q.system), clock, self.watch, self.tasks)
-        tcfg = cfg.tts if cfg.tts.ring_rate == tts_rate else _with_ring_rate(cfg.tts, tts_rate)
-        self.tts = TtsStage(tts, tcfg, self.book, ib("tts", q.bot, sys_cap=q.system), clock, self.watch, self.tasks)
-        self.out = TransportOut(
-            call_id,
-            cfg.out,
-            sink,
-            link,
-            self.clears,
-            self.book,
-            self.timeline,
-            self.driver.inbox,
-            tts_rate,
-            ib("out", q.sink, sys_cap=q.system),
-            clock,
-            self.watch,
-            self.tasks,
-        )
-        self.stages = [self.stt, self.driver, self.runner, self.segmenter, self.tts, self.out]
-        for a, b in zip(self.stages, self.stages[1:], strict=False):
-            a.pipe(b)
+        parts = CallParts(stt, llm, tts, self.engine, context)
+        self.stages: list[Stage] = assemble(chain, self.call, cfg, parts)
+        named = {s.name: s for s in self.stages}
+        # the stages the host and the pump reach directly (plain attributes: no lookup per tick)
+        self.stt = _stage(named, "stt", SttStage)
+        self.driver = _stage(named, "turn", TurnDriver)
+        self.runner = _stage(named, "llm", LlmRunner)
+        self.segmenter = _stage(named, "segmenter", SegmenterStage)
+        self.tts = _stage(named, "tts", TtsStage)
+        self.out = _stage(named, "out", TransportOut)
         self._in_pos: int | None = None  # in16 position of the first sample not yet given to the STT stage
         self._gap = False
         # audio held in the pump before it is offered to the STT stage (0: every tick)
@@ -225,19 +195,6 @@ class CallActor:
         self.stt.inbox.put_nowait(Start())
         if self.greeting.strip():
             self.stt.inbox.put_nowait(Greet(self.greeting))  # the bot speaks first
-
-    def _clear_hook(self, new_epoch: int, at: float) -> None:
-        self.book.note_clear(new_epoch, at)
-        self.clears.clear(new_epoch)
-
-    def _pause_hook(self, epoch: int, at: float, paused: bool) -> None:
-        """Hold (``paused``) or release the bot's audio of ``epoch`` at the gateway."""
-        if paused:
-            self.book.note_pause(at)
-            self.link.to_gateway(Pause(self.call_id, epoch, time.monotonic_ns()))
-        else:
-            self.book.note_resume()
-            self.link.to_gateway(Resume(self.call_id, epoch, time.monotonic_ns()))
 
     async def hangup(self, reason: str = "hangup") -> dict[str, Any]:
         """End the call: Stop through the chain, bounded wait, end every task, record."""
@@ -377,7 +334,11 @@ class CallActor:
         return d
 
 
-def _with_ring_rate(cfg: TtsStageConfig, rate: int) -> TtsStageConfig:
-    from dataclasses import replace
+S = TypeVar("S", bound=Stage)
 
-    return replace(cfg, ring_rate=rate)
+
+def _stage(named: dict[str, Stage], name: str, cls: type[S]) -> S:
+    st = named.get(name)
+    if not isinstance(st, cls):
+        raise TypeError(f"the chain's stage {name!r} must be a {cls.__name__}, not {type(st).__name__}")
+    return st

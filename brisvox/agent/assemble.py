@@ -1,4 +1,4 @@
-"""Streaming assembly of one LLM response into text and tool calls (seed 000 "Assembly").
+"""Streaming assembly of one LLM response into text and tool calls.
 
 Owns the provider-neutral :class:`ResponseAssembler`: adapters feed it text,
 response provider data and tool-call fragments (keyed by ``index``);

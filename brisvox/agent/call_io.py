@@ -1,6 +1,6 @@
 """The small interfaces a call actor uses to reach the world outside its process.
 
-Owns the seam between the pipeline and its transport (DESIGN.md section 3):
+Owns the seam between the pipeline and its transport:
 the same actor runs in the agent process over shared-memory rings and ZeroMQ
 frames, and in the simulation over in-memory rings and a simulated
 gateway/worker on virtual time.
@@ -11,11 +11,14 @@ gateway/worker on virtual time.
   ``write_pos`` are used.
 * :class:`AudioSink`: the call's ``tts`` ring (synthesized audio at the TTS
   rate, one writer: this actor). Only ``write`` and ``write_pos`` are used.
-* :class:`CallLink`: control frames out of the actor (``ipc/frames.py``):
-  ``to_gateway`` (Clear, Mark, Hangup, SendDtmf, Transfer) and ``to_worker``
-  (TtsUtterance, TtsCut) are non-blocking fire-and-forget sends (a full
-  socket is counted by the implementation, never awaited);
-  ``smart_turn`` is the one request/reply (job lane), bounded by ``timeout``.
+* :class:`GatewayLink` and :class:`WorkerLink`: control frames out of the
+  actor (``ipc/frames.py``): ``to_gateway`` (Clear, Pause, Resume, Mark,
+  Hangup, SendDtmf, Transfer) and ``to_worker`` (TtsUtterance, TtsCut) are
+  non-blocking fire-and-forget sends (a full socket is counted by the
+  implementation, never awaited); ``smart_turn`` (worker) is the one
+  request/reply (job lane), bounded by ``timeout``. The stages see the two
+  halves separately (:class:`~brisvox.agent.call_context.CallContext`);
+  :class:`CallLink` is both, what a host hands the actor.
 
 Frames INTO the actor (worker ticks, OutUtterance, Playback, Cleared,
 MarkPlayed, Dtmf, CallEnd) are delivered by the host calling the actor's
@@ -46,12 +49,18 @@ class AudioSink(Protocol):
     def write(self, samples: np.ndarray) -> int: ...
 
 
-class CallLink(Protocol):
+class GatewayLink(Protocol):
     def to_gateway(self, frame: Frame) -> None: ...
 
+
+class WorkerLink(Protocol):
     def to_worker(self, frame: Frame) -> None: ...
 
     async def smart_turn(self, end_pos: int, timeout: float) -> float | None:  # noqa: ASYNC109
         """Probability that the turn is complete at in16 position ``end_pos``;
         None when the analysis failed, expired or no worker is available."""
         ...
+
+
+class CallLink(GatewayLink, WorkerLink, Protocol):
+    """Both halves: the gateway's and the worker's (one object in the agent process and the sim)."""

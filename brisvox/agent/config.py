@@ -166,10 +166,10 @@ def referenced_agents(cfg: Any) -> list[tuple[str, str]]:
 
 def check_referenced_agents(cfg: Any) -> tuple[list[str], list[str]]:
     """Validate every agent file :func:`referenced_agents` names, offline
-    (:func:`brisvox.config.agent_def.check_agent_file`). Returns (errors,
+    (:func:`brisvox.agent.definition.check_agent_file`). Returns (errors,
     warnings), each one line naming the agent file, its line and key, and the
     daemon config key that references it."""
-    from brisvox.config.agent_def import check_agent_file
+    from brisvox.agent.definition import check_agent_file
 
     base = cfg.section("agents").agents_path(getattr(cfg, "path", None))
     errors: list[str] = []

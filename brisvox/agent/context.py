@@ -1,7 +1,7 @@
 """The conversation context of one call: messages, tool-call ids, ordering rules.
 
-Owns the provider-neutral message model of seed 000 ("Internal
-representation"): ``System | User | Assistant {text, tool_calls,
+Owns the provider-neutral message model (docs/TOOLS.md):
+``System | User | Assistant {text, tool_calls,
 provider_data} | Tool {call_id, content, is_error}``, the stable internal
 tool-call ids ``t<epoch>.<seq>``, the ordering rules (:meth:`Context.validate`),
 the closing of open calls at an interruption, late SideEffect results as

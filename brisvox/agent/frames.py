@@ -1,6 +1,6 @@
 """Frames that flow between the stages of ONE call actor (not ``ipc/frames.py``).
 
-Owns the vocabulary of the in-process pipeline of seed 003 section 1::
+Owns the vocabulary of the in-process pipeline::
 
     pump -> SttStage -> TurnDriver -> LlmRunner -> SegmenterStage -> TtsStage -> TransportOut
 

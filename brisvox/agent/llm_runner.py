@@ -1,7 +1,6 @@
 """LlmRunner: the call's Context, one round task per user turn, the tool loop.
 
-Owns (seed 003 section 4 and "LlmRunner, request building and the tool loop",
-seed 000 "Tool UX"):
+Owns (the tool loop and its UX: docs/TOOLS.md):
 
 * The Context (the probe surface of the sim). Only two writers exist and
   never at once: the runner's ``process`` (turn start, barge-in, hang-up),
@@ -51,6 +50,7 @@ import orjson
 
 from brisvox.agent import tool_errors as te
 from brisvox.agent.assemble import AssembleError, InvalidCall, Response, ResponseAssembler
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.context import (
     AssistantMessage,
     Context,
@@ -75,14 +75,11 @@ from brisvox.agent.frames import (
     UserTurnEnded,
     UserTurnStarted,
 )
-from brisvox.agent.playout import PlayoutBook
 from brisvox.agent.request import RequestConfig, build_request
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
-from brisvox.agent.timeline import Timeline
+from brisvox.agent.stage import Inbox, Stage
 from brisvox.agent.tool_engine import Execution, ToolEngine
 from brisvox.agent.tool_filler import FillerConfig, FillerPolicy
 from brisvox.agent.tools import CancelToken, ToolSpec
-from brisvox.clock import Clock
 from brisvox.providers.base import (
     Done,
     LlmError,
@@ -179,26 +176,21 @@ class LlmRunner(Stage):
 
     def __init__(
         self,
-        provider: LlmProvider,
+        call: CallContext,
         cfg: LlmRunnerConfig,
-        book: PlayoutBook,
-        timeline: Timeline,
-        upstream: Inbox,
         inbox: Inbox,
-        clock: Clock,
-        watch: EpochWatch,
-        tasks: TaskOwner,
+        provider: LlmProvider,
         *,
         engine: ToolEngine | None = None,
         tools: list[ToolSpec] | None = None,
         context: Context | None = None,
     ) -> None:
-        super().__init__("llm", inbox, clock, watch, tasks)
+        super().__init__(call, cfg, inbox)
         self.provider = provider
         self.cfg = cfg
-        self.book = book
-        self.timeline = timeline
-        self.upstream = upstream
+        self.book = call.book
+        self.timeline = call.timeline
+        self.upstream = call.upstream
         self.engine = engine
         self.tools = list(tools or (engine.registry.specs() if engine is not None else []))
         self.ctx = context if context is not None else Context([SystemMessage(cfg.system_prompt)])
@@ -382,7 +374,7 @@ class LlmRunner(Stage):
         await self.guarded_send(LlmResponseEnded(turn.epoch))
         if not turn.spoke:
             self.st.silent_turns += 1
-            self.upstream.put_nowait(BotEnded(turn.epoch, "silent"))
+            self.upstream.send(BotEnded(turn.epoch, "silent"))
 
     async def _run_greeting(self, turn: _Turn, text: str) -> None:
         if text.strip():
@@ -391,7 +383,7 @@ class LlmRunner(Stage):
             return
         await self.guarded_send(LlmResponseEnded(turn.epoch))
         if not turn.spoke:
-            self.upstream.put_nowait(BotEnded(turn.epoch, "silent"))
+            self.upstream.send(BotEnded(turn.epoch, "silent"))
 
     async def _turn_rounds(self, turn: _Turn) -> None:
         tool_rounds = 0

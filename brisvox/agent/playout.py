@@ -1,7 +1,6 @@
 """The playout book of one call and the played-text truncation it drives.
 
-Owns what the caller heard (seed 003 section 5 and "Played-text truncation
-from the PlayoutBook"), keyed EXPLICITLY by ``(epoch, round)``; rounds are
+Owns what the caller heard and the played-text truncation it drives, keyed EXPLICITLY by ``(epoch, round)``; rounds are
 never zipped to utterances by order.
 
 Who writes what:

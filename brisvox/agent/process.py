@@ -1,7 +1,6 @@
 """The agent process: many call actors on one asyncio loop, linked to the gateway and workers.
 
-Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``
-(DESIGN.md sections 1 and 3):
+Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
 
 * ZeroMQ: the process's ROUTER inbox at ``rt.inbox_endpoint("agent", i)``
   and a DEALER to each ready gateway's inbox (one :class:`ipc.links.Links` object, the same
@@ -25,7 +24,7 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``
   (:func:`brisvox.agent.tools_loader.build_registry`, the telephony tools
   bound to the call's link, TransferResult frames routed to the port), its
   actor config (``[agents]`` keys, then the file's prompt, filler,
-  interruption, turn, STT/TTS settings: :func:`brisvox.config.agent_def.actor_config`)
+  interruption, turn, STT/TTS settings: :func:`brisvox.agent.definition.actor_config`)
   and its greeting. With ``providers = "scripted"`` every call gets the
   scripted providers the simulation uses too instead (tests:
   ``brisvox/providers/scripted_session.py``, ``seeded_fakes.py``).
@@ -58,11 +57,12 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.actor import CallActor
 from brisvox.agent.call_record import write_record
 from brisvox.agent.config import AgentsConfig, CallsConfig, check_referenced_agents
+from brisvox.agent.scripted_call import scripted_providers
 from ipc.frames import (
     CallAccepted,
     CallEnd,
@@ -81,6 +81,9 @@ from ipc.frames import (
     TtsUtterance,
 )
 from ipc.tick_events import TickEvent
+
+if TYPE_CHECKING:
+    from brisvox.agent.definition import AgentDef
 
 log = logging.getLogger("brisvox.agent.process")
 
@@ -141,33 +144,6 @@ class _CallSlot:
         self.telephony = telephony
 
 
-def scripted_providers(cfg: AgentsConfig, call_id: str, tts_rate: int) -> tuple[Any, Any, Any]:
-    """The scripted provider set: lines from ``[agents] script`` (JSON: {"user": [...],
-    "bot": [...]}) or built-in demo lines."""
-    import orjson
-
-    from brisvox.providers.scripted_session import ScriptedLinesStt
-    from brisvox.providers.seeded_fakes import FakeLlm, FakeTts, LlmScript, Say
-    from brisvox.providers.word_codec import Vocab
-
-    user: list[str] = ["hello", "tell me more", "thank you"]
-    bot: list[str] = [
-        "Hello! I am the scripted brisvox agent. This line is long enough to be interrupted, "
-        "so go ahead and talk over me whenever you like.",
-        "Here is more. The scripted agent speaks fixed lines in order.",
-        "You are welcome. Goodbye.",
-    ]
-    if cfg.script:
-        data = orjson.loads(Path(cfg.script).read_bytes())
-        user = [str(x) for x in data.get("user", user)]
-        bot = [str(x) for x in data.get("bot", bot)]
-    seed = sum(call_id.encode()) % 1000
-    stt = ScriptedLinesStt(user, seed=seed)
-    llm = FakeLlm([LlmScript((Say(b),)) for b in bot], seed=seed + 1, default=LlmScript((Say("Okay."),)))
-    tts = FakeTts(Vocab(), seed=seed + 2, rate=tts_rate)
-    return stt, llm, tts
-
-
 class AgentProcess:
     def __init__(self, rt: Any, cfg: AgentsConfig, calls_cfg: CallsConfig, records_dir: Path | None) -> None:
         self.rt = rt
@@ -191,7 +167,7 @@ class AgentProcess:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
-        self._agents: dict[str, tuple[float, Any]] = {}  # agent definitions: name -> (mtime, AgentDef)
+        self._agents: dict[str, tuple[float, AgentDef]] = {}  # agent definitions: name -> (mtime, definition)
         # what the gateways send: frame class -> handler(frame, sender, cid)
         self.handlers: dict[type[Frame], Callable[[Any, str, int | str | None], None]] = {
             CallStart: self._on_call_start,
@@ -336,7 +312,7 @@ class AgentProcess:
                 await self._undo_attach(f.call_id, rings)
                 log.warning("call %s refused: agent %r: %s", f.call_id, f.agent, f"{type(e).__name__}: {e}"[:300])
                 return refuse("bad_agent", f"{type(e).__name__}: {e}"[:200])
-            from brisvox.config.agent_def import actor_config
+            from brisvox.agent.definition import actor_config
 
             actor_cfg = actor_config(agent, base=actor_cfg)
             greeting = agent.greeting
@@ -364,10 +340,10 @@ class AgentProcess:
         self.counters["calls_started"] += 1
         self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker), cid)
 
-    def _agent_def(self, name: str) -> Any:
+    def _agent_def(self, name: str) -> AgentDef:
         """The parsed agent file ``<agents dir>/<name>.toml``, re-read when it changed."""
         from brisvox.agent.config import AGENT_NAME
-        from brisvox.config.agent_def import load_agent
+        from brisvox.agent.definition import load_agent
 
         if not AGENT_NAME.match(name):
             raise ValueError(f"invalid agent name {name!r}")
@@ -388,7 +364,7 @@ class AgentProcess:
             self.jobs = WorkerJobChannel(self.workers)
         return self.jobs
 
-    def _from_definition(self, agent: Any, f: CallStart, link: ProcessLink) -> tuple[Any, Any, Any, Any, Any]:
+    def _from_definition(self, agent: AgentDef, f: CallStart, link: ProcessLink) -> tuple[Any, Any, Any, Any, Any]:
         """Providers, tool registry and telephony port of a call from its agent definition."""
         from brisvox.agent.tools_builtin import LinkTelephony
         from brisvox.agent.tools_loader import build_registry
@@ -538,7 +514,7 @@ def gc_freeze() -> None:
     tracked objects) out of the cyclic collector's reach, so a full collection scans
     only what the calls allocated (about 3,000 tracked objects per live call; at 100
     calls in one process a full collection still pauses the loop 80-190 ms, which is
-    why the benchmark runs two agent processes: docs/BENCHMARKS.md, issue 8)."""
+    why the benchmark runs two agent processes: docs/BENCHMARKS.md)."""
     import gc
 
     gc.collect()

@@ -1,7 +1,7 @@
 """RequestBuilder: the single seam from the call's Context to a provider LlmRequest.
 
-Owns the conversion of seed 003 section 4 ("a convert module maps agent
-Context/Message/ToolSpec to providers types") and the request window:
+Owns the conversion of the agent's Context/Message/ToolSpec to the
+providers' types and the request window:
 
 * assistant tool calls keep the internal id (``t<epoch>.<seq>``) and the
   provider's id; arguments and provider data become JSON text;

@@ -1,7 +1,6 @@
 """Segmenter and SegmenterStage: LLM text deltas -> raw text chunks for the TTS.
 
-Owns where the streamed text of a round is cut into TTS chunks (seed 003,
-"Output chain"):
+Owns where the streamed text of a round is cut into TTS chunks:
 
 * Each chunk is the RAW slice ``stream[prev_end:cut]`` (leading whitespace
   included), so the concatenation of all chunks of a round is byte-identical
@@ -25,6 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.frames import (
     Flush,
     Interrupt,
@@ -34,8 +34,7 @@ from brisvox.agent.frames import (
     PipelineFrame,
     TextChunk,
 )
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
-from brisvox.clock import Clock
+from brisvox.agent.stage import Inbox, Stage
 
 _WORD = re.compile(r"\S+")
 _SENTENCE_END = ".!?…。"
@@ -114,8 +113,8 @@ class Segmenter:
 class SegmenterStage(Stage):
     DROP_STALE = True
 
-    def __init__(self, cfg: SegmenterConfig, inbox: Inbox, clock: Clock, watch: EpochWatch, tasks: TaskOwner) -> None:
-        super().__init__("segmenter", inbox, clock, watch, tasks)
+    def __init__(self, call: CallContext, cfg: SegmenterConfig, inbox: Inbox) -> None:
+        super().__init__(call, cfg, inbox)
         self.seg = Segmenter(cfg)
         self._round = 0
         self.chunks = 0

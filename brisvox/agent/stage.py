@@ -1,13 +1,16 @@
 """Stage machinery of a call actor: bounded three-lane inboxes, the stage loop,
 epoch filtering, guarded sends and task ownership.
 
-Owns how frames move between the stages of one call (seed 003 section 1):
+Owns how frames move between the stages of one call:
 
 * :class:`Inbox`: a SYSTEM lane (overtakes everything), an UPSTREAM lane
   (frames against the flow, always ``put_nowait``) and a bounded DATA lane.
   Lossy inboxes drop the OLDEST data frame when full; lossless ones make the
   sender wait (back-pressure). Every drop is counted, never silent.
 * :class:`Stage`: one task per stage running ``process`` for each frame,
+  constructed as ``Stage(call, cfg, inbox, *own)`` (the call's shared
+  :class:`~brisvox.agent.call_context.CallContext`, the stage's config, its
+  inbox, then only what is truly its own) and named after its inbox,
   system frames first, plus a single level-triggered deadline
   (``self.deadline``; ``on_deadline(now)`` runs when it passes). A DropStale
   stage drops data frames of epochs older than the newest epoch it has seen.
@@ -28,10 +31,12 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.frames import DATA, SYSTEM, UPSTREAM, Interrupt, PipelineFrame, Stop
-from brisvox.clock import Clock
+
+if TYPE_CHECKING:
+    from brisvox.agent.call_context import CallContext
 
 log = logging.getLogger("brisvox.agent")
 
@@ -236,6 +241,10 @@ async def cancel_and_join(task: asyncio.Task[Any] | None, timeout: float) -> boo
 class Stage:
     """One pipeline stage: a task running :meth:`process` for each frame.
 
+    Every stage is built the same way: ``Stage(call, cfg, inbox, *own)``; the
+    base keeps the call's clock, epoch watch and task owner as its own
+    attributes (no hop through the context on the hot path) and leaves the
+    typed ``cfg`` to the subclass (the base stage, a pass-through, has none).
     Subclasses set ``DROP_STALE``; they call :meth:`send` to pass frames on
     (awaiting back-pressure on a lossless downstream data lane) and
     :meth:`guarded_send` from helper tasks.
@@ -243,12 +252,13 @@ class Stage:
 
     DROP_STALE = False
 
-    def __init__(self, name: str, inbox: Inbox, clock: Clock, watch: EpochWatch, tasks: TaskOwner) -> None:
-        self.name = name
+    def __init__(self, call: CallContext, cfg: object, inbox: Inbox) -> None:
+        self.name = inbox.name
+        self.call = call
         self.inbox = inbox
-        self.clock = clock
-        self.watch = watch
-        self.tasks = tasks
+        self.clock = call.clock
+        self.watch = call.watch
+        self.tasks = call.tasks
         self.next: Stage | None = None
         self.epoch = 0  # newest epoch seen (DropStale)
         self.deadline: float | None = None

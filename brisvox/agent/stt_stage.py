@@ -1,13 +1,12 @@
 """SttStage: caller audio to the STT provider, transcripts and UtteranceFinals back.
 
-Owns the call's STT session (seed 003, "SttStage and TurnDriver"):
+Owns the call's STT session:
 
 * ``process`` never awaits the provider. A session that is an
   ``SttSpanSink`` (a model reading in16 itself) gets each chunk's in16
   positions (``note_span``) right before the chunk. Audio is queued (bounded,
   drop-newest at ``audio_queue``, counted) for ONE session task, and not
-  forwarded (a deviation from seed 003, whose stage forwards audio
-  downstream: nothing after this stage used it): the turn driver takes the in16 positions it needs from the
+  forwarded (nothing after this stage uses it): the turn driver takes the in16 positions it needs from the
   actor's pump (``TurnDriver.note_audio_end``), so caller audio costs no
   frame hop and no task wake past this stage. A provider that declares
   ``audio_batch`` (seconds; e.g. the scripted STT) gets its audio from the
@@ -44,6 +43,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.frames import (
     AudioFrame,
     PipelineFrame,
@@ -54,8 +54,7 @@ from brisvox.agent.frames import (
     UserTranscript,
     UtteranceFinal,
 )
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner, cancel_and_join
-from brisvox.clock import Clock
+from brisvox.agent.stage import Inbox, Stage, cancel_and_join
 from brisvox.providers.base import (
     ProviderError,
     ProviderTimeouts,
@@ -106,16 +105,8 @@ class SttStats:
 class SttStage(Stage):
     DROP_STALE = False
 
-    def __init__(
-        self,
-        provider: SttProvider,
-        cfg: SttStageConfig,
-        inbox: Inbox,
-        clock: Clock,
-        watch: EpochWatch,
-        tasks: TaskOwner,
-    ) -> None:
-        super().__init__("stt", inbox, clock, watch, tasks)
+    def __init__(self, call: CallContext, cfg: SttStageConfig, inbox: Inbox, provider: SttProvider) -> None:
+        super().__init__(call, cfg, inbox)
         self.provider = provider
         self.cfg = cfg
         self.st = SttStats()

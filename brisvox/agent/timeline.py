@@ -1,6 +1,6 @@
 """Per-turn timeline of one call: the instants the latency figures are made of.
 
-Owns the marks of seed 003 ("Timeline marks"): user speech start/end, turn
+Owns the timeline marks: user speech start/end, turn
 end (the gated release), LLM request / first token / done per round, first
 audio handed to the transport, interruption. Times are call-clock seconds.
 The call record reports ``turn_latencies()``; the bench reads the raw marks.

@@ -1,4 +1,5 @@
-"""The confirmation gate's pending requests (seed 000 "Confirmation gate for SideEffect tools").
+"""The confirmation gate's pending requests (SideEffect tools that
+need the caller's yes).
 
 Owns the per-session set of calls that wait for the user's "yes" and the
 order-of-events rules the engine enforces; the meaning of "yes" is the

@@ -1,4 +1,4 @@
-"""Error results of the tool layer: kinds, bounded fields, JSON bodies (seed 000 "Error results").
+"""Error results of the tool layer: kinds, bounded fields, JSON bodies (docs/TOOLS.md).
 
 Owns the spelling of every error kind the LLM can read and the byte bounds of
 the fields of an error body. Every refusal or failure of a tool call is a tool
@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-# --- kinds (spelled exactly as seed 000 spells them) ----------------------------------
+# --- kinds (spelled exactly as docs/TOOLS.md spells them) ----------------------------
 
 INVALID_TOOL_CALL = "invalid tool call"
 UNKNOWN_TOOL = "unknown_tool"

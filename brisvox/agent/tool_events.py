@@ -1,4 +1,4 @@
-"""Observability of the tool engine: outcome names, settle events, counters (seed 000 item 10).
+"""Observability of the tool engine: outcome names, settle events, counters.
 
 Owns the trace of tool calls: one structured ``tool call settled`` event per
 settled call on the logger ``brisvox.tools`` (DEBUG), ``tool call held`` for a
@@ -21,7 +21,7 @@ from brisvox.agent.tools import IdempotencyKey
 
 LOG = logging.getLogger("brisvox.tools")
 
-# Outcomes (seed 000 "Observability" and "Tool UX").
+# Outcomes (docs/TOOLS.md).
 OK = "ok"
 OK_TRUNCATED = "ok_truncated"
 FAILED = "failed"

@@ -1,4 +1,4 @@
-"""The filler policy: when a tool round says "one moment" and which phrase (seed 000 item 9).
+"""The filler policy: when a tool round says "one moment" and which phrase.
 
 Owns the decision only; the call actor plays the phrase as its own round.
 

@@ -1,4 +1,4 @@
-"""The per-session idempotency store of SideEffect calls (seed 000 items 5, 6, 8).
+"""The per-session idempotency store of SideEffect calls.
 
 Owns the state of every SideEffect key: in flight, done (the recorded result)
 or lost (the call ended without a result), and the store's bounds.

@@ -1,4 +1,4 @@
-"""Recent SideEffect calls of a session: orphans and repeats (seed 000 "Regeneration", "Repeats").
+"""Recent SideEffect calls of a session: orphans and repeats.
 
 Owns the memory the idempotency key cannot give: a regenerated response has
 a new epoch and new call ids, and a repeated call in a later response of the

@@ -1,6 +1,6 @@
 """Argument schemas of tools: compiled once, offline, validated with bounded reports.
 
-Owns the JSON Schema side of seed 000 "Validation": a tool's ``parameters``
+Owns the JSON Schema side of argument validation: a tool's ``parameters``
 (draft 2020-12) are compiled once at registration; arguments are checked in
 the engine's planning step.
 

@@ -1,4 +1,4 @@
-"""Tool specs, the per-call registry, and what a tool receives (seed 000 "Tool engine").
+"""Tool specs, the per-call registry, and what a tool receives (docs/TOOLS.md).
 
 Owns :class:`ToolSpec` / :class:`ToolKind`, :class:`ToolRegistry` (with its
 :class:`RegistryError` rejections), the tool calling convention (an async

@@ -1,6 +1,6 @@
 """The built-in telephony tools: ``end_call``, ``send_dtmf`` (repeatable), ``transfer_call``.
 
-Owns their specs and bodies. All three are SideEffect tools (seed 000: never
+Owns their specs and bodies. All three are SideEffect tools (never
 run twice for one call, never speculative); ``send_dtmf`` is declared
 repeatable (pressing the same IVR digit again in a later response is a new
 action), ``end_call`` and ``transfer_call`` are not. Their effects go out

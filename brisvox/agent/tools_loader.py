@@ -1,7 +1,7 @@
 """Tool hosting: what an agent definition's ``tools`` resolve to, and a call's registry.
 
 Owns the loading of application tools and the fail-closed setup of a call's
-:class:`~brisvox.agent.tools.ToolRegistry` (seed 000 "In the server"):
+:class:`~brisvox.agent.tools.ToolRegistry`:
 
 * A tool module is named in the agent file as ``package.module:function``
   (importable on the process's path) or ``path/to/file.py:function`` (relative

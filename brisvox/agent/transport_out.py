@@ -1,7 +1,7 @@
 """TransportOut: bot audio into the call's tts ring, the epoch ledger, end marks.
 
-Owns the tail of the output chain (seed 003, "Output chain", adapted to the
-ring architecture of DESIGN.md section 2):
+Owns the tail of the output chain on the ring architecture (the agent writes
+the tts ring, the worker converts it, the gateway paces the out ring):
 
 * Audio of a live epoch is written into the ``tts`` ring (the worker converts
   it into the ``out`` ring, the gateway paces it). A new utterance is
@@ -20,7 +20,7 @@ ring architecture of DESIGN.md section 2):
   count (``stale_dropped``, ``stale_control``); the floor is the newest of its
   own Clear epoch and the last Interrupt. Before the first audio of any epoch
   above ``tx_epoch`` it sends Clear{epoch} (idempotent through the shared
-  :class:`ClearLedger`; on an idle transport it cuts nothing; without it the
+  :class:`~brisvox.agent.call_context.ClearLedger`; on an idle transport it cuts nothing; without it the
   second turn's audio would be refused by the gateway), marked ``lazy`` so
   the gateway can tell it from a barge-in when it races the new response's
   first frame (see ``ipc.frames.Clear``).
@@ -38,10 +38,9 @@ ring architecture of DESIGN.md section 2):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from brisvox.agent.call_io import AudioSink, CallLink
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.frames import (
     AudioOut,
     BotEnded,
@@ -51,11 +50,8 @@ from brisvox.agent.frames import (
     Stop,
     TtsEnded,
 )
-from brisvox.agent.playout import PlayoutBook
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
-from brisvox.agent.timeline import Timeline
-from brisvox.clock import Clock
-from ipc.frames import Clear, Mark, TtsCut, TtsUtterance
+from brisvox.agent.stage import Inbox, Stage
+from ipc.frames import Mark, TtsUtterance
 
 log = logging.getLogger("brisvox.agent.out")
 
@@ -65,36 +61,6 @@ class TransportOutConfig:
     max_ahead: float = 2.0
     mark_timeout: float = 10.0
     max_hold: float = 4.0  # above the gateway's pause bound ([gateway] pause_max_ms)
-
-
-class ClearLedger:
-    """The newest epoch cleared FOR; Clear is idempotent per epoch.
-
-    ``clear(epoch)`` makes every epoch below ``epoch`` dead: it sends the
-    gateway ``Clear(epoch - 1)`` and the worker ``TtsCut(epoch - 1, tts write
-    position)`` (on the wire a Clear/TtsCut names the newest DEAD epoch: the
-    gateway refuses out-ring audio of epochs <= it), only for an epoch above
-    every earlier one.
-    """
-
-    __slots__ = ("call_id", "link", "sink", "clock_ns", "epoch", "sent")
-
-    def __init__(self, call_id: str, link: CallLink, sink: AudioSink, clock_ns: Callable[[], int]) -> None:
-        self.call_id = call_id
-        self.link = link
-        self.sink = sink
-        self.clock_ns = clock_ns
-        self.epoch = 0
-        self.sent = 0
-
-    def clear(self, epoch: int, lazy: bool = False) -> bool:
-        if epoch <= self.epoch:
-            return False
-        self.epoch = epoch
-        self.sent += 1
-        self.link.to_gateway(Clear(self.call_id, epoch - 1, self.clock_ns(), lazy))
-        self.link.to_worker(TtsCut(self.call_id, epoch - 1, self.sink.write_pos))
-        return True
 
 
 @dataclass(slots=True)
@@ -127,32 +93,18 @@ class _EpochOut:
 class TransportOut(Stage):
     DROP_STALE = False  # filters epochs itself (counted)
 
-    def __init__(
-        self,
-        call_id: str,
-        cfg: TransportOutConfig,
-        sink: AudioSink,
-        link: CallLink,
-        clears: ClearLedger,
-        book: PlayoutBook,
-        timeline: Timeline,
-        upstream: Inbox,
-        tts_rate: int,
-        inbox: Inbox,
-        clock: Clock,
-        watch: EpochWatch,
-        tasks: TaskOwner,
-    ) -> None:
-        super().__init__("out", inbox, clock, watch, tasks)
-        self.call_id = call_id
+    def __init__(self, call: CallContext, cfg: TransportOutConfig, inbox: Inbox) -> None:
+        super().__init__(call, cfg, inbox)
+        self.call_id = call.call_id
         self.cfg = cfg
-        self.sink = sink
-        self.link = link
-        self.clears = clears
-        self.book = book
-        self.timeline = timeline
-        self.upstream = upstream
-        self.tts_rate = tts_rate
+        self.sink = call.sink
+        self.gateway = call.gateway
+        self.worker = call.worker
+        self.clears = call.clears
+        self.book = call.book
+        self.timeline = call.timeline
+        self.upstream = call.upstream
+        self.tts_rate = call.tts_rate
         self.st = OutStats()
         self.floor = 0
         self.tx_epoch = 0
@@ -217,7 +169,7 @@ class TransportOut(Stage):
             pos = self.sink.write_pos
             self.st.utterances += 1
             self.book.utterance_tts_start(f.utterance, pos)
-            self.link.to_worker(TtsUtterance(self.call_id, f.utterance, e, pos))
+            self.worker.to_worker(TtsUtterance(self.call_id, f.utterance, e, pos))
         n = len(f.samples)
         self.sink.write(f.samples)
         self.book.add_audio(f.utterance, n)
@@ -229,7 +181,7 @@ class TransportOut(Stage):
             eo = _EpochOut(now, self._play_end, f.utterance, [f.utterance])
             self._epochs[e] = eo
             self.timeline.first_audio_out(e, now)
-            self.upstream.put_nowait(BotStarted(e, now))
+            self.upstream.send(BotStarted(e, now))
         else:
             eo.play_end = self._play_end
             if eo.last_utt != f.utterance:
@@ -261,7 +213,7 @@ class TransportOut(Stage):
 
     def _send_mark(self, name: str, position: int) -> None:
         self.st.marks_sent += 1
-        self.link.to_gateway(Mark(self.call_id, name, position))
+        self.gateway.to_gateway(Mark(self.call_id, name, position))
 
     def _report_end(self, epoch: int, reason: str) -> None:
         if epoch in self._ended_through:
@@ -270,7 +222,7 @@ class TransportOut(Stage):
         self._ended_through.add(epoch)
         if len(self._ended_through) > 64:
             self._ended_through = {e for e in self._ended_through if e >= epoch - 32}
-        self.upstream.put_nowait(BotEnded(epoch, reason))
+        self.upstream.send(BotEnded(epoch, reason))
 
     # -- inbound (called by the actor's pump; synchronous) --------------------------------
     def on_out_utterance(self, utt: int, out_pos: int) -> None:

@@ -1,4 +1,5 @@
-"""Applying a heard prefix to an assistant message of the context (seed 003 section 5).
+"""Applying a heard prefix to an assistant message of the context (the
+played-text cut of a barge-in).
 
 Owns HOW a played-text cut changes the context; WHAT was heard is decided
 elsewhere (the call actor's playout book builds a :class:`Truncation`).

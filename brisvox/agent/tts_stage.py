@@ -1,6 +1,6 @@
 """TtsStage: text chunks -> the TTS provider -> audio for TransportOut.
 
-Owns the call's TTS session (seed 003, "Output chain"):
+Owns the call's TTS session:
 
 * One provider context per text-bearing round; its id (session-monotonic)
   is the utterance id of the playout book, registered as (epoch, round).
@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.frames import (
     AudioOut,
     Flush,
@@ -49,9 +50,7 @@ from brisvox.agent.frames import (
     TextChunk,
     TtsEnded,
 )
-from brisvox.agent.playout import PlayoutBook
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner, cancel_and_join
-from brisvox.clock import Clock
+from brisvox.agent.stage import Inbox, Stage, cancel_and_join
 from brisvox.providers.base import (
     ProviderError,
     ProviderTimeouts,
@@ -111,20 +110,11 @@ class TtsStats:
 class TtsStage(Stage):
     DROP_STALE = True
 
-    def __init__(
-        self,
-        provider: TtsProvider,
-        cfg: TtsStageConfig,
-        book: PlayoutBook,
-        inbox: Inbox,
-        clock: Clock,
-        watch: EpochWatch,
-        tasks: TaskOwner,
-    ) -> None:
-        super().__init__("tts", inbox, clock, watch, tasks)
+    def __init__(self, call: CallContext, cfg: TtsStageConfig, inbox: Inbox, provider: TtsProvider) -> None:
+        super().__init__(call, cfg, inbox)
         self.provider = provider
         self.cfg = cfg
-        self.book = book
+        self.book = call.book
         self.st = TtsStats()
         self.session: TtsSession | None = None
         self._reader: asyncio.Task[None] | None = None

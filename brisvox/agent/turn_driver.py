@@ -1,6 +1,6 @@
 """TurnDriver: the sole epoch authority of a call; runs the TurnMachine.
 
-Owns (seed 003 sections 2-3 and "SttStage and TurnDriver"):
+Owns:
 
 * The :class:`~brisvox.agent.turn_machine.TurnMachine` and the execution of
   its actions. One timer slot for the machine plus the driver's own
@@ -57,7 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from brisvox.agent import turn_machine as tm
-from brisvox.agent.call_io import CallLink
+from brisvox.agent.call_context import CallContext
+from brisvox.agent.call_io import WorkerLink
 from brisvox.agent.frames import (
     AudioFrame,
     BotEnded,
@@ -76,9 +77,7 @@ from brisvox.agent.frames import (
     UtteranceFinal,
     Wake,
 )
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
-from brisvox.agent.timeline import Timeline
-from brisvox.clock import Clock
+from brisvox.agent.stage import Inbox, Stage
 
 log = logging.getLogger("brisvox.agent.turn")
 
@@ -139,26 +138,14 @@ class DriverStats:
 class TurnDriver(Stage):
     DROP_STALE = False
 
-    def __init__(
-        self,
-        cfg: TurnDriverConfig,
-        inbox: Inbox,
-        clock: Clock,
-        watch: EpochWatch,
-        tasks: TaskOwner,
-        *,
-        clear_hook: ClearHook,
-        pause_hook: PauseHook | None = None,
-        link: CallLink | None,
-        timeline: Timeline,
-    ) -> None:
-        super().__init__("turn", inbox, clock, watch, tasks)
+    def __init__(self, call: CallContext, cfg: TurnDriverConfig, inbox: Inbox) -> None:
+        super().__init__(call, cfg, inbox)
         self.cfg = cfg
         self.machine = tm.TurnMachine(cfg.turn)
-        self.clear_hook = clear_hook
-        self.pause_hook = pause_hook
-        self.link = link
-        self.timeline = timeline
+        self.clear_hook: ClearHook = call.clear  # the barge-in fast path (CallContext.clear)
+        self.pause_hook: PauseHook | None = call.pause
+        self.link: WorkerLink | None = call.worker  # smart_turn
+        self.timeline = call.timeline
         self.st = DriverStats()
         self._owed: deque[_Owed] = deque()
         self._segments: list[str] = []

@@ -1,6 +1,6 @@
 """The turn machine: who is talking, when a user turn ends, when a barge-in is real.
 
-A pure state machine (seed 003 sections 2 and 3): ``handle(input)`` returns a
+A pure state machine of turns and barge-in: ``handle(input)`` returns a
 list of actions and performs no I/O; the TurnDriver executes the actions.
 It owns the turn epoch: every new user turn bumps it, and
 ``Interrupt(old, new)`` is returned only on a real barge-in (the bot was

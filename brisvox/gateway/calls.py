@@ -46,7 +46,9 @@ def ring_capacity(rate: int, seconds: float) -> int:
 
 
 class Leg(Protocol):
-    """The transport side of a call (SIP dialog + RTP, Twilio or native WebSocket)."""
+    """The transport side of a call (SIP dialog + RTP, Twilio or native WebSocket), as the
+    pacer and the core drive it; every leg subclasses :class:`brisvox.gateway.leg.TransportLeg`,
+    which gives the optional capabilities their defaults."""
 
     transport: str
     marks_by_echo: bool  # the peer echoes marks (Twilio); else the gateway reports on release

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brisvox.config.errors import ConfigError
+from brisvox.gateway.transports import websocket_protocols
 from brisvox.wire.native import RATES as NATIVE_RATES
 
 AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -185,7 +186,8 @@ class SipConfig:
 
 @dataclass(frozen=True, slots=True)
 class WsRoute:
-    """One WebSocket path: ``protocol`` (twilio | native) and the agent it serves."""
+    """One WebSocket path: ``protocol`` (a WebSocket transport of
+    :data:`brisvox.gateway.transports.TRANSPORTS`: twilio | native) and the agent it serves."""
 
     path: str
     protocol: str
@@ -230,8 +232,8 @@ class WebSocketConfig:
                 path, proto, agent = r.get("path"), r.get("protocol"), r.get("agent", "default")
                 if type(path) is not str or not path.startswith("/"):
                     raise ConfigError(f"{key}.path", "expected a path starting with /")
-                if proto not in ("twilio", "native"):
-                    raise ConfigError(f"{key}.protocol", "expected twilio or native")
+                if proto not in websocket_protocols():
+                    raise ConfigError(f"{key}.protocol", f"expected one of {', '.join(websocket_protocols())}")
                 if type(agent) is not str:
                     raise ConfigError(f"{key}.agent", "expected an agent name")
                 _agent(f"{key}.agent", agent)

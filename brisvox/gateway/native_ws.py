@@ -38,42 +38,40 @@ import orjson
 
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
+from brisvox.gateway.leg import TransportLeg
 from brisvox.wire import dtmf, native
 from brisvox.wire.native import NativeError
 
 if TYPE_CHECKING:
-    from brisvox.gateway.core import GatewayCore
+    from brisvox.gateway.host import CallHost
     from brisvox.gateway.ws_server import WsConnection
 
 log = logging.getLogger("brisvox.gateway.native")
 
 
-class NativeSession:
+class NativeSession(TransportLeg):
     """One native stream: protocol handler and call leg."""
 
     transport = "native"
 
-    def __init__(self, core: GatewayCore, conn: WsConnection, route: WsRoute) -> None:
-        self.core = core
+    def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
+        self.host = host
         self.conn = conn
         self.route = route
         self.call: Call | None = None
         self.marks_by_echo = False
         self.rate = 0
-        loop = core.loop or asyncio.get_event_loop()
-        self._start_timer: asyncio.TimerHandle | None = loop.call_later(
-            core.settings.websocket.start_timeout_s, self._no_start)
+        self._start_timer: asyncio.TimerHandle | None = host.call_later(
+            host.settings.websocket.start_timeout_s, self._no_start)
 
     # -- errors ---------------------------------------------------------------------
 
     def _error(self, code: str, message: str) -> None:
-        self.core.metrics.inc(f"ws_malformed_{code}")
-        if self.call is not None:
-            self.call.stats.malformed += 1
+        self.host.protocol_error(self.call, f"ws_malformed_{code}")
         self.conn.send_text(native.error(code, message))
 
     def _close(self, kind: str, code: int, reason: str) -> None:
-        self.core.metrics.inc(f"ws_malformed_{kind}")
+        self.host.count(f"ws_malformed_{kind}")
         self.conn.close(code, reason)
         self._ended(f"protocol error: {kind}")
 
@@ -92,12 +90,7 @@ class NativeSession:
         if len(data) % 2:
             self._error("odd_frame", "PCM16 frames have an even number of bytes")
             return
-        st = call.stats
-        st.packets_in += 1
-        st.bytes_in += len(data)
-        if data and not call.transport_done:
-            call.in_ring.write(np.frombuffer(data, dtype="<i2"))
-            st.samples_in += len(data) // 2
+        self.host.audio_in(call, np.frombuffer(data, dtype="<i2"), self.rate, len(data))
 
     def on_text(self, data: bytes) -> None:
         try:
@@ -112,13 +105,13 @@ class NativeSession:
             elif ev == "mark":
                 name = native.mark_name(msg)
                 if self.call is not None and self.marks_by_echo:
-                    self.core.mark_echo(self.call, name)
+                    self.host.mark_echo(self.call, name)
             elif ev == "dtmf":
                 digit, dur = native.parse_dtmf(msg)
                 if self.call is None:
                     self._error("dtmf_before_start", "send start first")
                 else:
-                    self.core.dtmf_in(self.call, digit, dur)
+                    self.host.dtmf_in(self.call, digit, dur)
             elif ev == "stop":
                 self._ended("stop")
                 self.conn.send_text(native.stop("client stop"))
@@ -135,12 +128,12 @@ class NativeSession:
         if self.call is not None:
             self._error("duplicate_start", "the stream already started")
             return
-        start = native.parse_start(msg, self.core.settings.websocket.native_rates)
+        start = native.parse_start(msg, self.host.settings.websocket.native_rates)
         if self._start_timer is not None:
             self._start_timer.cancel()
             self._start_timer = None
         try:
-            call = self.core.admit("native", self.route.agent, start.rate)
+            call = self.host.admit(self.transport, self.route.agent, start.rate)
         except AdmissionError as e:
             busy = e.reason in ("full", "draining")
             self.conn.close(1013 if busy else 1011, "try again later" if busy else "cannot serve the call")
@@ -151,7 +144,7 @@ class NativeSession:
             call.params = start.params
         self.call = call
         self.conn.send_text(native.started(call.call_id, start.rate, call.agent))
-        self.core.start_call(call, self, self._on_ready)
+        self.host.start_call(call, self, self._on_ready)
 
     def _on_ready(self, ok: bool, why: str) -> None:
         if not ok:
@@ -167,7 +160,7 @@ class NativeSession:
 
     def _ended(self, reason: str) -> None:
         if self.call is not None and not self.call.transport_done:
-            self.core.transport_ended(self.call, reason)
+            self.host.transport_ended(self.call, reason)
 
     # -- leg: out ----------------------------------------------------------------------
 
@@ -181,9 +174,6 @@ class NativeSession:
             self.call.stats.packets_out += 1
         return ok
 
-    def end_spurt(self) -> None:
-        pass
-
     def send_clear(self) -> None:
         self.conn.send_text(native.CLEAR)
 
@@ -196,9 +186,6 @@ class NativeSession:
             self.conn.send_text(native.dtmf(valid))
         return len(digits) - len(valid)
 
-    def tick_dtmf(self, now: float) -> bool:
-        return False
-
     def hangup(self, reason: str) -> None:
         self.conn.send_text(native.stop(reason))
         self.conn.close(1000, reason[:120])
@@ -207,6 +194,3 @@ class NativeSession:
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
         ok = self.conn.send_text(native.transfer(target))
         done(ok, "delegated to the client" if ok else "connection closed")
-
-    def poll(self, now: float) -> None:
-        pass

@@ -38,6 +38,7 @@ import orjson
 
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
+from brisvox.gateway.leg import TransportLeg
 from brisvox.wire import dtmf
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.twilio import (
@@ -52,20 +53,20 @@ from brisvox.wire.twilio import (
 )
 
 if TYPE_CHECKING:
-    from brisvox.gateway.core import GatewayCore
+    from brisvox.gateway.host import CallHost
     from brisvox.gateway.ws_server import WsConnection
 
 log = logging.getLogger("brisvox.gateway.twilio")
 
 
-class TwilioSession:
+class TwilioSession(TransportLeg):
     """One Twilio media stream: protocol handler and call leg."""
 
     transport = "twilio"
     marks_by_echo = True
 
-    def __init__(self, core: GatewayCore, conn: WsConnection, route: WsRoute) -> None:
-        self.core = core
+    def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
+        self.host = host
         self.conn = conn
         self.route = route
         self.call: Call | None = None
@@ -75,16 +76,13 @@ class TwilioSession:
         self._enc = np.empty(4096, dtype=np.uint8)
         self._tones: np.ndarray | None = None
         self._tone_pos = 0
-        loop = core.loop or asyncio.get_event_loop()
-        self._start_timer: asyncio.TimerHandle | None = loop.call_later(
-            core.settings.websocket.start_timeout_s, self._no_start)
+        self._start_timer: asyncio.TimerHandle | None = host.call_later(
+            host.settings.websocket.start_timeout_s, self._no_start)
 
     # -- protocol in --------------------------------------------------------------
 
     def _fail(self, e: TwilioError) -> None:
-        self.core.metrics.inc(f"ws_malformed_{e.kind}")
-        if self.call is not None:
-            self.call.stats.malformed += 1
+        self.host.protocol_error(self.call, f"ws_malformed_{e.kind}")
         log.info("twilio stream %s: closing (%s)", self.stream_sid or "-", e.kind)
         self.conn.close(e.code, e.reason)
         self._ended(f"protocol error: {e.kind}")
@@ -115,37 +113,30 @@ class TwilioSession:
                 raw = media_payload(msg)
                 if raw is None:
                     return  # an outbound track copy: not caller audio
-                st = call.stats
-                st.packets_in += 1
-                st.bytes_in += len(raw)
-                if raw and not call.transport_done:
-                    call.in_ring.write(PCMU.decode(raw))
-                    st.samples_in += len(raw)
+                self.host.audio_in(call, PCMU.decode(raw), RATE, len(raw))
             elif ev == "mark":
                 name = mark_name(msg)
                 if self.call is not None:
-                    self.core.mark_echo(self.call, name)
+                    self.host.mark_echo(self.call, name)
             elif ev == "start":
                 self._start(msg)
             elif ev == "dtmf":
                 digit = dtmf_digit(msg)
                 if self.call is not None:
-                    self.core.dtmf_in(self.call, digit, 0)
+                    self.host.dtmf_in(self.call, digit, 0)
             elif ev == "stop":
                 self._ended("stop")
                 self.conn.close(1000, "stop")
             elif ev == "connected":
                 pass
             else:
-                self.core.metrics.inc("ws_malformed_unknown_event")
-                if self.call is not None:
-                    self.call.stats.malformed += 1
+                self.host.protocol_error(self.call, "ws_malformed_unknown_event")
         except TwilioError as e:
             self._fail(e)
 
     def _start(self, msg: dict[str, Any]) -> None:
         if self.call is not None:
-            self.core.metrics.inc("ws_malformed_duplicate_start")
+            self.host.count("ws_malformed_duplicate_start")
             return
         start = parse_start(msg)
         if self._start_timer is not None:
@@ -153,7 +144,7 @@ class TwilioSession:
             self._start_timer = None
         self.stream_sid = start.stream_sid
         try:
-            call = self.core.admit("twilio", self.route.agent, RATE)
+            call = self.host.admit(self.transport, self.route.agent, RATE)
         except AdmissionError as e:
             self.conn.close(1013 if e.reason in ("full", "draining") else 1011,
                             "try again later" if e.reason in ("full", "draining") else "cannot serve the call")
@@ -164,7 +155,7 @@ class TwilioSession:
         self.call = call
         self._out = out = BotStream(start.stream_sid)
         self._prefix = out.media_prefix
-        self.core.start_call(call, self, self._on_ready)
+        self.host.start_call(call, self, self._on_ready)
 
     def _on_ready(self, ok: bool, why: str) -> None:
         if not ok:
@@ -179,7 +170,7 @@ class TwilioSession:
 
     def _ended(self, reason: str) -> None:
         if self.call is not None and not self.call.transport_done:
-            self.core.transport_ended(self.call, reason)
+            self.host.transport_ended(self.call, reason)
 
     # -- leg: out --------------------------------------------------------------------
 
@@ -196,9 +187,6 @@ class TwilioSession:
         if ok and self.call is not None:
             self.call.stats.packets_out += 1
         return ok
-
-    def end_spurt(self) -> None:
-        pass
 
     def send_clear(self) -> None:
         self._tones = None
@@ -235,6 +223,3 @@ class TwilioSession:
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
         done(False, "a Twilio media stream cannot transfer; use the Twilio REST API (calls update)")
-
-    def poll(self, now: float) -> None:
-        pass

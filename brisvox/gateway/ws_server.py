@@ -3,7 +3,8 @@
 Owns WebSocket connections (the websockets library's Sans-I/O protocol
 driven from an ``asyncio.BufferedProtocol``: no task per connection, and
 sends are plain synchronous writes the pacer can make from its tick), the
-route of a request path to a protocol (Twilio Media Streams or native) and an
+route of a request path to a protocol (a WebSocket transport of the registry,
+:mod:`brisvox.gateway.transports`: Twilio Media Streams or native) and an
 agent, the native shared secret and the Twilio request signature.
 
 The hot path (50 messages a second each way per call) stays out of the
@@ -46,10 +47,11 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from brisvox.gateway.config import WebSocketConfig, WsRoute
+from brisvox.gateway.transports import TRANSPORTS
 from brisvox.wire import twilio, ws_frames
 
 if TYPE_CHECKING:
-    from brisvox.gateway.core import GatewayCore
+    from brisvox.gateway.host import CallHost
 
 log = logging.getLogger("brisvox.gateway.ws")
 
@@ -352,8 +354,8 @@ class WsConnection(asyncio.BufferedProtocol):
 class WebSocketServer:
     """Listens on the configured address and hands connections to sessions."""
 
-    def __init__(self, core: GatewayCore, cfg: WebSocketConfig) -> None:
-        self.core = core
+    def __init__(self, host: CallHost, cfg: WebSocketConfig) -> None:
+        self.host = host
         self.cfg = cfg
         self.loop = asyncio.get_event_loop()
         self.server: asyncio.base_events.Server | None = None
@@ -372,6 +374,9 @@ class WebSocketServer:
         host, port = self.server.sockets[0].getsockname()[:2]
         return host, port
 
+    async def shutdown(self) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         for c in list(self.connections):
             c.close(1001, "going away")
@@ -386,14 +391,11 @@ class WebSocketServer:
             c._abort()
 
     def make_session(self, conn: WsConnection, route: WsRoute, req: Request) -> Session:
+        """The session of ``route``'s protocol (the transport registry's factory)."""
         self.count(f"ws_connections_{route.protocol}")
-        if route.protocol == "twilio":
-            from brisvox.gateway.twilio_ws import TwilioSession
-
-            return TwilioSession(self.core, conn, route)
-        from brisvox.gateway.native_ws import NativeSession
-
-        return NativeSession(self.core, conn, route)
+        make = TRANSPORTS[route.protocol].session
+        assert make is not None  # config validation admits only WebSocket transports
+        return make(self.host, conn, route)
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)

@@ -6,8 +6,8 @@ Deepgram, Cartesia, ...). The pipeline only ever sees these types; an adapter
 translates its vendor's wire format into them. Events are frozen dataclasses;
 sessions and providers are :class:`typing.Protocol` classes.
 
-The three stages and what they need (seed 003 sections 1, 4, 7 and the as-built
-SttStage / LlmRunner / TtsStage notes):
+The three stages and what they need (as the STT stage, the LLM runner and the TTS
+stage of ``brisvox/agent`` drive them):
 
 STT (:class:`SttProvider` -> :class:`SttSession`)
     The stage warms the provider at call start (``warm``), then ``connect``s
@@ -32,7 +32,7 @@ LLM (:class:`LlmProvider`)
     returns an :class:`LlmStream`: an async iterator of :class:`TextDelta`,
     :class:`ToolCallDelta`, :class:`ProviderData`, :class:`Usage` and a final
     :class:`Done` (or an :class:`LlmError` as the last event). Tool-call deltas
-    follow seed 000's assembly contract: fragments are keyed by ``index``,
+    follow the assembly contract (partial JSON never runs): fragments are keyed by ``index``,
     ``id``/``name`` may arrive on any fragment (first non-empty wins), the
     ``arguments`` fragments concatenate to the JSON text, ``provider_data`` is
     sent whole on one fragment. Cancellation is ``await stream.aclose()``
@@ -98,7 +98,7 @@ class ProviderError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class ProviderTimeouts:
-    """The pipeline's default bounds (seed 003 section 7), in seconds."""
+    """The pipeline's default bounds on every network await (on the injected clock), in seconds."""
 
     warm: float = 0.4  # a warm-up that stalls delays the connect by at most this
     connect: float = 5.0
@@ -288,7 +288,7 @@ class TextDelta:
 
 @dataclass(frozen=True, slots=True)
 class ToolCallDelta:
-    """A fragment of tool call ``index`` (0-based, per response). See seed 000 "Assembly"."""
+    """A fragment of tool call ``index`` (0-based, per response); assembly: module docstring."""
 
     index: int
     id: str = ""

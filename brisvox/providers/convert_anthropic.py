@@ -1,6 +1,6 @@
 """Provider-neutral request rows -> Anthropic Messages JSON.
 
-Owns the Anthropic message shape (seed 000 "Normalization"):
+Owns the Anthropic message shape (one internal representation, translated per vendor):
 
 * The leading system rows become the top-level ``system`` string; a system
   row later in the conversation (a late tool note) becomes a text block of

@@ -1,7 +1,7 @@
 """Provider-neutral request rows -> Gemini ``generateContent`` JSON.
 
-Owns the Gemini content shape (seed 000 "Normalization" and the Gemini Live
-finding that ``parameters`` only takes an OpenAPI subset):
+Owns the Gemini content shape (one internal representation, translated per vendor;
+Gemini's ``parameters`` only takes an OpenAPI subset of JSON Schema):
 
 * leading system rows -> ``systemInstruction``; later system rows (late tool
   notes) -> a text part of the next user content.

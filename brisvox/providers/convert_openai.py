@@ -1,6 +1,6 @@
 """Provider-neutral request rows -> OpenAI Chat Completions JSON (also every OpenAI-compatible server).
 
-Owns the OpenAI message shape (seed 000 "Normalization"):
+Owns the OpenAI message shape (one internal representation, translated per vendor):
 
 * system / user -> ``{"role", "content"}``; a system row in the middle of the
   conversation (a late tool note) stays a system message (the API allows it).

@@ -24,7 +24,7 @@ Query options: ``model`` (default nova-3), ``encoding=linear16``,
 Key: ``DEEPGRAM_API_KEY`` -> ``Authorization: Token <key>`` header. A
 garbage message is counted (``bad_messages``) and skipped; the session's
 death ends the event stream with SttClosed(error) and the STT stage answers
-the open Finalizes itself (seed 003 section 7).
+the open Finalizes itself (the turn proceeds with what it has) and reconnects.
 """
 
 from __future__ import annotations

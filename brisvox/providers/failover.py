@@ -1,7 +1,8 @@
 """Failover to an agent leg's ``secondary`` provider, with a process-wide circuit breaker per leg.
 
-Owns the part of seed 003's "Resilience layer" the registry wires for an
-agent's ``[stt|llm|tts].secondary``:
+Owns the part of the resilience layer (recover from a provider's failure in
+place or on a secondary provider) the registry wires for an agent's
+``[stt|llm|tts].secondary``:
 
 * :class:`Breaker`: consecutive failures of a leg across ALL calls of the
   process open it after ``threshold`` (5) for ``open_for`` (30 s); then one
@@ -23,7 +24,8 @@ agent's ``[stt|llm|tts].secondary``:
 Not here (the resilience layer's remaining parts): replaying the open
 utterance's audio into a new STT session, re-speaking unheard TTS
 utterances, the idle refresh of a TTS socket. The stages' own reconnect
-rules cover those deaths (seed 003 section 7).
+rules cover those deaths (the STT stage answers the open Finalizes and
+reconnects; the TTS stage marks the open utterances lost and reconnects).
 """
 
 from __future__ import annotations

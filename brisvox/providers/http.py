@@ -1,8 +1,8 @@
 """The shared HTTP clients of the provider adapters: ONE pooled client per origin.
 
 Owns how every HTTP/SSE adapter (OpenAI-compatible, OpenAI, Anthropic, Gemini,
-OpenAI speech) reaches its vendor (seed 003 "Connection pre-warming and
-pooling", gap 1):
+OpenAI speech) reaches its vendor, so that no call pays a TCP + TLS handshake
+on its first request and a ``warm()`` warms a pool the other calls share:
 
 * :func:`shared_client` hands out one ``httpx.AsyncClient`` per
   (event loop, origin, HTTP/2, connect timeout) from a process-wide map, so

@@ -6,7 +6,7 @@ ring, one writer: the worker's TTS lane; the actor never writes it) and
 streams TtsJobAudio frames naming ``[start_pos, end_pos)`` of that ring; this
 session reads exactly those samples and yields them as TtsAudio, so the
 TTS stage converts and writes them into the call's ``tts`` ring as it does
-for any provider (DESIGN.md section 2: one writer per ring). Order, flush
+for any provider (a ring has exactly one writer for its whole life). Order, flush
 and cancel follow :class:`~brisvox.providers.openai_tts.SerialTtsSession`;
 a cancel sends JobCancel (the worker stops at the next sentence).
 

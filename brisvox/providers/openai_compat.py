@@ -1,7 +1,7 @@
 """OpenAI Chat Completions streaming, for OpenAI itself and every OpenAI-compatible server.
 
-Owns the adapter :class:`OpenAiCompatLlm` and its presets (seed 000 "Local
-models through Ollama"):
+Owns the adapter :class:`OpenAiCompatLlm` and its presets (for Ollama, see
+``configs/agents/ollama.toml`` and docs/PROVIDERS.md):
 
 ==========  ======================================  ====================  ======================
 preset      base URL                                key variable          notes

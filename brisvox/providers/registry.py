@@ -1,11 +1,15 @@
 """Provider name -> factory: a call's STT, LLM and TTS built from its agent definition.
 
-Owns the mapping from an agent file's ``[stt]``/``[llm]``/``[tts]`` legs
-(:class:`brisvox.config.agent_def.ProviderDef`) to adapter instances, and the
-options each provider accepts (:data:`OPTIONS`; an unknown option is a
-:class:`ProviderError` here and an error of ``brisvoxd check``).
+Owns the provider legs of an agent file (:class:`ProviderDef`, one per
+``[stt]``/``[llm]``/``[tts]`` table and its ``secondary``), the table of
+known providers (:data:`PROVIDERS`: stage and default key variable), the
+mapping from a leg to an adapter instance, and the options each provider
+accepts (:data:`OPTIONS`; an unknown option is a :class:`ProviderError` here
+and an error of ``brisvoxd check``). The agent definition itself
+(:mod:`brisvox.agent.definition`) builds on these; this module imports
+nothing of it (:func:`build_call` takes anything with the three legs).
 
-* Keys come from the environment only (:func:`brisvox.config.agent_def.resolve_key`),
+* Keys come from the environment only (:func:`resolve_key`),
   read when the call is built; a missing key raises ``auth`` naming the variable.
 * Local providers (``local_whisper``, ``local_llm``, ``local_piper``) need the
   call's :class:`~brisvox.providers.worker_jobs.JobChannel` (the agent
@@ -19,14 +23,66 @@ options each provider accepts (:data:`OPTIONS`; an unknown option is a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from brisvox.clock import CLOCK, Clock
-from brisvox.config.agent_def import AgentDef, ProviderDef, resolve_key
 from brisvox.providers.base import LlmProvider, ProviderError, SttProvider, TtsProvider
 from brisvox.providers.worker_jobs import JobChannel
+
+# provider -> (stage, default key variable or "" when no key is needed)
+PROVIDERS: dict[str, tuple[str, str]] = {
+    "local_whisper": ("stt", ""), "deepgram": ("stt", "DEEPGRAM_API_KEY"), "scripted_stt": ("stt", ""),
+    "local_llm": ("llm", ""), "scripted": ("llm", ""), "openai": ("llm", "OPENAI_API_KEY"),
+    "ollama": ("llm", ""), "vllm": ("llm", "VLLM_API_KEY"), "openrouter": ("llm", "OPENROUTER_API_KEY"),
+    "groq": ("llm", "GROQ_API_KEY"), "openai_compatible": ("llm", "OPENAI_COMPATIBLE_API_KEY"),
+    "anthropic": ("llm", "ANTHROPIC_API_KEY"), "gemini": ("llm", "GEMINI_API_KEY"),
+    "local_piper": ("tts", ""), "espeak": ("tts", ""), "cartesia": ("tts", "CARTESIA_API_KEY"),
+    "elevenlabs": ("tts", "ELEVENLABS_API_KEY"), "openai_tts": ("tts", "OPENAI_API_KEY"), "scripted_tts": ("tts", ""),
+}
+KEY_OPTIONAL = {"vllm", "openai_compatible", "ollama"}  # servers that may run without a key
+LOCAL = {"local_whisper", "local_llm", "local_piper"}  # run as jobs in an inference worker
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderDef:
+    """One provider leg of a stage."""
+
+    provider: str
+    model: str = ""
+    voice: str = ""
+    base_url: str = ""
+    api_key_env: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    secondary: ProviderDef | None = None
+
+    @property
+    def key_env(self) -> str:
+        return self.api_key_env or PROVIDERS.get(self.provider, ("", ""))[1]
+
+    def legs(self) -> list[ProviderDef]:
+        return [self] + ([self.secondary] if self.secondary else [])
+
+
+def resolve_key(leg: ProviderDef, env: Mapping[str, str] | None = None) -> str | None:
+    env = os.environ if env is None else env
+    var = leg.key_env
+    return env.get(var) or None if var else None
+
+
+class CallLegs(Protocol):
+    """The three provider legs of a call (an :class:`~brisvox.agent.definition.AgentDef`)."""
+
+    @property
+    def stt(self) -> ProviderDef: ...
+
+    @property
+    def llm(self) -> ProviderDef: ...
+
+    @property
+    def tts(self) -> ProviderDef: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +284,6 @@ class CallProviders:
     notes: list[str] = field(default_factory=list)
 
 
-def build_call(agent: AgentDef, env: CallEnv) -> CallProviders:
+def build_call(agent: CallLegs, env: CallEnv) -> CallProviders:
     """All three providers of a call (raises ProviderError naming the failing leg)."""
     return CallProviders(build("stt", agent.stt, env), build("llm", agent.llm, env), build("tts", agent.tts, env))

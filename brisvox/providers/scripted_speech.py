@@ -2,7 +2,8 @@
 
 These are not speech recognition or synthesis. They reproduce the TIMING of
 a streaming STT and a streaming TTS vendor, so the engine can be measured
-under load (``configs/agents/bench.toml``, the load benchmark of issue 8)
+under load (``configs/agents/bench.toml``, the load benchmark against Pipecat,
+docs/BENCHMARKS.md)
 with the real local VAD and Smart Turn in the workers and nothing else that
 costs CPU. The scripted LLM is :class:`brisvox.providers.scripted_llm.ScriptedLlm`.
 

@@ -13,7 +13,7 @@ reached its ear (the played-text oracle). Decimation by an integer factor
 keeps the values.
 
 Word duration: ``0.08 + 0.055 * len(word)`` seconds (about 14 characters
-per second, the speaking-rate estimate the seed uses).
+per second, a usual speaking-rate estimate).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Run one simulated call on virtual time: the production actor in a SimPlatform.
 
-Owns the seam the scenario suite uses: :class:`SimCall` (what to simulate),
+Owns the seam the scenario suite uses: :class:`SimCall` (what to simulate,
+including the chain the actor assembles, :data:`brisvox.agent.chain.CHAIN`
+unless a test replaces a stage),
 :func:`simulate` (run it on the current virtual loop) and :class:`SimResult`
 (what came out: the context, the wire, every counter, the call record and a
 deterministic fingerprint). Also :func:`oracle_mismatches`, the played-text
@@ -13,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from brisvox.agent.actor import ActorConfig, CallActor
+from brisvox.agent.chain import CHAIN, StageSpec
 from brisvox.agent.context import AssistantMessage
 from brisvox.agent.playout import PlayoutConfig
 from brisvox.agent.tools import ToolRegistry
@@ -49,6 +52,7 @@ class SimCall:
     probe: Callable[[float, CallActor], None] | None = None  # called every probe_every s of sim time
     probe_every: float = 60.0
     greeting: str = ""  # the agent's greeting: the bot speaks first
+    chain: Sequence[StageSpec] = CHAIN  # the pipeline assembled (brisvox/agent/chain.py)
 
 
 @dataclass(slots=True)
@@ -120,6 +124,7 @@ async def simulate(call: SimCall) -> SimResult:
         transport="sim",
         transport_ids={"sim": call.call_id},
         greeting=call.greeting,
+        chain=call.chain,
     )
     before = {t for t in asyncio.all_tasks(loop)}
     actor.start()

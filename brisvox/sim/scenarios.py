@@ -1,4 +1,4 @@
-"""The scenario suite s01-s11 (seed 003 section 9) and the played-text cases.
+"""The scenario suite s01-s11 (docs/TESTING.md) and the played-text cases.
 
 Owns the scripts: each ``sNN()`` returns ``(SimCall, tools)`` where ``tools``
 is the :class:`~brisvox.sim.sim_tools.SimTools` instance (or None) whose body
@@ -162,7 +162,7 @@ SCENARIOS: dict[str, Callable[[], tuple[SimCall, SimTools | None]]] = {
     "s11": s11,
 }
 
-# interrupt counts every run must show (seed 003 section 9: 0 for s06 and s09, 1 for s02 and s10)
+# interrupt counts every run must show (0 for s06 and s09: no barge-in; 1 for s02 and s10)
 EXPECTED_INTERRUPTS = {"s01": 0, "s02": 1, "s03": 0, "s04": 0, "s05": 0, "s06": 0, "s07": 0, "s08": 0, "s09": 0, "s10": 1, "s11": 0}
 # user turns that reach the LLM
 EXPECTED_TURNS = {"s01": 1, "s02": 3, "s03": 3, "s04": 1, "s05": 2, "s06": 2, "s07": 1, "s08": 1, "s09": 1, "s10": 3, "s11": 1}

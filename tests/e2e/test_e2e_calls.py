@@ -63,7 +63,7 @@ from tests.system.gateway_harness import free_port, rtp_range
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-SPEECH_TO_STOP_MS = 300  # the bound: the caller starts talking -> bot audio stopped at the client
+SPEECH_TO_STOP_MS = 300  # required: the caller starts talking -> bot audio stopped at the client
 DECISION_TO_STOP_MS = 300  # and from the agent's barge-in decision
 
 
@@ -264,7 +264,7 @@ def test_barge_in_stops_the_bot_and_the_context_holds_what_was_heard(daemon, tmp
     assert first["clear"], f"no clear reached the client\n{printed}"
     assert first["stop_ms"] is not None and first["stop_ms"] >= 0, \
         f"the bot's answer had ended before the barge-in; nothing was tested\n{printed}"
-    # the requirement, measured at the client: caller's speech start -> bot audio stopped
+    # the requirement, measured at the client: caller's speech start -> bot audio stopped
     print(f"barge-in: bot audio stopped at the client {first['stop_ms']:.0f} ms after the caller started")
     assert first["stop_ms"] <= SPEECH_TO_STOP_MS, (first["stop_ms"], printed)
     rec = daemon.record(res)

@@ -95,7 +95,7 @@ async def feed(ring: Any, audio: np.ndarray, speedup: float = 4.0) -> None:
 def test_local_stack_end_to_end(short_tmp: Any, shm_clean: str) -> None:
     why = _have_local()
     if why:
-        pytest.fail(f"local stack not installed: {why}")  # the issue asks for it: a skip would hide it
+        pytest.fail(f"local stack not installed: {why}")  # it is required: a skip would hide it
     question = piper_question()
     inst = shm_clean
     call = "e2e-local"
@@ -266,6 +266,7 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
     from the in16 ring as the pump does (AudioFrame + VAD events), the stage's Finalize
     answered by a Whisper job (span estimated by the session: the stage reports none), and
     a response spoken by Piper jobs through the TTS stage (AudioOut, then TtsEnded)."""
+    from brisvox.agent.call_context import CallContext
     from brisvox.agent.frames import (
         AudioFrame,
         AudioOut,
@@ -282,8 +283,7 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
         UserTranscript,
         UtteranceFinal,
     )
-    from brisvox.agent.playout import PlayoutBook
-    from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
+    from brisvox.agent.stage import Inbox, Stage
     from brisvox.agent.stt_stage import SttStage, SttStageConfig
     from brisvox.agent.tts_stage import TtsStage, TtsStageConfig
     from brisvox.clock import CLOCK
@@ -298,8 +298,8 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
     w = WorkerProc(0, ep, extra=["--no-smart-turn"]).start(timeout=120)
 
     class Sink(Stage):
-        def __init__(self, tasks: TaskOwner, watch: EpochWatch) -> None:
-            super().__init__("sink", Inbox("sink", 4096, sys_cap=256), CLOCK, watch, tasks)
+        def __init__(self, cc: CallContext) -> None:
+            super().__init__(cc, None, Inbox("sink", 4096, sys_cap=256))
             self.frames: list[PipelineFrame] = []
 
         async def process(self, frame: PipelineFrame) -> None:
@@ -307,7 +307,8 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
 
     async def main() -> tuple[list[PipelineFrame], list[PipelineFrame]]:
         ctx = zmq.asyncio.Context()
-        tasks, watch = TaskOwner("e2e"), EpochWatch()
+        cc = CallContext.detached("e2e", call_rate=8000, tts_rate=22050, clock=CLOCK)
+        tasks = cc.tasks
         stt_stage: SttStage | None = None
         state = {"pos": None}
 
@@ -331,14 +332,13 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
         await client.start()
         channel = WorkerJobChannel(client)
         try:
-            stt_stage = SttStage(LocalWhisperStt(channel, call), SttStageConfig(), Inbox("stt", 64, lossy=True),
-                                 CLOCK, watch, tasks)
-            s_sink = Sink(tasks, watch)
+            stt_stage = SttStage(cc, SttStageConfig(), Inbox("stt", 64, lossy=True), LocalWhisperStt(channel, call))
+            s_sink = Sink(cc)
             stt_stage.pipe(s_sink)
-            book = PlayoutBook(CLOCK, 8000, 22050)
-            tts_stage = TtsStage(LocalPiperTts(channel, call, job_timeout=30.0), TtsStageConfig(ring_rate=22050),
-                                 book, Inbox("tts", 64), CLOCK, watch, tasks)
-            t_sink = Sink(tasks, watch)
+            book = cc.book
+            tts_stage = TtsStage(cc, TtsStageConfig(ring_rate=22050), Inbox("tts", 64),
+                                 LocalPiperTts(channel, call, job_timeout=30.0))
+            t_sink = Sink(cc)
             tts_stage.pipe(t_sink)
             await client.attach(call, inst, 8000, 22050, worker=0)
             rings["in"].write(np.zeros(8000, dtype=np.int16))

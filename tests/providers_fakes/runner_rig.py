@@ -1,7 +1,7 @@
 """The LlmRunner on its own, over any LlmProvider: the rig of the tool scenarios S1-S6.
 
-Owns a runner wired the way the call actor wires it (PlayoutBook, Timeline,
-EpochWatch, TaskOwner, a ToolEngine over a registry) with a collecting sink
+Owns a runner wired the way the call actor wires it (a CallContext: PlayoutBook,
+Timeline, EpochWatch, TaskOwner; a ToolEngine over a registry) with a collecting sink
 stage downstream and an upstream inbox, plus the scenario tools: each records
 when it started and finished (on the loop clock) and how often it ran.
 """
@@ -12,7 +12,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.frames import (
+    BotEnded,
+    BotStarted,
     Interrupt,
     LlmResponseEnded,
     LlmText,
@@ -22,9 +25,7 @@ from brisvox.agent.frames import (
     UserTurnEnded,
 )
 from brisvox.agent.llm_runner import LlmRunner, LlmRunnerConfig
-from brisvox.agent.playout import PlayoutBook
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
-from brisvox.agent.timeline import Timeline
+from brisvox.agent.stage import Inbox, Stage
 from brisvox.agent.tool_engine import ToolEngine
 from brisvox.agent.tool_filler import FillerConfig
 from brisvox.agent.tools import ToolContext, ToolKind, ToolRegistry, ToolSpec
@@ -33,8 +34,8 @@ from brisvox.providers.base import LlmProvider, ProviderTimeouts
 
 
 class Sink(Stage):
-    def __init__(self, tasks: TaskOwner, watch: EpochWatch) -> None:
-        super().__init__("sink", Inbox("sink", 1024, sys_cap=64), CLOCK, watch, tasks)
+    def __init__(self, call: CallContext) -> None:
+        super().__init__(call, None, Inbox("sink", 1024, sys_cap=64))
         self.frames: list[PipelineFrame] = []
         self.ended: dict[int, asyncio.Event] = {}
 
@@ -116,17 +117,18 @@ class Rig:
     def __init__(self, provider: LlmProvider, registry: ToolRegistry, *, filler: FillerConfig | None = None,
                  filler_phrases: tuple[str, ...] = ("One moment, please.",),
                  timeouts: ProviderTimeouts | None = None) -> None:
-        self.tasks = TaskOwner("rig")
-        self.watch = EpochWatch()
-        self.book = PlayoutBook(CLOCK, 8000, 24000)
-        self.timeline = Timeline()
+        self.call = CallContext.detached("rig", call_rate=8000, tts_rate=24000, clock=CLOCK)
+        self.tasks = self.call.tasks
+        self.watch = self.call.watch
+        self.book = self.call.book
+        self.timeline = self.call.timeline
         self.upstream = Inbox("upstream", 64, sys_cap=64)
+        self.call.upstream.bind((BotStarted, BotEnded), self.upstream)
         self.engine = ToolEngine(registry, "sess-rig", CLOCK)
         cfg = LlmRunnerConfig(system_prompt="You are a test agent.", filler=filler or FillerConfig(enabled=False),
                               filler_phrases=filler_phrases, timeouts=timeouts or ProviderTimeouts())
-        self.runner = LlmRunner(provider, cfg, self.book, self.timeline, self.upstream,
-                                Inbox("llm", 32, sys_cap=32), CLOCK, self.watch, self.tasks, engine=self.engine)
-        self.sink = Sink(self.tasks, self.watch)
+        self.runner = LlmRunner(self.call, cfg, Inbox("llm", 32, sys_cap=32), provider, engine=self.engine)
+        self.sink = Sink(self.call)
         self.runner.pipe(self.sink)
         self.snapshot: list[Any] = []
 

@@ -1,9 +1,10 @@
-"""The dedicated tests of seed 003 section 9, on the production actor in the sim."""
+"""The dedicated tests of the pipeline (docs/TESTING.md), on the production actor in the sim."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from brisvox.agent.chain import CHAIN, with_stage
 from brisvox.agent.context import AssistantMessage, SystemMessage, ToolMessage, UserMessage
 from brisvox.agent.frames import AudioFrame
 from brisvox.agent.stt_stage import SttStage
@@ -80,14 +81,9 @@ def _slow_stt_call(defer: float) -> SimCall:
 
 
 def _run_slow(defer: float):
-    import brisvox.agent.actor as actor_mod
-
-    orig = actor_mod.SttStage
-    actor_mod.SttStage = SlowSttStage  # type: ignore[misc]
-    try:
-        return sim(_slow_stt_call(defer))
-    finally:
-        actor_mod.SttStage = orig  # type: ignore[misc]
+    call = _slow_stt_call(defer)
+    call.chain = with_stage(CHAIN, "stt", SlowSttStage)
+    return sim(call)
 
 
 def test_finalize_never_precedes_the_speech_it_finalizes_with_a_slow_stt_inbox():

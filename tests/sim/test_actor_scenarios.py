@@ -1,6 +1,6 @@
 """The scenario suite s01-s11 on virtual time against the production call actor.
 
-Every scenario is asserted on the structural invariants of seed 003 section 9:
+Every scenario is asserted on the structural invariants:
 outcome (the call ends cleanly), interrupt count, user turns, no stale audio
 after a clear, context == played prefix (wire oracle, +-1 frame), a valid
 context, no leaked tasks, determinism (two runs, one fingerprint); plus what

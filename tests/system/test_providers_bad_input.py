@@ -1,6 +1,6 @@
 """Bad provider input through the LLM runner: a counted error and the documented fallback, never a hang.
 
-The runner (seed 003 section 4) retries once only while nothing of the
+The runner (``brisvox/agent/llm_runner.py``) retries once only while nothing of the
 response was sent, keeps the partial text of a failed response in the
 context, invents no speech, and ends the turn (LlmResponseEnded; a turn with
 no speech sends BotEnded "silent" upstream). Over the OpenAI-compatible

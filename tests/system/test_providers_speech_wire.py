@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from bench.harness.http_server import FakeHttpServer, Reply, json_reply
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.frames import (
     AudioFrame,
     AudioOut,
@@ -49,7 +50,7 @@ from brisvox.agent.frames import (
     UtteranceFinal,
 )
 from brisvox.agent.playout import PlayoutBook
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
+from brisvox.agent.stage import Inbox, Stage
 from brisvox.agent.stt_stage import SttStage, SttStageConfig
 from brisvox.agent.tts_stage import TtsStage, TtsStageConfig
 from brisvox.clock import CLOCK
@@ -107,8 +108,8 @@ async def http_vendor(handler: Any) -> AsyncIterator[FakeHttpServer]:
 
 
 class Collect(Stage):
-    def __init__(self, tasks: TaskOwner, watch: EpochWatch) -> None:
-        super().__init__("collect", Inbox("collect", 4096, sys_cap=256), CLOCK, watch, tasks)
+    def __init__(self, call: CallContext) -> None:
+        super().__init__(call, None, Inbox("collect", 4096, sys_cap=256))
         self.frames: list[PipelineFrame] = []
 
     async def process(self, frame: PipelineFrame) -> None:
@@ -119,12 +120,14 @@ S = TypeVar("S", bound=Stage)
 
 
 @contextlib.asynccontextmanager
-async def stage_running(make: Callable[[TaskOwner, EpochWatch], S]) -> AsyncIterator[tuple[S, Collect]]:
+async def stage_running(make: Callable[[CallContext], S],
+                        book: PlayoutBook | None = None) -> AsyncIterator[tuple[S, Collect]]:
     """The stage ``make`` builds, piped into a :class:`Collect` sink, started (Start sent);
     stopped and its tasks closed on the way out."""
-    tasks, watch = TaskOwner("t"), EpochWatch()
-    stage = make(tasks, watch)
-    sink = Collect(tasks, watch)
+    call = CallContext.detached("t", clock=CLOCK, book=book)
+    tasks = call.tasks
+    stage = make(call)
+    sink = Collect(call)
     stage.pipe(sink)
     stage.start()
     sink.start()
@@ -264,9 +267,8 @@ def test_stt_stage_answers_the_finalize_when_deepgram_dies_mid_utterance() -> No
         async with FakeDeepgram("cut") as srv:
             cfg = SttStageConfig(reconnect_backoff=0.1)
 
-            def make(tasks: TaskOwner, watch: EpochWatch) -> SttStage:
-                return SttStage(DeepgramStt("k", base_url=srv.url), cfg, Inbox("stt", 64, sys_cap=64), CLOCK,
-                                watch, tasks)
+            def make(call: CallContext) -> SttStage:
+                return SttStage(call, cfg, Inbox("stt", 64, sys_cap=64), DeepgramStt("k", base_url=srv.url))
 
             async with stage_running(make) as (stage, sink):
                 stage.inbox.put_nowait(UserStartedSpeaking(CLOCK.now(), 0))
@@ -353,11 +355,10 @@ def test_tts_stage_ends_the_response_when_cartesia_dies() -> None:
             book = PlayoutBook(CLOCK, 8000, 24000)
             cfg = TtsStageConfig(ring_rate=24000, reconnect_backoff=0.1)
 
-            def make(tasks: TaskOwner, watch: EpochWatch) -> TtsStage:
-                return TtsStage(CartesiaTts("ck", base_url=srv.url), cfg, book, Inbox("tts", 64, sys_cap=64), CLOCK,
-                                watch, tasks)
+            def make(call: CallContext) -> TtsStage:
+                return TtsStage(call, cfg, Inbox("tts", 64, sys_cap=64), CartesiaTts("ck", base_url=srv.url))
 
-            async with stage_running(make) as (stage, sink):
+            async with stage_running(make, book) as (stage, sink):
                 book.register_round(1, 0)
                 await stage.inbox.put(LlmResponseStarted(1, 0))
                 await stage.inbox.put(TextChunk(1, 0, "Hello there.", last=True))

@@ -1,4 +1,10 @@
-"""Seed 000's tool scenarios S1-S6 on every LLM adapter, through the LlmRunner, over loopback.
+"""The tool scenarios S1-S6 on every LLM adapter, through the LlmRunner, over loopback.
+
+S1 three independent calls in one response; S2 a three-round chain; S3 a
+repeated booking in a later round, refused ``already_done``; S4 an invalid
+argument (a structured error), then the corrected call; S5 a slow tool, one
+filler spoken before the answer; S6 a barge-in during a SideEffect booking,
+whose regenerated call does not run again.
 
 Each scenario scripts what the "model" answers per request; the vendor's fake
 server speaks that vendor's streaming wire format (OpenAI-compatible, Anthropic

@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 
+from brisvox.agent.call_context import CallContext
 from brisvox.agent.frames import AudioFrame, Interrupt, LlmText, Stop, UserStartedSpeaking
 from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
 from brisvox.clock import CLOCK
@@ -60,8 +61,9 @@ def test_drop_stale_and_guarded_send():
     async def main():
         tasks = TaskOwner("t")
         watch = EpochWatch()
-        rec = Rec("rec", Inbox("rec", 8), CLOCK, watch, tasks)
-        src = Stage("src", Inbox("src", 8), CLOCK, watch, tasks)
+        call = CallContext.detached("t", clock=CLOCK, watch=watch, tasks=tasks)
+        rec = Rec(call, None, Inbox("rec", 8))
+        src = Stage(call, None, Inbox("src", 8))
         src.pipe(rec)
         rec.start()
         rec.inbox.put_nowait(LlmText(2, 0, "new"))

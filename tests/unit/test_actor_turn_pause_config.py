@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from brisvox.config.agent_def import AgentDefError, actor_config, load_agent
+from brisvox.agent.definition import AgentDefError, actor_config, load_agent
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = """system_prompt = "x"

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import workload
-from brisvox.config.agent_def import load_agent
+from brisvox.agent.definition import load_agent
 from brisvox.providers import scripted_speech as ss
 from brisvox.providers.base import (
     SttConfig,

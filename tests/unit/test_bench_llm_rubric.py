@@ -12,7 +12,7 @@ def test_a_good_phone_answer_scores_four() -> None:
 
 
 def test_each_check_fails_on_its_own_fault() -> None:
-    # SmolLM2's answers (bench runs, 2026-12-01) and the issue's "Lagrange" answer
+    # SmolLM2's answers (bench runs, 2026-12-01) and an earlier garbled one ("Lagrange ...")
     s = score("Le Grand Paris - la femme de la France.", ("paris",))
     assert (s.answers, s.english) == (1, 0)
     assert not is_english("Lagrange Paris Lagrange France Lagrange Bayantou frac")

@@ -28,7 +28,7 @@ def test_every_frame_names_known_receivers():
         assert to and set(to) <= set(frames.RECEIVERS), (cls.__name__, to)
         if "reply" in to:  # an answer is only ever matched to its request, never dispatched
             assert to == ("reply",), cls.__name__
-    # every receiver but "reply" has a table (the gateway's comes with its own split, issue 13)
+    # every receiver but "reply" has a table (the gateway's is tested in test_gateway_seam.py)
     assert {r for to in receivers.values() for r in to} == set(frames.RECEIVERS)
 
 

@@ -26,6 +26,14 @@ from typing import Any
 
 import pytest
 
+from brisvox.agent.definition import (
+    AgentDefError,
+    check_agent_file,
+    check_main,
+    key_lines,
+    load_agent,
+    parse,
+)
 from brisvox.agent.tools import ToolContext, ToolError, ToolKind, ToolSpec
 from brisvox.agent.tools_builtin import (
     END_CALL,
@@ -35,14 +43,6 @@ from brisvox.agent.tools_builtin import (
     telephony_tools,
 )
 from brisvox.agent.tools_loader import ToolSetupError, build_registry, load_module_tools
-from brisvox.config.agent_def import (
-    AgentDefError,
-    check_agent_file,
-    check_main,
-    key_lines,
-    load_agent,
-    parse,
-)
 from ipc.frames import Hangup, SendDtmf, Transfer, TransferResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -295,7 +295,7 @@ def test_parse_keeps_secondary_and_key_env() -> None:
 
 
 def test_actor_config_from_agent() -> None:
-    from brisvox.config.agent_def import actor_config
+    from brisvox.agent.definition import actor_config
 
     agent = load_agent(ROOT / "configs/agents/booking.toml", env={})
     cfg = actor_config(agent)

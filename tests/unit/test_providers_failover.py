@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from brisvox.config.agent_def import ProviderDef
+from brisvox.agent.definition import ProviderDef
 from brisvox.providers import failover
 from brisvox.providers.base import (
     Done,

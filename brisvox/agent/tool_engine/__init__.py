@@ -1,4 +1,4 @@
-"""The tool engine of one phone call (seed 000 "Tool engine" and "Tool UX"; docs/TOOLS.md).
+"""The tool engine of one phone call (docs/TOOLS.md).
 
 One :class:`ToolEngine` per call plans, admits, runs and records the tool calls
 of the model's responses. Its parts, in the order a response meets them:

@@ -20,7 +20,7 @@ Invariants:
 * The mailbox holds at most :data:`MAILBOX_CAPACITY` notes; a note beyond it is
   dropped and counted (``late_notes_dropped``), its call marked DROPPED.
 
-Caller obligations (seed 000): push the assistant message before ``execute``;
+Caller obligations: push the assistant message before ``execute``;
 ``append_to`` each Execution (or ``discard()`` it) before the next message of
 the turn; after a dropped execute or a discarded speculation close the open
 calls with ``Context.interrupt_pending_tool_calls()``; take the mailbox's notes

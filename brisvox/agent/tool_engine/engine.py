@@ -1,4 +1,4 @@
-"""The tool engine of one call: the :class:`ToolEngine` facade (seed 000 "Tool engine").
+"""The tool engine of one call: the :class:`ToolEngine` facade (docs/TOOLS.md).
 
 Owns the engine's public surface and its lifecycle: the entry points
 (:meth:`~ToolEngine.execute` a committed response, :meth:`~ToolEngine.speculate`
@@ -19,7 +19,7 @@ Invariants:
 * After ``close`` no entry point runs; every running SideEffect call is
   aborted and recorded lost (never run again).
 
-The engine never reads the context; the caller obligations of seed 000 are in
+The engine never reads the context; the caller obligations are in
 :mod:`.delivery`. Run it on one event loop (not thread-safe).
 """
 

@@ -1,4 +1,4 @@
-"""SideEffect runs: at most once, on their own task, recorded (seed 000 "never twice").
+"""SideEffect runs: at most once, on their own task, recorded (never twice).
 
 Owns the start of a SideEffect call (in issue order, synchronously) with its
 idempotency check, the confirmation gate, the orphan and regeneration checks

@@ -1,5 +1,5 @@
 """Every scenario that builds a context through ``helpers.Conv`` ends with
-``Context.validate()`` (issue 3: asserted after every scenario)."""
+``Context.validate()`` (asserted after every scenario)."""
 
 from __future__ import annotations
 

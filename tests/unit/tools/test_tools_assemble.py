@@ -1,4 +1,4 @@
-"""ResponseAssembler (seed 000 "Assembly"): fragments, conflicts, caps, invalid calls, cancel,
+"""ResponseAssembler: fragments, conflicts, caps, invalid calls, cancel,
 the recorded assistant message and the id rule."""
 
 from __future__ import annotations

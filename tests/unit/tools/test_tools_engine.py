@@ -1,4 +1,4 @@
-"""ToolEngine (seed 000 tools.rs list): parallel runs, order, timeouts, failures, sizes,
+"""ToolEngine: parallel runs, order, timeouts, failures, sizes,
 interruption, late results, backstop, idempotency, budget, call cap, context validity.
 All on virtual time (the ``vrun`` fixture)."""
 

@@ -1,4 +1,4 @@
-"""Repeats within a turn (already_done), with the mutation check of seed 000 / issue 3:
+"""Repeats within a turn (already_done), with a mutation check:
 each deliberately broken engine variant must make at least one of these scenarios fail."""
 
 from __future__ import annotations

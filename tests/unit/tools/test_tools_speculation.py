@@ -1,4 +1,4 @@
-"""Speculation (seed 000 item 7): ReadOnly runs, SideEffect held, commit in issue order,
+"""Speculation: ReadOnly runs, SideEffect held, commit in issue order,
 discard runs nothing, stale and exhausted commits, cancelled commits, replays."""
 
 from __future__ import annotations

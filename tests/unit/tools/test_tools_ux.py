@@ -1,4 +1,4 @@
-"""Tool UX (seed 000 tool_ux.rs): the filler policy, interruption semantics, orphans and
+"""Tool UX: the filler policy, interruption semantics, orphans and
 regeneration, and the Delivery guard of an Execution. Virtual time."""
 
 from __future__ import annotations

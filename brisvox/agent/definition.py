@@ -20,8 +20,14 @@ offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
   SideEffect tools; a scripted LLM's rules must compile.
 
 The parsed :class:`AgentDef` is frozen; the registry
-(:mod:`brisvox.providers.registry`) builds a call's providers from its
-:class:`ProviderDef` legs and :mod:`brisvox.agent.tools_loader` its tools.
+(:mod:`brisvox.providers.registry`, which owns the provider legs,
+:class:`ProviderDef`, and the table of known providers) builds a call's
+providers from its legs, :mod:`brisvox.agent.tools_loader` its tools, and
+:func:`actor_config` maps it onto the call actor's
+:class:`~brisvox.agent.actor.ActorConfig`. The definition lives next to the
+agent that runs it: it imports the providers' registry, never the other way
+round, and the supervisor reaches it only through a function-level import
+(``brisvox.agent.config.check_referenced_agents``).
 """
 
 from __future__ import annotations
@@ -34,27 +40,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
 from brisvox.config.errors import ConfigError
+from brisvox.providers.registry import (
+    KEY_OPTIONAL,
+    LOCAL,
+    PROVIDERS,
+    ProviderDef,
+    resolve_key,
+    unknown_options,
+)
 
-SCHEMA_PATH = Path(__file__).with_name("agent.schema.json")
+if TYPE_CHECKING:
+    from brisvox.agent.actor import ActorConfig
 
-# provider -> (stage, default key variable or "" when no key is needed)
-PROVIDERS: dict[str, tuple[str, str]] = {
-    "local_whisper": ("stt", ""), "deepgram": ("stt", "DEEPGRAM_API_KEY"), "scripted_stt": ("stt", ""),
-    "local_llm": ("llm", ""), "scripted": ("llm", ""), "openai": ("llm", "OPENAI_API_KEY"),
-    "ollama": ("llm", ""), "vllm": ("llm", "VLLM_API_KEY"), "openrouter": ("llm", "OPENROUTER_API_KEY"),
-    "groq": ("llm", "GROQ_API_KEY"), "openai_compatible": ("llm", "OPENAI_COMPATIBLE_API_KEY"),
-    "anthropic": ("llm", "ANTHROPIC_API_KEY"), "gemini": ("llm", "GEMINI_API_KEY"),
-    "local_piper": ("tts", ""), "espeak": ("tts", ""), "cartesia": ("tts", "CARTESIA_API_KEY"),
-    "elevenlabs": ("tts", "ELEVENLABS_API_KEY"), "openai_tts": ("tts", "OPENAI_API_KEY"), "scripted_tts": ("tts", ""),
-}
-KEY_OPTIONAL = {"vllm", "openai_compatible", "ollama"}  # servers that may run without a key
-LOCAL = {"local_whisper", "local_llm", "local_piper"}  # run as jobs in an inference worker
-
+# the schema is data of the config package (installed with it: pyproject's package-data)
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "config" / "agent.schema.json"
+__all__ = ["KEY_OPTIONAL", "LOCAL", "PROVIDERS", "ProviderDef", "resolve_key", "AgentDef", "AgentDefError",
+           "Problem", "check_agent_file", "check_main", "is_agent_file", "load_agent", "actor_config", "parse",
+           "key_lines", "line_of", "schema", "read"]
 
 class AgentDefError(ConfigError):
     """A problem of an agent file: ``key`` dotted path, ``line`` 1-based (0: unknown)."""
@@ -77,26 +84,6 @@ class Problem:
 
     def render(self, path: str) -> str:
         return f"{path}:{self.line}: {self.severity}: {self.key}: {self.message}"
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderDef:
-    """One provider leg of a stage."""
-
-    provider: str
-    model: str = ""
-    voice: str = ""
-    base_url: str = ""
-    api_key_env: str = ""
-    options: Mapping[str, Any] = field(default_factory=dict)
-    secondary: ProviderDef | None = None
-
-    @property
-    def key_env(self) -> str:
-        return self.api_key_env or PROVIDERS.get(self.provider, ("", ""))[1]
-
-    def legs(self) -> list[ProviderDef]:
-        return [self] + ([self.secondary] if self.secondary else [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,8 +282,6 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                             f"unknown local model {leg.model!r} (known: {', '.join(MODELS)})"))
             if "timing_file" in leg.options:
                 problems.extend(_check_timing(leg, where, lines))
-            from brisvox.providers.registry import unknown_options
-
             for opt_name in unknown_options(leg):
                 problems.append(Problem("error", ".".join([*where, "options", opt_name]),
                                         line_of(lines, [*where, "options", opt_name]),
@@ -384,12 +369,6 @@ def load_agent(path: str | os.PathLike[str], env: Mapping[str, str] | None = Non
     return agent
 
 
-def resolve_key(leg: ProviderDef, env: Mapping[str, str] | None = None) -> str | None:
-    env = os.environ if env is None else env
-    var = leg.key_env
-    return env.get(var) or None if var else None
-
-
 def check_main(path: str, env: Mapping[str, str] | None = None, out: Any = None) -> int:
     """``brisvoxd check AGENT.toml``: print every problem with its line; 0 ok, 2 errors."""
     import sys
@@ -413,7 +392,7 @@ def is_agent_file(path: str | os.PathLike[str]) -> bool:
     return isinstance(data, dict) and "system_prompt" in data and "llm" in data
 
 
-def actor_config(agent: AgentDef, base: Any = None) -> Any:
+def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfig:
     """The call actor's :class:`~brisvox.agent.actor.ActorConfig` with this agent's settings:
     system prompt, filler, interruption and turn policy, STT language/model, TTS voice/model.
     Unset keys keep ``base``'s values (default: ``ActorConfig()``)."""
@@ -425,7 +404,7 @@ def actor_config(agent: AgentDef, base: Any = None) -> Any:
 
     cfg = base or ActorConfig()
 
-    def pick(cls: Any, table: Mapping[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    def pick(cls: type, table: Mapping[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
         names = {f.name for f in fields(cls)}
         return {k: v for k, v in table.items() if k in names and k not in skip}
 

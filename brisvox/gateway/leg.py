@@ -1,0 +1,69 @@
+"""The base class of every call leg: the required sends and defaults for optional capabilities.
+
+Owns :class:`TransportLeg`, which the Twilio, native and SIP legs subclass.
+It satisfies the :class:`~brisvox.gateway.calls.Leg` protocol the pacer and
+the core drive. A subclass must implement ``can_send``, ``send_audio``,
+``send_clear`` and ``hangup``; the optional capabilities default to "not
+supported" here:
+
+* marks a peer echoes (``marks_by_echo`` False: the gateway reports a mark
+  played when its release position passes it; ``send_mark`` is a no-op);
+* outbound DTMF (``send_dtmf`` refuses every digit, ``tick_dtmf`` sends nothing);
+* transfer (``transfer`` answers failure at once);
+* the end of a talkspurt on a Pause or underrun (``end_spurt``: nothing to do
+  for a peer that does not mark talkspurts);
+* per-tick housekeeping (``poll``).
+
+Invariants: every method runs on the gateway's loop, inside the pacer's tick
+or the callback that read the agent's frame; none may block or await. A
+refusal is reported through the return value or the ``done`` callback,
+never by raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+
+class TransportLeg:
+    """The transport side of one call (see the module docstring)."""
+
+    transport = ""
+    marks_by_echo = False  # the peer echoes marks; else the gateway reports them on release
+
+    @property
+    def can_send(self) -> bool:
+        raise NotImplementedError
+
+    def send_audio(self, samples: np.ndarray, now: float) -> bool:
+        raise NotImplementedError
+
+    def send_clear(self) -> None:
+        raise NotImplementedError
+
+    def hangup(self, reason: str) -> None:
+        raise NotImplementedError
+
+    # -- optional capabilities: defaults ---------------------------------------------
+
+    def end_spurt(self) -> None:
+        pass
+
+    def send_mark(self, name: str) -> None:
+        pass
+
+    def send_dtmf(self, digits: str) -> int:
+        """Queue ``digits`` for the peer; returns how many were refused (here: all)."""
+        return len(digits)
+
+    def tick_dtmf(self, now: float) -> bool:
+        """Send the next DTMF packet if one is due; True while DTMF holds the audio."""
+        return False
+
+    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+        done(False, f"a {self.transport} call cannot be transferred")
+
+    def poll(self, now: float) -> None:
+        pass

@@ -1,0 +1,136 @@
+"""The transport registry: one table naming every caller-facing transport.
+
+Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``sip``: the name a call's
+``transport`` field and the ``calls_admitted_<name>`` counter carry, the
+config section of the listener that serves it, the session factory a
+WebSocket route uses, and the capabilities it lacks) and :data:`LISTENERS`
+(one per config section: the socket server that carries the transports of
+that section). Config validation (the protocols a ``[websocket]`` route may
+name), the WebSocket server's route -> session choice and the core's
+start/stop/stats all iterate over these tables; adding a transport is a row
+here plus its module.
+
+Invariants:
+
+* This module imports no transport at import time (factories import
+  lazily), so ``brisvox.gateway.config`` can validate against it without a
+  cycle.
+* Every capability in :data:`CAPABILITIES` is either offered by a transport
+  or named in its ``lacks`` with the reason; the conformance suite
+  (``tests/system/test_transport_conformance.py``) runs every offered one
+  and reports every lacking one as not applicable, with that reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from brisvox.gateway.config import WsRoute
+    from brisvox.gateway.host import CallHost
+    from brisvox.gateway.ws_server import Session, WsConnection
+
+
+# what a transport can do; the conformance suite has one case per capability
+CAPABILITIES = (
+    "clear",  # Clear stops the bot's audio at the peer at once
+    "lazy_clear",  # a lazy Clear that finds the new response already playing stops nothing
+    "pause",  # Pause holds the audio, Resume continues from the held position
+    "marks_release",  # a mark is reported played when the release position passes it
+    "marks_echo",  # the peer echoes a mark once it played it
+    "dtmf_in",  # the caller's digits reach the agent
+    "dtmf_out",  # the agent's digits reach the caller
+    "transfer",  # the agent can hand the call over
+    "hangup",  # the agent's Hangup ends the call at the peer; the peer's end reaches the agent
+    "oversize",  # an oversized message is refused and counted, without touching other calls
+    "malformed",  # malformed input is refused and counted, without touching other calls
+)
+
+
+class Listener(Protocol):
+    """A socket server that carries the transports of one config section."""
+
+    async def start(self) -> tuple[str, int]: ...
+
+    async def shutdown(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+SessionFactory = Callable[["CallHost", "WsConnection", "WsRoute"], "Session"]
+ListenerFactory = Callable[["CallHost", Any], Listener]
+
+
+@dataclass(frozen=True, slots=True)
+class Transport:
+    """One row of the registry (see the module docstring)."""
+
+    name: str
+    section: str  # the config section (and endpoint name) of the listener that serves it
+    session: SessionFactory | None  # a WebSocket route's session; None: the listener makes its legs
+    lacks: Mapping[str, str] = field(default_factory=dict)  # capability -> why this transport has not it
+
+    def offers(self, capability: str) -> bool:
+        return capability not in self.lacks
+
+
+def _twilio_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.twilio_ws import TwilioSession
+
+    return TwilioSession(host, conn, route)
+
+
+def _native_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.native_ws import NativeSession
+
+    return NativeSession(host, conn, route)
+
+
+def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
+    from brisvox.gateway.ws_server import WebSocketServer
+
+    return WebSocketServer(host, cfg)
+
+
+def _sip_listener(host: CallHost, cfg: Any) -> Listener:
+    from brisvox.gateway.sip_ua import SipUserAgent
+
+    return SipUserAgent(host, cfg)
+
+
+TRANSPORTS: dict[str, Transport] = {
+    t.name: t
+    for t in (
+        Transport("twilio", "websocket", _twilio_session, lacks={
+            "marks_release": "Twilio echoes every mark: a mark is reported played on its echo",
+            "transfer": "a Twilio media stream cannot transfer (the REST API's calls update does)",
+        }),
+        Transport("native", "websocket", _native_session),
+        Transport("sip", "sip", None, lacks={
+            "marks_echo": "SIP peers do not echo marks: they are reported on release",
+        }),
+    )
+}
+
+# config section -> the listener serving it, in start order
+LISTENERS: dict[str, ListenerFactory] = {
+    "sip": _sip_listener,
+    "websocket": _websocket_listener,
+}
+
+
+def transport(name: str) -> Transport:
+    """The registry row of ``name`` (KeyError for an unknown transport)."""
+    return TRANSPORTS[name]
+
+
+def served_by(section: str) -> tuple[str, ...]:
+    """The transports carried by the listener of config section ``section``."""
+    return tuple(t.name for t in TRANSPORTS.values() if t.section == section)
+
+
+def websocket_protocols() -> tuple[str, ...]:
+    """The protocols a ``[websocket]`` route may name."""
+    return tuple(t.name for t in TRANSPORTS.values() if t.section == "websocket" and t.session is not None)

@@ -1,0 +1,421 @@
+"""Transport conformance: every transport of the registry behaves the same at the real gateway.
+
+One gateway process (``python -m brisvox.gateway``) and one fake agent
+process (ZeroMQ) serve the whole module; each case places a fresh call
+through one transport of :data:`brisvox.gateway.transports.TRANSPORTS`
+(Twilio Media Streams, native WebSocket, SIP/RTP), driven by the client's
+own transports (:mod:`brisvox.client`), raw sockets and the
+:mod:`brisvox.wire` builders, and checks what the caller and the agent see:
+
+* ``clear``: a Clear stops the bot's audio at the peer within a tick
+  (Twilio and native peers get a ``clear``; SIP's RTP stops) and Cleared
+  answers a position no further than what was written;
+* ``lazy_clear``: a lazy Clear read after the newer epoch's audio started
+  stops nothing (no transport clear, every frame arrives, counted
+  ``clears_after_newer``);
+* ``pause``: Pause holds the audio (at most the frame in flight arrives),
+  Resume delivers the rest: exactly the samples written;
+* ``marks_release`` / ``marks_echo``: an agent's Mark comes back as
+  MarkPlayed, on release or on the peer's echo;
+* ``dtmf_in`` / ``dtmf_out``: digits both ways (Twilio's outbound digits are
+  in-band tones, checked by their two frequencies);
+* ``transfer``: the agent's Transfer reaches the peer and its outcome
+  comes back as TransferResult;
+* ``hangup``: the agent's Hangup ends the call at the peer; the peer's end
+  reaches the agent as CallEnd;
+* ``oversize`` / ``malformed``: refused and counted, and a live call on the
+  same transport goes on.
+
+A capability a transport lacks is not skipped silently: the registry
+entry's ``lacks`` names it with the reason, and the case reports that
+reason as not applicable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from websockets.asyncio.client import connect
+
+from brisvox.client.native import NativeTransport
+from brisvox.client.sip import SipTransport
+from brisvox.client.transport import BotEvents
+from brisvox.client.twilio import TwilioTransport
+from brisvox.gateway.transports import CAPABILITIES, TRANSPORTS
+from brisvox.wire.g711 import PCMU
+from brisvox.wire.native import NativeStream, server_message
+from ipc import frames as F
+from ipc.ring import Ring, ring_name
+from tests.system.gateway_harness import FakeAgent, GatewayProc
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
+
+FRAME = 160
+RATE = 8000
+WS_MAX = 65536
+SIP_MAX = 8192
+# distinct values that survive G.711 mu-law exactly, one per 20 ms frame
+LEVELS = np.unique(PCMU.decode(np.arange(256, dtype=np.uint8)))
+LEVELS = LEVELS[np.abs(LEVELS) > 200][:100]
+
+
+def tagged(n_frames: int, first: int = 0) -> np.ndarray:
+    return np.repeat(LEVELS[first:first + n_frames], FRAME).astype(np.int16)
+
+
+def cases() -> Iterator[Any]:
+    """Every (transport, capability); a lacking one carries the registry's reason."""
+    for cap in CAPABILITIES:
+        for name, t in TRANSPORTS.items():
+            if t.offers(cap):
+                yield pytest.param(name, cap, id=f"{name}-{cap}")
+            else:
+                yield pytest.param(name, cap, id=f"{name}-{cap}", marks=pytest.mark.skip(
+                    reason=f"not applicable to {name} (transport registry): {t.lacks[cap]}"))
+
+
+# -- the module's gateway -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[tuple[GatewayProc, FakeAgent]]:
+    tmp = Path(tempfile.mkdtemp(prefix="bvc", dir="/tmp"))
+    try:
+        with FakeAgent(tmp) as agent, GatewayProc(
+                tmp, peers={"agent-0": agent.endpoint}, inbox=True,
+                gateway={"pause_max_ms": 5000},
+                sip={"max_message_bytes": SIP_MAX},
+                websocket={"max_message_bytes": WS_MAX}) as gw:
+            yield gw, agent
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class NativeEcho(NativeTransport):
+    """The native client in marks echo mode: it echoes every mark at once (it played it)."""
+
+    def __init__(self, url: str, rate: int) -> None:
+        super().__init__(url, rate)
+        self.stream = NativeStream(rate, None, marks="echo")
+
+    async def _receive(self) -> None:
+        async for m in self.ws:
+            now = time.monotonic()
+            if isinstance(m, bytes):
+                self._events.on_audio(np.frombuffer(m, dtype="<i2"), now)
+                continue
+            msg = server_message(orjson.loads(m))
+            if msg.event == "mark":
+                await self.ws.send(self.stream.mark(msg.name))
+            elif msg.event == "clear":
+                self._events.on_clear(now)
+
+
+class Peer:
+    """One call through one transport, as the caller sees it."""
+
+    def __init__(self, kind: str, gw: GatewayProc, echo_marks: bool = False) -> None:
+        self.kind = kind
+        self.gw = gw
+        if kind == "twilio":
+            self.t: Any = TwilioTransport(f"ws://127.0.0.1:{gw.ws_port}/twilio")
+        elif kind == "native":
+            url = f"ws://127.0.0.1:{gw.ws_port}/ws"
+            self.t = NativeEcho(url, RATE) if echo_marks else NativeTransport(url, RATE)
+        else:
+            self.t = SipTransport(f"sip:conformance@127.0.0.1:{gw.sip_port}", codecs=("PCMU",))
+        self.audio: list[tuple[float, np.ndarray]] = []
+        self.n = 0
+        self.clears: list[float] = []
+        self.dtmf: list[str] = []
+        self.ended: list[str] = []
+        self.call_id = ""
+        self.out: Ring | None = None
+        self._talk: asyncio.Task[None] | None = None
+
+    def _on_audio(self, pcm: np.ndarray, now: float) -> None:
+        self.audio.append((now, pcm.copy()))
+        self.n += len(pcm)
+
+    async def open(self, agent: FakeAgent) -> Peer:
+        seen = len(agent.of(F.CallStart))
+        await self.t.open(BotEvents(on_audio=self._on_audio, on_clear=self.clears.append,
+                                    on_dtmf=lambda d, now: self.dtmf.append(d),
+                                    on_end=lambda why, now: self.ended.append(why)))
+        start = await asyncio.to_thread(agent.wait_for, F.CallStart,
+                                        lambda f: f in agent.of(F.CallStart)[seen:], 5.0)
+        self.call_id = start.call_id
+        deadline = time.monotonic() + 5.0  # the agent's CallAccepted makes it active (the pacer serves it)
+        while (await asyncio.to_thread(self.gw.command, "calls")).get(self.call_id, {}).get("state") != "active":
+            assert time.monotonic() < deadline, "the call did not become active"
+            await asyncio.sleep(0.01)
+        self.out = Ring.attach(ring_name(self.gw.instance, self.call_id, "out"))
+        self._talk = asyncio.create_task(self._talk_loop())
+        return self
+
+    async def _talk_loop(self) -> None:
+        silence = np.zeros(self.t.rate // 50, np.int16)
+        t0 = time.monotonic()
+        k = 0
+        while True:
+            await self.t.send_audio(silence)
+            k += 1
+            await asyncio.sleep(max(0.0, t0 + k * 0.02 - time.monotonic()))
+
+    def samples(self) -> np.ndarray:
+        return np.concatenate([a for _, a in self.audio]) if self.audio else np.zeros(0, np.int16)
+
+    def between(self, t0: float, t1: float) -> int:
+        return sum(len(a) for t, a in self.audio if t0 <= t < t1)
+
+    async def until(self, pred: Any, timeout: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            await asyncio.sleep(0.01)
+        return bool(pred())
+
+    async def play(self, audio: np.ndarray, epoch: int, utterance: int, agent: FakeAgent) -> int:
+        """The agent's side: write ``audio`` to the out ring and announce it; returns its start."""
+        assert self.out is not None
+        start = self.out.write_pos
+        self.out.write(audio)
+        agent.send(F.OutUtterance(call_id=self.call_id, utterance=utterance, epoch=epoch, out_pos=start))
+        return start
+
+    async def close(self) -> None:
+        if self._talk is not None:
+            self._talk.cancel()
+            await asyncio.gather(self._talk, return_exceptions=True)
+        await self.t.close()
+        if self.out is not None:
+            self.out.close()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def stats(gw: GatewayProc) -> dict[str, Any]:
+    return await asyncio.to_thread(gw.stats)
+
+
+async def reply(agent: FakeAgent, cls: type, call_id: str, timeout: float = 5.0) -> Any:
+    return await asyncio.to_thread(agent.wait_for, cls, lambda f: f.call_id == call_id, timeout)
+
+
+# -- the cases ------------------------------------------------------------------------
+
+
+async def case_clear(p: Peer, agent: FakeAgent) -> None:
+    audio = tagged(100)
+    await p.play(audio, 1, 1, agent)
+    assert await p.until(lambda: p.n >= 10 * FRAME)
+    agent.send(F.Clear(call_id=p.call_id, epoch=1, sent_ns=time.monotonic_ns()))
+    cleared = await reply(agent, F.Cleared, p.call_id)
+    at_cut = p.n
+    await asyncio.sleep(0.3)
+    assert p.n - at_cut <= 2 * FRAME, (p.n, at_cut)  # the frame in flight at most
+    assert cleared.epoch == 1 and at_cut - 2 * FRAME <= cleared.position < len(audio)
+    if p.kind != "sip":  # an RTP peer just stops getting packets
+        assert p.clears, "no clear message"
+
+
+async def case_lazy_clear(p: Peer, agent: FakeAgent) -> None:
+    before = (await stats(p.gw)).get("clears_after_newer", 0)
+    first, second = tagged(5), tagged(40, first=5)
+    await p.play(first, 1, 1, agent)
+    start2 = await p.play(second, 2, 2, agent)
+    assert await p.until(lambda: p.n >= start2 + 5 * FRAME)  # the newer epoch plays
+    agent.send(F.Clear(call_id=p.call_id, epoch=1, sent_ns=time.monotonic_ns(), lazy=True))
+    cleared = await reply(agent, F.Cleared, p.call_id)
+    assert await p.until(lambda: p.n >= len(first) + len(second))
+    assert cleared.epoch == 1 and not cleared.marks
+    assert not p.clears  # the peer was not told to drop the new response
+    assert np.array_equal(p.samples()[:len(first) + len(second)], np.concatenate([first, second]))
+    assert (await stats(p.gw))["clears_after_newer"] == before + 1
+
+
+async def case_pause(p: Peer, agent: FakeAgent) -> None:
+    audio = tagged(60)
+    await p.play(audio, 1, 1, agent)
+    assert await p.until(lambda: p.n >= 10 * FRAME)
+    t_pause = time.monotonic()
+    agent.send(F.Pause(call_id=p.call_id, epoch=1, sent_ns=time.monotonic_ns()))
+    await asyncio.sleep(0.1)
+    held = p.n
+    await asyncio.sleep(0.3)
+    t_resume = time.monotonic()
+    assert p.n == held and p.between(t_pause, t_resume) <= 2 * FRAME
+    agent.send(F.Resume(call_id=p.call_id, epoch=1, sent_ns=time.monotonic_ns()))
+    assert await p.until(lambda: p.n >= len(audio))
+    await asyncio.sleep(0.1)
+    assert np.array_equal(p.samples(), audio)  # nothing lost, nothing repeated
+
+
+async def case_marks(p: Peer, agent: FakeAgent) -> None:
+    await p.play(tagged(20), 1, 1, agent)
+    agent.send(F.Mark(call_id=p.call_id, name="m1", position=10 * FRAME))
+    played = await reply(agent, F.MarkPlayed, p.call_id)
+    assert (played.name, played.position) == ("m1", 10 * FRAME)
+    assert p.n >= 10 * FRAME
+
+
+async def case_dtmf_in(p: Peer, agent: FakeAgent) -> None:
+    await p.t.send_dtmf("5")
+    got = await reply(agent, F.Dtmf, p.call_id)
+    assert got.digit == "5"
+
+
+async def case_dtmf_out(p: Peer, agent: FakeAgent) -> None:
+    agent.send(F.SendDtmf(call_id=p.call_id, digits="7"))
+    if p.kind == "twilio":  # in-band: 852 Hz + 1209 Hz
+        assert await p.until(lambda: p.n >= 800)
+        x = p.samples()[:800].astype(np.float64)
+        spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
+        freqs = np.fft.rfftfreq(len(x), 1 / RATE)
+
+        def power(f: float) -> float:
+            return float(spec[np.abs(freqs - f) < 15].max())
+
+        assert min(power(852), power(1209)) > 10 * max(power(697), power(1477))
+    else:
+        assert await p.until(lambda: p.dtmf == ["7"]), p.dtmf
+    calls = await asyncio.to_thread(p.gw.command, "calls")
+    assert calls[p.call_id]["dtmf_out"] == 1
+
+
+async def case_transfer(p: Peer, agent: FakeAgent) -> None:
+    await asyncio.sleep(0.2)  # SIP: the dialog is confirmed by the ACK
+    agent.send(F.Transfer(call_id=p.call_id, target="sip:operator@127.0.0.1"))
+    res = await reply(agent, F.TransferResult, p.call_id)
+    if p.kind == "native":
+        assert res.ok and res.detail == "delegated to the client"
+    else:  # the client's SIP stack answers REFER 405: the REFER reached it, its answer came back
+        assert not res.ok and res.detail.startswith("405"), res
+
+
+async def case_hangup(p: Peer, agent: FakeAgent) -> None:
+    agent.send(F.Hangup(call_id=p.call_id, reason="agent done"))
+    assert await p.until(lambda: bool(p.ended)), "the peer did not see the end"
+    other = await Peer(p.kind, p.gw).open(agent)
+    await other.close()
+    end = await reply(agent, F.CallEnd, other.call_id)
+    assert end.reason
+
+
+async def still_live(p: Peer) -> None:
+    await asyncio.sleep(0.2)
+    assert not p.ended
+    calls = await asyncio.to_thread(p.gw.command, "calls")
+    assert calls[p.call_id]["state"] == "active"
+
+
+def udp(port: int, data: bytes, timeout: float = 0.5) -> bytes | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.settimeout(timeout)
+        s.sendto(data, ("127.0.0.1", port))
+        try:
+            return s.recv(65535)
+        except TimeoutError:
+            return None
+
+
+async def ws_closed_with(url: str, *msgs: str | bytes) -> int | None:
+    async with connect(url, max_size=None) as ws:
+        for m in msgs:
+            await ws.send(m)
+        try:
+            async with asyncio.timeout(3):
+                async for _ in ws:
+                    pass
+        except Exception:  # noqa: BLE001 - closed by the server: its code says why
+            pass
+        return ws.close_code
+
+
+async def case_oversize(p: Peer, agent: FakeAgent) -> None:
+    before = await stats(p.gw)
+    if p.kind == "sip":
+        body = b"x" * (SIP_MAX + 100)
+        head = (f"OPTIONS sip:x@127.0.0.1:{p.gw.sip_port} SIP/2.0\r\n"
+                "Via: SIP/2.0/UDP 127.0.0.1:5098;branch=z9hG4bKbig;rport\r\n"
+                "From: <sip:t@127.0.0.1>;tag=a\r\nTo: <sip:x@127.0.0.1>\r\nCall-ID: big@t\r\n"
+                f"CSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        udp(p.gw.sip_port, head + body)
+        after = await stats(p.gw)
+        assert after["sip_malformed_oversized"] == before.get("sip_malformed_oversized", 0) + 1
+    else:
+        path = "/twilio" if p.kind == "twilio" else "/ws"
+        code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{path}", "x" * (WS_MAX + 100))
+        assert code == 1009
+    await still_live(p)
+
+
+async def case_malformed(p: Peer, agent: FakeAgent) -> None:
+    before = await stats(p.gw)
+    if p.kind == "sip":
+        assert udp(p.gw.sip_port, b"\x00\xffgarbage\r\n\r\n", 0.3) is None
+        assert p.t.remote_rtp is not None
+        udp(p.t.remote_rtp[1], b"\x80", 0.05)  # shorter than an RTP header
+        await asyncio.sleep(0.1)
+        after = await stats(p.gw)
+        malformed = {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("sip_malformed_")}
+        assert sum(malformed.values()) == 1, malformed
+        assert after["rtp_malformed"] == before.get("rtp_malformed", 0) + 1
+    elif p.kind == "twilio":
+        code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}/twilio", "{not json")
+        assert code == 1007
+        assert (await stats(p.gw))["ws_malformed_bad_json"] == before.get("ws_malformed_bad_json", 0) + 1
+    else:  # the native protocol answers an error and the call goes on
+        await p.t.ws.send("{not json")
+        await p.t.ws.send(b"\x01")  # odd-length PCM16
+        assert await p.until(lambda: p.t.errors[-2:] == ["bad_json", "odd_frame"]), p.t.errors
+    await still_live(p)
+
+
+CASES = {
+    "clear": case_clear,
+    "lazy_clear": case_lazy_clear,
+    "pause": case_pause,
+    "marks_release": case_marks,
+    "marks_echo": case_marks,
+    "dtmf_in": case_dtmf_in,
+    "dtmf_out": case_dtmf_out,
+    "transfer": case_transfer,
+    "hangup": case_hangup,
+    "oversize": case_oversize,
+    "malformed": case_malformed,
+}
+
+
+def test_every_capability_has_a_case_and_every_lack_a_reason():
+    assert set(CASES) == set(CAPABILITIES)
+    for t in TRANSPORTS.values():
+        assert all(isinstance(why, str) and why for why in t.lacks.values()), t.name
+
+
+@pytest.mark.parametrize(("transport", "capability"), list(cases()))
+def test_transport_conformance(env, transport: str, capability: str) -> None:
+    gw, agent = env
+
+    async def go() -> None:
+        p = await Peer(transport, gw, echo_marks=capability == "marks_echo").open(agent)
+        try:
+            await CASES[capability](p, agent)
+        finally:
+            await p.close()
+
+    run(go())
