@@ -403,12 +403,14 @@ class LlmRunner(Stage):
             if not calls:
                 return
             if tool_rounds >= self.cfg.max_tool_rounds or self.engine is None:
-                self._answer_unrun(calls, TOOL_ROUND_LIMIT if self.engine is not None else te.UNKNOWN_TOOL)
-                if self.engine is not None:
+                at_limit = tool_rounds >= self.cfg.max_tool_rounds
+                self._answer_unrun(calls, TOOL_ROUND_LIMIT if at_limit else te.UNKNOWN_TOOL)
+                if at_limit:
                     self.st.round_limits += 1
                     self.st.fallbacks += 1
                     await self._speak_line(turn, self.cfg.fallback_line, into_context=True)
                     return
+                tool_rounds += 1  # no tools offered: the refused round still counts toward the limit
                 continue
             tool_rounds += 1
             self.st.tool_rounds += 1

@@ -191,3 +191,18 @@ def test_a_tool_that_ignores_its_cancellation_cannot_hold_the_hang_up():
     budget = 3 * res.actor.cfg.stop_timeout + 1.0  # stages, the engine, the task owner
     assert res.ended_at - started[0] < 2.5 + 1.0 + budget, (res.ended_at, started)
     assert res.record["end_reason"] == "sim_end"
+
+
+def test_a_model_that_calls_tools_when_none_were_offered_is_bounded_by_the_round_limit():
+    """No tools configured and a model that asks for one on every request: each call is
+    answered unknown_tool, the rounds count toward the limit, and the turn ends with the
+    fallback line instead of asking the model forever."""
+    looping = LlmScript((Call("get_weather", {"city": "Oslo"}),))
+    res = sim(SimCall(steps=[Utter("check the weather again and again", at=0.5)], llm=[looping] * 20,
+                      max_time=60.0))
+    st = res.actor.runner.st
+    rounds = res.actor.runner.cfg.max_tool_rounds
+    unknown = [m for m in res.actor.context if isinstance(m, ToolMessage) and "unknown_tool" in m.content]
+    assert len(unknown) == rounds and st.requests == rounds + 1, (len(unknown), st.requests)
+    assert st.round_limits == 1 and assistant(res)[-1] == FALLBACK_LINE
+    res.actor.context.validate()
