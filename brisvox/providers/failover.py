@@ -7,7 +7,10 @@ place or on a secondary provider) the registry wires for an agent's
 * :class:`Breaker`: consecutive failures of a leg across ALL calls of the
   process open it after ``threshold`` (5) for ``open_for`` (30 s); then one
   probe is let through (half-open); a probe that succeeds closes it on
-  probation (one failure re-opens it at once), a success resets it.
+  probation (one failure re-opens it at once), a success resets it. A probe
+  that ends without a verdict (cancelled by a barge-in or a hang-up, or its
+  stream closed before the first event) releases its permit, so the next
+  caller probes; a probe never wedges the breaker half-open.
   Request errors (``bad_request``: HTTP 400/404/413/422) and cancellations
   are not counted and never fail over: the secondary would refuse the same
   request.
@@ -72,6 +75,10 @@ class Breaker:
         self.probing = True  # half-open: this caller is the probe
         return True
 
+    def release(self) -> None:
+        """The probe ended without a verdict: the breaker stays open and the next caller probes."""
+        self.probing = False
+
     def success(self) -> None:
         if self.probing:  # closed on probation: the next failure re-opens at once
             self.failures = self.threshold - 1
@@ -125,17 +132,19 @@ class _Legs:
         if isinstance(results[0], BaseException):
             raise results[0]
 
-    def admit(self, i: int, tried: int) -> bool:
-        """May leg ``i`` be tried now? (Its breaker is asked only here, at the attempt.)
-        The last leg is tried when nothing else was, whatever its breaker says."""
+    def admit(self, i: int, tried: int) -> tuple[bool, bool]:
+        """May leg ``i`` be tried now, and is this attempt its breaker's half-open probe?
+        (The breaker is asked only here, at the attempt.) The last leg is tried when nothing
+        else was, whatever its breaker says."""
         _, b = self.legs[i]
+        probe = b.opened_at is not None and not b.probing
         if b.allow():
-            return True
+            return True, probe
         if i == len(self.legs) - 1 and tried == 0:
             STATS[f"{self.stage}.all_open"] += 1
-            return True
+            return True, False
         STATS[f"{self.stage}.skipped_open"] += 1
-        return False
+        return False, False
 
 
 C = TypeVar("C", SttConfig, TtsConfig)
@@ -178,21 +187,30 @@ async def _connect(legs: _Legs, fn: Any, timeout: float, attempt: float) -> Any:
     tried = 0
     n = len(legs.legs)
     for i, (p, b) in enumerate(legs.legs):
-        if not legs.admit(i, tried):
+        allowed, probe = legs.admit(i, tried)
+        if not allowed:
             continue
         tried += 1
         left = deadline - time.monotonic()
         if left <= 0:
+            if probe:
+                b.release()
             break
         t = min(left, attempt) if i < n - 1 else left
         try:
             async with asyncio.timeout(t):
                 got = await fn(p, t)
+        except asyncio.CancelledError:
+            if probe:
+                b.release()
+            raise
         except (ProviderError, TimeoutError, OSError) as e:
             err = e if isinstance(e, ProviderError) else ProviderError("timeout" if isinstance(e, TimeoutError)
                                                                        else "connect", str(e)[:200])
             if err.kind not in NOT_COUNTED:
                 b.failure()
+            elif probe:  # a bad request says nothing of the leg: the next caller probes
+                b.release()
             STATS[f"{legs.stage}.failures"] += 1
             last = err
             if i < n - 1:
@@ -221,6 +239,7 @@ class _FailoverStream:
         self._tried = 0
         self._cur: Any = None
         self._breaker: Breaker | None = None
+        self._probe = False  # this stream holds its breaker's half-open permit, no verdict yet
         self._content = False
         self._closed = False
 
@@ -231,7 +250,8 @@ class _FailoverStream:
         legs = self.owner.legs
         while self._i + 1 < len(legs):
             self._i += 1
-            if self.owner.admit(self._i, self._tried):
+            allowed, self._probe = self.owner.admit(self._i, self._tried)
+            if allowed:
                 self._tried += 1
                 p, self._breaker = legs[self._i]
                 self._cur = p.stream(self.request)
@@ -261,9 +281,15 @@ class _FailoverStream:
                 ev = LlmError("timeout", "no first event in time")
             except ProviderError as e:
                 ev = LlmError(e.kind, e.detail, e.retryable)
+            except asyncio.CancelledError:
+                self._release_probe()
+                raise
             assert self._breaker is not None
+            probe, self._probe = self._probe, False  # a verdict follows, but for a request error
             if isinstance(ev, LlmError):
                 if ev.kind in NOT_COUNTED:
+                    if probe:  # a bad request says nothing of the leg: the next caller probes
+                        self._breaker.release()
                     self._closed = True  # the stream ends after an error
                     return ev
                 self._breaker.failure()
@@ -280,7 +306,13 @@ class _FailoverStream:
             self._content = True
             return ev
 
+    def _release_probe(self) -> None:
+        if self._probe and self._breaker is not None:
+            self._breaker.release()
+        self._probe = False
+
     async def aclose(self) -> None:
+        self._release_probe()  # closed before the first event: the probe gave no verdict
         self._closed = True
         if self._cur is not None:
             with contextlib.suppress(Exception):

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -238,3 +239,74 @@ def test_scripted_llm_rules_and_tool_rounds() -> None:
     other = asyncio.run(collect((LlmMessage("user", "hello there"),)))
     texts = [e.text for e in other if isinstance(e, TextDelta)]
     assert texts == ["You ", "said: ", "hello ", "there"]
+
+
+def _elapsed_open(key: str) -> failover.Breaker:
+    """A breaker that opened long enough ago for its next caller to be the half-open probe."""
+    import time
+
+    b = failover.breaker(key)
+    b.failures, b.opened_at, b.probing = b.threshold, time.monotonic() - 3600.0, False
+    return b
+
+
+def test_a_cancelled_llm_probe_releases_its_permit() -> None:
+    """A barge-in or hang-up while the probe waits for its first event must not leave the
+    breaker half-open for the life of the process: the next call probes the primary again."""
+    fresh("pE")
+    b = _elapsed_open("llm:pE")
+    prim = FakeLlm("a", [], hang=True)
+    sec = FakeLlm("b", [TextDelta("ok"), Done()])
+
+    async def main() -> None:
+        s = failover.FailoverLlm(prim, sec, "pE", "sE", first_event_timeout=30.0).stream(REQ)
+        t = asyncio.ensure_future(s.__anext__())
+        await asyncio.sleep(0.05)
+        assert b.state == "half_open" and prim.requests == 1  # this call is the probe
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        await s.aclose()
+
+    asyncio.run(main())
+    assert b.state == "open" and b.allow()  # released: the next caller is the probe
+
+
+def test_an_llm_probe_closed_before_its_first_event_releases_its_permit() -> None:
+    fresh("pF")
+    b = _elapsed_open("llm:pF")
+    prim = FakeLlm("a", [], hang=True)
+
+    async def main() -> None:
+        s = failover.FailoverLlm(prim, FakeLlm("b", [Done()]), "pF", "sF", first_event_timeout=30.0).stream(REQ)
+        t = asyncio.ensure_future(s.__anext__())
+        await asyncio.sleep(0.05)
+        await s.aclose()  # the runner closes the stream (the turn was abandoned)
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await t
+
+    asyncio.run(main())
+    assert b.state == "open" and not b.probing
+
+
+def test_a_bad_request_probe_and_a_cancelled_connect_probe_release_their_permits() -> None:
+    fresh("pG")
+    b = _elapsed_open("llm:pG")
+    run_stream(failover.FailoverLlm(FakeLlm("a", [LlmError("bad_request", "400", False)]),
+                                    FakeLlm("b", [Done()]), "pG", "sG"))
+    assert b.state == "open" and not b.probing  # a bad request is no verdict on the leg
+    fresh("pH")
+    bs = _elapsed_open("stt:pH")
+
+    async def main() -> None:
+        p = failover.FailoverStt(FakeStt("a", "hang"), FakeStt("b"), "pH", "sH", attempt_timeout=30.0)
+        t = asyncio.ensure_future(p.connect(SttConfig(), 60.0))
+        await asyncio.sleep(0.05)
+        assert bs.state == "half_open"
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+
+    asyncio.run(main())
+    assert bs.state == "open" and not bs.probing
