@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
 
+from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import (
     LlmError,
     LlmEvent,
@@ -59,7 +59,10 @@ NOT_COUNTED = {"bad_request"}
 
 
 class Breaker:
-    def __init__(self, threshold: int = 5, open_for: float = 30.0) -> None:
+    """Times are read from ``clock`` (the running loop's: virtual in the simulator)."""
+
+    def __init__(self, threshold: int = 5, open_for: float = 30.0, clock: Clock = CLOCK) -> None:
+        self.clock = clock
         self.threshold = threshold
         self.open_for = open_for
         self.failures = 0
@@ -67,7 +70,7 @@ class Breaker:
         self.probing = False
 
     def allow(self, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
+        now = self.clock.now() if now is None else now
         if self.opened_at is None:
             return True
         if now - self.opened_at < self.open_for or self.probing:
@@ -88,7 +91,7 @@ class Breaker:
         self.probing = False
 
     def failure(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
+        now = self.clock.now() if now is None else now
         self.failures += 1
         if self.probing or self.failures >= self.threshold:
             self.opened_at = now
@@ -182,7 +185,8 @@ class FailoverTts(_SessionLegs[TtsConfig, TtsSession]):
 
 
 async def _connect(legs: _Legs, fn: Any, timeout: float, attempt: float) -> Any:  # noqa: ASYNC109
-    deadline = time.monotonic() + timeout
+    clock = CLOCK
+    deadline = clock.now() + timeout
     last: ProviderError | None = None
     tried = 0
     n = len(legs.legs)
@@ -191,7 +195,7 @@ async def _connect(legs: _Legs, fn: Any, timeout: float, attempt: float) -> Any:
         if not allowed:
             continue
         tried += 1
-        left = deadline - time.monotonic()
+        left = deadline - clock.now()
         if left <= 0:
             if probe:
                 b.release()

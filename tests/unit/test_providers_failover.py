@@ -242,7 +242,8 @@ def test_scripted_llm_rules_and_tool_rounds() -> None:
 
 
 def _elapsed_open(key: str) -> failover.Breaker:
-    """A breaker that opened long enough ago for its next caller to be the half-open probe."""
+    """A breaker that opened long enough ago for its next caller to be the half-open probe
+    (breakers read the running loop's clock: asyncio's default loop runs on time.monotonic)."""
     import time
 
     b = failover.breaker(key)
@@ -269,7 +270,9 @@ def test_a_cancelled_llm_probe_releases_its_permit() -> None:
         await s.aclose()
 
     asyncio.run(main())
-    assert b.state == "open" and b.allow()  # released: the next caller is the probe
+    import time
+
+    assert b.state == "open" and b.allow(time.monotonic())  # released: the next caller is the probe
 
 
 def test_an_llm_probe_closed_before_its_first_event_releases_its_permit() -> None:
@@ -310,3 +313,22 @@ def test_a_bad_request_probe_and_a_cancelled_connect_probe_release_their_permits
 
     asyncio.run(main())
     assert bs.state == "open" and not bs.probing
+
+
+def test_a_breaker_runs_on_the_loops_clock_so_the_simulator_can_drive_it() -> None:
+    """30 s of open breaker pass in no wall time on the virtual loop."""
+    import time
+
+    from brisvox.sim.vloop import run_virtual
+
+    async def main() -> tuple[bool, bool]:
+        b = failover.Breaker(threshold=2, open_for=30.0)
+        b.failure()
+        b.failure()
+        before = b.allow()
+        await asyncio.sleep(31.0)  # virtual
+        return before, b.allow()
+
+    t0 = time.monotonic()
+    assert run_virtual(main) == (False, True)
+    assert time.monotonic() - t0 < 5.0
