@@ -99,7 +99,7 @@ def _daemon(n_calls: int) -> dict[str, list[float] | float]:
 
     from bench.harness.call_daemon import SPEECH, config
     from bench.harness.daemon import Daemon
-    from brisvox.agent.call_record import read_records
+    from brisvox.agent.host.call_record import read_records
     from brisvox.sim.ws_caller import ANSWER, SECOND, one_call
 
     tmp = Path(tempfile.mkdtemp(prefix="bvb", dir="/tmp"))

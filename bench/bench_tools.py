@@ -22,9 +22,10 @@ from typing import Any
 
 import orjson
 
-from brisvox.agent.context import ToolCall
-from brisvox.agent.tool_engine import EngineConfig, ToolEngine
-from brisvox.agent.tools import ToolKind, ToolRegistry, ToolSpec
+from brisvox.agent.conversation.context import ToolCall
+from brisvox.agent.tool_engine.config import EngineConfig
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.registry import ToolKind, ToolRegistry, ToolSpec
 
 TYPICAL = {
     "type": "object",

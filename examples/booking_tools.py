@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisvox.agent.tools import Tool, ToolContext, ToolError, ToolKind, ToolSpec
+from brisvox.agent.tool_engine.registry import Tool, ToolContext, ToolError, ToolKind, ToolSpec
 
 SLOTS = ("17:00", "18:00", "19:00", "20:00", "21:00")
 CAPACITY = 4  # tables per slot

@@ -204,7 +204,7 @@ class Clear(Frame):
     last one is idempotent (no cut; Cleared is sent again). Answered by
     Cleared with the final release position.
 
-    ``lazy``: sent by TransportOut before a new response's first audio (not a
+    ``lazy``: sent by TtsRingWriter before a new response's first audio (not a
     barge-in). The worker's OutUtterance of that response travels on another
     link, so its first frame may already be out when this Clear is read; a
     lazy Clear read after a talkspurt started from a dry ring after

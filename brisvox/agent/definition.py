@@ -22,12 +22,12 @@ offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
 The parsed :class:`AgentDef` is frozen; the registry
 (:mod:`brisvox.providers.registry`, which owns the provider legs,
 :class:`ProviderDef`, and the table of known providers) builds a call's
-providers from its legs, :mod:`brisvox.agent.tools_loader` its tools, and
+providers from its legs, :mod:`brisvox.agent.tool_engine.loader` its tools, and
 :func:`actor_config` maps it onto the call actor's
-:class:`~brisvox.agent.actor.ActorConfig`. The definition lives next to the
+:class:`~brisvox.agent.host.actor.ActorConfig`. The definition lives next to the
 agent that runs it: it imports the providers' registry, never the other way
 round, and the supervisor reaches it only through a function-level import
-(``brisvox.agent.config.check_referenced_agents``).
+(``brisvox.agent.host.config.check_referenced_agents``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from brisvox.providers.registry import (
 )
 
 if TYPE_CHECKING:
-    from brisvox.agent.actor import ActorConfig
+    from brisvox.agent.host.actor import ActorConfig
 
 # the schema is data of the config package (installed with it: pyproject's package-data)
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "config" / "agent.schema.json"
@@ -330,7 +330,7 @@ def _check_timing(leg: ProviderDef, where: list[str], lines: Mapping[str, int]) 
 
 
 def _check_tools(agent: AgentDef, lines: Mapping[str, int], load_modules: bool) -> list[Problem]:
-    from brisvox.agent.tools_loader import ToolSetupError, provided_tools
+    from brisvox.agent.tool_engine.loader import ToolSetupError, provided_tools
 
     out: list[Problem] = []
     try:
@@ -393,14 +393,14 @@ def is_agent_file(path: str | os.PathLike[str]) -> bool:
 
 
 def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfig:
-    """The call actor's :class:`~brisvox.agent.actor.ActorConfig` with this agent's settings:
+    """The call actor's :class:`~brisvox.agent.host.actor.ActorConfig` with this agent's settings:
     system prompt, filler, interruption and turn policy, STT language/model, TTS voice/model.
     Unset keys keep ``base``'s values (default: ``ActorConfig()``)."""
     from dataclasses import fields, replace
 
-    from brisvox.agent.actor import ActorConfig
-    from brisvox.agent.tool_filler import FillerConfig
-    from brisvox.agent.turn_machine import InterruptionConfig, TurnConfig
+    from brisvox.agent.host.actor import ActorConfig
+    from brisvox.agent.pipeline.turn_machine import InterruptionConfig, TurnConfig
+    from brisvox.agent.tool_engine.filler import FillerConfig
 
     cfg = base or ActorConfig()
 

@@ -283,8 +283,8 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """A daemon config (and every agent file it names), or one agent file."""
-    from brisvox.agent.config import check_referenced_agents
     from brisvox.agent.definition import check_main, is_agent_file
+    from brisvox.agent.host.config import check_referenced_agents
     from brisvox.runtime.paths import check_endpoint_lengths, runtime_dir
 
     if is_agent_file(args.file):

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from brisvox.agent.call_record import read_records
+from brisvox.agent.host.call_record import read_records
 
 
 def add_parser(sub: Any) -> None:

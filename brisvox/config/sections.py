@@ -14,6 +14,6 @@ SECTION_PARSERS: dict[str, str] = {
     "gateway": "brisvox.gateway.config:GatewayConfig",
     "sip": "brisvox.gateway.config:SipConfig",
     "websocket": "brisvox.gateway.config:WebSocketConfig",
-    "agents": "brisvox.agent.config:AgentsConfig",
-    "calls": "brisvox.agent.config:CallsConfig",
+    "agents": "brisvox.agent.host.config:AgentsConfig",
+    "calls": "brisvox.agent.host.config:CallsConfig",
 }

@@ -8,5 +8,5 @@ ZeroMQ-using role code before it forks.
 ROLE_MAINS: dict[str, str] = {
     "gateway": "brisvox.gateway.process:main",
     "worker": "workers.process:main",
-    "agent": "brisvox.agent.process:main",
+    "agent": "brisvox.agent.host.process:main",
 }

@@ -24,14 +24,13 @@ import itertools
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
 from brisvox.gateway.metrics import CallStats
+from brisvox.playout.gate import PlayoutGate
 from ipc.ring import Ring, RingError, RingReader, ring_name
 
 log = logging.getLogger("brisvox.gateway")
@@ -75,17 +74,13 @@ class Leg(Protocol):
     def poll(self, now: float) -> None: ...
 
 
-@dataclass(slots=True)
-class PendingMark:
-    position: int
-    name: str
-
-
 class Call:
-    """One live call: its rings, leg, agent, pacing state and epoch ledger."""
+    """One live call: its rings, leg, agent, pacing state and its playout gate (the epoch
+    ledger, Pause hold, marks and release position: :class:`~brisvox.playout.gate.PlayoutGate`)."""
 
     def __init__(self, call_id: str, transport: str, agent: str, call_rate: int, tts_rate: int,
-                 rings: dict[str, Ring], started_ns: int, frame: int) -> None:
+                 rings: dict[str, Ring], started_ns: int, frame: int, *, max_marks: int = 64,
+                 pause_max_s: float = 2.5) -> None:
         self.call_id = call_id
         self.transport = transport
         self.agent = agent
@@ -103,37 +98,26 @@ class Call:
         self.transport_ids: dict[str, str] = {}
         self.params: dict[str, str] = {}
         self.stats = CallStats()
+        self.gate = PlayoutGate(self.stats, max_marks=max_marks, pause_max_s=pause_max_s)
         self.builtin: Any = None  # the echo agent, when it serves the call
         # pacing
         self.frame = frame
         self.frame_s = frame / call_rate
         self.next_due = 0.0
-        self.playing = False
         self.starved_at = -1.0
-        # the current talkspurt: when it started (time.monotonic_ns) and whether it started
-        # from a dry ring (not from a held position after a Pause)
-        self.spurt_ns = 0
-        self.spurt_from_dry = True
-        self.held_spurt = False  # a Pause ended the last talkspurt
         self.partial_wait = False
         self.last_send = -1.0
         self.last_on_grid = False
-        self.release_pos = 0
-        self.reported_pos = 0
-        self.released_since_report = False
-        # epoch ledger (see pacer/core): audio before ``gate_pos`` is stale
-        self.cleared_epoch = -1
-        self.gate_open = True  # False after a Clear until an utterance of a newer epoch starts
-        self.gate_pos = 0
-        self.utterances: deque[tuple[int, int]] = deque(maxlen=32)  # (epoch, out_pos)
-        # marks: pending (not yet released/sent), and sent to a peer that echoes
-        self.marks: deque[PendingMark] = deque()
-        self.marks_sent: deque[PendingMark] = deque()
         # lifetime
         self.transport_done = False
         self.agent_done = False
         self.end_reason = ""
         self.end_deadline = 0.0
+
+    @property
+    def release_pos(self) -> int:
+        """The playback position: out-ring samples released so far."""
+        return self.gate.release_pos
 
     def __repr__(self) -> str:
         return f"<Call {self.call_id} {self.transport} {self.agent} {self.state}>"
@@ -150,8 +134,11 @@ class AdmissionError(Exception):
 class CallTable:
     """All calls of the gateway (see module invariants)."""
 
-    def __init__(self, instance: str, max_calls: int, ring_seconds: float, frame_ms: int = 20) -> None:
+    def __init__(self, instance: str, max_calls: int, ring_seconds: float, frame_ms: int = 20, *,
+                 max_marks: int = 64, pause_max_s: float = 2.5) -> None:
         self.instance = instance
+        self.max_marks = max_marks
+        self.pause_max_s = pause_max_s
         self.max_calls = max_calls
         self.ring_seconds = ring_seconds
         self.frame_ms = frame_ms
@@ -188,7 +175,8 @@ class CallTable:
             log.error("could not create rings for %s: %s", call_id, e)
             self._refuse("rings", str(e))
         frame = call_rate * self.frame_ms // 1000
-        call = Call(call_id, transport, agent, call_rate, tts_rate, rings, time.monotonic_ns(), frame)
+        call = Call(call_id, transport, agent, call_rate, tts_rate, rings, time.monotonic_ns(), frame,
+                    max_marks=self.max_marks, pause_max_s=self.pause_max_s)
         self.calls[call_id] = call
         self.admitted += 1
         return call

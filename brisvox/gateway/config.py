@@ -20,6 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brisvox.config.errors import ConfigError
+from brisvox.gateway.fault_budget import (
+    DEFAULT_MAX_FAULTS,
+    DEFAULT_WINDOW_S,
+    MAX_FAULTS_LIMIT,
+    MAX_WINDOW_S,
+    FaultBudget,
+)
 from brisvox.gateway.transports import websocket_protocols
 from brisvox.wire.native import RATES as NATIVE_RATES
 
@@ -212,6 +219,10 @@ class WebSocketConfig:
     public_url: str = ""  # scheme://host the signature was computed over (default wss://<Host>)
     start_timeout_s: float = 10.0  # close a connection that never sends start
     native_rates: tuple[int, ...] = NATIVE_RATES
+    # a live call survives malformed messages (counted, dropped) up to this many within fault_window_s
+    fault_max: int = DEFAULT_MAX_FAULTS
+    fault_window_s: float = DEFAULT_WINDOW_S
+    hangup_on_error: bool = False  # the first malformed message of a live call ends it
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "websocket") -> WebSocketConfig:
@@ -247,7 +258,16 @@ class WebSocketConfig:
                 raise ConfigError(f"{where}.native_rates[{i}]", f"unsupported rate {rate} ({NATIVE_RATES})")
         if cfg.public_url and not re.match(r"^(wss?|https?)://[^/]+$", cfg.public_url):
             raise ConfigError(f"{where}.public_url", "expected scheme://host[:port] without a path")
+        if not 0 <= cfg.fault_max <= MAX_FAULTS_LIMIT:
+            raise ConfigError(f"{where}.fault_max", f"must be within 0..{MAX_FAULTS_LIMIT}, got {cfg.fault_max}")
+        if not 0 < cfg.fault_window_s <= MAX_WINDOW_S:
+            raise ConfigError(f"{where}.fault_window_s",
+                              f"must be > 0 and at most {MAX_WINDOW_S:g}, got {cfg.fault_window_s}")
         return cfg
+
+    def fault_budget(self) -> FaultBudget:
+        """The fault budget of every live WebSocket call (:mod:`brisvox.gateway.fault_budget`)."""
+        return FaultBudget(self.fault_max, self.fault_window_s, self.hangup_on_error)
 
     def route(self, path: str) -> WsRoute | None:
         """Route for a request path: exact match, or ``<route>/<agent>`` for another agent."""

@@ -13,7 +13,8 @@ transports receive. Its parts, each in its own module with its invariants:
 * :mod:`brisvox.gateway.lifecycle`: admission, the agent side's start, the
   caller's audio and DTMF in, the end and release of a call;
 * :mod:`brisvox.gateway.playout`: Clear, lazy Clear, Pause/Resume, marks,
-  utterance starts (the epoch ledger);
+  utterance starts, fed to each call's :class:`~brisvox.playout.gate.PlayoutGate`
+  and its actions executed;
 * :mod:`brisvox.gateway.peers`: agent processes and workers, the frame
   dispatch table, Playback reports.
 
@@ -71,14 +72,14 @@ class GatewayCore(AgentLinks):
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.metrics = GatewayMetrics()
-        self.table = CallTable(instance, self.cfg.max_calls, self.cfg.ring_seconds)
+        self.table = CallTable(instance, self.cfg.max_calls, self.cfg.ring_seconds,
+                               max_marks=self.cfg.max_marks, pause_max_s=self.cfg.pause_max_ms / 1000.0)
         self.links = Links(self.ctx, identity, self._on_frame)
         self.pacer = Pacer(
             self.metrics,
             report_every=max(1, round(self.cfg.position_interval_ms / (FRAME_S * 1000))),
-            on_mark_played=self._mark_played,
+            on_actions=self.run_actions,
             on_report=self._report,
-            pause_max_s=self.cfg.pause_max_ms / 1000.0,
         )
         self.static_peers = dict(static_peers or {})
         self.agents: dict[str, int] = {}  # ready agent process -> live calls
@@ -87,11 +88,11 @@ class GatewayCore(AgentLinks):
         self.listeners: dict[str, Listener] = {}  # config section -> its listener (registry order)
         self.endpoints: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._swallow: dict[str, set[str]] = {}
         self._echo_client: Any = None
         self._transports_idle = asyncio.Event()
         self._echo_actx: Any = None
         self.handlers = self.frame_handlers()
+        self.gate_actions = self.gate_action_handlers()
 
     # -- lifecycle ------------------------------------------------------------
 

@@ -248,7 +248,6 @@ class CallLifecycle(PlayoutCommands):
             if call.agent_proc in self.agents:
                 self.agents[call.agent_proc] = max(0, self.agents[call.agent_proc] - 1)
             self.set_worker(call, -1)
-            self._swallow.pop(call.call_id, None)
             self.metrics.inc("calls_ended")
 
     # -- the caller's side in ---------------------------------------------------------

@@ -18,9 +18,16 @@ Invariants:
 
 * Recoverable mistakes (bad JSON, an unknown event, audio before start, an
   odd-length audio frame, a bad digit) get an ``error`` message with a stable
-  ``code`` and are counted; the call goes on. A bad ``start`` (rate not
-  offered) closes with 1003, a full gateway with 1013, an oversized frame is
-  closed by the server with 1009.
+  ``code`` and are counted (``ws_malformed_<code>``, and the call's
+  ``malformed``); the message is dropped. Before ``start`` that is all (the
+  start timeout bounds such a connection). During a live call each one is
+  also charged to the call's fault budget
+  (:mod:`brisvox.gateway.fault_budget`): the one that exceeds it closes the
+  connection with its code's close code (:data:`FAULT_CLOSE_CODES`: 1007
+  for bad data, 1008 for a message out of place) and a reason naming the
+  budget (with ``hangup_on_error``: the first one, with its own message).
+* A bad ``start`` (rate not offered) closes with 1003, a full gateway with
+  1013, an oversized frame is closed by the server with 1009.
 * In ``release`` mark mode (default) the gateway reports a mark as played
   when its release position passes it; in ``echo`` mode the client's echo
   does, as with Twilio.
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +56,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brisvox.gateway.native")
 
+# the close code of a live call whose fault budget a recoverable mistake exceeded (docs/PROTOCOL.md)
+FAULT_CLOSE_CODES: dict[str, int] = {
+    "bad_json": 1007, "bad_message": 1007, "odd_frame": 1007, "bad_dtmf": 1007, "bad_mark": 1007,
+    "bad_start": 1007, "unknown_event": 1008, "duplicate_start": 1008,
+}
+
 
 class NativeSession(TransportLeg):
     """One native stream: protocol handler and call leg."""
@@ -61,14 +75,30 @@ class NativeSession(TransportLeg):
         self.call: Call | None = None
         self.marks_by_echo = False
         self.rate = 0
+        self._faults = host.settings.websocket.fault_budget().counter()
+        self.clock: Callable[[], float] = time.monotonic  # the fault budget's clock
         self._start_timer: asyncio.TimerHandle | None = host.call_later(
             host.settings.websocket.start_timeout_s, self._no_start)
 
     # -- errors ---------------------------------------------------------------------
 
     def _error(self, code: str, message: str) -> None:
-        self.host.protocol_error(self.call, f"ws_malformed_{code}")
+        """A recoverable mistake: answered, counted, dropped; during a live call also
+        charged to the fault budget, and the one that exceeds it closes the connection."""
+        call = self.call
+        self.host.protocol_error(call, f"ws_malformed_{code}")
         self.conn.send_text(native.error(code, message))
+        if call is None:
+            return
+        verdict = self._faults.fault(self.clock())
+        if not verdict.end:
+            if self._faults.total == 1:
+                log.info("native call %s: dropped a malformed message (%s); budget %s",
+                         call.call_id, code, self._faults.budget.describe())
+            return
+        log.info("native call %s: closing (%s: %s)", call.call_id, code, verdict.reason or message)
+        self.conn.close(FAULT_CLOSE_CODES.get(code, 1008), verdict.reason or message)
+        self._ended(verdict.reason or f"protocol error: {code}")
 
     def _close(self, kind: str, code: int, reason: str) -> None:
         self.host.count(f"ws_malformed_{kind}")

@@ -1,8 +1,10 @@
 """Output pacing: ONE timer for all calls releases 20 ms frames from each ``out`` ring.
 
-Owns when bot audio leaves the gateway, the release (playback) position of
-every call, the epoch gate after a Clear, mark release, and the periodic
-position reports.
+Owns when bot audio leaves the gateway: the 20 ms grid, talkspurts, late
+ticks, partial frames. What may be released (the epoch gate after a Clear,
+the Pause hold, marks, the release position) is each call's
+:class:`~brisvox.playout.gate.PlayoutGate`; the pacer asks it every frame and
+hands the actions it returns (marks passed) to ``on_actions``.
 
 Invariants:
 
@@ -17,28 +19,26 @@ Invariants:
   is in the ``out`` ring) releases it in the callback that read the frame,
   and the talkspurt's grid starts there. ``first_frame`` measures the time
   from the announcement to that release.
-* ``release_pos`` (the out-ring position after the last released sample) is
-  the call's playback position. It only moves forward. After a Clear the
-  reader holds (the gate is closed: nothing is released, nothing skipped,
-  since audio past the reader may already be the newer epoch's) until an
-  utterance of a newer epoch starts; then it skips to that start
-  (``Call.gate_pos``), counting the skipped samples as stale. Nothing below
-  the epoch gate or before the first utterance of a newer epoch is ever
-  released.
+* The gate's ``release_pos`` (the out-ring position after the last released
+  sample) is the call's playback position. After a Clear the reader holds
+  (the gate is closed: nothing is released, nothing skipped, since audio past
+  the reader may already be the newer epoch's) until an utterance of a newer
+  epoch starts; then it skips to the gate's floor (that start), counting the
+  skipped samples as stale.
 * Marks (SIP, native): reported played once ``release_pos`` passes their
   position. Marks for a peer that echoes them (Twilio): the ``mark`` message
   is sent right after the frame that reaches their position.
 * A partial frame (less than 20 ms left in the ring) waits one tick for more
   audio, then goes out as it is (padding would move the playback position
   past the words).
-* Pause (a barge-in candidate, :meth:`Pacer.pause`): a paused call releases
+* Pause (a barge-in candidate, the gate's ``Hold``, :meth:`Pacer.hold`): a paused call releases
   nothing and keeps its position (nothing cut, skipped or read; the
   talkspurt ends, which is neither an underrun nor counted as one: RTP
   simply sends no packets, the next one carries the marker bit, as after
-  any talkspurt; Twilio and native peers get no media). :meth:`Pacer.resume`
-  releases from the held position at once. A pause never outlives
-  ``pause_max_s``: the tick that finds it older resumes it (counted
-  ``pauses_expired``).
+  any talkspurt; Twilio and native peers get no media). A Resume kicks the
+  call: release goes on from the held position at once. A pause never
+  outlives the gate's ``pause_max_s``: the tick that finds it older resumes
+  it (counted ``pauses_expired``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from brisvox.gateway.calls import Call, PendingMark
+from brisvox.gateway.calls import Call
 from brisvox.gateway.metrics import GatewayMetrics, Histogram
+from brisvox.playout.gate import HELD, Action
 
 log = logging.getLogger("brisvox.gateway.pacer")
 
@@ -66,15 +67,14 @@ class Pacer:
         metrics: GatewayMetrics,
         *,
         report_every: int = 5,
-        on_mark_played: Callable[[Call, PendingMark], None],
+        on_actions: Callable[[Call, tuple[Action, ...] | list[Action]], None],
         on_report: Callable[[list[Call]], None],
         on_tick: Callable[[float, int], None] | None = None,
-        pause_max_s: float = 2.5,
     ) -> None:
         self.metrics = metrics
         self.calls: dict[str, Call] = {}
         self.report_every = max(1, report_every)
-        self.on_mark_played = on_mark_played
+        self.on_actions = on_actions
         self.on_report = on_report
         self.on_tick = on_tick
         self.ticks = 0
@@ -85,8 +85,6 @@ class Pacer:
         # an utterance announced while the call was silent: call_id -> loop time of the announcement
         self._announced: dict[str, float] = {}
         self.first_frame = Histogram(0.05, 50.0)  # announcement -> first frame released (ms)
-        self.pause_max_s = pause_max_s
-        self.paused: dict[str, tuple[int, float]] = {}  # call_id -> (held epoch, loop time of the pause)
 
     # -- lifecycle --------------------------------------------------------
 
@@ -106,34 +104,26 @@ class Pacer:
     def remove(self, call: Call) -> None:
         self.calls.pop(call.call_id, None)
         self._announced.pop(call.call_id, None)
-        self.paused.pop(call.call_id, None)
 
-    # -- pause ----------------------------------------------------------------
+    def now(self) -> float:
+        assert self._loop is not None
+        return self._loop.time()
 
-    def pause(self, call: Call, epoch: int, now: float | None = None) -> None:
-        """Hold ``call``'s release at its position from ``now`` on (see module invariants)."""
-        if now is None:
-            assert self._loop is not None
-            now = self._loop.time()
-        if call.call_id not in self.paused:
-            self.paused[call.call_id] = (epoch, now)
-        if call.playing:  # the talkspurt ends here: not starved, so not an underrun later
-            call.playing = False
+    # -- what the gate's actions ask of the pacing state ------------------------------------
+
+    def hold(self, call: Call, ended_spurt: bool) -> None:
+        """A Pause holds the call (the gate's ``Hold``): a playing talkspurt ends here, not
+        starved, so it is not an underrun later."""
+        if ended_spurt:
             call.starved_at = -1.0
-            call.held_spurt = True
             if call.leg is not None:
                 call.leg.end_spurt()
         call.partial_wait = False
 
-    def unpause(self, call: Call) -> int | None:
-        """End ``call``'s hold (Resume, Clear, a newer epoch); returns the held epoch (None: none)."""
-        held = self.paused.pop(call.call_id, None)
-        return None if held is None else held[0]
-
-    def resume(self, call: Call) -> None:
-        """Release from the held position at once (the talkspurt restarts now)."""
-        if self.unpause(call) is not None:
-            self.kick(call)
+    def stop_spurt(self, call: Call) -> None:
+        """A Clear cut the talkspurt (the gate's ``StopSpurt``)."""
+        call.partial_wait = False
+        call.starved_at = -1.0
 
     # -- the tick -----------------------------------------------------------
 
@@ -170,7 +160,7 @@ class Pacer:
         """An utterance of a live epoch starts (OutUtterance): release its first frame now."""
         if self._loop is None or call.call_id not in self.calls:
             return
-        if not call.playing:
+        if not call.gate.playing:
             self._announced[call.call_id] = self._loop.time()
         self.kick(call)
 
@@ -204,17 +194,15 @@ class Pacer:
             return
         if not leg.can_send:
             return
-        if self.paused:
-            held = self.paused.get(call.call_id)
-            if held is not None:
-                if now - held[1] < self.pause_max_s:
-                    return  # held: nothing released, the position stays
-                del self.paused[call.call_id]
-                self.metrics.inc("pauses_expired")
+        gate = call.gate
+        if gate.held is not None:
+            if gate.hold(now) == HELD:
+                return  # held: nothing released, the position stays
+            self.metrics.inc("pauses_expired")
         ring = call.out_ring
         reader = call.out_reader
         frame = call.frame
-        if not call.playing:
+        if not gate.playing:
             call.next_due = grid  # a new talkspurt starts now
         sent = 0
         horizon = grid + FRAME_S * 0.999
@@ -224,16 +212,16 @@ class Pacer:
             floor = ring.floor
             if pos < floor:
                 pos = floor
-            if not call.gate_open:
-                # after a Clear: nothing plays until an utterance of a newer epoch starts
-                break
-            if pos < call.gate_pos:
-                skip = min(call.gate_pos, w) - pos
+            start = gate.releasable_from(pos)
+            if start < 0:
+                break  # after a Clear: nothing plays until an utterance of a newer epoch starts
+            if start > pos:
+                skip = min(start, w) - pos
                 if skip > 0:
                     call.stats.stale_samples += skip
                     reader.seek(pos + skip)
                     pos += skip
-                if pos < call.gate_pos:
+                if pos < start:
                     break
             avail = w - pos
             if avail >= frame or (avail > 0 and call.partial_wait):
@@ -244,11 +232,8 @@ class Pacer:
                 n = len(res.samples)
                 if n == 0:
                     break
-                if not call.playing:
-                    call.playing = True
-                    call.spurt_ns = time.monotonic_ns()
-                    call.spurt_from_dry = not call.held_spurt
-                    call.held_spurt = False
+                if not gate.playing:
+                    gate.spurt_start(time.monotonic_ns())
                     if self._announced:
                         t_ann = self._announced.pop(call.call_id, None)
                         if t_ann is not None:
@@ -269,35 +254,22 @@ class Pacer:
                     call.stats.send_dropped += 1
                 call.last_send = now
                 call.last_on_grid = on_grid
-                call.release_pos = reader.position
-                call.released_since_report = True
                 call.next_due += FRAME_S
                 sent += 1
-                if call.marks:
-                    self._release_marks(call)
+                acts = gate.released(reader.position, leg.marks_by_echo)
+                if acts:
+                    self.on_actions(call, acts)
                 continue
             if avail > 0 and sent == 0:
                 call.partial_wait = True  # less than a frame: give the writer one more tick
                 break
             # nothing (more) to send: the talkspurt ends
-            if call.playing:
-                call.playing = False
+            if gate.playing:
+                gate.spurt_end()
                 call.starved_at = now
                 leg.end_spurt()
             break
-        if sent == 0 and call.marks and not call.playing:
-            self._release_marks(call)
-
-    def _release_marks(self, call: Call) -> None:
-        pos = call.release_pos
-        marks = call.marks
-        leg = call.leg
-        assert leg is not None
-        while marks and marks[0].position <= pos:
-            m = marks.popleft()
-            if leg.marks_by_echo:
-                leg.send_mark(m.name)
-                call.marks_sent.append(m)
-            else:
-                call.stats.marks_played += 1
-                self.on_mark_played(call, m)
+        if sent == 0 and gate.marks and not gate.playing:
+            acts = gate.due_marks(leg.marks_by_echo)
+            if acts:
+                self.on_actions(call, acts)

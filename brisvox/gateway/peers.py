@@ -113,10 +113,10 @@ class AgentLinks(CallLifecycle):
         """Every position interval: Playback per agent process, plus housekeeping."""
         by_agent: dict[str, dict[str, int]] = {}
         for call in calls:
-            if call.released_since_report and call.agent_proc:
-                by_agent.setdefault(call.agent_proc, {})[call.call_id] = call.release_pos
-                call.reported_pos = call.release_pos
-                call.released_since_report = False
+            if call.agent_proc and call.gate.released_since_report:
+                pos = call.gate.report()
+                if pos is not None:
+                    by_agent.setdefault(call.agent_proc, {})[call.call_id] = pos
         now_ns = time.monotonic_ns()
         for proc, positions in by_agent.items():
             self.links.send(proc, F.Playback(positions=positions, sent_ns=now_ns))

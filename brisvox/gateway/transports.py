@@ -3,7 +3,8 @@
 Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``sip``: the name a call's
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
-WebSocket route uses, and the capabilities it lacks) and :data:`LISTENERS`
+WebSocket route uses, the handshake check of its routes (``auth``:
+:mod:`brisvox.gateway.ws_auth`), and the capabilities it lacks) and :data:`LISTENERS`
 (one per config section: the socket server that carries the transports of
 that section). Config validation (the protocols a ``[websocket]`` route may
 name), the WebSocket server's route -> session choice and the core's
@@ -13,7 +14,7 @@ here plus its module.
 Invariants:
 
 * This module imports no transport at import time (factories import
-  lazily), so ``brisvox.gateway.config`` can validate against it without a
+  lazily; the handshake checks are plain functions), so ``brisvox.gateway.config`` can validate against it without a
   cycle.
 * Every capability in :data:`CAPABILITIES` is either offered by a transport
   or named in its ``lacks`` with the reason; the conformance suite
@@ -26,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from brisvox.gateway.ws_auth import Refusal, native_auth, twilio_auth
 
 if TYPE_CHECKING:
     from brisvox.gateway.config import WsRoute
@@ -46,6 +49,7 @@ CAPABILITIES = (
     "hangup",  # the agent's Hangup ends the call at the peer; the peer's end reaches the agent
     "oversize",  # an oversized message is refused and counted, without touching other calls
     "malformed",  # malformed input is refused and counted, without touching other calls
+    "fault_budget",  # a live call drops malformed messages (counted) until its fault budget is exceeded
 )
 
 
@@ -59,6 +63,7 @@ class Listener(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
+AuthCheck = Callable[[Any, str, Mapping[str, str]], Refusal | None]
 SessionFactory = Callable[["CallHost", "WsConnection", "WsRoute"], "Session"]
 ListenerFactory = Callable[["CallHost", Any], Listener]
 
@@ -71,6 +76,7 @@ class Transport:
     section: str  # the config section (and endpoint name) of the listener that serves it
     session: SessionFactory | None  # a WebSocket route's session; None: the listener makes its legs
     lacks: Mapping[str, str] = field(default_factory=dict)  # capability -> why this transport has not it
+    auth: AuthCheck | None = None  # a WebSocket route's handshake check (brisvox/gateway/ws_auth.py)
 
     def offers(self, capability: str) -> bool:
         return capability not in self.lacks
@@ -103,13 +109,15 @@ def _sip_listener(host: CallHost, cfg: Any) -> Listener:
 TRANSPORTS: dict[str, Transport] = {
     t.name: t
     for t in (
-        Transport("twilio", "websocket", _twilio_session, lacks={
+        Transport("twilio", "websocket", _twilio_session, auth=twilio_auth, lacks={
             "marks_release": "Twilio echoes every mark: a mark is reported played on its echo",
             "transfer": "a Twilio media stream cannot transfer (the REST API's calls update does)",
         }),
-        Transport("native", "websocket", _native_session),
+        Transport("native", "websocket", _native_session, auth=native_auth),
         Transport("sip", "sip", None, lacks={
             "marks_echo": "SIP peers do not echo marks: they are reported on release",
+            "fault_budget": "UDP has no connection to close: SIP and RTP drop and count every malformed "
+                            "datagram, and no call ever ends over them",
         }),
     )
 }

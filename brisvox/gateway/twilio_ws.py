@@ -8,12 +8,21 @@ codes and the outbound byte templates are :mod:`brisvox.wire.twilio`.
 
 Invariants:
 
-* Malformed input closes THIS connection with a reason and is counted:
-  bad JSON or a non-object (1007), a bad base64 payload (1007), media before
-  ``start`` (1008), a media format other than mu-law 8 kHz mono (1003), a
-  binary frame (1003); an oversized frame is closed by the server (1009).
-  An unknown event name is counted and ignored (Twilio adds events over
-  time; a new one must not hang up live calls).
+* Malformed input is counted (``ws_malformed_<kind>``, and the call's
+  ``malformed``). Before the call exists it closes THIS connection at once
+  with a reason: bad JSON or a non-object (1007), a bad ``start`` (1007),
+  media before ``start`` (1008), a media format other than mu-law 8 kHz
+  mono (1003), a binary frame (1003), no ``start`` in time (1008). During a
+  live call a malformed message (bad JSON, a non-object, a bad base64 or
+  missing payload, a mark without a name, a bad digit, a binary frame, a
+  payload over 1 s) is dropped and charged to the call's fault budget
+  (:mod:`brisvox.gateway.fault_budget`); only the message that exceeds it
+  closes the connection, with that kind's code (``CLOSE_CODES``) and a
+  reason naming the budget (with ``hangup_on_error``: the first one, with
+  its own reason). An oversized frame is closed by the server (1009).
+* An unknown event name and a repeated ``start`` are counted and ignored,
+  never charged to the budget (Twilio adds events over time; a new one must
+  not hang up live calls).
 * A call beyond ``max_calls`` (or while draining) is closed with 1013.
 * Outbound media messages are built from the stream's prefix
   (:class:`~brisvox.wire.twilio.BotStream`) and a reused encode buffer (no
@@ -30,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import binascii
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -76,16 +86,37 @@ class TwilioSession(TransportLeg):
         self._enc = np.empty(4096, dtype=np.uint8)
         self._tones: np.ndarray | None = None
         self._tone_pos = 0
+        self._faults = host.settings.websocket.fault_budget().counter()
+        self.clock: Callable[[], float] = time.monotonic  # the fault budget's clock
         self._start_timer: asyncio.TimerHandle | None = host.call_later(
             host.settings.websocket.start_timeout_s, self._no_start)
 
     # -- protocol in --------------------------------------------------------------
 
     def _fail(self, e: TwilioError) -> None:
+        """Close at once (before the call exists: there is no call to keep)."""
         self.host.protocol_error(self.call, f"ws_malformed_{e.kind}")
         log.info("twilio stream %s: closing (%s)", self.stream_sid or "-", e.kind)
         self.conn.close(e.code, e.reason)
         self._ended(f"protocol error: {e.kind}")
+
+    def _malformed(self, e: TwilioError) -> None:
+        """A malformed message: before the call, close; during it, count, drop, and close
+        only once the fault budget is exceeded."""
+        call = self.call
+        if call is None:
+            self._fail(e)
+            return
+        self.host.protocol_error(call, f"ws_malformed_{e.kind}")
+        verdict = self._faults.fault(self.clock())
+        if not verdict.end:
+            if self._faults.total == 1:
+                log.info("twilio stream %s: dropped a malformed message (%s); budget %s",
+                         self.stream_sid, e.kind, self._faults.budget.describe())
+            return
+        log.info("twilio stream %s: closing (%s: %s)", self.stream_sid, e.kind, verdict.reason or e.reason)
+        self.conn.close(e.code, verdict.reason or e.reason)
+        self._ended(verdict.reason or f"protocol error: {e.kind}")
 
     def _no_start(self) -> None:
         self._start_timer = None
@@ -93,16 +124,16 @@ class TwilioSession(TransportLeg):
             self._fail(TwilioError("no_start", "no start message"))
 
     def on_binary(self, data: bytes) -> None:
-        self._fail(TwilioError("binary_frame", "Twilio media streams use text messages"))
+        self._malformed(TwilioError("binary_frame", "Twilio media streams use text messages"))
 
     def on_text(self, data: bytes) -> None:
         try:
             msg = orjson.loads(data)
         except orjson.JSONDecodeError:
-            self._fail(TwilioError("bad_json", "invalid JSON"))
+            self._malformed(TwilioError("bad_json", "invalid JSON"))
             return
         if type(msg) is not dict:
-            self._fail(TwilioError("bad_message", "expected a JSON object"))
+            self._malformed(TwilioError("bad_message", "expected a JSON object"))
             return
         ev = msg.get("event")
         try:
@@ -132,11 +163,11 @@ class TwilioSession(TransportLeg):
             else:
                 self.host.protocol_error(self.call, "ws_malformed_unknown_event")
         except TwilioError as e:
-            self._fail(e)
+            self._malformed(e)
 
     def _start(self, msg: dict[str, Any]) -> None:
         if self.call is not None:
-            self.host.count("ws_malformed_duplicate_start")
+            self.host.protocol_error(self.call, "ws_malformed_duplicate_start")
             return
         start = parse_start(msg)
         if self._start_timer is not None:

@@ -5,7 +5,8 @@ driven from an ``asyncio.BufferedProtocol``: no task per connection, and
 sends are plain synchronous writes the pacer can make from its tick), the
 route of a request path to a protocol (a WebSocket transport of the registry,
 :mod:`brisvox.gateway.transports`: Twilio Media Streams or native) and an
-agent, the native shared secret and the Twilio request signature.
+agent, and the handshake check the protocol's registry row declares
+(``Transport.auth``, :mod:`brisvox.gateway.ws_auth`).
 
 The hot path (50 messages a second each way per call) stays out of the
 library where it costs most: every read lands in ONE receive buffer shared by
@@ -23,8 +24,9 @@ Invariants:
 * A message larger than ``max_message_bytes`` fails the connection with
   close code 1009 before it is buffered (the frame header is enough); a
   handshake that does not finish in ``HANDSHAKE_TIMEOUT_S`` is dropped.
-* An unknown path is refused with HTTP 404, a failed auth with 401/403,
-  before any session exists; each refusal is counted.
+* An unknown path is refused with HTTP 404, a failed auth with the
+  protocol's refusal (401 native, 403 Twilio), before any session exists;
+  each refusal is counted.
 * Outbound data beyond ``max_send_buffer_bytes`` of unsent bytes is not
   queued (the send returns False and the caller counts a drop): a slow
   reader can never make the gateway buffer without bound.
@@ -35,10 +37,8 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import parse_qs, urlsplit
 
 from websockets.exceptions import InvalidState
 from websockets.frames import Opcode, apply_mask
@@ -47,8 +47,8 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from brisvox.gateway.config import WebSocketConfig, WsRoute
-from brisvox.gateway.transports import TRANSPORTS
-from brisvox.wire import twilio, ws_frames
+from brisvox.gateway.transports import TRANSPORTS, transport
+from brisvox.wire import ws_frames
 
 if TYPE_CHECKING:
     from brisvox.gateway.host import CallHost
@@ -222,11 +222,10 @@ class WsConnection(asyncio.BufferedProtocol):
         if route is None:
             self._reject(404, "no such path\n", "ws_refused_path")
             return
-        if route.protocol == "native" and cfg.native_secret and not self._native_auth(req):
-            self._reject(401, "bad or missing token\n", "ws_refused_auth")
-            return
-        if route.protocol == "twilio" and cfg.twilio_auth_token and not self._twilio_auth(req):
-            self._reject(403, "bad X-Twilio-Signature\n", "ws_refused_signature")
+        auth = transport(route.protocol).auth  # the protocol's own check (registry row)
+        refusal = auth(cfg, req.path, req.headers) if auth is not None else None
+        if refusal is not None:
+            self._reject(refusal.status, refusal.text, refusal.counter)
             return
         resp = self.proto.accept(req)
         self.proto.send_response(resp)
@@ -239,24 +238,6 @@ class WsConnection(asyncio.BufferedProtocol):
         self.route = route
         self.request = req
         self.session = server.make_session(self, route, req)
-
-    def _native_auth(self, req: Request) -> bool:
-        secret = self.server.cfg.native_secret.encode()
-        auth = req.headers.get("Authorization", "")
-        if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), secret):
-            return True
-        q = parse_qs(urlsplit(req.path).query)
-        tok = (q.get("token") or [""])[0]
-        return bool(tok) and hmac.compare_digest(tok.encode(), secret)
-
-    def _twilio_auth(self, req: Request) -> bool:
-        cfg = self.server.cfg
-        sig = req.headers.get("X-Twilio-Signature", "")
-        if not sig:
-            return False
-        base = cfg.public_url or f"wss://{req.headers.get('Host', '')}"
-        expect = twilio.signature(cfg.twilio_auth_token, base + req.path)
-        return hmac.compare_digest(sig.encode(), expect.encode())
 
     # -- frames -----------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Run one simulated call on virtual time: the production actor in a SimPlatform.
 
 Owns the seam the scenario suite uses: :class:`SimCall` (what to simulate,
-including the chain the actor assembles, :data:`brisvox.agent.chain.CHAIN`
+including the chain the actor assembles, :data:`brisvox.agent.pipeline.chain.CHAIN`
 unless a test replaces a stage),
 :func:`simulate` (run it on the current virtual loop) and :class:`SimResult`
 (what came out: the context, the wire, every counter, the call record and a
@@ -21,11 +21,11 @@ from typing import Any
 
 import orjson
 
-from brisvox.agent.actor import ActorConfig, CallActor
-from brisvox.agent.chain import CHAIN, StageSpec
-from brisvox.agent.context import AssistantMessage
-from brisvox.agent.playout import PlayoutConfig
-from brisvox.agent.tools import ToolRegistry
+from brisvox.agent.conversation.context import AssistantMessage
+from brisvox.agent.conversation.playout import PlayoutConfig
+from brisvox.agent.host.actor import ActorConfig, CallActor
+from brisvox.agent.pipeline.chain import CHAIN, StageSpec
+from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK as _LOOP_CLOCK
 from brisvox.providers.seeded_fakes import FakeLlm, FakeTts, Responder, TtsFault
 from brisvox.providers.word_codec import Vocab
@@ -52,7 +52,7 @@ class SimCall:
     probe: Callable[[float, CallActor], None] | None = None  # called every probe_every s of sim time
     probe_every: float = 60.0
     greeting: str = ""  # the agent's greeting: the bot speaks first
-    chain: Sequence[StageSpec] = CHAIN  # the pipeline assembled (brisvox/agent/chain.py)
+    chain: Sequence[StageSpec] = CHAIN  # the pipeline assembled (brisvox/agent/pipeline/chain.py)
 
 
 @dataclass(slots=True)

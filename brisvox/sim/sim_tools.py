@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from brisvox.agent.tools import ToolContext, ToolKind, ToolRegistry, ToolSpec
+from brisvox.agent.tool_engine.registry import ToolContext, ToolKind, ToolRegistry, ToolSpec
 
 OBJ = {"type": "object", "properties": {"city": {"type": "string"}}, "additionalProperties": True}
 BOOK = {

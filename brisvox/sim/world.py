@@ -15,24 +15,22 @@ one process, with in-memory rings (:class:`~brisvox.sim.memring.MemRing`):
   out position (OutUtterance), honours TtsCut, and answers Smart Turn
   requests from the caller's script (complete at the end of an utterance
   marked complete).
-* The gateway (:meth:`SimPlatform._gateway`): releases 20 ms (160 samples)
-  of the out ring per tick to the wire, refuses audio of utterances of
-  epochs older than the last Clear, reports the release position every
-  100 ms (Playback), applies Clear inline (cut at the write position), answers
-  Cleared with the final release position, plays marks when the release
-  position passes them (and echoes pending marks at a Clear, like Twilio).
+* The gateway (:class:`~brisvox.sim.gateway.SimGateway`): the real
+  :class:`~brisvox.playout.gate.PlayoutGate` driven on the sim's ticks, 20 ms
+  (160 samples) of the out ring released per tick to the wire, Playback every
+  100 ms, Clear applied inline (cut at the release position, the gate closed
+  until a newer epoch's utterance starts), Cleared with the final release
+  position, marks echoed by the simulated client as their frame plays.
 * :class:`Wire`: what reached the caller's ear, per utterance: the words
   decoded from the released samples and the out offset each started at.
 
-Pause / Resume (a barge-in candidate holds the bot's audio): while paused
-the gateway releases nothing and keeps its position; Resume releases from
-there; a Clear ends the pause (Cleared at the held position); a Pause of a
-dead epoch is ignored; the pause ends by itself after ``pause_max``
-(``pause_log`` records every step).
+Pause / Resume (a barge-in candidate holds the bot's audio) are the gate's:
+``pause_log`` records every step.
 
 Fault switches: ``drop_cleared`` (no final position), ``cleared_delay``,
 ``echo_marks`` (False: a client that never echoes), ``echo_marks_on_clear``
-(cut marks echoed anyway, as a raw Twilio client would), ``smart_turn_fail``.
+(cut marks echoed anyway, as a raw Twilio client would: the gate swallows
+them), ``smart_turn_fail``.
 The Clear protocol is ``ipc/frames.py``'s: Clear(E) kills epochs <= E; its
 Cleared lists the end marks the cut discarded.
 """
@@ -40,14 +38,14 @@ Cleared lists the end marks the cut discarded.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from brisvox.agent.actor import CallActor
+from brisvox.agent.host.actor import CallActor
 from brisvox.providers.word_codec import NOISE, THRESHOLD, Decoder, Vocab, encode
+from brisvox.sim.gateway import SimGateway
 from brisvox.sim.memring import MemRing
 from ipc.frames import Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
 from ipc.tick_events import SpeechStart, SpeechStop, TickEvent
@@ -289,12 +287,11 @@ class WorldConfig:
     echo_marks_on_clear: bool = False
     smart_turn_fail: bool = False
     smart_turn_latency: float = 0.03
-    gateway_refuses: bool = False  # off: the actor alone must keep stale audio off the wire
     pause_max: float = 2.5  # a Pause ends by itself after this long (the gateway's pause_max_ms)
 
 
 class SimPlatform:
-    """Implements :class:`~brisvox.agent.call_io.CallLink` for one actor and runs
+    """Implements :class:`~brisvox.agent.pipeline.call_io.CallLink` for one actor and runs
     the worker and gateway ticks. Build it, give it the actor, ``start()``."""
 
     def __init__(self, vocab: Vocab, caller: Caller, cfg: WorldConfig | None = None) -> None:
@@ -318,31 +315,42 @@ class SimPlatform:
         self._utt_starts: deque[tuple[int, int, int]] = deque()  # (tts_pos, utt, epoch)
         self._cur_utt: tuple[int, int, int] | None = None  # (utt, epoch, phase origin tts pos)
         self._phase = 0
-        # gateway state
-        self._rel = 0
-        self._out_utts: list[tuple[int, int, int]] = []  # (out_pos, utt, epoch)
-        self._refuse_below = 0
-        self._marks: list[tuple[str, int]] = []
-        self.clear_log: list[tuple[float, int, int]] = []  # (t, epoch, final position)
+        self.gw = SimGateway(self.cfg, self.out, self.wire)
+        self._dead_below = 0  # epochs below this are dead (the last Clear's epoch + 1)
         self.smart_turn_requests = 0
         self.sent: list[Frame] = []
         self._task: asyncio.Task[None] | None = None
         self.stopped = False
-        self.clear_wall_ns: list[int] = []
         self.stale_tts_after_clear = 0  # old-epoch audio the actor wrote after a Clear (must stay 0)
-        self.refused_samples = 0
-        self._paused: tuple[int, float] | None = None  # (epoch, since)
-        self.pause_log: list[tuple[float, str, int, int]] = []  # (t, kind, epoch, release position)
-        self.max_unreleased = 0  # out samples written but not released, at most (ring lead)
+
+    # the gateway's records, for the scenarios' checks
+    @property
+    def clear_log(self) -> list[tuple[float, int, int]]:
+        return self.gw.clear_log
+
+    @property
+    def pause_log(self) -> list[tuple[float, str, int, int]]:
+        return self.gw.pause_log
+
+    @property
+    def max_unreleased(self) -> int:
+        return self.gw.max_unreleased
+
+    @property
+    def clear_wall_ns(self) -> list[int]:
+        return self.gw.clear_wall_ns
 
     # -- CallLink ------------------------------------------------------------------------
     def to_gateway(self, frame: Frame) -> None:
         if isinstance(frame, Clear):
-            self._clear(frame.epoch)
-        elif isinstance(frame, Pause | Resume):
-            self._pause(frame.epoch, isinstance(frame, Pause))
+            self._dead_below = max(self._dead_below, frame.epoch + 1)
+            self.gw.clear(frame.epoch, frame.sent_ns, frame.lazy)
+        elif isinstance(frame, Pause):
+            self.gw.pause(frame.epoch)
+        elif isinstance(frame, Resume):
+            self.gw.resume(frame.epoch)
         elif isinstance(frame, Mark):
-            self._marks.append((frame.name, frame.position))
+            self.gw.mark(frame.name, frame.position)
         else:
             self.sent.append(frame)
 
@@ -367,93 +375,6 @@ class SimPlatform:
             if u.end_pos <= end_pos + 800 and end_pos - u.end_pos < 8000:
                 return 0.9 if u.complete else 0.1
         return 0.1
-
-    # -- gateway ----------------------------------------------------------------------------
-    def _pause(self, epoch: int, pause: bool) -> None:
-        now = asyncio.get_running_loop().time()
-        if epoch < self._refuse_below:
-            self.pause_log.append((now, "stale", epoch, self._rel))
-        elif pause:
-            if self._paused is None:
-                self._paused = (epoch, now)
-            self.pause_log.append((now, "pause", epoch, self._rel))
-        elif self._paused is not None and self._paused[0] == epoch:
-            self._paused = None
-            self.pause_log.append((now, "resume", epoch, self._rel))
-        else:
-            self.pause_log.append((now, "resume_unpaused", epoch, self._rel))
-
-    def _clear(self, epoch: int) -> None:
-        """Clear(epoch): epochs <= ``epoch`` are dead (the ipc protocol)."""
-        now = asyncio.get_running_loop().time()
-        if self._paused is not None:
-            self._paused = None
-            self.pause_log.append((now, "cleared", epoch, self._rel))
-        if len(self.clear_wall_ns) < 256:
-            self.clear_wall_ns.append(time.monotonic_ns())
-        self.out.cut(self.out.write_pos)
-        if epoch + 1 > self._refuse_below:
-            self._refuse_below = epoch + 1
-        self.wire.clears.append((now, epoch + 1))
-        final = self._rel
-        self.clear_log.append((now, epoch, final))
-        pending, self._marks = self._marks, []
-        cut = [name for name, _pos in pending]
-        if self.cfg.echo_marks_on_clear:  # a client that echoes cut marks (the gateway swallows them)
-            for name in cut:
-                self.wire.marks.append((now, name))
-                self.actor.on_mark_played(name)
-        if not self.cfg.drop_cleared:
-            loop = asyncio.get_running_loop()
-            loop.call_later(self.cfg.cleared_delay, self.actor.on_cleared, epoch, final, cut)
-
-    def _utt_at(self, pos: int) -> tuple[int, int, int] | None:
-        best = None
-        for rec in reversed(self._out_utts):
-            if rec[0] <= pos:
-                best = rec
-                break
-        return best
-
-    def _gateway(self, now: float) -> None:
-        out = self.out
-        if self._rel < out.floor:
-            self._rel = out.floor
-        budget = self.cfg.call_rate * TICK
-        n_left = int(budget)
-        if self._paused is not None:
-            if now - self._paused[1] >= self.cfg.pause_max - 1e-9:
-                self.pause_log.append((now, "expired", self._paused[0], self._rel))
-                self._paused = None
-            else:
-                n_left = 0  # held: nothing released, the position stays
-        self.max_unreleased = max(self.max_unreleased, out.write_pos - self._rel)
-        while n_left > 0 and self._rel < out.write_pos:
-            rec = self._utt_at(self._rel)
-            nxt = next((r[0] for r in self._out_utts if r[0] > self._rel), out.write_pos)
-            end = min(out.write_pos, nxt, self._rel + n_left)
-            if self.cfg.gateway_refuses and rec is not None and rec[2] < self._refuse_below:
-                self.refused_samples += min(out.write_pos, nxt) - self._rel
-                self._rel = min(out.write_pos, nxt)  # refused: never released
-                continue
-            r = out.read_range(self._rel, end)
-            if rec is not None and len(r.samples):
-                self.wire.receive(now, rec[1], rec[2], r.samples)
-            n_left -= end - self._rel
-            self._rel = end
-        if len(self._out_utts) > 64:
-            self._out_utts = [r for r in self._out_utts if r[0] >= self._rel - 8000 * 60][-64:]
-        if self.cfg.echo_marks and self._marks:
-            keep = []
-            for name, pos in self._marks:
-                if pos <= self._rel:
-                    self.wire.marks.append((now, name))
-                    self.actor.on_mark_played(name)
-                else:
-                    keep.append((name, pos))
-            self._marks = keep
-        if self.ticks % self.cfg.playback_every == 0:
-            self.actor.on_playback(self._rel)
 
     # -- worker -----------------------------------------------------------------------------
     def _vad(self, now: float) -> list[TickEvent]:
@@ -494,7 +415,7 @@ class SimPlatform:
             if self._utt_starts and self._utt_starts[0][0] <= self._tts_read:
                 pos, utt, epoch = self._utt_starts.popleft()
                 self._cur_utt = (utt, epoch, pos)
-                self._out_utts.append((self.out.write_pos, utt, epoch))
+                self.gw.utterance(utt, epoch, self.out.write_pos)
                 self.actor.on_out_utterance(utt, epoch, self.out.write_pos)
                 continue
             nxt = self._utt_starts[0][0] if self._utt_starts else tts.write_pos
@@ -502,7 +423,7 @@ class SimPlatform:
             r = tts.read_range(self._tts_read, end)
             if self._cur_utt is not None and len(r.samples):
                 utt, epoch, origin = self._cur_utt
-                if epoch < self._refuse_below:
+                if epoch < self._dead_below:
                     self.stale_tts_after_clear += len(r.samples)
                 first = (-(r.start - origin)) % ratio
                 self.out.write(r.samples[first::ratio])
@@ -517,13 +438,14 @@ class SimPlatform:
             events = self._vad(now)
             self.actor.on_worker(self.in16.write_pos, events)
             self._convert()
-            self._gateway(now)
+            self.gw.tick(now)
             self.ticks += 1
             nxt += TICK
             await asyncio.sleep(max(0.0, nxt - loop.time()))
 
     def start(self, actor: CallActor) -> None:
         self.actor = actor
+        self.gw.actor = actor
         self._task = asyncio.get_running_loop().create_task(self._run(), name="sim-platform")
 
     async def stop(self) -> None:

@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any
 
-from brisvox.agent.tools import Tool, ToolContext, ToolSpec
+from brisvox.agent.tool_engine.registry import Tool, ToolContext, ToolSpec
 from examples import booking_tools as bt
 
 _RUNS: list[dict[str, Any]] = []

@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from bench.harness.daemon import Daemon, write_config
-from brisvox.agent.call_record import read_records
+from brisvox.agent.host.call_record import read_records
 from tests.system.gateway_harness import rtp_range
 
 ROOT = Path(__file__).resolve().parents[2]

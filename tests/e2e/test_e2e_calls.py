@@ -48,7 +48,7 @@ from pathlib import Path
 
 import pytest
 
-from brisvox.agent.call_record import read_records
+from brisvox.agent.host.call_record import read_records
 from tests.e2e.e2e_daemon import (
     BOOK_FIRST,
     E2EDaemon,

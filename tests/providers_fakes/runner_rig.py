@@ -12,8 +12,8 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisvox.agent.call_context import CallContext
-from brisvox.agent.frames import (
+from brisvox.agent.pipeline.call_context import CallContext
+from brisvox.agent.pipeline.frames import (
     BotEnded,
     BotStarted,
     Interrupt,
@@ -24,11 +24,11 @@ from brisvox.agent.frames import (
     Stop,
     UserTurnEnded,
 )
-from brisvox.agent.llm_runner import LlmRunner, LlmRunnerConfig
-from brisvox.agent.stage import Inbox, Stage
-from brisvox.agent.tool_engine import ToolEngine
-from brisvox.agent.tool_filler import FillerConfig
-from brisvox.agent.tools import ToolContext, ToolKind, ToolRegistry, ToolSpec
+from brisvox.agent.pipeline.llm_runner import LlmRunner, LlmRunnerConfig
+from brisvox.agent.pipeline.stage import Inbox, Stage
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.filler import FillerConfig
+from brisvox.agent.tool_engine.registry import ToolContext, ToolKind, ToolRegistry, ToolSpec
 from brisvox.clock import CLOCK
 from brisvox.providers.base import LlmProvider, ProviderTimeouts
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from brisvox.agent.chain import CHAIN, with_stage
-from brisvox.agent.context import AssistantMessage, SystemMessage, ToolMessage, UserMessage
-from brisvox.agent.frames import AudioFrame
-from brisvox.agent.stt_stage import SttStage
-from brisvox.agent.turn_machine import TurnConfig
+from brisvox.agent.conversation.context import (
+    AssistantMessage,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
+from brisvox.agent.pipeline.chain import CHAIN, with_stage
+from brisvox.agent.pipeline.frames import AudioFrame
+from brisvox.agent.pipeline.stt_stage import SttStage
+from brisvox.agent.pipeline.turn_machine import TurnConfig
 from brisvox.providers.seeded_fakes import Call, LlmScript, Say, Stall
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import LONG

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from brisvox.agent.context import AssistantMessage, ToolMessage, UserMessage
-from brisvox.agent.llm_runner import FALLBACK_LINE
+from brisvox.agent.conversation.context import AssistantMessage, ToolMessage, UserMessage
+from brisvox.agent.pipeline.llm_runner import FALLBACK_LINE
 from brisvox.providers.seeded_fakes import Call, Crash, LlmScript, Say, TtsFault
 from brisvox.sim.fakes import SttFault
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
@@ -146,7 +146,7 @@ def test_dtmf_is_retagged_and_reaches_the_runner():
 
 def test_guards_off_interrupts_a_backchannel():
     cfg = default_actor_config()
-    from brisvox.agent.turn_machine import InterruptionConfig
+    from brisvox.agent.pipeline.turn_machine import InterruptionConfig
 
     cfg = replace(cfg, turn=replace(cfg.turn, turn=replace(cfg.turn.turn, interruption=InterruptionConfig.off())))
     res = sim(
@@ -165,7 +165,7 @@ def test_a_tool_that_ignores_its_cancellation_cannot_hold_the_hang_up():
     hang-up still ends within the actor's stop budget and the record is written."""
     import asyncio
 
-    from brisvox.agent.tools import ToolKind, ToolRegistry, ToolSpec
+    from brisvox.agent.tool_engine.registry import ToolKind, ToolRegistry, ToolSpec
 
     started: list[float] = []
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from brisvox.agent.context import UserMessage
+from brisvox.agent.conversation.context import UserMessage
 from brisvox.providers.seeded_fakes import Call, LlmScript, Say
 from brisvox.sim.harness import SimCall, oracle_mismatches, simulate
 from brisvox.sim.memsize import actor_bytes, retained_bytes

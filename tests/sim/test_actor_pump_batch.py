@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import brisvox.sim.harness as harness
-from brisvox.agent.actor import CallActor
-from brisvox.agent.context import AssistantMessage, UserMessage
-from brisvox.agent.frames import AudioFrame, UserStoppedSpeaking
+from brisvox.agent.conversation.context import AssistantMessage, UserMessage
+from brisvox.agent.host.actor import CallActor
+from brisvox.agent.pipeline.frames import AudioFrame, UserStoppedSpeaking
 from brisvox.providers.seeded_fakes import FakeLlm, FakeTts
 from brisvox.providers.word_codec import Vocab
 from brisvox.sim.fakes import FakeStt

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from brisvox.agent.context import AssistantMessage, SystemMessage, ToolMessage, UserMessage
+from brisvox.agent.conversation.context import (
+    AssistantMessage,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
 from brisvox.sim.harness import oracle_mismatches, simulate
 from brisvox.sim.scenarios import EXPECTED_INTERRUPTS, EXPECTED_TURNS, SCENARIOS
 from brisvox.sim.vloop import run_virtual

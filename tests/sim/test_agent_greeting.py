@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from brisvox.agent.context import AssistantMessage, SystemMessage, UserMessage
+from brisvox.agent.conversation.context import AssistantMessage, SystemMessage, UserMessage
 from brisvox.providers.seeded_fakes import LlmScript, Say
 from brisvox.sim.harness import SimCall, oracle_mismatches, simulate
 from brisvox.sim.vloop import run_virtual

@@ -35,7 +35,7 @@ import soundfile as sf
 import soxr
 
 from bench.harness.daemon import Daemon, write_config
-from brisvox.agent.call_record import read_records
+from brisvox.agent.host.call_record import read_records
 from brisvox.wire import twilio
 from brisvox.wire.g711 import ULAW_SILENCE, ulaw_decode, ulaw_encode
 

@@ -30,7 +30,7 @@ import soundfile as sf
 
 from bench.harness.call_daemon import SPEECH, config
 from bench.harness.daemon import Daemon
-from brisvox.agent.call_record import read_records
+from brisvox.agent.host.call_record import read_records
 from brisvox.sim.ws_caller import ANSWER, RATE, SECOND, judge, one_call
 
 pytestmark = pytest.mark.system

@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 
 from bench.harness.daemon import Daemon, write_config
-from brisvox.agent.call_record import read_records
+from brisvox.agent.host.call_record import read_records
 from brisvox.wire.native import NativeStream, server_message
 
 pytestmark = [pytest.mark.system, pytest.mark.e2e]

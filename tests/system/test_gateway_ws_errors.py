@@ -1,6 +1,9 @@
 """Malformed WebSocket input, admission and auth against the real gateway process:
-each bad connection gets the protocol's error (native) or a close with a reason
-(Twilio), is counted, and a good call on the same gateway keeps echoing."""
+each bad connection gets the protocol's error (native) or, before its call
+exists, a close with a reason (Twilio), is counted, and a good call on the same
+gateway keeps echoing. During a live call a malformed message is counted and
+dropped (the fault budget); with ``hangup_on_error`` the first one closes the
+call as it did without a budget."""
 
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ pytestmark = pytest.mark.system
 SID = "MZ0000000000000000000000000000000f"
 START = twilio.TwilioStream(stream_sid=SID, call_sid="CA1", account_sid="AC1").start()
 assert "audio/x-mulaw" in START
+
+
+BAD_BASE64 = f'{{"event":"media","streamSid":"{SID}","media":{{"payload":"@@@not base64"}}}}'
 
 
 def media(payload: bytes) -> str:
@@ -109,8 +115,6 @@ def test_malformed_websocket_messages_are_refused_and_isolated(short_tmp):
                     "bad_json": await twilio_bad(port, "{not json"),
                     "not_object": await twilio_bad(port, "[1,2]"),
                     "media_before_start": await twilio_bad(port, media(b"\xff" * 160)),
-                    "bad_base64": await twilio_bad(
-                        port, START, f'{{"event":"media","streamSid":"{SID}","media":{{"payload":"@@@not base64"}}}}'),
                     "binary": await twilio_bad(port, b"\x00\x01"),
                     "huge": await twilio_bad(port, "x" * (10 * 1024 * 1024)),
                     "bad_format": await twilio_bad(port, START.replace("audio/x-mulaw", "audio/l16")),
@@ -118,9 +122,12 @@ def test_malformed_websocket_messages_are_refused_and_isolated(short_tmp):
                 errors = await native_errors(port, "{bad", '{"event":"nope"}', b"\x01\x02\x03",
                                              native.NativeStream.dtmf("Z"))
                 before = await native_errors(port, b"\x00\x00" * 160, start=False)
-                # an unknown Twilio event is counted and ignored: that connection stays up
+                # during a live call, malformed messages are counted and dropped, and an
+                # unknown Twilio event is counted and ignored: that connection stays up
                 async with connect(f"ws://127.0.0.1:{port}/twilio") as ws:
                     await ws.send(START)
+                    await ws.send(BAD_BASE64)
+                    await ws.send(b"\x00\x01")
                     await ws.send('{"event":"future_event"}')
                     await ws.send(media(b"\xff" * 160))
                     await asyncio.sleep(0.2)
@@ -137,7 +144,6 @@ def test_malformed_websocket_messages_are_refused_and_isolated(short_tmp):
         results, errors, before, good_rx, status404 = asyncio.run(main())
         assert results["bad_json"][0] == 1007 and results["not_object"][0] == 1007
         assert results["media_before_start"] == (1008, "media before start")
-        assert results["bad_base64"][0] == 1007
         assert results["binary"][0] == 1003
         assert results["huge"][0] == 1009
         assert results["bad_format"][0] == 1003
@@ -152,6 +158,48 @@ def test_malformed_websocket_messages_are_refused_and_isolated(short_tmp):
                      "bad_media_format", "unknown_event", "odd_frame", "bad_dtmf"):
             assert s[f"ws_malformed_{kind}"] >= 1, kind
         assert s["calls_active"] == 0 or time.sleep(0.5) or gw.stats()["calls_active"] == 0
+    assert gw.leaked == []
+
+
+def test_hangup_on_error_closes_a_live_call_on_its_first_malformed_message(short_tmp):
+    with GatewayProc(short_tmp, inbox=True, websocket={"hangup_on_error": True}) as gw:
+        port = gw.ws_port
+
+        async def native_bad_json() -> tuple[list[str], int | None, str]:
+            codes = []
+            async with connect(f"ws://127.0.0.1:{port}/ws") as ws:
+                await ws.send(native.NativeStream(8000).start())
+                assert native.server_message(orjson.loads(await ws.recv())).event == "started"
+                await ws.send("{bad")
+                try:
+                    async with asyncio.timeout(5):
+                        async for m in ws:
+                            if isinstance(m, str):
+                                codes.append(native.server_message(orjson.loads(m)).code)
+                except ConnectionClosed:
+                    pass
+                return codes, ws.close_code, ws.close_reason or ""
+
+        async def main():
+            bad_base64 = await twilio_bad(port, START, BAD_BASE64)
+            binary = await twilio_bad(port, START, b"\x00\x01")
+            nat = await native_bad_json()
+            # an unknown Twilio event is not malformed: ignored even so
+            async with connect(f"ws://127.0.0.1:{port}/twilio") as ws:
+                await ws.send(START)
+                await ws.send('{"event":"future_event"}')
+                await asyncio.sleep(0.2)
+                unknown_open = ws.close_code is None
+            return bad_base64, binary, nat, unknown_open
+
+        bad_base64, binary, nat, unknown_open = asyncio.run(main())
+        assert bad_base64 == (1007, "invalid base64 payload")
+        assert binary == (1003, "Twilio media streams use text messages")
+        assert nat == (["bad_json"], 1007, "invalid JSON")
+        assert unknown_open
+        s = gw.stats()
+        assert s["ws_malformed_bad_base64"] == 1 and s["ws_malformed_binary_frame"] == 1
+        assert s["ws_malformed_bad_json"] == 1 and s["call_malformed_total"] == 4
     assert gw.leaked == []
 
 

@@ -1,6 +1,6 @@
 """Bad provider input through the LLM runner: a counted error and the documented fallback, never a hang.
 
-The runner (``brisvox/agent/llm_runner.py``) retries once only while nothing of the
+The runner (``brisvox/agent/pipeline/llm_runner.py``) retries once only while nothing of the
 response was sent, keeps the partial text of a failed response in the
 context, invents no speech, and ends the turn (LlmResponseEnded; a turn with
 no speech sends BotEnded "silent" upstream). Over the OpenAI-compatible
@@ -24,8 +24,8 @@ import pytest
 
 from bench.harness.http_server import FakeHttpServer, Reply
 from bench.harness.llm_wire import Resp, ScriptedVendor, reply_for
-from brisvox.agent.context import AssistantMessage
-from brisvox.agent.frames import BotEnded
+from brisvox.agent.conversation.context import AssistantMessage
+from brisvox.agent.pipeline.frames import BotEnded
 from brisvox.providers.base import ProviderTimeouts
 from brisvox.providers.http import close_all
 from brisvox.providers.llm_stream import STATS

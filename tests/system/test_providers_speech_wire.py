@@ -33,8 +33,9 @@ import numpy as np
 import pytest
 
 from bench.harness.http_server import FakeHttpServer, Reply, json_reply
-from brisvox.agent.call_context import CallContext
-from brisvox.agent.frames import (
+from brisvox.agent.conversation.playout import PlayoutBook
+from brisvox.agent.pipeline.call_context import CallContext
+from brisvox.agent.pipeline.frames import (
     AudioFrame,
     AudioOut,
     Flush,
@@ -49,10 +50,9 @@ from brisvox.agent.frames import (
     UserStoppedSpeaking,
     UtteranceFinal,
 )
-from brisvox.agent.playout import PlayoutBook
-from brisvox.agent.stage import Inbox, Stage
-from brisvox.agent.stt_stage import SttStage, SttStageConfig
-from brisvox.agent.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.pipeline.stage import Inbox, Stage
+from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig
+from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
 from brisvox.clock import CLOCK
 from brisvox.providers.base import (
     ProviderError,

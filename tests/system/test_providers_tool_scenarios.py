@@ -39,8 +39,8 @@ from bench.harness.llm_wire import (
     result_messages_on_wire,
     results_on_wire,
 )
-from brisvox.agent.context import AssistantMessage, SystemMessage, ToolMessage
-from brisvox.agent.tool_filler import FillerConfig
+from brisvox.agent.conversation.context import AssistantMessage, SystemMessage, ToolMessage
+from brisvox.agent.tool_engine.filler import FillerConfig
 from brisvox.providers.anthropic import AnthropicLlm
 from brisvox.providers.gemini import GeminiLlm
 from brisvox.providers.http import close_all

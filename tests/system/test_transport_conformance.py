@@ -24,7 +24,12 @@ own transports (:mod:`brisvox.client`), raw sockets and the
 * ``hangup``: the agent's Hangup ends the call at the peer; the peer's end
   reaches the agent as CallEnd;
 * ``oversize`` / ``malformed``: refused and counted, and a live call on the
-  same transport goes on.
+  same transport goes on;
+* ``fault_budget``: malformed messages on a live call's own connection are
+  counted (the call's ``malformed``) and dropped, and audio keeps flowing
+  both ways; one more than the budget (``[websocket] fault_max``, here
+  :data:`FAULT_MAX`) closes that call with the kind's close code and a
+  reason naming the budget, which is also the agent's CallEnd reason.
 
 A capability a transport lacks is not skipped silently: the registry
 entry's ``lacks`` names it with the reason, and the case reports that
@@ -64,6 +69,7 @@ FRAME = 160
 RATE = 8000
 WS_MAX = 65536
 SIP_MAX = 8192
+FAULT_MAX = 5  # the module gateway's fault budget: 5 malformed messages within 10 s
 # distinct values that survive G.711 mu-law exactly, one per 20 ms frame
 LEVELS = np.unique(PCMU.decode(np.arange(256, dtype=np.uint8)))
 LEVELS = LEVELS[np.abs(LEVELS) > 200][:100]
@@ -95,7 +101,7 @@ def env() -> Iterator[tuple[GatewayProc, FakeAgent]]:
                 tmp, peers={"agent-0": agent.endpoint}, inbox=True,
                 gateway={"pause_max_ms": 5000},
                 sip={"max_message_bytes": SIP_MAX},
-                websocket={"max_message_bytes": WS_MAX}) as gw:
+                websocket={"max_message_bytes": WS_MAX, "fault_max": FAULT_MAX, "fault_window_s": 10.0}) as gw:
             yield gw, agent
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -386,6 +392,56 @@ async def case_malformed(p: Peer, agent: FakeAgent) -> None:
     await still_live(p)
 
 
+def malformed_messages(p: Peer) -> list[str | bytes]:
+    """``FAULT_MAX - 1`` different malformed messages of ``p``'s protocol (within the budget)."""
+    if p.kind == "twilio":
+        sid = p.t.stream.stream_sid
+        msgs: list[str | bytes] = [
+            "{not json",
+            f'{{"event":"media","streamSid":"{sid}","media":{{"payload":"@@@not base64"}}}}',
+            f'{{"event":"mark","streamSid":"{sid}","mark":{{}}}}',
+            b"\x00\x01",  # a binary frame
+        ]
+    else:
+        msgs = ["{bad", b"\x01", NativeStream.dtmf("Z"), '{"event":"nope"}']
+    assert len(msgs) == FAULT_MAX - 1
+    return msgs
+
+
+async def case_fault_budget(p: Peer, agent: FakeAgent) -> None:
+    before = await stats(p.gw)
+    calls = await asyncio.to_thread(p.gw.command, "calls")
+    in_before = calls[p.call_id]["in_pos"]
+    for m in malformed_messages(p):
+        await p.t.ws.send(m)
+    await p.play(tagged(10), 1, 1, agent)  # the bot's audio still reaches the caller
+    assert await p.until(lambda: p.n >= 10 * FRAME)
+    await still_live(p)
+    calls = await asyncio.to_thread(p.gw.command, "calls")
+    assert calls[p.call_id]["malformed"] == FAULT_MAX - 1
+    assert calls[p.call_id]["in_pos"] > in_before  # the caller's audio still reaches the in ring
+    after = await stats(p.gw)
+    kinds = (("bad_json", "bad_base64", "bad_mark", "binary_frame") if p.kind == "twilio"
+             else ("bad_json", "odd_frame", "bad_dtmf", "unknown_event"))
+    for kind in kinds:
+        assert after[f"ws_malformed_{kind}"] == before.get(f"ws_malformed_{kind}", 0) + 1, kind
+    if p.kind == "native":
+        assert await p.until(lambda: p.t.errors[-4:] == list(kinds)), p.t.errors
+    # one more than the budget on another call ends that call, and only it
+    q = await Peer(p.kind, p.gw).open(agent)
+    try:
+        for _ in range(FAULT_MAX + 1):
+            await q.t.ws.send("{not json")
+        assert await q.until(lambda: q.t.ws.close_code is not None), "not closed"
+        reason = f"fault budget exceeded: {FAULT_MAX + 1} malformed messages in 10 s"
+        assert (q.t.ws.close_code, q.t.ws.close_reason) == (1007, reason)
+        end = await reply(agent, F.CallEnd, q.call_id)
+        assert end.reason == reason
+    finally:
+        await q.close()
+    await still_live(p)
+
+
 CASES = {
     "clear": case_clear,
     "lazy_clear": case_lazy_clear,
@@ -398,6 +454,7 @@ CASES = {
     "hangup": case_hangup,
     "oversize": case_oversize,
     "malformed": case_malformed,
+    "fault_budget": case_fault_budget,
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from brisvox.agent.call_record import read_records, write_record
+from brisvox.agent.host.call_record import read_records, write_record
 from brisvox.cli.brisvox import main as cli
 from brisvox.sim.harness import simulate
 from brisvox.sim.scenarios import s08

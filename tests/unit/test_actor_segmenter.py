@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brisvox.agent.context import AssistantMessage, Context, SystemMessage
-from brisvox.agent.segmenter import Segmenter, SegmenterConfig
-from brisvox.agent.truncation import Truncation, apply_truncation
+from brisvox.agent.conversation.context import AssistantMessage, Context, SystemMessage
+from brisvox.agent.conversation.truncation import Truncation, apply_truncation
+from brisvox.agent.pipeline.segmenter import Segmenter, SegmenterConfig
 
 
 def run(text_parts: list[str], cfg: SegmenterConfig | None = None) -> list[str]:

@@ -6,9 +6,9 @@ import asyncio
 
 import numpy as np
 
-from brisvox.agent.call_context import CallContext
-from brisvox.agent.frames import AudioFrame, Interrupt, LlmText, Stop, UserStartedSpeaking
-from brisvox.agent.stage import EpochWatch, Inbox, Stage, TaskOwner
+from brisvox.agent.pipeline.call_context import CallContext
+from brisvox.agent.pipeline.frames import AudioFrame, Interrupt, LlmText, Stop, UserStartedSpeaking
+from brisvox.agent.pipeline.stage import EpochWatch, Inbox, Stage, TaskOwner
 from brisvox.clock import CLOCK
 from brisvox.sim.vloop import run_virtual
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from brisvox.agent.config import (
+from brisvox.agent.host.config import (
     BUILTIN_AGENTS,
     AgentsConfig,
     check_referenced_agents,

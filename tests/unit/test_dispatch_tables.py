@@ -42,8 +42,8 @@ def test_received_by_names_what_each_receiver_gets():
 
 
 def _agent() -> Any:
-    from brisvox.agent.config import AgentsConfig, CallsConfig
-    from brisvox.agent.process import AgentProcess
+    from brisvox.agent.host.config import AgentsConfig, CallsConfig
+    from brisvox.agent.host.process import AgentProcess
 
     p = AgentProcess(SimpleNamespace(index=0), AgentsConfig(), CallsConfig(), None)
     replies: list[tuple[str, Any, Any]] = []

@@ -284,7 +284,7 @@ def test_clear_after_a_newer_utterance_started_keeps_it(rig):
     call.out_ring.write(tone(800, 2))
     core.note_utterance(call, 2, 1600)  # the new epoch's audio raced ahead of the Clear
     core.apply_clear(call, 1, 0)
-    assert call.out_ring.floor == 1600 and call.gate_open
+    assert call.out_ring.floor == 1600 and call.gate.open
     run_ticks(core, call, 2.0, 6)
     vals = np.concatenate([s for _, s in leg.sent[2:]])
     assert set(vals.tolist()) == {2} and len(vals) == 800
@@ -310,7 +310,7 @@ def test_a_lazy_clear_read_after_the_new_response_started_playing_leaves_it_alon
     loop.t = 1.015
     core.apply_clear(call, 1, 0)  # the lazy Clear(1), read late
     assert ("clear",) not in leg.events
-    assert agent.cleared == [(1, 160, [])] and call.gate_open and call.playing
+    assert agent.cleared == [(1, 160, [])] and call.gate.open and call.gate.playing
     assert len(leg.sent) == 1  # no second "first frame" on the Clear
     run_ticks(core, call, 1.02, 10)
     times = [t for t, _ in leg.sent]
@@ -332,9 +332,9 @@ def test_a_lazy_clear_read_after_an_unannounced_new_response_started_leaves_it_a
     sent_ns = _time.monotonic_ns()  # the actor's lazy Clear(1) leaves before its audio exists
     call.out_ring.write(tone(160 * 8, 2))  # epoch 2's audio, its OutUtterance not read yet
     t = run_ticks(core, call, 1.0, 1)
-    assert [len(x) for _, x in leg.sent] == [160] and call.playing
+    assert [len(x) for _, x in leg.sent] == [160] and call.gate.playing
     core.apply_clear(call, 1, sent_ns, lazy=True)
-    assert ("clear",) not in leg.events and call.playing and call.gate_open
+    assert ("clear",) not in leg.events and call.gate.playing and call.gate.open
     assert agent.cleared == [(1, 160, [])]
     core.note_utterance(call, 2, 0)
     run_ticks(core, call, t, 10)
@@ -352,9 +352,9 @@ def test_a_lazy_clear_after_a_short_first_chunk_ran_dry_leaves_the_response_alon
     sent_ns = _time.monotonic_ns()
     call.out_ring.write(tone(160, 2))  # one frame of epoch 2, then the TTS lags
     t = run_ticks(core, call, 1.0, 3)
-    assert [len(x) for _, x in leg.sent] == [160] and not call.playing
+    assert [len(x) for _, x in leg.sent] == [160] and not call.gate.playing
     core.apply_clear(call, 1, sent_ns, lazy=True)
-    assert ("clear",) not in leg.events and call.gate_open
+    assert ("clear",) not in leg.events and call.gate.open
     core.note_utterance(call, 2, 0)
     call.out_ring.write(tone(160 * 4, 2))
     run_ticks(core, call, t, 6)
@@ -373,7 +373,7 @@ def test_a_barge_in_clear_still_cuts_a_talkspurt_that_started_after_it_was_sent(
     core.note_utterance(call, 1, 0)
     run_ticks(core, call, 1.0, 2)
     core.apply_clear(call, 1, sent_ns)  # a barge-in: lazy=False
-    assert ("clear",) in leg.events and not call.playing and not call.gate_open
+    assert ("clear",) in leg.events and not call.gate.playing and not call.gate.open
 
 
 def test_a_clear_read_after_the_new_epoch_took_over_mid_stream_keeps_playing(rig):

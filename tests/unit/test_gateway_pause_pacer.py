@@ -1,13 +1,14 @@
 """The pacer's hold, driven tick by tick on real rings (no sockets, no timer): a paused
 call releases nothing and keeps its position, ends its talkspurt (RTP: the next packet
 carries the marker bit) without counting an underrun, continues from the held position,
-and is released by itself after ``pause_max_s`` (counted)."""
+and is released by itself after the gate's ``pause_max_s`` (counted)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from brisvox.gateway.pacer import FRAME_S
+from brisvox.playout.gate import Kick, PauseIn, ResumeIn
 from tests.unit.test_gateway_pacer import rig, run_ticks  # noqa: F401  (the fixture)
 
 
@@ -23,12 +24,12 @@ def test_a_hold_releases_nothing_and_resumes_from_the_held_position(rig):  # noq
     t = run_ticks(core, call, 10.0, 5)
     held = call.release_pos
     assert held == 5 * 160
-    core.pacer.pause(call, 1, now=t)
+    core.run_actions(call, call.gate.handle(PauseIn(1, t)))
     assert leg.events[-1] == ("end_spurt",)  # the talkspurt ends at the hold
     n_sent = len(leg.sent)
     t = run_ticks(core, call, t, 25)  # 0.5 s held
     assert len(leg.sent) == n_sent and call.release_pos == held
-    assert core.pacer.unpause(call) is not None
+    assert Kick() in call.gate.handle(ResumeIn(1))  # the rig has no loop: the ticks release
     run_ticks(core, call, t, 20)
     got = np.concatenate([s for _, s in leg.sent])
     assert np.array_equal(got, audio)  # nothing lost, nothing repeated
@@ -40,11 +41,11 @@ def test_a_hold_ends_by_itself_after_pause_max(rig):  # noqa: F811
     call, leg, _ = make()
     call.out_ring.write(ramp(1600))
     t = run_ticks(core, call, 10.0, 2)
-    core.pacer.pause_max_s = 0.3
-    core.pacer.pause(call, 1, now=t)
+    call.gate.pause_max_s = 0.3
+    core.run_actions(call, call.gate.handle(PauseIn(1, t)))
     t2 = run_ticks(core, call, t, 14)  # 0.28 s: still held
     assert len(leg.sent) == 2
     run_ticks(core, call, t2, 3)
     assert len(leg.sent) > 2 and leg.sent[2][0] >= t + 0.3 - FRAME_S / 2
     assert core.metrics.counters["pauses_expired"] == 1
-    assert call.call_id not in core.pacer.paused
+    assert call.gate.held is None

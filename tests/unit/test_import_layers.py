@@ -3,10 +3,11 @@
 The contracts (``[tool.importlinter]``) say which package may import which:
 ``ipc`` imports no domain package; ``brisvox.wire`` (every wire format)
 imports no other brisvox package, nor ``ipc``, the workers, ``bench`` or
-``tests``, and the callers (client, load generator, simulator) import no
+``tests``, nor does ``brisvox.playout`` (the playout machines), and the callers (client, load generator, simulator) import no
 gateway module; the gateway, the agent, the workers and the providers import
 no other role (nor the supervisor); the tool engine and the context import no
-provider; nothing but ``tests`` and ``bench`` imports the simulator;
+provider; the conversation and the tool engine import neither the pipeline,
+the host nor the agent definition; nothing but ``tests`` and ``bench`` imports the simulator;
 ``bench`` imports no ``tests`` module. ``make lint`` runs the
 same check (``lint-imports``). The graph (grimp) holds every import
 statement at any depth, imports inside functions included, and a forbidden
@@ -14,11 +15,13 @@ contract also fails on an indirect chain; a broken contract is printed with
 every offending import and its line.
 
 Checked here as well, because a module expression cannot say ``tool_*``: the
-tool-engine contract lists every ``brisvox/agent/tool*`` module, the
+tool-engine contract lists the ``tool_engine`` package (every tool module lives
+in it) and any ``brisvox/agent/tool*`` module beside it, the
 production contract lists every ``brisvox`` subpackage but ``sim``, and the
-wire contract every one but ``wire``. And what import-linter does not see
-(it graphs the project's own packages only): ``brisvox.wire`` imports no
-third-party package but numpy, at any depth of any of its modules.
+wire contract every one but ``wire``, the playout contract every one but
+``playout``. And what import-linter does not see (it graphs the project's
+own packages only): ``brisvox.wire`` imports no third-party package but
+numpy, ``brisvox.playout`` none at all, at any depth of any of their modules.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ def test_the_tool_engine_contract_lists_every_tool_module():
     tool_modules = {m for m in _children(agent, "brisvox.agent") if m.rsplit(".", 1)[1].startswith("tool")}
     assert tool_modules, "no brisvox/agent/tool* module found"
     assert tool_modules <= sources, f"add to the tool-engine contract: {sorted(tool_modules - sources)}"
-    assert {"brisvox.agent.context", "brisvox.agent.truncation", "brisvox.agent.assemble"} <= sources
+    assert "brisvox.agent.tool_engine" in sources
+    assert {"brisvox.agent.conversation.context", "brisvox.agent.conversation.truncation",
+            "brisvox.agent.conversation.assemble"} <= sources
 
 
 def test_the_production_contract_lists_every_production_package():
@@ -84,10 +89,15 @@ def test_the_wire_contract_lists_every_other_brisvox_package():
     assert want <= forbidden, f"add to the wire contract: {sorted(want - forbidden)}"
 
 
-def test_the_wire_package_imports_only_the_standard_library_numpy_and_itself():
-    allowed = set(sys.stdlib_module_names) | {"numpy", "__future__"}
+def test_the_playout_contract_lists_every_other_brisvox_package():
+    forbidden = set(_contract("the playout machines import no other")["forbidden_modules"])
+    want = (_children(ROOT / "brisvox", "brisvox") - {"brisvox.playout"}) | {"ipc", "workers", "bench", "tests"}
+    assert want <= forbidden, f"add to the playout contract: {sorted(want - forbidden)}"
+
+
+def _third_party(package: str, allowed: set[str]) -> dict[str, set[str]]:
     found: dict[str, set[str]] = {}
-    for path in sorted((ROOT / "brisvox" / "wire").rglob("*.py")):
+    for path in sorted((ROOT / "brisvox" / package).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -96,6 +106,16 @@ def test_the_wire_package_imports_only_the_standard_library_numpy_and_itself():
             else:
                 continue  # a relative import stays inside the package
             for name in names:
-                if name.split(".")[0] not in allowed and not (name + ".").startswith("brisvox.wire."):
+                if name.split(".")[0] not in allowed and not (name + ".").startswith(f"brisvox.{package}."):
                     found.setdefault(path.relative_to(ROOT).as_posix(), set()).add(name)
+    return found
+
+
+def test_the_wire_package_imports_only_the_standard_library_numpy_and_itself():
+    found = _third_party("wire", set(sys.stdlib_module_names) | {"numpy", "__future__"})
     assert not found, f"brisvox.wire imports only the standard library, numpy and itself: {found}"
+
+
+def test_the_playout_package_imports_only_the_standard_library_and_itself():
+    found = _third_party("playout", set(sys.stdlib_module_names) | {"__future__"})
+    assert not found, f"brisvox.playout imports only the standard library and itself: {found}"

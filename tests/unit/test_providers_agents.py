@@ -34,15 +34,15 @@ from brisvox.agent.definition import (
     load_agent,
     parse,
 )
-from brisvox.agent.tools import ToolContext, ToolError, ToolKind, ToolSpec
-from brisvox.agent.tools_builtin import (
+from brisvox.agent.tool_engine.builtin import (
     END_CALL,
     SEND_DTMF,
     TRANSFER_CALL,
     LinkTelephony,
     telephony_tools,
 )
-from brisvox.agent.tools_loader import ToolSetupError, build_registry, load_module_tools
+from brisvox.agent.tool_engine.loader import ToolSetupError, build_registry, load_module_tools
+from brisvox.agent.tool_engine.registry import ToolContext, ToolError, ToolKind, ToolSpec
 from ipc.frames import Hangup, SendDtmf, Transfer, TransferResult
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -251,7 +251,7 @@ def test_build_registry_exact_and_fail_closed() -> None:
 
 def test_bad_tool_modules(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text(
-        "from brisvox.agent.tools import ToolSpec, ToolKind\n"
+        "from brisvox.agent.tool_engine.registry import ToolSpec, ToolKind\n"
         "def wrong():\n    return [1, 2]\n"
         "async def t(a, c):\n    return 1\n"
         "def clash():\n    return [(ToolSpec('end_call', 'x', {'type': 'object'}, ToolKind.READ_ONLY), t)]\n")

@@ -20,12 +20,18 @@ of the model's responses. Its parts, in the order a response meets them:
   (a call's deadline and cancellation) and :mod:`.config` (limits, the texts
   the model reads).
 
-The invariants ("never twice") are stated in the module that owns each.
+What the engine works with, outside the per-call engine itself:
+
+* :mod:`.registry` (tool specs, the per-call registry, what a tool receives),
+  :mod:`.schema` and :mod:`.fastschema` (argument schemas, compiled once),
+  :mod:`.builtin` (the telephony tools) and :mod:`.loader` (an agent's tools
+  resolved into a call's registry);
+* :mod:`.errors` (the error results the model reads), :mod:`.events` (outcomes,
+  settle events, counters), :mod:`.confirm` (the confirmation gate),
+  :mod:`.idempotency` and :mod:`.recent` (SideEffect memory), :mod:`.filler`
+  (the "one moment" policy).
+
+The invariants ("never twice") are stated in the module that owns each. The
+package imports nothing itself (the context imports :mod:`.errors`, and the
+engine imports the context): import each name from its module.
 """
-
-from brisvox.agent.tool_engine.config import MAILBOX_CAPACITY, TRUNCATION_MARKER, EngineConfig
-from brisvox.agent.tool_engine.delivery import Execution
-from brisvox.agent.tool_engine.engine import ToolEngine
-from brisvox.agent.tool_engine.planning import Speculation
-
-__all__ = ["MAILBOX_CAPACITY", "TRUNCATION_MARKER", "EngineConfig", "Execution", "Speculation", "ToolEngine"]

@@ -10,7 +10,7 @@ Invariants:
 * Each SideEffect result reaches the caller exactly once: in its slot, or as a
   late note (mailbox), whatever the caller does (cancel, drop the execute
   task, discard the Execution). A note of a result the model already read (a
-  consumed :class:`~brisvox.agent.tool_recent.RecentCall`) is never delivered.
+  consumed :class:`~brisvox.agent.tool_engine.recent.RecentCall`) is never delivered.
 * ``results`` has one tool message per call, in issue order.
 * Delivery guard: :meth:`Execution.append_to` (or
   :meth:`~Execution.mark_delivered`) marks it delivered; an execution dropped
@@ -32,12 +32,17 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from brisvox.agent import tool_events as ev
-from brisvox.agent.context import Context, SystemMessage, ToolMessage, late_tool_result_note
+from brisvox.agent.conversation.context import (
+    Context,
+    SystemMessage,
+    ToolMessage,
+    late_tool_result_note,
+)
+from brisvox.agent.tool_engine import events as ev
 from brisvox.agent.tool_engine.config import MAILBOX_CAPACITY
+from brisvox.agent.tool_engine.recent import NoteState, RecentCall, RunState
+from brisvox.agent.tool_engine.registry import IdempotencyKey
 from brisvox.agent.tool_engine.state import _EngineState, _Item
-from brisvox.agent.tool_recent import NoteState, RecentCall, RunState
-from brisvox.agent.tools import IdempotencyKey
 
 
 @dataclass(slots=True, eq=False)

@@ -29,19 +29,19 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 
-from brisvox.agent import tool_errors as te
-from brisvox.agent import tool_events as ev
-from brisvox.agent.assemble import InvalidCall
-from brisvox.agent.context import ToolCall
-from brisvox.agent.tool_confirm import Confirmations
+from brisvox.agent.conversation.assemble import InvalidCall
+from brisvox.agent.conversation.context import ToolCall
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine import events as ev
 from brisvox.agent.tool_engine.config import D_BUDGET, D_STALE, EngineConfig
+from brisvox.agent.tool_engine.confirm import Confirmations
 from brisvox.agent.tool_engine.delivery import Execution, _LateNote
+from brisvox.agent.tool_engine.idempotency import IdempotencyStore, IdempotencyUsage
 from brisvox.agent.tool_engine.planning import Speculation, _Planning
+from brisvox.agent.tool_engine.recent import RecentCalls
+from brisvox.agent.tool_engine.registry import CancelToken, ToolRegistry, ToolSpec
 from brisvox.agent.tool_engine.running import _Running
 from brisvox.agent.tool_engine.side_effects import _Mutations
-from brisvox.agent.tool_idempotency import IdempotencyStore, IdempotencyUsage
-from brisvox.agent.tool_recent import RecentCalls
-from brisvox.agent.tools import CancelToken, ToolRegistry, ToolSpec
 from brisvox.clock import CLOCK, Clock, LoopClock
 
 

@@ -30,10 +30,10 @@ from collections.abc import Sequence
 
 import orjson
 
-from brisvox.agent import tool_errors as te
-from brisvox.agent import tool_events as ev
-from brisvox.agent.assemble import InvalidCall
-from brisvox.agent.context import ToolCall, ToolMessage
+from brisvox.agent.conversation.assemble import InvalidCall
+from brisvox.agent.conversation.context import ToolCall, ToolMessage
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine import events as ev
 from brisvox.agent.tool_engine.config import D_BUDGET, D_STALE, D_TOO_MANY
 from brisvox.agent.tool_engine.state import _EngineState, _Item
 

@@ -26,9 +26,9 @@ import asyncio
 
 import orjson
 
-from brisvox.agent import tool_errors as te
-from brisvox.agent import tool_events as ev
-from brisvox.agent.context import ToolMessage
+from brisvox.agent.conversation.context import ToolMessage
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine import events as ev
 from brisvox.agent.tool_engine.config import (
     D_INTERRUPTED,
     D_NOT_STARTED,
@@ -38,10 +38,10 @@ from brisvox.agent.tool_engine.config import (
     _serialize,
 )
 from brisvox.agent.tool_engine.delivery import _RunRecord
+from brisvox.agent.tool_engine.registry import CancelToken, ToolContext, ToolError
 from brisvox.agent.tool_engine.scope import _Expired, _Interrupted, _Scope
 from brisvox.agent.tool_engine.side_effects import _SideEffects
 from brisvox.agent.tool_engine.state import _Item
-from brisvox.agent.tools import CancelToken, ToolContext, ToolError
 
 
 class _Running(_SideEffects):

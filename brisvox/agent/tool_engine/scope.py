@@ -2,7 +2,7 @@
 
 Owns :class:`_Scope` and the two exceptions it raises in place of the
 CancelledError it caused: :class:`_Expired` (the deadline) and
-:class:`_Interrupted` (the turn's :class:`~brisvox.agent.tools.CancelToken`).
+:class:`_Interrupted` (the turn's :class:`~brisvox.agent.tool_engine.registry.CancelToken`).
 
 Invariants: only the first of deadline and token fires; a cancellation from
 outside (the caller dropped the task) propagates as CancelledError, never as
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from brisvox.agent.tools import CancelToken
+from brisvox.agent.tool_engine.registry import CancelToken
 
 
 class _Interrupted(Exception):

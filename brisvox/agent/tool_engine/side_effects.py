@@ -37,10 +37,9 @@ from typing import Any
 
 import orjson
 
-from brisvox.agent import tool_errors as te
-from brisvox.agent import tool_events as ev
-from brisvox.agent.context import ToolMessage
-from brisvox.agent.tool_confirm import CONFIRM_MESSAGE, Confirmations, PendingRequest, Refusal
+from brisvox.agent.conversation.context import ToolMessage
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine import events as ev
 from brisvox.agent.tool_engine.config import (
     D_ALREADY_DONE,
     D_ALREADY_REPORTED,
@@ -57,12 +56,16 @@ from brisvox.agent.tool_engine.config import (
     _nbytes,
     _serialize,
 )
+from brisvox.agent.tool_engine.confirm import (
+    CONFIRM_MESSAGE,
+    Confirmations,
+    PendingRequest,
+    Refusal,
+)
 from brisvox.agent.tool_engine.delivery import _Delivery, _RunRecord
-from brisvox.agent.tool_engine.scope import _Expired, _Interrupted, _Scope
-from brisvox.agent.tool_engine.state import _Flight, _Item
-from brisvox.agent.tool_idempotency import Begin, IdempotencyStore
-from brisvox.agent.tool_recent import NoteState, RecentCall, RunState, call_digest
-from brisvox.agent.tools import (
+from brisvox.agent.tool_engine.idempotency import Begin, IdempotencyStore
+from brisvox.agent.tool_engine.recent import NoteState, RecentCall, RunState, call_digest
+from brisvox.agent.tool_engine.registry import (
     CONFIRM_TOOL_NAME,
     CancelToken,
     IdempotencyKey,
@@ -70,6 +73,8 @@ from brisvox.agent.tools import (
     ToolContext,
     ToolError,
 )
+from brisvox.agent.tool_engine.scope import _Expired, _Interrupted, _Scope
+from brisvox.agent.tool_engine.state import _Flight, _Item
 
 
 @dataclass(frozen=True, slots=True)

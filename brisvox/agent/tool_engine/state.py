@@ -20,12 +20,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from brisvox.agent import tool_errors as te
-from brisvox.agent import tool_events as ev
-from brisvox.agent.context import ToolCall, ToolMessage
+from brisvox.agent.conversation.context import ToolCall, ToolMessage
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine import events as ev
 from brisvox.agent.tool_engine.config import EngineConfig
-from brisvox.agent.tool_recent import RecentCall, RecentCalls
-from brisvox.agent.tools import IdempotencyKey, RegisteredTool, ToolRegistry
+from brisvox.agent.tool_engine.recent import RecentCall, RecentCalls
+from brisvox.agent.tool_engine.registry import IdempotencyKey, RegisteredTool, ToolRegistry
 from brisvox.clock import Clock
 
 

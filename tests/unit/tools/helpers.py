@@ -8,10 +8,18 @@ from typing import Any
 
 import orjson
 
-from brisvox.agent.assemble import ResponseAssembler
-from brisvox.agent.context import AssistantMessage, Context, SystemMessage, ToolMessage, UserMessage
-from brisvox.agent.tool_engine import EngineConfig, Execution, ToolEngine
-from brisvox.agent.tools import (
+from brisvox.agent.conversation.assemble import ResponseAssembler
+from brisvox.agent.conversation.context import (
+    AssistantMessage,
+    Context,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
+from brisvox.agent.tool_engine.config import EngineConfig
+from brisvox.agent.tool_engine.delivery import Execution
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.registry import (
     CancelToken,
     ToolContext,
     ToolError,

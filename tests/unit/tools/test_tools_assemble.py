@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brisvox.agent.assemble import (
+from brisvox.agent.conversation.assemble import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_CALLS,
     SLOT_COST,
@@ -19,7 +19,7 @@ from brisvox.agent.assemble import (
     InvalidCall,
     ResponseAssembler,
 )
-from brisvox.agent.context import Context, ToolCall, UserMessage
+from brisvox.agent.conversation.context import Context, ToolCall, UserMessage
 
 
 def ctx() -> Context:
@@ -125,7 +125,7 @@ def test_assistant_message_records_invalid_calls_and_provider_data_verbatim():
     ]
     c = Context([UserMessage("u"), msg])
     c.extend(x.error_result() for x in r.invalid_calls())
-    from brisvox.agent.context import ToolMessage
+    from brisvox.agent.conversation.context import ToolMessage
 
     c.push(ToolMessage("t4.2", "r"))
     c.validate()
@@ -213,7 +213,7 @@ def test_ids_come_from_the_context_and_two_unpushed_responses_collide():
     r2 = _one_call(c)
     assert r1.calls[0].id == r2.calls[0].id == "t1.0"
     c.push(r1.assistant_message())
-    from brisvox.agent.context import ContextError, ToolMessage
+    from brisvox.agent.conversation.context import ContextError, ToolMessage
 
     c.push(ToolMessage("t1.0", "x"))
     c.push(r2.assistant_message())

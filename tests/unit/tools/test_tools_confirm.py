@@ -7,9 +7,9 @@ import logging
 import orjson
 import pytest
 
-from brisvox.agent.context import ToolCall
-from brisvox.agent.tool_confirm import CONFIRM_MESSAGE, MAX_PENDING, Confirmations, Refusal
-from brisvox.agent.tool_recent import call_digest
+from brisvox.agent.conversation.context import ToolCall
+from brisvox.agent.tool_engine.confirm import CONFIRM_MESSAGE, MAX_PENDING, Confirmations, Refusal
+from brisvox.agent.tool_engine.recent import call_digest
 from brisvox.clock import CLOCK
 
 from .helpers import SE, Capture, Conv, Probe, body, engine, kind, registry

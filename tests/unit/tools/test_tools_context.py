@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from brisvox.agent.context import (
+from brisvox.agent.conversation.context import (
     AssistantMessage,
     CharsPerToken,
     Context,

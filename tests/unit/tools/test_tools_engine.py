@@ -9,10 +9,11 @@ import gc
 
 import pytest
 
-from brisvox.agent import tool_errors as te
-from brisvox.agent.context import SystemMessage, ToolCall, UserMessage
-from brisvox.agent.tool_engine import MAILBOX_CAPACITY, TRUNCATION_MARKER, ToolEngine
-from brisvox.agent.tools import CancelToken, IdempotencyKey, ToolContext
+from brisvox.agent.conversation.context import SystemMessage, ToolCall, UserMessage
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine.config import MAILBOX_CAPACITY, TRUNCATION_MARKER
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.registry import CancelToken, IdempotencyKey, ToolContext
 from brisvox.clock import CLOCK
 
 from .helpers import CITY, OBJ, RO, SE, Conv, Probe, body, engine, kind, registry
@@ -504,7 +505,7 @@ def test_digest_is_pinned_and_depends_on_session_epoch_and_call():
     assert k.encoded() == b"6:sess-1|3|t3.0"
     pinned = 0x7365D5FE16124387
     assert k.digest() == pinned and k.hex() == "7365d5fe16124387"
-    from brisvox.agent.tools import fnv1a64
+    from brisvox.agent.tool_engine.registry import fnv1a64
 
     assert fnv1a64(b"a") == 0xAF63DC4C8601EC8C  # the published FNV-1a 64 test vector
     assert IdempotencyKey("sess-1", 3, "t3.0").digest() == pinned

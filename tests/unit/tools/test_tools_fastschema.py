@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from brisvox.agent.tool_fastschema import compile_fast
-from brisvox.agent.tool_schema import CompiledSchema
+from brisvox.agent.tool_engine.fastschema import compile_fast
+from brisvox.agent.tool_engine.schema import CompiledSchema
 
 SCHEMAS = [
     {"type": "object", "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 5},

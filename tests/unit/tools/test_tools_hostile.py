@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from brisvox.agent.assemble import AssembleError, InvalidCall, ResponseAssembler
-from brisvox.agent.context import Context, ToolCall, UserMessage
+from brisvox.agent.conversation.assemble import AssembleError, InvalidCall, ResponseAssembler
+from brisvox.agent.conversation.context import Context, ToolCall, UserMessage
 
 from .helpers import RO, SE, Conv, Probe, body, engine, kind, registry
 
@@ -155,7 +155,7 @@ def test_a_tool_returning_garbage_or_hostile_names_never_raise(vrun):
         eng = engine(registry(w=(RO, weird, {}), s=(SE, weird, {})))
         ex = await eng.execute([ToolCall("t1.0", "w", {}), ToolCall("t1.1", "s", {}),
                                 ToolCall("t1.2", "x" * 10_000, {}), ToolCall("t1.3", "", {}),
-                                InvalidCall("t1.4", None, "", __import__("brisvox.agent.assemble").agent.assemble.CallError("missing_name", "x"))], 1)
+                                InvalidCall("t1.4", None, "", __import__("brisvox.agent.conversation.assemble").agent.conversation.assemble.CallError("missing_name", "x"))], 1)
         assert [kind(m) for m in ex.results] == ["tool_failed", "tool_failed", "unknown_tool", "unknown_tool",
                                                  "invalid tool call"]
         assert len(body(ex.results[2])["tool"].encode()) <= 64

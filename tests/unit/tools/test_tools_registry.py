@@ -5,9 +5,15 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from brisvox.agent import tool_errors as te
-from brisvox.agent.tool_schema import CompiledSchema
-from brisvox.agent.tools import CONFIRM_TOOL_NAME, RegistryError, ToolKind, ToolRegistry, ToolSpec
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine.registry import (
+    CONFIRM_TOOL_NAME,
+    RegistryError,
+    ToolKind,
+    ToolRegistry,
+    ToolSpec,
+)
+from brisvox.agent.tool_engine.schema import CompiledSchema
 
 from .helpers import CITY, OBJ, RO, SE, Probe
 

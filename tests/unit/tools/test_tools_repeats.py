@@ -7,9 +7,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from brisvox.agent.tool_engine import ToolEngine
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.agent.tool_engine.side_effects import _Mutations
-from brisvox.agent.tools import ToolRegistry
 from brisvox.clock import CLOCK
 from brisvox.sim.vloop import run_virtual
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from brisvox.agent.context import ToolCall, UserMessage
-from brisvox.agent.tools import CancelToken
+from brisvox.agent.conversation.context import ToolCall, UserMessage
+from brisvox.agent.tool_engine.registry import CancelToken
 from brisvox.clock import CLOCK
 
 from .helpers import CITY, RO, SE, Conv, Probe, engine, kind, registry

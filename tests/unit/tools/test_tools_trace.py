@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from brisvox.agent.context import ToolCall
+from brisvox.agent.conversation.context import ToolCall
 from brisvox.clock import CLOCK
 
 from .helpers import CITY, RO, SE, Capture, Conv, Probe, engine, registry
@@ -111,7 +111,7 @@ def test_side_effect_execution_is_logged_at_info_with_key_digest(vrun, cap):
         conv = Conv(eng)
         await conv.run(("book", {"card": SECRET}))
         infos = [r.getMessage() for r in cap.records if r.levelno == logging.INFO]
-        from brisvox.agent.tools import IdempotencyKey
+        from brisvox.agent.tool_engine.registry import IdempotencyKey
 
         assert infos == [f"side effect session=sess-1 tool=book epoch=1 key={IdempotencyKey('sess-1', 1, 't1.0').hex()}"]
 

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from brisvox.agent.context import AssistantMessage, Context, ToolCall, ToolMessage, UserMessage
-from brisvox.agent.truncation import (
+from brisvox.agent.conversation.context import (
+    AssistantMessage,
+    Context,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+from brisvox.agent.conversation.truncation import (
     Truncation,
     TruncationError,
     TruncationOutcome,
@@ -73,7 +79,7 @@ def test_provider_data_is_kept_on_a_cut():
 def test_removal_takes_orphan_results_with_it():
     # A context built from pieces where a removed message had answered calls
     # (constructed directly; apply_truncation itself never removes a message with calls).
-    from brisvox.agent.truncation import _remove_with_orphans
+    from brisvox.agent.conversation.truncation import _remove_with_orphans
 
     msg = AssistantMessage("x", (ToolCall("t1.0", "a", {}),))
     ctx = Context([UserMessage("u"), msg, ToolMessage("t1.0", "r"), UserMessage("v")])

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from brisvox.agent.context import UserMessage
-from brisvox.agent.tool_filler import (
+from brisvox.agent.conversation.context import UserMessage
+from brisvox.agent.tool_engine.filler import (
     DEFAULT_FILLER_DELAY,
     DEFAULT_FILLER_TEXT,
     FillerConfig,
@@ -16,7 +16,7 @@ from brisvox.agent.tool_filler import (
     FillerPolicy,
     StaticClips,
 )
-from brisvox.agent.tools import ToolSpec
+from brisvox.agent.tool_engine.registry import ToolSpec
 from brisvox.clock import CLOCK
 
 from .helpers import OBJ, RO, SE, Conv, Probe, body, engine, kind, registry

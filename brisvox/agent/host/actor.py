@@ -1,0 +1,347 @@
+"""CallActor: one call's pipeline, assembled, started, fed and ended.
+
+Owns the life of one call's pipeline on the ring architecture:
+
+    pump -> SttStage -> TurnDriver -> LlmRunner -> SegmenterStage -> TtsStage -> TtsRingWriter
+
+* The chain is declared once, as data (:data:`brisvox.agent.pipeline.chain.CHAIN`:
+  names, classes, config selectors, inbox shapes, upstream routes); the actor
+  assembles it (``chain=``: another declaration, e.g. a test's with one class
+  replaced) over ONE :class:`~brisvox.agent.pipeline.call_context.CallContext` built
+  per call: clock, epoch watch, task owner, the PlayoutBook (shared by the
+  TTS stage, TtsRingWriter, the runner, the inbound path and the clear hook),
+  the LedgerLink (the epoch ledger, shared by the clear hook and TtsRingWriter), the timeline,
+  the gateway and worker links and the upstream router.
+* The clear hook (the barge-in fast path, :meth:`CallContext.clear`):
+  ``book.note_clear`` first, then Clear to the gateway and TtsCut to the
+  worker, synchronously inside the driver's decision step. The pause hook,
+  the same way: ``book.note_pause`` / ``note_resume`` and Pause / Resume to
+  the gateway (a barge-in candidate holds the bot's audio until it is
+  confirmed or vetoed).
+* The pump is not a task: the host calls ``on_worker`` (a worker tick for
+  this call: in16 position and its typed events, ``ipc/tick_events.py``), ``on_out_utterance``,
+  ``on_playback``, ``on_cleared``, ``on_mark_played``, ``on_dtmf``. Each
+  tick's in16 position goes straight to the turn driver (``note_audio_end``:
+  it needs no audio, so no frame hop). Audio is read from the in16 ring and
+  offered to the STT inbox without waiting: every tick, or, for an STT
+  provider with ``audio_batch`` (seconds), once that much is pending, and
+  always before a VAD event, so a stop never overtakes speech left in the
+  pump. VAD events take the system lane with times backdated from their
+  positions.
+  After a hang-up audio and DTMF are discarded; marks and positions still
+  reach the book.
+* ``hangup(reason)`` sends Stop through the chain, waits (bounded) for every
+  stage to finish, ends every remaining task and returns the call record.
+  ``live_tasks()`` is 0 afterwards (tested).
+* ``stats()``: one entry per stage of the chain (by its name), then the
+  pump, the book, the clears sent and the tool engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, TypeVar
+
+from brisvox.agent.conversation.context import Context
+from brisvox.agent.conversation.playout import PlayoutConfig
+from brisvox.agent.host.call_record import build_record
+from brisvox.agent.pipeline.call_context import CallContext
+from brisvox.agent.pipeline.call_io import AudioSink, AudioSource, CallLink
+from brisvox.agent.pipeline.chain import CHAIN, CallParts, StageSpec, assemble
+from brisvox.agent.pipeline.frames import (
+    AudioFrame,
+    DtmfFrame,
+    Greet,
+    Start,
+    Stop,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+)
+from brisvox.agent.pipeline.llm_runner import LlmRunner, LlmRunnerConfig
+from brisvox.agent.pipeline.segmenter import SegmenterConfig, SegmenterStage
+from brisvox.agent.pipeline.stage import Stage
+from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig
+from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriter, TtsRingWriterConfig
+from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.pipeline.turn_driver import TurnDriver, TurnDriverConfig
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.registry import ToolRegistry
+from brisvox.clock import CLOCK, Clock
+from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
+from ipc.tick_events import InputGap, SpeechStart, SpeechStop, TickEvent, VadFailed, VadRecovered
+
+log = logging.getLogger("brisvox.agent.actor")
+
+IN16_RATE = 16000
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    input: int = 8
+    user: int = 8
+    bot: int = 32
+    sink: int = 4
+    system: int = 32
+
+
+@dataclass(frozen=True, slots=True)
+class ActorConfig:
+    queues: QueueConfig = field(default_factory=QueueConfig)
+    stt: SttStageConfig = field(default_factory=SttStageConfig)
+    turn: TurnDriverConfig = field(default_factory=TurnDriverConfig)
+    llm: LlmRunnerConfig = field(default_factory=LlmRunnerConfig)
+    segmenter: SegmenterConfig = field(default_factory=SegmenterConfig)
+    tts: TtsStageConfig = field(default_factory=TtsStageConfig)
+    out: TtsRingWriterConfig = field(default_factory=TtsRingWriterConfig)
+    playout: PlayoutConfig = field(default_factory=PlayoutConfig)
+    stop_timeout: float = 3.0
+
+
+@dataclass(slots=True)
+class PumpStats:
+    frames: int = 0
+    samples: int = 0
+    lost: int = 0
+    gaps: int = 0
+    vad_starts: int = 0
+    vad_stops: int = 0
+    vad_failures: int = 0
+    vad_recoveries: int = 0
+    discarded_after_hangup: int = 0
+    dtmf: int = 0
+    positions: int = 0
+    cleared: int = 0
+    marks: int = 0
+
+
+class CallActor:
+    def __init__(
+        self,
+        call_id: str,
+        cfg: ActorConfig,
+        *,
+        stt: SttProvider,
+        llm: LlmProvider,
+        tts: TtsProvider,
+        source: AudioSource,
+        sink: AudioSink,
+        link: CallLink,
+        call_rate: int,
+        tts_rate: int,
+        clock: Clock = CLOCK,
+        registry: ToolRegistry | None = None,
+        transport: str = "",
+        transport_ids: dict[str, str] | None = None,
+        agent: str = "",
+        context: Context | None = None,
+        greeting: str = "",
+        chain: Sequence[StageSpec] = CHAIN,
+    ) -> None:
+        self.call_id = call_id
+        self.greeting = greeting
+        self.cfg = cfg
+        self.clock = clock
+        self.source = source
+        self.sink = sink
+        self.link = link
+        self.call_rate = call_rate
+        self.tts_rate = tts_rate
+        self.transport = transport
+        self.transport_ids = dict(transport_ids or {})
+        self.agent = agent
+        self.started_wall = time.time()
+        self.ended_wall: float | None = None
+        self.end_reason = ""
+        self.call = CallContext.create(call_id, gateway=link, worker=link, sink=sink, call_rate=call_rate,
+                                       tts_rate=tts_rate, clock=clock, playout=cfg.playout)
+        self.tasks = self.call.tasks
+        self.watch = self.call.watch
+        self.timeline = self.call.timeline
+        self.book = self.call.book
+        self.ledger = self.call.ledger
+        self.pump = PumpStats()
+        self.engine = ToolEngine(registry, call_id, clock) if registry is not None and len(registry) else None
+        parts = CallParts(stt, llm, tts, self.engine, context)
+        self.stages: list[Stage] = assemble(chain, self.call, cfg, parts)
+        named = {s.name: s for s in self.stages}
+        # the stages the host and the pump reach directly (plain attributes: no lookup per tick)
+        self.stt = _stage(named, "stt", SttStage)
+        self.driver = _stage(named, "turn", TurnDriver)
+        self.runner = _stage(named, "llm", LlmRunner)
+        self.segmenter = _stage(named, "segmenter", SegmenterStage)
+        self.tts = _stage(named, "tts", TtsStage)
+        self.out = _stage(named, "out", TtsRingWriter)
+        self._in_pos: int | None = None  # in16 position of the first sample not yet given to the STT stage
+        self._gap = False
+        # audio held in the pump before it is offered to the STT stage (0: every tick)
+        self._batch_samples = max(0, int(float(getattr(stt, "audio_batch", 0.0) or 0.0) * IN16_RATE))
+        self._started = False
+        self._hung_up = False
+        self._done = asyncio.Event()
+        self.record: dict[str, Any] | None = None
+        self.clear_applied_ns: list[int] = []
+
+    # -- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for s in self.stages:
+            s.start()
+        self.stt.inbox.put_nowait(Start())
+        if self.greeting.strip():
+            self.stt.inbox.put_nowait(Greet(self.greeting))  # the bot speaks first
+
+    async def hangup(self, reason: str = "hangup") -> dict[str, Any]:
+        """End the call: Stop through the chain, bounded wait, end every task, record."""
+        if self._hung_up:
+            await self._done.wait()
+            assert self.record is not None
+            return self.record
+        self._hung_up = True
+        self.end_reason = reason
+        self.stt.inbox.put_nowait(Stop(reason))
+        stage_tasks = [s.task for s in self.stages if s.task is not None]
+        if stage_tasks:
+            done, pending = await asyncio.wait(stage_tasks, timeout=self.cfg.stop_timeout)
+            if pending:
+                log.warning("call %s: %d stages did not stop in time", self.call_id, len(pending))
+        if self.engine is not None:  # a tool body that ignores its cancellation cannot hold the hang-up
+            left = await self.engine.aclose(self.cfg.stop_timeout)
+            if left:
+                log.warning("call %s: %d tool run(s) ignored their cancellation for %.1f s; left running",
+                            self.call_id, left, self.cfg.stop_timeout)
+        await self.tasks.close()
+        self.ended_wall = time.time()
+        self.record = build_record(self)
+        self._done.set()
+        return self.record
+
+    async def wait(self) -> dict[str, Any]:
+        await self._done.wait()
+        assert self.record is not None
+        return self.record
+
+    def live_tasks(self) -> int:
+        return self.tasks.live()
+
+    @property
+    def context(self) -> Context:
+        return self.runner.ctx
+
+    # -- inbound (the pump) -----------------------------------------------------------
+    def on_worker(self, in16_pos: int, events: Sequence[TickEvent] = ()) -> None:
+        """A worker tick for this call: the newest in16 position, then the VAD events.
+
+        The position goes to the turn driver at once (it needs nothing else of the
+        audio). The audio itself is read from in16 and offered to the STT stage as one
+        AudioFrame per tick, or, when the STT provider takes batches
+        (``audio_batch``), once at least that much is pending and always before a
+        VAD event is delivered (so a stop never leaves its speech behind in the pump).
+        """
+        if self._hung_up:
+            self.pump.discarded_after_hangup += 1
+            return
+        in_pos = self._in_pos
+        if in_pos is None:
+            in_pos = in16_pos if not events else min(in16_pos, *(e.pos for e in events))
+            self._in_pos = in_pos
+        if in16_pos > in_pos:
+            self.driver.note_audio_end(in16_pos)
+            if events or in16_pos - in_pos >= self._batch_samples:
+                self._read_audio(in_pos, in16_pos)
+        if events:
+            self._events(in16_pos, events)
+
+    def _read_audio(self, start: int, end: int) -> None:
+        r = self.source.read_range(start, end)
+        if r.lost:
+            self.pump.lost += r.lost
+            self._gap = True
+        n = len(r.samples)
+        if n:
+            self.pump.frames += 1
+            self.pump.samples += n
+            self.stt.inbox.put_nowait(AudioFrame(r.start, r.samples, self._gap))
+            self._gap = False
+            self._in_pos = r.start + n
+        else:
+            self._in_pos = end
+
+    def _events(self, in16_pos: int, events: Sequence[TickEvent]) -> None:
+        now = self.clock.now()
+        for ev in events:
+            pos = ev.pos
+            at = now - max(0, in16_pos - pos) / IN16_RATE
+            match ev:
+                case SpeechStart():
+                    self.pump.vad_starts += 1
+                    self.stt.inbox.put_nowait(UserStartedSpeaking(at, pos))
+                case SpeechStop():
+                    self.pump.vad_stops += 1
+                    self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=ev.at))
+                case InputGap():
+                    self.pump.gaps += 1
+                    self._gap = True
+                case VadFailed():
+                    self.pump.vad_failures += 1
+                case VadRecovered():
+                    self.pump.vad_recoveries += 1
+                # SpeechFalling: not used by the actor
+
+    def on_out_utterance(self, utterance: int, epoch: int, out_pos: int) -> None:
+        self.timeline.out_utterance(epoch, self.clock.now())
+        self.book.utterance_out_start(utterance, out_pos)
+        self.out.on_out_utterance(utterance, out_pos)
+
+    def on_playback(self, position: int, lead: float | None = None) -> None:
+        self.pump.positions += 1
+        if self.ledger.machine.release(position) is not None:  # the floor never goes backwards
+            self.book.note_release(position, lead)
+
+    def on_cleared(self, epoch: int, position: int, marks: list[str] | None = None) -> None:
+        """The gateway applied Clear(epoch): epochs <= ``epoch`` are dead; ``position``
+        is the last out position released; ``marks`` the end marks the cut discarded."""
+        self.pump.cleared += 1
+        if len(self.clear_applied_ns) < 256:
+            self.clear_applied_ns.append(time.monotonic_ns())
+        if self.ledger.machine.cleared(epoch, position):  # the first answer per epoch is final
+            self.book.note_cleared(epoch + 1, position, marks or ())
+
+    def on_mark_played(self, name: str) -> None:
+        self.pump.marks += 1
+        self.out.on_mark_played(name)
+
+    def on_dtmf(self, digit: str) -> None:
+        if self._hung_up:
+            self.pump.discarded_after_hangup += 1
+            return
+        self.pump.dtmf += 1
+        if not self.driver.inbox.put_nowait(DtmfFrame(digit)):
+            log.warning("call %s: DTMF dropped (full lane)", self.call_id)
+
+    # -- introspection -------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        d: dict[str, Any] = {s.name: s.stats() for s in self.stages}
+        d["pump"] = {k: getattr(self.pump, k) for k in self.pump.__slots__}
+        d["book"] = self.book.stats()
+        d["clears_sent"] = self.ledger.sent
+        d["ledger"] = asdict(self.ledger.machine.st)
+        if self.engine is not None:
+            snap = self.engine.stats()
+            d["tools"] = {k: getattr(snap, k) for k in getattr(snap, "__dataclass_fields__", {})}
+        return d
+
+
+S = TypeVar("S", bound=Stage)
+
+
+def _stage(named: dict[str, Stage], name: str, cls: type[S]) -> S:
+    st = named.get(name)
+    if not isinstance(st, cls):
+        raise TypeError(f"the chain's stage {name!r} must be a {cls.__name__}, not {type(st).__name__}")
+    return st

@@ -1,0 +1,121 @@
+"""The JSON call record written at hang-up, and where records live.
+
+Owns the record format (one JSON object per call) and its storage:
+
+* ``call_id``, ``agent``, ``transport`` and ``transport_ids`` (Twilio
+  callSid/streamSid, SIP Call-ID), ``started``/``ended`` (UTC ISO-8601),
+  ``duration_s``, ``end_reason``;
+* ``conversation``: the context as it stands at hang-up, i.e. what the caller
+  heard (cut where they barged in), in the context's JSON form but with tool
+  call ARGUMENTS REMOVED (names and ids only);
+* ``tools``: each tool call with epoch, id, name, outcome and duration (never
+  arguments);
+* ``turns``: per-turn latencies from the timeline;
+* ``stats``: every stage's counters.
+
+Storage: ``write_record(record, target)``: ``target`` is a directory (one
+file ``<started>-<call_id>.json`` per call, written atomically) or a file
+ending in ``.jsonl`` (one line per call, appended). Nothing here logs
+caller audio or tool arguments.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from brisvox.agent.conversation.context import message_to_json
+
+if TYPE_CHECKING:
+    from brisvox.agent.host.actor import CallActor
+
+RECORD_VERSION = 1
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).isoformat(timespec="milliseconds")
+
+
+def conversation_json(actor: CallActor) -> list[dict[str, Any]]:
+    out = []
+    for m in actor.context:
+        row = message_to_json(m)
+        if "tool_calls" in row:
+            row["tool_calls"] = [{"id": c["id"], "name": c["name"]} for c in row["tool_calls"]]
+        row.pop("provider_data", None)
+        out.append(row)
+    return out
+
+
+def build_record(actor: CallActor) -> dict[str, Any]:
+    ended = actor.ended_wall
+    return {
+        "version": RECORD_VERSION,
+        "call_id": actor.call_id,
+        "agent": actor.agent,
+        "transport": actor.transport,
+        "transport_ids": actor.transport_ids,
+        "started": _iso(actor.started_wall),
+        "ended": _iso(ended),
+        "duration_s": round((ended or actor.started_wall) - actor.started_wall, 3),
+        "end_reason": actor.end_reason,
+        "conversation": conversation_json(actor),
+        "tools": [
+            {"epoch": r.epoch, "call_id": r.call_id, "name": r.name, "outcome": r.outcome, "duration_ms": r.duration_ms}
+            for r in actor.runner.tool_records
+        ],
+        "turns": actor.timeline.turn_latencies(),
+        "stats": actor.stats(),
+    }
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in s)[:80] or "call"
+
+
+def write_record(record: dict[str, Any], target: str | os.PathLike[str]) -> Path:
+    """Write one record to a directory (one file per call) or append to a .jsonl file."""
+    t = Path(target)
+    data = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
+    if t.suffix == ".jsonl":
+        t.parent.mkdir(parents=True, exist_ok=True)
+        with open(t, "ab") as f:
+            f.write(data + b"\n")
+        return t
+    t.mkdir(parents=True, exist_ok=True)
+    stamp = (record.get("started") or "").replace(":", "").replace("-", "")[:15]
+    path = t / f"{stamp}-{_safe(str(record.get('call_id', 'call')))}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    os.replace(tmp, path)
+    return path
+
+
+def read_records(target: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every record under ``target`` (directory or .jsonl), oldest first; bad rows skipped."""
+    t = Path(target)
+    rows: list[dict[str, Any]] = []
+    if t.is_file():
+        for line in t.read_bytes().splitlines():
+            try:
+                r = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(r, dict):
+                rows.append(r)
+    elif t.is_dir():
+        for p in sorted(t.glob("*.json")):
+            try:
+                r = orjson.loads(p.read_bytes())
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            if isinstance(r, dict):
+                rows.append(r)
+    rows.sort(key=lambda r: str(r.get("started") or ""))
+    return rows

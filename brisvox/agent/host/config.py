@@ -1,0 +1,191 @@
+"""The agent process's sections of ``brisvoxd.toml``: ``[agents]`` and ``[calls]``.
+
+Owns their keys, defaults and bounds (docs/CONFIGURATION.md describes them),
+and :meth:`AgentsConfig.actor_config`, which turns them into the call actor's
+:class:`~brisvox.agent.host.actor.ActorConfig`. Imported by the supervisor when it
+loads the config (before it forks), so it imports nothing heavy at module
+level.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brisvox.config.errors import ConfigError
+from brisvox.config.schema import from_table, opt
+
+if TYPE_CHECKING:
+    from brisvox.agent.host.actor import ActorConfig
+
+AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+BUILTIN_AGENTS = Path(__file__).resolve().parents[3] / "configs" / "agents"  # the checkout's agent files
+ECHO = "echo"  # the gateway's built-in line-test agent: no file
+
+
+@dataclass(frozen=True, slots=True)
+class AgentsConfig:
+    """``[agents]``: what every call actor of an agent process runs with."""
+
+    max_calls: int = opt(100, min=1, max=10_000)  # per agent process; CallStart beyond it is refused "full"
+    providers: str = opt("definitions", choices=("definitions", "scripted"))  # agent files | scripted fakes
+    default_agent: str = "local"  # definitions: the agent a route or SIP user named "default" gets
+    script: str = ""  # scripted providers: a JSON script file ("" = built-in demo lines)
+    agents_dir: str = ""  # definitions: where <agent>.toml files live ("" = see agents_path())
+    system_prompt: str = "You are a helpful voice assistant on a phone call. Answer briefly."
+    silence_ms: int = opt(450, min=50, max=10_000)  # end of turn after this silence (fixed policy)
+    smart_turn: bool = True  # ask the worker's Smart Turn model at each pause
+    fallback_silence_ms: int = opt(1500, min=100, max=10_000)  # with Smart Turn: end anyway after this
+    smart_turn_timeout_ms: int = opt(1000, min=50, max=10_000)  # a verdict later than this is not waited for
+    interruption: str = opt("recommended", choices=("recommended", "off"))
+    final_wait_ms: int = opt(1500, min=0, max=10_000)  # finals gate: wait this long for owed STT finals
+    response_deadline_s: float = opt(20.0, min=1.0, max=600.0)  # backstop: a turn that never sounds
+    lead_margin_ms: int = opt(100, min=0, max=2000)  # client buffer assumed at a barge-in
+    settle_wait_ms: int = opt(250, min=0, max=2000)  # wait for the final position after a barge-in
+    max_tool_rounds: int = opt(6, min=1, max=32)
+    filler_delay_ms: int = opt(1200, min=0, max=30_000)  # speak a filler when a tool takes longer
+    llm_retries: int = opt(1, min=0, max=5)
+    first_token_timeout_s: float = opt(8.0, min=0.5, max=120.0)
+    idle_timeout_s: float = opt(15.0, min=0.5, max=600.0)
+    max_ahead_ms: int = opt(2000, min=100, max=30_000)  # TTS audio written ahead of playout at most
+    mark_timeout_s: float = opt(10.0, min=0.5, max=120.0)
+    stop_timeout_s: float = opt(3.0, min=0.1, max=60.0)  # hang-up: stages get this long to finish
+
+    def __post_init__(self) -> None:
+        if not AGENT_NAME.match(self.default_agent) or self.default_agent in ("default", "echo"):
+            raise ConfigError("default_agent", f"invalid agent name {self.default_agent!r} "
+                              "(letters, digits, _ and -; not 'default' or 'echo')")
+
+    @classmethod
+    def from_section(cls, table: Mapping[str, Any], where: str) -> AgentsConfig:
+        return from_table(cls, table, where)
+
+    def agents_path(self, config_path: str | None) -> Path:
+        """The folder of the agent files: ``agents_dir``; else ``agents/`` next to the
+        daemon config file when it exists; else the checkout's ``configs/agents``."""
+        if self.agents_dir:
+            return Path(self.agents_dir).expanduser()
+        if config_path:
+            near = Path(config_path).resolve().parent / "agents"
+            if near.is_dir():
+                return near
+        return BUILTIN_AGENTS
+
+    def agent_name(self, name: str) -> str:
+        """The agent file a call for ``name`` runs: "default" (or "") is ``default_agent``."""
+        return self.default_agent if name in ("", "default") else name
+
+    def actor_config(self, tts_rate: int = 24000) -> ActorConfig:
+        from dataclasses import replace
+
+        from brisvox.agent.conversation.playout import PlayoutConfig
+        from brisvox.agent.host.actor import ActorConfig
+        from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriterConfig
+        from brisvox.agent.pipeline.turn_machine import InterruptionConfig, TurnConfig
+        from brisvox.agent.tool_engine.filler import FillerConfig
+
+        base = ActorConfig()
+        icfg = InterruptionConfig.off() if self.interruption == "off" else InterruptionConfig.recommended()
+        turn = TurnConfig(
+            silence=self.silence_ms / 1000,
+            smart_turn=self.smart_turn,
+            fallback_silence=self.fallback_silence_ms / 1000,
+            interruption=icfg,
+        )
+        to = replace(base.llm.timeouts, llm_first_token=self.first_token_timeout_s, llm_idle=self.idle_timeout_s)
+        return replace(
+            base,
+            turn=replace(base.turn, turn=turn, final_wait=self.final_wait_ms / 1000,
+                         response_deadline=self.response_deadline_s,
+                         # a verdict later than the fallback could not end the turn anyway
+                         analysis_timeout=min(self.smart_turn_timeout_ms, self.fallback_silence_ms - 50) / 1000),
+            llm=replace(
+                base.llm,
+                system_prompt=self.system_prompt,
+                retries=self.llm_retries,
+                max_tool_rounds=self.max_tool_rounds,
+                filler=FillerConfig(enabled=self.filler_delay_ms > 0, delay=self.filler_delay_ms / 1000),
+                timeouts=to,
+            ),
+            # ask the TTS for the ring's rate: a provider that can produce it needs no resampling
+            tts=replace(base.tts, ring_rate=tts_rate, tts=replace(base.tts.tts, sample_rate=tts_rate)),
+            out=TtsRingWriterConfig(max_ahead=self.max_ahead_ms / 1000, mark_timeout=self.mark_timeout_s),
+            playout=PlayoutConfig(lead_margin=self.lead_margin_ms / 1000, settle_wait=self.settle_wait_ms / 1000),
+            stop_timeout=self.stop_timeout_s,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CallsConfig:
+    """``[calls]``: the call records written at hang-up."""
+
+    records: bool = True  # write one JSON record per call
+    path: str = ""  # a directory (one file per call) or a .jsonl file; "" = <state_dir>/calls
+    keep_days: int = opt(30, min=0, max=3650)  # records older than this are deleted at start (0 = keep)
+
+    @classmethod
+    def from_section(cls, table: Mapping[str, Any], where: str) -> CallsConfig:
+        return from_table(cls, table, where)
+
+
+# -- the agent files a daemon config names -----------------------------------------------------
+
+
+def referenced_agents(cfg: Any) -> list[tuple[str, str]]:
+    """``(config key, agent name)`` for every agent file the daemon config ``cfg``
+    names (enabled WebSocket routes, the SIP default agent and users), with
+    "default" resolved to ``[agents] default_agent``; the built-in echo agent
+    has no file and is left out. Empty when ``[agents] providers`` is not
+    "definitions". ``<route>/<name>`` picks agents at call time; those are
+    checked when a call asks for them (a bad one refuses the call)."""
+    agents = cfg.section("agents")
+    if agents.providers != "definitions":
+        return []
+    out: list[tuple[str, str]] = []
+    ws = cfg.section("websocket")
+    if ws.enabled:
+        for i, r in enumerate(ws.routes):
+            out.append((f"websocket.routes[{i}].agent", r.agent))
+    sip = cfg.section("sip")
+    if sip.enabled:
+        out.append(("sip.default_agent", sip.default_agent))
+        for user, name in sorted(sip.users.items()):
+            out.append((f"sip.users.{user}", name))
+    resolved: list[tuple[str, str]] = []
+    for key, name in out:
+        if name == ECHO:
+            continue
+        if name in ("", "default"):
+            key, name = f"{key} -> agents.default_agent", agents.default_agent
+        resolved.append((key, name))
+    return resolved
+
+
+def check_referenced_agents(cfg: Any) -> tuple[list[str], list[str]]:
+    """Validate every agent file :func:`referenced_agents` names, offline
+    (:func:`brisvox.agent.definition.check_agent_file`). Returns (errors,
+    warnings), each one line naming the agent file, its line and key, and the
+    daemon config key that references it."""
+    from brisvox.agent.definition import check_agent_file
+
+    base = cfg.section("agents").agents_path(getattr(cfg, "path", None))
+    errors: list[str] = []
+    warnings: list[str] = []
+    seen: dict[str, str] = {}
+    for key, name in referenced_agents(cfg):
+        if name in seen:
+            continue
+        seen[name] = key
+        path = base / f"{name}.toml"
+        if not path.is_file():
+            errors.append(f"{key}: agent {name!r}: no agent file {path} (set agents.agents_dir, "
+                          f"or add the file)")
+            continue
+        _, problems = check_agent_file(path)
+        for p in problems:
+            line = f"{p.render(str(path))} (agent {name!r}, referenced by {key})"
+            (errors if p.severity == "error" else warnings).append(line)
+    return errors, warnings

@@ -1,0 +1,575 @@
+"""The agent process: many call actors on one asyncio loop, linked to the gateway and workers.
+
+Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
+
+* ZeroMQ: the process's ROUTER inbox at ``rt.inbox_endpoint("agent", i)``
+  and a DEALER to each ready gateway's inbox (one :class:`ipc.links.Links` object, the same
+  non-blocking, handled-inline link the gateway uses), plus a
+  :class:`ipc.worker_client.WorkerClient` (identity ``agent-<i>``) for the
+  worker lanes.
+* At start (``[agents] providers = "definitions"``, the default): every agent
+  file the daemon config names (routes, SIP users, "default" =
+  ``[agents] default_agent``) is checked offline; an error fails the boot
+  with the config exit code (the daemon stops, exit 2, naming the file, line
+  and key).
+* CallStart -> attach the call's ``in16`` and ``tts`` rings, attach the call
+  to a worker (AttachCall through the client, with the gateway named so it
+  gets OutUtterance too), build the call (below), start it, answer
+  CallAccepted (ErrorReply ``full``, ``bad_ring``, ``no_worker`` or
+  ``bad_agent`` otherwise).
+* A call's build from its agent file ``<agents dir>/<CallStart.agent>.toml``
+  (re-read when it changes): its providers through
+  :func:`brisvox.providers.registry.build_call` with the process's ONE
+  :class:`~brisvox.providers.worker_jobs.WorkerJobChannel`, its tools
+  (:func:`brisvox.agent.tool_engine.loader.build_registry`, the telephony tools
+  bound to the call's link, TransferResult frames routed to the port), its
+  actor config (``[agents]`` keys, then the file's prompt, filler,
+  interruption, turn, STT/TTS settings: :func:`brisvox.agent.definition.actor_config`)
+  and its greeting. With ``providers = "scripted"`` every call gets the
+  scripted providers the simulation uses too instead (tests:
+  ``brisvox/providers/scripted_session.py``, ``seeded_fakes.py``).
+* CallEnd -> hang the actor up, write the call record, detach the worker,
+  close the rings, answer CallEnded.
+* Inbound frames are handed to the actor synchronously in the callback that
+  read them (Playback, Cleared, MarkPlayed, Dtmf; ticks and OutUtterance
+  through the worker client): no queue between the socket and the book.
+  One table (``handlers``: frame class -> handler) dispatches the gateways'
+  frames; one without a handler is counted (``unexpected_type``), logged once.
+* The barge-in fast path: the actor's clear hook calls
+  :meth:`ProcessLink.to_gateway` which sends Clear with a NOBLOCK send on the
+  gateway DEALER, inside the driver's decision step.
+* Once ready, the startup heap is frozen out of the cyclic GC (:func:`gc_freeze`).
+* Every 0.5 s: ``rt.heartbeat()`` and ``rt.report(calls, stats)``. On stop:
+  refuse new calls; with drain, wait for live calls up to the grace period;
+  then hang every call up (records are written) and close.
+
+Invariants: at most ``[agents] max_calls`` actors; every actor ends (its
+tasks too) before the process exits; a dead gateway ends its calls (they
+are hung up locally); worker deaths are handled by the worker client
+(re-attach with a synthesized stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from brisvox.agent.host.actor import CallActor
+from brisvox.agent.host.call_record import write_record
+from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
+from brisvox.agent.host.scripted_call import scripted_providers
+from ipc.frames import (
+    CallAccepted,
+    CallEnd,
+    CallEnded,
+    CallStart,
+    Cleared,
+    Dtmf,
+    ErrorReply,
+    Frame,
+    MarkPlayed,
+    OutUtterance,
+    Playback,
+    SmartTurnResult,
+    TransferResult,
+    TtsCut,
+    TtsUtterance,
+)
+from ipc.tick_events import TickEvent
+
+if TYPE_CHECKING:
+    from brisvox.agent.definition import AgentDef
+
+log = logging.getLogger("brisvox.agent.process")
+
+REPORT_S = 0.5
+IN16_RATE = 16000
+
+
+class ProcessLink:
+    """The actor's :class:`~brisvox.agent.pipeline.call_io.CallLink` in the agent process."""
+
+    def __init__(self, proc: AgentProcess, call_id: str, gateway: str) -> None:
+        self.proc = proc
+        self.call_id = call_id
+        self.gateway = gateway
+        self.sent = 0
+        self.dropped = 0
+
+    def to_gateway(self, frame: Frame) -> None:
+        if self.proc.links.send(self.gateway, frame):
+            self.sent += 1
+        else:
+            self.dropped += 1
+
+    def to_worker(self, frame: Frame) -> None:
+        wc = self.proc.workers
+        if wc is None:
+            self.dropped += 1
+            return
+        if isinstance(frame, TtsUtterance):
+            coro = wc.tts_utterance(self.call_id, frame.utterance, frame.epoch, frame.tts_pos)
+        elif isinstance(frame, TtsCut):
+            coro = wc.tts_cut(self.call_id, frame.epoch, frame.tts_pos)
+        else:
+            self.dropped += 1
+            return
+        self.proc.spawn(coro)
+
+    async def smart_turn(self, end_pos: int, timeout: float) -> float | None:  # noqa: ASYNC109
+        wc = self.proc.workers
+        if wc is None:
+            return None
+        reply = await wc.smart_turn(self.call_id, end_pos, timeout)
+        if isinstance(reply, SmartTurnResult):
+            return reply.probability
+        return None
+
+
+class _CallSlot:
+    __slots__ = ("actor", "link", "rings", "gateway", "ended", "telephony")
+
+    def __init__(self, actor: CallActor, link: ProcessLink, rings: list[Any], gateway: str,
+                 telephony: Any = None) -> None:
+        self.actor = actor
+        self.link = link
+        self.rings = rings
+        self.gateway = gateway
+        self.ended = False
+        self.telephony = telephony
+
+
+class AgentProcess:
+    def __init__(self, rt: Any, cfg: AgentsConfig, calls_cfg: CallsConfig, records_dir: Path | None) -> None:
+        self.rt = rt
+        self.cfg = cfg
+        self.calls_cfg = calls_cfg
+        self.records_dir = records_dir
+        self.identity = f"agent-{rt.index}"
+        self.calls: dict[str, _CallSlot] = {}
+        self.links: Any = None
+        self.workers: Any = None
+        self.accepting = True
+        self.counters: dict[str, int] = {
+            "calls_started": 0,
+            "calls_ended": 0,
+            "calls_refused": 0,
+            "records_written": 0,
+            "record_failures": 0,
+            "unknown_call_frames": 0,
+            "gateway_lost": 0,
+        }
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._gateways: set[str] = set()
+        self.jobs: Any = None  # the local-model job channel over the worker client
+        self._agents: dict[str, tuple[float, AgentDef]] = {}  # agent definitions: name -> (mtime, definition)
+        # what the gateways send: frame class -> handler(frame, sender, cid)
+        self.handlers: dict[type[Frame], Callable[[Any, str, int | str | None], None]] = {
+            CallStart: self._on_call_start,
+            CallEnd: self._on_call_end,
+            Playback: self._on_playback,
+            Cleared: self._on_cleared,
+            MarkPlayed: self._on_mark_played,
+            Dtmf: self._on_dtmf,
+            TransferResult: self._on_transfer_result,
+        }
+
+    # -- plumbing ---------------------------------------------------------------
+    def spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _topology(self, rows: list[dict[str, Any]]) -> None:
+        ready_gw = {f"gateway-{r['index']}" for r in rows if r.get("role") == "gateway" and r.get("state") == "ready"}
+        for name in ready_gw - self._gateways:
+            idx = int(name.split("-")[1])
+            self.links.connect(name, self.rt.inbox_endpoint("gateway", idx))
+        for name in self._gateways - ready_gw:
+            self.links.disconnect(name)
+            for cid, slot in list(self.calls.items()):
+                if slot.gateway == name and not slot.ended:
+                    self.counters["gateway_lost"] += 1
+                    self.spawn(self._end_call(cid, "gateway_lost", answer=False))
+        self._gateways = ready_gw
+        if self.workers is not None:
+            self.workers.on_topology(rows)
+
+    # -- inbound ----------------------------------------------------------------
+    def _on_frame(self, frame: Frame, sender: str, cid: int | str | None) -> None:
+        handler = self.handlers.get(type(frame))
+        if handler is None:
+            self.links.guard.unexpected(frame)
+        else:
+            handler(frame, sender, cid)
+
+    def _slot(self, call_id: str) -> _CallSlot | None:
+        slot = self.calls.get(call_id)
+        if slot is None:
+            self.counters["unknown_call_frames"] += 1
+        return slot
+
+    def _on_call_start(self, f: CallStart, sender: str, cid: int | str | None) -> None:
+        self.spawn(self._start_call(f, sender, cid))
+
+    def _on_call_end(self, f: CallEnd, sender: str, cid: int | str | None) -> None:
+        if f.call_id in self.calls:
+            self.spawn(self._end_call(f.call_id, f.reason, answer=True))
+        else:
+            self.links.reply(sender, CallEnded(call_id=f.call_id, reason="unknown call"), cid)
+
+    def _on_playback(self, f: Playback, sender: str, cid: int | str | None) -> None:
+        for call_id, pos in f.positions.items():
+            slot = self.calls.get(call_id)
+            if slot is not None:
+                slot.actor.on_playback(pos)
+
+    def _on_cleared(self, f: Cleared, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None:
+            slot.actor.on_cleared(f.epoch, f.position, f.marks)
+
+    def _on_mark_played(self, f: MarkPlayed, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None:
+            slot.actor.on_mark_played(f.name)
+
+    def _on_dtmf(self, f: Dtmf, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None:
+            slot.actor.on_dtmf(f.digit)
+
+    def _on_transfer_result(self, f: TransferResult, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
+            slot.telephony.on_transfer_result(f)
+
+    def _on_position(self, call_id: str, pos: int) -> None:
+        slot = self.calls.get(call_id)
+        if slot is not None:
+            slot.actor.on_worker(pos)
+
+    def _on_event(self, call_id: str, ev: TickEvent) -> None:
+        slot = self.calls.get(call_id)
+        if slot is not None:
+            link = self.workers.calls.get(call_id) if self.workers is not None else None
+            pos = link.in16_pos if link is not None else ev.pos
+            slot.actor.on_worker(pos, [ev])
+
+    def _on_out_utterance(self, f: OutUtterance) -> None:
+        slot = self.calls.get(f.call_id)
+        if slot is not None:
+            slot.actor.on_out_utterance(f.utterance, f.epoch, f.out_pos)
+
+    # -- calls --------------------------------------------------------------------
+    async def _start_call(self, f: CallStart, sender: str, cid: int | str | None) -> None:
+        from ipc.ring import Ring, RingError, ring_name
+
+        def refuse(kind: str, detail: str = "") -> None:
+            self.counters["calls_refused"] += 1
+            self.links.reply(sender, ErrorReply(kind=kind, detail=detail, call_id=f.call_id), cid)
+
+        if not self.accepting:
+            return refuse("draining")
+        if len(self.calls) >= self.cfg.max_calls:
+            return refuse("full")
+        if f.call_id in self.calls:
+            return refuse("duplicate")
+        rings: list[Any] = []
+        try:
+            in16 = Ring.attach(ring_name(f.instance, f.call_id, "in16"), IN16_RATE)
+            rings.append(in16)
+            tts = Ring.attach(ring_name(f.instance, f.call_id, "tts"), f.tts_rate)
+            rings.append(tts)
+        except RingError as e:
+            for r in rings:
+                r.close()
+            return refuse("bad_ring", str(e))
+        if self.workers is None:
+            for r in rings:
+                r.close()
+            return refuse("no_worker")
+        try:
+            # the gateway chooses the worker (it counts every call of every agent process);
+            # another one takes the call only if that one refuses, and CallAccepted says which
+            wlink = await self.workers.attach(f.call_id, f.instance, f.call_rate, f.tts_rate,
+                                              worker=f.worker if f.worker >= 0 else None, gateway=sender)
+        except Exception as e:  # AttachError, timeouts
+            for r in rings:
+                r.close()
+            return refuse("no_worker", type(e).__name__)
+        link = ProcessLink(self, f.call_id, sender)
+        actor_cfg = self.cfg.actor_config(f.tts_rate)
+        registry = None
+        telephony = None
+        greeting = ""
+        if self.cfg.providers == "definitions":
+            try:
+                agent = self._agent_def(self.cfg.agent_name(f.agent))
+                stt, llm, tts_p, registry, telephony = self._from_definition(agent, f, link)
+            except Exception as e:  # a bad definition, a missing key, a tool that is not provided
+                await self._undo_attach(f.call_id, rings)
+                log.warning("call %s refused: agent %r: %s", f.call_id, f.agent, f"{type(e).__name__}: {e}"[:300])
+                return refuse("bad_agent", f"{type(e).__name__}: {e}"[:200])
+            from brisvox.agent.definition import actor_config
+
+            actor_cfg = actor_config(agent, base=actor_cfg)
+            greeting = agent.greeting
+        else:
+            stt, llm, tts_p = scripted_providers(self.cfg, f.call_id, f.tts_rate)
+        actor = CallActor(
+            f.call_id,
+            actor_cfg,
+            stt=stt,
+            llm=llm,
+            tts=tts_p,
+            source=in16,
+            sink=tts,
+            link=link,
+            call_rate=f.call_rate,
+            tts_rate=f.tts_rate,
+            transport=f.transport,
+            transport_ids=f.transport_ids,
+            agent=f.agent,
+            registry=registry,
+            greeting=greeting,
+        )
+        self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
+        actor.start()
+        self.counters["calls_started"] += 1
+        self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker), cid)
+
+    def _agent_def(self, name: str) -> AgentDef:
+        """The parsed agent file ``<agents dir>/<name>.toml``, re-read when it changed."""
+        from brisvox.agent.definition import load_agent
+        from brisvox.agent.host.config import AGENT_NAME
+
+        if not AGENT_NAME.match(name):
+            raise ValueError(f"invalid agent name {name!r}")
+        path = self.cfg.agents_path(getattr(self.rt.config, "path", None)) / f"{name}.toml"
+        mtime = path.stat().st_mtime
+        hit = self._agents.get(name)
+        if hit is not None and hit[0] == mtime:
+            return hit[1]
+        agent = load_agent(path)
+        self._agents[name] = (mtime, agent)
+        return agent
+
+    def job_channel(self) -> Any:
+        """The process's one channel to the workers' local-model job lanes (created once)."""
+        if self.jobs is None and self.workers is not None:
+            from brisvox.providers.worker_jobs import WorkerJobChannel
+
+            self.jobs = WorkerJobChannel(self.workers)
+        return self.jobs
+
+    def _from_definition(self, agent: AgentDef, f: CallStart, link: ProcessLink) -> tuple[Any, Any, Any, Any, Any]:
+        """Providers, tool registry and telephony port of a call from its agent definition."""
+        from brisvox.agent.tool_engine.builtin import LinkTelephony
+        from brisvox.agent.tool_engine.loader import build_registry
+        from brisvox.providers.registry import CallEnv, build_call
+
+        provs = build_call(agent, CallEnv(f.call_id, channel=self.job_channel()))
+        telephony = LinkTelephony(f.call_id, link.to_gateway,
+                                  hangup_hook=lambda reason: self.spawn(self._hangup_after_playout(f.call_id, reason)))
+        registry = build_registry(agent, telephony) if agent.tools else None
+        return provs.stt, provs.llm, provs.tts, registry, telephony
+
+    async def _hangup_after_playout(self, call_id: str, reason: str, limit: float = 15.0) -> None:
+        """end_call: let the goodbye play out (the bot idle again), then ask the gateway
+        to hang up (bounded by ``limit``)."""
+        from brisvox.agent.pipeline.turn_machine import Phase
+        from ipc.frames import Hangup
+
+        deadline = time.monotonic() + limit
+        await asyncio.sleep(0.2)  # the tool answers first; the closing words follow
+        while time.monotonic() < deadline:
+            slot = self.calls.get(call_id)
+            if slot is None or slot.ended or slot.actor.driver.machine.phase in (Phase.IDLE, Phase.CLOSED):
+                break
+            await asyncio.sleep(0.1)
+        slot = self.calls.get(call_id)
+        if slot is not None and not slot.ended:
+            slot.link.to_gateway(Hangup(call_id=call_id, reason=reason))
+
+    async def _undo_attach(self, call_id: str, rings: list[Any]) -> None:
+        if self.workers is not None:
+            try:
+                await self.workers.detach(call_id)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+        for r in rings:
+            r.close()
+
+    async def _end_call(self, call_id: str, reason: str, answer: bool) -> None:
+        slot = self.calls.get(call_id)
+        if slot is None or slot.ended:
+            return
+        slot.ended = True
+        try:
+            record = await slot.actor.hangup(reason)
+            self._write(record)
+        finally:
+            if self.workers is not None:
+                try:
+                    await self.workers.detach(call_id)
+                except Exception:  # noqa: BLE001 - detach is best effort at hang-up
+                    log.warning("detach of %s failed", call_id)
+            for r in slot.rings:
+                r.close()
+            self.calls.pop(call_id, None)
+            self.counters["calls_ended"] += 1
+            if answer:
+                self.links.send(slot.gateway, CallEnded(call_id=call_id, reason=reason))
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if self.records_dir is None:
+            return
+        try:
+            write_record(record, self.records_dir)
+            self.counters["records_written"] += 1
+        except OSError as e:
+            self.counters["record_failures"] += 1
+            log.error("call record not written: %s", e.strerror)
+
+    def stats(self) -> dict[str, Any]:
+        d: dict[str, Any] = dict(self.counters)
+        if self.links is not None:
+            d.update(self.links.stats())
+        if self.workers is not None:
+            d.update({f"workers_{k}": v for k, v in self.workers.counters.items()})
+        interrupts = 0
+        for slot in self.calls.values():
+            interrupts += slot.actor.driver.st.interrupts
+        d["live_interrupts"] = interrupts
+        return d
+
+    # -- main loop ------------------------------------------------------------------
+    async def run(self) -> int:
+        import zmq.asyncio
+
+        from ipc.links import Links
+        from ipc.worker_client import WorkerClient
+
+        loop = asyncio.get_running_loop()
+        rt = self.rt
+        ctx = rt.zmq_context()
+        self.links = Links(ctx, self.identity, self._on_frame)
+        self.links.start(loop, rt.inbox_endpoint("agent", rt.index))
+        actx = zmq.asyncio.Context.shadow(ctx.underlying)
+        endpoints = {int(r["index"]): rt.inbox_endpoint("worker", int(r["index"])) for r in rt.peers("worker")}
+        self.workers = WorkerClient(
+            actx,
+            self.identity,
+            endpoints,
+            on_event=self._on_event,
+            on_position=self._on_position,
+            on_out_utterance=self._on_out_utterance,
+            endpoint_for=lambda i: rt.inbox_endpoint("worker", i),
+        )
+        await self.workers.start()
+        self._topology(list(rt.topology or []))
+        rt.add_topology_callback(self._topology, loop=loop)
+        stop = asyncio.Event()
+        drain = False
+
+        def on_stop() -> None:
+            nonlocal drain
+            drain = bool(rt.drain)
+            loop.call_soon_threadsafe(stop.set)
+
+        rt.add_shutdown_callback(on_stop)
+        rt.ready({"inbox": rt.inbox_endpoint("agent", rt.index)})
+        log.info("agent %s ready", self.identity)
+        gc_freeze()
+        while not stop.is_set():
+            rt.heartbeat()
+            rt.report(len(self.calls), self.stats())
+            try:
+                async with asyncio.timeout(REPORT_S):
+                    await stop.wait()
+            except TimeoutError:
+                pass
+        self.accepting = False
+        if drain:
+            deadline = time.monotonic() + float(rt.grace_s or 0.0)
+            while self.calls and time.monotonic() < deadline:
+                rt.heartbeat()
+                await asyncio.sleep(0.25)
+        await asyncio.gather(*(self._end_call(c, "agent_stopping", answer=True) for c in list(self.calls)),
+                             return_exceptions=True)
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=1.0)
+        await self.workers.close()
+        self.links.close()
+        rt.report(0, self.stats())
+        return 0
+
+
+def gc_freeze() -> None:
+    """Move everything alive at startup (modules, schemas, numpy, zmq: about 46,000
+    tracked objects) out of the cyclic collector's reach, so a full collection scans
+    only what the calls allocated (about 3,000 tracked objects per live call; at 100
+    calls in one process a full collection still pauses the loop 80-190 ms, which is
+    why the benchmark runs two agent processes: docs/BENCHMARKS.md)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
+def records_dir(rt: Any, calls: CallsConfig) -> Path | None:
+    if not calls.records:
+        return None
+    if calls.path:
+        return Path(calls.path).expanduser()
+    from brisvox.runtime.paths import state_dir
+
+    return state_dir(rt.config) / "calls"
+
+
+def prune_records(target: Path, keep_days: int) -> int:
+    """Delete per-call record files older than ``keep_days`` (directories only)."""
+    if keep_days <= 0 or not target.is_dir():
+        return 0
+    cutoff = time.time() - keep_days * 86400
+    n = 0
+    for p in target.glob("*.json"):
+        try:
+            if p.stat().st_mtime < cutoff:
+                p.unlink()
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def main(rt: Any) -> int:
+    from brisvox.config.errors import ConfigError
+    from brisvox.runtime import exitcodes
+
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        cfg = rt.config.section("agents")
+        calls = rt.config.section("calls")
+        assert isinstance(cfg, AgentsConfig) and isinstance(calls, CallsConfig)
+        target = records_dir(rt, calls)
+        if target is not None and target.suffix != ".jsonl":
+            target.mkdir(parents=True, exist_ok=True)
+            prune_records(target, calls.keep_days)
+        if cfg.script and not Path(cfg.script).is_file():
+            raise ConfigError("agents.script", f"no such file: {cfg.script}")
+        errors, warnings = check_referenced_agents(rt.config)
+        for w in warnings:
+            log.warning("%s", w)
+        if errors:  # fail closed: the daemon stops (exit 2) naming the agent file, its key and line
+            raise ConfigError("agents", "; ".join(errors[:3]) + (f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""))
+    except ConfigError as e:
+        rt.fail(str(e), exitcodes.CONFIG)
+    except OSError as e:
+        rt.fail(f"call records directory: {e}", exitcodes.BOOT)
+    return int(asyncio.run(AgentProcess(rt, cfg, calls, target).run()))

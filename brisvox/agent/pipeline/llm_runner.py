@@ -1,0 +1,600 @@
+"""LlmRunner: the call's Context, one round task per user turn, the tool loop.
+
+Owns (the tool loop and its UX: docs/TOOLS.md):
+
+* The Context (the probe surface of the sim). Only two writers exist and
+  never at once: the runner's ``process`` (turn start, barge-in, hang-up),
+  which mutates it only after the round task was cancelled AND joined, and
+  the round task, which checks its token before every mutation.
+* At UserTurnEnded(epoch), in this order: halt a live round task (a new turn
+  while streaming), the played-text cut from the playout book (settle wait
+  bounded), late SideEffect notes (only while no call is open), the user
+  message, then ONE round task for the turn.
+* Per round: register (epoch, ordinal) in the book BEFORE LlmResponseStarted;
+  request via the RequestBuilder; first-token and idle timeouts on the call
+  clock; every text delta is recorded (raw) and then sent as LlmText (the
+  first delta of a round left-stripped once, whitespace-only deltas skipped
+  until there is text), tool-call deltas go to the assembler; at Done the
+  assistant message is pushed ONCE, before any tool runs, and its index
+  recorded in the book.
+* Tools: Flush first (only if text was sent since the last flush), then the
+  ToolEngine's execute raced against the filler delay; a filler is its own
+  round, entering the context once no call is open (after the results).
+  Results in issue order (Execution.append_to), late notes only after them.
+  At most ``max_tool_rounds`` rounds execute tools; the next response's calls
+  are answered ``tool_round_limit`` unrun and a fixed fallback line is
+  spoken (also when the retry budget is exhausted).
+* Errors: ``retries`` bounded retries, only while nothing of the response was
+  sent; after the last failure the partial text is kept and the turn ends
+  without invented speech. A turn that produced no speech sends BotEnded
+  upstream itself (non-blocking). A crash in the round task is contained:
+  the turn is closed like a failed one.
+* Greeting(epoch, text): the bot turn of the agent's greeting is one fixed
+  round (no model request) that enters the context as the first assistant
+  message; a barge-in cuts it to what was heard like any answer.
+* Barge-in (Interrupt) and hang-up (Stop): cancel the token, cancel and join
+  the task (bounded; a task that does not end is a zombie that never touches
+  the context again), then the partial assistant message (raw text so far:
+  a superset of what was sent), ``interrupt_pending_tool_calls``, a spoken
+  filler not yet in the context, and the Interrupt goes on downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from brisvox.agent.conversation.assemble import (
+    AssembleError,
+    InvalidCall,
+    Response,
+    ResponseAssembler,
+)
+from brisvox.agent.conversation.context import (
+    AssistantMessage,
+    Context,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+from brisvox.agent.conversation.request import RequestConfig, build_request
+from brisvox.agent.pipeline.call_context import CallContext
+from brisvox.agent.pipeline.frames import (
+    BotEnded,
+    DtmfFrame,
+    Flush,
+    Greeting,
+    Interrupt,
+    LlmResponseEnded,
+    LlmResponseStarted,
+    LlmText,
+    PipelineFrame,
+    Start,
+    Stop,
+    UserTranscript,
+    UserTurnEnded,
+    UserTurnStarted,
+)
+from brisvox.agent.pipeline.stage import Inbox, Stage
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine.delivery import Execution
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.filler import FillerConfig, FillerPolicy
+from brisvox.agent.tool_engine.registry import CancelToken, ToolSpec
+from brisvox.providers.base import (
+    Done,
+    LlmError,
+    LlmProvider,
+    ProviderData,
+    ProviderError,
+    ProviderTimeouts,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+)
+
+log = logging.getLogger("brisvox.agent.llm")
+
+FALLBACK_LINE = "Sorry, I could not finish that. Could you say it again?"
+TOOL_ROUND_LIMIT = "tool_round_limit"
+
+
+@dataclass(frozen=True, slots=True)
+class LlmRunnerConfig:
+    system_prompt: str = "You are a helpful voice assistant. Answer briefly."
+    retries: int = 1
+    retry_delay: float = 0.2
+    max_tool_rounds: int = 6
+    join_timeout: float = 1.0
+    analysis_job: float = 1.0  # bound of the whole played-text pass
+    filler: FillerConfig = field(default_factory=FillerConfig)
+    filler_phrases: tuple[str, ...] = ()
+    fallback_line: str = FALLBACK_LINE
+    request: RequestConfig = field(default_factory=RequestConfig)
+    timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
+
+
+@dataclass(slots=True)
+class ToolRecord:
+    """One tool call for the call record: never its arguments."""
+
+    epoch: int
+    call_id: str
+    name: str
+    outcome: str
+    duration_ms: float
+
+
+@dataclass(slots=True)
+class RunnerStats:
+    turns: int = 0
+    requests: int = 0
+    retries: int = 0
+    errors: int = 0
+    first_token_timeouts: int = 0
+    idle_timeouts: int = 0
+    tool_rounds: int = 0
+    tool_calls: int = 0
+    fillers: int = 0
+    fallbacks: int = 0
+    round_limits: int = 0
+    halts: int = 0
+    partial_messages: int = 0
+    interrupted_calls: int = 0
+    late_notes: int = 0
+    zombies: int = 0
+    mutations_skipped: int = 0
+    round_crashes: int = 0
+    assemble_errors: int = 0
+    silent_turns: int = 0
+    warms: int = 0
+    warm_failures: int = 0
+    truncation_timeouts: int = 0
+    dtmf: int = 0
+    greetings: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Turn:
+    """State shared between the runner and the round task of one turn."""
+
+    epoch: int
+    token: CancelToken
+    ordinal: int = 0  # LlmResponseStarted frames sent in this epoch
+    cur_round: int = -1
+    raw: str = ""  # text of the current model round so far (raw deltas)
+    streaming: bool = False  # a model round is streaming and its message is not pushed
+    spoke: bool = False
+    unflushed: bool = False
+    filler: tuple[int, str] | None = None  # a spoken filler not yet in the context
+    started_at: float = 0.0
+
+
+class LlmRunner(Stage):
+    DROP_STALE = True
+
+    def __init__(
+        self,
+        call: CallContext,
+        cfg: LlmRunnerConfig,
+        inbox: Inbox,
+        provider: LlmProvider,
+        *,
+        engine: ToolEngine | None = None,
+        tools: list[ToolSpec] | None = None,
+        context: Context | None = None,
+    ) -> None:
+        super().__init__(call, cfg, inbox)
+        self.provider = provider
+        self.cfg = cfg
+        self.book = call.book
+        self.timeline = call.timeline
+        self.upstream = call.upstream
+        self.engine = engine
+        self.tools = list(tools or (engine.registry.specs() if engine is not None else []))
+        self.ctx = context if context is not None else Context([SystemMessage(cfg.system_prompt)])
+        policy = FillerPolicy.from_config(cfg.filler)
+        if cfg.filler_phrases:
+            policy.with_phrases(list(cfg.filler_phrases))
+        self.filler = policy
+        self.st = RunnerStats()
+        self.tool_records: list[ToolRecord] = []
+        self._turn: _Turn | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._zombies: list[asyncio.Task[None]] = []
+
+    # -- frames ---------------------------------------------------------------------
+    async def process(self, frame: PipelineFrame) -> None:
+        if isinstance(frame, UserTurnEnded):
+            await self._halt()
+            await self._settle()
+            self._user_turn(frame)
+            return
+        if isinstance(frame, Interrupt):
+            await self._halt()
+            if self.engine is not None:
+                self.engine.clear_confirmations()
+            await self.send(frame)
+            return
+        if isinstance(frame, UserTurnStarted):
+            if self.engine is not None:
+                self.engine.note_user_speech_started()
+            return
+        if isinstance(frame, UserTranscript):
+            return  # the text comes with UserTurnEnded
+        if isinstance(frame, Greeting):
+            await self._halt()
+            self.st.greetings += 1
+            turn = _Turn(frame.epoch, CancelToken(), started_at=self.clock.now())
+            self._turn = turn
+            self._task = self.tasks.spawn(self._run_greeting(turn, frame.text), f"llm-greeting-{frame.epoch}")
+            return
+        if isinstance(frame, DtmfFrame):
+            self.st.dtmf += 1
+            return
+        if isinstance(frame, Start):
+            self.tasks.spawn(self._warm(), "llm-warm")
+            await self.send(frame)
+            return
+        if isinstance(frame, Stop):
+            await self._halt()
+            await self._settle()
+            await self.send(frame)
+            return
+        await self.send(frame)
+
+    async def _warm(self) -> None:
+        to = self.cfg.timeouts.connect
+        self.st.warms += 1
+        try:
+            async with self.clock.timeout(to):
+                await self.provider.warm(to)
+        except (ProviderError, TimeoutError, OSError):
+            self.st.warm_failures += 1
+
+    def _user_turn(self, f: UserTurnEnded) -> None:
+        self.st.turns += 1
+        self.ctx.push(UserMessage(f.text))
+        if self.engine is not None:
+            self.engine.note_user_turn()
+        self._check()
+        turn = _Turn(f.epoch, CancelToken(), started_at=self.clock.now())
+        self._turn = turn
+        self._task = self.tasks.spawn(self._run_turn(turn), f"llm-turn-{f.epoch}")
+
+    def _check(self) -> None:
+        self.ctx.validate()
+
+    # -- halting and settling -----------------------------------------------------------
+    async def _halt(self) -> None:
+        turn = self._turn
+        task = self._task
+        # zombies of earlier halts are joined again before the context is touched
+        for z in list(self._zombies):
+            z.cancel()
+            done, _ = await asyncio.wait([z], timeout=self.cfg.join_timeout)
+            if done:
+                self._zombies.remove(z)
+        if turn is None:
+            return
+        self._turn = None
+        self._task = None
+        turn.token.cancel()
+        if task is not None and not task.done():
+            self.st.halts += 1
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=self.cfg.join_timeout)
+            if not done:
+                self.st.zombies += 1
+                self._zombies.append(task)
+                self.st.mutations_skipped += 1
+                return
+        # the task has ended: the context is ours
+        if turn.streaming and turn.raw.strip():
+            self._push_assistant(turn, turn.cur_round, AssistantMessage(turn.raw))
+            self.st.partial_messages += 1
+        n = self.ctx.interrupt_pending_tool_calls()
+        self.st.interrupted_calls += n
+        self._enter_filler(turn)
+        self._check()
+
+    async def _settle(self) -> None:
+        """Played-text cut, then late notes: before a user message or at hang-up."""
+        try:
+            async with self.clock.timeout(self.cfg.analysis_job):
+                await self.book.wait_settled()
+        except TimeoutError:
+            self.st.truncation_timeouts += 1
+        self.book.apply(self.ctx)
+        self._take_late_notes()
+        self._check()
+
+    def _take_late_notes(self) -> None:
+        if self.engine is None or self.ctx.has_open_tool_calls():
+            return
+        notes = self.engine.take_late_notes()
+        if notes:
+            self.st.late_notes += len(notes)
+            self.ctx.extend(notes)
+
+    def _push_assistant(self, turn: _Turn, rnd: int, msg: AssistantMessage) -> int:
+        self.ctx.push(msg)
+        idx = len(self.ctx) - 1
+        self.book.set_msg_index(turn.epoch, rnd, idx)
+        return idx
+
+    def _enter_filler(self, turn: _Turn) -> None:
+        """A spoken filler enters the context once no call is open."""
+        if turn.filler is None or self.ctx.has_open_tool_calls():
+            return
+        rnd, text = turn.filler
+        turn.filler = None
+        self._push_assistant(turn, rnd, AssistantMessage(text))
+
+    # -- the round task -----------------------------------------------------------------
+    async def _start_round(self, turn: _Turn) -> int:
+        rnd = turn.ordinal
+        turn.ordinal += 1
+        turn.cur_round = rnd
+        self.book.register_round(turn.epoch, rnd)
+        await self.guarded_send(LlmResponseStarted(turn.epoch, rnd))
+        return rnd
+
+    async def _say(self, turn: _Turn, rnd: int, text: str) -> None:
+        turn.spoke = True
+        turn.unflushed = True
+        await self.guarded_send(LlmText(turn.epoch, rnd, text))
+
+    async def _flush(self, turn: _Turn, rnd: int) -> None:
+        if turn.unflushed:
+            turn.unflushed = False
+            await self.guarded_send(Flush(turn.epoch, rnd))
+
+    async def _speak_line(self, turn: _Turn, text: str, into_context: bool) -> int:
+        """A fixed line (filler, fallback) as its own round."""
+        await self._flush(turn, turn.cur_round)
+        rnd = await self._start_round(turn)
+        await self._say(turn, rnd, text)
+        await self._flush(turn, rnd)
+        if into_context and not turn.token.cancelled:
+            self._push_assistant(turn, rnd, AssistantMessage(text))
+        return rnd
+
+    async def _run_turn(self, turn: _Turn) -> None:
+        try:
+            await self._turn_rounds(turn)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.st.round_crashes += 1
+            log.exception("round task crashed")
+        if turn.token.cancelled:
+            return
+        await self.guarded_send(LlmResponseEnded(turn.epoch))
+        if not turn.spoke:
+            self.st.silent_turns += 1
+            self.upstream.send(BotEnded(turn.epoch, "silent"))
+
+    async def _run_greeting(self, turn: _Turn, text: str) -> None:
+        if text.strip():
+            await self._speak_line(turn, text.strip(), into_context=True)
+        if turn.token.cancelled:
+            return
+        await self.guarded_send(LlmResponseEnded(turn.epoch))
+        if not turn.spoke:
+            self.upstream.send(BotEnded(turn.epoch, "silent"))
+
+    async def _turn_rounds(self, turn: _Turn) -> None:
+        tool_rounds = 0
+        while True:
+            rnd = await self._start_round(turn)
+            response = await self._model_round(turn, rnd)
+            if turn.token.cancelled:
+                return
+            turn.streaming = False
+            if response is None:
+                return  # failed: the partial text (if any) was pushed
+            calls = list(response.calls)
+            msg = response.assistant_message()
+            if msg is not None:
+                self._push_assistant(turn, rnd, msg)
+            self._check()
+            if not calls:
+                return
+            if tool_rounds >= self.cfg.max_tool_rounds or self.engine is None:
+                at_limit = tool_rounds >= self.cfg.max_tool_rounds
+                self._answer_unrun(calls, TOOL_ROUND_LIMIT if at_limit else te.UNKNOWN_TOOL)
+                if at_limit:
+                    self.st.round_limits += 1
+                    self.st.fallbacks += 1
+                    await self._speak_line(turn, self.cfg.fallback_line, into_context=True)
+                    return
+                tool_rounds += 1  # no tools offered: the refused round still counts toward the limit
+                continue
+            tool_rounds += 1
+            self.st.tool_rounds += 1
+            execution = await self._execute(turn, rnd, calls)
+            if turn.token.cancelled:
+                if execution is not None:
+                    execution.discard()
+                return
+            assert execution is not None
+            execution.append_to(self.ctx)
+            self._enter_filler(turn)
+            self._take_late_notes()
+            self._check()
+            if execution.budget_exhausted:
+                self.st.fallbacks += 1
+                await self._speak_line(turn, self.cfg.fallback_line, into_context=True)
+                return
+
+    def _answer_unrun(self, calls: list[Any], kind: str) -> None:
+        for c in calls:
+            name = c.name if isinstance(c, ToolCall) else (c.name or "unknown_tool")
+            self.ctx.push(ToolMessage(c.id, te.error_body(kind, name, "no more tool calls run in this turn"), True))
+        self._check()
+
+    async def _execute(self, turn: _Turn, rnd: int, calls: list[Any]) -> Execution | None:
+        engine = self.engine
+        assert engine is not None
+        await self._flush(turn, rnd)
+        t0 = self.clock.now()
+        exec_task = asyncio.ensure_future(engine.execute(calls, turn.epoch, turn.token))
+        try:
+            plan = self.filler.plan(engine.call_specs(calls))
+            if plan is not None:
+                done, _ = await asyncio.wait([exec_task], timeout=plan.delay)
+                if not done and not turn.token.cancelled:
+                    choice = self.filler.choose(plan.tool)
+                    if choice is not None:
+                        self.st.fillers += 1
+                        frnd = await self._speak_line(turn, choice.text, into_context=False)
+                        turn.filler = (frnd, choice.text)
+            execution = await exec_task
+        except asyncio.CancelledError:
+            if exec_task.done() and not exec_task.cancelled() and exec_task.exception() is None:
+                exec_task.result().discard()
+            else:
+                exec_task.cancel()
+            dur = (self.clock.now() - t0) * 1000.0
+            for c in calls:
+                self._record_tool(turn.epoch, c, None, dur)
+            raise
+        dur = (self.clock.now() - t0) * 1000.0
+        self.st.tool_calls += len(calls)
+        for c, res in zip(calls, execution.results, strict=False):
+            self._record_tool(turn.epoch, c, res, dur)
+        return execution
+
+    def _record_tool(self, epoch: int, call: Any, res: ToolMessage | None, dur_ms: float) -> None:
+        outcome = "ok"
+        if res is None:
+            outcome = "interrupted"
+        elif res.is_error:
+            try:
+                body = orjson.loads(res.content)
+                outcome = str(body.get("error", "error")) if isinstance(body, dict) else "error"
+            except orjson.JSONDecodeError:
+                outcome = "error"
+        name = call.name if isinstance(call, ToolCall) else (call.name or "unknown_tool")
+        if len(self.tool_records) < 4096:
+            self.tool_records.append(ToolRecord(epoch, call.id, name, outcome, round(dur_ms, 1)))
+
+    async def _model_round(self, turn: _Turn, rnd: int) -> Response | None:
+        """Stream one model response (with retries before anything was sent)."""
+        cfg = self.cfg
+        attempts = 0
+        while True:
+            turn.raw = ""
+            turn.streaming = True
+            request = build_request(self.ctx, self.tools, cfg.request)
+            self.st.requests += 1
+            self.timeline.llm_request(turn.epoch, self.clock.now())
+            assembler = ResponseAssembler()
+            failed: str | None = None
+            sent = False
+            first_event = True
+            first_text = True
+            stream = self.provider.stream(request)
+            try:
+                it = stream.__aiter__()
+                while True:
+                    limit = cfg.timeouts.llm_first_token if first_event else cfg.timeouts.llm_idle
+                    try:
+                        async with self.clock.timeout(limit):
+                            ev = await it.__anext__()
+                    except StopAsyncIteration:
+                        failed = "truncated"
+                        break
+                    except TimeoutError:
+                        if first_event:
+                            self.st.first_token_timeouts += 1
+                        else:
+                            self.st.idle_timeouts += 1
+                        failed = "timeout"
+                        break
+                    if first_event:
+                        first_event = False
+                        self.timeline.llm_first_token(turn.epoch, self.clock.now())
+                    if isinstance(ev, TextDelta):
+                        text = ev.text
+                        if first_text:
+                            text = text.lstrip()
+                            if not text:
+                                continue
+                            first_text = False
+                        turn.raw += text  # recorded BEFORE it is sent
+                        assembler.push_text(text)
+                        sent = True
+                        await self._say(turn, rnd, text)
+                    elif isinstance(ev, ToolCallDelta):
+                        try:
+                            assembler.push_tool_call(ev.index, ev.id, ev.name, ev.arguments, ev.provider_data)
+                        except AssembleError:
+                            self.st.assemble_errors += 1
+                    elif isinstance(ev, ProviderData):
+                        try:
+                            assembler.push_provider_data(ev.value)
+                        except AssembleError:
+                            self.st.assemble_errors += 1
+                    elif isinstance(ev, Usage):
+                        self.st.input_tokens += ev.input_tokens
+                        self.st.output_tokens += ev.output_tokens
+                    elif isinstance(ev, Done):
+                        if ev.provider_data is not None:
+                            try:
+                                assembler.push_provider_data(ev.provider_data)
+                            except AssembleError:
+                                self.st.assemble_errors += 1
+                        break
+                    elif isinstance(ev, LlmError):
+                        failed = ev.kind
+                        break
+            except ProviderError as e:
+                failed = e.kind
+            except AssembleError:
+                self.st.assemble_errors += 1
+                failed = "assemble"
+            finally:
+                try:
+                    await stream.aclose()
+                except Exception:  # noqa: BLE001 - a broken adapter must not break the turn
+                    pass
+            if turn.token.cancelled:
+                return None
+            if failed is None:
+                return assembler.finish(turn.epoch, self.ctx)
+            self.st.errors += 1
+            if not sent and attempts < cfg.retries:
+                attempts += 1
+                self.st.retries += 1
+                await self.clock.sleep(cfg.retry_delay)
+                continue
+            assembler.cancel()
+            if turn.raw.strip():
+                self._push_assistant(turn, rnd, AssistantMessage(turn.raw))
+                self.st.partial_messages += 1
+            turn.streaming = False
+            return None
+
+    async def on_stop(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
+
+    def stats(self) -> dict[str, int]:
+        d = super().stats()
+        d.update({k: getattr(self.st, k) for k in self.st.__slots__})
+        return d
+
+    def invalid_call_count(self) -> int:
+        return sum(1 for r in self.tool_records if r.outcome == te.INVALID_TOOL_CALL)
+
+
+__all__ = ["LlmRunner", "LlmRunnerConfig", "InvalidCall", "ToolRecord"]

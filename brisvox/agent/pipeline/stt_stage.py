@@ -1,0 +1,408 @@
+"""SttStage: caller audio to the STT provider, transcripts and UtteranceFinals back.
+
+Owns the call's STT session:
+
+* ``process`` never awaits the provider. A session that is an
+  ``SttSpanSink`` (a model reading in16 itself) gets each chunk's in16
+  positions (``note_span``) right before the chunk. Audio is queued (bounded,
+  drop-newest at ``audio_queue``, counted) for ONE session task, and not
+  forwarded (nothing after this stage uses it): the turn driver takes the in16 positions it needs from the
+  actor's pump (``TurnDriver.note_audio_end``), so caller audio costs no
+  frame hop and no task wake past this stage. A provider that declares
+  ``audio_batch`` (seconds; e.g. the scripted STT) gets its audio from the
+  pump in batches of that size (see ``CallActor.on_worker``); 0 or absent
+  (streaming vendors) means every worker tick's audio at once. That one
+  session task owns the provider session, the ledger of unanswered
+  Finalizes and every frame the stage emits besides the forwarded VAD
+  events, so transcripts and UtteranceFinals are strictly ordered.
+* Finalize at every VAD stop, right after forwarding the stop. It never
+  precedes the speech it finalizes: the stop travels the system lane and can
+  overtake queued audio, so the Finalize is held until an audio frame
+  reaching the stop position was processed, or ``max_finalize_defer`` (1 s,
+  the stage's own deadline) passed, or the call stops.
+* Exactly one UtteranceFinal per Finalize: the answer is the provider's
+  ``from_finalize and speech_final`` transcript (oldest Finalize first); a
+  Finalize unanswered after ``timeouts.finalize`` declares the session dead;
+  a dead or missing session answers every outstanding or new Finalize
+  synthetically. A synthetic answer (and a real empty answer with no final
+  segment since the last UtteranceFinal) first promotes the latest interim to
+  a final segment, so the caller's words are not lost.
+* Connect at Start (after a bounded warm-up), reconnect after a failed
+  connect or a death with a fixed backoff counted from the death, at most
+  ``max_reconnects`` consecutive attempts, then degraded until the next
+  UserStartedSpeaking grants a fresh budget. The budget is restored when a
+  session delivers a final segment or lives ``healthy_after`` seconds.
+
+User side: epoch 0, KeepAll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from brisvox.agent.pipeline.call_context import CallContext
+from brisvox.agent.pipeline.frames import (
+    AudioFrame,
+    PipelineFrame,
+    Start,
+    Stop,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserTranscript,
+    UtteranceFinal,
+)
+from brisvox.agent.pipeline.stage import Inbox, Stage, cancel_and_join
+from brisvox.providers.base import (
+    ProviderError,
+    ProviderTimeouts,
+    SttClosed,
+    SttConfig,
+    SttProvider,
+    SttSession,
+    Transcript,
+)
+
+log = logging.getLogger("brisvox.agent.stt")
+
+
+@dataclass(frozen=True, slots=True)
+class SttStageConfig:
+    audio_queue: int = 64
+    finalize_queue: int = 32
+    max_finalize_defer: float = 1.0
+    max_reconnects: int = 3
+    reconnect_backoff: float = 1.0
+    healthy_after: float = 10.0
+    timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
+    stt: SttConfig = field(default_factory=SttConfig)
+
+
+@dataclass(slots=True)
+class SttStats:
+    warms: int = 0
+    warm_failures: int = 0
+    connects: int = 0
+    connect_failures: int = 0
+    deaths: int = 0
+    finalizes: int = 0
+    answered: int = 0
+    synthetic: int = 0
+    late_answers: int = 0
+    finalize_timeouts: int = 0
+    finalize_deferred: int = 0
+    finalize_defer_expired: int = 0
+    interims_promoted: int = 0
+    audio_dropped: int = 0
+    audio_no_session: int = 0
+    finalize_overflow: int = 0
+    interims_dropped: int = 0
+    degraded: int = 0
+
+
+class SttStage(Stage):
+    DROP_STALE = False
+
+    def __init__(self, call: CallContext, cfg: SttStageConfig, inbox: Inbox, provider: SttProvider) -> None:
+        super().__init__(call, cfg, inbox)
+        self.provider = provider
+        self.cfg = cfg
+        self.st = SttStats()
+        self._audio: deque[tuple[bytes, int, int]] = deque()  # (pcm, in16 start, end)
+        self._finalizes: deque[float] = deque()  # queued for the session task (enqueue time)
+        self._held: deque[tuple[int, float]] = deque()  # (stop pos, defer deadline)
+        self._processed_end = -1
+        self._wake = asyncio.Event()
+        self._grant = False
+        self._session_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        # owned by the session task
+        self._outstanding: deque[float] = deque()
+        self._interim = ""
+        self._final_since_uf = False
+
+    # -- stage side ------------------------------------------------------------------
+    async def process(self, frame: PipelineFrame) -> None:
+        if isinstance(frame, AudioFrame):
+            # not forwarded: the turn driver, the only stage after this one that used
+            # caller audio, takes its positions from the pump (TurnDriver.note_audio_end)
+            end = frame.pos + len(frame.samples)
+            if len(self._audio) >= self.cfg.audio_queue:
+                self.st.audio_dropped += 1
+            else:
+                self._audio.append((frame.samples.tobytes(), frame.pos, end))
+                self._wake.set()
+            self._processed_end = end
+            held = self._held
+            while held and held[0][0] <= end:
+                held.popleft()
+                self._queue_finalize()
+            return
+        if isinstance(frame, UserStoppedSpeaking):
+            await self.send(frame)
+            if not self._held and self._processed_end >= frame.pos:
+                self._queue_finalize()
+            else:
+                self.st.finalize_deferred += 1
+                dl = self.clock.now() + self.cfg.max_finalize_defer
+                self._held.append((frame.pos, dl))
+                self.arm(dl)
+            return
+        if isinstance(frame, UserStartedSpeaking):
+            await self.send(frame)
+            self._grant = True
+            self._wake.set()
+            return
+        if isinstance(frame, Start):
+            self._session_task = self.tasks.spawn(self._session_main(), "stt-session")
+            await self.send(frame)
+            return
+        if isinstance(frame, Stop):
+            while self._held:
+                self._held.popleft()
+                self._queue_finalize()
+            await self.send(frame)
+            return
+        await self.send(frame)
+
+    async def on_deadline(self, now: float) -> None:
+        while self._held and self._held[0][1] <= now:
+            self._held.popleft()
+            self.st.finalize_defer_expired += 1
+            self._queue_finalize()
+        if self._held:
+            self.arm(self._held[0][1])
+
+    def _queue_finalize(self) -> None:
+        if len(self._finalizes) >= self.cfg.finalize_queue:
+            self.st.finalize_overflow += 1
+            # answered synthetically, in order, by the session task
+        self._finalizes.append(self.clock.now())
+        self._wake.set()
+
+    async def on_stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._session_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._session_task), self.cfg.timeouts.close + 0.5)
+            except (TimeoutError, asyncio.CancelledError):
+                await cancel_and_join(self._session_task, 0.5)
+
+    # -- emission (session task only) -----------------------------------------------
+    def _emit_interim(self, text: str) -> None:
+        if not self.send_nowait(UserTranscript(text, False)):
+            self.st.interims_dropped += 1
+
+    async def _put(self, frame: PipelineFrame) -> None:
+        if self._stopping:
+            self.send_nowait(frame)  # the driver may be gone: never block after Stop
+        else:
+            await self.send(frame)
+
+    async def _emit_final(self, text: str) -> None:
+        await self._put(UserTranscript(text, True))
+
+    async def _answer(self, t: Transcript | None) -> None:
+        """Answer the oldest outstanding Finalize: ``t`` the provider's answer, None synthetic."""
+        if t is not None and t.text.strip():
+            await self._emit_final(t.text)
+        elif not self._final_since_uf and self._interim.strip():
+            self.st.interims_promoted += 1
+            await self._emit_final(self._interim)
+        if t is None:
+            self.st.synthetic += 1
+        else:
+            self.st.answered += 1
+        self._interim = ""
+        self._final_since_uf = False
+        await self._put(UtteranceFinal(synthetic=t is None))
+
+    async def _answer_queued_synthetically(self) -> None:
+        while self._finalizes:
+            self._finalizes.popleft()
+            self.st.finalizes += 1
+            await self._answer(None)
+
+    # -- the session task ------------------------------------------------------------
+    async def _session_main(self) -> None:
+        cfg = self.cfg
+        to = cfg.timeouts
+        try:
+            self.st.warms += 1
+            async with self.clock.timeout(min(to.connect, to.warm)):
+                await self.provider.warm(min(to.connect, to.warm))
+        except (ProviderError, TimeoutError, OSError):
+            self.st.warm_failures += 1
+        attempts_left = cfg.max_reconnects
+        died_at: float | None = None
+        first = True
+        while not self._stopping:
+            if not first:
+                if attempts_left <= 0:
+                    self.st.degraded += 1
+                    self._grant = False
+                    while not self._grant and not self._stopping:
+                        await self._idle_without_session(None)
+                    if self._stopping:
+                        break
+                    attempts_left = cfg.max_reconnects
+                attempts_left -= 1
+                resume = (died_at if died_at is not None else self.clock.now()) + cfg.reconnect_backoff
+                while self.clock.now() < resume and not self._stopping:
+                    await self._idle_without_session(resume)
+                if self._stopping:
+                    break
+            first = False
+            session = await self._connect()
+            if session is None:
+                died_at = self.clock.now()
+                await self._answer_queued_synthetically()
+                continue
+            healthy = await self._run_session(session)
+            died_at = self.clock.now()
+            if healthy:
+                attempts_left = cfg.max_reconnects
+        await self._answer_queued_synthetically()
+
+    async def _idle_without_session(self, until: float | None) -> None:
+        """No session: drop audio, answer Finalizes at once, wait for a wake."""
+        n = len(self._audio)
+        if n:
+            self.st.audio_no_session += n
+            self._audio.clear()
+        await self._answer_queued_synthetically()
+        self._wake.clear()
+        if until is None:
+            await self._wake.wait()
+        else:
+            try:
+                async with asyncio.timeout_at(until):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _connect(self) -> SttSession | None:
+        to = self.cfg.timeouts
+        self.st.connects += 1
+        try:
+            async with self.clock.timeout(to.connect):
+                return await self.provider.connect(self.cfg.stt, to.connect)
+        except (ProviderError, TimeoutError, OSError) as e:
+            self.st.connect_failures += 1
+            log.warning("stt connect failed: %s", type(e).__name__)
+            return None
+
+    async def _run_session(self, session: SttSession) -> bool:
+        """Drive one session until it dies or the call stops. True if it was healthy."""
+        cfg = self.cfg
+        to = cfg.timeouts
+        started = self.clock.now()
+        healthy = False
+        events: deque[object] = deque()
+        wake = self._wake
+
+        async def reader() -> None:
+            try:
+                async for ev in session.events():
+                    events.append(ev)
+                    wake.set()
+            except (ProviderError, OSError) as e:
+                events.append(SttClosed(type(e).__name__))
+            else:
+                events.append(SttClosed(""))
+            wake.set()
+
+        rtask = self.tasks.spawn(reader(), "stt-reader")
+        note_span = getattr(session, "note_span", None)
+        dead = False
+        try:
+            while not dead:
+                if not healthy and self.clock.now() - started >= cfg.healthy_after:
+                    healthy = True
+                while events:
+                    ev = events.popleft()
+                    if isinstance(ev, SttClosed):
+                        dead = True
+                        break
+                    assert isinstance(ev, Transcript)
+                    if ev.from_finalize and ev.speech_final:
+                        if not self._outstanding:
+                            self.st.late_answers += 1
+                            continue
+                        self._outstanding.popleft()
+                        if ev.text.strip():
+                            healthy = True
+                        await self._answer(ev)
+                    elif ev.is_final:
+                        if ev.text.strip():
+                            healthy = True
+                            self._final_since_uf = True
+                            self._interim = ""
+                            await self._emit_final(ev.text)
+                    else:
+                        self._interim = ev.text
+                        self._emit_interim(ev.text)
+                if dead:
+                    break
+                if self._stopping:
+                    break
+                # commands: audio first (a Finalize must follow the audio queued before it)
+                try:
+                    while self._audio:
+                        pcm, start, end = self._audio.popleft()
+                        if note_span is not None:
+                            note_span(start, end)  # SttSpanSink: the in16 positions of this chunk
+                        await session.send_audio(pcm, to.send)
+                    if self._finalizes:
+                        self._finalizes.popleft()
+                        self.st.finalizes += 1
+                        if len(self._outstanding) >= cfg.finalize_queue:
+                            await self._answer(None)
+                        else:
+                            await session.finalize(to.send)
+                            self._outstanding.append(self.clock.now())
+                        continue
+                except (ProviderError, TimeoutError, OSError):
+                    dead = True
+                    break
+                now = self.clock.now()
+                if self._outstanding and now >= self._outstanding[0] + to.finalize:
+                    self.st.finalize_timeouts += 1
+                    dead = True
+                    break
+                # no wake for healthy_after: "lived long enough" is judged when the session ends
+                deadline = self._outstanding[0] + to.finalize if self._outstanding else None
+                if events or self._audio or self._finalizes or self._stopping:
+                    continue
+                wake.clear()
+                if deadline is None:
+                    await wake.wait()
+                else:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            await wake.wait()
+                    except TimeoutError:
+                        pass
+        finally:
+            if not healthy and self.clock.now() - started >= cfg.healthy_after:
+                healthy = True
+            if dead:
+                self.st.deaths += 1
+            await cancel_and_join(rtask, 0.5)
+            try:
+                async with self.clock.timeout(to.close):
+                    await session.close(to.close)
+            except (TimeoutError, ProviderError, OSError):
+                pass
+        while self._outstanding:
+            self._outstanding.popleft()
+            await self._answer(None)
+        return healthy
+
+    def stats(self) -> dict[str, int]:
+        d = super().stats()
+        d.update({k: getattr(self.st, k) for k in self.st.__slots__})
+        return d
