@@ -359,7 +359,7 @@ class AttachCall(Frame):
     set, is a DEALER identity connected to this worker that also gets
     OutUtterance (the gateway needs utterance starts for its epoch filter).
     Errors: bad_ring (missing ring, bad magic/version), bad_rate, bad_params,
-    full.
+    full. An attach naming a new ``incarnation`` first does what SubscriberHello does.
     """
 
     call_id: str
@@ -370,6 +370,18 @@ class AttachCall(Frame):
     speaking_since: int = -1
     vad: dict[str, Any] | None = None  # VadParams overrides (thresholds, min speech/silence)
     gateway: str = ""
+    incarnation: str = ""  # the subscriber process's (SubscriberHello); "" = not said
+
+
+@frame("subscriber_hello", to="worker")
+class SubscriberHello(Frame):
+    """Subscriber -> worker, first on each link and again when the worker is reported ready:
+    the sender's identity (which a restarted process keeps) is now ``incarnation`` (random per
+    process). The worker detaches and unmaps every call of that identity attached by another
+    incarnation, at once (the gateway still owns and unlinks their rings); the same incarnation
+    again (a reconnect) keeps them. Not answered."""
+
+    incarnation: str
 
 
 @frame("attached", to="reply")

@@ -14,6 +14,16 @@ attachment of each of its calls:
   handler): ticks, OutUtterance (``on_out_utterance``) and the streamed
   local-job output (``on_job_frame``); any other frame is counted
   (``unexpected_type``) and logged once per type.
+* The client is one **incarnation** of its identity (a random id, new with
+  every client, so with every process): it says so in a SubscriberHello, the
+  first frame on each worker link and again whenever a worker is reported
+  ready, and in every AttachCall. A worker that still serves calls of an
+  earlier incarnation of the identity (the process was killed and restarted
+  under the same name) detaches them at once instead of ticking them until
+  it restarts itself. A tick from a worker that names a call this client
+  does not have, or that comes while it has no call there (only an earlier
+  incarnation's calls make a worker tick an identity), says it again (at
+  most once a second per worker): a lost hello heals itself.
 * A worker death (``worker_lost(index)``, driven by the supervisor's
   Topology push through :meth:`on_topology`) re-attaches each of its calls to
   the least loaded ready worker with ``speaking_since``; the new worker opens
@@ -51,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -60,7 +71,7 @@ import zmq
 import zmq.asyncio
 
 from ipc.bus import AsyncRequester, RequestTimeout, make_socket
-from ipc.codec import Frame, FrameError, note_unexpected
+from ipc.codec import Frame, FrameError, encode, note_unexpected
 from ipc.frames import (
     AttachCall,
     Attached,
@@ -71,6 +82,7 @@ from ipc.frames import (
     OutUtterance,
     SmartTurnRequest,
     SmartTurnResult,
+    SubscriberHello,
     TtsCut,
     TtsJobAudio,
     TtsUtterance,
@@ -79,6 +91,8 @@ from ipc.frames import (
 from ipc.tick_events import SpeechStart, SpeechStop, TickEvent, from_wire
 
 log = logging.getLogger("brisvox.workers.client")  # the historical name: log filters keep working
+
+HELLO_REPEAT_NS = 1_000_000_000  # a hello prompted by foreign ticks, at most this often per worker
 
 EventCb = Callable[[str, TickEvent], Any]
 
@@ -112,6 +126,7 @@ class WorkerLink:
     calls: set[str] = field(default_factory=set)
     last_tick_ns: int = 0
     ticks: int = 0
+    hello_ns: int = 0  # when the last SubscriberHello went out on this link
 
 
 class WorkerClient:
@@ -119,6 +134,8 @@ class WorkerClient:
 
     ``endpoints`` maps worker index -> inbox endpoint. ``identity`` is this
     subscriber's DEALER identity (``agent-0``); it must be unique per process.
+    ``incarnation`` (random when not given) tells this client from an earlier
+    one of the same identity; it must be new for every process.
     Use inside a running asyncio loop: ``await client.start()`` then
     ``attach``/``detach``; ``await client.close()`` at the end.
     """
@@ -134,9 +151,11 @@ class WorkerClient:
         request_timeout: float = 2.0,
         endpoint_for: Callable[[int], str] | None = None,
         on_job_frame: Callable[[Frame], Any] | None = None,
+        incarnation: str | None = None,
     ) -> None:
         self.ctx = ctx
         self.identity = identity
+        self.incarnation = incarnation or secrets.token_hex(8)
         self.endpoints = dict(endpoints)
         self.endpoint_for = endpoint_for  # inbox of a worker first seen in a Topology push
         self.on_event = on_event
@@ -147,7 +166,8 @@ class WorkerClient:
         self.workers: dict[int, WorkerLink] = {}
         self.calls: dict[str, CallLink] = {}
         self.counters = {"ticks": 0, "stale_ticks": 0, "reattaches": 0, "local_stops": 0,
-                         "attach_failures": 0, "bad_events": 0, "unexpected_type": 0}
+                         "attach_failures": 0, "bad_events": 0, "unexpected_type": 0,
+                         "hellos": 0, "hello_failed": 0}
         self._pending_reattach: set[str] = set()
         self._unexpected: set[str] = set()  # frame types without a handler, already logged
         # the dispatch of frames from the workers (replies are matched to their requests first)
@@ -164,7 +184,7 @@ class WorkerClient:
         for index, ep in self.endpoints.items():
             self._link(index, ep)
 
-    def _link(self, index: int, ep: str) -> WorkerLink:
+    def _link(self, index: int, ep: str, hello: bool = True) -> WorkerLink:
         sock = make_socket(self.ctx, zmq.DEALER, identity=self.identity.encode())
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
@@ -173,7 +193,27 @@ class WorkerClient:
         req.start()
         link = WorkerLink(index, ep, sock, req)
         self.workers[index] = link
+        if hello:
+            self._hello(link)
         return link
+
+    def _hello(self, link: WorkerLink) -> None:
+        """Say which incarnation this identity is (never waits: a full or broken link is
+        counted, and the next AttachCall, which carries the incarnation too, says it)."""
+        try:
+            fut = link.sock.send(encode(SubscriberHello(incarnation=self.incarnation)), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            self.counters["hello_failed"] += 1
+            return
+        link.hello_ns = time.monotonic_ns()
+        self.counters["hellos"] += 1
+        if isinstance(fut, asyncio.Future):  # zmq.asyncio reports a NOBLOCK failure on the future
+            fut.add_done_callback(self._hello_sent)
+
+    def _hello_sent(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            self.counters["hellos"] -= 1
+            self.counters["hello_failed"] += 1
 
     async def close(self) -> None:
         for link in self.workers.values():
@@ -202,10 +242,11 @@ class WorkerClient:
             if link is None:
                 if state != "ready" or self.endpoint_for is None:
                     continue
-                link = self._link(index, self.endpoint_for(index))
+                link = self._link(index, self.endpoint_for(index), hello=False)  # hello when ready
                 link.ready = False
             if state == "ready" and not link.ready:
                 link.ready = True
+                self._hello(link)
                 loop.create_task(self._retry_unattached())
             elif state == "starting":
                 link.ready = False
@@ -262,7 +303,8 @@ class WorkerClient:
         for index in order:
             frame = AttachCall(call_id=link.call_id, subscriber=self.identity, instance=link.instance,
                                call_rate=link.call_rate, tts_rate=link.tts_rate,
-                               speaking_since=link.speaking_since, vad=link.vad, gateway=link.gateway)
+                               speaking_since=link.speaking_since, vad=link.vad, gateway=link.gateway,
+                               incarnation=self.incarnation)
             # tentatively ours before the request: the worker's first tick can be
             # processed before this coroutine resumes, and must not look stale
             link.worker = index
@@ -425,19 +467,24 @@ class WorkerClient:
     def _on_tick(self, t: WorkerTick) -> None:
         self.counters["ticks"] += 1
         w = self.workers.get(t.worker)
-        if w is not None:
-            w.last_tick_ns = time.monotonic_ns()
-            w.ticks += 1
+        foreign = False  # the tick names a call this client does not have
         calls = self.calls
         worker = t.worker
         on_position = self.on_position
         for call_id, pos in t.positions.items():
             link = calls.get(call_id)
             if link is None or link.worker != worker:
+                foreign = foreign or link is None
                 continue
             link.in16_pos = pos
             if on_position is not None:
                 on_position(call_id, pos)
+        if w is not None:
+            now = time.monotonic_ns()
+            w.last_tick_ns = now
+            w.ticks += 1
+            if (foreign or not w.calls) and now - w.hello_ns >= HELLO_REPEAT_NS:
+                self._hello(w)  # the worker serves calls of an earlier incarnation of this identity
         for row in t.events:
             try:
                 ev = from_wire(row)

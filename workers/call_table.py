@@ -25,11 +25,21 @@ Invariants:
 * Detach closes the call's rings, frees its slot and runs every detach hook
   (:data:`workers.jobs.DETACH_HOOKS`); a call is in ``calls`` and in exactly
   one subscriber's ``by_sub`` list, or in neither.
+* Each call remembers the incarnation of the subscriber process that
+  attached it. A SubscriberHello (or an AttachCall) naming a non-empty
+  incarnation retires, at once, every call of that subscriber identity
+  attached by another incarnation (:meth:`CallTable.retire`: detached and
+  unmapped, counted in ``retired_calls``, logged once per retirement): a
+  restarted agent keeps its identity, so the orphan timeout alone never
+  fires for its dead predecessor's calls. The worker never unlinks a
+  call's rings (the gateway owns them). The same incarnation again keeps
+  its calls; so does an empty one (a subscriber that does not say).
 * Owned by the thread that runs :meth:`workers.core.Worker.run`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -44,6 +54,9 @@ from workers.jobs import DETACH_HOOKS
 from workers.resample import RATE16, InputChain, OutputChain, resume_in_pos
 from workers.vad import RATE8, WINDOW, WINDOW8, SileroBatch, VadHealth, VadParams, VadStream
 
+if TYPE_CHECKING:
+    from workers.realtime import TickStats
+
 PEND_S = 2  # seconds of audio waiting for the VAD, per call, at most
 HOLDBACK16 = 4  # in16 samples soxr QQ may hold back (measured: 4 from 8 kHz, <= 2 from higher rates)
 # VAD windows end at in16 positions == GRID_PHASE (mod GRID): 8 samples before a multiple of 32.
@@ -54,19 +67,22 @@ GRID = 32
 GRID_PHASE = 24
 MAX_RATE = 192_000
 
+log = logging.getLogger("brisvox.workers")
+
 
 class Call:
     """One attached call: rings, converters, VAD state. Owned by the tick thread."""
 
-    __slots__ = ("call_id", "subscriber", "gateway", "slot", "rings", "inp", "out", "params", "stream",
+    __slots__ = ("call_id", "subscriber", "incarnation", "gateway", "slot", "rings", "inp", "out", "params", "stream",
                  "health", "pend", "pend_n", "pend_off", "vad_pos", "events", "in16_name", "probe",
                  "attached_ns", "fall_ref", "need_in", "hold16", "conv_ns", "pub_pos", "native8", "win")
 
     def __init__(self, call_id: str, subscriber: str, gateway: str, slot: int, rings: dict[str, Ring],
                  inp: InputChain, out: OutputChain, params: VadParams, health: VadHealth,
-                 native8: bool = False) -> None:
+                 native8: bool = False, incarnation: str = "") -> None:
         self.call_id = call_id
         self.subscriber = subscriber
+        self.incarnation = incarnation  # of the subscriber process that attached it
         self.gateway = gateway
         self.slot = slot
         self.rings = rings
@@ -148,13 +164,34 @@ class CallTable:
     calls: dict[str, Call]
     by_sub: dict[str, list[Call]]
     free_slots: list[int]
+    stats: TickStats
 
     if TYPE_CHECKING:  # from the other parts of the worker
         def _error(self, kind: str, detail: str, call_id: str = "") -> ErrorReply: ...
 
+    def retire(self, subscriber: str, incarnation: str) -> int:
+        """Detach every call of ``subscriber`` attached by an incarnation other than
+        ``incarnation`` (its process was replaced); returns how many. An empty
+        ``incarnation`` retires nothing."""
+        if not incarnation:
+            return 0
+        stale = [c for c in self.by_sub.get(subscriber, ()) if c.incarnation != incarnation]
+        if not stale:
+            return 0
+        for c in stale:
+            self.detach(c.call_id)
+        self.stats.retired_calls += len(stale)
+        self.stats.retirements += 1
+        log.warning("worker-%d: subscriber %s is a new process (incarnation %s): detached the %d calls "
+                    "of its previous incarnation", self.index, subscriber, incarnation, len(stale))
+        return len(stale)
+
     def attach(self, f: AttachCall) -> Frame:
+        self.retire(f.subscriber, f.incarnation)
         existing = self.calls.get(f.call_id)
         if existing is not None:  # idempotent: a retried attach, or a new owner taking over
+            if f.incarnation:
+                existing.incarnation = f.incarnation
             if existing.subscriber != f.subscriber:
                 self._unindex(existing)
                 existing.subscriber = f.subscriber
@@ -188,7 +225,7 @@ class CallTable:
         health = VadHealth(self.vad_cfg.max_consecutive_failures, self.vad_cfg.failure_window,
                            self.vad_cfg.recovery_interval)
         c = Call(f.call_id, f.subscriber, f.gateway, slot, rings, inp, out, params, health,
-                 native8=self.vad_cfg.native_8k)
+                 native8=self.vad_cfg.native_8k, incarnation=f.incarnation)
         if f.speaking_since >= 0:
             # the previous worker died during speech: close it where its in16 ended
             at = inp.out_pos

@@ -124,7 +124,12 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
         self.jobs.start()
 
     def bind(self) -> None:
+        """Bind the inbox. ``ROUTER_HANDOVER``: a subscriber that connects under an identity
+        still held by a dead connection (a restarted agent process) takes it over at once
+        (without it the new connection is ignored until the old one is reaped, and its
+        SubscriberHello waits unread); the hello then retires the old incarnation's calls."""
         self.sock = make_socket(self.ctx, zmq.ROUTER)
+        self.sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         bind(self.sock, self.endpoint)
 
     def close(self) -> None:
@@ -210,7 +215,9 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
             "vad_failures": st.vad_failures, "failed_open": st.failed_open, "recoveries": st.recoveries,
             "gaps": st.gaps, "events": st.events, "send_failed": st.send_failed,
             "tick_cpu_ms": st.tick_cpu_ns / 1e6, "tick_max_ms": st.tick_max_ns / 1e6,
-            "out_nudges": st.out_nudges,
+            "out_nudges": st.out_nudges, "orphan_detaches": st.orphan_detaches,
+            "retired_calls": st.retired_calls, "retirements": st.retirements,
+            "calls_by_subscriber": {sub: len(calls) for sub, calls in self.by_sub.items()},
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},
             **{f"{n}_{k}": v for n, lane in self.extra_lanes.items() for k, v in lane.counters.items()},

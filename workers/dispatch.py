@@ -4,7 +4,7 @@ Owns :class:`RequestDispatch` (mixed into :class:`workers.core.Worker`): the
 ROUTER inbox (decode, one reply per request), the dispatch of each control
 frame to its handler through ONE table, :data:`workers.jobs.FRAME_HANDLERS`
 (frame class -> ``handler(worker, ident, cid, frame)``: attach, detach,
-TtsUtterance/TtsCut and Smart Turn registered here, the local STT/TTS/LLM job
+TtsUtterance/TtsCut, SubscriberHello and Smart Turn registered here, the local STT/TTS/LLM job
 frames by :mod:`workers.local_jobs`), the submission of jobs to the job lane
 (:class:`workers.jobs.JobLane`: Smart Turn analyses read the last 8 s straight
 from the call's in16 ring on their own thread; the tick never waits for them)
@@ -41,6 +41,7 @@ from ipc.frames import (
     ErrorReply,
     SmartTurnRequest,
     SmartTurnResult,
+    SubscriberHello,
     TtsCut,
     TtsUtterance,
 )
@@ -73,6 +74,7 @@ class RequestDispatch:
     if TYPE_CHECKING:  # from the other parts of the worker
         def attach(self, f: AttachCall) -> Frame: ...
         def detach(self, call_id: str) -> bool: ...
+        def retire(self, subscriber: str, incarnation: str) -> int: ...
         def _serve_hot(self) -> None: ...
         def _send_out_utterance(self, c: Call, utterance: int, epoch: int, out_pos: int) -> None: ...
 
@@ -123,6 +125,11 @@ class RequestDispatch:
     def _on_detach(self, ident: bytes, cid: int | str | None, f: DetachCall) -> Frame | None:
         self.detach(f.call_id)
         return Detached(call_id=f.call_id)
+
+    def _on_hello(self, ident: bytes, cid: int | str | None, f: SubscriberHello) -> Frame | None:
+        """The sender's identity is now ``f.incarnation``: its other incarnations' calls go."""
+        self.retire(ident.decode("utf-8", "replace"), f.incarnation)
+        return None
 
     def _on_tts_utterance(self, ident: bytes, cid: int | str | None, f: TtsUtterance) -> Frame | None:
         c = self.calls.get(f.call_id)
@@ -205,6 +212,7 @@ class RequestDispatch:
 FRAME_HANDLERS.update({
     AttachCall: RequestDispatch._on_attach,
     DetachCall: RequestDispatch._on_detach,
+    SubscriberHello: RequestDispatch._on_hello,
     SmartTurnRequest: RequestDispatch.smart_turn,
     TtsUtterance: RequestDispatch._on_tts_utterance,
     TtsCut: RequestDispatch._on_tts_cut,

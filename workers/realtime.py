@@ -85,6 +85,8 @@ class TickStats:
     events: int = 0
     send_failed: int = 0
     orphan_detaches: int = 0
+    retired_calls: int = 0  # calls detached because their subscriber came back as a new process
+    retirements: int = 0  # how many times that happened (one log line each)
     tick_ns: int = 0  # wall time inside ticks
     tick_cpu_ns: int = 0  # CPU time of the tick thread inside ticks, and per phase:
     input_ns: int = 0

@@ -14,6 +14,13 @@ supported" here:
   for a peer that does not mark talkspurts);
 * per-tick housekeeping (``poll``).
 
+The hang-up reason decides how a leg tells the caller's side why
+(:func:`ws_close_code`, :func:`q850_cause`): a reason starting with
+``stage_failed:`` (the agent ended the call because one of its stages
+failed) closes a WebSocket leg with 1011 and sends the SIP BYE with Q.850
+cause 41 (temporary failure); every other hang-up is a normal one (1000,
+cause 16).
+
 Invariants: every method runs on the gateway's loop, inside the pacer's tick
 or the callback that read the agent's frame; none may block or await. A
 refusal is reported through the return value or the ``done`` callback,
@@ -25,6 +32,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+FAILURE_PREFIX = "stage_failed:"  # the agent's reason: a stage of the call failed
+WS_NORMAL, WS_FAILURE = 1000, 1011  # WebSocket close codes (RFC 6455 7.4.1)
+Q850_NORMAL, Q850_FAILURE = 16, 41  # normal call clearing, temporary failure
+
+
+def is_failure(reason: str) -> bool:
+    """The hang-up reason says the call ended because the agent side failed."""
+    return reason.startswith(FAILURE_PREFIX)
+
+
+def ws_close_code(reason: str) -> int:
+    return WS_FAILURE if is_failure(reason) else WS_NORMAL
+
+
+def q850_cause(reason: str) -> int:
+    return Q850_FAILURE if is_failure(reason) else Q850_NORMAL
 
 
 class TransportLeg:

@@ -46,7 +46,7 @@ import orjson
 
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.leg import TransportLeg
+from brisvox.gateway.leg import TransportLeg, ws_close_code
 from brisvox.wire import dtmf, native
 from brisvox.wire.native import NativeError
 
@@ -218,7 +218,7 @@ class NativeSession(TransportLeg):
 
     def hangup(self, reason: str) -> None:
         self.conn.send_text(native.stop(reason))
-        self.conn.close(1000, reason[:120])
+        self.conn.close(ws_close_code(reason), reason[:120])
         self._ended(reason)
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:

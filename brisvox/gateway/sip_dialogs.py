@@ -15,6 +15,8 @@ Invariants:
   :meth:`~brisvox.gateway.host.CallHost.abandon`, never left in the table.
 * The UAS sends BYE only once the 2xx was ACKed, or its retransmission timed
   out (RFC 3261 section 15): a hang-up while the 2xx is unacknowledged waits for the ACK.
+* Our BYE carries a Reason header (:func:`bye_reason`): Q.850 cause 16 with
+  the hang-up reason as its text, cause 41 for ``stage_failed:<stage>``.
 * A leg ends once (``SipCall.ended``): RTP closed, dialog forgotten,
   :meth:`~brisvox.gateway.host.CallHost.transport_ended` called.
 * A re-INVITE while the previous INVITE is unfinished is answered 491; a
@@ -28,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, cast
 
 from brisvox.gateway.calls import AdmissionError
+from brisvox.gateway.leg import q850_cause
 from brisvox.gateway.sip_rtp import RATE, Addr, SipCall
 from brisvox.gateway.sip_transactions import SipTransactions
 from brisvox.wire import sdp
@@ -45,6 +48,14 @@ if TYPE_CHECKING:
     from brisvox.gateway.sip_ua import SipUserAgent
 
 log = logging.getLogger("brisvox.gateway.sip")
+
+
+def bye_reason(reason: str) -> str:
+    """The BYE's Reason header value (RFC 3326): Q.850 cause 16 (normal clearing), or 41
+    (temporary failure) for a call the agent ended because a stage failed; the text is
+    the reason, at most 40 characters, without quotes or backslashes."""
+    text = reason[:40].replace("\\", "").replace('"', "")
+    return f'Q.850;cause={q850_cause(reason)};text="{text}"'
 
 
 class SipDialogs(SipTransactions):
@@ -193,8 +204,8 @@ class SipDialogs(SipTransactions):
                         self.count("sip_bad_ack_sdp")
                         self._end_leg(leg, "bad sdp in ack", send_bye=True)
                         return
-                if leg.bye_after_ack:
-                    self._end_leg(leg, "hangup", send_bye=True)
+                if leg.bye_after_ack:  # the hang-up's own reason (transport_ended kept it)
+                    self._end_leg(leg, leg.call.end_reason or "hangup", send_bye=True)
                 return
         # ACK for a non-2xx final: same branch as the INVITE
         tx = self.server_tx.get(self._tx_key(req, "INVITE"))
@@ -274,7 +285,7 @@ class SipDialogs(SipTransactions):
     def _end_leg(self, leg: SipCall, reason: str, send_bye: bool = False) -> None:
         if send_bye and leg.state in ("answered", "confirmed") and not leg.ended:
             req = leg.dialog.request("BYE", self.via_host,
-                                     extra=[("reason", f'Q.850;cause=16;text="{reason[:40]}"')])
+                                     extra=[("reason", bye_reason(reason))])
             self.count("sip_bye_sent")
             self._client_request(leg, req, self._bye_result)
         if leg.ended:

@@ -48,7 +48,7 @@ import orjson
 
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.leg import TransportLeg
+from brisvox.gateway.leg import TransportLeg, ws_close_code
 from brisvox.wire import dtmf
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.twilio import (
@@ -249,7 +249,7 @@ class TwilioSession(TransportLeg):
         return True
 
     def hangup(self, reason: str) -> None:
-        self.conn.close(1000, reason[:120])
+        self.conn.close(ws_close_code(reason), reason[:120])
         self._ended(reason)
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:

@@ -3,7 +3,8 @@
 Owns the seam the scenario suite uses: :class:`SimCall` (what to simulate,
 including the chain the actor assembles, :data:`brisvox.agent.pipeline.chain.CHAIN`
 unless a test replaces a stage),
-:func:`simulate` (run it on the current virtual loop) and :class:`SimResult`
+:func:`simulate` (run it on the current virtual loop, until the caller hangs up,
+goes quiet or the actor ends the call itself) and :class:`SimResult`
 (what came out: the context, the wire, every counter, the call record and a
 deterministic fingerprint). Also :func:`oracle_mismatches`, the played-text
 oracle: for every assistant message whose round has an utterance, the text
@@ -141,7 +142,7 @@ async def simulate(call: SimCall) -> SimResult:
             call.probe(now - t0, actor)
         if now - t0 > call.max_time:
             break
-        if caller.hangup_at is not None:
+        if caller.hangup_at is not None or actor.ended:  # the caller left, or the actor ended the call
             break
         sig = (
             platform.wire.frames,

@@ -30,9 +30,17 @@ Owns the life of one call's pipeline on the ring architecture:
   positions.
   After a hang-up audio and DTMF are discarded; marks and positions still
   reach the book.
-* ``hangup(reason)`` sends Stop through the chain, waits (bounded) for every
-  stage to finish, ends every remaining task and returns the call record.
-  ``live_tasks()`` is 0 afterwards (tested).
+* ``hangup(reason)`` sends Stop through the chain (into every running stage
+  whose predecessor no longer runs, so a chain with a failed stage stops
+  too), waits (bounded) for every stage to finish, ends every remaining task
+  and returns the call record. ``live_tasks()`` is 0 afterwards (tested).
+* Stage supervision (:mod:`brisvox.agent.host.supervision`): a task of the
+  call that dies of an unexpected exception ends the call on purpose (the
+  apology through the TTS stage when the output path works, then
+  ``hangup("stage_failed:<stage>")``); the host hears of it through
+  ``on_stage_failure(stage)`` and ``on_hangup(reason)`` (without the latter
+  the actor sends Hangup to the gateway itself). From the failure on, caller
+  audio and DTMF are discarded as after a hang-up.
 * ``stats()``: one entry per stage of the chain (by its name), then the
   pump, the book, the clears sent and the tool engine.
 """
@@ -42,13 +50,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from brisvox.agent.conversation.context import Context
 from brisvox.agent.conversation.playout import PlayoutConfig
 from brisvox.agent.host.call_record import build_record
+from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.call_io import AudioSink, AudioSource, CallLink
 from brisvox.agent.pipeline.chain import CHAIN, CallParts, StageSpec, assemble
@@ -98,6 +107,7 @@ class ActorConfig:
     tts: TtsStageConfig = field(default_factory=TtsStageConfig)
     out: TtsRingWriterConfig = field(default_factory=TtsRingWriterConfig)
     playout: PlayoutConfig = field(default_factory=PlayoutConfig)
+    supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     stop_timeout: float = 3.0
 
 
@@ -140,6 +150,8 @@ class CallActor:
         context: Context | None = None,
         greeting: str = "",
         chain: Sequence[StageSpec] = CHAIN,
+        on_stage_failure: Callable[[str], None] | None = None,
+        on_hangup: Callable[[str], None] | None = None,
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -155,7 +167,10 @@ class CallActor:
         self.agent = agent
         self.started_wall = time.time()
         self.ended_wall: float | None = None
+        self.ended_at: float | None = None  # call-clock time the hang-up finished
         self.end_reason = ""
+        self.on_stage_failure = on_stage_failure
+        self.on_hangup = on_hangup
         self.call = CallContext.create(call_id, gateway=link, worker=link, sink=sink, call_rate=call_rate,
                                        tts_rate=tts_rate, clock=clock, playout=cfg.playout)
         self.tasks = self.call.tasks
@@ -181,9 +196,11 @@ class CallActor:
         self._batch_samples = max(0, int(float(getattr(stt, "audio_batch", 0.0) or 0.0) * IN16_RATE))
         self._started = False
         self._hung_up = False
+        self._input_closed = False  # caller audio and DTMF are discarded (hang-up, stage failure)
         self._done = asyncio.Event()
         self.record: dict[str, Any] | None = None
         self.clear_applied_ns: list[int] = []
+        self.supervisor = StageSupervisor(self, cfg.supervision)
 
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -203,8 +220,15 @@ class CallActor:
             assert self.record is not None
             return self.record
         self._hung_up = True
+        self._input_closed = True
         self.end_reason = reason
-        self.stt.inbox.put_nowait(Stop(reason))
+        await self.supervisor.aclose()  # a supervised end in progress gives way (not from inside it)
+        prev_running = False
+        for s in self.stages:  # Stop enters where the chain runs again after a stage that ended
+            running = s.task is not None and not s.task.done()
+            if running and not prev_running:
+                s.inbox.put_nowait(Stop(reason))
+            prev_running = running
         stage_tasks = [s.task for s in self.stages if s.task is not None]
         if stage_tasks:
             done, pending = await asyncio.wait(stage_tasks, timeout=self.cfg.stop_timeout)
@@ -217,6 +241,7 @@ class CallActor:
                             self.call_id, left, self.cfg.stop_timeout)
         await self.tasks.close()
         self.ended_wall = time.time()
+        self.ended_at = self.clock.now()
         self.record = build_record(self)
         self._done.set()
         return self.record
@@ -228,6 +253,25 @@ class CallActor:
 
     def live_tasks(self) -> int:
         return self.tasks.live()
+
+    @property
+    def hung_up(self) -> bool:
+        """The hang-up began (it may still be stopping the stages)."""
+        return self._hung_up
+
+    @property
+    def ended(self) -> bool:
+        """The hang-up finished: the record is built."""
+        return self._done.is_set()
+
+    @property
+    def failure(self) -> StageFailure | None:
+        """The stage failure that ended (or is ending) the call, if any."""
+        return self.supervisor.failure
+
+    def close_input(self) -> None:
+        """Discard caller audio and DTMF from now on (marks and positions still count)."""
+        self._input_closed = True
 
     @property
     def context(self) -> Context:
@@ -243,7 +287,7 @@ class CallActor:
         (``audio_batch``), once at least that much is pending and always before a
         VAD event is delivered (so a stop never leaves its speech behind in the pump).
         """
-        if self._hung_up:
+        if self._input_closed:
             self.pump.discarded_after_hangup += 1
             return
         in_pos = self._in_pos
@@ -317,7 +361,7 @@ class CallActor:
         self.out.on_mark_played(name)
 
     def on_dtmf(self, digit: str) -> None:
-        if self._hung_up:
+        if self._input_closed:
             self.pump.discarded_after_hangup += 1
             return
         self.pump.dtmf += 1

@@ -5,6 +5,11 @@ Owns the record format (one JSON object per call) and its storage:
 * ``call_id``, ``agent``, ``transport`` and ``transport_ids`` (Twilio
   callSid/streamSid, SIP Call-ID), ``started``/``ended`` (UTC ISO-8601),
   ``duration_s``, ``end_reason``;
+* ``failed_stage``: the stage whose unexpected failure ended the call ("" for
+  every other end; the end reason is then ``stage_failed:<stage>``, unless
+  the call was ended otherwise first) and ``failure``: that stage, the task,
+  the exception's type (never its message), what became of the apology and
+  how many more tasks failed while the call ended (null without a failure);
 * ``conversation``: the context as it stands at hang-up, i.e. what the caller
   heard (cut where they barged in), in the context's JSON form but with tool
   call ARGUMENTS REMOVED (names and ids only);
@@ -55,6 +60,7 @@ def conversation_json(actor: CallActor) -> list[dict[str, Any]]:
 
 def build_record(actor: CallActor) -> dict[str, Any]:
     ended = actor.ended_wall
+    failure = actor.failure
     return {
         "version": RECORD_VERSION,
         "call_id": actor.call_id,
@@ -65,6 +71,8 @@ def build_record(actor: CallActor) -> dict[str, Any]:
         "ended": _iso(ended),
         "duration_s": round((ended or actor.started_wall) - actor.started_wall, 3),
         "end_reason": actor.end_reason,
+        "failed_stage": failure.stage if failure is not None else "",
+        "failure": failure.as_record() if failure is not None else None,
         "conversation": conversation_json(actor),
         "tools": [
             {"epoch": r.epoch, "call_id": r.call_id, "name": r.name, "outcome": r.outcome, "duration_ms": r.duration_ms}

@@ -30,6 +30,11 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
   ``brisvox/providers/scripted_session.py``, ``seeded_fakes.py``).
 * CallEnd -> hang the actor up, write the call record, detach the worker,
   close the rings, answer CallEnded.
+* A stage of a call fails (:mod:`brisvox.agent.host.supervision`): counted
+  per stage (``stage_failures`` in the stats), and once the actor has
+  apologized and hung itself up the call ends as above, with CallEnded
+  carrying ``stage_failed:<stage>`` unasked (the gateway hangs the leg up
+  with that reason).
 * Inbound frames are handed to the actor synchronously in the callback that
   read them (Playback, Cleared, MarkPlayed, Dtmf; ticks and OutUtterance
   through the worker client): no queue between the socket and the book.
@@ -52,6 +57,7 @@ are hung up locally); worker deaths are handled by the worker client
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -164,6 +170,7 @@ class AgentProcess:
             "unknown_call_frames": 0,
             "gateway_lost": 0,
         }
+        self.stage_failures: dict[str, int] = {}  # per stage: the first failure of each call
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
@@ -334,11 +341,19 @@ class AgentProcess:
             agent=f.agent,
             registry=registry,
             greeting=greeting,
+            on_stage_failure=self._stage_failed,
+            on_hangup=functools.partial(self._ended_itself, f.call_id),
         )
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
         actor.start()
         self.counters["calls_started"] += 1
         self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker), cid)
+
+    def _stage_failed(self, stage: str) -> None:
+        self.stage_failures[stage] = self.stage_failures.get(stage, 0) + 1
+
+    def _ended_itself(self, call_id: str, reason: str) -> None:
+        self.spawn(self._end_call(call_id, reason, answer=True))
 
     def _agent_def(self, name: str) -> AgentDef:
         """The parsed agent file ``<agents dir>/<name>.toml``, re-read when it changed."""
@@ -443,6 +458,7 @@ class AgentProcess:
         for slot in self.calls.values():
             interrupts += slot.actor.driver.st.interrupts
         d["live_interrupts"] = interrupts
+        d["stage_failures"] = dict(self.stage_failures)
         return d
 
     # -- main loop ------------------------------------------------------------------

@@ -19,7 +19,12 @@ Owns how frames move between the stages of one call:
   check it right before every send (:meth:`Stage.guarded_send`), so late audio
   or text of a cut epoch never enters the pipeline once the decision is made.
 * :class:`TaskOwner`: every task of a call is spawned through it and ended by
-  ``close()``; ``live()`` lets tests assert that nothing leaked.
+  ``close()``; ``live()`` lets tests assert that nothing leaked. Each task is
+  attributed to a stage: a stage's own task by name (``Stage.start``), a
+  helper to the stage whose task (or helper) spawned it. A task that ends
+  with an unexpected exception (not a cancellation, not a normal return) is
+  handed to ``on_failure(task, stage, exc)`` when one is set (the actor's
+  stage supervision), else logged; either way its exception is retrieved.
 
 Upstream rule: upstream frames are only ever ``put_nowait`` (never awaited),
 so a bidirectional chain cannot deadlock.
@@ -30,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.pipeline.frames import DATA, SYSTEM, UPSTREAM, Interrupt, PipelineFrame, Stop
@@ -194,29 +199,62 @@ class EpochWatch:
 
 
 class TaskOwner:
-    """Owns every asyncio task of one call; ``close()`` ends them all."""
+    """Owns every asyncio task of one call; ``close()`` ends them all.
 
-    __slots__ = ("name", "_tasks", "spawned")
+    Invariants: a task is tracked from ``spawn`` until it ends; ``stage_of`` is
+    known for every tracked task spawned by a stage or from inside one (else
+    ""); ``on_failure`` is called once per task that failed, from the task's
+    done callback (so it must not block: it may only schedule work)."""
+
+    __slots__ = ("name", "_tasks", "_stage", "spawned", "on_failure")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._stage: dict[asyncio.Task[Any], str] = {}
         self.spawned = 0
+        self.on_failure: Callable[[asyncio.Task[Any], str, BaseException], None] | None = None
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str, stage: str | None = None) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task of the call. ``stage``: the stage it belongs to; None:
+        the stage of the task spawning it (a helper belongs to its stage)."""
+        if stage is None:
+            cur = asyncio.current_task()
+            stage = self._stage.get(cur, "") if cur is not None else ""
         t = asyncio.get_running_loop().create_task(coro, name=f"{self.name}:{name}")
         self._tasks.add(t)
+        if stage:
+            self._stage[t] = stage
         t.add_done_callback(self._done)
         self.spawned += 1
         return t
 
+    def stage_of(self, t: asyncio.Task[Any]) -> str:
+        return self._stage.get(t, "")
+
     def _done(self, t: asyncio.Task[Any]) -> None:
         self._tasks.discard(t)
-        if not t.cancelled() and t.exception() is not None:
-            log.error("task %s failed", t.get_name(), exc_info=t.exception())
+        stage = self._stage.pop(t, "")
+        if t.cancelled():
+            return
+        exc = t.exception()
+        if exc is None:
+            return
+        hook = self.on_failure
+        if hook is None:
+            log.error("task %s failed", t.get_name(), exc_info=exc)
+            return
+        try:
+            hook(t, stage, exc)
+        except Exception:  # the hook is the supervisor: never let it break the loop's callback
+            log.exception("task %s failed and its failure handler failed too", t.get_name())
 
     def live(self) -> int:
         return sum(1 for t in self._tasks if not t.done())
+
+    def of_stages(self, stages: set[str]) -> list[asyncio.Task[Any]]:
+        """The live tasks attributed to any of ``stages``."""
+        return [t for t in self._tasks if not t.done() and self._stage.get(t, "") in stages]
 
     async def close(self, timeout: float = 1.0) -> int:  # noqa: ASYNC109
         """Cancel every task and wait for them (bounded). Returns how many did not end."""
@@ -273,7 +311,7 @@ class Stage:
         return nxt
 
     def start(self) -> None:
-        self._task = self.tasks.spawn(self.run(), self.name)
+        self._task = self.tasks.spawn(self.run(), self.name, stage=self.name)
 
     @property
     def task(self) -> asyncio.Task[Any] | None:
