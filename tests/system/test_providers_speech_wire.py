@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 
 from bench.harness.http_server import FakeHttpServer, Reply, json_reply
+from bench.harness.ws_vendors import FakeCartesia, FakeDeepgram, FakeElevenLabs
 from brisvox.agent.conversation.playout import PlayoutBook
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.frames import (
@@ -71,7 +72,6 @@ from brisvox.providers.deepgram import DeepgramStt
 from brisvox.providers.elevenlabs import ElevenLabsTts, words_from_alignment
 from brisvox.providers.http import close_all
 from brisvox.providers.openai_tts import OpenAiTts
-from tests.providers_fakes.ws_vendors import FakeCartesia, FakeDeepgram, FakeElevenLabs
 
 pytestmark = pytest.mark.timeout(60)
 
