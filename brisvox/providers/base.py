@@ -87,13 +87,17 @@ from typing import Any, Literal, Protocol, runtime_checkable
 class ProviderError(Exception):
     """A provider operation failed. ``kind`` is a stable counter label; ``retryable``
     tells the runner's retry rule (one retry, only before anything was sent)
-    whether trying again could help (HTTP 400/404/413/422 are not retryable)."""
+    whether trying again could help (HTTP 400/404/413/422 are not retryable).
+    ``retry_after``: seconds the server asked to wait before a retry (an HTTP
+    ``Retry-After`` on a 429/503), None when it said nothing."""
 
-    def __init__(self, kind: str, detail: str = "", *, retryable: bool = True) -> None:
+    def __init__(self, kind: str, detail: str = "", *, retryable: bool = True,
+                 retry_after: float | None = None) -> None:
         super().__init__(f"{kind}: {detail}" if detail else kind)
         self.kind = kind
         self.detail = detail
         self.retryable = retryable
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,11 +326,13 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class LlmError:
-    """The stream failed; it ends after this event. ``retryable`` as for ProviderError."""
+    """The stream failed; it ends after this event. ``retryable`` and ``retry_after``
+    as for ProviderError."""
 
     kind: str
     detail: str = ""
     retryable: bool = True
+    retry_after: float | None = None
 
 
 LlmEvent = TextDelta | ToolCallDelta | ProviderData | Usage | Done | LlmError

@@ -143,7 +143,26 @@ def timeout(read: float, connect: float = 5.0, write: float = 5.0) -> httpx.Time
     return httpx.Timeout(connect=connect, read=read, write=write, pool=connect)
 
 
-def status_error(status: int, body: bytes = b"") -> ProviderError:
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds of an HTTP ``Retry-After`` (delta seconds or an HTTP date), None if absent or bad."""
+    if not value:
+        return None
+    v = value.strip()
+    if v.isdigit():
+        return float(v)
+    try:
+        from email.utils import parsedate_to_datetime
+
+        when = parsedate_to_datetime(v).timestamp()
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    import time
+
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def status_error(status: int, body: bytes = b"", retry_after: float | None = None) -> ProviderError:
+    """``retry_after`` (a parsed ``Retry-After``) is kept on 429 and 5xx errors."""
     detail = f"HTTP {status}"
     text = body[:MAX_ERROR_BODY].decode("utf-8", "replace").strip()
     if text:
@@ -151,11 +170,11 @@ def status_error(status: int, body: bytes = b"") -> ProviderError:
     if status in (401, 403):
         return ProviderError("auth", detail, retryable=False)
     if status == 429:
-        return ProviderError("rate_limited", detail, retryable=True)
+        return ProviderError("rate_limited", detail, retryable=True, retry_after=retry_after)
     if status in (400, 404, 405, 409, 413, 415, 422):
         return ProviderError("bad_request", detail, retryable=False)
     if status >= 500:
-        return ProviderError("server", detail, retryable=True)
+        return ProviderError("server", detail, retryable=True, retry_after=retry_after)
     return ProviderError("protocol", detail, retryable=False)
 
 
@@ -198,7 +217,8 @@ async def post_stream(url: str, payload: bytes, headers: dict[str, str], *, read
         async with client.stream("POST", url, content=payload, headers=headers,
                                  timeout=timeout(read_timeout, connect_timeout)) as resp:
             if resp.status_code != 200:
-                raise status_error(resp.status_code, await read_bounded(resp))
+                raise status_error(resp.status_code, await read_bounded(resp),
+                                   parse_retry_after(resp.headers.get("retry-after")))
             yield resp
     except httpx.HTTPError as e:
         raise transport_error(e) from None

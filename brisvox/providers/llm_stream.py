@@ -82,7 +82,7 @@ class GeneratedStream:
         except TimeoutError:
             return self._fail("too_long", "the response exceeded its time bound", retryable=False)
         except ProviderError as e:
-            return self._fail(e.kind, e.detail, e.retryable)
+            return self._fail(e.kind, e.detail, e.retryable, e.retry_after)
         except SseError as e:
             return self._fail(e.kind if e.kind == "oversized" else "protocol", str(e), retryable=False)
         except asyncio.CancelledError:
@@ -98,10 +98,10 @@ class GeneratedStream:
             count_error(self.provider, ev.kind)
         return ev
 
-    def _fail(self, kind: str, detail: str, retryable: bool = True) -> LlmError:
+    def _fail(self, kind: str, detail: str, retryable: bool = True, retry_after: float | None = None) -> LlmError:
         self._done = True
         count_error(self.provider, kind)
-        return LlmError(kind, detail, retryable)
+        return LlmError(kind, detail, retryable, retry_after)
 
     async def aclose(self) -> None:
         self._done = True

@@ -14,9 +14,12 @@ nothing of it (:func:`build_call` takes anything with the three legs).
 * Local providers (``local_whisper``, ``local_llm``, ``local_piper``) need the
   call's :class:`~brisvox.providers.worker_jobs.JobChannel` (the agent
   process's worker client) in the :class:`CallEnv`.
-* A leg with ``secondary`` is wrapped in the failover layer
-  (:mod:`brisvox.providers.failover`): connect/request failures move to the
-  secondary, with a process-wide breaker per provider leg.
+* Every stage of a call (:func:`build_call`) is wrapped in the resilience
+  layer (:mod:`brisvox.providers.resilience`), with the leg's ``secondary``
+  when it has one: a blip of a single provider is recovered for every agent
+  (retries within the call's and the process's budget, mid-call recovery),
+  and a leg with a secondary fails over to it; a process-wide breaker per
+  provider leg. :func:`build` alone wraps only a leg with a secondary.
 * HTTP adapters share one client per origin (:mod:`brisvox.providers.http`)
   whatever the call: building a provider per call costs no connection.
 """
@@ -265,15 +268,19 @@ def _tts(leg: ProviderDef, env: CallEnv) -> TtsProvider:
 FACTORIES: dict[str, Callable[[ProviderDef, CallEnv], Any]] = {"stt": _stt, "llm": _llm, "tts": _tts}
 
 
-def build(stage: str, leg: ProviderDef, env: CallEnv) -> Any:
-    """The provider for ``stage`` (with failover to ``leg.secondary`` when it has one)."""
+def build(stage: str, leg: ProviderDef, env: CallEnv, *, resilient: bool | None = None) -> Any:
+    """The provider for ``stage``: behind the resilience layer when ``resilient`` (None:
+    only when the leg has a ``secondary``, which it then fails over to)."""
     primary = FACTORIES[stage](leg, env)
-    if leg.secondary is None:
+    if resilient is None:
+        resilient = leg.secondary is not None
+    if not resilient:
         return primary
-    from brisvox.providers import failover
+    from brisvox.providers import resilience
 
-    secondary = FACTORIES[stage](leg.secondary, env)
-    return failover.wrap(stage, primary, secondary, failover.leg_key(leg), failover.leg_key(leg.secondary))
+    secondary = FACTORIES[stage](leg.secondary, env) if leg.secondary is not None else None
+    skey = resilience.leg_key(leg.secondary) if leg.secondary is not None else ""
+    return resilience.wrap(stage, primary, secondary, resilience.leg_key(leg), skey)
 
 
 @dataclass
@@ -285,5 +292,7 @@ class CallProviders:
 
 
 def build_call(agent: CallLegs, env: CallEnv) -> CallProviders:
-    """All three providers of a call (raises ProviderError naming the failing leg)."""
-    return CallProviders(build("stt", agent.stt, env), build("llm", agent.llm, env), build("tts", agent.tts, env))
+    """All three providers of a call, each behind the resilience layer (raises
+    ProviderError naming the failing leg)."""
+    return CallProviders(build("stt", agent.stt, env, resilient=True), build("llm", agent.llm, env, resilient=True),
+                         build("tts", agent.tts, env, resilient=True))

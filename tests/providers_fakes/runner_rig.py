@@ -24,7 +24,8 @@ from brisvox.agent.pipeline.frames import (
     Stop,
     UserTurnEnded,
 )
-from brisvox.agent.pipeline.llm_runner import LlmRunner, LlmRunnerConfig
+from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
+from brisvox.agent.pipeline.llm_runner import LlmRunner
 from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from brisvox.agent.conversation.context import AssistantMessage, ToolMessage, UserMessage
-from brisvox.agent.pipeline.llm_runner import FALLBACK_LINE
+from brisvox.agent.pipeline.llm_policy import FALLBACK_LINE
 from brisvox.providers.seeded_fakes import Call, Crash, LlmScript, Say, TtsFault
 from brisvox.sim.fakes import SttFault
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate

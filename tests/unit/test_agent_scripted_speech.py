@@ -143,7 +143,12 @@ def test_tts_timing_words_flush_and_cancel():
 def test_registry_builds_the_bench_agent(monkeypatch):
     monkeypatch.setenv("BRISVOX_BENCH_WORKLOAD", str(ROOT / "bench" / "workload.toml"))
     agent = load_agent(ROOT / "configs" / "agents" / "bench.toml")
-    p = build_call(agent, CallEnv("c1"))
+    from brisvox.providers.resilience import ResilientLlm, ResilientStt, ResilientTts, unwrap
+
+    c = build_call(agent, CallEnv("c1"))  # every stage behind the resilience layer
+    assert isinstance(c.stt, ResilientStt) and isinstance(c.llm, ResilientLlm) and isinstance(c.tts, ResilientTts)
+    assert c.stt.audio_batch == unwrap(c.stt).audio_batch  # the actor batches as for the bare provider
+    p = type(c)(unwrap(c.stt), unwrap(c.llm), unwrap(c.tts))
     assert isinstance(p.stt, ss.ScriptedStt) and isinstance(p.tts, ss.ScriptedTts)
     assert isinstance(p.llm, ScriptedLlm)
     wl = workload.load()

@@ -82,7 +82,9 @@ def test_registry_refuses_unknown_options_and_missing_worker() -> None:
 
 def test_registry_wraps_a_secondary() -> None:
     p = build("llm", ProviderDef("openai", secondary=ProviderDef("scripted")), CallEnv("c", env=ENV))
-    assert isinstance(p, failover.FailoverLlm) and p.name == "openai+scripted"
+    from brisvox.providers.resilience import ResilientLlm
+
+    assert isinstance(p, ResilientLlm) and p.name == "openai+scripted" and p.secondary is not None
 
 
 def test_breaker_cycle() -> None:
@@ -180,11 +182,10 @@ def test_open_breaker_skips_the_primary() -> None:
     fresh("pC")
     prim = FakeLlm("a", [LlmError("server", "500")])
     sec = FakeLlm("b", [TextDelta("ok"), Done()])
-    p = failover.FailoverLlm(prim, sec, "pC", "sC")
-    for _ in range(5):
-        run_stream(p)
+    for _ in range(5):  # five calls (a wrapper is one call: its own retry budget)
+        run_stream(failover.FailoverLlm(prim, sec, "pC", "sC"))
     assert prim.requests == 5 and failover.breaker("llm:pC").state == "open"
-    run_stream(p)
+    run_stream(failover.FailoverLlm(prim, sec, "pC", "sC"))
     assert prim.requests == 5 and sec.requests == 6  # no request to an open primary
 
 
@@ -203,7 +204,19 @@ class FakeStt:
             await asyncio.sleep(100)
         if self.fail:
             raise ProviderError(self.fail, "x")
-        return f"session-of-{self.name}"
+        return _Sess(f"session-of-{self.name}")
+
+
+class _Sess:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def events(self) -> Any:
+        await asyncio.sleep(100)
+        yield None
+
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109
+        return None
 
 
 @pytest.mark.parametrize("fail", ["connect", "hang"])
@@ -211,8 +224,13 @@ def test_stt_connect_fails_over(fail: str) -> None:
     fresh("pD")
     prim, sec = FakeStt("a", fail), FakeStt("b")
     p = failover.FailoverStt(prim, sec, "pD" + fail, "sD", attempt_timeout=0.1)
-    got = asyncio.run(p.connect(SttConfig(), 2.0))
-    assert got == "session-of-b" and prim.connects == 1
+
+    async def main() -> str:
+        s = await p.connect(SttConfig(), 2.0)
+        await s.close(0.1)
+        return s.inner.name  # the relay over the secondary's session
+
+    assert asyncio.run(main()) == "session-of-b" and prim.connects == 1
 
 
 def test_scripted_llm_rules_and_tool_rounds() -> None:

@@ -70,7 +70,8 @@ from brisvox.agent.pipeline.frames import (
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
-from brisvox.agent.pipeline.llm_runner import LlmRunner, LlmRunnerConfig
+from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
+from brisvox.agent.pipeline.llm_runner import LlmRunner
 from brisvox.agent.pipeline.segmenter import SegmenterConfig, SegmenterStage
 from brisvox.agent.pipeline.stage import Stage
 from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig

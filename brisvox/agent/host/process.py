@@ -69,6 +69,7 @@ from brisvox.agent.host.actor import CallActor
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.scripted_call import scripted_providers
+from brisvox.providers import resilience
 from ipc.frames import (
     CallAccepted,
     CallEnd,
@@ -459,6 +460,8 @@ class AgentProcess:
             interrupts += slot.actor.driver.st.interrupts
         d["live_interrupts"] = interrupts
         d["stage_failures"] = dict(self.stage_failures)
+        d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>
+        d["breakers_open"] = {k: int(b.state != "closed") for k, b in resilience.DEFAULT.breakers.items()}
         return d
 
     # -- main loop ------------------------------------------------------------------

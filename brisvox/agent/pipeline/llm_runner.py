@@ -25,7 +25,8 @@ Owns (the tool loop and its UX: docs/TOOLS.md):
   are answered ``tool_round_limit`` unrun and a fixed fallback line is
   spoken (also when the retry budget is exhausted).
 * Errors: ``retries`` bounded retries, only while nothing of the response was
-  sent; after the last failure the partial text is kept and the turn ends
+  sent, never of a request error (``retryable`` False: 400/401/403/404/413/422),
+  after a ``Retry-After`` of at most ``retry_after_max``; after the last failure the partial text is kept and the turn ends
   without invented speech. A turn that produced no speech sends BotEnded
   upstream itself (non-blocking). A crash in the round task is contained:
   the turn is closed like a failed one.
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -62,7 +63,7 @@ from brisvox.agent.conversation.context import (
     ToolMessage,
     UserMessage,
 )
-from brisvox.agent.conversation.request import RequestConfig, build_request
+from brisvox.agent.conversation.request import build_request
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.frames import (
     BotEnded,
@@ -80,11 +81,18 @@ from brisvox.agent.pipeline.frames import (
     UserTurnEnded,
     UserTurnStarted,
 )
+from brisvox.agent.pipeline.llm_policy import (
+    TOOL_ROUND_LIMIT,
+    LlmRunnerConfig,
+    RunnerStats,
+    ToolRecord,
+    retry_wait,
+)
 from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine.delivery import Execution
 from brisvox.agent.tool_engine.engine import ToolEngine
-from brisvox.agent.tool_engine.filler import FillerConfig, FillerPolicy
+from brisvox.agent.tool_engine.filler import FillerPolicy
 from brisvox.agent.tool_engine.registry import CancelToken, ToolSpec
 from brisvox.providers.base import (
     Done,
@@ -92,74 +100,12 @@ from brisvox.providers.base import (
     LlmProvider,
     ProviderData,
     ProviderError,
-    ProviderTimeouts,
     TextDelta,
     ToolCallDelta,
     Usage,
 )
 
 log = logging.getLogger("brisvox.agent.llm")
-
-FALLBACK_LINE = "Sorry, I could not finish that. Could you say it again?"
-TOOL_ROUND_LIMIT = "tool_round_limit"
-
-
-@dataclass(frozen=True, slots=True)
-class LlmRunnerConfig:
-    system_prompt: str = "You are a helpful voice assistant. Answer briefly."
-    retries: int = 1
-    retry_delay: float = 0.2
-    max_tool_rounds: int = 6
-    join_timeout: float = 1.0
-    analysis_job: float = 1.0  # bound of the whole played-text pass
-    filler: FillerConfig = field(default_factory=FillerConfig)
-    filler_phrases: tuple[str, ...] = ()
-    fallback_line: str = FALLBACK_LINE
-    request: RequestConfig = field(default_factory=RequestConfig)
-    timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
-
-
-@dataclass(slots=True)
-class ToolRecord:
-    """One tool call for the call record: never its arguments."""
-
-    epoch: int
-    call_id: str
-    name: str
-    outcome: str
-    duration_ms: float
-
-
-@dataclass(slots=True)
-class RunnerStats:
-    turns: int = 0
-    requests: int = 0
-    retries: int = 0
-    errors: int = 0
-    first_token_timeouts: int = 0
-    idle_timeouts: int = 0
-    tool_rounds: int = 0
-    tool_calls: int = 0
-    fillers: int = 0
-    fallbacks: int = 0
-    round_limits: int = 0
-    halts: int = 0
-    partial_messages: int = 0
-    interrupted_calls: int = 0
-    late_notes: int = 0
-    zombies: int = 0
-    mutations_skipped: int = 0
-    round_crashes: int = 0
-    assemble_errors: int = 0
-    silent_turns: int = 0
-    warms: int = 0
-    warm_failures: int = 0
-    truncation_timeouts: int = 0
-    dtmf: int = 0
-    greetings: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-
 
 @dataclass(slots=True)
 class _Turn:
@@ -499,6 +445,7 @@ class LlmRunner(Stage):
             self.timeline.llm_request(turn.epoch, self.clock.now())
             assembler = ResponseAssembler()
             failed: str | None = None
+            wait: float | None = 0.0  # before a retry (a Retry-After); None: not worth retrying
             sent = False
             first_event = True
             first_text = True
@@ -555,10 +502,10 @@ class LlmRunner(Stage):
                                 self.st.assemble_errors += 1
                         break
                     elif isinstance(ev, LlmError):
-                        failed = ev.kind
+                        failed, wait = ev.kind, retry_wait(ev.retryable, ev.retry_after, cfg)
                         break
             except ProviderError as e:
-                failed = e.kind
+                failed, wait = e.kind, retry_wait(e.retryable, e.retry_after, cfg)
             except AssembleError:
                 self.st.assemble_errors += 1
                 failed = "assemble"
@@ -572,10 +519,10 @@ class LlmRunner(Stage):
             if failed is None:
                 return assembler.finish(turn.epoch, self.ctx)
             self.st.errors += 1
-            if not sent and attempts < cfg.retries:
+            if not sent and attempts < cfg.retries and wait is not None:
                 attempts += 1
                 self.st.retries += 1
-                await self.clock.sleep(cfg.retry_delay)
+                await self.clock.sleep(wait)
                 continue
             assembler.cancel()
             if turn.raw.strip():
@@ -597,4 +544,4 @@ class LlmRunner(Stage):
         return sum(1 for r in self.tool_records if r.outcome == te.INVALID_TOOL_CALL)
 
 
-__all__ = ["LlmRunner", "LlmRunnerConfig", "InvalidCall", "ToolRecord"]
+__all__ = ["LlmRunner", "InvalidCall"]
