@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from brisvox.runtime.memory import ThreadIdleTrim
 from ipc.bus import bind, endpoint_path, make_socket
 from ipc.codec import DecodeGuard, Frame
 from workers import local_jobs as _local_jobs  # noqa: F401 - registers the local STT/TTS/LLM job frames
@@ -80,6 +81,7 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
         self.silero: SileroBatch | None = None
         self.smart: SmartTurnModel | None = None
         self.calls: dict[str, Call] = {}
+        self._idle_trim = ThreadIdleTrim()
         self.by_sub: dict[str, list[Call]] = {}
         self.free_slots: list[int] = []
         self.stats = TickStats()
@@ -201,9 +203,11 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
                 self.tick()
                 if heartbeat is not None:
                     heartbeat()
-                if report is not None and now - last_report >= 0.5:
+                if now - last_report >= 0.5:
                     last_report = now
-                    report(len(self.calls), self.report_stats())
+                    self._idle_trim.poll(len(self.calls), now)  # memory back after the last call
+                    if report is not None:
+                        report(len(self.calls), self.report_stats())
 
     # -- reporting -----------------------------------------------------------------
 

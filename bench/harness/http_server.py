@@ -46,6 +46,7 @@ class Reply:
     forever: bytes | None = None  # after the chunks, send this every ``forever_every`` s until the client leaves
     forever_every: float = 0.05
     close: bool = False  # Connection: close after this reply
+    headers: dict[str, str] = field(default_factory=dict)  # extra response headers (e.g. Retry-After)
 
 
 Handler = Callable[[Request], Reply]
@@ -137,9 +138,10 @@ class FakeHttpServer:
             await asyncio.sleep(r.first_byte_delay)
         reason = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 429: "Too Many Requests",
                   500: "Internal Server Error", 503: "Service Unavailable"}.get(r.status, "X")
-        w.write(f"HTTP/1.1 {r.status} {reason}\r\nContent-Type: {r.content_type}\r\n"
-                f"Transfer-Encoding: chunked\r\n{'Connection: close' + chr(13) + chr(10) if r.close else ''}\r\n"
-                .encode())
+        extra = "".join(f"{k}: {v}\r\n" for k, v in r.headers.items())
+        w.write((f"HTTP/1.1 {r.status} {reason}\r\nContent-Type: {r.content_type}\r\n"
+                 f"Transfer-Encoding: chunked\r\n{'Connection: close' + chr(13) + chr(10) if r.close else ''}"
+                 f"{extra}\r\n").encode())
         for i, c in enumerate(r.chunks):
             if r.cut_after is not None and i >= r.cut_after:
                 w.transport.abort()

@@ -42,6 +42,7 @@ from brisvox.gateway.metrics import GatewayMetrics
 from brisvox.gateway.pacer import FRAME_S, Pacer
 from brisvox.gateway.peers import AgentLinks
 from brisvox.gateway.transports import LISTENERS, Listener
+from brisvox.runtime.memory import IdleTrim
 from ipc.links import Links
 
 __all__ = ["ECHO", "ECHO_TTS_RATE", "GatewayCore"]
@@ -91,6 +92,7 @@ class GatewayCore(AgentLinks):
         self._echo_client: Any = None
         self._transports_idle = asyncio.Event()
         self._echo_actx: Any = None
+        self.idle_trim = IdleTrim()  # memory back to the kernel once the last call ended
         self.handlers = self.frame_handlers()
         self.gate_actions = self.gate_action_handlers()
 
@@ -144,6 +146,7 @@ class GatewayCore(AgentLinks):
             call.agent_done = True
             self.release_if_done(call, force=True)
         self.pacer.stop()
+        self.idle_trim.cancel()
         for listener in reversed(list(self.listeners.values())):
             await listener.shutdown()
         if self._echo_client is not None:

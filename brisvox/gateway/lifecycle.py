@@ -38,6 +38,7 @@ import numpy as np
 from brisvox.gateway.calls import Call, CallTable, Leg
 from brisvox.gateway.config import GatewayConfig, GatewaySettings
 from brisvox.gateway.playout import PlayoutCommands
+from brisvox.runtime.memory import IdleTrim
 from ipc import frames as F
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ class CallLifecycle(PlayoutCommands):
     loop: asyncio.AbstractEventLoop | None
     _tasks: set[asyncio.Task[Any]]
     _transports_idle: asyncio.Event
+    idle_trim: IdleTrim
 
     # -- the loop ------------------------------------------------------------------
 
@@ -124,6 +126,7 @@ class CallLifecycle(PlayoutCommands):
         name, proc = self.resolve_agent(agent)
         tts_rate = ECHO_TTS_RATE if name == ECHO else self.cfg.tts_rate
         call = self.table.admit(transport, name, call_rate, tts_rate)  # AdmissionError: counted there
+        self.idle_trim.note(len(self.table))
         call.agent_proc = proc
         if name == ECHO and agent != ECHO:
             self.metrics.inc("calls_echo_fallback")
@@ -249,6 +252,7 @@ class CallLifecycle(PlayoutCommands):
                 self.agents[call.agent_proc] = max(0, self.agents[call.agent_proc] - 1)
             self.set_worker(call, -1)
             self.metrics.inc("calls_ended")
+            self.idle_trim.note(len(self.table))  # the last call's memory back to the kernel
 
     # -- the caller's side in ---------------------------------------------------------
 

@@ -70,6 +70,7 @@ from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.providers import resilience
+from brisvox.runtime.memory import IdleTrim
 from ipc.frames import (
     CallAccepted,
     CallEnd,
@@ -159,6 +160,7 @@ class AgentProcess:
         self.records_dir = records_dir
         self.identity = f"agent-{rt.index}"
         self.calls: dict[str, _CallSlot] = {}
+        self.idle_trim = IdleTrim()
         self.links: Any = None
         self.workers: Any = None
         self.accepting = True
@@ -346,6 +348,7 @@ class AgentProcess:
             on_hangup=functools.partial(self._ended_itself, f.call_id),
         )
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
+        self.idle_trim.note(len(self.calls))
         actor.start()
         self.counters["calls_started"] += 1
         self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker), cid)
@@ -435,6 +438,7 @@ class AgentProcess:
             for r in slot.rings:
                 r.close()
             self.calls.pop(call_id, None)
+            self.idle_trim.note(len(self.calls))  # the last call's memory back to the kernel
             self.counters["calls_ended"] += 1
             if answer:
                 self.links.send(slot.gateway, CallEnded(call_id=call_id, reason=reason))

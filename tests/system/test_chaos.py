@@ -1,0 +1,42 @@
+"""The chaos run on the real daemon (``bench/harness/chaos``), with every judgment asserted.
+
+``BRISVOX_TEST_CHAOS_CALLS`` calls (default 60: 26 Twilio, 26 native, 8 SIP,
+which fits the 2-core CI budget in about two minutes; ``python -m bench
+chaos`` runs 100) against ``brisvoxd`` with 2 workers and 2 agent processes;
+the fault schedule SIGKILLs agent-1 and worker-1 mid-run, the loopback
+vendors cut an STT and a TTS socket, hang an LLM request and answer one 429,
+and callers read slowly, never echo marks, send malformed messages and hang
+up mid-answer and mid-tool. What each judgment means is in
+``bench/harness/chaos/judge.py`` and docs/BENCHMARKS.md ("Chaos run").
+
+The run cleans up after itself whatever happens (the daemon's process group,
+the vendor process, the instance's /dev/shm segments; ``run_chaos``'s
+``finally``), and ``short_tmp`` removes its directory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bench.harness.chaos.run import run_chaos
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(420)]
+
+N_CALLS = int(os.environ.get("BRISVOX_TEST_CHAOS_CALLS", "60"))
+N_SIP = max(2, N_CALLS // 8)
+
+# judgments known to fail because of a product defect (key -> the defect); see the report
+KNOWN_DEFECTS: dict[str, str] = {}
+
+
+def test_chaos_run_every_judgment(short_tmp):
+    rep = run_chaos(short_tmp, N_CALLS, N_SIP, log=lambda *_: None)
+    failed = rep.failed()
+    known = [c for c in failed if c.key in KNOWN_DEFECTS]
+    other = [c for c in failed if c.key not in KNOWN_DEFECTS]
+    summary = "\n".join(f"{c.key}: {c.figure}: {c.value} {c.unit} (target {c.target}) {c.detail}" for c in failed)
+    assert not other, summary
+    if known:
+        pytest.xfail("; ".join(f"{c.key}: {KNOWN_DEFECTS[c.key]}" for c in known))
