@@ -325,3 +325,146 @@ def test_the_idle_refresh_connects_at_80_percent_and_swaps_only_when_idle() -> N
         return out
 
     assert run_virtual(main) == [8.0, 1, True, 16.05, 1, True, 2, True, ["TtsAudio", "TtsFlushed"]]
+
+
+# --- TTS: the events are handed on in the consumer's task ----------------------------------
+
+
+class StuckTtsSess(TtsSess):
+    """A session whose close does not end its events (a socket whose close handshake hangs)
+    and whose sends can be made to hang."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hang = False
+
+    async def send_text(self, context: int, text: str, *, continue_: bool, timeout: float) -> None:  # noqa: ASYNC109
+        if self.hang:
+            await asyncio.get_running_loop().create_future()  # never answers
+        await super().send_text(context, text, continue_=continue_, timeout=timeout)
+
+    async def close(self, timeout: float) -> None:  # noqa: ASYNC109
+        self.closed = True
+
+
+class StuckTtsProv(TtsProv):
+    async def connect(self, config: TtsConfig, timeout: float) -> TtsSess:  # noqa: ASYNC109
+        self.connects.append(asyncio.get_running_loop().time())
+        await asyncio.sleep(0.05)
+        s = StuckTtsSess()
+        self.sessions.append(s)
+        return s
+
+
+def test_audio_reaches_the_consumer_in_its_own_task_with_no_wrapper_task_between() -> None:
+    """The old design had a reader task per session (``tts-resilience-reader``) that pushed
+    each event into a queue of the wrapper's: an event reached the consumer one loop turn
+    after the provider pushed it. Now the consumer runs after that one turn itself."""
+
+    async def main() -> list[Any]:
+        prov = TtsProv()
+        s = await ResilientTts(prov, resilience=Resilience()).connect(TtsConfig(), 5.0)
+        got: list[Any] = []
+        seen: list[str] = []
+
+        async def consume() -> None:
+            async for ev in s.events():
+                seen.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+                got.append(ev)
+
+        r = asyncio.get_running_loop().create_task(consume(), name="consumer")
+        await s.send_text(1, "Hi", continue_=False, timeout=2.0)
+        await asyncio.sleep(0.01)
+        names = sorted(t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("tts-"))
+        turns = []
+        for i in range(3):
+            prov.sessions[0].q.push(TtsAudio(1, b"\0\0"))
+            await asyncio.sleep(0)  # one loop turn: the consumer's wakeup runs before ours
+            turns.append(len(got) == i + 1)
+        await s.close(0.1)
+        await asyncio.sleep(0)
+        out = [names, turns, set(seen), [type(e).__name__ for e in got], r.done()]
+        return out
+
+    assert run_virtual(main) == [["tts-resilience"], [True, True, True], {"consumer"},
+                                 ["TtsAudio", "TtsAudio", "TtsAudio", "TtsClosed"], True]
+
+
+def test_a_hung_send_recovers_at_the_send_timeout_though_the_dead_session_never_ends() -> None:
+    """The send hangs and closing the session does not end its events: the consumer's wait
+    is ended at the failure, and a cancel during the recovery (a side event) reaches it."""
+
+    async def main() -> list[Any]:
+        prov = StuckTtsProv()
+        w = ResilientTts(prov, resilience=Resilience())
+        s = await w.connect(TtsConfig(), 5.0)
+        got: list[Any] = []
+        r = asyncio.ensure_future(reader(s, got))
+        await s.send_text(1, "Hello", continue_=False, timeout=2.0)
+        prov.sessions[0].hang = True
+        t0 = asyncio.get_running_loop().time()
+        await s.send_text(2, "There", continue_=False, timeout=2.0)  # hangs 1.5 s, then fails
+        failed_after = round(asyncio.get_running_loop().time() - t0, 6)
+        s.cancel(1)  # after the failed send: the wrapper answers it (a side event)
+        await asyncio.sleep(0.2)
+        second = prov.sessions[1]
+        out: list[Any] = [failed_after, len(prov.sessions), second.texts, w.stats()["recoveries"],
+                          [(type(e).__name__, e.context) for e in got]]
+        second.q.push(TtsAudio(2, b"\0\0"))
+        await asyncio.sleep(0)
+        out.append(type(got[-1]).__name__)
+        await s.close(0.1)
+        await asyncio.sleep(0)
+        out += [type(got[-1]).__name__, got[-1].error, sum(isinstance(e, TtsClosed) for e in got), r.done()]
+        return out
+
+    assert run_virtual(main) == [1.5, 2, [(2, "There", False)], 1, [("TtsCancelled", 1)], "TtsAudio",
+                                 "TtsClosed", "", 1, True]
+
+
+def test_a_swap_moves_the_consumer_on_though_the_old_session_never_ends() -> None:
+    async def main() -> list[Any]:
+        prov = StuckTtsProv(idle=10.0)
+        w = ResilientTts(prov, resilience=Resilience())
+        s = await w.connect(TtsConfig(), 5.0)
+        got: list[Any] = []
+        r = asyncio.ensure_future(reader(s, got))
+        await asyncio.sleep(8.2)  # the refresh swapped at 8.05; the old session's close ended nothing
+        out: list[Any] = [w.stats()["refreshes"], s.inner is prov.sessions[1], prov.sessions[0].closed]
+        await s.send_text(3, "Hi", continue_=False, timeout=2.0)
+        prov.sessions[1].q.push(TtsAudio(3, b"\0\0"))
+        await asyncio.sleep(0)
+        out.append([(type(e).__name__, e.context) for e in got])
+        await s.close(0.1)  # the new session's close ends nothing either: the consumer still ends
+        await asyncio.sleep(0)
+        out += [[type(e).__name__ for e in got], r.done(), w.stats()["recoveries"]]
+        return out
+
+    assert run_virtual(main) == [1, True, True, [("TtsAudio", 3)], ["TtsAudio", "TtsClosed"], True, 0]
+
+
+def test_close_ends_the_events_once_during_a_recovery_and_before_the_first_iteration() -> None:
+    async def main() -> list[Any]:
+        prov = TtsProv()
+        w = ResilientTts(prov, resilience=Resilience())
+        s = await w.connect(TtsConfig(), 5.0)
+        got: list[Any] = []
+        r = asyncio.ensure_future(reader(s, got))
+        await s.send_text(1, "Hello", continue_=False, timeout=2.0)
+        prov.sessions[0].die()
+        await asyncio.sleep(0.01)  # the recovery's connect takes 50 ms
+        recovering = s.recovering
+        await s.close(0.1)
+        await asyncio.sleep(0.1)
+        out: list[Any] = [recovering, [(type(e).__name__, e.error) for e in got], r.done(),
+                          w.stats()["recoveries"], w.stats()["recovery_failures"], len(prov.sessions)]
+        again: list[Any] = []
+        await reader(s, again)  # the events ended: nothing more
+        s2 = await w.connect(TtsConfig(), 5.0)
+        await s2.close(0.1)
+        late: list[Any] = []
+        await reader(s2, late)  # closed before anyone iterated: one TtsClosed("")
+        out += [again, [(type(e).__name__, e.error) for e in late]]
+        return out
+
+    assert run_virtual(main) == [True, [("TtsClosed", "")], True, 0, 0, 1, [], [("TtsClosed", "")]]

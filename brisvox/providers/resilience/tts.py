@@ -3,18 +3,39 @@
 Invariants:
 
 * ``connect`` is one operation of :mod:`.core`. The session it returns
-  forwards the stage's text, flushes and cancels to the provider session;
-  its reader hands the provider's events on in order, as they arrive (no hop
-  through another task: 50 audio events a second per call), and ONE relay
-  task handles the session's end, recoveries and the idle refresh; events of
-  a cancelled utterance other than its ``TtsCancelled`` are dropped.
+  forwards the stage's text, flushes and cancels to the provider session.
+  Its ``events()`` is a generator that runs in the CONSUMER'S task (the
+  stage's reader): it iterates the current provider session's events itself
+  and hands them on in order, as they arrive, with no hop through another
+  task (50 audio events a second per call); events of a cancelled utterance
+  other than its ``TtsCancelled`` are dropped. When a provider session's
+  events end, the generator handles the end right there: after ``close`` it
+  yields ``TtsClosed("")`` (exactly once) and ends; when the session was
+  replaced (an idle refresh's swap) it goes on with the new one; otherwise
+  it runs the recovery (below) in the consumer's task and goes on with the
+  new session, or yields ``TtsClosed(why)`` and ends when it fails. One
+  relay task is left, for the idle refresh only.
+* Ending a wait: a failed send, a swap and ``close`` end the consumer's wait
+  on the provider session at once (the generator cancels the consumer's
+  task at that one await and takes the cancellation back, the pattern of
+  ``asyncio.timeout``; a cancellation from outside still propagates), so no
+  recovery waits for a dead or hung session's events to end. ``close`` also
+  ends a wait for a recovery's connect.
+* Side events (a ``TtsCancelled`` the wrapper answers itself: a cancel
+  during a recovery, after a failed send or after the death) go into a side
+  queue that the generator drains before it (re)enters a provider session's
+  events and after each of their events. One is never pushed while the
+  consumer waits on a live session: during a recovery the consumer is inside
+  it; a failed send ended the wait (or the consumer, not waiting, sees the
+  failure before its next wait); after the death the consumer is ending.
 * Each open utterance keeps its text (at most ``tts_max_text`` characters,
   ``tts_max_utterances`` utterances). When the provider session dies (its
   events end, a send fails or hangs), and every open utterance is unheard
-  (no audio and no word timing yet) and kept whole, the relay connects a new
-  session (the other leg first, paid, under the attempt timeout) and
-  re-speaks them there: their text, and their flush when the stage had sent
-  it. The stage sees nothing but the audio arriving later. When an open
+  (no audio and no word timing yet) and kept whole, a new session is
+  connected (the other leg first, paid, under the attempt timeout; or the
+  idle refresh's standby when one is ready) and the open utterances are
+  re-spoken there: their text, and their flush when the stage had sent it.
+  The stage sees nothing but the audio arriving later. When an open
   utterance was partly heard (or not kept whole) the session fails as
   before: its events end with ``TtsClosed`` and the stage marks the open
   utterances lost (resuming exactly would need word timings that may lag
@@ -23,22 +44,28 @@ Invariants:
   or flushes that arrive for them later are dropped, so a cancelled
   utterance never re-opens (it would be re-spoken by the next recovery after
   the stage was told it was cancelled, and block the idle refresh).
-* Idle refresh: a session with nothing in flight for ``idle_refresh`` (80 %)
-  of its provider's ``idle_limit()`` connects a new session of the same leg
-  in the background; it is swapped in while nothing is in flight (a refresh
-  that completes during an utterance waits as a standby until the utterance
-  ends) and the old one is closed. Nothing is in flight at the swap, so
-  nothing is heard; the next turn never pays a connect.
+* Idle refresh (the relay task): a session with nothing in flight for
+  ``idle_refresh`` (80 %) of its provider's ``idle_limit()`` connects a new
+  session of the same leg in the background; it is swapped in while nothing
+  is in flight and no recovery runs (a refresh that completes during an
+  utterance waits as a standby until the utterance ends) and the old one is
+  closed in the background. Nothing is in flight at the swap, so nothing is
+  heard; the next turn never pays a connect.
 * Stage calls never wait for a recovery: during one, text and flushes are
   only recorded (and go out with the re-speak).
+* Breaker verdicts: a connect (probation for a probe); the first event
+  (other than a ``TtsCancelled`` or one of a cancelled utterance) proves a
+  session healthy; a death before that and before ``healthy_after`` counts
+  as a failure of its leg.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from brisvox.providers.base import (
     ProviderError,
@@ -63,9 +90,8 @@ from brisvox.providers.resilience.core import (
     as_provider_error,
     close_quietly,
 )
-from brisvox.providers.scripted_session import EventQueue
 
-_SWAP = "\x00swap"
+_RECOVERING = object()  # what the consumer waits on during a recovery's connect
 
 
 @dataclass(slots=True)
@@ -129,7 +155,13 @@ class ResilientTtsSession:
         self.dead = False
         self.recovering = False
         self._failed: str = ""  # a send to the current session failed
-        self._out = EventQueue((TtsClosed,))
+        self._side: deque[TtsEvent] = deque()  # events of the wrapper's own, for the consumer
+        self._ended = False  # the consumer was handed the last event (a TtsClosed)
+        self._consumer: asyncio.Task[object] | None = None  # the task iterating events()
+        self._waiting: object = None  # what the consumer waits on: a provider session, _RECOVERING
+        self._kicked = False  # the consumer's task was cancelled to end that wait
+        self._cancel_base = 0  # the consumer task's cancelling() count when it started iterating
+        self._bg: set[asyncio.Task[None]] = set()  # background closes (referenced until done)
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._healthy = False
@@ -184,16 +216,18 @@ class ResilientTtsSession:
         if inner is not None and not self.recovering and not self._failed and not self.dead:
             inner.cancel(context)  # answered by the provider's TtsCancelled
         elif not self.closed:
-            self._out.push(TtsCancelled(context))
+            self._side_push(TtsCancelled(context))
         self._became_idle()
 
     def events(self) -> AsyncIterator[TtsEvent]:
-        return self._out.iterate()
+        """The session's events, in order, iterated in the caller's task. Called once."""
+        return self._events()
 
     async def close(self, timeout: float) -> None:  # noqa: ASYNC109
         if self.closed:
             return
         self.closed = True
+        self._kick(None)  # the consumer ends now (yields TtsClosed("")), even during a recovery
         self._wake.set()
         for t in (self._task, self._refresh):
             if t is not None and not t.done():
@@ -205,11 +239,10 @@ class ResilientTtsSession:
             self._standby = None
         if self.inner is not None:
             await close_quietly(self.inner, to)
-        self._out.push(TtsClosed(""))
 
     async def _push(self, context: int, u: _Utt, timeout: float) -> None:  # noqa: ASYNC109
         """Send what the current session has not seen of ``u`` (never waits for a recovery)."""
-        if self.recovering or self._failed or self.inner is None:
+        if self.recovering or self._failed or self.inner is None or self.closed:
             return
         inner = self.inner
         async with self._lock:
@@ -227,107 +260,187 @@ class ResilientTtsSession:
             except (ProviderError, TimeoutError, OSError):
                 if inner is self.inner:
                     self._failed = "send"
-                    self._wake.set()
+                    if not self._kick(inner) and self._waiting is inner:
+                        # a cancellation from outside is under way (it ends the wait); close the
+                        # session anyway, so that its events end whatever the consumer does
+                        self._background(close_quietly(inner, self.cfg.close_timeout), "tts-close-failed")
 
     def _became_idle(self) -> None:
         if not self.utts and self.idle_since is None:
             self.idle_since = self.clock.now()
             self._wake.set()
 
-    # -- the relay task --------------------------------------------------------------
-    async def _relay(self) -> None:
-        while True:
-            why = await self._drive()
-            if self.closed:
-                return
-            if why == _SWAP:
-                continue
-            if not await self._recover(why):
-                self.dead = True
-                self._out.push(TtsClosed(why))
-                return
+    def _side_push(self, ev: TtsEvent) -> None:
+        if self._ended:
+            return
+        # the consumer never waits on a live session with a side event pending (module doc)
+        assert self._waiting is None or self._waiting is _RECOVERING or self._kicked or self._outside_cancel(), \
+            "a side event while the consumer waits on a live session"
+        self._side.append(ev)
 
-    def _refresh_due(self) -> float | None:
-        frac = self.cfg.idle_refresh
-        if frac <= 0 or self.idle_since is None or self._standby is not None:
-            return None
-        if self._refresh is not None and not self._refresh.done():
-            return None
-        limit = self.legs.legs[self.leg].provider.idle_limit()
-        return None if limit is None else self.idle_since + frac * limit
+    def _background(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        t = asyncio.get_running_loop().create_task(coro, name=name)
+        self._bg.add(t)
+        t.add_done_callback(self._bg.discard)
 
-    async def _drive(self) -> str:
-        inner = self.inner
-        assert inner is not None
-        evq: deque[TtsEvent] = deque()
-        wake = self._wake
+    # -- ending the consumer's wait ----------------------------------------------------
+    def _kick(self, on: object) -> bool:
+        """End the consumer's wait on ``on`` (None: on anything): cancel its task at that
+        one await; the generator takes the cancellation back (:meth:`_unkick`). Not when a
+        cancellation from outside is under way (it ends the wait itself). True: kicked."""
+        t = self._consumer
+        w = self._waiting
+        if t is None or w is None or (on is not None and w is not on):
+            return False
+        if self._kicked:
+            return True
+        if t is asyncio.current_task() or t.done() or self._outside_cancel():
+            return False
+        self._kicked = True
+        t.cancel()
+        return True
 
-        async def read() -> None:
-            try:
-                async for ev in inner.events():
-                    if isinstance(ev, TtsClosed):
-                        evq.append(ev)
-                        wake.set()
-                        return
-                    self._on_event(ev)  # in order, without a hop through the relay (the hot path)
-            except (ProviderError, OSError) as e:
-                evq.append(TtsClosed(type(e).__name__))
-            else:
-                evq.append(TtsClosed("ended"))
-            wake.set()
+    def _outside_cancel(self) -> bool:
+        t = self._consumer
+        return t is not None and t.cancelling() > self._cancel_base + self._kicked
 
-        reader = asyncio.get_running_loop().create_task(read(), name="tts-resilience-reader")
+    def _unkick(self) -> None:
+        """Take a kick's cancellation back; a cancellation from outside as well propagates."""
+        self._kicked = False
+        t = self._consumer
+        assert t is not None
+        if t.uncancel() > self._cancel_base:
+            raise asyncio.CancelledError
+
+    # -- the consumer's task ---------------------------------------------------------
+    async def _events(self) -> AsyncIterator[TtsEvent]:
+        if self._ended:
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._consumer = task
+        self._cancel_base = task.cancelling()
+        side = self._side
         try:
             while True:
-                while evq:
-                    ev = evq.popleft()
-                    if isinstance(ev, TtsClosed):
-                        return ev.error or "closed"
-                    self._on_event(ev)
+                while side:
+                    yield side.popleft()
                 if self.closed:
-                    return ""
-                if self._failed:
-                    return self._failed
-                if self._standby is not None and not self.utts:
-                    self._swap()
-                    return _SWAP
-                due = self._refresh_due()
-                if due is not None and self.clock.now() >= due:
-                    self._refresh = asyncio.get_running_loop().create_task(self._refresh_main(),
-                                                                           name="tts-refresh")
+                    break
+                inner = self.inner
+                why = self._failed or "closed"  # no session: a recovery was cut short (cancelled)
+                if inner is not None:
+                    why = ""
+                    it = inner.events().__aiter__()
+                    try:
+                        while not (self.closed or self._failed or inner is not self.inner):
+                            self._waiting = inner
+                            try:
+                                ev = await it.__anext__()
+                            except StopAsyncIteration:
+                                why = "ended"
+                                break
+                            except (ProviderError, OSError) as e:
+                                why = type(e).__name__
+                                break
+                            except asyncio.CancelledError:
+                                if not self._kicked:
+                                    raise
+                                self._unkick()
+                                break
+                            finally:
+                                self._waiting = None
+                            if self._kicked:  # the session swallowed the kick
+                                self._unkick()
+                                break
+                            if isinstance(ev, TtsClosed):
+                                why = ev.error or "closed"
+                                break
+                            out = self._filter(ev)
+                            if out is not None:
+                                yield out
+                            while side:
+                                yield side.popleft()
+                    finally:
+                        aclose = getattr(it, "aclose", None)
+                        if aclose is not None:
+                            try:
+                                await aclose()
+                            except (ProviderError, OSError, RuntimeError):
+                                pass
+                    if self.closed:
+                        break
+                    if self.inner is not None and inner is not self.inner:
+                        continue  # swapped by the refresh: go on with the new session
+                why = self._failed or why
+                if await self._recover(why):
                     continue
-                if evq:
-                    continue
-                wake.clear()
-                try:
-                    async with asyncio.timeout_at(due):  # the loop's clock, as the injected one
-                        await wake.wait()
-                except TimeoutError:
-                    pass
+                if self.closed:
+                    break
+                self.dead = True
+                self._wake.set()  # the relay ends
+                while side:
+                    yield side.popleft()
+                self._ended = True
+                yield TtsClosed(why)
+                return
+            while side:
+                yield side.popleft()
+            self._ended = True
+            yield TtsClosed("")
         finally:
-            reader.cancel()
-            await asyncio.wait([reader], timeout=0.5)
+            self._waiting = None
+            if self._consumer is task:
+                self._consumer = None
 
-    def _on_event(self, ev: TtsEvent) -> None:
-        ctx = getattr(ev, "context", None)
+    def _filter(self, ev: TtsEvent) -> TtsEvent | None:
+        """The bookkeeping of one provider event; the event to hand on, or None (dropped)."""
         if isinstance(ev, TtsCancelled):
-            self._out.push(ev)
-            return
+            return ev
+        ctx = getattr(ev, "context", None)
         if ctx in self._cancelled_set:
-            return
+            return None
         if not self._healthy:
             self._healthy = True
             self.legs.legs[self.leg].breaker.healthy()
-        if isinstance(ev, TtsAudio | TtsWord):
+        if isinstance(ev, (TtsAudio, TtsWord)):
             u = self.utts.get(ev.context)
             if u is not None:
                 u.started = True
         elif isinstance(ev, TtsFlushed):
             self.utts.pop(ev.context, None)
-            self._out.push(ev)
             self._became_idle()
-            return
-        self._out.push(ev)
+        return ev
+
+    # -- the relay task: the idle refresh ------------------------------------------------
+    def _live(self) -> bool:
+        return self.inner is not None and not self.recovering and not self._failed and not self.dead
+
+    async def _relay(self) -> None:
+        wake = self._wake
+        while not self.closed and not self.dead:
+            if self._standby is not None and not self.utts and self._live():
+                self._swap()
+                continue
+            due = self._refresh_due()
+            if due is not None and self.clock.now() >= due:
+                self._refresh = asyncio.get_running_loop().create_task(self._refresh_main(), name="tts-refresh")
+                continue
+            wake.clear()
+            try:
+                async with asyncio.timeout_at(due):  # the loop's clock, as the injected one
+                    await wake.wait()
+            except TimeoutError:
+                pass
+
+    def _refresh_due(self) -> float | None:
+        frac = self.cfg.idle_refresh
+        if frac <= 0 or self.idle_since is None or self._standby is not None or not self._live():
+            return None
+        if self._refresh is not None and not self._refresh.done():
+            return None
+        limit = self.legs.legs[self.leg].provider.idle_limit()
+        return None if limit is None else self.idle_since + frac * limit
 
     def _swap(self) -> None:
         assert self._standby is not None
@@ -339,7 +452,8 @@ class ResilientTtsSession:
         self._since = self.idle_since = self.clock.now()
         self.legs.count("refreshes")
         if old is not None:
-            asyncio.get_running_loop().create_task(close_quietly(old, self.cfg.close_timeout), name="tts-close-old")
+            self._kick(old)  # the consumer goes on with the new session at once
+            self._background(close_quietly(old, self.cfg.close_timeout), "tts-close-old")
 
     async def _refresh_main(self) -> None:
         legs = self.legs
@@ -370,6 +484,7 @@ class ResilientTtsSession:
         self._standby = (i, session)
         self._wake.set()
 
+    # -- the recovery (in the consumer's task) ---------------------------------------------
     async def _recover(self, why: str) -> bool:
         legs = self.legs
         if any(u.started or not u.kept for u in self.utts.values()):
@@ -383,13 +498,28 @@ class ResilientTtsSession:
             old, self.inner = self.inner, None
             if old is not None:
                 await close_quietly(old, self.cfg.close_timeout)
+            if self.closed:
+                return False
             if self._standby is not None:
                 (i, inner), self._standby = self._standby, None
             else:
+                self._waiting = _RECOVERING  # close() ends this wait
                 try:
                     i, inner = await legs.connect(lambda p, t: p.connect(self.config, t), None, failed=self.leg)
                 except ProviderError:
                     legs.count("recovery_failures")
+                    return False
+                except asyncio.CancelledError:
+                    if not self._kicked:
+                        raise
+                    self._unkick()
+                    return False
+                finally:
+                    self._waiting = None
+                if self._kicked:
+                    self._unkick()
+                if self.closed:
+                    await close_quietly(inner, self.cfg.close_timeout)
                     return False
             self.leg, self.inner = i, inner
             self.sample_rate = inner.sample_rate
@@ -400,6 +530,7 @@ class ResilientTtsSession:
                 u.opened, u.flush_sent, u.pending = False, False, list(u.history)
         finally:
             self.recovering = False
+        self._wake.set()  # the relay looks again (a standby, the refresh's due time)
         legs.count("recoveries")
         legs.count("respoken", len(self.utts))
         for ctx, u in list(self.utts.items()):
