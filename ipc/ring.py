@@ -35,7 +35,9 @@ Invariants:
   the publish order above is what keeps readers consistent.
 
 Segments live in ``/dev/shm`` and are named ``brisvox.<instance>.<call>.<kind>``
-(see :func:`ring_name`). We map the file directly instead of using
+(see :func:`ring_name`), created mode 0600. The orphan sweep
+(:func:`sweep_segments`) removes only dead instances' segments that the
+sweeping user owns; another user's are left and reported. We map the file directly instead of using
 ``multiprocessing.shared_memory``: on Python 3.11 its resource tracker
 unlinks segments a process merely attached to when that process exits, and it
 spawns a tracker process per child.
@@ -46,6 +48,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,34 +100,77 @@ def instance_alive(instance: str) -> bool:
         return False
 
 
-def sweep_orphans(keep: str | None = None) -> list[str]:
-    """Unlink every ``brisvox.*`` segment whose instance is dead.
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """What a sweep did: ``removed`` dead instances' segments, left ``foreign`` ones (``uids``)."""
+
+    removed: list[str]
+    foreign: list[str]
+    uids: list[int]
+
+
+def sweep_decision(instance: str, keep: str | None, owner_uid: int, uid: int,
+                   alive: Callable[[str], bool]) -> str:
+    """``"remove"``, ``"keep"`` (ours, or alive) or ``"foreign"`` for one segment.
+
+    A segment another user owns is never removed, whether its instance looks
+    dead or not (its processes may just be invisible to us); ``alive`` is only
+    asked about our own.
+    """
+    if owner_uid != uid:
+        return "foreign"
+    if instance == keep or alive(instance):
+        return "keep"
+    return "remove"
+
+
+def sweep_segments(keep: str | None = None, uid: int | None = None,
+                   alive: Callable[[str], bool] | None = None) -> Sweep:
+    """Unlink every ``brisvox.*`` segment of a dead instance that ``uid`` (default: us) owns.
 
     ``keep`` names an instance to spare even if its owner looks dead (the
-    caller's own). Returns the names removed.
+    caller's own). Segments of other users are left and reported.
     """
+    uid = os.geteuid() if uid is None else uid
+    is_alive = instance_alive if alive is None else alive
+    seen: dict[str, bool] = {}
+
+    def cached(inst: str) -> bool:
+        if inst not in seen:
+            seen[inst] = is_alive(inst)
+        return seen[inst]
+
     removed: list[str] = []
-    alive: dict[str, bool] = {}
+    foreign: list[str] = []
+    uids: set[int] = set()
     try:
         entries = list(SHM_DIR.iterdir())
     except OSError:
-        return removed
+        return Sweep(removed, foreign, [])
     for entry in entries:
         m = _NAME_RE.match(entry.name)
         if not m:
             continue
-        inst = m.group(1)
-        if inst == keep:
+        try:
+            owner = entry.lstat().st_uid
+        except FileNotFoundError:
             continue
-        if inst not in alive:
-            alive[inst] = instance_alive(inst)
-        if not alive[inst]:
+        verdict = sweep_decision(m.group(1), keep, owner, uid, cached)
+        if verdict == "foreign":
+            foreign.append(entry.name)
+            uids.add(owner)
+        elif verdict == "remove":
             try:
                 entry.unlink()
                 removed.append(entry.name)
             except FileNotFoundError:
                 pass
-    return removed
+    return Sweep(removed, foreign, sorted(uids))
+
+
+def sweep_orphans(keep: str | None = None) -> list[str]:
+    """Names removed by :func:`sweep_segments` of our own dead instances."""
+    return sweep_segments(keep).removed
 
 
 def list_segments(instance: str | None = None) -> list[str]:

@@ -31,6 +31,7 @@ enabled = false
 
 [websocket]
 port = 0
+handshakes_per_s = 0  # every call comes from this one loopback caller, BRISVOX_TEST_CALLS of them
 
 [smart_turn]
 enabled = {st}

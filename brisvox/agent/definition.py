@@ -12,7 +12,7 @@ offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
   variable) and any ``api_key``/``key``/``token``/``secret``/``password`` key
   is refused by the schema. The check reports an unset variable as a
   warning (offline: no key needed to check a file); :func:`resolve_key` reads
-  it when a call is built.
+  it (or the systemd credential of that name) when a call is built.
 * Fail closed: a tool listed in ``tools`` that nothing provides (the built-in
   telephony tools, or a ``tool_modules`` entry ``package.module:function``
   returning ``(ToolSpec, tool)`` pairs) is an ERROR naming its line and what
@@ -267,7 +267,7 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
         for i, leg in enumerate(getattr(agent, stage).legs()):
             where = [stage] if i == 0 else [stage, "secondary"]
             var = leg.key_env
-            if var and leg.provider not in KEY_OPTIONAL and not env.get(var):
+            if var and leg.provider not in KEY_OPTIONAL and not resolve_key(leg, env):
                 problems.append(Problem("warning", ".".join([*where, "api_key_env"]),
                                         line_of(lines, [*where, "api_key_env"]) or line_of(lines, where),
                                         f"{var} is not set: calls with this agent will fail to start {stage}"))

@@ -40,7 +40,8 @@ def lines(snap: dict[str, Any], cfg: Any, foreground: bool) -> list[str]:
             first = first or f"ws://{ws}{r.path}"
             name = default if r.agent == "default" else r.agent
             kind = "Twilio Media Streams" if r.protocol == "twilio" else "native protocol"
-            rows.append((f"ws://{ws}{r.path}", f"{kind}, agent {name} (or {r.path}/<agent>)"))
+            extra = f" (or {r.path}/<{'|'.join(r.agents)}>)" if r.agents else ""
+            rows.append((f"ws://{ws}{r.path}", f"{kind}, agent {name}{extra}"))
     sip = eps.get("sip")
     if sip:
         scfg = cfg.section("sip")

@@ -1,4 +1,4 @@
-"""``brisvox``: user tools (models, call records, a test call, benchmarks).
+"""``brisvox``: user tools (models, call records, a test call, native tokens, benchmarks).
 
 Each subcommand lives in its own module exposing ``add_parser(subparsers)``
 and ``run(args) -> int``; this file only lists them, so importing the CLI
@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "models": "workers.models_cli",
     "calls": "brisvox.cli.calls",
     "call": "brisvox.client.call_cli",
+    "token": "brisvox.cli.ws_token",
 }
 
 

@@ -41,8 +41,11 @@ def _runtime_dir(args: argparse.Namespace) -> Path:
 
     if getattr(args, "runtime_dir", None):
         return Path(args.runtime_dir)
+    from brisvox.config.secrets import deferred
+
     try:
-        cfg = _load(args)
+        with deferred():  # a secret of the service's environment is not needed to find the daemon
+            cfg = _load(args)
     except ConfigError as e:
         _err(f"warning: {e}; using the default runtime dir")
         cfg = DaemonConfig()
@@ -100,8 +103,9 @@ def _wait_gone(rdir: Path, timeout: float) -> bool:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from brisvox.daemon.arbiter import Arbiter
-    from brisvox.runtime.paths import AlreadyRunning, PidLock, prepare_dirs
+    from brisvox.runtime.paths import AlreadyRunning, PidLock, prepare_dirs, restrict_umask
 
+    restrict_umask()  # first: the runtime dir, pid file, log file and every child's files are owner-only
     try:
         cfg = _load(args).with_counts(args.workers, args.agents)
         rdir, sdir = prepare_dirs(cfg)
@@ -142,7 +146,8 @@ def _daemonize(cfg: DaemonConfig, rdir: Path, sdir: Path, lock: Any, counts: tup
                 os._exit(0)
             os.chdir("/")
             null = os.open(os.devnull, os.O_RDWR)
-            out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.fchmod(out, 0o600)  # a log file left by an older version may be group-readable
             os.dup2(null, 0)
             os.dup2(out, 1)
             os.dup2(out, 2)
@@ -282,15 +287,23 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    """A daemon config (and every agent file it names), or one agent file."""
+    """A daemon config (and every agent file it names), or one agent file.
+
+    Besides the errors (exit 2), a daemon config gets the file-mode audit
+    (:mod:`brisvox.config.audit`): one ``warning:`` line each, exit unchanged
+    unless ``--strict`` (then 1 when there is any).
+    """
     from brisvox.agent.definition import check_main, is_agent_file
     from brisvox.agent.host.config import check_referenced_agents
+    from brisvox.config.audit import audit
+    from brisvox.config.secrets import deferred
     from brisvox.runtime.paths import check_endpoint_lengths, runtime_dir
 
     if is_agent_file(args.file):
         return check_main(args.file)
     try:
-        cfg = load_config(args.file)
+        with deferred() as unresolved:  # offline: the service's env and credentials are not here
+            cfg = load_config(args.file)
         check_endpoint_lengths(runtime_dir(cfg), cfg)
     except ConfigError as e:
         _err(f"configuration error: {e}")
@@ -298,11 +311,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     errors, warnings = check_referenced_agents(cfg)
     for line in warnings:
         print(line)
+    security = audit(cfg, args.file, unresolved)
+    for line in security:
+        print(f"warning: {line}")
     if errors:
         for line in errors:
             _err(f"configuration error: {line}")
         return exitcodes.CONFIG
     names = ", ".join(["daemon", *sorted(cfg.sections)])
+    if security and args.strict:
+        _err(f"{args.file}: {len(security)} file-mode/secret warning(s) (--strict)")
+        return exitcodes.FAILURE
     print(f"{args.file}: ok (workers {cfg.daemon.workers}, agents {cfg.daemon.agents}; sections: {names})")
     return exitcodes.OK
 
@@ -345,6 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("check", help="validate a daemon config (with the agent files it names) or an agent file, offline")
     sp.add_argument("file")
+    sp.add_argument("--strict", action="store_true",
+                    help="exit 1 on a secret others can read or a runtime/state/records dir with loose modes")
     sp.set_defaults(func=cmd_check)
     return p
 

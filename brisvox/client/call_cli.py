@@ -71,7 +71,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-duration", type=float, default=300.0, metavar="S", help="hang up after this long")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="custom parameter passed to the agent (WebSocket protocols)")
-    p.add_argument("--token", default="", help="native protocol: the gateway's native_secret")
+    p.add_argument("--token", default="", help="native protocol: the gateway's native_secret, or a signed "
+                   "token for the agent (brisvox token); sent as Authorization: Bearer")
     p.add_argument("--models-dir", default=None, help="where the local models are (default: brisvox models)")
     p.set_defaults(run=run)
 

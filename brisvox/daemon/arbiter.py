@@ -23,10 +23,12 @@ timers (pings, hung detection, handshake timeouts, stop escalation,
 restarts after backoff, memory checks, sd_notify). There are no threads, so
 nothing fights the loop for state.
 
-Order at start (fork safety, see :mod:`brisvox.daemon.child`): take the pid
-lock, sweep orphan rings, bind the metrics listener and open the notify
-socket, fork every child, and only then create the ZeroMQ context and bind
-the two ROUTERs (children's DEALERs reconnect until the bind exists).
+Order at start (fork safety, see :mod:`brisvox.daemon.child`): umask 077
+(every file of the daemon and its children owner-only), take the pid lock,
+sweep orphan rings (only segments our own user owns; other users' are left
+and logged), bind the metrics listener and open the notify socket, fork
+every child, and only then create the ZeroMQ context and bind the two
+ROUTERs (children's DEALERs reconnect until the bind exists).
 
 Stop: in phases, gateway and agents first, then workers
 (:mod:`brisvox.daemon.shutdown`). At the end the instance's
@@ -57,7 +59,7 @@ from brisvox.daemon.sdnotify import Notifier
 from brisvox.daemon.shutdown import StopPlan
 from brisvox.daemon.slots import Slot, State, StormTracker
 from brisvox.runtime import exitcodes
-from brisvox.runtime.paths import PidLock
+from brisvox.runtime.paths import PidLock, restrict_umask
 
 log = logging.getLogger("brisvox.supervisor")
 
@@ -137,6 +139,7 @@ class Arbiter(ChildTable, HealthPolicy, StopPlan, CommandPlane):
     # -- lifecycle ---------------------------------------------------------------
 
     def run(self) -> int:
+        restrict_umask()  # before any child is forked (``brisvoxd start`` set it already)
         lg = self.config.daemon.log
         setup_logging("supervisor", "supervisor", lg.level, lg.format)
         self.init_signals()  # first: a signal that arrives during start is queued, then handled
@@ -159,13 +162,16 @@ class Arbiter(ChildTable, HealthPolicy, StopPlan, CommandPlane):
         return self.exit_code
 
     def start(self) -> None:
-        from ipc.ring import instance_id, sweep_orphans
+        from ipc.ring import instance_id, sweep_segments
 
         self.lock.write_pid(self.pid)
         self.instance = instance_id(self.pid)
-        removed = sweep_orphans(keep=self.instance)
-        if removed:
-            log.warning("removed %d shared-memory segments of dead instances", len(removed))
+        sweep = sweep_segments(keep=self.instance)
+        if sweep.removed:
+            log.warning("removed %d shared-memory segments of dead instances", len(sweep.removed))
+        if sweep.foreign:
+            log.info("left %d shared-memory segments of other users (uid %s) in place",
+                     len(sweep.foreign), ", ".join(map(str, sweep.uids)))
         if os.environ.get("BRISVOX_TEST_ROLE_MAIN"):
             log.warning("BRISVOX_TEST_ROLE_MAIN is set: test role mains in use (never in production)")
         addr = self.config.daemon.metrics.address()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from brisvox.config.errors import ConfigError
+from brisvox.config.secrets import SECRET_KEYS, resolve_secrets  # secret key forms
 from brisvox.gateway.fault_budget import (
     DEFAULT_MAX_FAULTS,
     DEFAULT_WINDOW_S,
@@ -27,6 +28,7 @@ from brisvox.gateway.fault_budget import (
     MAX_WINDOW_S,
     FaultBudget,
 )
+from brisvox.gateway.rate_limits import parse_rates
 from brisvox.gateway.transports import websocket_protocols
 from brisvox.wire.native import RATES as NATIVE_RATES
 
@@ -154,6 +156,10 @@ class SipConfig:
     max_message_bytes: int = 16384
     rtp_timeout_s: float = 60.0  # hang up after this long without RTP (0: never; held calls exempt)
     user_agent: str = "brisvox"
+    rtp_latch: str = "sdp"  # accept RTP only from the SDP's address ("sdp") or the first source ("first")
+    max_transactions: int = 4096  # server transactions at once; beyond it new requests get 503
+    invite_rate: tuple[str, ...] = ("10/second", "100/minute")  # new INVITEs per source address
+    options_rate: tuple[str, ...] = ("20/second",)  # OPTIONS per source address
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "sip") -> SipConfig:
@@ -184,6 +190,21 @@ class SipConfig:
             raise ConfigError(f"{where}.rtp_timeout_s", "must be >= 0")
         if cfg.max_message_bytes > 65535:
             raise ConfigError(f"{where}.max_message_bytes", "a UDP datagram holds at most 65535 bytes")
+        if cfg.rtp_latch not in ("sdp", "first"):
+            raise ConfigError(f"{where}.rtp_latch", f"expected \"sdp\" or \"first\", got {cfg.rtp_latch!r}")
+        if not 16 <= cfg.max_transactions <= 1_000_000:
+            raise ConfigError(f"{where}.max_transactions", "must be within 16..1000000")
+        for key in ("invite_rate", "options_rate"):
+            for i, rate in enumerate(getattr(cfg, key)):
+                try:
+                    parse_rates((rate,))
+                except ValueError as e:
+                    raise ConfigError(f"{where}.{key}[{i}]", f"expected e.g. \"10/second\": {e}") from None
+        if cfg.public_host:
+            try:
+                ipaddress.ip_address(cfg.public_host)
+            except ValueError:
+                raise ConfigError(f"{where}.public_host", "expected an IP address (it is the SDP's c= address)") from None
         return cfg
 
     @property
@@ -194,19 +215,73 @@ class SipConfig:
 @dataclass(frozen=True, slots=True)
 class WsRoute:
     """One WebSocket path: ``protocol`` (a WebSocket transport of
-    :data:`brisvox.gateway.transports.TRANSPORTS`: twilio | native) and the agent it serves."""
+    :data:`brisvox.gateway.transports.TRANSPORTS`: twilio | native) and the agent it serves.
+
+    ``agents`` are the agents ``<path>/<name>`` may pick besides ``agent`` (the
+    path itself always serves ``agent``); nothing else in ``agents_dir`` is
+    reachable through the route. ``allowed`` is False only on a route
+    :meth:`WebSocketConfig.route` resolved for a name not on that list (the
+    server refuses it)."""
 
     path: str
     protocol: str
     agent: str
+    agents: tuple[str, ...] = ()
+    allowed: bool = True
+
+    def admits(self, name: str) -> bool:
+        return name == self.agent or name in self.agents
 
 
 DEFAULT_ROUTES = (WsRoute("/twilio", "twilio", "default"), WsRoute("/ws", "native", "default"))
+ROUTE_KEYS = ("path", "protocol", "agent", "agents")
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (a listen address) accepts connections from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # "", "0.0.0.0"-like names and host names: assume reachable from outside
+
+
+def _routes(routes_raw: Any, where: str) -> tuple[WsRoute, ...]:
+    if not isinstance(routes_raw, list):
+        raise ConfigError(f"{where}.routes", "expected an array of tables")
+    routes = []
+    for i, r in enumerate(routes_raw):
+        key = f"{where}.routes[{i}]"
+        if not isinstance(r, dict):
+            raise ConfigError(key, "expected a table {path, protocol, agent, agents}")
+        extra = sorted(set(r) - set(ROUTE_KEYS))
+        if extra:
+            raise ConfigError(f"{key}.{extra[0]}", f"unknown key ({', '.join(ROUTE_KEYS)})")
+        path, proto, agent = r.get("path"), r.get("protocol"), r.get("agent", "default")
+        if type(path) is not str or not path.startswith("/"):
+            raise ConfigError(f"{key}.path", "expected a path starting with /")
+        if proto not in websocket_protocols():
+            raise ConfigError(f"{key}.protocol", f"expected one of {', '.join(websocket_protocols())}")
+        if type(agent) is not str:
+            raise ConfigError(f"{key}.agent", "expected an agent name")
+        _agent(f"{key}.agent", agent)
+        agents = _check_type(r.get("agents", []), tuple[str, ...], f"{key}.agents")
+        for j, name in enumerate(agents):
+            _agent(f"{key}.agents[{j}]", name)
+        routes.append(WsRoute(path.rstrip("/") or "/", proto, agent, tuple(dict.fromkeys(agents))))
+    return tuple(routes)
 
 
 @dataclass(frozen=True, slots=True)
 class WebSocketConfig:
-    """``[websocket]``: the WebSocket server (Twilio Media Streams and native)."""
+    """``[websocket]``: the WebSocket server (Twilio Media Streams and native).
+
+    Invariants (checked by :meth:`from_section`): a listener on a non-loopback
+    address has a credential for every protocol it routes (``native_secret``
+    for native routes, ``twilio_auth_token`` for Twilio routes) unless
+    ``allow_unauthenticated`` says otherwise; the per-source limits are >= 0
+    (0: no limit)."""
 
     enabled: bool = True
     host: str = "127.0.0.1"
@@ -214,9 +289,13 @@ class WebSocketConfig:
     routes: tuple[WsRoute, ...] = DEFAULT_ROUTES
     max_message_bytes: int = 262144  # a larger frame closes the connection (1009)
     max_send_buffer_bytes: int = 262144  # per connection; beyond it outbound audio is dropped, counted
-    native_secret: str = ""  # shared secret for /ws (Authorization: Bearer, or ?token=)
+    native_secret: str = ""  # native routes: the static secret, and the key of signed tokens
     twilio_auth_token: str = ""  # validate X-Twilio-Signature when set
     public_url: str = ""  # scheme://host the signature was computed over (default wss://<Host>)
+    allow_unauthenticated: bool = False  # lab only: a non-loopback listener without credentials
+    allowed_origins: tuple[str, ...] = ()  # Origin values let in ("*": any); no Origin is always let in
+    handshakes_per_s: int = 20  # per source IP, moving 1 s window (HTTP 429 beyond; 0: no limit)
+    max_connections_per_source: int = 200  # open connections per source IP (HTTP 503 beyond; 0: no limit)
     start_timeout_s: float = 10.0  # close a connection that never sends start
     native_rates: tuple[int, ...] = NATIVE_RATES
     # a live call survives malformed messages (counted, dropped) up to this many within fault_window_s
@@ -227,29 +306,14 @@ class WebSocketConfig:
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "websocket") -> WebSocketConfig:
         raw = dict(table or {})
+        # -- secrets (brisvox/config/secrets.py): each key of SECRET_KEYS["websocket"] may be given as
+        # <key>_env, <key>_file or <key>_credential; the value read replaces those forms here.
+        raw = resolve_secrets(raw, where, SECRET_KEYS["websocket"])
+        # -- end secrets
         routes_raw = raw.pop("routes", None)
         cfg = cls(**_parse(cls, raw, where))
         if routes_raw is not None:
-            if not isinstance(routes_raw, list):
-                raise ConfigError(f"{where}.routes", "expected an array of tables")
-            routes = []
-            for i, r in enumerate(routes_raw):
-                key = f"{where}.routes[{i}]"
-                if not isinstance(r, dict):
-                    raise ConfigError(key, "expected a table {path, protocol, agent}")
-                extra = sorted(set(r) - {"path", "protocol", "agent"})
-                if extra:
-                    raise ConfigError(f"{key}.{extra[0]}", "unknown key (path, protocol, agent)")
-                path, proto, agent = r.get("path"), r.get("protocol"), r.get("agent", "default")
-                if type(path) is not str or not path.startswith("/"):
-                    raise ConfigError(f"{key}.path", "expected a path starting with /")
-                if proto not in websocket_protocols():
-                    raise ConfigError(f"{key}.protocol", f"expected one of {', '.join(websocket_protocols())}")
-                if type(agent) is not str:
-                    raise ConfigError(f"{key}.agent", "expected an agent name")
-                _agent(f"{key}.agent", agent)
-                routes.append(WsRoute(path.rstrip("/") or "/", proto, agent))
-            cfg = dataclasses.replace(cfg, routes=tuple(routes))
+            cfg = dataclasses.replace(cfg, routes=_routes(routes_raw, where))
         _port(where, "port", cfg.port)
         _positive(where, max_message_bytes=cfg.max_message_bytes,
                   max_send_buffer_bytes=cfg.max_send_buffer_bytes, start_timeout_s=cfg.start_timeout_s)
@@ -263,14 +327,38 @@ class WebSocketConfig:
         if not 0 < cfg.fault_window_s <= MAX_WINDOW_S:
             raise ConfigError(f"{where}.fault_window_s",
                               f"must be > 0 and at most {MAX_WINDOW_S:g}, got {cfg.fault_window_s}")
+        for name in ("handshakes_per_s", "max_connections_per_source"):
+            if getattr(cfg, name) < 0:
+                raise ConfigError(f"{where}.{name}", f"must be >= 0 (0: no limit), got {getattr(cfg, name)}")
+        for i, origin in enumerate(cfg.allowed_origins):
+            if origin != "*" and not re.match(r"^[a-z][a-z0-9+.-]*://[^/\s]+$|^null$", origin, re.I):
+                raise ConfigError(f"{where}.allowed_origins[{i}]",
+                                  f"expected scheme://host[:port] (as browsers send it) or \"*\", got {origin!r}")
+        if cfg.enabled and not is_loopback(cfg.host) and not cfg.allow_unauthenticated:
+            for key, proto in cfg.missing_credentials():
+                raise ConfigError(f"{where}.{key}",
+                                  f"required: {where}.host {cfg.host!r} is not a loopback address and a route "
+                                  f"serves {proto} (set {where}.{key}, or {where}.allow_unauthenticated = true "
+                                  "for a lab)")
         return cfg
+
+    def missing_credentials(self) -> list[tuple[str, str]]:
+        """``(key, protocol)`` for every routed protocol whose credential is not set."""
+        protos = {r.protocol for r in self.routes}
+        out = []
+        if "native" in protos and not self.native_secret:
+            out.append(("native_secret", "native"))
+        if "twilio" in protos and not self.twilio_auth_token:
+            out.append(("twilio_auth_token", "twilio"))
+        return out
 
     def fault_budget(self) -> FaultBudget:
         """The fault budget of every live WebSocket call (:mod:`brisvox.gateway.fault_budget`)."""
         return FaultBudget(self.fault_max, self.fault_window_s, self.hangup_on_error)
 
     def route(self, path: str) -> WsRoute | None:
-        """Route for a request path: exact match, or ``<route>/<agent>`` for another agent."""
+        """Route for a request path: exact match, or ``<route>/<agent>`` for another agent
+        (``allowed`` False when the route does not list it: see :class:`WsRoute`)."""
         path = path.split("?", 1)[0].rstrip("/") or "/"
         for r in self.routes:
             if r.path == path:
@@ -280,7 +368,7 @@ class WebSocketConfig:
             if path.startswith(prefix):
                 agent = path[len(prefix):]
                 if AGENT_RE.match(agent):
-                    return WsRoute(path, r.protocol, agent)
+                    return WsRoute(path, r.protocol, agent, r.agents, r.admits(agent))
         return None
 
 

@@ -19,7 +19,10 @@ The hang-up reason decides how a leg tells the caller's side why
 ``stage_failed:`` (the agent ended the call because one of its stages
 failed) closes a WebSocket leg with 1011 and sends the SIP BYE with Q.850
 cause 41 (temporary failure); every other hang-up is a normal one (1000,
-cause 16).
+cause 16). A WebSocket leg's close frame carries the reason cut to 123
+bytes of UTF-8 at a character boundary (RFC 6455;
+:func:`brisvox.wire.ws_frames.close_reason`, applied by the connection), so
+a reason of any length or script still closes and the hang-up completes.
 
 Invariants: every method runs on the gateway's loop, inside the pacer's tick
 or the callback that read the agent's frame; none may block or await. A
@@ -33,9 +36,18 @@ from collections.abc import Callable
 
 import numpy as np
 
+from brisvox.wire.sip_message import quoted_string
+
 FAILURE_PREFIX = "stage_failed:"  # the agent's reason: a stage of the call failed
 WS_NORMAL, WS_FAILURE = 1000, 1011  # WebSocket close codes (RFC 6455 7.4.1)
 Q850_NORMAL, Q850_FAILURE = 16, 41  # normal call clearing, temporary failure
+REASON_TEXT_MAX = 128  # bytes of a hang-up reason in a SIP header's quoted-string
+
+
+def reason_text(reason: str, limit: int = REASON_TEXT_MAX) -> str:
+    """``reason`` made safe for a SIP quoted-string or reason phrase: control characters
+    (CR, LF, NUL, ...) become spaces, ``"`` and ``\\`` are escaped, at most ``limit`` bytes."""
+    return quoted_string(reason, limit)
 
 
 def is_failure(reason: str) -> bool:

@@ -28,6 +28,9 @@ Invariants:
   budget (with ``hangup_on_error``: the first one, with its own message).
 * A bad ``start`` (rate not offered) closes with 1003, a full gateway with
   1013, an oversized frame is closed by the server with 1009.
+* A connection let in with a signed token that carries ``params`` gets
+  exactly those as the call's parameters (the ``start`` message's are
+  ignored); otherwise the ``start`` message's are used.
 * In ``release`` mark mode (default) the gateway reports a mark as played
   when its release position passes it; in ``echo`` mode the client's echo
   does, as with Twilio.
@@ -170,7 +173,10 @@ class NativeSession(TransportLeg):
             return
         self.rate = start.rate
         self.marks_by_echo = start.marks_echo
-        if start.params is not None:
+        grant = getattr(self.conn, "grant", None)
+        if grant is not None and grant.params is not None:
+            call.params = grant.params  # a signed token's parameters: the client cannot change them
+        elif start.params is not None:
             call.params = start.params
         self.call = call
         self.conn.send_text(native.started(call.call_id, start.rate, call.agent))
@@ -218,7 +224,7 @@ class NativeSession(TransportLeg):
 
     def hangup(self, reason: str) -> None:
         self.conn.send_text(native.stop(reason))
-        self.conn.close(ws_close_code(reason), reason[:120])
+        self.conn.close(ws_close_code(reason), reason)  # the connection cuts it to 123 bytes
         self._ended(reason)
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:

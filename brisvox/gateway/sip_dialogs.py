@@ -10,13 +10,20 @@ either side (BYE in, BYE out, 480 before the answer).
 Invariants:
 
 * A call is admitted (rings created) only after the INVITE passed every
-  check that can refuse it without the core; a call refused or abandoned
-  before its agent side started is released through
+  check that can refuse it without the core: the message, its dialog
+  (Contact, From), its SDP (parsed, negotiated, an IP address of the RTP
+  socket's family) -- 400, 415, 420, 482 or 488 before anything is taken.
+  A call refused or abandoned after admission (no RTP port, the agent
+  refused, an error while building the leg) is released through
+  :meth:`~brisvox.gateway.host.CallHost.transport_ended` and
   :meth:`~brisvox.gateway.host.CallHost.abandon`, never left in the table.
 * The UAS sends BYE only once the 2xx was ACKed, or its retransmission timed
   out (RFC 3261 section 15): a hang-up while the 2xx is unacknowledged waits for the ACK.
 * Our BYE carries a Reason header (:func:`bye_reason`): Q.850 cause 16 with
-  the hang-up reason as its text, cause 41 for ``stage_failed:<stage>``.
+  the hang-up reason as its text, cause 41 for ``stage_failed:<stage>``; the
+  text is a quoted-string whatever the reason holds (control characters
+  removed, quotes and backslashes escaped, at most ``REASON_TEXT_MAX``
+  bytes), so a reason cannot add a header.
 * A leg ends once (``SipCall.ended``): RTP closed, dialog forgotten,
   :meth:`~brisvox.gateway.host.CallHost.transport_ended` called.
 * A re-INVITE while the previous INVITE is unfinished is answered 491; a
@@ -27,15 +34,16 @@ from __future__ import annotations
 
 import functools
 import logging
+from socket import AF_INET6
 from typing import TYPE_CHECKING, cast
 
 from brisvox.gateway.calls import AdmissionError
-from brisvox.gateway.leg import q850_cause
+from brisvox.gateway.leg import REASON_TEXT_MAX, q850_cause, reason_text
 from brisvox.gateway.sip_rtp import RATE, Addr, SipCall
 from brisvox.gateway.sip_transactions import SipTransactions
 from brisvox.wire import sdp
 from brisvox.wire.sip_dialog import Dialog, make_response
-from brisvox.wire.sip_message import SipMessage, new_tag, parse_name_addr, parse_uri
+from brisvox.wire.sip_message import SipMessage, new_tag, parse_uri, quoted_string
 from brisvox.wire.sip_transaction import (
     Action,
     Retransmit2xx,
@@ -53,9 +61,13 @@ log = logging.getLogger("brisvox.gateway.sip")
 def bye_reason(reason: str) -> str:
     """The BYE's Reason header value (RFC 3326): Q.850 cause 16 (normal clearing), or 41
     (temporary failure) for a call the agent ended because a stage failed; the text is
-    the reason, at most 40 characters, without quotes or backslashes."""
-    text = reason[:40].replace("\\", "").replace('"', "")
-    return f'Q.850;cause={q850_cause(reason)};text="{text}"'
+    the reason as a quoted-string (:func:`~brisvox.gateway.leg.reason_text`)."""
+    return f'Q.850;cause={q850_cause(reason)};text="{reason_text(reason, REASON_TEXT_MAX)}"'
+
+
+def warning(text: str) -> list[tuple[str, str]]:
+    """A Warning header (RFC 3261 20.43, code 305: incompatible media) with ``text`` escaped."""
+    return [("warning", f'305 brisvox "{quoted_string(text, 80)}"')]
 
 
 class SipDialogs(SipTransactions):
@@ -78,23 +90,33 @@ class SipDialogs(SipTransactions):
             return
         require = req.get("require")
         if require:
+            self.refuse("extension", "Require %s", require[:40])
             self._respond(tx, req, 420, extra=[("unsupported", require)])
+            return
+        try:
+            dialog = Dialog.from_invite(req, new_tag(), self.contact, addr)
+        except ValueError as e:
+            self.refuse("malformed", "INVITE from %s: %s", addr[0], str(e)[:80])
+            self._respond(tx, req, 400, "Bad Contact or From")
             return
         offer: sdp.SessionDescription | None = None
         neg: sdp.Negotiated | None = None
         if req.body:
             ctype = req.get("content-type").split(";")[0].strip().lower()
             if ctype != "application/sdp":
+                self.refuse("media_type", "Content-Type %s", ctype[:40])
                 self._respond(tx, req, 415, extra=[("accept", "application/sdp")])
                 return
             try:
                 offer = sdp.parse(req.body)
-                neg = sdp.negotiate(offer, self.cfg.codecs)
+                neg = self._negotiate(offer)
             except sdp.SdpError as e:
                 self.count("sip_invite_488")
-                self._respond(tx, req, 488, extra=[("warning", f'305 brisvox "{str(e)[:60]}"')])
+                self.refuse("sdp", "INVITE from %s: %s", addr[0], str(e)[:80])
+                self._respond(tx, req, 488, extra=warning(str(e)))
                 return
         if req.call_id in self.by_call_id:
+            self.refuse("loop", "Call-ID already in a call")
             self._respond(tx, req, 482)
             return
         agent = self._agent_for(req)
@@ -104,25 +126,33 @@ class SipDialogs(SipTransactions):
             self.count(f"sip_invite_503_{e.reason}")
             self._respond(tx, req, 503, extra=[("retry-after", "10")])
             return
-        dialog = Dialog.from_invite(req, new_tag(), self.contact, addr)
-        leg = SipCall(cast("SipUserAgent", self), call, req, tx, dialog, offer, neg)
-        call.transport_ids = {"sip_call_id": req.call_id[:128]}
         try:
-            call.params = {"from": parse_name_addr(req.get("from")).uri[:256],
-                           "to": parse_name_addr(req.get("to")).uri[:256]}
-        except ValueError:
-            pass
+            leg = SipCall(cast("SipUserAgent", self), call, req, tx, dialog, offer, neg)
+        except Exception:
+            self.call_host.transport_ended(call, "internal error")
+            self.call_host.abandon(call)
+            self._respond(tx, req, 500)
+            raise
+        call.transport_ids = {"sip_call_id": req.call_id[:128]}
+        call.params = {"from": dialog.remote_uri[:256], "to": dialog.local_uri[:256]}
         self.dialogs[(dialog.call_id, dialog.local_tag)] = leg
         self.by_call_id[dialog.call_id] = leg
         self._track(tx, functools.partial(self._invite_tx_event, leg))
         self.call_host.spawn(self._setup(leg))
 
+    def _negotiate(self, offer: sdp.SessionDescription) -> sdp.Negotiated:
+        """Offer/answer, and an address our RTP socket can send to (SdpError -> 488)."""
+        neg = sdp.negotiate(offer, self.cfg.codecs)
+        if neg.remote_host not in ("0.0.0.0", "::") and (":" in neg.remote_host) != (self.rtp_family == AF_INET6):
+            raise sdp.SdpError(f"connection address {neg.remote_host} is not of our RTP socket's family")
+        return neg
+
     async def _setup(self, leg: SipCall) -> None:
         """Open the call's RTP socket, then start the agent side (answer in _call_ready)."""
         try:
             await self.rtp_ports.open(leg, self.loop)
-        except OSError as e:
-            log.error("no RTP port for %s: %s", leg.call.call_id, e)
+        except Exception as e:  # OSError (none free) or anything else: the call must not stay
+            self.guard.log_limit("rtp_no_port", "no RTP port for %s: %s", leg.call.call_id, e, level=logging.ERROR)
             self.count("rtp_no_port")
             tx = leg.invite_tx
             if tx is not None and tx.state == "proceeding":
@@ -148,7 +178,7 @@ class SipDialogs(SipTransactions):
         if tx is None or tx.state != "proceeding" or leg.ended:
             return
         if not ok:
-            self._respond(tx, leg.invite, 503, why[:60] or "Service Unavailable", to_tag=leg.dialog.local_tag,
+            self._respond(tx, leg.invite, 503, reason_text(why, 60) or "Service Unavailable", to_tag=leg.dialog.local_tag,
                           extra=[("retry-after", "10")])
             self._end_leg(leg, "agent unavailable", send_bye=False)
             return
@@ -199,7 +229,7 @@ class SipDialogs(SipTransactions):
                     try:
                         ans = sdp.parse(req.body)
                         leg.offer = None
-                        leg.apply_negotiation(sdp.negotiate(ans, self.cfg.codecs))
+                        leg.apply_negotiation(self._negotiate(ans))
                     except sdp.SdpError:
                         self.count("sip_bad_ack_sdp")
                         self._end_leg(leg, "bad sdp in ack", send_bye=True)
@@ -225,9 +255,10 @@ class SipDialogs(SipTransactions):
         if req.body:
             try:
                 offer = sdp.parse(req.body)
-                neg = sdp.negotiate(offer, self.cfg.codecs)
+                neg = self._negotiate(offer)
             except sdp.SdpError as e:
-                self._respond(tx, req, 488, extra=[("warning", f'305 brisvox "{str(e)[:60]}"')])
+                self.refuse("sdp", "re-INVITE: %s", str(e)[:80])
+                self._respond(tx, req, 488, extra=warning(str(e)))
                 return
             leg.offer = offer
             was_hold = leg.neg.on_hold if leg.neg else False

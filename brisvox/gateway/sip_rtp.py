@@ -13,19 +13,32 @@ Invariants:
 * RTP from a source outside ``[sip] allow`` is dropped before parsing, a
   malformed packet costs one parse and two counters; neither touches
   another call. The jitter buffer holds at most ``max_buffered_packets``.
+* Strict RTP (``[sip] rtp_latch``): a call takes RTP from one source only,
+  its latch; a packet from any other address or port is dropped before
+  parsing and counted (``rtp_foreign_dropped``, per call and in total).
+  ``"sdp"``: the latch is the connection address and port of the last SDP
+  that named one (a hold's ``0.0.0.0`` keeps the previous one); nothing is
+  taken before an SDP named one. ``"first"`` (NAT): the first source after
+  the answer, which also becomes where our RTP goes; an SDP naming a new
+  address re-arms the latch; packets before the answer are dropped
+  (``rtp_early_dropped``).
 * Outbound RTP is built in one reused buffer per call (header + payload, no
   allocation per frame); a frame beyond that buffer is refused.
 * A leg sends audio only while answered or confirmed, with a negotiated
   codec and a remote address (``can_send``); a Clear or a Pause ends the
   talkspurt (the next packet carries the marker bit).
-* RTP ports are even (RTCP would take the odd one above); the allocator
-  wraps around the range and skips ports in use.
+* RTP ports are even (RTCP would take the odd one above) and handed out in
+  random order (a uniformly random free port, ``secrets.SystemRandom``), so
+  a call's port cannot be guessed from the previous one; a port is in at
+  most one call's hands: it returns to the free list only when that call's
+  socket is closed, and a port another process holds is skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import secrets
 import socket
 from collections.abc import Callable
@@ -91,6 +104,11 @@ class SipCall(TransportLeg):
         self.rtp: RtpProtocol | None = None
         self.rtp_port = 0
         self.remote: Addr | None = (neg.remote_host, neg.remote_port) if neg and neg.we_send else None
+        self.latch_first = ua.cfg.rtp_latch == "first"
+        self.latch: Addr | None = None  # the one source RTP is taken from
+        self._sdp_addr: Addr | None = None
+        if neg is not None:
+            self._relatch(neg)
         self.ok_retx: Retransmit2xx | None = None
         self.jb = JitterFor(ua.cfg)
         self.dtmf_rx = dtmf.EventReceiver()
@@ -114,9 +132,25 @@ class SipCall(TransportLeg):
     def apply_negotiation(self, neg: sdp.Negotiated) -> None:
         self.neg = neg
         self.codec = CODECS[neg.codec]
-        self.remote = (neg.remote_host, neg.remote_port) if neg.we_send else None
-        if not neg.we_send:
+        self._relatch(neg)
+        if neg.we_send:
+            self.remote = self.latch if self.latch_first and self.latch is not None else \
+                (neg.remote_host, neg.remote_port)
+        else:
+            self.remote = None
             self.sender.end_spurt()
+
+    def _relatch(self, neg: sdp.Negotiated) -> None:
+        """The latch after an SDP (see the module invariants)."""
+        if neg.remote_host in ("0.0.0.0", "::") or not neg.remote_port:
+            return  # hold: the previous latch stands
+        addr = (neg.remote_host, neg.remote_port)
+        if self.latch_first:
+            if addr != self._sdp_addr:
+                self.latch = None  # a new address: the next source after the answer
+        else:
+            self.latch = addr
+        self._sdp_addr = addr
 
     def answer_sdp(self) -> bytes:
         return sdp.build(host=self.ua.cfg.advertised_host, port=self.rtp_port, session_id=self.sdp_session,
@@ -131,10 +165,27 @@ class SipCall(TransportLeg):
             return
         if self.ended:
             return
+        src = (addr[0], addr[1])
+        latch = self.latch
+        if latch is None and self.latch_first:
+            if self.state not in ("answered", "confirmed"):
+                ua.count("rtp_early_dropped")
+                return
+            self.latch = latch = src
+            if self.remote is not None:
+                self.remote = src  # symmetric RTP: answer where the caller sends from
+        if src != latch:
+            ua.count("rtp_foreign_dropped")
+            self.call.stats.rtp_foreign_dropped += 1
+            ua.guard.log_limit("rtp_foreign", "RTP for call %s from %s:%s dropped (latched to %s)",
+                               self.call.call_id, addr[0], addr[1], latch, level=logging.WARNING)
+            return
         try:
             pkt = rtp.parse(data)
-        except rtp.RtpError:
+        except rtp.RtpError as e:
             ua.count("rtp_malformed")
+            ua.guard.log_limit("rtp_malformed", "malformed RTP for call %s from %s: %s",
+                               self.call.call_id, addr[0], e, level=logging.INFO)
             self.call_host.protocol_error(self.call, "")
             return
         self.call_host.packet_in(self.call, len(data))
@@ -255,33 +306,56 @@ class RtpPorts:
 
     def __init__(self, cfg: SipConfig) -> None:
         self.cfg = cfg
-        self._next = cfg.rtp_port_min + (cfg.rtp_port_min & 1)
+        lo = cfg.rtp_port_min + (cfg.rtp_port_min & 1)
+        self._free: list[int] = list(range(lo, cfg.rtp_port_max, 2))  # p and p+1 within the range
+        self._rng = secrets.SystemRandom()
+        self._rng.shuffle(self._free)
+        self.in_use: set[int] = set()
+
+    def _take(self) -> int:
+        """A uniformly random free port, removed from the free list (O(1))."""
+        free = self._free
+        i = self._rng.randrange(len(free))
+        free[i], free[-1] = free[-1], free[i]
+        return free.pop()
 
     async def open(self, leg: SipCall, loop: asyncio.AbstractEventLoop) -> None:
-        """Bind the next free even port of the range for ``leg`` (OSError: none free)."""
-        lo, hi = self.cfg.rtp_port_min, self.cfg.rtp_port_max
+        """Bind a random free even port of the range for ``leg`` (OSError: none free)."""
         family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
-        for _ in range(max(2, (hi - lo) // 2)):
-            port = self._next
-            self._next += 2
-            if self._next > hi - 1:
-                self._next = lo + (lo & 1)
-            sock = socket.socket(family, socket.SOCK_DGRAM)
-            try:
-                sock.bind((self.cfg.host, port))
-            except OSError:
-                sock.close()
-                continue
-            sock.setblocking(False)
-            proto = RtpProtocol(leg)
-            await loop.create_datagram_endpoint(functools.partial(_same, proto), sock=sock)
-            leg.rtp = proto
-            leg.rtp_port = port
-            return
+        busy: list[int] = []  # held by another process now: back to the free list afterwards
+        try:
+            for _ in range(min(len(self._free), 64)):
+                port = self._take()
+                sock = socket.socket(family, socket.SOCK_DGRAM)
+                try:
+                    sock.bind((self.cfg.host, port))
+                except OSError:
+                    sock.close()
+                    busy.append(port)
+                    continue
+                sock.setblocking(False)
+                self.in_use.add(port)
+                proto = RtpProtocol(leg)
+                try:
+                    await loop.create_datagram_endpoint(functools.partial(_same, proto), sock=sock)
+                except BaseException:
+                    sock.close()
+                    self.in_use.discard(port)
+                    self._free.append(port)
+                    raise
+                leg.rtp = proto
+                leg.rtp_port = port
+                return
+        finally:
+            self._free.extend(busy)
         raise OSError("no free RTP port in range")
 
-    @staticmethod
-    def close(leg: SipCall) -> None:
+    def close(self, leg: SipCall) -> None:
+        """Close ``leg``'s RTP socket and give its port back (idempotent)."""
         if leg.rtp is not None and leg.rtp.transport is not None:
             leg.rtp.transport.close()
         leg.rtp = None
+        port = leg.rtp_port
+        if port in self.in_use:
+            self.in_use.discard(port)
+            self._free.append(port)

@@ -17,6 +17,11 @@ Invariants:
   the tables hold only live transactions; per dialog at most
   ``MAX_CLIENT_TX`` client transactions are pending.
 * Responses go where RFC 3261 18.2.2 (with RFC 3581 ``rport``) says.
+* The server transaction table holds at most ``[sip] max_transactions``; a
+  new request beyond it, or over its source's rate limit
+  (:class:`~brisvox.gateway.sip_guard.SipGuard`), is answered 503 with
+  Retry-After statelessly (:meth:`SipTransactions._stateless`: no
+  transaction, no call) and counted (``sip_refused_<reason>``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ import asyncio
 import heapq
 import ipaddress
 import itertools
+import logging
 import socket
 from collections.abc import Callable
 from typing import Any
 
 from brisvox.gateway.config import SipConfig
 from brisvox.gateway.host import CallHost
+from brisvox.gateway.sip_guard import SipGuard
 from brisvox.gateway.sip_rtp import Addr, RtpPorts, SipCall
 from brisvox.wire.sip_dialog import make_response
 from brisvox.wire.sip_message import SipMessage
@@ -47,6 +54,7 @@ from brisvox.wire.sip_transaction import (
 )
 
 MAX_CLIENT_TX = 8
+log = logging.getLogger("brisvox.gateway.sip")
 
 
 class SipTransactions(asyncio.DatagramProtocol):
@@ -70,6 +78,8 @@ class SipTransactions(asyncio.DatagramProtocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self.rtp_ports = RtpPorts(cfg)
+        self.guard = SipGuard(cfg.invite_rate, cfg.options_rate, log)
+        self.rtp_family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
         self.counters: dict[str, int] = {}
         self.host = cfg.host
         self.port = cfg.port
@@ -213,6 +223,17 @@ class SipTransactions(asyncio.DatagramProtocol):
         if tx.done:
             self._forget(tx)
 
+    def _stateless(self, req: SipMessage, status: int, addr: Addr, reason: str = "",
+                   extra: list[tuple[str, str]] | None = None) -> None:
+        """A response outside any transaction (refusals that must cost no state)."""
+        self._send(make_response(req, status, reason, server=self.cfg.user_agent, extra=extra).serialize(), addr)
+
+    def refuse(self, reason: str, detail: str, *args: object) -> None:
+        """Count ``sip_refused_<reason>`` and log it, bounded (one line per reason per minute)."""
+        self.count(f"sip_refused_{reason}")
+        self.guard.log_limit(f"sip_refused_{reason}", f"SIP refused ({reason}): {detail}", *args,
+                             level=logging.INFO)
+
     def _dialog_for(self, req: SipMessage) -> SipCall | None:
         tag = req.to_tag
         if not tag:
@@ -261,4 +282,7 @@ class SipTransactions(asyncio.DatagramProtocol):
         out["sip_dialogs"] = len(self.dialogs)
         out["sip_server_transactions"] = len(self.server_tx)
         out["sip_client_transactions"] = len(self.client_tx)
+        out["rtp_ports_in_use"] = len(self.rtp_ports.in_use)
+        for site, n in self.guard.suppressed().items():
+            out[f"log_suppressed_{site}"] = n
         return out

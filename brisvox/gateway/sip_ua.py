@@ -22,12 +22,23 @@ Invariants:
 
 * Sources outside ``[sip] allow`` are dropped before parsing (SIP and RTP)
   and counted.
-* A malformed datagram costs one parse and a counter; it never touches
-  another call. Per call, everything buffered is bounded: jitter buffer
-  slots, pending client transactions (``MAX_CLIENT_TX``), marks and DTMF
-  (core), and the call's rings.
-* An exception while handling one message is logged and counted
-  (``sip_internal_errors``); it ends nothing else.
+* A malformed datagram costs one parse, a counter and at most one log line
+  per kind per minute (no traceback); it never touches another call and
+  never admits one. Answerable ones get 400 (513 when over
+  ``max_message_bytes``), statelessly, counted ``sip_refused_malformed`` /
+  ``sip_refused_too_large``. Per call, everything buffered is bounded:
+  jitter buffer slots, pending client transactions (``MAX_CLIENT_TX``),
+  marks and DTMF (core), and the call's rings.
+* New INVITEs (no To tag) and OPTIONS over their source's rate limit, and
+  any new request while the transaction table is full, get 503 with
+  Retry-After before a transaction exists (retransmissions of a live
+  transaction are absorbed first and cost no rate).
+* An exception while handling one message is counted
+  (``sip_internal_errors``) and logged bounded, with its type and place
+  instead of a traceback; it ends nothing else.
+* Every header value we build from what a model or a caller said is escaped
+  (:func:`~brisvox.wire.sip_message.quoted_string`) or refused (a transfer
+  target that is not a plain SIP/tel URI).
 * A REFER's outcome is reported once: its final response (failure), or the
   NOTIFY that reports the transfer's final status (success hangs the call
   up, "transferred").
@@ -36,14 +47,15 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import re
+import traceback
 from collections.abc import Callable
 
 from brisvox.gateway.sip_dialogs import SipDialogs
 from brisvox.gateway.sip_rtp import FRAME, RATE, Addr, RtpProtocol, SipCall
 from brisvox.gateway.sip_transactions import MAX_CLIENT_TX
 from brisvox.wire import dtmf
-from brisvox.wire.sip_dialog import make_response
-from brisvox.wire.sip_message import SipMessage, SipParseError, parse
+from brisvox.wire.sip_message import SipMessage, SipParseError, is_digits, parse, parse_uri
 from brisvox.wire.sip_transaction import Action, Deliver, ServerInvite, ServerNonInvite, TimedOut
 
 __all__ = ["FRAME", "MAX_CLIENT_TX", "RATE", "RtpProtocol", "SipCall", "SipUserAgent"]
@@ -52,6 +64,8 @@ log = logging.getLogger("brisvox.gateway.sip")
 
 KNOWN_METHODS = {"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "UPDATE", "PRACK", "REFER"}
 _COUNTED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY", "REFER"}
+MAX_TARGET = 256
+_TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
 
 
 class SipUserAgent(SipDialogs):
@@ -62,6 +76,8 @@ class SipUserAgent(SipDialogs):
     def datagram_received(self, data: bytes, addr: Addr) -> None:
         if not self.allowed(addr[0]):
             self.count("sip_refused_allowlist")
+            self.guard.log_limit("sip_allowlist", "SIP from %s dropped: not in [sip] allow", addr[0],
+                                 level=logging.INFO)
             return
         if not data.strip():
             return  # CRLF keep-alive
@@ -69,10 +85,13 @@ class SipUserAgent(SipDialogs):
             msg = parse(data, self.cfg.max_message_bytes)
         except SipParseError as e:
             self.count(f"sip_malformed_{e.kind}")
+            self.guard.log_limit(f"sip_malformed_{e.kind}", "malformed SIP from %s: %s", addr[0],
+                                 e.detail[:120], level=logging.INFO)
             if e.can_reply and e.msg is not None and e.msg.method != "ACK":
-                status = 513 if e.kind == "oversized" else 400
-                self._send(make_response(e.msg, status, e.detail[:60] if status == 400 else "",
-                                         server=self.cfg.user_agent).serialize(), self._reply_addr(e.msg, addr))
+                too_large = e.kind == "oversized"
+                self.count("sip_refused_too_large" if too_large else "sip_refused_malformed")
+                self._stateless(e.msg, 513 if too_large else 400, self._reply_addr(e.msg, addr),
+                                "" if too_large else e.detail[:60])
             return
         try:
             if msg.is_request:
@@ -80,9 +99,13 @@ class SipUserAgent(SipDialogs):
                 self._on_request(msg, addr)
             else:
                 self._on_response(msg, addr)
-        except Exception:
-            log.exception("SIP %s from %s failed", msg.method or msg.status, addr)
+        except Exception as e:
             self.count("sip_internal_errors")
+            frames = traceback.extract_tb(e.__traceback__)
+            where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+            self.guard.log_limit("sip_internal", "SIP %s from %s failed: %s: %s (at %s)",
+                                 msg.method or msg.status, addr[0], type(e).__name__, str(e)[:200], where,
+                                 level=logging.ERROR)
 
 
     def _on_request(self, req: SipMessage, addr: Addr) -> None:
@@ -97,6 +120,16 @@ class SipUserAgent(SipDialogs):
             self._perform(old, old.on_retransmit(self.loop.time()))  # type: ignore[attr-defined]
             return
         reply_to = self._reply_addr(req, addr)
+        if method == "OPTIONS" or (method == "INVITE" and not req.to_tag):
+            retry = self.guard.admit(method, addr[0])
+            if retry:
+                self.refuse("rate_limit", "%s from %s over its rate limit", method, addr[0])
+                self._stateless(req, 503, reply_to, "Rate Limited", extra=[("retry-after", str(retry))])
+                return
+        if len(self.server_tx) >= self.cfg.max_transactions:
+            self.refuse("tx_table_full", "%s from %s: %d transactions", method, addr[0], len(self.server_tx))
+            self._stateless(req, 503, reply_to, extra=[("retry-after", "5")])
+            return
         if method == "INVITE":
             itx = ServerInvite(key, reply_to, self.timers)
             self.server_tx[key] = itx
@@ -144,18 +177,13 @@ class SipUserAgent(SipDialogs):
     def _on_info(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
         ctype = req.get("content-type").split(";")[0].strip().lower()
         if ctype == "application/dtmf-relay":
-            digit, dur = "", 0
-            for line in req.body.decode("utf-8", "replace").splitlines():
-                k, _, v = line.partition("=")
-                if k.strip().lower() == "signal":
-                    digit = v.strip()[:1].upper()
-                elif k.strip().lower() == "duration" and v.strip().isdigit():
-                    dur = int(v.strip())
-            if digit and digit in dtmf.DIGITS:
-                self.call_host.dtmf_in(leg.call, digit, dur)
-            else:
+            try:
+                digit, dur = dtmf.parse_dtmf_relay(req.body)
+            except dtmf.DtmfError:
+                self.refuse("malformed", "bad dtmf-relay body from %s", leg.dialog.source[0])
                 self._respond(tx, req, 400, "Bad dtmf-relay body")
                 return
+            self.call_host.dtmf_in(leg.call, digit, dur)
         self._respond(tx, req, 200)
 
     def _on_notify(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
@@ -164,7 +192,7 @@ class SipUserAgent(SipDialogs):
             return
         frag = req.body.decode("utf-8", "replace").strip().split("\r\n")[0].split("\n")[0]
         parts = frag.split(" ", 2)
-        if len(parts) >= 2 and parts[0] == "SIP/2.0" and parts[1].isdigit():
+        if len(parts) >= 2 and parts[0] == "SIP/2.0" and len(parts[1]) == 3 and is_digits(parts[1]):
             status = int(parts[1])
             if status >= 200:
                 self.count("sip_refer_notify_final")
@@ -181,10 +209,17 @@ class SipUserAgent(SipDialogs):
         if leg.client_tx >= MAX_CLIENT_TX:
             done(False, "too many pending requests")
             return
+        target = target.strip()
+        if not target or len(target) > MAX_TARGET or not _TARGET_RE.match(target) or \
+                any(c in target for c in '<>"\\'):
+            done(False, "invalid target")
+            return
         if ":" not in target.split("@")[0] and not target.startswith(("sip:", "sips:", "tel:")):
             host = leg.dialog.next_hop()[0]
             target = f"sip:{target}@{host}"
-        if any(c in target for c in "\r\n<>"):
+        try:
+            parse_uri(target)
+        except ValueError:
             done(False, "invalid target")
             return
         req = leg.dialog.request("REFER", self.via_host, extra=[

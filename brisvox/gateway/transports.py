@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brisvox.gateway.ws_auth import Refusal, native_auth, twilio_auth
+from brisvox.gateway.ws_auth import Grant, Refusal, native_auth, twilio_auth
 
 if TYPE_CHECKING:
     from brisvox.gateway.config import WsRoute
@@ -63,7 +63,7 @@ class Listener(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
-AuthCheck = Callable[[Any, str, Mapping[str, str]], Refusal | None]
+AuthCheck = Callable[[Any, "WsRoute", str, Mapping[str, str]], Refusal | Grant]  # cfg, route, path, headers
 SessionFactory = Callable[["CallHost", "WsConnection", "WsRoute"], "Session"]
 ListenerFactory = Callable[["CallHost", Any], Listener]
 

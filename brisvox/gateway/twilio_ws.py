@@ -190,7 +190,7 @@ class TwilioSession(TransportLeg):
 
     def _on_ready(self, ok: bool, why: str) -> None:
         if not ok:
-            self.conn.close(1011, f"agent unavailable: {why}"[:120])
+            self.conn.close(1011, f"agent unavailable: {why}")
             self._ended("agent unavailable")
 
     def on_closed(self, code: int, reason: str) -> None:
@@ -249,7 +249,7 @@ class TwilioSession(TransportLeg):
         return True
 
     def hangup(self, reason: str) -> None:
-        self.conn.close(ws_close_code(reason), reason[:120])
+        self.conn.close(ws_close_code(reason), reason)  # the connection cuts it to 123 bytes
         self._ended(reason)
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:

@@ -1,30 +1,45 @@
-"""Who may open a media stream: the native shared secret and the Twilio request signature.
+"""Who may open a media stream: the Origin allow-list, the native secret or a signed
+token, and the Twilio request signature.
 
-Owns the handshake checks each WebSocket protocol declares in its registry
-row (:mod:`brisvox.gateway.transports`, ``Transport.auth``). Each check takes
-the WebSocket config, the request path and headers, and returns None (let
-in) or a :class:`Refusal` (HTTP status, body, the counter to bump).
+Owns the handshake checks of the WebSocket server: :func:`origin_refusal`
+(every route) and the check each protocol declares in its registry row
+(:mod:`brisvox.gateway.transports`, ``Transport.auth``). A protocol check takes
+the WebSocket config, the resolved route, the request path and headers, and
+returns a :class:`Grant` (let in, with what a signed token fixes) or a
+:class:`Refusal` (HTTP status, body, the counter to bump). Also
+:func:`mint_token`, the issuer of the native protocol's signed tokens
+(``brisvox token``; the format is :mod:`brisvox.wire.native`).
 
 Invariants:
 
 * A check that is not configured lets everyone in (no ``native_secret``, no
-  ``twilio_auth_token``); a configured one never lets in a request without
-  its credential.
-* Secrets and signatures are compared in constant time (``hmac.compare_digest``).
-* Native: ``Authorization: Bearer <secret>`` or ``?token=<secret>``; refused
-  with 401. Twilio: ``X-Twilio-Signature`` = HMAC-SHA1 of ``public_url`` (or
-  ``wss://<Host>``) + path, keyed with the auth token; refused with 403.
+  ``twilio_auth_token``: config validation allows that only on a loopback
+  listener, or with ``allow_unauthenticated``); a configured one never lets
+  in a request without its credential.
+* Secrets, token MACs and signatures are compared in constant time
+  (``hmac.compare_digest``); a refusal body never says which part was wrong
+  beyond "bad", "expired" or "not for this agent".
+* Native: the credential is ``Authorization: Bearer <c>`` or ``?token=<c>``;
+  ``c`` is the static ``native_secret`` (server-side clients: any agent the
+  route admits) or a signed token for exactly the agent the path names, not
+  expired; else 401. Twilio: ``X-Twilio-Signature`` = HMAC-SHA1 of
+  ``public_url`` (or ``wss://<Host>``) + path, keyed with the auth token; else 403.
+* Origin: a request without an ``Origin`` header (Twilio, server-side
+  clients) passes; one with it passes only if ``allowed_origins`` holds
+  ``"*"`` or that origin (case-insensitive, without a trailing ``/``); else
+  403. A header repeated where one is expected counts as a bad credential.
 """
 
 from __future__ import annotations
 
 import hmac
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from brisvox.wire import twilio
+from brisvox.wire import native, twilio
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,29 +49,97 @@ class Refusal:
     counter: str
 
 
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A request let in; ``params`` are the call parameters a signed token fixes (they
+    replace the ones the client's ``start`` carries), None when there were none."""
+
+    params: dict[str, str] | None = None
+
+
+OPEN = Grant()
 BAD_TOKEN = Refusal(401, "bad or missing token\n", "ws_refused_auth")
+EXPIRED_TOKEN = Refusal(401, "token expired\n", "ws_refused_token_expired")
+WRONG_AGENT = Refusal(401, "token not for this agent\n", "ws_refused_token_agent")
 BAD_SIGNATURE = Refusal(403, "bad X-Twilio-Signature\n", "ws_refused_signature")
+BAD_ORIGIN = Refusal(403, "origin not allowed\n", "ws_refused_origin")
+MAX_TTL_S = 7 * 86400  # mint_token refuses a longer lifetime
 
 
-def native_auth(cfg: Any, path: str, headers: Mapping[str, str]) -> Refusal | None:
+def _one(headers: Mapping[str, str], name: str) -> str | None:
+    """The single value of header ``name``: "" when absent, None when repeated."""
+    get_all = getattr(headers, "get_all", None)
+    if get_all is not None:
+        values = get_all(name)
+        return "" if not values else values[0] if len(values) == 1 else None
+    return headers.get(name, "")
+
+
+def origin_refusal(cfg: Any, headers: Mapping[str, str]) -> Refusal | None:
+    origin = _one(headers, "Origin")
+    if origin == "":
+        return None
+    allowed = cfg.allowed_origins
+    if "*" in allowed:
+        return None
+    if origin is not None:
+        want = origin.rstrip("/").lower()
+        if any(want == a.rstrip("/").lower() for a in allowed):
+            return None
+    return BAD_ORIGIN
+
+
+def _credentials(path: str, headers: Mapping[str, str]) -> list[str] | None:
+    auth = _one(headers, "Authorization")
+    if auth is None:
+        return None
+    out = [auth[7:].strip()] if auth.startswith("Bearer ") else []
+    out += parse_qs(urlsplit(path).query).get("token", [])[:1]
+    return [c for c in out if c]
+
+
+def native_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.native_secret:
-        return None
-    secret = cfg.native_secret.encode()
-    auth = headers.get("Authorization", "")
-    if auth.startswith("Bearer ") and hmac.compare_digest(auth[7:].strip().encode(), secret):
-        return None
-    tok = (parse_qs(urlsplit(path).query).get("token") or [""])[0]
-    if tok and hmac.compare_digest(tok.encode(), secret):
-        return None
-    return BAD_TOKEN
+        return OPEN
+    creds = _credentials(path, headers)
+    if not creds:
+        return BAD_TOKEN
+    secret = cfg.native_secret
+    refusal = BAD_TOKEN
+    for cred in creds:
+        if hmac.compare_digest(cred.encode(), secret.encode()):
+            return OPEN
+        try:
+            tok = native.open_token(secret, cred, time.time())
+        except native.TokenError as e:
+            if refusal is BAD_TOKEN and e.kind == "expired":
+                refusal = EXPIRED_TOKEN
+            continue
+        if not hmac.compare_digest(tok.agent.encode(), route.agent.encode()):
+            refusal = WRONG_AGENT
+            continue
+        return Grant(tok.params)
+    return refusal
 
 
-def twilio_auth(cfg: Any, path: str, headers: Mapping[str, str]) -> Refusal | None:
+def twilio_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.twilio_auth_token:
-        return None
-    sig = headers.get("X-Twilio-Signature", "")
+        return OPEN
+    sig = _one(headers, "X-Twilio-Signature")
     if not sig:
         return BAD_SIGNATURE
-    base = cfg.public_url or f"wss://{headers.get('Host', '')}"
+    base = cfg.public_url or f"wss://{_one(headers, 'Host') or ''}"
     expect = twilio.signature(cfg.twilio_auth_token, base + path)
-    return None if hmac.compare_digest(sig.encode(), expect.encode()) else BAD_SIGNATURE
+    return OPEN if hmac.compare_digest(sig.encode(), expect.encode()) else BAD_SIGNATURE
+
+
+def mint_token(secret: str, agent: str, ttl_s: float = 300.0, params: dict[str, str] | None = None,
+               now: float | None = None) -> str:
+    """A signed token for the native route serving ``agent``, valid ``ttl_s`` seconds from
+    ``now`` (default: the wall clock). Raises ValueError without a secret or a sane TTL."""
+    if not secret:
+        raise ValueError("no native_secret: set [websocket] native_secret to issue tokens")
+    if not 0 < ttl_s <= MAX_TTL_S:
+        raise ValueError(f"ttl must be within 0..{MAX_TTL_S} s, got {ttl_s}")
+    t = time.time() if now is None else now
+    return native.sign_token(secret, agent, int(t + ttl_s), params)

@@ -24,9 +24,20 @@ Invariants:
 * A message larger than ``max_message_bytes`` fails the connection with
   close code 1009 before it is buffered (the frame header is enough); a
   handshake that does not finish in ``HANDSHAKE_TIMEOUT_S`` is dropped.
-* An unknown path is refused with HTTP 404, a failed auth with the
-  protocol's refusal (401 native, 403 Twilio), before any session exists;
-  each refusal is counted.
+* Before any session exists a request is checked in this order, and the
+  first failing check refuses it with an HTTP status and a counter: the
+  source's handshake rate (``handshakes_per_s``, moving 1 s window: 429
+  ``ws_refused_rate``), its open connections (``max_connections_per_source``:
+  503 ``ws_refused_connections``), the path (404 ``ws_refused_path``), the
+  ``Origin`` (403 ``ws_refused_origin``), the protocol's credential (401
+  native, 403 Twilio: :mod:`brisvox.gateway.ws_auth`), the route's agent
+  list (404 ``ws_refused_agent``; the body does not list the agents).
+* Bad input (a malformed handshake, a refusal, a session that raised) is
+  logged through one :class:`~brisvox.runtime.log_limit.LogLimiter`: a line
+  per kind per minute at most, never a traceback per message.
+* Every close frame's reason is cut to 123 bytes of UTF-8 at a character
+  boundary (:func:`brisvox.wire.ws_frames.close_reason`), so a close never
+  raises whatever the reason holds.
 * Outbound data beyond ``max_send_buffer_bytes`` of unsent bytes is not
   queued (the send returns False and the caller counts a drop): a slow
   reader can never make the gateway buffer without bound.
@@ -38,16 +49,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from typing import TYPE_CHECKING, Any, Protocol
 
+from limits import RateLimitItemPerSecond, strategies
 from websockets.exceptions import InvalidState
 from websockets.frames import Opcode, apply_mask
 from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from brisvox.gateway.config import WebSocketConfig, WsRoute
+from brisvox.gateway.config import WebSocketConfig, WsRoute, is_loopback
+from brisvox.gateway.rate_limits import process_storage
 from brisvox.gateway.transports import TRANSPORTS, transport
+from brisvox.gateway.ws_auth import OPEN as OPEN_GRANT
+from brisvox.gateway.ws_auth import Grant, Refusal, origin_refusal
+from brisvox.runtime.log_limit import LogLimiter
 from brisvox.wire import ws_frames
 
 if TYPE_CHECKING:
@@ -80,6 +97,8 @@ class WsConnection(asyncio.BufferedProtocol):
         self.route: WsRoute | None = None
         self.request: Request | None = None
         self.peer: tuple[str, int] = ("", 0)
+        self.source = ""  # the peer's IP: the key of the per-source limits
+        self.grant: Grant = OPEN_GRANT  # what the handshake's credential fixes (a signed token's params)
         self.closed = False
         self._frag_op: Opcode | None = None
         self._frag: list[bytes] = []
@@ -89,6 +108,7 @@ class WsConnection(asyncio.BufferedProtocol):
         self._close_reason = ""
         self.max_buffer = server.cfg.max_send_buffer_bytes
         self.max_size = server.cfg.max_message_bytes
+        self._refused = False  # the handshake was refused (and counted once)
         self._fast = False  # frames are split here (set once the handshake is done)
         self._pending = b""  # the start of an incomplete frame (fast mode)
 
@@ -97,7 +117,8 @@ class WsConnection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
         self.peer = transport.get_extra_info("peername") or ("", 0)
-        self.server.connections.add(self)
+        self.source = str(self.peer[0]) if self.peer else ""
+        self.server.opened(self)
         self._timer = self.server.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -121,6 +142,8 @@ class WsConnection(asyncio.BufferedProtocol):
         proto.receive_data(data)
         shaking = self.session is None
         self._events()
+        if shaking and self.session is None and proto.handshake_exc is not None and not self._refused:
+            self._bad_handshake(proto.handshake_exc)
         if shaking and self.session is not None and proto.state is OPEN \
                 and data.endswith(b"\r\n\r\n") and not proto.reader.buffer:
             # the handshake ended exactly at the end of this read: the library's parser
@@ -135,10 +158,8 @@ class WsConnection(asyncio.BufferedProtocol):
                     self._handshake(ev)
                 else:
                     self._frame(ev)
-        except Exception:
-            log.exception("websocket session failed")
-            self.server.count("ws_session_errors")
-            self.close(1011, "internal error")
+        except Exception as e:  # noqa: BLE001 - one connection's failure closes that connection
+            self._session_error(e)
 
     def _receive_frames(self, data: bytes | memoryview, end: int) -> None:
         """Fast mode: deliver the complete data frames of ``data[:end]`` (see ws_frames)."""
@@ -175,16 +196,20 @@ class WsConnection(asyncio.BufferedProtocol):
                     break
             else:
                 return
-        except Exception:
-            log.exception("websocket session failed")
-            self.server.count("ws_session_errors")
-            self.close(1011, "internal error")
+        except Exception as e:  # noqa: BLE001 - one connection's failure closes that connection
+            self._session_error(e)
         # closing, or a frame this path does not handle: the library takes the rest for good
         self._fast = False
         if pos < end and not self.closed:
             proto.receive_data(bytes(data[pos:end]))
             self._events()
         self._flush()
+
+    def _session_error(self, e: Exception) -> None:
+        self.server.count("ws_session_errors")
+        self.server.bad("ws_session_error", "websocket session of %s failed: %s",
+                        self.source, traceback.format_exc(limit=6).rstrip(), level=logging.ERROR)
+        self.close(1011, "internal error")
 
     def eof_received(self) -> bool | None:
         self.proto.receive_eof()
@@ -195,7 +220,7 @@ class WsConnection(asyncio.BufferedProtocol):
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
-        self.server.connections.discard(self)
+        self.server.released(self)
         if self.proto.close_rcvd is not None:
             self._close_code = self.proto.close_rcvd.code
             self._close_reason = self.proto.close_rcvd.reason
@@ -210,27 +235,56 @@ class WsConnection(asyncio.BufferedProtocol):
             self.server.count("ws_handshake_timeouts")
             self._abort()
 
-    def _reject(self, status: int, text: str, counter: str) -> None:
+    def _bad_handshake(self, exc: BaseException) -> None:
+        """The library refused the request itself (not HTTP, no upgrade, a bad key): it
+        answered 400 or 426; counted and logged, bounded."""
+        self._refused = True
+        self.server.count("ws_refused_handshake")
+        self.server.bad("ws_bad_handshake", "websocket handshake from %s refused: %s",
+                        self.source, f"{type(exc).__name__}: {exc}"[:200], level=logging.INFO)
+
+    def _reject(self, status: int, text: str, counter: str, retry_after: bool = False) -> None:
+        self._refused = True
         self.server.count(counter)
+        self.server.bad(counter, "websocket handshake from %s refused: %d %s", self.source, status,
+                        text.strip(), level=logging.INFO)
         resp = self.proto.reject(status, text)
+        if retry_after:
+            resp.headers["Retry-After"] = "1"
         self.proto.send_response(resp)
 
     def _handshake(self, req: Request) -> None:
+        """The checks of the module invariants, in order; the first failing one answers."""
         server = self.server
         cfg = server.cfg
+        if not server.handshake_allowed(self.source):
+            self._reject(429, "too many handshakes\n", "ws_refused_rate", retry_after=True)
+            return
+        if not server.connections_allowed(self.source):
+            self._reject(503, "too many connections\n", "ws_refused_connections", retry_after=True)
+            return
         route = cfg.route(req.path)
         if route is None:
             self._reject(404, "no such path\n", "ws_refused_path")
             return
-        auth = transport(route.protocol).auth  # the protocol's own check (registry row)
-        refusal = auth(cfg, req.path, req.headers) if auth is not None else None
+        refusal: Refusal | None = origin_refusal(cfg, req.headers)
+        if refusal is None:
+            auth = transport(route.protocol).auth  # the protocol's own check (registry row)
+            verdict = auth(cfg, route, req.path, req.headers) if auth is not None else OPEN_GRANT
+            if isinstance(verdict, Refusal):
+                refusal = verdict
+            else:
+                self.grant = verdict
         if refusal is not None:
             self._reject(refusal.status, refusal.text, refusal.counter)
+            return
+        if not route.allowed:
+            self._reject(404, "no such agent on this route\n", "ws_refused_agent")
             return
         resp = self.proto.accept(req)
         self.proto.send_response(resp)
         if resp.status_code != 101:
-            server.count("ws_refused_handshake")
+            self._bad_handshake(self.proto.handshake_exc or ValueError(f"status {resp.status_code}"))
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -323,12 +377,17 @@ class WsConnection(asyncio.BufferedProtocol):
         """Start the closing handshake (the TCP close follows, bounded by a timer)."""
         if self.closed:
             return
+        reason = ws_frames.close_reason(reason)
         self._close_code = code
         self._close_reason = reason
         try:
-            self.proto.send_close(code, reason[:120])
+            self.proto.send_close(code, reason)
         except InvalidState:
             pass
+        except Exception as e:  # noqa: BLE001 - e.g. a close code the library refuses: drop the connection
+            self.server.bad("ws_close_error", "websocket close %d failed: %s", code, e, level=logging.ERROR)
+            self._abort()
+            return
         self._flush()
 
 
@@ -342,14 +401,56 @@ class WebSocketServer:
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[WsConnection] = set()
         self.counters: dict[str, int] = {}
+        self.per_source: dict[str, int] = {}  # source IP -> open connections
+        self.bad = LogLimiter(log)
+        # per-source handshake rate: limits' moving window in the process's one storage
+        self._rate = RateLimitItemPerSecond(cfg.handshakes_per_s) if cfg.handshakes_per_s > 0 else None
+        self._limiter = strategies.MovingWindowRateLimiter(process_storage()) if self._rate else None
         # every read of every connection lands here and is consumed (or copied) at once
         self.rx_view = memoryview(bytearray(RECV_BUFFER_BYTES))
 
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
+    def opened(self, conn: WsConnection) -> None:
+        self.connections.add(conn)
+        self.per_source[conn.source] = self.per_source.get(conn.source, 0) + 1
+
+    def released(self, conn: WsConnection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            n = self.per_source.get(conn.source, 0) - 1
+            if n > 0:
+                self.per_source[conn.source] = n
+            else:
+                self.per_source.pop(conn.source, None)
+
+    def handshake_allowed(self, source: str) -> bool:
+        """Counts one handshake of ``source``; False beyond ``handshakes_per_s``."""
+        if self._limiter is None or self._rate is None:
+            return True
+        return self._limiter.hit(self._rate, "ws_handshake", source)
+
+    def connections_allowed(self, source: str) -> bool:
+        """``source``'s open connections (this one included) are within the cap."""
+        cap = self.cfg.max_connections_per_source
+        return cap <= 0 or self.per_source.get(source, 0) <= cap
+
+    def _warn_unauthenticated(self) -> None:
+        missing = self.cfg.missing_credentials()
+        if not missing:
+            return
+        keys = ", ".join(f"{k} ({p} routes)" for k, p in missing)
+        if is_loopback(self.cfg.host):
+            log.info("websocket: no %s: unauthenticated on loopback %s (a request with an Origin header "
+                     "gets 403 unless allowed_origins lets it in)", keys, self.cfg.host)
+        else:
+            log.warning("websocket: allow_unauthenticated: anyone who reaches %s:%d can place calls "
+                        "(no %s)", self.cfg.host, self.cfg.port, keys)
+
     async def start(self) -> tuple[str, int]:
         self.loop = asyncio.get_running_loop()
+        self._warn_unauthenticated()
         self.server = await self.loop.create_server(lambda: WsConnection(self), self.cfg.host, self.cfg.port,
                                                     reuse_address=True, backlog=512)
         host, port = self.server.sockets[0].getsockname()[:2]
@@ -381,5 +482,6 @@ class WebSocketServer:
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
         out["ws_connections_open"] = len(self.connections)
+        out["ws_log_suppressed"] = sum(self.bad.suppressed.values())
         return out
 

@@ -9,8 +9,10 @@ and an error of ``brisvoxd check``). The agent definition itself
 (:mod:`brisvox.agent.definition`) builds on these; this module imports
 nothing of it (:func:`build_call` takes anything with the three legs).
 
-* Keys come from the environment only (:func:`resolve_key`),
-  read when the call is built; a missing key raises ``auth`` naming the variable.
+* Keys come from the environment (:func:`resolve_key`), else from the systemd
+  credential of the variable's name (``LoadCredential=OPENAI_API_KEY:...``,
+  :func:`brisvox.config.secrets.credential`), read when the call is built; a
+  missing key raises ``auth`` naming the variable.
 * Local providers (``local_whisper``, ``local_llm``, ``local_piper``) need the
   call's :class:`~brisvox.providers.worker_jobs.JobChannel` (the agent
   process's worker client) in the :class:`CallEnv`.
@@ -70,9 +72,12 @@ class ProviderDef:
 
 
 def resolve_key(leg: ProviderDef, env: Mapping[str, str] | None = None) -> str | None:
+    """The leg's key: its variable in ``env`` (default os.environ), else the credential of that name."""
+    from brisvox.config.secrets import credential
+
     env = os.environ if env is None else env
     var = leg.key_env
-    return env.get(var) or None if var else None
+    return (env.get(var) or credential(var, env)) if var else None
 
 
 class CallLegs(Protocol):
@@ -132,7 +137,8 @@ def _opts(leg: ProviderDef, *keys: str) -> dict[str, Any]:
 def _key(leg: ProviderDef, env: CallEnv, required: bool = True) -> str | None:
     key = resolve_key(leg, env.env)
     if required and not key:
-        raise ProviderError("auth", f"{leg.provider}: set {leg.key_env} in the environment", retryable=False)
+        raise ProviderError("auth", f"{leg.provider}: set {leg.key_env} in the environment "
+                            "(or as a systemd credential)", retryable=False)
     return key
 
 

@@ -1,15 +1,22 @@
 """Where a daemon instance lives on disk, and the lock that makes it unique.
 
-Owns directory resolution and the pid lock:
+Owns directory resolution, the daemon's umask, and the pid lock:
 
+* :func:`restrict_umask`: ``umask 077`` for the daemon and every child.
 * runtime dir (sockets, pid file): ``[daemon] runtime_dir``, else
   ``$RUNTIME_DIRECTORY`` (systemd ``RuntimeDirectory=``), else
   ``/run/brisvox`` as root, else ``/tmp/brisvox-<uid>``. It must be short:
   an ``ipc://`` path is limited to 107 bytes.
 * state dir: ``[daemon] state_dir``, else ``$STATE_DIRECTORY``, else
   ``/var/lib/brisvox`` as root, else ``~/.local/state/brisvox``.
-* The runtime dir is created mode 0700 and must be owned by us (a shared
-  /tmp must not let another user pre-create it).
+* The runtime dir is created mode 0700. Whether just created or already
+  there, it must be owned by us and not writable by group or others
+  (:func:`private_dir_problem`; a shared /tmp must not let another user
+  pre-create it or swap our sockets), else the start is refused with a
+  :class:`ConfigError` naming the path and the fix. The state dir (logs,
+  call records) is created 0700.
+* :func:`loose_mode_problem` is the softer test ``brisvoxd check`` warns with:
+  any access at all for group or others.
 * :class:`PidLock`: ``<runtime>/brisvoxd.pid`` held with ``flock`` for the
   daemon's whole life. A second daemon on the same runtime dir fails to take
   it and is refused with the first one's pid. The file is unlinked on exit;
@@ -27,7 +34,18 @@ from brisvox.config.daemon import DaemonConfig
 from brisvox.config.errors import ConfigError
 
 PID_FILE = "brisvoxd.pid"
+DAEMON_UMASK = 0o077  # every file the daemon and its children create is owner-only
 LONGEST_ENDPOINT = "supervisor"
+
+
+def restrict_umask() -> int:
+    """Set the daemon's umask (:data:`DAEMON_UMASK`); returns the previous one.
+
+    Called before anything is created and before any child is forked, so call
+    records, logs, rings, sockets and the pid file are owner-only whatever the
+    umask of the shell or unit that started the daemon.
+    """
+    return os.umask(DAEMON_UMASK)
 
 
 def runtime_dir(cfg: DaemonConfig) -> Path:
@@ -64,6 +82,38 @@ def check_endpoint_lengths(rdir: Path, cfg: DaemonConfig) -> None:
             raise ConfigError("daemon.runtime_dir", str(e), cfg.path) from None
 
 
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def private_dir_problem(path: Path, st: os.stat_result, uid: int | None = None) -> str:
+    """Why ``path`` (stat ``st``) cannot hold our sockets and pid file, or "" when it can."""
+    uid = os.geteuid() if uid is None else uid
+    if st.st_uid != uid:
+        return (f"{path} is owned by {_owner(st.st_uid)}, not by {_owner(uid)} that runs the daemon; "
+                f"remove it (it is recreated) or chown it, or set daemon.runtime_dir elsewhere")
+    if st.st_mode & 0o022:
+        return (f"{path} is writable by group or others (mode {st.st_mode & 0o7777:04o}); "
+                f"fix: chmod 0700 {path}")
+    return ""
+
+
+def loose_mode_problem(path: Path) -> str:
+    """"" when ``path`` is absent or owner-only, else a one-line description of its mode."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    if st.st_mode & 0o077:
+        return f"{path} is accessible by group or others (mode {st.st_mode & 0o7777:04o}); fix: chmod go= {path}"
+    return ""
+
+
 def prepare_dirs(cfg: DaemonConfig) -> tuple[Path, Path]:
     """Create and check the runtime and state dirs; ConfigError names the key on failure."""
     rdir, sdir = runtime_dir(cfg), state_dir(cfg)
@@ -72,11 +122,11 @@ def prepare_dirs(cfg: DaemonConfig) -> tuple[Path, Path]:
         rdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError("daemon.runtime_dir", f"cannot create {rdir}: {e.strerror}", cfg.path) from None
-    st = rdir.stat()
-    if st.st_uid != os.geteuid():
-        raise ConfigError("daemon.runtime_dir", f"{rdir} is owned by uid {st.st_uid}, not by us", cfg.path)
+    problem = private_dir_problem(rdir, os.stat(rdir))
+    if problem:
+        raise ConfigError("daemon.runtime_dir", problem, cfg.path)
     try:
-        sdir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError("daemon.state_dir", f"cannot create {sdir}: {e.strerror}", cfg.path) from None
     return rdir, sdir
@@ -124,7 +174,7 @@ class PidLock:
 
     def acquire(self) -> None:
         for _ in range(10):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -14,10 +14,16 @@ Invariants:
   first with the marker bit, the duration growing by 160 samples per packet,
   then three identical end packets (E bit); every packet of an event shares
   its start timestamp. A 40 ms gap separates digits.
+* The parsers (:func:`decode_event`, :func:`parse_dtmf_relay`) raise only
+  :class:`DtmfError` (a ``ValueError``), whatever the bytes; the fields they
+  return are in range (event 0..255, volume 0..63, duration 0..65535
+  samples; a dtmf-relay digit of ``DIGITS`` and a duration 0..MAX_RELAY_MS,
+  ASCII digits only).
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from collections import deque
 from dataclasses import dataclass
@@ -26,12 +32,18 @@ import numpy as np
 
 DIGITS = "0123456789*#ABCD"
 EVENT = struct.Struct("!BBH")
+MAX_RELAY_MS = 60_000  # a dtmf-relay Duration beyond a minute is malformed
+_DIGITS_RE = re.compile(r"^[0-9]{1,6}$")
 FREQS = {
     "1": (697, 1209), "2": (697, 1336), "3": (697, 1477), "A": (697, 1633),
     "4": (770, 1209), "5": (770, 1336), "6": (770, 1477), "B": (770, 1633),
     "7": (852, 1209), "8": (852, 1336), "9": (852, 1477), "C": (852, 1633),
     "*": (941, 1209), "0": (941, 1336), "#": (941, 1477), "D": (941, 1633),
 }
+
+
+class DtmfError(ValueError):
+    """A malformed telephone-event payload or dtmf-relay body."""
 
 
 def event_code(digit: str) -> int:
@@ -46,11 +58,29 @@ def encode_event(code: int, end: bool, volume: int, duration: int) -> bytes:
 
 
 def decode_event(payload: bytes) -> tuple[int, bool, int, int]:
-    """-> (event code, end flag, volume, duration in samples). Raises ValueError."""
+    """-> (event code, end flag, volume, duration in samples). Raises :class:`DtmfError`."""
     if len(payload) < 4:
-        raise ValueError("short telephone-event payload")
+        raise DtmfError("short telephone-event payload")
     code, flags, duration = EVENT.unpack_from(payload)
     return code, bool(flags & 0x80), flags & 0x3F, duration
+
+
+def parse_dtmf_relay(body: bytes) -> tuple[str, int]:
+    """An ``application/dtmf-relay`` INFO body (``Signal=5``, ``Duration=160``) ->
+    (digit, duration in ms; 0 when absent). Raises :class:`DtmfError`."""
+    digit, dur = "", 0
+    for line in body.decode("utf-8", "replace").splitlines():
+        k, _, v = line.partition("=")
+        k, v = k.strip().lower(), v.strip()
+        if k == "signal":
+            digit = v.upper()
+        elif k == "duration":
+            if _DIGITS_RE.match(v) is None or int(v) > MAX_RELAY_MS:
+                raise DtmfError(f"bad Duration {v[:20]!r}")
+            dur = int(v)
+    if len(digit) != 1 or digit not in DIGITS:
+        raise DtmfError(f"bad Signal {digit[:20]!r}")
+    return digit, dur
 
 
 @dataclass(frozen=True, slots=True)

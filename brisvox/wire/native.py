@@ -28,10 +28,26 @@ Invariants:
 * :func:`parse_start` accepts only a rate among the offered ``rates``
   (a subset of :data:`RATES`) and a ``marks`` mode of release or echo, and
   bounds the parameters (:func:`brisvox.wire.jsontext.bounded_params`).
+
+Signed tokens (the credential a browser holds instead of the gateway's
+``native_secret``): ``base64url(payload) "." base64url(HMAC-SHA256(secret,
+payload))``, unpadded, where ``payload`` is the compact JSON object
+``{"agent": name, "exp": unix seconds, "params": {...}}`` (``params``
+optional). :func:`sign_token` builds one, :func:`open_token` checks one:
+it never raises anything but :class:`TokenError`, compares the MAC in
+constant time before it parses the payload, and refuses a token longer than
+``MAX_TOKEN_CHARS``, a payload without a string ``agent`` and an integer
+``exp``, and an ``exp`` not after ``now``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import re
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
@@ -204,3 +220,72 @@ def server_message(msg: Any) -> ServerMessage:
     if ev == "stop":
         return ServerMessage(ev, reason=str(msg.get("reason") or ""))
     return ServerMessage(ev)
+
+
+# --- signed tokens ----------------------------------------------------------------------
+
+MAX_TOKEN_CHARS = 4096
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
+
+
+class TokenError(ValueError):
+    """A token :func:`open_token` refuses: ``kind`` is ``bad_token`` or ``expired``."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """What a valid token grants: one agent until ``exp``, with these call parameters."""
+
+    agent: str
+    exp: int
+    params: dict[str, str] | None = None
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def _unb64(part: str) -> bytes:
+    if not _B64URL.fullmatch(part):
+        raise TokenError("bad_token", "not base64url")
+    try:
+        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+    except (binascii.Error, ValueError):
+        raise TokenError("bad_token", "not base64url") from None
+
+
+def _mac(secret: str, payload: bytes) -> bytes:
+    return hmac.new(secret.encode(), payload, hashlib.sha256).digest()
+
+
+def sign_token(secret: str, agent: str, exp: int, params: dict[str, str] | None = None) -> str:
+    """A token for ``agent`` valid until ``exp`` (unix seconds), keyed with ``secret``."""
+    body: dict[str, Any] = {"agent": agent, "exp": int(exp)}
+    if params:
+        body["params"] = {str(k): str(v) for k, v in params.items()}
+    payload = data(body)
+    return f"{_b64(payload)}.{_b64(_mac(secret, payload))}"
+
+
+def open_token(secret: str, token: str, now: float) -> Token:
+    """The grant of ``token`` if ``secret`` signed it and it has not expired at ``now``."""
+    if not secret or len(token) > MAX_TOKEN_CHARS or token.count(".") != 1:
+        raise TokenError("bad_token", "not a token")
+    head, sig = token.split(".")
+    payload, mac = _unb64(head), _unb64(sig)
+    if not hmac.compare_digest(mac, _mac(secret, payload)):
+        raise TokenError("bad_token", "bad signature")
+    try:
+        body = json.loads(payload)
+    except (ValueError, RecursionError):
+        raise TokenError("bad_token", "payload is not JSON") from None
+    if type(body) is not dict or type(body.get("agent")) is not str or type(body.get("exp")) is not int:
+        raise TokenError("bad_token", "payload needs agent and exp")
+    if body["exp"] <= now:
+        raise TokenError("expired", "token expired")
+    return Token(body["agent"], body["exp"], bounded_params(body.get("params")))

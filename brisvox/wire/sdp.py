@@ -14,15 +14,50 @@ Invariants:
   take (video, a second audio) are answered with port 0.
 * The direction of the answer mirrors the offer: sendonly -> recvonly,
   recvonly -> sendonly, inactive -> inactive, otherwise sendrecv.
+* :func:`parse` raises only :class:`SdpError`, whatever the bytes. What it
+  returns is checked: every connection address is an IP literal of the
+  ``c=`` line's family, unicast (no hostname: using one would mean a DNS
+  lookup per RTP packet), stored in its normalised form; every ``m=`` port is
+  0..65535 (ASCII digits); an RTP stream's payload types are 0..127; at most
+  ``MAX_MEDIA`` streams (a longer offer is refused: the answer must mirror
+  every ``m=`` line). Attributes with a malformed number are ignored.
+* :func:`negotiate` skips streams with port 0 (declined by the offerer), so a
+  :class:`Negotiated` has a port 1..65535 and an IP address.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass, field
 
 STATIC_PT = {0: "PCMU", 8: "PCMA"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 _ANSWER_DIR = {"sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive", "sendrecv": "sendrecv"}
+_DIGITS_RE = re.compile(r"^[0-9]{1,5}$")
+MAX_MEDIA = 8
+RTP_PROTOS = ("RTP/AVP", "RTP/AVPF")
+
+
+def _num(s: str, hi: int) -> int:
+    """ASCII digits within 0..hi, else -1."""
+    if _DIGITS_RE.match(s) is None:
+        return -1
+    n = int(s)
+    return n if n <= hi else -1
+
+
+def _address(family: str, text: str) -> str:
+    """The normalised unicast IP literal of a ``c=`` line; SdpError otherwise."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        raise SdpError(f"connection address is not an IP literal: {text[:40]!r}") from None
+    if (ip.version == 4) != (family == "IP4"):
+        raise SdpError(f"connection address {text[:40]!r} is not {family}")
+    if ip.is_multicast:
+        raise SdpError("multicast connection address")
+    return str(ip)
 
 
 class SdpError(Exception):
@@ -67,17 +102,23 @@ def parse(body: bytes) -> SessionDescription:
         elif t == "c":
             parts = v.split()
             if len(parts) != 3 or parts[0] != "IN" or parts[1] not in ("IP4", "IP6"):
-                raise SdpError(f"bad c= line {v!r}")
-            addr = parts[2].split("/")[0]
+                raise SdpError(f"bad c= line {v[:60]!r}")
+            addr = _address(parts[1], parts[2].split("/")[0])
             if cur is None:
                 sd.connection = addr
             else:
                 cur.connection = addr
         elif t == "m":
             parts = v.split()
-            if len(parts) < 4 or not parts[1].split("/")[0].isdigit():
-                raise SdpError(f"bad m= line {v!r}")
-            cur = Media(parts[0], int(parts[1].split("/")[0]), parts[2], parts[3:])
+            port_s, _, count = parts[1].partition("/") if len(parts) > 1 else ("", "", "")
+            port = _num(port_s, 65535)
+            if len(parts) < 4 or port < 0 or (count and _num(count, 65535) < 1):
+                raise SdpError(f"bad m= line {v[:60]!r}")
+            if len(sd.media) >= MAX_MEDIA:
+                raise SdpError(f"more than {MAX_MEDIA} m= lines")
+            cur = Media(parts[0], port, parts[2], parts[3:])
+            if cur.proto.upper() in RTP_PROTOS and any(_num(f, 127) < 0 for f in cur.formats):
+                raise SdpError(f"bad payload type in m= line {v[:60]!r}")
             sd.media.append(cur)
         elif t == "a":
             name, _, val = v.partition(":")
@@ -88,13 +129,13 @@ def parse(body: bytes) -> SessionDescription:
                     cur.direction = name
             elif cur is not None and name == "rtpmap":
                 pt, _, enc = val.partition(" ")
-                if pt.isdigit():
+                if _num(pt, 127) >= 0:
                     cur.rtpmap[int(pt)] = enc.strip()
             elif cur is not None and name == "fmtp":
                 pt, _, params = val.partition(" ")
-                if pt.isdigit():
+                if _num(pt, 127) >= 0:
                     cur.fmtp[int(pt)] = params.strip()
-            elif cur is not None and name == "ptime" and val.strip().isdigit():
+            elif cur is not None and name == "ptime" and 0 < _num(val.strip(), 1000):
                 cur.ptime = int(val.strip())
     if not sd.media:
         raise SdpError("no m= line")
@@ -137,13 +178,13 @@ def _codec_name(m: Media, pt: int) -> str:
 def negotiate(offer: SessionDescription, codecs: tuple[str, ...] = ("PCMU", "PCMA")) -> Negotiated:
     """Choose codec, DTMF payload and direction for the first usable audio stream."""
     for idx, m in enumerate(offer.media):
-        if m.kind != "audio" or m.proto.upper() not in ("RTP/AVP", "RTP/AVPF"):
+        if m.kind != "audio" or m.proto.upper() not in RTP_PROTOS or not 0 < m.port <= 65535:
             continue
         codec, pt, dtmf = "", -1, -1
         for f in m.formats:
-            if not f.isdigit():
+            p = _num(f, 127)
+            if p < 0:
                 continue
-            p = int(f)
             name = _codec_name(m, p)
             if name == "TELEPHONE-EVENT/8000" and dtmf < 0:
                 dtmf = p

@@ -14,6 +14,9 @@ Invariants:
   the last we sent, and a fresh branch.
 * A request whose CSeq is below the last one seen from the peer is refused
   (500, 12.2.2).
+* :meth:`Dialog.from_invite` raises only ``ValueError`` (a Contact or From
+  whose URI is not a SIP URI); the UA builds the dialog before it admits the
+  call, so a refused INVITE has taken nothing.
 """
 
 from __future__ import annotations
@@ -98,8 +101,13 @@ class Dialog:
 
     @classmethod
     def from_invite(cls, inv: SipMessage, local_tag: str, local_contact: str, source: Addr) -> Dialog:
+        """The dialog an INVITE creates; ValueError when its Contact (or From) is unusable."""
         contact = inv.get("contact")
         target = parse_name_addr(contact).uri if contact else parse_name_addr(inv.get("from")).uri
+        if parse_uri(target).scheme not in ("sip", "sips"):
+            raise ValueError("the remote target is not a SIP URI")
+        if not inv.from_tag:
+            raise ValueError("From has no tag")
         return cls(
             call_id=inv.call_id,
             local_tag=local_tag,

@@ -8,10 +8,21 @@ Invariants:
 * :func:`parse` raises only :class:`SipParseError`, whatever the bytes; its
   ``kind`` is a stable counter label and ``can_reply`` says whether the
   headers needed for a 400 response (Via, From, To, Call-ID, CSeq) were read,
-  so the caller can answer 400 or silently drop.
+  so the caller can answer 400 (513 for ``oversized``) or silently drop. A
+  message it returns has a well-formed start line, Via, From, To, CSeq and
+  (when present) Contact and Max-Forwards, so the properties below
+  (``cseq``, ``top_via``, ``from_tag``, ``to_tag``) cannot raise on it.
+* Numbers are ASCII digits only (never ``str.isdigit``, which accepts
+  ``'²'``) and range-checked: CSeq 0..2**31-1, ports 1..65535, status
+  100..699, Max-Forwards 0..255, Content-Length at most the bytes received.
 * Bounds: a datagram is at most ``max_bytes``; at most ``MAX_HEADERS`` header
   fields; a Content-Length beyond the datagram is an error (RFC 3261 18.3),
-  never a wait for more data.
+  never a wait for more data. Header names are tokens; header values hold no
+  control characters (a lone CR or a NUL is refused, not passed on).
+* Output: :meth:`SipMessage.serialize` never writes a CR, LF or other control
+  character inside a start line or header value (they become spaces), so no
+  value can start a header of its own; :func:`quoted_string` is the escape
+  for text from a model or a caller inside a quoted-string.
 * Header names are stored lower-case in their long form (compact forms such
   as ``v``, ``i``, ``m`` are expanded); order and repetition are kept, so a
   proxy's Via and Record-Route chains survive a round trip.
@@ -44,7 +55,13 @@ CANON = {
 MULTI = {"via", "route", "record-route", "contact", "allow", "supported", "require", "accept"}
 REQUIRED = ("via", "from", "to", "call-id", "cseq")
 _METHOD_RE = re.compile(r"^[A-Za-z!%*_+`'~.-]{1,32}$")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9!%*_+`'~.-]{1,64}$")
+_DIGITS_RE = re.compile(r"^[0-9]+$")
+_CTL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # control characters but HTAB
+_TEXT_CTL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 BRANCH_MAGIC = "z9hG4bK"
+MAX_CSEQ = 2**31 - 1
+MAX_DATAGRAM = 65535
 
 
 class SipParseError(Exception):
@@ -140,6 +157,9 @@ class SipMessage:
                 continue
             lines.append(f"{CANON.get(k, _title(k))}: {v}")
         lines.append(f"Content-Length: {len(self.body)}")
+        for i, line in enumerate(lines):
+            if _CTL_RE.search(line):  # defence in depth: no value starts a header of its own
+                lines[i] = _CTL_RE.sub(" ", line)
         return ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8") + self.body
 
 
@@ -176,10 +196,30 @@ def _split_commas(value: str) -> list[str]:
     return [v for v in out if v]
 
 
-def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
-    """One UDP datagram -> message. Raises :class:`SipParseError` only."""
-    if len(data) > max_bytes:
-        raise SipParseError("oversized", f"{len(data)} bytes > {max_bytes}")
+def is_digits(s: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also accepts ``'²'``, which ``int`` refuses)."""
+    return _DIGITS_RE.match(s) is not None
+
+
+def parse(data: bytes, max_bytes: int = MAX_DATAGRAM) -> SipMessage:
+    """One UDP datagram -> message. Raises :class:`SipParseError` only.
+
+    A datagram over ``max_bytes`` (but within a UDP datagram) is still parsed,
+    so the ``oversized`` error carries the headers a 513 response needs."""
+    n = len(data)
+    if n > max_bytes:
+        detail = f"{n} bytes > {max_bytes}"
+        if n > MAX_DATAGRAM:
+            raise SipParseError("oversized", detail)
+        try:
+            msg = _parse(data)
+        except SipParseError as e:
+            raise SipParseError("oversized", detail, e.msg) from None
+        raise SipParseError("oversized", detail, msg)
+    return _parse(data)
+
+
+def _parse(data: bytes) -> SipMessage:
     sep = data.find(b"\r\n\r\n")
     if sep >= 0:
         head, body_start = data[:sep], sep + 4
@@ -189,7 +229,7 @@ def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
             raise SipParseError("truncated", "no end of headers")
         head, body_start = data[:sep], sep + 2
     try:
-        text = head.decode("utf-8")
+        text = bytes(head).decode("utf-8")
     except UnicodeDecodeError:
         raise SipParseError("bad_encoding", "headers are not UTF-8") from None
     raw_lines = text.replace("\r\n", "\n").split("\n")
@@ -198,12 +238,12 @@ def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
     if not raw_lines:
         raise SipParseError("garbage", "empty message")
     start = raw_lines[0]
-    if len(start) > MAX_LINE:
-        raise SipParseError("garbage", "start line too long")
+    if len(start) > MAX_LINE or _CTL_RE.search(start):
+        raise SipParseError("garbage", "start line too long or with control characters")
     msg = SipMessage()
     parts = start.split(" ", 2)
     if start.startswith("SIP/2.0 "):
-        if len(parts) < 2 or not parts[1].isdigit() or len(parts[1]) != 3:
+        if len(parts) < 2 or len(parts[1]) != 3 or not is_digits(parts[1]):
             raise SipParseError("garbage", "bad status line")
         msg.status = int(parts[1])
         msg.reason = parts[2] if len(parts) > 2 else ""
@@ -228,8 +268,10 @@ def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
             raise SipParseError("bad_header", "header line too long", msg)
         name, colon, value = line.partition(":")
         name = name.strip().lower()
-        if not colon or not name or " " in name:
+        if not colon or not _TOKEN_RE.match(name):
             raise SipParseError("bad_header", f"malformed header line {line[:40]!r}", msg)
+        if _CTL_RE.search(value):
+            raise SipParseError("bad_header", f"control character in {name}", msg)
         name = COMPACT.get(name, name)
         value = value.strip()
         if name in MULTI:
@@ -240,7 +282,7 @@ def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
     body = data[body_start:]
     cl = msg.get("content-length")
     if cl:
-        if not cl.isdigit() or len(cl) > 9:
+        if len(cl) > 9 or not is_digits(cl):
             raise SipParseError("bad_content_length", f"Content-Length {cl[:20]!r}", msg)
         n = int(cl)
         if n > len(body):
@@ -250,8 +292,14 @@ def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
     for h in REQUIRED:
         if not msg.get(h):
             raise SipParseError("missing_header", f"missing {h}", msg)
+    _check_headers(msg)
+    return msg
+
+
+def _check_headers(msg: SipMessage) -> None:
+    """The header grammars the user agent relies on; :class:`SipParseError` ``bad_header``."""
     try:
-        num, method = parse_cseq(msg.get("cseq"))
+        _, method = parse_cseq(msg.get("cseq"))
     except ValueError:
         raise SipParseError("bad_header", "bad CSeq", msg) from None
     if msg.is_request and method != msg.method:
@@ -260,7 +308,19 @@ def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
         parse_via(msg.get("via"))
     except ValueError:
         raise SipParseError("bad_header", "bad Via", msg) from None
-    return msg
+    for h in ("from", "to", "contact"):
+        v = msg.get(h)
+        if not v:
+            continue
+        try:
+            na = parse_name_addr(v)
+        except ValueError:
+            raise SipParseError("bad_header", f"bad {h}", msg) from None
+        if not na.uri and not (h == "contact" and v.strip() == "*"):
+            raise SipParseError("bad_header", f"bad {h}", msg)
+    mf = msg.get("max-forwards")
+    if mf and (len(mf) > 3 or not is_digits(mf) or int(mf) > 255):
+        raise SipParseError("bad_header", "bad Max-Forwards", msg)
 
 
 # -- small grammars -------------------------------------------------------
@@ -268,9 +328,10 @@ def parse(data: bytes, max_bytes: int = 65535) -> SipMessage:
 
 def parse_cseq(value: str) -> tuple[int, str]:
     num, _, method = value.strip().partition(" ")
-    if not num.isdigit() or len(num) > 10 or not method.strip():
-        raise ValueError(f"bad CSeq {value!r}")
-    return int(num), method.strip()
+    method = method.strip()
+    if len(num) > 10 or not is_digits(num) or int(num) > MAX_CSEQ or not _METHOD_RE.match(method):
+        raise ValueError(f"bad CSeq {value[:40]!r}")
+    return int(num), method
 
 
 def _params(s: str) -> dict[str, str]:
@@ -312,12 +373,20 @@ def split_hostport(s: str) -> tuple[str, int]:
     s = s.strip()
     if s.startswith("["):
         end = s.find("]")
+        if end < 0:
+            raise ValueError(f"bad host in {s[:40]!r}")
         host, rest = s[1:end], s[end + 1 :]
-        port = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"bad host in {s[:40]!r}")
+        port = rest[1:]
+        if rest and not port:
+            raise ValueError(f"bad port in {s[:40]!r}")
     else:
-        host, _, port = s.partition(":")
-    if port and (not port.isdigit() or not 0 < int(port) < 65536):
-        raise ValueError(f"bad port in {s!r}")
+        host, colon, port = s.partition(":")
+        if colon and not port:
+            raise ValueError(f"bad port in {s[:40]!r}")
+    if port and (len(port) > 5 or not is_digits(port) or not 0 < int(port) < 65536):
+        raise ValueError(f"bad port in {s[:40]!r}")
     return host, int(port) if port else 0
 
 
@@ -366,6 +435,24 @@ def parse_uri(uri: str) -> SipUri:
         user, hostport = "", main
     host, port = split_hostport(hostport) if scheme.lower() != "tel" else (hostport, 0)
     return SipUri(scheme.lower(), user, host, port, _params(params))
+
+
+def quoted_string(text: str, limit: int = 128) -> str:
+    """``text`` made safe inside an RFC 3261 quoted-string (the caller adds the quotes).
+
+    Control characters (CR, LF, NUL, C1, the Unicode line separators) become
+    spaces, runs of whitespace collapse, ``"`` and ``\\`` are escaped as
+    quoted-pairs, and the result is cut to at most ``limit`` UTF-8 bytes on a
+    character boundary (never inside a quoted-pair). For any input the output
+    holds no control character and no unescaped quote, so it can end neither
+    the string nor the header."""
+    clean = " ".join(_TEXT_CTL_RE.sub(" ", text).split())
+    clean = clean.encode("utf-8")[:limit].decode("utf-8", "ignore")
+    out = clean.replace("\\", "\\\\").replace('"', '\\"')
+    while len(out.encode("utf-8")) > limit:
+        clean = clean[:-1]
+        out = clean.replace("\\", "\\\\").replace('"', '\\"')
+    return out
 
 
 def new_tag() -> str:

@@ -24,18 +24,26 @@ numpy); :func:`header` only appends the key.
   opcode): the caller hands the rest of the stream to the library for good,
   which applies its own rules and errors (1002, 1009, ...).
 
+:func:`close_reason` bounds the reason of a close frame: RFC 6455 allows
+at most 123 bytes of UTF-8 after the 2-byte code (a control frame carries at
+most 125), and the library raises on a longer one, so every close any side
+sends goes through it.
+
 Invariants: ``scan`` never reads beyond ``end`` and reports ``DATA`` or
 ``CONTROL`` only for a frame whose every byte is in ``buf[pos:end]``; a caller
 that gives the library only whole frames (``CONTROL``) or the whole rest of
 the stream (``OTHER``) keeps the library's parser at a frame boundary, so the
-two never disagree about where a frame starts.
+two never disagree about where a frame starts. ``close_reason`` returns a
+string that encodes to at most ``MAX_CLOSE_REASON`` bytes of valid UTF-8 (cut
+at a character boundary; a lone surrogate becomes ``?``) and never raises.
 """
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["BINARY", "CONTROL", "DATA", "MORE", "OTHER", "TEXT", "header", "scan"]
+__all__ = ["BINARY", "CONTROL", "DATA", "MAX_CLOSE_REASON", "MORE", "OTHER", "TEXT", "close_reason",
+           "header", "scan"]
 
 DATA = 0
 CONTROL = 1
@@ -50,6 +58,7 @@ _MORE = (MORE, 0, 0)
 _OTHER = (OTHER, 0, 0)
 _H16 = struct.Struct("!BBH")
 _H64 = struct.Struct("!BBQ")
+MAX_CLOSE_REASON = 123  # bytes of UTF-8 in a close frame after its 2-byte code
 
 
 def scan(buf: bytes | bytearray | memoryview, pos: int, end: int, masked: bool,
@@ -103,3 +112,12 @@ def header(length: int, first: int = TEXT, mask: bytes | None = None) -> bytes:
     else:
         h = _H64.pack(first, m | 127, length)
     return h + mask if mask is not None else h
+
+
+def close_reason(reason: str, limit: int = MAX_CLOSE_REASON) -> str:
+    """``reason`` cut to at most ``limit`` bytes of UTF-8, at a character boundary."""
+    raw = reason.encode("utf-8", "replace")  # a lone surrogate (not encodable) becomes "?"
+    if len(raw) <= limit:
+        return raw.decode("utf-8")
+    # a cut inside a multi-byte character leaves an incomplete tail: "ignore" drops exactly it
+    return raw[:max(0, limit)].decode("utf-8", "ignore")

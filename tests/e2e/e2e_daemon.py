@@ -112,6 +112,8 @@ users = {{ local = "local", booking = "booking_e2e" }}
 
 [websocket]
 port = 0
+routes = [{{ path = "/twilio", protocol = "twilio", agent = "default", agents = ["local", "booking_e2e"] }},
+          {{ path = "/ws", protocol = "native", agent = "default", agents = ["local", "booking_e2e"] }}]
 
 [agents]
 providers = "definitions"

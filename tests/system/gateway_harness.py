@@ -28,6 +28,10 @@ import zmq
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
+# the default routes, with the built-in echo agent reachable as /twilio/echo and /ws/echo
+# (a route admits no agent by name unless it lists it)
+ECHO_ROUTES = [{"path": "/twilio", "protocol": "twilio", "agent": "default", "agents": ["echo"]},
+               {"path": "/ws", "protocol": "native", "agent": "default", "agents": ["echo"]}]
 _seq = itertools.count(1)
 
 

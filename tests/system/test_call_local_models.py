@@ -52,6 +52,7 @@ enabled = false
 
 [websocket]
 port = 0
+routes = [{{ path = "/ws", protocol = "native", agent = "default", agents = ["scripted"] }}]
 
 [agents]
 providers = "definitions"

@@ -30,7 +30,7 @@ from brisvox.client.sip import SipTransport
 from brisvox.client.speech import read_wav
 from brisvox.client.transport import BotEvents
 from brisvox.client.twilio import TwilioTransport
-from tests.system.gateway_harness import GatewayProc, make_fixture
+from tests.system.gateway_harness import ECHO_ROUTES, GatewayProc, make_fixture
 
 pytestmark = pytest.mark.system
 
@@ -94,7 +94,7 @@ def test_echo_call_round_trip_timeline_and_dtmf(short_tmp, protocol):
     fx = make_fixture(short_tmp, "One two three four five six seven eight nine ten, "
                                  "and the quick brown fox jumps over the lazy dog.")
     with GatewayProc(short_tmp, gateway={"echo_delay_ms": DELAY_MS, "echo_digit_clears": True},
-                     inbox=True) as gw:
+                     inbox=True, websocket={"routes": ECHO_ROUTES}) as gw:
         t = transport_for(protocol, gw)
         speech = read_wav(fx["wav"], t.rate)
         dtmf_at = 2.0

@@ -29,6 +29,8 @@ rtp_port_min = 47000
 rtp_port_max = 47998
 
 [websocket]
+routes = [{ path = "/twilio", protocol = "twilio", agent = "default" },
+          { path = "/ws", protocol = "native", agent = "default", agents = ["echo"] }]
 port = 0
 """
 

@@ -14,7 +14,7 @@ import soundfile as sf
 from websockets.asyncio.client import connect
 
 from brisvox.wire.native import NativeStream, server_message
-from tests.system.gateway_harness import GatewayProc, correlate, have, make_fixture
+from tests.system.gateway_harness import ECHO_ROUTES, GatewayProc, correlate, have, make_fixture
 
 pytestmark = [pytest.mark.system, pytest.mark.skipif(not (have("espeak-ng") and have("sox")),
                                                      reason="espeak-ng and sox make the fixture")]
@@ -41,7 +41,8 @@ def test_echo_through_worker_resampling(short_tmp, worker, rate):
     fx = make_fixture(short_tmp, "Echo through the worker, one two three.", rate=rate)
     pcm, _ = sf.read(fx["wav"], dtype="int16")
     with GatewayProc(short_tmp, inbox=True, peers={"worker-0": worker},
-                     gateway={"echo_use_workers": True, "echo_delay_ms": 300}) as gw:
+                     gateway={"echo_use_workers": True, "echo_delay_ms": 300},
+                     websocket={"routes": ECHO_ROUTES}) as gw:
 
         async def client():
             got = []

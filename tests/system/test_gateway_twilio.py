@@ -18,6 +18,7 @@ from brisvox.wire import twilio
 from brisvox.wire.g711 import PCMU
 from ipc import frames as F
 from tests.system.gateway_harness import (
+    ECHO_ROUTES,
     FakeAgent,
     GatewayProc,
     attached_ring,
@@ -50,7 +51,8 @@ def test_twilio_echo_marks_dtmf_clear(short_tmp):
     fx = make_fixture(short_tmp, "Testing the echo line, one two three.")
     ulaw = fx["ulaw"].read_bytes()
     sent = np.fromfile(fx["ref"], dtype="<i2")
-    with GatewayProc(short_tmp, gateway={"echo_delay_ms": 200, "echo_mark_ms": 500}, inbox=True) as gw:
+    with GatewayProc(short_tmp, gateway={"echo_delay_ms": 200, "echo_mark_ms": 500}, inbox=True,
+                     websocket={"routes": ECHO_ROUTES}) as gw:
 
         async def client():
             events: list[tuple[float, twilio.BotMessage]] = []

@@ -375,7 +375,7 @@ async def case_malformed(p: Peer, agent: FakeAgent) -> None:
     if p.kind == "sip":
         assert udp(p.gw.sip_port, b"\x00\xffgarbage\r\n\r\n", 0.3) is None
         assert p.t.remote_rtp is not None
-        udp(p.t.remote_rtp[1], b"\x80", 0.05)  # shorter than an RTP header
+        p.t.rtp.transport.sendto(b"\x80", p.t.remote_rtp)  # shorter than an RTP header, from the latched source
         await asyncio.sleep(0.1)
         after = await stats(p.gw)
         malformed = {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("sip_malformed_")}

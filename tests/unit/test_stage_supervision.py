@@ -49,8 +49,8 @@ def test_close_code_and_q850_cause(reason, code, cause):
 def test_the_bye_reason_header():
     assert bye_reason("stage_failed:llm") == 'Q.850;cause=41;text="stage_failed:llm"'
     assert bye_reason("hangup") == 'Q.850;cause=16;text="hangup"'
-    assert bye_reason('a "quoted" \\ reason') == 'Q.850;cause=16;text="a quoted  reason"'
-    assert len(bye_reason("x" * 100)) == len('Q.850;cause=16;text=""') + 40
+    assert bye_reason('a "quoted" \\ reason') == 'Q.850;cause=16;text="a \\"quoted\\" \\\\ reason"'
+    assert len(bye_reason("x" * 300)) == len('Q.850;cause=16;text=""') + 128
 
 
 def test_which_task_ends_are_failures(vrun):

@@ -210,3 +210,36 @@ def test_non_invite_client_timer_e_f_and_response():
     assert isinstance(tx2.on_response(resp, 0.1)[0], Deliver)
     assert tx2.on_response(resp, 0.2) == []  # retransmitted final absorbed
     assert tx2.on_timer(5.1) == [] and tx2.done
+
+
+@pytest.mark.parametrize("data", [
+    b"SIP/2.0 \xc2\xb2\xc2\xb2\xc2\xb2 OK\r\nVia: SIP/2.0/UDP h\r\n\r\n",  # Unicode digits as the status
+    invite().replace(b"CSeq: 7", "CSeq: 7\u00b2".encode()),
+    invite().replace(f"l: {len(SDP)}".encode(), "l: 1\u00b2".encode()),
+    invite().replace(b"m: <sip:alice@10.0.0.1:5070>", b"m: <sip:alice@10.0.0.1:5070"),
+    invite().replace(b"10.0.0.1:5070;branch", "10.0.0.1:5\u00b2;branch".encode()),
+    invite().replace(b"v: SIP/2.0/UDP 10.0.0.1:5070", b"v: SIP/2.0/UDP [::1:5070"),
+    invite().replace(b"Subject: folded", b"Subject: a\rInjected: b"),
+])
+def test_old_crashers_raise_the_typed_error(data):
+    with pytest.raises(SipParseError):
+        parse(data)
+
+
+@pytest.mark.parametrize("body", [
+    SDP.replace("m=audio 4000", "m=audio 99999"),
+    SDP.replace("m=audio 4000", "m=audio 4\u00b2"),
+    SDP.replace("c=IN IP4 10.0.0.1", "c=IN IP4 pbx.example.com"),
+    SDP.replace("c=IN IP4 10.0.0.1", "c=IN IP6 10.0.0.1"),
+    SDP.replace("RTP/AVP 8 0 101", "RTP/AVP 8 0 128"),
+    SDP + "m=audio 5000 RTP/AVP 0\r\n" * 8,
+])
+def test_unusable_sdp_is_an_sdp_error(body):
+    with pytest.raises(sdp.SdpError):
+        sdp.parse(body.encode())
+
+
+def test_a_declined_audio_stream_is_not_negotiated():
+    offer = sdp.parse(SDP.replace("m=audio 4000", "m=audio 0").encode())
+    with pytest.raises(sdp.SdpError):
+        sdp.negotiate(offer)

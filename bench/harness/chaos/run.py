@@ -79,6 +79,7 @@ smart_turn = false
 
 def daemon_config(tmp: Path, agents_dir: Path) -> Path:
     rtp = 30000 + (os.getpid() % 300) * 100  # a range of its own per run (other runs share the machine)
+    agents = "[" + ", ".join(f'"chaos_{v}"' for v in script.VARIANTS) + "]"  # /twilio/<name>, /ws/<name>
     extra = f"""
 [gateway]
 echo_use_workers = false
@@ -92,9 +93,13 @@ port = 0
 rtp_port_min = {rtp}
 rtp_port_max = {rtp + 98}
 users = {{ talk = "chaos_talk", book = "chaos_book" }}
+invite_rate = ["100/second"]  # every SIP call comes from this one loopback caller, {STAGGER_S} s apart
 
 [websocket]
 port = 0
+handshakes_per_s = 100  # every call comes from this one loopback caller, {STAGGER_S} s apart
+routes = [{{ path = "/twilio", protocol = "twilio", agent = "default", agents = {agents} }},
+          {{ path = "/ws", protocol = "native", agent = "default", agents = {agents} }}]
 
 [smart_turn]
 enabled = false

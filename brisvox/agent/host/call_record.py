@@ -20,7 +20,10 @@ Owns the record format (one JSON object per call) and its storage:
 
 Storage: ``write_record(record, target)``: ``target`` is a directory (one
 file ``<started>-<call_id>.json`` per call, written atomically) or a file
-ending in ``.jsonl`` (one line per call, appended). Nothing here logs
+ending in ``.jsonl`` (one line per call, appended). Every record file is
+mode 0600 whatever the umask (a file found looser is tightened) and a
+directory made here is 0700: a record holds what the caller said and the
+tools' results (digits sent with ``send_dtmf`` among them). Nothing here logs
 caller audio or tool arguments.
 """
 
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
     from brisvox.agent.host.actor import CallActor
 
 RECORD_VERSION = 1
+RECORD_FILE_MODE = 0o600  # transcripts, tool results, DTMF digits: the daemon's user only
+RECORD_DIR_MODE = 0o700
 
 
 def _iso(ts: float | None) -> str | None:
@@ -90,19 +95,29 @@ def _safe(s: str) -> str:
 def write_record(record: dict[str, Any], target: str | os.PathLike[str]) -> Path:
     """Write one record to a directory (one file per call) or append to a .jsonl file."""
     t = Path(target)
-    data = orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS)
     if t.suffix == ".jsonl":
-        t.parent.mkdir(parents=True, exist_ok=True)
-        with open(t, "ab") as f:
-            f.write(data + b"\n")
+        t.parent.mkdir(mode=RECORD_DIR_MODE, parents=True, exist_ok=True)
+        _write_private(t, orjson.dumps(record, option=orjson.OPT_NON_STR_KEYS) + b"\n", os.O_APPEND)
         return t
-    t.mkdir(parents=True, exist_ok=True)
+    t.mkdir(mode=RECORD_DIR_MODE, parents=True, exist_ok=True)
     stamp = (record.get("started") or "").replace(":", "").replace("-", "")[:15]
     path = t / f"{stamp}-{_safe(str(record.get('call_id', 'call')))}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+    _write_private(tmp, orjson.dumps(record, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS), os.O_TRUNC)
     os.replace(tmp, path)
     return path
+
+
+def _write_private(path: Path, data: bytes, flag: int) -> None:
+    """Write ``data`` to ``path`` (created, or reused, with mode :data:`RECORD_FILE_MODE`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flag, RECORD_FILE_MODE)
+    try:
+        if os.fstat(fd).st_mode & 0o777 != RECORD_FILE_MODE:
+            os.fchmod(fd, RECORD_FILE_MODE)  # a file made before (another umask, an older version)
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+    finally:
+        os.close(fd)
 
 
 def read_records(target: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -136,11 +136,11 @@ class CallsConfig:
 
 def referenced_agents(cfg: Any) -> list[tuple[str, str]]:
     """``(config key, agent name)`` for every agent file the daemon config ``cfg``
-    names (enabled WebSocket routes, the SIP default agent and users), with
-    "default" resolved to ``[agents] default_agent``; the built-in echo agent
-    has no file and is left out. Empty when ``[agents] providers`` is not
-    "definitions". ``<route>/<name>`` picks agents at call time; those are
-    checked when a call asks for them (a bad one refuses the call)."""
+    names (enabled WebSocket routes and the agents they list for
+    ``<route>/<name>``, the SIP default agent and users), with "default"
+    resolved to ``[agents] default_agent``; the built-in echo agent has no
+    file and is left out. Empty when ``[agents] providers`` is not
+    "definitions". A WebSocket route reaches no agent it does not list."""
     agents = cfg.section("agents")
     if agents.providers != "definitions":
         return []
@@ -149,6 +149,7 @@ def referenced_agents(cfg: Any) -> list[tuple[str, str]]:
     if ws.enabled:
         for i, r in enumerate(ws.routes):
             out.append((f"websocket.routes[{i}].agent", r.agent))
+            out += [(f"websocket.routes[{i}].agents[{j}]", name) for j, name in enumerate(r.agents)]
     sip = cfg.section("sip")
     if sip.enabled:
         out.append(("sip.default_agent", sip.default_agent))
