@@ -186,9 +186,16 @@ class CallLifecycle(PlayoutCommands):
             self.pacer.add(call)
             self.metrics.inc("calls_started")
         else:
+            # no agent side; the start is over, so the transport's end (which on_ready brings
+            # about) must release the call itself: "starting" would tell it to leave that to
+            # this task, which is done (an agent that died during CallStart used to leave the
+            # call and its rings in the table for good)
             call.agent_done = True
+            call.state = "ending"
             self.metrics.inc("calls_failed_start")
         on_ready(ok, why)
+        if not ok:
+            self.release_if_done(call)  # the leg may have ended already, inside on_ready
 
     def abandon(self, call: Call) -> None:
         """The agent side of ``call`` never started (see :class:`~brisvox.gateway.host.CallHost`)."""

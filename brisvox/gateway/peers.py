@@ -237,6 +237,10 @@ class AgentLinks(CallLifecycle):
         """Introspection for operators and tests (``stats``, ``calls``)."""
         if name == "calls":
             return {c.call_id: {"transport": c.transport, "agent": c.agent, "state": c.state,
+                                "agent_proc": c.agent_proc, "worker": c.worker,
+                                "transport_done": c.transport_done, "agent_done": c.agent_done,
+                                "end_reason": c.end_reason,
+                                "age_s": round((time.monotonic_ns() - c.started_ns) / 1e9, 1),
                                 "release_pos": c.release_pos, "in_pos": c.in_ring.write_pos,
                                 "ids": dict(c.transport_ids), **c.stats.as_dict()}
                     for c in self.table.calls.values()}

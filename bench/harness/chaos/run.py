@@ -39,6 +39,8 @@ from bench.harness.chaos.faults import Fault, FaultScheduler, Snapshot, snapshot
 from bench.harness.chaos.vendors import VendorProcess
 from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.host.call_record import read_records
+from ipc.bus import endpoint, request_sync
+from ipc.frames import Command
 from ipc.ring import SHM_DIR
 
 STAGGER_S = 0.08  # between call starts
@@ -182,6 +184,17 @@ class Run:
 SETTLE_S = 3.0
 
 
+def gateway_calls(d: Daemon) -> Any:
+    """The gateway's own table (its ``calls`` command on its inbox), to say why a call is left."""
+    try:
+        reply = request_sync(endpoint(d.run_dir, "gateway-0"), Command(name="calls"), 3.0)
+        return {k: {f: v.get(f) for f in ("transport", "state", "agent_proc", "worker", "transport_done",
+                                          "agent_done", "end_reason", "age_s", "ids")}
+                for k, v in (reply.data or {}).items()}  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 - a diagnostic only
+        return f"{type(e).__name__}: {e}"
+
+
 def _quiet(d: Daemon, timeout: float) -> dict[str, Any]:
     def ok(s: dict[str, Any]) -> bool:
         return (s["daemon"]["ready"] and all(c["state"] == "ready" for c in s["children"])
@@ -247,6 +260,7 @@ def run_chaos(tmp: Path, n_calls: int = 100, n_sip: int = 10, log: Any = print) 
         except AssertionError as e:
             run.status_after = d.status()
             run.notes.append(f"not quiet after the run: {str(e)[:300]}")
+            run.notes.append(f"gateway calls left: {gateway_calls(d)}")
         time.sleep(SETTLE_S)
         run.status_after = d.status()
         run.after = snapshot(d)
