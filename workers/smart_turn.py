@@ -69,6 +69,11 @@ def ort_session(path: Path, threads: int = 1, optimized_path: Path | None = None
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.log_severity_level = 3
+    # no CPU arena: the arena keeps the high-water of the largest batch (the VAD runs every call's
+    # window in one batch) for the life of the process; through malloc the memory goes back to
+    # the kernel when the worker is idle (brisvox/runtime/memory.py). Measured on Silero VAD, 300
+    # runs: batch 1 / 25 / 100 take 0.066 / 0.73 / 2.82 ms without it, 0.066 / 0.72 / 2.80 with it.
+    so.enable_cpu_mem_arena = False
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
