@@ -23,6 +23,15 @@ levels. The bench config (``configs/brisvoxd.bench.toml``) routes ``/twilio`` to
 (``brisvox/providers/scripted_speech.py``, ``scripted_llm.py``) timed by the
 workload, with the real Silero VAD and Smart Turn in the worker.
 
+Latency breakdown: with a ``--config`` command the daemon runs a derived copy of
+the config (written to a temporary folder, deleted after the level) that writes
+one call record per call into a temporary folder (``[calls]``) and names the
+agent files' folder of the original; the records' timeline marks are joined with
+the load generator's own stamps per call and turn (:mod:`bench.breakdown`) and
+printed as rows. ``BRISVOX_BENCH_EARLY_TURN_MS`` (e.g. ``100``) also sets the
+workers' ``[vad] fall_delay_ms`` to it and ``[agents] early_smart_turn`` on
+(``0``: both off), to measure the early Smart Turn analysis.
+
 Failure is a message, never a hang: a missing command or config, a port
 already taken by something else, a daemon that exits or does not accept
 connections within ``READY_TIMEOUT_S``, or a daemon that accepts but completes
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -50,7 +60,7 @@ from urllib.parse import urlparse
 
 import psutil
 
-from bench import workload
+from bench import breakdown, workload
 from bench.loadgen import harness
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,6 +82,65 @@ TARGETS = {
     "largest": ">= 150 (target 200)",
     "last": "<= 300",
 }
+
+
+def early_turn_ms() -> int | None:
+    """``BRISVOX_BENCH_EARLY_TURN_MS``: None (unset: the config's own), 0 (off) or the fall delay."""
+    raw = os.environ.get("BRISVOX_BENCH_EARLY_TURN_MS", "").strip()
+    if not raw:
+        return None
+    try:
+        ms = int(raw)
+    except ValueError:
+        raise harness.ServerError(f"BRISVOX_BENCH_EARLY_TURN_MS {raw!r}: expected milliseconds") from None
+    if ms < 0:
+        raise harness.ServerError("BRISVOX_BENCH_EARLY_TURN_MS must be >= 0")
+    return ms
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    return json.dumps(str(v))  # a TOML basic string
+
+
+def set_keys(text: str, section: str, values: dict[str, Any]) -> str:
+    """``text`` (TOML) with ``values`` set in ``[section]`` (one-line keys replaced, the
+    section appended when missing)."""
+    lines = text.splitlines()
+    header = re.compile(r"^\s*\[([^\[\]]+)\]\s*(#.*)?$")
+    start, end = None, len(lines)
+    for i, ln in enumerate(lines):
+        if ln.lstrip().startswith("["):
+            if start is not None:
+                end = i
+                break
+            m = header.match(ln)
+            if m and m.group(1).strip() == section:
+                start = i
+    new = [f"{k} = {_toml_value(v)}  # set by bench/bench_load.py" for k, v in values.items()]
+    if start is None:
+        return text.rstrip("\n") + f"\n\n[{section}]\n" + "\n".join(new) + "\n"
+    key = re.compile(r"^\s*(" + "|".join(re.escape(k) for k in values) + r")\s*=")
+    body = [ln for ln in lines[start + 1:end] if not key.match(ln)]
+    return "\n".join(lines[:start + 1] + new + body + lines[end:]) + "\n"
+
+
+def derive_config(src: Path, records: Path, early_ms: int | None) -> str:
+    """The bench config ``src`` writing call records into ``records``, with its agent files
+    where the original finds them, and the early Smart Turn setting when asked."""
+    from brisvox.config.daemon import load_config
+
+    agents_dir = load_config(str(src)).section("agents").agents_path(str(src))
+    text = src.read_text()
+    text = set_keys(text, "calls", {"records": True, "path": str(records), "keep_days": 0})
+    text = set_keys(text, "agents", {"agents_dir": str(agents_dir)})
+    if early_ms is not None:
+        text = set_keys(text, "agents", {"early_smart_turn": early_ms > 0})
+        text = set_keys(text, "vad", {"fall_delay_ms": early_ms})
+    return text
 
 
 def daemon_command() -> list[str]:
@@ -101,9 +170,32 @@ class BrisvoxDaemon:
         self._log: Path | None = None
         self._n = 0
         self.server_stats: dict[int, dict[str, float]] = {}  # N -> the daemon's own counters at the end
+        self.records: dict[int, list[dict[str, Any]]] = {}  # N -> the call records of the level
+        self.early_ms = early_turn_ms()
+        self._run_cmd = self.cmd  # the command of the current level (its derived config)
+        self._tmp: Path | None = None  # the level's derived config and records
 
     def describe(self) -> str:
-        return f"brisvoxd ({' '.join(self.cmd[1:])}) at {self.url}"
+        early = "" if self.early_ms is None else f", early Smart Turn fall_delay_ms={self.early_ms}"
+        return f"brisvoxd ({' '.join(self.cmd[1:])}{early}) at {self.url}"
+
+    def _derive(self) -> list[str]:
+        """The command with the derived config (records on), or as given without ``--config``."""
+        if "--config" not in self.cmd:
+            return self.cmd
+        i = self.cmd.index("--config") + 1
+        self._tmp = Path(tempfile.mkdtemp(prefix="bvbench"))
+        (self._tmp / "calls").mkdir(mode=0o700)
+        cfg = self._tmp / "brisvoxd.toml"
+        cfg.write_text(derive_config(Path(self.cmd[i]), self._tmp / "calls", self.early_ms))
+        return [*self.cmd[:i], str(cfg), *self.cmd[i + 1:]]
+
+    def _take_records(self) -> None:
+        tmp, self._tmp = self._tmp, None
+        if tmp is None:
+            return
+        self.records[self._n] = breakdown.read_records(tmp / "calls")
+        shutil.rmtree(tmp, ignore_errors=True)
 
     def _check_command(self) -> None:
         exe = self.cmd[0]
@@ -137,9 +229,10 @@ class BrisvoxDaemon:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
         if self.wl_path:
             env["BRISVOX_BENCH_WORKLOAD"] = self.wl_path
+        self._run_cmd = self._derive()
         with open(self._log, "wb") as logf:
             try:
-                self._proc = subprocess.Popen(self.cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT,
+                self._proc = subprocess.Popen(self._run_cmd, cwd=REPO, stdout=logf, stderr=subprocess.STDOUT,
                                               env=env, start_new_session=True)
             except OSError as e:
                 raise harness.ServerError(f"cannot run {self.cmd[0]}: {e}") from None
@@ -166,13 +259,14 @@ class BrisvoxDaemon:
         return [self._proc.pid] if self._proc is not None else []
 
     def _runtime_dir(self) -> Path | None:
-        if "--config" not in self.cmd:
+        cmd = self._run_cmd
+        if "--config" not in cmd:
             return None
         try:
             from brisvox.config.daemon import load_config
             from brisvox.runtime.paths import runtime_dir
 
-            return runtime_dir(load_config(self.cmd[self.cmd.index("--config") + 1]))
+            return runtime_dir(load_config(cmd[cmd.index("--config") + 1]))
         except Exception:  # noqa: BLE001 - diagnostics only
             return None
 
@@ -200,6 +294,12 @@ class BrisvoxDaemon:
         self.server_stats[self._n] = out
 
     def stop(self) -> None:
+        try:
+            self._stop()
+        finally:
+            self._take_records()  # written at each hang-up: complete once the daemon stopped
+
+    def _stop(self) -> None:
         p = self._proc
         if p is None:
             return
@@ -252,19 +352,33 @@ def measure(quick: bool, ns: list[int] | None = None,
         if "last log lines" in str(e) or daemon._log is None:
             raise
         raise harness.ServerError(f"{e}\nbrisvoxd's last log lines:\n{daemon.log_tail()}") from None
+    bds: dict[int, dict[str, Any] | None] = {
+        lv.n: breakdown.breakdown(lv.summary.get("timeline", []), daemon.records[lv.n])
+        if lv.n in daemon.records else None for lv in levels}
     out = REPO / "bench" / "out"
     out.mkdir(exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=out, delete=False, suffix=".tmp") as f:
         json.dump({"server": daemon.describe(), "largest_n_held": largest,
-                   "levels": [dict(harness.level_json(lv), server=daemon.server_stats.get(lv.n, {}))
-                              for lv in levels]}, f, indent=1)
+                   "levels": [dict(harness.level_json(lv), server=daemon.server_stats.get(lv.n, {}),
+                                   breakdown=bds.get(lv.n)) for lv in levels]}, f, indent=1)
     os.replace(f.name, out / "brisvox.json")
     LAST_SERVER_STATS.clear()
     LAST_SERVER_STATS.update(daemon.server_stats)
+    LAST_BREAKDOWN.clear()
+    LAST_BREAKDOWN.update(bds)
     return levels, largest, daemon.describe()
 
 
 LAST_SERVER_STATS: dict[int, dict[str, float]] = {}
+LAST_BREAKDOWN: dict[int, dict[str, Any] | None] = {}  # N -> the level's latency breakdown
+
+
+def breakdown_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
+    """Per level, the latency breakdown: where each turn's milliseconds went."""
+    out: list[tuple[str, Any, str, str]] = []
+    for lv in levels:
+        out += breakdown.rows(f"brisvox N={lv.n}:", LAST_BREAKDOWN.get(lv.n))
+    return out
 
 
 def server_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
@@ -302,4 +416,4 @@ def run(quick: bool) -> list[tuple[str, Any, str, str]]:
     levels, largest, describe = measure(quick, wl=wl)
     rows = harness.rows("brisvox", levels, largest, wl, TARGETS)
     rows.insert(0, ("brisvox: how it was run", describe, "", ""))
-    return rows + server_rows(levels)
+    return rows + server_rows(levels) + breakdown_rows(levels)

@@ -99,6 +99,7 @@ def _side(name: str, fn, quick: bool) -> tuple[tuple[list[harness.Level], int] |
     rows = [(f"{name}: how it was run", describe, "", "")] + harness.rows(name, levels, largest, wl, targets)
     if name == "brisvox":
         rows += bench_load.server_rows(levels)  # the daemon's own view: stalls vs client stamping
+        rows += bench_load.breakdown_rows(levels)  # where each turn's milliseconds went
     return (levels, largest), rows, ""
 
 

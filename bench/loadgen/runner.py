@@ -40,7 +40,7 @@ import orjson
 from bench.loadgen import speech, wire, wsclient
 from bench.loadgen.caller import CallerTiming, CallScript
 from bench.loadgen.pacing import Pacer
-from bench.loadgen.stats import summarize
+from bench.loadgen.stats import client_timeline, summarize
 from bench.workload import FRAME_SAMPLES, Workload
 from brisvox.wire.g711 import ULAW_SILENCE, ulaw_encode
 from brisvox.wire.twilio import bot_event
@@ -137,6 +137,8 @@ async def run_load(urls: list[str], n_calls: int, wl: Workload, *, quick: bool =
     summary["n_calls"] = n_calls
     summary["urls"] = sorted(set(urls))
     summary["turns_per_call"] = plans[0].turns
+    # per call and turn, the client's own stamps: the server side's breakdown joins them by stream sid
+    summary["timeline"] = [client_timeline(c.stream.stream_sid, c.script.result) for c in calls]
     return summary
 
 

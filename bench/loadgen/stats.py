@@ -150,6 +150,14 @@ class CallResult:
     invalid_messages: int = 0
 
 
+def client_timeline(stream_sid: str, call: CallResult) -> dict[str, Any]:
+    """One call's per-turn client stamps (``time.monotonic`` seconds): the send time of the
+    turn's last speech frame and the arrival of the answer's first speech frame."""
+    return {"stream_sid": stream_sid, "index": call.index,
+            "turns": [{"k": t.index, "t_speech_end": t.t_speech_end, "t_first_audio": t.playout.t_first}
+                      for t in call.turns]}
+
+
 def summarize(calls: list[CallResult], *, late_frame_ms: float, answer_ms: float,
               tick_late_s: list[float] | None = None, ticks_skipped: int = 0,
               send_dropped: int = 0) -> dict[str, Any]:

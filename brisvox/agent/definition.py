@@ -17,7 +17,9 @@ offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
   telephony tools, or a ``tool_modules`` entry ``package.module:function``
   returning ``(ToolSpec, tool)`` pairs) is an ERROR naming its line and what
   would provide it; ``confirm_tools`` must be a subset of ``tools`` and name
-  SideEffect tools; a scripted LLM's rules must compile.
+  SideEffect tools; a scripted LLM's rules must compile; ``[speculation]`` needs an LLM
+  (each leg) that streams (:data:`~brisvox.providers.registry.STREAMING_LLM`), the error
+  naming the leg's ``provider`` key.
 
 The parsed :class:`AgentDef` is frozen; the registry
 (:mod:`brisvox.providers.registry`, which owns the provider legs,
@@ -49,6 +51,7 @@ from brisvox.providers.registry import (
     KEY_OPTIONAL,
     LOCAL,
     PROVIDERS,
+    STREAMING_LLM,
     ProviderDef,
     resolve_key,
     unknown_options,
@@ -287,7 +290,29 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                         line_of(lines, [*where, "options", opt_name]),
                                         f"unknown option for {leg.provider}"))
     problems.extend(_check_tools(agent, lines, load_modules))
+    problems.extend(_check_speculation(agent, lines))
     return agent, problems
+
+
+def _check_speculation(agent: AgentDef, lines: Mapping[str, int]) -> list[Problem]:
+    """Speculation needs a streaming LLM on every leg (a secondary may answer the request)."""
+    from brisvox.agent.pipeline.speculation import SpeculationConfig
+
+    try:
+        cfg = SpeculationConfig.from_table(agent.speculation)
+    except ValueError as e:
+        key, _, msg = str(e).partition(": ")
+        return [Problem("error", f"speculation.{key}", line_of(lines, ["speculation", key]), msg)]
+    if not cfg.enabled:
+        return []
+    out: list[Problem] = []
+    for i, leg in enumerate(agent.llm.legs()):
+        if leg.provider not in STREAMING_LLM:
+            where = ["llm", "provider"] if i == 0 else ["llm", "secondary", "provider"]
+            out.append(Problem("error", ".".join(where), line_of(lines, where),
+                               f"{leg.provider} cannot stream: speculation.enabled needs a streaming LLM "
+                               f"(set speculation.enabled = false, or use one of {', '.join(sorted(STREAMING_LLM))})"))
+    return out
 
 
 def _check_rules(leg: ProviderDef, where: list[str], lines: Mapping[str, int]) -> list[Problem]:
@@ -394,11 +419,13 @@ def is_agent_file(path: str | os.PathLike[str]) -> bool:
 
 def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfig:
     """The call actor's :class:`~brisvox.agent.host.actor.ActorConfig` with this agent's settings:
-    system prompt, filler, interruption and turn policy, STT language/model, TTS voice/model.
+    system prompt, filler, interruption and turn policy, speculation (the runner's and the
+    turn driver's, one config), STT language/model, TTS voice/model.
     Unset keys keep ``base``'s values (default: ``ActorConfig()``)."""
     from dataclasses import fields, replace
 
     from brisvox.agent.host.actor import ActorConfig
+    from brisvox.agent.pipeline.speculation import SpeculationConfig
     from brisvox.agent.pipeline.turn_machine import InterruptionConfig, TurnConfig
     from brisvox.agent.tool_engine.filler import FillerConfig
 
@@ -411,7 +438,9 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
     fill = dict(agent.filler)
     phrases = tuple(fill.pop("phrases", ()) or cfg.llm.filler_phrases)
     filler = replace(cfg.llm.filler, **pick(FillerConfig, fill))
-    llm = replace(cfg.llm, system_prompt=agent.system_prompt, filler=filler, filler_phrases=phrases)
+    spec = SpeculationConfig.from_table(agent.speculation) if agent.speculation else cfg.llm.speculation
+    llm = replace(cfg.llm, system_prompt=agent.system_prompt, filler=filler, filler_phrases=phrases,
+                  speculation=spec)
     inter = dict(agent.interruption)
     if "backchannels" in inter:
         inter["backchannels"] = frozenset(str(b).lower() for b in inter["backchannels"])
@@ -420,4 +449,4 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
     stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.language, model=agent.stt.model))
     tts = replace(cfg.tts, tts=replace(cfg.tts.tts, language=agent.language, model=agent.tts.model,
                                        voice=agent.tts.voice or agent.voice))
-    return replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn), stt=stt, tts=tts)
+    return replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn, speculation=spec), stt=stt, tts=tts)

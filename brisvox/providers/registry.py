@@ -48,6 +48,12 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "elevenlabs": ("tts", "ELEVENLABS_API_KEY"), "openai_tts": ("tts", "OPENAI_API_KEY"), "scripted_tts": ("tts", ""),
 }
 KEY_OPTIONAL = {"vllm", "openai_compatible", "ollama"}  # servers that may run without a key
+# LLM providers whose stream yields the answer as it is generated and stops the generation
+# when it is closed early: the ones a speculative start may use (a discarded speculation
+# closes its stream; a provider answering in one piece would gain nothing and bill it all).
+# Every shipped LLM adapter streams; an adapter that cannot must not be listed here.
+STREAMING_LLM = frozenset({"local_llm", "scripted", "openai", "ollama", "vllm", "openrouter", "groq",
+                           "openai_compatible", "anthropic", "gemini"})
 LOCAL = {"local_whisper", "local_llm", "local_piper"}  # run as jobs in an inference worker
 
 

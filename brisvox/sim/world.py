@@ -10,7 +10,8 @@ one process, with in-memory rings (:class:`~brisvox.sim.memring.MemRing`):
 * The worker (:meth:`SimPlatform._worker`): a 20 ms tick that runs an energy
   VAD over the new in16 audio (start after 40 ms of speech, backdated to the
   first speech sample; stop after 200 ms of silence, dated one past the last
-  speech sample), converts the ``tts`` ring (24 kHz) into the ``out`` ring
+  speech sample; with ``vad_fall_frames`` > 0 also a falling after that many
+  silent frames, carrying the ``pos`` its stop will carry), converts the ``tts`` ring (24 kHz) into the ``out`` ring
   (8 kHz, exact decimation, phase per utterance) announcing each utterance's
   out position (OutUtterance), honours TtsCut, and answers Smart Turn
   requests from the caller's script (complete at the end of an utterance
@@ -48,7 +49,7 @@ from brisvox.providers.word_codec import NOISE, THRESHOLD, Decoder, Vocab, encod
 from brisvox.sim.gateway import SimGateway
 from brisvox.sim.memring import MemRing
 from ipc.frames import Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
-from ipc.tick_events import SpeechStart, SpeechStop, TickEvent
+from ipc.tick_events import SpeechFalling, SpeechStart, SpeechStop, TickEvent
 
 TICK = 0.02
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -280,6 +281,7 @@ class WorldConfig:
     tts_rate: int = 24000
     vad_start_frames: int = 2
     vad_stop_frames: int = 10
+    vad_fall_frames: int = 0  # > 0 (below vad_stop_frames): a falling after that many silent frames (off: none)
     playback_every: int = 5  # ticks (100 ms)
     drop_cleared: bool = False
     cleared_delay: float = 0.002
@@ -311,6 +313,7 @@ class SimPlatform:
         self._vad_first = 0
         self._vad_last_end = 0
         self._vad_pos = 0
+        self._vad_fell = False  # a falling was sent for the current silence
         self._tts_read = 0
         self._utt_starts: deque[tuple[int, int, int]] = deque()  # (tts_pos, utt, epoch)
         self._cur_utt: tuple[int, int, int] | None = None  # (utt, epoch, phase origin tts pos)
@@ -393,6 +396,7 @@ class SimPlatform:
                     self._vad_first = p0 + int(speech[0])
                 self._vad_run += 1
                 self._vad_sil = 0
+                self._vad_fell = False
                 self._vad_last_end = p0 + int(speech[-1]) + 1
                 if not self._vad_speaking and self._vad_run >= self.cfg.vad_start_frames:
                     self._vad_speaking = True
@@ -402,6 +406,10 @@ class SimPlatform:
                     self._vad_run = 0
                 else:
                     self._vad_sil += 1
+                    fall = self.cfg.vad_fall_frames
+                    if 0 < fall < self.cfg.vad_stop_frames and self._vad_sil == fall and not self._vad_fell:
+                        self._vad_fell = True
+                        events.append(SpeechFalling(call_id=call_id, pos=self._vad_last_end, at=0, ns=0))
                     if self._vad_sil >= self.cfg.vad_stop_frames:
                         self._vad_speaking = False
                         self._vad_run = 0

@@ -26,6 +26,7 @@ from brisvox.agent.pipeline.frames import (
 )
 from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
 from brisvox.agent.pipeline.llm_runner import LlmRunner
+from brisvox.agent.pipeline.speculation import SpeculationConfig
 from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerConfig
@@ -117,7 +118,7 @@ def scenario_registry(log: ToolLog, *, weather_delay: float = 0.15, booking_dela
 class Rig:
     def __init__(self, provider: LlmProvider, registry: ToolRegistry, *, filler: FillerConfig | None = None,
                  filler_phrases: tuple[str, ...] = ("One moment, please.",),
-                 timeouts: ProviderTimeouts | None = None) -> None:
+                 timeouts: ProviderTimeouts | None = None, speculation: SpeculationConfig | None = None) -> None:
         self.call = CallContext.detached("rig", call_rate=8000, tts_rate=24000, clock=CLOCK)
         self.tasks = self.call.tasks
         self.watch = self.call.watch
@@ -127,7 +128,8 @@ class Rig:
         self.call.upstream.bind((BotStarted, BotEnded), self.upstream)
         self.engine = ToolEngine(registry, "sess-rig", CLOCK)
         cfg = LlmRunnerConfig(system_prompt="You are a test agent.", filler=filler or FillerConfig(enabled=False),
-                              filler_phrases=filler_phrases, timeouts=timeouts or ProviderTimeouts())
+                              filler_phrases=filler_phrases, timeouts=timeouts or ProviderTimeouts(),
+                              speculation=speculation or SpeculationConfig())
         self.runner = LlmRunner(self.call, cfg, Inbox("llm", 32, sys_cap=32), provider, engine=self.engine)
         self.sink = Sink(self.call)
         self.runner.pipe(self.sink)

@@ -215,6 +215,14 @@ class Context:
     def messages(self) -> tuple[Message, ...]:
         return tuple(self._messages)
 
+    def copy(self) -> Context:
+        """An independent copy with the same call-id high-water marks (ids minted from
+        the copy are the ids the original would mint)."""
+        c = Context()
+        c._messages = list(self._messages)
+        c._seq_hw = dict(self._seq_hw)
+        return c
+
     # -- mutation
     def push(self, msg: Message) -> None:
         """Append ``msg`` (not validated: call :meth:`validate`)."""

@@ -1,8 +1,13 @@
 """Per-turn timeline of one call: the instants the latency figures are made of.
 
-Owns the timeline marks: user speech start/end, turn
-end (the gated release), LLM request / first token / done per round, first
-audio handed to the transport, interruption. Times are call-clock seconds.
+Owns the timeline marks: user speech start/end (backdated to the audio), the
+VAD stop as the turn driver got it, the Smart Turn verdict of the turn's
+analysis (``verdict_early``: it came before the stop), the turn's latest STT
+final, turn end (the gated release), LLM request / first token per round,
+first audio written to the tts ring, the worker's first utterance position,
+interruption. Times are call-clock seconds (the loop's clock: in the daemon's
+stdlib asyncio loop that is ``time.monotonic()``, shared by every process of
+the host, so a bench can join them with its own ``time.monotonic()`` stamps).
 The call record reports ``turn_latencies()``; the bench reads the raw marks.
 Bounded: at most ``max_turns`` turns are kept (oldest dropped, counted).
 """
@@ -18,6 +23,10 @@ class TurnMarks:
     epoch: int
     speech_start: float | None = None
     speech_end: float | None = None
+    vad_stop: float | None = None  # the turn's (latest) VAD stop reached the turn driver
+    verdict: float | None = None  # the verdict of the turn's current Smart Turn analysis came
+    verdict_early: bool = False  # ... before the stop (an early analysis at the VAD falling)
+    stt_final: float | None = None  # the turn's latest STT final reached the turn driver
     turn_end: float | None = None
     llm_requests: list[float] = field(default_factory=list)
     llm_first_tokens: list[float] = field(default_factory=list)
@@ -50,6 +59,17 @@ class Timeline:
 
     def speech_end(self, epoch: int, at: float) -> None:
         self.turn(epoch).speech_end = at
+
+    def vad_stop(self, epoch: int, at: float) -> None:
+        self.turn(epoch).vad_stop = at
+
+    def verdict(self, epoch: int, at: float, early: bool = False) -> None:
+        t = self.turn(epoch)
+        t.verdict = at
+        t.verdict_early = early
+
+    def stt_final(self, epoch: int, at: float) -> None:
+        self.turn(epoch).stt_final = at
 
     def turn_end(self, epoch: int, at: float) -> None:
         self.turn(epoch).turn_end = at
@@ -102,8 +122,14 @@ class Timeline:
                     "rounds": len(t.llm_requests),
                     "interrupted": t.interrupted_at is not None,
                     # raw marks on the call clock (time.monotonic() in the daemon), for benches
+                    "t_speech_end": t.speech_end,
+                    "t_vad_stop": t.vad_stop,
+                    "t_verdict": t.verdict,
+                    "verdict_early": t.verdict_early,
+                    "t_stt_final": t.stt_final,
                     "t_turn_end": t.turn_end,
                     "t_request": req,
+                    "t_first_token": tok,
                     "t_first_audio": t.first_audio_out,
                     "t_out_utterance": t.first_out_utterance,
                     "t_interrupted": t.interrupted_at,

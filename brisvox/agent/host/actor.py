@@ -26,8 +26,8 @@ Owns the life of one call's pipeline on the ring architecture:
   offered to the STT inbox without waiting: every tick, or, for an STT
   provider with ``audio_batch`` (seconds), once that much is pending, and
   always before a VAD event, so a stop never overtakes speech left in the
-  pump. VAD events take the system lane with times backdated from their
-  positions.
+  pump. VAD events (start, stop, falling) take the system lane with times
+  backdated from their positions.
   After a hang-up audio and DTMF are discarded; marks and positions still
   reach the book.
 * ``hangup(reason)`` sends Stop through the chain (into every running stage
@@ -42,7 +42,7 @@ Owns the life of one call's pipeline on the ring architecture:
   the actor sends Hangup to the gateway itself). From the failure on, caller
   audio and DTMF are discarded as after a hang-up.
 * ``stats()``: one entry per stage of the chain (by its name), then the
-  pump, the book, the clears sent and the tool engine.
+  pump, the book, the clears sent, the speculation counters and the tool engine.
 """
 
 from __future__ import annotations
@@ -67,12 +67,14 @@ from brisvox.agent.pipeline.frames import (
     Greet,
     Start,
     Stop,
+    UserSpeechFalling,
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
 from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
 from brisvox.agent.pipeline.llm_runner import LlmRunner
 from brisvox.agent.pipeline.segmenter import SegmenterConfig, SegmenterStage
+from brisvox.agent.pipeline.speculation import snapshot as spec_snapshot
 from brisvox.agent.pipeline.stage import Stage
 from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig
 from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriter, TtsRingWriterConfig
@@ -82,7 +84,15 @@ from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
-from ipc.tick_events import InputGap, SpeechStart, SpeechStop, TickEvent, VadFailed, VadRecovered
+from ipc.tick_events import (
+    InputGap,
+    SpeechFalling,
+    SpeechStart,
+    SpeechStop,
+    TickEvent,
+    VadFailed,
+    VadRecovered,
+)
 
 log = logging.getLogger("brisvox.agent.actor")
 
@@ -120,6 +130,7 @@ class PumpStats:
     gaps: int = 0
     vad_starts: int = 0
     vad_stops: int = 0
+    vad_fallings: int = 0
     vad_failures: int = 0
     vad_recoveries: int = 0
     discarded_after_hangup: int = 0
@@ -329,6 +340,9 @@ class CallActor:
                 case SpeechStop():
                     self.pump.vad_stops += 1
                     self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=ev.at))
+                case SpeechFalling():  # the turn driver's early Smart Turn (when its machine wants it)
+                    self.pump.vad_fallings += 1
+                    self.stt.inbox.put_nowait(UserSpeechFalling(at, pos, decided_pos=ev.at))
                 case InputGap():
                     self.pump.gaps += 1
                     self._gap = True
@@ -336,7 +350,6 @@ class CallActor:
                     self.pump.vad_failures += 1
                 case VadRecovered():
                     self.pump.vad_recoveries += 1
-                # SpeechFalling: not used by the actor
 
     def on_out_utterance(self, utterance: int, epoch: int, out_pos: int) -> None:
         self.timeline.out_utterance(epoch, self.clock.now())
@@ -370,12 +383,17 @@ class CallActor:
             log.warning("call %s: DTMF dropped (full lane)", self.call_id)
 
     # -- introspection -------------------------------------------------------------------
+    def speculation_stats(self) -> dict[str, float]:
+        """The runner's speculation counters and the driver's offers (speculation.py)."""
+        return spec_snapshot(self.runner.spec.st, self.driver.offers.st)
+
     def stats(self) -> dict[str, Any]:
         d: dict[str, Any] = {s.name: s.stats() for s in self.stages}
         d["pump"] = {k: getattr(self.pump, k) for k in self.pump.__slots__}
         d["book"] = self.book.stats()
         d["clears_sent"] = self.ledger.sent
         d["ledger"] = asdict(self.ledger.machine.st)
+        d["speculation"] = self.speculation_stats()
         if self.engine is not None:
             snap = self.engine.stats()
             d["tools"] = {k: getattr(snap, k) for k in getattr(snap, "__dataclass_fields__", {})}

@@ -15,7 +15,15 @@ Owns the record format (one JSON object per call) and its storage:
   call ARGUMENTS REMOVED (names and ids only);
 * ``tools``: each tool call with epoch, id, name, outcome and duration (never
   arguments);
-* ``turns``: per-turn latencies from the timeline;
+* ``turns``: per-turn latencies from the timeline, with its raw marks on the
+  call clock; ``clock_offset_s``: ``time.monotonic()`` minus the call clock at
+  hang-up, so ``t + clock_offset_s`` is a mark on the host's monotonic clock
+  (the one every process shares; about 0 on the daemon's stdlib loop), the
+  clock the load generator stamps its own times with;
+* ``speculation``: the speculative-start counters (runner and turn driver) and the hit
+  rate (``brisvox/agent/pipeline/speculation.py``); with a committed speculation the
+  turn's request mark is when the speculative request left (a negative ``request_ms``:
+  the head start);
 * ``stats``: every stage's counters.
 
 Storage: ``write_record(record, target)``: ``target`` is a directory (one
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +93,8 @@ def build_record(actor: CallActor) -> dict[str, Any]:
             for r in actor.runner.tool_records
         ],
         "turns": actor.timeline.turn_latencies(),
+        "clock_offset_s": round(time.monotonic() - actor.clock.now(), 6),
+        "speculation": actor.speculation_stats(),
         "stats": actor.stats(),
     }
 

@@ -40,6 +40,9 @@ class AgentsConfig:
     smart_turn: bool = True  # ask the worker's Smart Turn model at each pause
     fallback_silence_ms: int = opt(1500, min=100, max=10_000)  # with Smart Turn: end anyway after this
     smart_turn_timeout_ms: int = opt(1000, min=50, max=10_000)  # a verdict later than this is not waited for
+    # analyse at the VAD's "falling" event and reuse the verdict at the stop of the same fall
+    # (needs the workers' [vad] fall_delay_ms > 0; without falling events it changes nothing)
+    early_smart_turn: bool = False
     interruption: str = opt("recommended", choices=("recommended", "off"))
     final_wait_ms: int = opt(1500, min=0, max=10_000)  # finals gate: wait this long for owed STT finals
     response_deadline_s: float = opt(20.0, min=1.0, max=600.0)  # backstop: a turn that never sounds
@@ -93,6 +96,7 @@ class AgentsConfig:
             silence=self.silence_ms / 1000,
             smart_turn=self.smart_turn,
             fallback_silence=self.fallback_silence_ms / 1000,
+            early_analysis=self.early_smart_turn,
             interruption=icfg,
         )
         to = replace(base.llm.timeouts, llm_first_token=self.first_token_timeout_s, llm_idle=self.idle_timeout_s)

@@ -69,6 +69,7 @@ from brisvox.agent.host.actor import CallActor
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.scripted_call import scripted_providers
+from brisvox.agent.pipeline.speculation import add_totals as add_spec_totals
 from brisvox.providers import resilience
 from brisvox.runtime.memory import IdleTrim
 from ipc.frames import (
@@ -428,6 +429,7 @@ class AgentProcess:
         slot.ended = True
         try:
             record = await slot.actor.hangup(reason)
+            add_spec_totals(self.counters, record.get("speculation") or {}, "speculation_")  # -> /metrics
             self._write(record)
         finally:
             if self.workers is not None:

@@ -94,6 +94,20 @@ class UserStoppedSpeaking(PipelineFrame):
 
 
 @dataclass(frozen=True, slots=True)
+class UserSpeechFalling(PipelineFrame):
+    """VAD falling (opt-in, the worker's ``vad.fall_delay_ms``): silence began at ``pos``
+    (time ``at``), the stop of this fall, if it comes, will carry exactly ``pos``;
+    ``decided_pos`` (0: unknown) is where the VAD saw it: the end of the audio an
+    early Smart Turn analysis reads."""
+
+    LANE: ClassVar[int] = SYSTEM
+    at: float
+    pos: int
+    epoch: int = 0
+    decided_pos: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Wake(PipelineFrame):
     """A stage's own helper reporting back (e.g. a Smart Turn verdict)."""
 
@@ -156,6 +170,20 @@ class UserTurnEnded(PipelineFrame):
     epoch: int
     text: str
     at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationCandidate(PipelineFrame):
+    """Driver -> runner: a candidate end of the open turn ``epoch`` with its text so far
+    (a later one of the same epoch replaces it); empty ``text``: the candidate is
+    withdrawn (the caller resumed). A type of its own rather than a non-final
+    UserTranscript: the same type flows into the driver carrying the STT's interims, and
+    downstream of the driver a UserTranscript is the turn's final text. It travels in the
+    data lane with the final UserTranscript and UserTurnEnded, so a candidate never
+    races the turn end it may be committed by."""
+
+    epoch: int
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ timeouts, retries), :class:`RunnerStats`, :class:`ToolRecord` (one tool call
 for the call record, never its arguments), the fixed fallback line, and
 :func:`retry_wait`, the retry rule: a failed request is retried (at most
 ``retries`` times, only while nothing of the response was sent: the runner
-checks that) unless it is a request error (``retryable`` False: HTTP
+checks that; a failed speculative stream counts as the first attempt) unless it is a request error (``retryable`` False: HTTP
 400/401/403/404/413/422), after ``retry_delay`` or the server's
 ``Retry-After`` when longer; a ``Retry-After`` over ``retry_after_max`` is
 not waited for mid-turn: the turn ends without a retry.
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from brisvox.agent.conversation.request import RequestConfig
+from brisvox.agent.pipeline.speculation import SpeculationConfig
 from brisvox.agent.tool_engine.filler import FillerConfig
 from brisvox.providers.base import ProviderTimeouts
 
@@ -38,6 +39,7 @@ class LlmRunnerConfig:
     fallback_line: str = FALLBACK_LINE
     request: RequestConfig = field(default_factory=RequestConfig)
     timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)  # default off
 
 
 @dataclass(slots=True)

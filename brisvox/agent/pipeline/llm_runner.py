@@ -30,6 +30,11 @@ Owns (the tool loop and its UX: docs/TOOLS.md):
   without invented speech. A turn that produced no speech sends BotEnded
   upstream itself (non-blocking). A crash in the round task is contained:
   the turn is closed like a failed one.
+* Speculation (default off; :mod:`brisvox.agent.pipeline.speculation_helper`): a
+  SpeculationCandidate settles as the turn end would (minus the user message) and starts
+  a helper on a copy; a hit at UserTurnEnded hands its buffer to round 0 (``_Turn.claimed``:
+  replayed through the same code as a fresh stream; its tool phase commits the helper's
+  ToolEngine speculation). UserTurnStarted, Interrupt, Greeting, Stop, a newer epoch drop it.
 * Greeting(epoch, text): the bot turn of the agent's greeting is one fixed
   round (no model request) that enters the context as the first assistant
   message; a barge-in cuts it to what was heard like any answer.
@@ -75,6 +80,7 @@ from brisvox.agent.pipeline.frames import (
     LlmResponseStarted,
     LlmText,
     PipelineFrame,
+    SpeculationCandidate,
     Start,
     Stop,
     UserTranscript,
@@ -88,6 +94,7 @@ from brisvox.agent.pipeline.llm_policy import (
     ToolRecord,
     retry_wait,
 )
+from brisvox.agent.pipeline.speculation_helper import Helper, Speculator
 from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine.delivery import Execution
@@ -121,6 +128,8 @@ class _Turn:
     unflushed: bool = False
     filler: tuple[int, str] | None = None  # a spoken filler not yet in the context
     started_at: float = 0.0
+    claimed: Helper | None = None  # a committed speculation: round 0's stream
+    tools_from: Helper | None = None  # ... and the tool phase of that round
 
 
 class LlmRunner(Stage):
@@ -155,27 +164,37 @@ class LlmRunner(Stage):
         self._turn: _Turn | None = None
         self._task: asyncio.Task[None] | None = None
         self._zombies: list[asyncio.Task[None]] = []
+        self.spec = Speculator(cfg.speculation, clock=self.clock, tasks=self.tasks, provider=provider,
+                               engine=engine, tools=self.tools, request_cfg=cfg.request, timeouts=cfg.timeouts,
+                               join_timeout=cfg.join_timeout)
 
     # -- frames ---------------------------------------------------------------------
     async def process(self, frame: PipelineFrame) -> None:
         if isinstance(frame, UserTurnEnded):
+            held = self.spec.claim(frame)  # before the settle: a claimed helper outlives max_age
             await self._halt()
             await self._settle()
-            self._user_turn(frame)
+            self._user_turn(frame, self.spec.commit(held, self.ctx))
+            return
+        if isinstance(frame, SpeculationCandidate):
+            await self._speculate(frame)
             return
         if isinstance(frame, Interrupt):
+            self.spec.drop()
             await self._halt()
             if self.engine is not None:
                 self.engine.clear_confirmations()
             await self.send(frame)
             return
         if isinstance(frame, UserTurnStarted):
+            self.spec.drop()
             if self.engine is not None:
                 self.engine.note_user_speech_started()
             return
         if isinstance(frame, UserTranscript):
             return  # the text comes with UserTurnEnded
         if isinstance(frame, Greeting):
+            self.spec.drop()
             await self._halt()
             self.st.greetings += 1
             turn = _Turn(frame.epoch, CancelToken(), started_at=self.clock.now())
@@ -190,6 +209,7 @@ class LlmRunner(Stage):
             await self.send(frame)
             return
         if isinstance(frame, Stop):
+            await self.spec.close()
             await self._halt()
             await self._settle()
             await self.send(frame)
@@ -205,13 +225,31 @@ class LlmRunner(Stage):
         except (ProviderError, TimeoutError, OSError):
             self.st.warm_failures += 1
 
-    def _user_turn(self, f: UserTurnEnded) -> None:
+    async def on_new_epoch(self, epoch: int) -> None:
+        self.spec.drop_older(epoch)
+
+    async def _speculate(self, f: SpeculationCandidate) -> None:
+        """A candidate end of turn: settle as the turn end would, minus the user message,
+        then start the helper on a copy (a withdrawal or a repeat is handled by ``wants``)."""
+        if not self.spec.wants(f):
+            return
+        if self._turn is not None and self._task is not None and not self._task.done():
+            self.spec.skip("busy")  # still answering the previous turn
+            return
+        await self._halt()
+        await self._settle()
+        if self._zombies:
+            self.spec.skip("unsafe")  # a round task that did not end may still touch the context
+            return
+        self.spec.start(f.epoch, f.text, self.ctx)
+
+    def _user_turn(self, f: UserTurnEnded, claimed: Helper | None = None) -> None:
         self.st.turns += 1
         self.ctx.push(UserMessage(f.text))
         if self.engine is not None:
             self.engine.note_user_turn()
         self._check()
-        turn = _Turn(f.epoch, CancelToken(), started_at=self.clock.now())
+        turn = _Turn(f.epoch, CancelToken(), started_at=self.clock.now(), claimed=claimed)
         self._turn = turn
         self._task = self.tasks.spawn(self._run_turn(turn), f"llm-turn-{f.epoch}")
 
@@ -392,7 +430,9 @@ class LlmRunner(Stage):
         assert engine is not None
         await self._flush(turn, rnd)
         t0 = self.clock.now()
-        exec_task = asyncio.ensure_future(engine.execute(calls, turn.epoch, turn.token))
+        spec, turn.tools_from = turn.tools_from, None
+        exec_task = asyncio.ensure_future(spec.execute(engine, calls, turn.epoch, turn.token) if spec is not None
+                                          else engine.execute(calls, turn.epoch, turn.token))
         try:
             plan = self.filler.plan(engine.call_specs(calls))
             if plan is not None:
@@ -437,23 +477,24 @@ class LlmRunner(Stage):
         """Stream one model response (with retries before anything was sent)."""
         cfg = self.cfg
         attempts = 0
+        claimed, turn.claimed = turn.claimed, None  # a committed speculation is the first attempt
         while True:
             turn.raw = ""
             turn.streaming = True
-            request = build_request(self.ctx, self.tools, cfg.request)
             self.st.requests += 1
-            self.timeline.llm_request(turn.epoch, self.clock.now())
             assembler = ResponseAssembler()
             failed: str | None = None
             wait: float | None = 0.0  # before a retry (a Retry-After); None: not worth retrying
             sent = False
             first_event = True
             first_text = True
-            stream = self.provider.stream(request)
+            stream = self._open(turn, claimed)
             try:
                 it = stream.__aiter__()
                 while True:
-                    limit = cfg.timeouts.llm_first_token if first_event else cfg.timeouts.llm_idle
+                    limit: float | None = cfg.timeouts.llm_first_token if first_event else cfg.timeouts.llm_idle
+                    if claimed is not None:
+                        limit = None  # the helper applies them (none while it runs ReadOnly tools)
                     try:
                         async with self.clock.timeout(limit):
                             ev = await it.__anext__()
@@ -469,7 +510,8 @@ class LlmRunner(Stage):
                         break
                     if first_event:
                         first_event = False
-                        self.timeline.llm_first_token(turn.epoch, self.clock.now())
+                        at = claimed.first_at if claimed is not None else None
+                        self.timeline.llm_first_token(turn.epoch, self.clock.now() if at is None else at)
                     if isinstance(ev, TextDelta):
                         text = ev.text
                         if first_text:
@@ -517,10 +559,12 @@ class LlmRunner(Stage):
             if turn.token.cancelled:
                 return None
             if failed is None:
+                turn.tools_from = claimed
                 return assembler.finish(turn.epoch, self.ctx)
             self.st.errors += 1
             if not sent and attempts < cfg.retries and wait is not None:
                 attempts += 1
+                claimed = None  # a retry is a fresh request
                 self.st.retries += 1
                 await self.clock.sleep(wait)
                 continue
@@ -530,6 +574,15 @@ class LlmRunner(Stage):
                 self.st.partial_messages += 1
             turn.streaming = False
             return None
+
+    def _open(self, turn: _Turn, claimed: Helper | None) -> Any:
+        """The round's stream: a committed speculation's buffer, else a fresh request;
+        the timeline's request mark is when the request really left."""
+        if claimed is not None:
+            self.timeline.llm_request(turn.epoch, claimed.started_at)
+            return claimed.replay()
+        self.timeline.llm_request(turn.epoch, self.clock.now())
+        return self.provider.stream(build_request(self.ctx, self.tools, self.cfg.request))
 
     async def on_stop(self) -> None:
         if self.engine is not None:

@@ -38,9 +38,22 @@ Owns:
   position synchronously (:meth:`TurnDriver.note_audio_end`; an AudioFrame
   still works the same way), so in the daemon the stop never finds it behind; a failed or late analysis is counted and the
   machine's fallback silence ends the turn.
+* Early analysis (the machine's ``early_analysis``): a UserSpeechFalling feeds
+  ``VadFalling``; its ``RequestAnalysis(early=True)`` is asked for the audio up to
+  the falling's ``decided_pos`` (the speech and the pause so far), through the
+  same deferral and job as a stop's. Stops feed their ``pos`` so the machine can
+  tell the stop of the same fall (which reuses the verdict) from another.
+* Timeline marks (the latency breakdown of the load bench): the turn's VAD stop
+  as it reaches this stage, the arrival of the verdict of the turn's current
+  analysis (flagged early when it came before the stop) and of each STT final
+  of the turn.
 * The response backstop: after UserTurnEnded, ``response_deadline`` feeds a
   synthetic BotAudioEnded unless the epoch's first audio (BotStarted) or its
   end (BotEnded) arrives first.
+* Speculation candidates (default off; the rules are
+  :mod:`brisvox.agent.pipeline.speculation_offers`): the ``_spec_*`` methods offer a
+  SpeculationCandidate downstream at a stop's final (and, with ``on_partial``, at the
+  VAD stop) while the machine is paused in the open turn, and withdraw it on a resume.
 * DTMF is re-tagged with the machine's epoch. Caller audio, VAD events and
   transcripts stop here.
 * Greet (the agent's greeting, at call start): the machine's BotTurn opens a
@@ -69,6 +82,7 @@ from brisvox.agent.pipeline.frames import (
     Interrupt,
     PipelineFrame,
     Stop,
+    UserSpeechFalling,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscript,
@@ -77,6 +91,8 @@ from brisvox.agent.pipeline.frames import (
     UtteranceFinal,
     Wake,
 )
+from brisvox.agent.pipeline.speculation import SpeculationConfig
+from brisvox.agent.pipeline.speculation_offers import CandidateOffers
 from brisvox.agent.pipeline.stage import Inbox, Stage
 
 log = logging.getLogger("brisvox.agent.turn")
@@ -93,6 +109,7 @@ class TurnDriverConfig:
     response_deadline: float = 20.0
     analysis_timeout: float = 0.5
     analysis_defer_max: float = 0.2
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)  # candidates (default off)
 
 
 @dataclass(slots=True)
@@ -133,6 +150,9 @@ class DriverStats:
     greetings: int = 0
     output_pauses: int = 0
     output_resumes: int = 0
+    early_analyses: int = 0  # requested at a falling
+    early_reused: int = 0  # a stop of the same fall took the early verdict (no request of its own)
+    early_discarded: int = 0  # speech again, or a stop of another fall
 
 
 class TurnDriver(Stage):
@@ -158,9 +178,11 @@ class TurnDriver(Stage):
         self._last_audio_end = -1
         self._stops: deque[tuple[float, int]] = deque(maxlen=8)  # (at, pos)
         self._pending_analysis: tuple[int, int, float] | None = None  # (id, pos, deadline)
+        self._fall_pos = -1  # the analysis end of the latest falling (early analysis)
         self._open_turn = 0  # epoch of the turn whose text is collected (0: none)
         self._greeting = ""
         self._closed = False
+        self.offers = CandidateOffers(cfg.speculation)
 
     # -- caller audio position -------------------------------------------------------
     def note_audio_end(self, end: int) -> None:
@@ -185,19 +207,25 @@ class TurnDriver(Stage):
         if isinstance(frame, AudioFrame):
             self.note_audio_end(frame.end)
         elif isinstance(frame, UserStartedSpeaking):
+            await self._spec_withdraw()
             if self._held is not None:
                 await self._resume(frame.at)
             else:
                 await self._feed(tm.VadStart(frame.at))
         elif isinstance(frame, UserStoppedSpeaking):
             self._stops.append((frame.at, max(frame.pos, frame.decided_pos)))
-            await self._feed(tm.VadStop(frame.at))
+            await self._feed(tm.VadStop(frame.at, frame.pos))
+            await self._spec_partial(now)
+        elif isinstance(frame, UserSpeechFalling):
+            await self._falling(frame)
         elif isinstance(frame, UserTranscript):
             if frame.final:
                 if frame.text.strip():
                     self._segments.append(frame.text.strip())
             else:
                 self._interim = frame.text
+                if self.offers.gate is not None:
+                    self.offers.changed(self._spec_text(), now)
                 await self._feed(tm.SttInterim(frame.text, now))
         elif isinstance(frame, UtteranceFinal):
             await self._utterance_final(now)
@@ -218,6 +246,7 @@ class TurnDriver(Stage):
                 vid, prob = frame.value  # type: ignore[misc]
                 if prob is None:
                     self.st.analyses_failed += 1
+                self._mark_verdict(vid, now)
                 await self._feed(tm.Verdict(vid, prob, now))
         elif isinstance(frame, DtmfFrame):
             self.st.dtmf += 1
@@ -262,6 +291,7 @@ class TurnDriver(Stage):
         pa = self._pending_analysis
         if pa is not None and now >= pa[2]:
             self._send_analysis()
+        await self._spec_gate(now)
         self._rearm()
 
     def _rearm(self) -> None:
@@ -272,6 +302,7 @@ class TurnDriver(Stage):
             cands.append(self._response[1])
         if self._pending_analysis is not None:
             cands.append(self._pending_analysis[2])
+        cands.append(self.offers.deadline)
         live = [c for c in cands if c is not None]
         self.deadline = min(live) if live else None
 
@@ -286,6 +317,7 @@ class TurnDriver(Stage):
             self.timeline.interrupt(act.old_epoch, act.new_epoch, act.at)
             self._response = None
             self._open_turn = 0
+            self.offers.end_turn()
             try:
                 self.clear_hook(act.new_epoch, act.at)  # FAST PATH: before anything is queued
             except Exception:  # a failed clear is counted; the Interrupt still follows
@@ -319,12 +351,13 @@ class TurnDriver(Stage):
             self._owed.append(_Owed(owner, self.machine.epoch))
             if owner == "turn" and self._stops:
                 self.timeline.speech_end(self.machine.epoch, self._stops[-1][0])
+                self.timeline.vad_stop(self.machine.epoch, self.clock.now())
         elif isinstance(act, tm.ArmTimer):
             self._machine_deadline = act.at
         elif isinstance(act, tm.CancelTimer):
             self._machine_deadline = None
         elif isinstance(act, tm.RequestAnalysis):
-            pos = self._stop_pos(act.at)
+            pos = self._fall_pos if act.early and self._fall_pos >= 0 else self._stop_pos(act.at)
             self._pending_analysis = (act.id, pos, self.clock.now() + self.cfg.analysis_defer_max)
             if self._last_audio_end < 0 or self._last_audio_end >= pos:
                 self._send_analysis()
@@ -357,6 +390,26 @@ class TurnDriver(Stage):
                 self.st.candidates += 1
             elif k == "stale_verdict":
                 self.st.stale_verdicts += 1
+            elif k == "early_analysis":
+                self.st.early_analyses += 1
+            elif k == "early_reused":
+                self.st.early_reused += 1
+            elif k == "early_discarded":
+                self.st.early_discarded += 1
+
+    # -- early analysis and the verdict mark ---------------------------------------------
+    async def _falling(self, frame: UserSpeechFalling) -> None:
+        """A falling: the machine decides whether to analyse early (the analysis reads the
+        audio up to where the VAD saw the fall, ``decided_pos``, else ``pos``)."""
+        self._fall_pos = max(frame.pos, frame.decided_pos)
+        await self._feed(tm.VadFalling(frame.at, frame.pos))
+
+    def _mark_verdict(self, vid: int, now: float) -> None:
+        """Timeline: the verdict of the current analysis (or the pending early one) came."""
+        m = self.machine
+        early = vid == m.early_id
+        if early or (vid == m.analysis_id and m.phase is tm.Phase.USER_PAUSED):
+            self.timeline.verdict(m.epoch, now, early)
 
     def _stop_pos(self, at: float) -> int:
         for a, p in reversed(self._stops):
@@ -400,10 +453,12 @@ class TurnDriver(Stage):
                 if text:
                     self._turn_text.append(text)
                     self._interim = ""
+                self.timeline.stt_final(o.epoch, now)
                 await self._feed(tm.SttFinal(text, "turn", now))
                 h = self._held
                 if h is not None and not any(x.owner == "turn" and x.epoch == h.epoch for x in self._owed):
                     await self._release(h.epoch)
+                await self._spec_final(o.epoch)
             else:
                 self.st.late_finals += 1
         elif o.owner == "candidate":
@@ -417,6 +472,7 @@ class TurnDriver(Stage):
         if epoch != self._open_turn:
             return
         self._open_turn = 0
+        self.offers.end_turn()
         text = " ".join(self._turn_text).strip()
         if not text:
             text = self._interim.strip()
@@ -449,7 +505,58 @@ class TurnDriver(Stage):
             if o.owner == "turn" and o.epoch == old:
                 o.epoch = new
 
+    # -- speculation candidates (speculation_offers.py) ---------------------------------
+    def _spec_paused(self, epoch: int) -> bool:
+        """The machine is paused in the open turn ``epoch`` and no end is held."""
+        return (self.machine.phase is tm.Phase.USER_PAUSED and epoch == self._open_turn == self.machine.epoch
+                and self._held is None)
+
+    def _spec_text(self) -> str:
+        """The finals heard so far, else the latest interim for the current stop."""
+        current = " ".join(self._segments) or self._interim.strip()
+        return " ".join([*self._turn_text, current]).strip()
+
+    async def _spec_send(self, f: PipelineFrame | None) -> None:
+        if f is not None:
+            await self.send(f)
+
+    async def _spec_final(self, epoch: int) -> None:
+        """A stop's final: offer the turn's final text once no other stop of it is owed."""
+        if not self.offers.enabled or not self._spec_paused(epoch):
+            return
+        if any(o.owner == "turn" and o.epoch == epoch for o in self._owed):
+            return
+        self.offers.gate = None  # the stop's own final cancels a stable-partial wait
+        await self._spec_send(self.offers.offer(epoch, " ".join(self._turn_text)))
+
+    async def _spec_partial(self, now: float) -> None:
+        """``on_partial``: at the VAD stop that paused the machine (held by the gate if set)."""
+        epoch = self.machine.epoch
+        if not self.offers.on_partial or not self._spec_paused(epoch):
+            return
+        text = self._spec_text()
+        if not text:
+            return
+        if self.offers.cfg.partial_stable_for > 0:
+            self.offers.hold(epoch, text, now)
+        else:
+            await self._spec_send(self.offers.offer(epoch, text))
+
+    async def _spec_gate(self, now: float) -> None:
+        g = self.offers.due(now)
+        if g is None:
+            return
+        if g.text.strip() and self._spec_paused(g.epoch):
+            await self._spec_send(self.offers.offer(g.epoch, g.text))
+        else:
+            await self._spec_send(self.offers.withdraw())
+
+    async def _spec_withdraw(self) -> None:
+        """A VAD start: a resume withdraws the standing candidate."""
+        await self._spec_send(self.offers.withdraw())
+
     def stats(self) -> dict[str, int]:
         d = super().stats()
         d.update({k: getattr(self.st, k) for k in self.st.__slots__})
+        d.update(self.offers.stats())
         return d

@@ -17,6 +17,19 @@ Turn, a ``RequestAnalysis`` at the stop ends the turn on a complete verdict,
 and ``fallback_silence`` ends it when the verdict is incomplete, late, stale
 or missing. A verdict for an older pause (the user resumed) is ignored.
 
+Early analysis (``early_analysis``, with Smart Turn): a ``VadFalling`` (the
+VAD saw silence begin, before its stop window ran out) while USER_SPEAKING
+starts the analysis at once (``RequestAnalysis(early=True)``, on the audio up
+to the falling point) and keeps its verdict. The stop of the SAME fall reuses
+it instead of asking again: same fall means nothing but that falling came
+between (no VadStart, no newer falling, no phase change) and the stop's
+``pos`` equals the falling's ``pos`` exactly (the worker announces in the
+falling the ``pos`` its stop will carry; speech resumed in between moves the
+stop's). A verdict already in decides at the stop; one still on its way
+decides when it comes, as the stop's own would. Anything else discards the
+early analysis (its verdict is then stale): one request per fall at most,
+and never a verdict of another fall.
+
 Barge-in guards (:class:`InterruptionConfig`): with OFF every VAD start while
 the bot is active interrupts at once. With RECOMMENDED a start is a
 *candidate*: ignored inside the echo window after the bot's first audio;
@@ -98,6 +111,7 @@ class TurnConfig:
     smart_turn: bool = False
     fallback_silence: float = 1.5
     complete_threshold: float = 0.5
+    early_analysis: bool = False  # with smart_turn: analyse at VadFalling, reuse the verdict at its stop
     interruption: InterruptionConfig = field(default_factory=InterruptionConfig)
 
 
@@ -112,6 +126,15 @@ class VadStart:
 @dataclass(frozen=True, slots=True)
 class VadStop:
     at: float
+    pos: int = -1  # in16 position one past the last speech sample (-1: unknown, never the same fall)
+
+
+@dataclass(frozen=True, slots=True)
+class VadFalling:
+    """Silence began at ``pos`` (time ``at``); the stop of this fall will carry ``pos``."""
+
+    at: float
+    pos: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +187,7 @@ class BotTurn:
     at: float
 
 
-TurnInput = (VadStart | VadStop | SttInterim | SttFinal | Verdict | Tick | BotAudioStarted | BotAudioEnded | Hangup
+TurnInput = (VadStart | VadStop | VadFalling | SttInterim | SttFinal | Verdict | Tick | BotAudioStarted | BotAudioEnded | Hangup
              | BotTurn)
 
 
@@ -188,7 +211,8 @@ class Interrupt:
 @dataclass(frozen=True, slots=True)
 class RequestAnalysis:
     id: int
-    at: float  # the stop the analysis ends at
+    at: float  # the stop (or, early, the falling) the analysis ends at
+    early: bool = False  # at a VadFalling: the driver analyses up to the falling point
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +283,16 @@ class Phase(Enum):
 
 
 @dataclass(slots=True)
+class _Early:
+    """An early analysis of the fall that silenced at ``pos``: its verdict once ``done``."""
+
+    id: int
+    pos: int
+    done: bool = False
+    probability: float | None = None
+
+
+@dataclass(slots=True)
 class _Candidate:
     start: float
     speaking: bool = True
@@ -271,7 +305,7 @@ class TurnMachine:
     """See the module docstring. ``epoch`` is the current turn epoch (0 before any turn)."""
 
     __slots__ = ("cfg", "phase", "epoch", "deadline", "analysis_id", "pause_at", "bot_started_at", "_cand",
-                 "paused")
+                 "paused", "_early")
 
     def __init__(self, cfg: TurnConfig | None = None) -> None:
         self.cfg = cfg or TurnConfig()
@@ -283,6 +317,7 @@ class TurnMachine:
         self.bot_started_at: float | None = None
         self._cand: _Candidate | None = None
         self.paused = 0  # the epoch whose output a PauseOutput holds (0: none)
+        self._early: _Early | None = None  # the early analysis of the current fall (early_analysis)
 
     @property
     def bot_active(self) -> bool:
@@ -299,11 +334,14 @@ class TurnMachine:
             self.phase = Phase.CLOSED
             self._cand = None
             self.paused = 0
+            self._early = None
             return self._cancel_timer()
         if isinstance(inp, VadStart):
             return self._vad_start(inp.at)
         if isinstance(inp, VadStop):
-            return self._vad_stop(inp.at)
+            return self._vad_stop(inp.at, inp.pos)
+        if isinstance(inp, VadFalling):
+            return self._falling(inp)
         if isinstance(inp, Tick):
             return self._tick(inp.now)
         if isinstance(inp, Verdict):
@@ -345,12 +383,15 @@ class TurnMachine:
         epoch, self.paused = self.paused, 0
         return [ResumeOutput(epoch)]
 
-    def _pause(self, at: float) -> list[Action]:
+    def _pause(self, at: float, pos: int = -1) -> list[Action]:
         self.phase = Phase.USER_PAUSED
         self.pause_at = at
         if self.cfg.smart_turn:
-            self.analysis_id += 1
-            return [RequestAnalysis(self.analysis_id, at), *self._arm(at + self.cfg.fallback_silence)]
+            early = self._take_early(pos)
+            if isinstance(early, _Early):
+                return self._reuse_early(early, at)
+            self.analysis_id += 1  # early: the Notes of an early analysis of another fall, discarded
+            return [*early, RequestAnalysis(self.analysis_id, at), *self._arm(at + self.cfg.fallback_silence)]
         return self._arm(at + self.cfg.silence)
 
     def _new_turn(self, at: float) -> list[Action]:
@@ -383,6 +424,9 @@ class TurnMachine:
     # -- inputs
     def _vad_start(self, at: float) -> list[Action]:
         ph = self.phase
+        if self._early is not None:  # speech again: the early analysis is of no stop now
+            self._early = None
+            return [Note("early_discarded"), *self._vad_start(at)]
         if ph is Phase.IDLE:
             return self._new_turn(at)
         if ph is Phase.USER_SPEAKING:
@@ -414,10 +458,10 @@ class TurnMachine:
         acts.append(Note("candidate"))
         return acts + self._arm(at + icfg.max_backchannel)
 
-    def _vad_stop(self, at: float) -> list[Action]:
+    def _vad_stop(self, at: float, pos: int = -1) -> list[Action]:
         ph = self.phase
         if ph is Phase.USER_SPEAKING:
-            return [OwnStop("turn"), *self._pause(at)]
+            return [OwnStop("turn"), *self._pause(at, pos)]
         if ph in (Phase.AWAITING_RESPONSE, Phase.BOT_SPEAKING):
             cand = self._cand
             if cand is not None and not cand.vetoed and cand.speaking:
@@ -444,14 +488,62 @@ class TurnMachine:
         return []
 
     def _verdict(self, v: Verdict) -> list[Action]:
+        e = self._early
+        if e is not None and v.id == e.id and not e.done:  # early: kept for the stop of this fall
+            e.done = True
+            e.probability = v.probability
+            return [Note("early_verdict")]
         if v.id != self.analysis_id or self.phase is not Phase.USER_PAUSED:
             return [Note("stale_verdict")]
-        if v.probability is None:
+        return self._decide(v.probability, v.now)
+
+    def _decide(self, probability: float | None, now: float) -> list[Action]:
+        """The verdict of the current pause (its own, or the reused early one)."""
+        if probability is None:
             return [Note("verdict_failed")]
-        if v.probability >= self.cfg.complete_threshold:
+        if probability >= self.cfg.complete_threshold:
             self.phase = Phase.AWAITING_RESPONSE
-            return [*self._cancel_timer(), EndUserTurn(self.epoch, v.now)]
+            return [*self._cancel_timer(), EndUserTurn(self.epoch, now)]
         return [Note("incomplete")]
+
+    # -- early analysis (VadFalling; early_analysis) ----------------------------------
+    @property
+    def early_id(self) -> int:
+        """The analysis id of the pending early analysis (0: none)."""
+        return self._early.id if self._early is not None else 0
+
+    def _falling(self, f: VadFalling) -> list[Action]:
+        if not (self.cfg.smart_turn and self.cfg.early_analysis) or self.phase is not Phase.USER_SPEAKING:
+            return []
+        e = self._early
+        if e is not None and e.pos == f.pos:
+            return []  # the same fall announced again: one analysis per fall
+        acts: list[Action] = [Note("early_discarded")] if e is not None else []
+        self.analysis_id += 1
+        self._early = _Early(self.analysis_id, f.pos)
+        return [*acts, Note("early_analysis"), RequestAnalysis(self.analysis_id, f.at, early=True)]
+
+    def _take_early(self, pos: int) -> _Early | list[Action]:
+        """At a stop: the early analysis of the same fall (taken), or the Notes of
+        discarding one of another fall ([] when there was none)."""
+        e = self._early
+        self._early = None
+        if e is None:
+            return []
+        if pos >= 0 and pos == e.pos and e.id == self.analysis_id:
+            return e
+        return [Note("early_discarded")]
+
+    def _reuse_early(self, e: _Early, at: float) -> list[Action]:
+        """The stop of the fall ``e`` analysed: no new request. ``analysis_id`` is still
+        ``e.id``, so a verdict still on its way is this pause's own."""
+        acts: list[Action] = [Note("early_reused")]
+        if e.done:
+            decided = self._decide(e.probability, at)
+            if self.phase is Phase.AWAITING_RESPONSE:
+                return acts + decided
+            acts += decided
+        return acts + self._arm(at + self.cfg.fallback_silence)
 
     def _interim(self, i: SttInterim) -> list[Action]:
         cand = self._cand
