@@ -24,6 +24,12 @@ bytes of UTF-8 at a character boundary (RFC 6455;
 :func:`brisvox.wire.ws_frames.close_reason`, applied by the connection), so
 a reason of any length or script still closes and the hang-up completes.
 
+:data:`SESSION_LOG` is the WebSocket legs' log of a peer's bad input (a
+connection closed for a malformed message, a call's first dropped one, a
+call closed by its fault budget): one line per site per minute, the rest
+counted (the WebSocket server exports them in ``ws_log_suppressed``), so a
+peer opening connection after connection cannot flood the log.
+
 Invariants: every method runs on the gateway's loop, inside the pacer's tick
 or the callback that read the agent's frame; none may block or await. A
 refusal is reported through the return value or the ``done`` callback,
@@ -32,11 +38,15 @@ never by raising.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
 
+from brisvox.runtime.log_limit import LogLimiter
 from brisvox.wire.sip_message import quoted_string
+
+SESSION_LOG = LogLimiter(logging.getLogger("brisvox.gateway.ws"))
 
 FAILURE_PREFIX = "stage_failed:"  # the agent's reason: a stage of the call failed
 WS_NORMAL, WS_FAILURE = 1000, 1011  # WebSocket close codes (RFC 6455 7.4.1)

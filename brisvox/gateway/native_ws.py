@@ -19,7 +19,8 @@ Invariants:
 * Recoverable mistakes (bad JSON, an unknown event, audio before start, an
   odd-length audio frame, a bad digit) get an ``error`` message with a stable
   ``code`` and are counted (``ws_malformed_<code>``, and the call's
-  ``malformed``); the message is dropped. Before ``start`` that is all (the
+  ``malformed``) and logged bounded (:data:`~brisvox.gateway.leg.SESSION_LOG`);
+  the message is dropped. Before ``start`` that is all (the
   start timeout bounds such a connection). During a live call each one is
   also charged to the call's fault budget
   (:mod:`brisvox.gateway.fault_budget`): the one that exceeds it closes the
@@ -49,7 +50,7 @@ import orjson
 
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.leg import TransportLeg, ws_close_code
+from brisvox.gateway.leg import SESSION_LOG, TransportLeg, ws_close_code
 from brisvox.wire import dtmf, native
 from brisvox.wire.native import NativeError
 
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
     from brisvox.gateway.host import CallHost
     from brisvox.gateway.ws_server import WsConnection
 
-log = logging.getLogger("brisvox.gateway.native")
 
 # the close code of a live call whose fault budget a recoverable mistake exceeded (docs/PROTOCOL.md)
 FAULT_CLOSE_CODES: dict[str, int] = {
@@ -96,10 +96,11 @@ class NativeSession(TransportLeg):
         verdict = self._faults.fault(self.clock())
         if not verdict.end:
             if self._faults.total == 1:
-                log.info("native call %s: dropped a malformed message (%s); budget %s",
-                         call.call_id, code, self._faults.budget.describe())
+                SESSION_LOG("native_dropped", "native call %s: dropped a malformed message (%s); budget %s",
+                            call.call_id, code, self._faults.budget.describe(), level=logging.INFO)
             return
-        log.info("native call %s: closing (%s: %s)", call.call_id, code, verdict.reason or message)
+        SESSION_LOG("native_budget", "native call %s: closing (%s: %s)", call.call_id, code,
+                    verdict.reason or message, level=logging.INFO)
         self.conn.close(FAULT_CLOSE_CODES.get(code, 1008), verdict.reason or message)
         self._ended(verdict.reason or f"protocol error: {code}")
 

@@ -9,7 +9,8 @@ codes and the outbound byte templates are :mod:`brisvox.wire.twilio`.
 Invariants:
 
 * Malformed input is counted (``ws_malformed_<kind>``, and the call's
-  ``malformed``). Before the call exists it closes THIS connection at once
+  ``malformed``) and logged bounded (:data:`~brisvox.gateway.leg.SESSION_LOG`).
+  Before the call exists it closes THIS connection at once
   with a reason: bad JSON or a non-object (1007), a bad ``start`` (1007),
   media before ``start`` (1008), a media format other than mu-law 8 kHz
   mono (1003), a binary frame (1003), no ``start`` in time (1008). During a
@@ -48,7 +49,7 @@ import orjson
 
 from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.leg import TransportLeg, ws_close_code
+from brisvox.gateway.leg import SESSION_LOG, TransportLeg, ws_close_code
 from brisvox.wire import dtmf
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.twilio import (
@@ -66,7 +67,6 @@ if TYPE_CHECKING:
     from brisvox.gateway.host import CallHost
     from brisvox.gateway.ws_server import WsConnection
 
-log = logging.getLogger("brisvox.gateway.twilio")
 
 
 class TwilioSession(TransportLeg):
@@ -96,7 +96,8 @@ class TwilioSession(TransportLeg):
     def _fail(self, e: TwilioError) -> None:
         """Close at once (before the call exists: there is no call to keep)."""
         self.host.protocol_error(self.call, f"ws_malformed_{e.kind}")
-        log.info("twilio stream %s: closing (%s)", self.stream_sid or "-", e.kind)
+        SESSION_LOG(f"twilio_{e.kind}", "twilio stream %s: closing (%s)", self.stream_sid or "-", e.kind,
+                    level=logging.INFO)
         self.conn.close(e.code, e.reason)
         self._ended(f"protocol error: {e.kind}")
 
@@ -111,10 +112,11 @@ class TwilioSession(TransportLeg):
         verdict = self._faults.fault(self.clock())
         if not verdict.end:
             if self._faults.total == 1:
-                log.info("twilio stream %s: dropped a malformed message (%s); budget %s",
-                         self.stream_sid, e.kind, self._faults.budget.describe())
+                SESSION_LOG("twilio_dropped", "twilio stream %s: dropped a malformed message (%s); budget %s",
+                            self.stream_sid, e.kind, self._faults.budget.describe(), level=logging.INFO)
             return
-        log.info("twilio stream %s: closing (%s: %s)", self.stream_sid, e.kind, verdict.reason or e.reason)
+        SESSION_LOG("twilio_budget", "twilio stream %s: closing (%s: %s)", self.stream_sid, e.kind,
+                    verdict.reason or e.reason, level=logging.INFO)
         self.conn.close(e.code, verdict.reason or e.reason)
         self._ended(verdict.reason or f"protocol error: {e.kind}")
 

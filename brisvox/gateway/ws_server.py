@@ -34,7 +34,11 @@ Invariants:
   list (404 ``ws_refused_agent``; the body does not list the agents).
 * Bad input (a malformed handshake, a refusal, a session that raised) is
   logged through one :class:`~brisvox.runtime.log_limit.LogLimiter`: a line
-  per kind per minute at most, never a traceback per message.
+  per kind per minute at most, never a traceback per message. The
+  websockets library's own log (:class:`LibraryLog`) writes nothing per
+  connection: its INFO lines (connection open, HTTP response sent,
+  connection closed) are dropped -- the counters say it --, its warnings
+  and errors go through the same limiter.
 * Every close frame's reason is cut to 123 bytes of UTF-8 at a character
   boundary (:func:`brisvox.wire.ws_frames.close_reason`), so a close never
   raises whatever the reason holds.
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,6 +65,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 
 from brisvox.gateway.config import WebSocketConfig, WsRoute, is_loopback
+from brisvox.gateway.leg import SESSION_LOG
 from brisvox.gateway.rate_limits import process_storage
 from brisvox.gateway.transports import TRANSPORTS, transport
 from brisvox.gateway.ws_auth import OPEN as OPEN_GRANT
@@ -78,6 +84,29 @@ RECV_BUFFER_BYTES = 65536  # the one receive buffer of all connections (a read n
 OPEN = State.OPEN
 
 
+class LibraryLog(logging.LoggerAdapter[logging.Logger]):
+    """The logger the websockets library's protocol objects get (see the module invariants):
+    below WARNING nothing (one line per connection otherwise, whatever the peer sends), above
+    it one line per level per minute through ``limiter``, with the exception's type instead of
+    a traceback."""
+
+    def __init__(self, limiter: LogLimiter) -> None:
+        super().__init__(logging.getLogger("websockets.server"), {})
+        self.limiter = limiter
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level >= logging.WARNING
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if level < logging.WARNING:
+            return
+        exc = sys.exc_info()[1] if kwargs.get("exc_info") else None
+        what = f"{msg}" % args if args else f"{msg}"
+        if exc is not None:
+            what += f": {type(exc).__name__}: {exc}"
+        self.limiter(f"ws_library_{logging.getLevelName(level).lower()}", "websockets: %s", what[:200], level=level)
+
+
 class Session(Protocol):
     def on_text(self, data: bytes) -> None: ...
 
@@ -91,7 +120,7 @@ class WsConnection(asyncio.BufferedProtocol):
 
     def __init__(self, server: WebSocketServer) -> None:
         self.server = server
-        self.proto = ServerProtocol(max_size=server.cfg.max_message_bytes)
+        self.proto = ServerProtocol(max_size=server.cfg.max_message_bytes, logger=server.library_log)
         self.transport: asyncio.Transport | None = None
         self.session: Session | None = None
         self.route: WsRoute | None = None
@@ -403,6 +432,7 @@ class WebSocketServer:
         self.counters: dict[str, int] = {}
         self.per_source: dict[str, int] = {}  # source IP -> open connections
         self.bad = LogLimiter(log)
+        self.library_log = LibraryLog(self.bad)
         # per-source handshake rate: limits' moving window in the process's one storage
         self._rate = RateLimitItemPerSecond(cfg.handshakes_per_s) if cfg.handshakes_per_s > 0 else None
         self._limiter = strategies.MovingWindowRateLimiter(process_storage()) if self._rate else None
@@ -482,6 +512,6 @@ class WebSocketServer:
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counters)
         out["ws_connections_open"] = len(self.connections)
-        out["ws_log_suppressed"] = sum(self.bad.suppressed.values())
+        out["ws_log_suppressed"] = sum(self.bad.suppressed.values()) + sum(SESSION_LOG.suppressed.values())
         return out
 

@@ -16,6 +16,7 @@ from brisvox.gateway.native_ws import FAULT_CLOSE_CODES
 from brisvox.wire import native, twilio
 from brisvox.wire.dtmf import DIGITS
 from brisvox.wire.jsontext import MAX_PARAM_NAME, MAX_PARAM_VALUE, MAX_PARAMS
+from tests.unit.sip_mutations import byte_mutated, json_mutated
 from tests.unit.test_gateway_ws_faults import session
 
 PROPS = settings(max_examples=300, deadline=None)
@@ -25,61 +26,8 @@ TWILIO_VALID = [TW.connected(), TW.start({"lang": "fr"}), TW.media("/////w=="), 
                 TW.stop(), twilio.BotStream(SID).media(b"\xff" * 160).decode()]
 NATIVE_VALID = [native.NativeStream(16000, {"a": "b"}, marks="echo").start(), native.NativeStream.mark("m"),
                 native.NativeStream.dtmf("#", 120), native.NativeStream.stop()]
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.floats(allow_nan=False)
-                    | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                    max_leaves=12)
 TWILIO_CODES = set(twilio.CLOSE_CODES.values()) | {1000, 1013, 1011}
 NATIVE_CODES = set(FAULT_CLOSE_CODES.values()) | {1000, 1003, 1008, 1011, 1013}
-
-
-def _paths(obj: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
-@st.composite
-def json_mutated(draw: Any, valid: list[str]) -> bytes:
-    """A valid message with up to three values replaced by arbitrary JSON or removed."""
-    msg = orjson.loads(draw(st.sampled_from(valid)))
-    for _ in range(draw(st.integers(1, 3))):
-        paths = _paths(msg)
-        path = draw(st.sampled_from(paths))
-        if not path:
-            msg = draw(JSON)
-            continue
-        parent = msg
-        for k in path[:-1]:
-            parent = parent[k]
-        if isinstance(parent, dict) and draw(st.booleans()):
-            del parent[path[-1]]
-        else:
-            parent[path[-1]] = draw(JSON)
-    return orjson.dumps(msg)
-
-
-@st.composite
-def byte_mutated(draw: Any, valid: list[str]) -> bytes:
-    """A valid message with bytes flipped, cut, inserted or deleted."""
-    data = bytearray(draw(st.sampled_from(valid)).encode())
-    for _ in range(draw(st.integers(1, 4))):
-        op = draw(st.sampled_from(("flip", "cut", "insert", "delete")))
-        i = draw(st.integers(0, max(0, len(data) - 1)))
-        if op == "flip" and data:
-            data[i] ^= draw(st.integers(1, 255))
-        elif op == "cut":
-            del data[i:]
-        elif op == "insert":
-            data[i:i] = draw(st.binary(min_size=1, max_size=8))
-        elif data:
-            del data[i:i + draw(st.integers(1, 8))]
-    return bytes(data)
 
 
 def frames(valid: list[str]) -> st.SearchStrategy[bytes]:
