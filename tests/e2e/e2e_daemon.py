@@ -109,6 +109,9 @@ port = 0
 rtp_port_min = {lo}
 rtp_port_max = {hi}
 users = {{ local = "local", booking = "booking_e2e" }}
+# baresip announces its interface address in its SDP but sends from loopback: latch onto the
+# first source, as behind NAT (the default "sdp" latch would send to an address nobody hears)
+rtp_latch = "first"
 
 [websocket]
 port = 0
