@@ -460,8 +460,10 @@ class TtsCut(Frame):
 class SmartTurnRequest(Frame):
     """Actor -> worker job lane: score the 8 s of in16 ending at ``end_pos``.
     Reply: SmartTurnResult, or ErrorReply: expired (past ``deadline_ns``
-    before it started), busy (job queue full), timeout (ran too long),
-    unknown_call, bad_range (``end_pos`` not in the in16 ring), job_failed."""
+    before it started), superseded (a newer request for the same call came
+    while this one was still queued), busy (job queue full), timeout (ran too
+    long), unknown_call, bad_range (``end_pos`` not in the in16 ring),
+    job_failed."""
 
     call_id: str
     end_pos: int

@@ -95,6 +95,9 @@ class SmartTurnConfig:
 
     enabled: bool = True
     threads: int = opt(1, min=1, max=16)  # onnxruntime intra-op threads per analysis
+    # time the candidate files at boot (cached per host in the models dir) and load the cheapest;
+    # false: the float32-softmax file when verified, else the original
+    select: bool = True
 
     @classmethod
     def from_section(cls, table: Mapping[str, Any], where: str) -> SmartTurnConfig:

@@ -118,7 +118,7 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
         t1 = time.perf_counter()
         self.warm_report["silero_s"] = t1 - t0
         if self.st_cfg.enabled and self.models.smart_turn is not None:
-            self.smart = SmartTurnModel(self.models.smart_turn, self.st_cfg.threads)
+            self.smart = SmartTurnModel(self.models.smart_turn, self.st_cfg.threads, select=self.st_cfg.select)
             self.smart.warm()
             self.warm_report["smart_turn_s"] = time.perf_counter() - t1
         self.jobs = JobLane("jobs", self._run_job, self._notify, threads=self.cfg.job_threads,
@@ -211,6 +211,15 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
 
     # -- reporting -----------------------------------------------------------------
 
+    def _smart_turn_stats(self) -> dict[str, Any]:
+        """The Smart Turn file in use (``smart_turn_model.<label>`` = 1: /metrics keeps numbers
+        only) and its boot-measured median inference time (``smart_turn_ms``; 0 = not timed)."""
+        sm = self.smart
+        if sm is None:
+            return {}
+        ch = sm.choice
+        return {"smart_turn_model": {sm.label: 1}, "smart_turn_ms": float(ch.ms) if ch is not None else 0.0}
+
     def report_stats(self) -> dict[str, Any]:
         st = self.stats
         jobs = self.jobs.counters if self.jobs else {}
@@ -225,6 +234,7 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},
             **{f"{n}_{k}": v for n, lane in self.extra_lanes.items() for k, v in lane.counters.items()},
+            **self._smart_turn_stats(),
             "errors": dict(st.errors),
             "decode_errors": dict(self.guard.errors),
         }

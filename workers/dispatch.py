@@ -7,8 +7,10 @@ frame to its handler through ONE table, :data:`workers.jobs.FRAME_HANDLERS`
 TtsUtterance/TtsCut, SubscriberHello and Smart Turn registered here, the local STT/TTS/LLM job
 frames by :mod:`workers.local_jobs`), the submission of jobs to the job lane
 (:class:`workers.jobs.JobLane`: Smart Turn analyses read the last 8 s straight
-from the call's in16 ring on their own thread; the tick never waits for them)
-and the sending of their results.
+from the call's in16 ring on their own thread; the tick never waits for them;
+they are queued by when their turn ended, earliest first, and a newer request
+for the same call supersedes a queued older one) and the sending of their
+results.
 
 Invariants:
 
@@ -47,7 +49,7 @@ from ipc.frames import (
 )
 from ipc.ring import Ring
 from workers.call_table import Call
-from workers.config import WorkersConfig
+from workers.config import RATE, WorkersConfig
 from workers.jobs import FRAME_HANDLERS, Job, JobDone, JobLane
 from workers.realtime import TickStats
 from workers.smart_turn import WINDOW_SAMPLES, SmartTurnModel
@@ -166,9 +168,12 @@ class RequestDispatch:
             return self._error("expired", "deadline already passed", f.call_id)
         if self.smart is None or self.jobs is None:
             return self._error("unsupported", "smart turn is disabled on this worker", f.call_id)
+        # queue order: when the turn ended (the in16 sample end_pos, dated back from the ring's
+        # write position); a newer request for the same call supersedes a queued older one
+        turn_end_ns = now - (w - f.end_pos) * 1_000_000_000 // RATE
         job = Job("smart_turn", f.call_id, (ident, cid), f.deadline_ns,
                   self.cfg.job_timeout_ms * 1_000_000, {"ring": c.in16_name, "end_pos": f.end_pos},
-                  received_ns=now)
+                  received_ns=now, order_ns=max(1, turn_end_ns), supersede=("smart_turn", ident, f.call_id))
         if not self.jobs.submit(job):
             return self._error("busy", f"job queue full ({self.jobs.capacity})", f.call_id)
         return None

@@ -5,8 +5,17 @@ job's life, so the realtime lane (the tick loop) never waits for a job:
 
 * ``submit`` never blocks: a full queue refuses the job (counted, the caller
   answers ``busy``).
+* Order: the queued job with the smallest ``(order_ns, arrival)`` starts
+  next. ``order_ns`` defaults to the arrival time (FIFO); Smart Turn jobs set
+  it to the moment their turn ended (:mod:`workers.dispatch`), so the
+  analysis whose turn ended first runs first, whatever order the requests
+  arrived in. The queue stays bounded by ``capacity``.
 * A job whose deadline passed while it waited is not started: it is answered
   ``expired`` (counted).
+* A job with a ``supersede`` key replaces the queued (not yet started) job of
+  the same key: the older one is answered ``superseded`` (counted) and never
+  runs; its result could no longer matter (a newer Smart Turn request for the
+  same call makes the older verdict stale). A running job is never touched.
 * A job running longer than its timeout is answered ``timeout`` by
   :meth:`JobLane.check_timeouts` (called from the tick loop); its late
   result is dropped when it finally finishes (counted). A Python thread
@@ -24,6 +33,8 @@ Time is ``time.monotonic_ns()`` (deadlines cross processes).
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -51,6 +62,8 @@ class Job:
     started_ns: int = 0
     answered: bool = False  # the owner already answered it (timeout): drop the late result
     cancelled: bool = False  # JobLane.cancel: a streaming runner stops at its next step
+    order_ns: int = 0  # queue order (smaller first); 0: the arrival time (FIFO)
+    supersede: Any = None  # a newer queued job with the same key replaces this one (None: never)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +101,13 @@ class JobLane:
         self.capacity = max(1, capacity)
         self.clock_ns = clock_ns
         self.results: collections.deque[JobDone] = collections.deque()
-        self._queue: collections.deque[Job] = collections.deque()
+        # a heap of (order_ns, arrival seq, job): seq breaks ties FIFO and never compares jobs
+        self._queue: list[tuple[int, int, Job]] = []
+        self._seq = itertools.count()
         self._cv = threading.Condition()
         self._running: dict[int, Job] = {}
         self._stop = False
-        self.counters = {"submitted": 0, "refused": 0, "expired": 0, "done": 0, "failed": 0,
+        self.counters = {"submitted": 0, "refused": 0, "expired": 0, "superseded": 0, "done": 0, "failed": 0,
                          "timeouts": 0, "late_results": 0,
                          # queue wait and run time of started jobs (the turn latency a busy lane adds)
                          "wait_us_total": 0, "wait_us_max": 0, "run_us_total": 0, "run_us_max": 0}
@@ -114,14 +129,38 @@ class JobLane:
         return len(self._running)
 
     def submit(self, job: Job) -> bool:
+        """Queue ``job`` (False: refused, the queue is full or the lane stopped).
+
+        A queued job with the same ``supersede`` key is taken out first and
+        answered ``superseded``: the new job takes its place, so superseding
+        never refuses for lack of room."""
+        old: Job | None = None
         with self._cv:
-            if self._stop or len(self._queue) >= self.capacity:
+            if self._stop:
+                self.counters["refused"] += 1
+                return False
+            if job.supersede is not None:
+                for i, (_, _, q) in enumerate(self._queue):
+                    if q.supersede == job.supersede:
+                        old = q
+                        self._queue[i] = self._queue[-1]
+                        self._queue.pop()
+                        heapq.heapify(self._queue)
+                        break
+            if len(self._queue) >= self.capacity:
                 self.counters["refused"] += 1
                 return False
             job.received_ns = job.received_ns or self.clock_ns()
-            self._queue.append(job)
+            heapq.heappush(self._queue, (job.order_ns or job.received_ns, next(self._seq), job))
             self.counters["submitted"] += 1
+            if old is not None:
+                self.counters["superseded"] += 1
+                old.answered = True
             self._cv.notify()
+        if old is not None:
+            self.results.append(JobDone(old, ErrorReply(
+                kind="superseded", call_id=old.call_id, detail=f"{old.kind}: a newer request replaced it")))
+            self.notify()
         return True
 
     def emit(self, job: Job, frame: Frame) -> bool:
@@ -138,7 +177,7 @@ class JobLane:
         """Flag every queued or running job that ``match``es as cancelled (owner thread)."""
         n = 0
         with self._cv:
-            for job in [*self._queue, *self._running.values()]:
+            for job in [*(q for _, _, q in self._queue), *self._running.values()]:
                 if not job.cancelled and match(job):
                     job.cancelled = True
                     n += 1
@@ -184,7 +223,7 @@ class JobLane:
                     self._cv.wait()
                 if self._stop:
                     return
-                job = self._queue.popleft()
+                job = heapq.heappop(self._queue)[2]
                 now = self.clock_ns()
                 if now > job.deadline_ns:
                     self.counters["expired"] += 1

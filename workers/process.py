@@ -60,7 +60,11 @@ def main(rt: Any) -> int:
     w = Worker(rt.index, ep, models, settings, vad, st, ctx=rt.zmq_context())
     w.load()
     w.bind()
-    rt.event("worker_warm", "models loaded and run once", {k: round(v, 3) for k, v in w.warm_report.items()})
+    warm: dict[str, Any] = {k: round(v, 3) for k, v in w.warm_report.items()}
+    if w.smart is not None:  # the boot self-benchmark's choice (workers/smart_turn_select.py)
+        warm["smart_turn_model"] = w.smart.loaded.name
+        warm["smart_turn_ms"] = round(w.smart.choice.ms, 2) if w.smart.choice is not None else None
+    rt.event("worker_warm", "models loaded and run once", warm)
     rt.ready({"inbox": ep})
     stop = threading.Event()
 

@@ -17,7 +17,8 @@ does not fuse, and keeps every Q/DQ node and every int8 op (all 34
 scores the fused kernel reads. The derived file is made by ``brisvox models
 install`` (:func:`workers.models.derive`), records the source's sha256 and
 is verified before use; without it the worker loads the original file and
-logs why.
+logs why. Which verified file a worker loads is decided at boot by a short
+self-benchmark, cached per host (:mod:`workers.smart_turn_select`).
 
 Invariants: one session per :class:`SmartTurnModel`; ``analyze`` may run on
 several job-lane threads at once (onnxruntime's ``run`` is thread-safe, the
@@ -82,24 +83,42 @@ def ort_session(path: Path, threads: int = 1, optimized_path: Path | None = None
 class SmartTurnModel:
     """The loaded model. ``analyze`` takes int16 or float 16 kHz audio (any length).
 
-    ``path`` is the verified original model file; the float32-softmax file
-    derived from it is loaded instead when it is present and verified
-    (``derived=False`` forces the original). ``loaded`` names the file in use.
+    ``path`` is the verified original model file. ``select=True`` loads the
+    file the boot self-benchmark chose (:func:`workers.smart_turn_select.choose`:
+    the cheapest verified candidate on this host, cached per host); otherwise
+    the float32-softmax file derived from it is loaded when it is present and
+    verified (``derived=False`` forces the original). ``loaded`` names the
+    file in use, ``label`` its candidate name ("int8", "f32softmax", ...) and
+    ``choice`` the benchmark's record (None without ``select``).
     """
 
-    def __init__(self, path: Path, threads: int = 1, derived: bool = True) -> None:
+    def __init__(self, path: Path, threads: int = 1, derived: bool = True, select: bool = False) -> None:
         from workers import models
 
         self.path = path
         self.loaded = path
-        if derived:
+        self.label = "int8"
+        self.choice: Any = None
+        session: Any = None
+        if select:
+            from workers.smart_turn_select import choose
+
+            t0 = time.perf_counter()
+            ch = self.choice = choose(path, threads)
+            self.loaded, self.label, session = ch.path, ch.label, ch.session
+            how = "cached for this host" if ch.cached else f"measured in {time.perf_counter() - t0:.2f} s"
+            table = ", ".join(f"{k} {v:.1f} ms" for k, v in ch.table.items())
+            log.info("Smart Turn: loading %s (%s: %.1f ms per inference; %s, %d thread(s))%s", ch.path.name,
+                     ch.label, ch.ms, table, threads, f"; {how}" + "".join(
+                         f"; {k} not a candidate: {v}" for k, v in ch.rejected.items()))
+        elif derived:
             alt, why = models.derived_for(DERIVED_NAME, path)
             if alt is not None:
-                self.loaded = alt
+                self.loaded, self.label = alt, DERIVED_NAME.removeprefix("smart_turn_")
                 log.info("Smart Turn: loading %s (float32 softmax, derived from %s)", alt.name, path.name)
             else:
                 log.warning("Smart Turn: loading the original %s (%s)", path.name, why)
-        self.session = ort_session(self.loaded, threads)
+        self.session = session if session is not None else ort_session(self.loaded, threads)
         inp = self.session.get_inputs()[0]
         if inp.name != "input_features" or list(inp.shape[1:]) != [mel.N_MELS, mel.N_FRAMES]:
             raise ValueError(f"{self.loaded}: unexpected Smart Turn input {inp.name} {inp.shape}")

@@ -8,12 +8,20 @@ or an out-of-range value raises ``ConfigError`` naming the dotted key.
 Defaults are loopback only: SIP/UDP on 127.0.0.1:5060, WebSocket on
 127.0.0.1:8765 with Twilio Media Streams at ``/twilio`` and the native
 protocol at ``/ws``. Nothing listens on a public address unless configured.
+
+``[gateway] max_calls`` is ``"auto"`` by default: :data:`AUTO_CALLS_PER_CORE`
+calls per core the daemon may run on (its CPU affinity, read when the section
+is parsed), the capacity measured by the load benchmark (docs/BENCHMARKS.md)
+rounded down, so a default daemon refuses (SIP 503, WebSocket 1013) rather
+than admit a call it cannot serve in real time. An explicit integer within
+1..:data:`MAX_CALLS_LIMIT` replaces it. The parsed value is always an int.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -33,6 +41,35 @@ from brisvox.gateway.transports import websocket_protocols
 from brisvox.wire.native import RATES as NATIVE_RATES
 
 AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+# Calls per core of ``max_calls = "auto"``: the load benchmark held 125 calls on 2 cores
+# (with the load generator on the same cores), rounded down to leave headroom.
+AUTO_CALLS_PER_CORE = 60
+MAX_CALLS_LIMIT = 100_000
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity; a forked child inherits it), >= 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def auto_max_calls(cores: int | None = None) -> int:
+    """``max_calls = "auto"``: :data:`AUTO_CALLS_PER_CORE` per usable core."""
+    return AUTO_CALLS_PER_CORE * (cores if cores is not None else usable_cores())
+
+
+def parse_max_calls(value: Any, key: str, cores: int | None = None) -> int:
+    """``"auto"`` (:func:`auto_max_calls`) or an integer within 1..:data:`MAX_CALLS_LIMIT`."""
+    if value == "auto":
+        return auto_max_calls(cores)
+    if type(value) is not int:
+        raise ConfigError(key, f'expected "auto" or an integer, got {value!r}')
+    if not 1 <= value <= MAX_CALLS_LIMIT:
+        raise ConfigError(key, f"must be within 1..{MAX_CALLS_LIMIT} (or \"auto\"), got {value}")
+    return value
 
 
 def _check_type(value: Any, hint: Any, key: str) -> Any:
@@ -100,7 +137,7 @@ def _agent(key: str, name: str) -> None:
 class GatewayConfig:
     """``[gateway]``: the call table, pacing and the echo line-test agent."""
 
-    max_calls: int = 200
+    max_calls: int = field(default_factory=auto_max_calls)  # "auto" in the file: see the module docstring
     position_interval_ms: int = 100  # Playback report period per agent
     ring_seconds: float = 8.0  # capacity of each call ring (rounded up to a power of two)
     tts_rate: int = 22050  # rate of the tts ring for pipeline calls
@@ -117,8 +154,9 @@ class GatewayConfig:
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "gateway") -> GatewayConfig:
-        cfg = cls(**_parse(cls, table, where))
-        _positive(where, max_calls=cfg.max_calls, position_interval_ms=cfg.position_interval_ms,
+        max_calls = parse_max_calls((table or {}).get("max_calls", "auto"), f"{where}.max_calls")
+        cfg = cls(**_parse(cls, table, where, skip=("max_calls",)), max_calls=max_calls)
+        _positive(where, position_interval_ms=cfg.position_interval_ms,
                   ring_seconds=cfg.ring_seconds, agent_timeout_s=cfg.agent_timeout_s,
                   detach_timeout_s=cfg.detach_timeout_s, echo_mark_ms=cfg.echo_mark_ms,
                   max_marks=cfg.max_marks, max_dtmf_queue=cfg.max_dtmf_queue)

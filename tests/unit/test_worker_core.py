@@ -493,3 +493,30 @@ def test_falling_events_are_opt_in_per_call_and_match_their_stop(rig):
     assert [e.KIND for e in a] == ["start", "falling", "stop"]
     assert a[1].pos == a[2].pos and a[1].at < a[2].at
     assert [e.KIND for e in b] == ["start", "stop"]
+
+
+def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_queued_one(rig):
+    """The worker dates each analysis's turn end from its end_pos (earliest end starts first) and
+    a newer request for the same call replaces its queued older one (answered ``superseded``)."""
+    from workers.jobs import JobLane
+
+    lane = JobLane("jobs", rig.w._run_job, rig.w._notify, threads=1, capacity=8)  # not started: jobs stay queued
+    rig.w.jobs, rig.w.smart = lane, object()  # type: ignore[assignment]
+    for c in ("a", "b"):
+        rig.call(c)
+        assert isinstance(rig.attach(c), Attached)
+    rig.run({"a": [False] * 25, "b": [False] * 25})  # 500 ms of in16 each
+    far = time.monotonic_ns() + 10**9
+    for call_id, end in (("a", 1600), ("b", 800), ("a", 6400)):
+        rig.cid += 1
+        rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=far), cid=rig.cid))
+        assert rig.w.sock.poll(2000)
+        rig.w._drain_inbox()
+    queued = sorted(lane._queue)
+    assert [(j.call_id, j.args["end_pos"]) for _, _, j in queued] == [("b", 800), ("a", 6400)]
+    assert queued[0][0] < queued[1][0]  # b's turn ended 350 ms before a's newer request's
+    rig.w._send_job_results()
+    r = rig.recv(lambda f: isinstance(f, ErrorReply))
+    assert r.kind == "superseded" and r.call_id == "a" and lane.counters["superseded"] == 1
+    assert rig.w.stats.errors.get("superseded") == 1
+    rig.w.jobs = None

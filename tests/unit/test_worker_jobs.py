@@ -148,3 +148,117 @@ def test_queue_wait_and_run_time_are_summed_with_their_maxima():
     assert c["wait_us_max"] == 30_000 and c["wait_us_total"] == 30_000  # b waited for a; a did not wait
     assert c["run_us_max"] == 30_000 and c["run_us_total"] == 40_000
     lane.lane.stop()
+
+
+def _blocked_lane(ran: list[str]):
+    """A one-thread lane whose first job ("blocker") holds the thread until the gate opens."""
+    gate = threading.Event()
+    started = threading.Event()
+
+    def runner(j: Job):
+        ran.append(j.call_id)
+        if j.call_id == "blocker":
+            started.set()
+            gate.wait(5)
+        return result(j)
+
+    lane = Lane(runner, threads=1)
+    lane.lane.submit(job("blocker"))
+    assert started.wait(5)
+    return lane, gate
+
+
+def test_queued_jobs_start_by_order_earliest_turn_end_first_then_fifo():
+    ran: list[str] = []
+    lane, gate = _blocked_lane(ran)
+    now = time.monotonic_ns()
+    for name, ended_ms_ago in (("late-end", 10), ("early-end", 300), ("mid-end", 100)):
+        j = job(name)
+        j.order_ns = now - ended_ms_ago * MS
+        assert lane.lane.submit(j)
+    assert lane.lane.submit(job("fifo-a")) and lane.lane.submit(job("fifo-b"))  # order = arrival
+    assert lane.lane.queued == 5
+    gate.set()
+    assert len(lane.collect(6)) == 6
+    assert ran == ["blocker", "early-end", "mid-end", "late-end", "fifo-a", "fifo-b"]
+    lane.lane.stop()
+
+
+def test_the_queue_stays_bounded_whatever_the_order():
+    ran: list[str] = []
+    gate = threading.Event()
+    lane = Lane(lambda j: (ran.append(j.call_id), gate.wait(5), result(j))[-1], threads=1, capacity=2)
+    lane.lane.submit(job("blocker"))
+    time.sleep(0.02)
+    early = job("early")
+    early.order_ns = 1
+    assert lane.lane.submit(job("x")) and lane.lane.submit(job("y"))
+    assert not lane.lane.submit(early)  # full: refused even though it would go first
+    assert lane.lane.counters["refused"] == 1
+    gate.set()
+    assert len(lane.collect(3)) == 3
+    lane.lane.stop()
+
+
+def test_a_newer_request_for_the_same_key_supersedes_the_queued_one():
+    ran: list[str] = []
+    lane, gate = _blocked_lane(ran)
+    old, other, new = job("a"), job("b"), job("a")
+    old.args["n"], new.args["n"] = 1, 2
+    for j in (old, other, new):
+        j.supersede = ("smart_turn", j.call_id)
+        assert lane.lane.submit(j)
+    assert lane.lane.queued == 2  # a's older request left the queue
+    gate.set()
+    done = lane.collect(4)
+    assert len(done) == 4
+    by_job = {id(d.job): d.reply for d in done}
+    assert isinstance(by_job[id(old)], ErrorReply) and by_job[id(old)].kind == "superseded"
+    assert isinstance(by_job[id(new)], SmartTurnResult) and isinstance(by_job[id(other)], SmartTurnResult)
+    assert ran == ["blocker", "b", "a"]  # the new one took its own place in the order, the old never ran
+    assert lane.lane.counters["superseded"] == 1 and lane.lane.counters["done"] == 3
+    lane.lane.stop()
+
+
+def test_a_running_job_is_never_superseded_and_a_full_queue_still_takes_the_newer_request():
+    ran: list[str] = []
+    gate = threading.Event()
+    started = threading.Event()
+
+    def runner(j: Job):
+        ran.append(j.call_id)
+        if j.call_id == "a" and not started.is_set():
+            started.set()
+            gate.wait(5)
+        return result(j)
+
+    lane = Lane(runner, threads=1, capacity=1)
+    first = job("a")
+    first.supersede = "a"
+    lane.lane.submit(first)
+    assert started.wait(5)
+    queued, newer = job("a"), job("a")
+    queued.supersede = newer.supersede = "a"
+    assert lane.lane.submit(queued)
+    assert lane.lane.submit(newer)  # the queue is full, but the newer request replaces the queued one
+    gate.set()
+    done = {id(d.job): d.reply for d in lane.collect(3)}
+    assert isinstance(done[id(first)], SmartTurnResult)  # running: untouched
+    assert done[id(queued)].kind == "superseded" and isinstance(done[id(newer)], SmartTurnResult)
+    assert ran == ["a", "a"] and lane.lane.counters["refused"] == 0
+    lane.lane.stop()
+
+
+def test_a_queued_job_whose_deadline_passes_is_answered_expired_not_run_even_when_ordered_first():
+    ran: list[str] = []
+    lane, gate = _blocked_lane(ran)
+    doomed = job("doomed", deadline_ms=10)
+    doomed.order_ns = 1  # it would run first
+    lane.lane.submit(doomed)
+    lane.lane.submit(job("fine"))
+    time.sleep(0.03)
+    gate.set()
+    done = {d.job.call_id: d.reply for d in lane.collect(3)}
+    assert done["doomed"].kind == "expired" and "doomed" not in ran
+    assert isinstance(done["fine"], SmartTurnResult) and lane.lane.counters["expired"] == 1
+    lane.lane.stop()

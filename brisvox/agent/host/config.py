@@ -30,7 +30,7 @@ ECHO = "echo"  # the gateway's built-in line-test agent: no file
 class AgentsConfig:
     """``[agents]``: what every call actor of an agent process runs with."""
 
-    max_calls: int = opt(100, min=1, max=10_000)  # per agent process; CallStart beyond it is refused "full"
+    max_calls: int = opt(256, min=1, max=10_000)  # per agent process; CallStart beyond it is refused "full"
     providers: str = opt("definitions", choices=("definitions", "scripted"))  # agent files | scripted fakes
     default_agent: str = "local"  # definitions: the agent a route or SIP user named "default" gets
     script: str = ""  # scripted providers: a JSON script file ("" = built-in demo lines)
