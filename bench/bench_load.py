@@ -5,7 +5,10 @@
 bench config, drives N Twilio Media Streams calls at its WebSocket ingress
 with the load generator, samples CPU and PSS summed over the daemon's whole
 process tree (supervisor, gateway, workers, agents), stops it, and reports the
-same rows as ``bench_pipecat`` (definitions in ``bench/loadgen/harness.py``).
+same rows as ``bench_pipecat`` (definitions in ``bench/loadgen/harness.py``),
+among them the server-side CPU per call-second (the daemon's processes only),
+the load generator's own (sampled apart, never subtracted) and the calls per
+core that the server-side figure implies (labelled implied; "held" is measured).
 
 It needs only two things from brisvox, both overridable:
 
@@ -31,6 +34,15 @@ the load generator's own stamps per call and turn (:mod:`bench.breakdown`) and
 printed as rows. ``BRISVOX_BENCH_EARLY_TURN_MS`` (e.g. ``100``) also sets the
 workers' ``[vad] fall_delay_ms`` to it and ``[agents] early_smart_turn`` on
 (``0``: both off), to measure the early Smart Turn analysis.
+
+Speculative LLM start (docs/LATENCY.md): ``BRISVOX_BENCH_SPECULATION`` = ``off``,
+``final`` (``[speculation] enabled``) or ``partial`` (also ``on_partial``), and
+``BRISVOX_BENCH_INTERIM_LAG`` = k (the scripted STT's interims lag its final by k
+words, ``interim_lag_words``; 0: the last interim equals the final, as the bench
+agent ships). Either set, the derived config names a copy of the agent files' folder
+(in the same temporary folder) whose routed agents have those keys set; unset, the
+agent files are used as they are. Every level prints the call records' summed
+speculation counters (:func:`bench.breakdown.speculation`).
 
 Failure is a message, never a hang: a missing command or config, a port
 already taken by something else, a daemon that exits or does not accept
@@ -71,7 +83,7 @@ STOP_TIMEOUT_S = 20.0
 
 # the daemon's own counters reported next to the client's figures (bench/out/brisvox.json)
 SERVER_KEYS: dict[str, tuple[str, ...]] = {
-    "gateway": ("call_late_frames_total", "call_underruns_total", "tick_late_p99_ms"),
+    "gateway": ("call_late_frames_total", "call_underruns_total", "tick_late_p99_ms", "clear_latency_p99_ms"),
     "worker": ("jobs_done", "jobs_expired", "tick_max_ms", "jobs_wait_us_total", "jobs_wait_us_max",
                "jobs_run_us_total", "jobs_run_us_max"),
 }
@@ -96,6 +108,39 @@ def early_turn_ms() -> int | None:
     if ms < 0:
         raise harness.ServerError("BRISVOX_BENCH_EARLY_TURN_MS must be >= 0")
     return ms
+
+
+SPECULATION_MODES: dict[str, dict[str, Any]] = {  # BRISVOX_BENCH_SPECULATION -> [speculation]
+    "off": {"enabled": False, "on_partial": False},
+    "final": {"enabled": True, "on_partial": False},
+    "partial": {"enabled": True, "on_partial": True},
+}
+
+
+def speculation_mode() -> str | None:
+    """``BRISVOX_BENCH_SPECULATION``: None (unset: the agent file's own), or a key of
+    :data:`SPECULATION_MODES`."""
+    raw = os.environ.get("BRISVOX_BENCH_SPECULATION", "").strip().lower()
+    if not raw:
+        return None
+    if raw not in SPECULATION_MODES:
+        raise harness.ServerError(f"BRISVOX_BENCH_SPECULATION {raw!r}: expected one of "
+                                  f"{', '.join(SPECULATION_MODES)}")
+    return raw
+
+
+def interim_lag() -> int | None:
+    """``BRISVOX_BENCH_INTERIM_LAG``: None (unset: the agent file's own) or words >= 0."""
+    raw = os.environ.get("BRISVOX_BENCH_INTERIM_LAG", "").strip()
+    if not raw:
+        return None
+    try:
+        k = int(raw)
+    except ValueError:
+        raise harness.ServerError(f"BRISVOX_BENCH_INTERIM_LAG {raw!r}: expected a number of words") from None
+    if k < 0:
+        raise harness.ServerError("BRISVOX_BENCH_INTERIM_LAG must be >= 0")
+    return k
 
 
 def _toml_value(v: Any) -> str:
@@ -128,12 +173,36 @@ def set_keys(text: str, section: str, values: dict[str, Any]) -> str:
     return "\n".join(lines[:start + 1] + new + body + lines[end:]) + "\n"
 
 
-def derive_config(src: Path, records: Path, early_ms: int | None) -> str:
-    """The bench config ``src`` writing call records into ``records``, with its agent files
-    where the original finds them, and the early Smart Turn setting when asked."""
+def derive_agents(src: Path, agents_dst: Path, spec: str | None, lag: int | None) -> None:
+    """Copy the agent files of bench config ``src`` into ``agents_dst``, with the routed
+    agents' (the WebSocket routes' and the default) ``[speculation]`` set to ``spec``'s
+    keys and their ``[stt.options] interim_lag_words`` to ``lag`` (None: left as is)."""
     from brisvox.config.daemon import load_config
 
-    agents_dir = load_config(str(src)).section("agents").agents_path(str(src))
+    cfg = load_config(str(src))
+    agents_dir = cfg.section("agents").agents_path(str(src))
+    routed = {r.agent for r in cfg.section("websocket").routes if r.agent}
+    routed |= {a for r in cfg.section("websocket").routes for a in r.agents}
+    routed.add(cfg.section("agents").default_agent)
+    agents_dst.mkdir(parents=True, exist_ok=True)
+    for f in sorted(agents_dir.glob("*.toml")):
+        text = f.read_text()
+        if f.stem in routed:
+            if spec is not None:
+                text = set_keys(text, "speculation", SPECULATION_MODES[spec])
+            if lag is not None:
+                text = set_keys(text, "stt.options", {"interim_lag_words": lag})
+        (agents_dst / f.name).write_text(text)
+
+
+def derive_config(src: Path, records: Path, early_ms: int | None, agents_dir: Path | None = None) -> str:
+    """The bench config ``src`` writing call records into ``records``, with its agent files
+    where the original finds them (or in ``agents_dir``), and the early Smart Turn
+    setting when asked."""
+    from brisvox.config.daemon import load_config
+
+    if agents_dir is None:
+        agents_dir = load_config(str(src)).section("agents").agents_path(str(src))
     text = src.read_text()
     text = set_keys(text, "calls", {"records": True, "path": str(records), "keep_days": 0})
     text = set_keys(text, "agents", {"agents_dir": str(agents_dir)})
@@ -172,11 +241,18 @@ class BrisvoxDaemon:
         self.server_stats: dict[int, dict[str, float]] = {}  # N -> the daemon's own counters at the end
         self.records: dict[int, list[dict[str, Any]]] = {}  # N -> the call records of the level
         self.early_ms = early_turn_ms()
+        self.spec = speculation_mode()
+        self.lag = interim_lag()
+        self.spec_stats: dict[int, dict[str, Any]] = {}  # N -> the level's speculation counters
         self._run_cmd = self.cmd  # the command of the current level (its derived config)
         self._tmp: Path | None = None  # the level's derived config and records
 
     def describe(self) -> str:
         early = "" if self.early_ms is None else f", early Smart Turn fall_delay_ms={self.early_ms}"
+        if self.spec is not None:
+            early += f", speculation {self.spec}"
+        if self.lag is not None:
+            early += f", interims lag the final by {self.lag} word(s)"
         return f"brisvoxd ({' '.join(self.cmd[1:])}{early}) at {self.url}"
 
     def _derive(self) -> list[str]:
@@ -187,7 +263,11 @@ class BrisvoxDaemon:
         self._tmp = Path(tempfile.mkdtemp(prefix="bvbench"))
         (self._tmp / "calls").mkdir(mode=0o700)
         cfg = self._tmp / "brisvoxd.toml"
-        cfg.write_text(derive_config(Path(self.cmd[i]), self._tmp / "calls", self.early_ms))
+        agents = None
+        if self.spec is not None or self.lag is not None:
+            agents = self._tmp / "agents"
+            derive_agents(Path(self.cmd[i]), agents, self.spec, self.lag)
+        cfg.write_text(derive_config(Path(self.cmd[i]), self._tmp / "calls", self.early_ms, agents))
         return [*self.cmd[:i], str(cfg), *self.cmd[i + 1:]]
 
     def _take_records(self) -> None:
@@ -195,6 +275,7 @@ class BrisvoxDaemon:
         if tmp is None:
             return
         self.records[self._n] = breakdown.read_records(tmp / "calls")
+        self.spec_stats[self._n] = breakdown.speculation(self.records[self._n])
         shutil.rmtree(tmp, ignore_errors=True)
 
     def _check_command(self) -> None:
@@ -360,17 +441,29 @@ def measure(quick: bool, ns: list[int] | None = None,
     with tempfile.NamedTemporaryFile("w", dir=out, delete=False, suffix=".tmp") as f:
         json.dump({"server": daemon.describe(), "largest_n_held": largest,
                    "levels": [dict(harness.level_json(lv), server=daemon.server_stats.get(lv.n, {}),
-                                   breakdown=bds.get(lv.n)) for lv in levels]}, f, indent=1)
+                                   breakdown=bds.get(lv.n), speculation=daemon.spec_stats.get(lv.n))
+                              for lv in levels]}, f, indent=1)
     os.replace(f.name, out / "brisvox.json")
     LAST_SERVER_STATS.clear()
     LAST_SERVER_STATS.update(daemon.server_stats)
     LAST_BREAKDOWN.clear()
     LAST_BREAKDOWN.update(bds)
+    LAST_SPECULATION.clear()
+    LAST_SPECULATION.update(daemon.spec_stats)
     return levels, largest, daemon.describe()
 
 
 LAST_SERVER_STATS: dict[int, dict[str, float]] = {}
 LAST_BREAKDOWN: dict[int, dict[str, Any] | None] = {}  # N -> the level's latency breakdown
+LAST_SPECULATION: dict[int, dict[str, Any]] = {}  # N -> the level's summed speculation counters
+
+
+def speculation_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
+    """Per level, the speculation counters of its call records."""
+    out: list[tuple[str, Any, str, str]] = []
+    for lv in levels:
+        out += breakdown.speculation_rows(f"brisvox N={lv.n}:", LAST_SPECULATION.get(lv.n))
+    return out
 
 
 def breakdown_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
@@ -394,6 +487,8 @@ def server_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
             (f"{p} gateway frames released > 1 frame late", st.get("gateway.call_late_frames_total"), "frames", "0"),
             (f"{p} gateway underruns (out ring ran dry)", st.get("gateway.call_underruns_total"), "", "0"),
             (f"{p} gateway pacer tick lateness p99", st.get("gateway.tick_late_p99_ms"), "ms", ""),
+            (f"{p} barge-in decision -> Clear applied in the gateway p99", st.get("gateway.clear_latency_p99_ms"),
+             "ms", "<= 2"),
             (f"{p} Smart Turn analyses expired in the queue", st.get("worker.jobs_expired"),
              f"of {int(st.get('worker.jobs_done', 0) + st.get('worker.jobs_expired', 0))}", "0"),
             (f"{p} worker tick max", st.get("worker.tick_max_ms"), "ms", ""),
@@ -416,4 +511,4 @@ def run(quick: bool) -> list[tuple[str, Any, str, str]]:
     levels, largest, describe = measure(quick, wl=wl)
     rows = harness.rows("brisvox", levels, largest, wl, TARGETS)
     rows.insert(0, ("brisvox: how it was run", describe, "", ""))
-    return rows + server_rows(levels) + breakdown_rows(levels)
+    return rows + server_rows(levels) + breakdown_rows(levels) + speculation_rows(levels)

@@ -27,6 +27,10 @@ nearest within ``MATCH_S`` of the client's last-speech stamp. Clocks: the client
 stamps ``time.monotonic()``; a record's marks are on the agent's loop clock and
 ``clock_offset_s`` converts them (the same CLOCK_MONOTONIC on one host).
 
+Speculation (docs/LATENCY.md): :func:`speculation` sums the records' ``speculation``
+counters of one level; wasted requests are the speculations started and not committed
+(started - hits), per turn the record turns that ended.
+
 Invariants: pure (no I/O but :func:`read_records`); a step no joined turn has
 (no Smart Turn) is None, printed "n/a"; a turn that does not join is counted,
 never guessed.
@@ -161,3 +165,49 @@ def rows(prefix: str, bd: dict[str, Any] | None) -> list[tuple[str, Any, str, st
     out.append((f"{prefix} breakdown total (= turn latency) p50 / p95", pair(bd["total"]), "ms",
                 f"{bd['joined']} turns joined, {bd['missed']} not; {bd['early_verdicts']} early verdicts"))
     return out
+
+
+SPEC_KEYS = ("started", "hits", "misses", "context_changes", "expired", "superseded", "withdrawn",
+             "abandoned", "skipped_busy", "skipped_unsafe", "failures", "offered", "head_start_ms")
+
+
+def speculation(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The summed speculation counters of one level's call records, the hit rate (hits over
+    decided: hits, misses, context changes, expiries), the turns that ended and the wasted
+    requests (started, not committed) per such turn."""
+    out: dict[str, Any] = dict.fromkeys(SPEC_KEYS, 0)
+    turns = 0
+    for r in records:
+        sp = r.get("speculation") or {}
+        for k in SPEC_KEYS:
+            v = sp.get(k)
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                out[k] += v
+        turns += sum(1 for t in r.get("turns", []) if t.get("t_turn_end") is not None)
+    decided = out["hits"] + out["misses"] + out["context_changes"] + out["expired"]
+    out["hit_rate"] = round(out["hits"] / decided, 4) if decided else None
+    out["turns"] = turns
+    out["wasted"] = out["started"] - out["hits"]
+    out["wasted_per_turn"] = round(out["wasted"] / turns, 3) if turns else None
+    out["head_start_ms_mean"] = round(out["head_start_ms"] / out["hits"], 1) if out["hits"] else None
+    return out
+
+
+def speculation_rows(prefix: str, sp: dict[str, Any] | None) -> list[tuple[str, Any, str, str]]:
+    """Bench rows of one level's :func:`speculation` (``prefix`` e.g. "brisvox N=1:")."""
+    if not sp:
+        return [(f"{prefix} speculation", "n/a", "", "no call records")]
+
+    def na(v: Any) -> Any:
+        return "n/a" if v is None else v
+
+    return [
+        (f"{prefix} speculation started / hits / misses / withdrawn / expired",
+         f"{sp['started']} / {sp['hits']} / {sp['misses']} / {sp['withdrawn']} / {sp['expired']}", "",
+         f"superseded {sp['superseded']}, abandoned {sp['abandoned']}, context changes "
+         f"{sp['context_changes']}, skipped busy {sp['skipped_busy']}"),
+        (f"{prefix} speculation hit rate", na(sp["hit_rate"]), "", "hits / decided"),
+        (f"{prefix} speculation wasted requests per turn", na(sp["wasted_per_turn"]), "",
+         f"{sp['wasted']} not committed over {sp['turns']} turns"),
+        (f"{prefix} speculation head start per hit (mean)", na(sp["head_start_ms_mean"]), "ms", ""),
+    ]

@@ -1,11 +1,14 @@
 """Side by side: brisvox vs Pipecat on the same calls, in one invocation (docs/BENCHMARKS.md).
 
-``python -m bench.compare [--quick] [--only pipecat|brisvox]``: measures Pipecat
+``python -m bench.compare [--quick] [--only pipecat|brisvox] [--calls 1,10]``: measures Pipecat
 (``bench_pipecat``) and brisvox (``bench_load``) with the same workload and
 load generator, then prints both sides and the ratios brisvox / Pipecat for
 CPU per call, memory per call, p95 turn latency and the largest N held, and
 writes them to ``bench/out/compare.md`` (copy into docs/BENCHMARKS.md with
-the command). ``run(quick)`` gives the same as bench rows.
+the command). ``--calls`` measures both sides at those levels only (e.g. ``1``:
+the single-call latency; ``BRISVOX_BENCH_SPECULATION`` / ``BRISVOX_BENCH_INTERIM_LAG``
+set brisvox's speculative start, bench/bench_load.py). ``run(quick)`` gives the same
+as bench rows.
 
 Which level each ratio compares: CPU and memory per call at each side's
 largest held N (the per-call figures of a server are most favourable near its
@@ -22,6 +25,7 @@ with a missing side is reported as missing, never invented.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -100,17 +104,18 @@ def _side(name: str, fn, quick: bool) -> tuple[tuple[list[harness.Level], int] |
     if name == "brisvox":
         rows += bench_load.server_rows(levels)  # the daemon's own view: stalls vs client stamping
         rows += bench_load.breakdown_rows(levels)  # where each turn's milliseconds went
+        rows += bench_load.speculation_rows(levels)  # the speculative LLM start's counters
     return (levels, largest), rows, ""
 
 
-def compare(quick: bool, only: str | None = None) -> list[tuple[str, Any, str, str]]:
+def compare(quick: bool, only: str | None = None, calls: list[int] | None = None) -> list[tuple[str, Any, str, str]]:
     pc = bv = None
     rows: list[tuple[str, Any, str, str]] = []
     if only in (None, "pipecat"):
-        pc, r, _ = _side("pipecat", lambda q: bench_pipecat.measure(q), quick)
+        pc, r, _ = _side("pipecat", lambda q: bench_pipecat.measure(q, ns=calls), quick)
         rows += r
     if only in (None, "brisvox"):
-        bv, r, _ = _side("brisvox", lambda q: bench_load.measure(q), quick)
+        bv, r, _ = _side("brisvox", lambda q: bench_load.measure(q, ns=calls), quick)
         rows += r
     if only is None:
         rows += ratios(bv, pc)
@@ -133,14 +138,27 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.compare")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("pipecat", "brisvox"))
+    ap.add_argument("--calls", help="comma-separated levels for both sides (e.g. 1), instead of the workload's")
     args = ap.parse_args(argv)
+    calls = None
+    if args.calls:
+        try:
+            calls = [int(x) for x in args.calls.split(",") if x.strip()]
+        except ValueError:
+            ap.error(f"--calls {args.calls!r}: expected comma-separated call counts")
+        if not calls or min(calls) < 1:
+            ap.error("--calls: call counts must be >= 1")
     t0 = time.monotonic()
-    rows = compare(args.quick, args.only)
+    rows = compare(args.quick, args.only, calls)
     for fig, val, unit, target in rows:
         v = f"{val:.3f}" if isinstance(val, float) else str(val)
         print(f"   {fig:<62} {v:>12} {unit:<22} {target}")
     OUT.mkdir(exist_ok=True)
     cmd = "python -m bench.compare" + (" --quick" if args.quick else "") + (f" --only {args.only}" if args.only else "")
+    cmd += f" --calls {args.calls}" if args.calls else ""
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("BRISVOX_BENCH_SPECULATION", "BRISVOX_BENCH_INTERIM_LAG")
+                   if os.environ.get(k))
+    cmd = f"{env} {cmd}" if env else cmd
     text = [f"# brisvox vs Pipecat ({time.strftime('%Y-%m-%d %H:%M')}, `{cmd}`, "
             f"{time.monotonic() - t0:.0f} s)", ""] + _fmt(rows)
     (OUT / "compare.md").write_text("\n".join(text) + "\n")

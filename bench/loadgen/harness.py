@@ -11,7 +11,13 @@ the server, and derive:
   (a fraction of one core);
 * memory per call = (PSS with N calls live - PSS idle) / N, or PSS / N when
   the server runs one process per call (then the process *is* the call's cost);
-* the load generator's latency figures.
+* the load generator's latency figures;
+* the load generator's own CPU (its process tree, sampled the same way over
+  the same window) per call-second, printed next to the server's and never
+  subtracted from it, and the capacity the server-side figure *implies* for a
+  host whose cores serve only the server (:func:`implied_capacity`): 1000 ms
+  / server CPU ms per call-second calls per core, times the cores this
+  process may use. Those rows are labelled implied; "held" stays measured.
 
 "Held": p95 turn latency within ``hold_margin_ms`` of the single-call p95, no
 frame late by more than ``late_frame_ms``, no unanswered turn and every call
@@ -79,6 +85,17 @@ class Level:
     held: bool = False
     notes: list[str] = field(default_factory=list)
     cpu_roles: dict[str, float] = field(default_factory=dict)  # ms CPU per call-second by process role
+    client_cpu_per_call: float | None = None  # the load generator's, fraction of one core per call-second
+
+    @property
+    def server_ms_per_call_s(self) -> float:
+        """Server-side CPU milliseconds per call-second (the whole server tree)."""
+        return self.cpu_per_call * 1000.0
+
+    @property
+    def client_ms_per_call_s(self) -> float | None:
+        """The load generator's CPU milliseconds per call-second (None: not sampled)."""
+        return None if self.client_cpu_per_call is None else self.client_cpu_per_call * 1000.0
 
     @property
     def p95(self) -> float | None:
@@ -99,8 +116,31 @@ def _raise_priority(pid: int) -> None:
 CLIENT_LATE_NOTE_MS = 10.0
 
 
-def run_loadgen(urls: list[str], n: int, wl: Workload, quick: bool, timeout_s: float) -> dict[str, Any]:
-    """Run the load generator in a child process; return its summary."""
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def implied_capacity(server_ms_per_call_s: float, cores: int) -> tuple[float | None, float | None]:
+    """(calls per core, calls on ``cores`` cores) implied by ``server_ms_per_call_s``
+    server CPU ms per call-second, for cores that serve only the server: ``1000 /
+    server_ms_per_call_s`` and that times ``cores``. An arithmetic bound from CPU
+    alone (latency, memory and the pacing of 20 ms frames are not in it), never a
+    measured level; (None, None) when the figure is not positive."""
+    if server_ms_per_call_s <= 0 or cores < 1:
+        return None, None
+    per_core = 1000.0 / server_ms_per_call_s
+    return per_core, per_core * cores
+
+
+def run_loadgen(urls: list[str], n: int, wl: Workload, quick: bool, timeout_s: float,
+                client_cpu: TreeSampler | None = None) -> dict[str, Any]:
+    """Run the load generator in a child process; return its summary. ``client_cpu``
+    (a :class:`TreeSampler` without roots) samples the generator's own process tree
+    from its start to its end."""
     with tempfile.TemporaryDirectory(prefix="bvload") as td:
         out = Path(td) / "summary.json"
         cmd = [sys.executable, "-m", "bench.loadgen", "--calls", str(n), "--json", str(out)]
@@ -115,12 +155,18 @@ def run_loadgen(urls: list[str], n: int, wl: Workload, quick: bool, timeout_s: f
         p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True)
         _raise_priority(p.pid)
+        if client_cpu is not None:
+            client_cpu.roots = [p.pid]
+            client_cpu.start()
         try:
             _, err = p.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             p.kill()
             p.communicate(timeout=10)
             raise RuntimeError(f"load generator did not finish within {timeout_s:.0f} s") from None
+        finally:
+            if client_cpu is not None:
+                client_cpu.stop()
         if not out.exists():
             raise RuntimeError(f"load generator failed ({p.returncode}): {err.strip()[-800:]}")
         return json.loads(out.read_text())
@@ -130,13 +176,14 @@ def measure_level(server: Server, n: int, wl: Workload, quick: bool) -> Level:
     urls = server.start(n)
     try:
         sampler = TreeSampler(server.pids())
+        client = TreeSampler([])
         t_idle0 = time.monotonic()
         sampler.start()
         time.sleep(SETTLE_S)
         pss_idle = sampler.sample_pss()
         idle_cpu = sampler.cpu_seconds(t_idle0, time.monotonic()) / max(1e-9, time.monotonic() - t_idle0)
         try:
-            summary = run_loadgen(urls, n, wl, quick, timeout_s=wl.load.run_timeout_s + 60)
+            summary = run_loadgen(urls, n, wl, quick, timeout_s=wl.load.run_timeout_s + 60, client_cpu=client)
         finally:
             sampler.stop()
         sampler.note_roles()
@@ -149,6 +196,7 @@ def measure_level(server: Server, n: int, wl: Workload, quick: bool) -> Level:
         raise ServerError(f"{server.name}: no call completed at N={n}: {summary['errors']}")
     cpu = sampler.cpu_seconds(w["first_connect"], w["last_end"])
     cpu_per_call = cpu / summary["call_seconds"]
+    client_cpu = client.cpu_seconds(w["first_connect"], w["last_end"]) / summary["call_seconds"] if client.cpu else None
     roles = {r: round(v * 1000.0 / summary["call_seconds"], 2)
              for r, v in sorted(sampler.cpu_by_role(w["first_connect"], w["last_end"]).items()) if v > 0}
     pss_load = sampler.pss_max(w["all_active_start"], w["all_active_end"])
@@ -165,7 +213,7 @@ def measure_level(server: Server, n: int, wl: Workload, quick: bool) -> Level:
         mem = (pss_load - pss_idle) / n
     return Level(n=n, summary=summary, cpu_per_call=cpu_per_call, mem_per_call_mb=mem / 2**20,
                  pss_idle_mb=pss_idle / 2**20, pss_load_mb=pss_load / 2**20, idle_cpu=idle_cpu,
-                 processes=procs, notes=notes, cpu_roles=roles)
+                 processes=procs, notes=notes, cpu_roles=roles, client_cpu_per_call=client_cpu)
 
 
 def judge(levels: list[Level], wl: Workload) -> int:
@@ -202,8 +250,10 @@ def measure(server: Server, ns: list[int], wl: Workload, quick: bool,
         judge(levels, wl)
         s = lv.summary
         if progress:
+            gen = "-" if lv.client_cpu_per_call is None else f"{lv.client_cpu_per_call * 100:.1f}%"
             print(f"   [{server.name}] N={n}: turn p50/p95 {s['turn_ms']['p50']}/{s['turn_ms']['p95']} ms, "
-                  f"CPU/call {lv.cpu_per_call * 100:.1f}% core, mem/call {lv.mem_per_call_mb:.1f} MB, "
+                  f"CPU/call {lv.cpu_per_call * 100:.1f}% core (load generator {gen}), "
+                  f"mem/call {lv.mem_per_call_mb:.1f} MB, "
                   f"max late {s['max_late_ms']} ms, unanswered {s['unanswered']}/{s['turns']}, "
                   f"held={lv.held}", flush=True)
         base = levels[0].p95
@@ -257,8 +307,33 @@ def rows(name: str, levels: list[Level], largest: int, wl: Workload,
             (f"{p} load generator timer lateness p99", s["client"]["tick_late_ms"]["p99"], "ms",
              f"<= {CLIENT_LATE_NOTE_MS:.0f} (else the run is client-bound)"),
         ]
+        out += cpu_rows(p, lv)
         out += [(f"{p} note", note, "", "") for note in lv.notes]
     out.append((f"{name}: largest N held", largest, "calls", t.get("largest", "")))
+    return out
+
+
+def cpu_rows(p: str, lv: Level, cores: int | None = None) -> list[tuple[str, Any, str, str]]:
+    """The server's and the load generator's CPU per call-second side by side, and the
+    capacity the server's figure implies (labelled implied: the held verdict is measured)."""
+    cores = cores or usable_cores()
+    server = lv.server_ms_per_call_s
+    client = lv.client_ms_per_call_s
+    per_core, total = implied_capacity(server, cores)
+    out: list[tuple[str, Any, str, str]] = [
+        (f"{p} server CPU per call-second (server processes only)", round(server, 1), "ms", ""),
+        (f"{p} load generator CPU per call-second (same machine, not subtracted)",
+         None if client is None else round(client, 1), "ms", ""),
+    ]
+    if client is not None and server + client > 0:
+        out.append((f"{p} load generator share of the measured CPU", round(100.0 * client / (server + client), 1),
+                    "%", ""))
+    out += [
+        (f"{p} implied calls per core (1000 ms / server CPU per call-second; implied, not measured)",
+         None if per_core is None else round(per_core, 1), "calls", ""),
+        (f"{p} implied calls on {cores} cores serving only the server (implied, not measured)",
+         None if total is None else int(total), "calls", ""),
+    ]
     return out
 
 
@@ -266,4 +341,4 @@ def level_json(lv: Level) -> dict[str, Any]:
     return {"n": lv.n, "cpu_per_call": lv.cpu_per_call, "mem_per_call_mb": lv.mem_per_call_mb,
             "pss_idle_mb": lv.pss_idle_mb, "pss_load_mb": lv.pss_load_mb, "idle_cpu": lv.idle_cpu,
             "processes": lv.processes, "held": lv.held, "notes": lv.notes, "cpu_roles": lv.cpu_roles,
-            "summary": lv.summary}
+            "client_cpu_per_call": lv.client_cpu_per_call, "summary": lv.summary}

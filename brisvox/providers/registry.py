@@ -112,7 +112,7 @@ class CallEnv:
 COMMON_HTTP = {"connect_timeout", "read_timeout", "max_response_bytes", "max_event_bytes", "max_seconds", "headers"}
 OPTIONS: dict[str, set[str]] = {
     "local_whisper": {"max_tokens", "preroll", "job_timeout", "queue_deadline", "max_span"},
-    "scripted_stt": {"timing_file", "final_ms", "interim_ms", "interim_delay_ms", "text"},
+    "scripted_stt": {"timing_file", "final_ms", "interim_ms", "interim_delay_ms", "text", "interim_lag_words"},
     "deepgram": {"endpointing", "keepalive_interval", "smart_format", "punctuate", "diarize", "numerals",
                  "filler_words", "utterance_end_ms", "vad_events", "keyterm", "keywords"},
     "local_llm": {"max_tokens", "temperature", "repeat_penalty", "seed", "max_context_chars", "request_timeout"},
@@ -175,7 +175,7 @@ def _stt(leg: ProviderDef, env: CallEnv) -> SttProvider:
 
         t = timing(leg.options)
         return ScriptedStt(final_ms=t.final_ms, clock=env.clock,
-                           **_opts(leg, "interim_ms", "interim_delay_ms", "text"))
+                           **_opts(leg, "interim_ms", "interim_delay_ms", "text", "interim_lag_words"))
     if leg.provider == "deepgram":
         from brisvox.providers.deepgram import DeepgramStt
 

@@ -14,7 +14,10 @@ costs CPU. The scripted LLM is :class:`brisvox.providers.scripted_llm.ScriptedLl
   speech, delivered ``interim_delay_ms`` after the window that completed it
   was spoken, as a streaming STT's interims are. It takes its audio in
   batches (``audio_batch``, 80 ms): the interims are timed from the audio's
-  own end, so batching moves no transcript. Each ``finalize()`` is answered
+  own end, so batching moves no transcript. An interim is the turn's final
+  text, or with ``interim_lag_words`` = k that text less its last k words
+  (a streaming STT whose partial lags its final by a word: what a
+  speculative start on the partial then misses). Each ``finalize()`` is answered
   ``final_ms`` later by exactly one final (``text`` when speech came since
   the previous finalize, else empty).
   ``text`` may use ``{n}``, the number of the finalize.
@@ -243,7 +246,9 @@ class ScriptedSttStream(ScriptedSttSession):
             self._interim_later(self.cfg.interim_delay - (n - end) / 16000.0)
 
     def _interim_later(self, delay: float) -> None:
-        text = self.cfg.text.format(n=self.finalizes + 1)
+        text = self.cfg.interim_text(self.finalizes + 1)
+        if not text:  # a lag of the whole text: no interim at all
+            return
 
         def fire() -> None:
             if not self.closed:
@@ -279,16 +284,29 @@ class ScriptedStt:
     name = "scripted_stt"
 
     def __init__(self, *, final_ms: float = DEFAULTS.final_ms, interim_ms: float = 100.0,
-                 interim_delay_ms: float = 100.0, text: str = "caller turn {n}", clock: Clock = CLOCK) -> None:
+                 interim_delay_ms: float = 100.0, text: str = "caller turn {n}", interim_lag_words: int = 0,
+                 clock: Clock = CLOCK) -> None:
+        if isinstance(interim_lag_words, bool) or not isinstance(interim_lag_words, int) or interim_lag_words < 0:
+            raise ProviderError("bad_request", "scripted_stt: interim_lag_words must be an integer >= 0",
+                                retryable=False)
         self.final_delay = final_ms / 1000.0
         self.interim_samples = int(16000 * interim_ms / 1000.0)
         self.interim_delay = interim_delay_ms / 1000.0
         self.text = text
+        self.interim_lag_words = interim_lag_words
         self.clock = clock
         self.sessions = 0
         # the actor may hand this much caller audio over at once (it does not need every
         # tick's audio promptly: interims are timed from the audio's own positions)
         self.audio_batch = AUDIO_BATCH_S if self.interim_delay >= AUDIO_BATCH_S + 0.02 else 0.0
+
+    def interim_text(self, n: int) -> str:
+        """The interim of the ``n``-th turn: its final text less ``interim_lag_words`` words."""
+        text = self.text.format(n=n)
+        if not self.interim_lag_words:
+            return text
+        words = text.split()
+        return " ".join(words[:max(0, len(words) - self.interim_lag_words)])
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
         return None

@@ -18,6 +18,7 @@ import asyncio
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench import workload
 from brisvox.agent.definition import load_agent
@@ -57,9 +58,9 @@ def test_answer_tone_is_the_workload_bot_audio():
         assert np.array_equal(ss.answer_tone(rate, 2000), workload.bot_audio(rate, 2000))
 
 
-async def _stt_run() -> list[tuple[float, Transcript]]:
+async def _stt_run(lag: int = 0) -> list[tuple[float, Transcript]]:
     loop = asyncio.get_running_loop()
-    prov = ss.ScriptedStt(final_ms=150, interim_ms=100, interim_delay_ms=100)
+    prov = ss.ScriptedStt(final_ms=150, interim_ms=100, interim_delay_ms=100, interim_lag_words=lag)
     s = await prov.connect(SttConfig(), 1.0)
     got: list[tuple[float, Transcript]] = []
 
@@ -95,6 +96,16 @@ def test_stt_interims_while_speaking_and_one_final_per_finalize():
     # every 100 ms of speech (the 5th 20 ms chunk goes out at 0.08), delivered 100 ms late
     assert interims == [0.18, 0.28, 0.38, 0.48, 0.58]
     assert all(ev.text == "caller turn 1" for _, ev in got if not ev.is_final)
+
+
+def test_stt_interims_can_lag_the_final_by_a_word():
+    got = run_virtual(lambda: _stt_run(lag=1))
+    assert [ev.text for _, ev in got if ev.is_final] == ["caller turn 1", ""]
+    interims = [ev.text for _, ev in got if not ev.is_final]
+    assert len(interims) == 5 and set(interims) == {"caller turn"}
+    assert ss.ScriptedStt(interim_lag_words=5).interim_text(1) == ""
+    with pytest.raises(ss.ProviderError):
+        ss.ScriptedStt(interim_lag_words=-1)
 
 
 async def _tts_run() -> tuple[list[tuple[float, object]], float]:

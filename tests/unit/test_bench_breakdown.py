@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
+
+import pytest
 
 from bench import breakdown
 from bench.bench_load import set_keys
@@ -65,3 +68,48 @@ def test_set_keys_replaces_or_appends_a_section():
                                  "vad", {"fall_delay_ms": 100}))
     assert out == {"calls": {"records": True, "path": "/tmp/a b", "keep_days": 30},
                    "agents": {"max_calls": 4}, "vad": {"fall_delay_ms": 100}}
+
+
+def test_speculation_counters_are_summed_over_the_records():
+    def rec(**sp: float) -> dict:
+        return {"speculation": dict(sp, hit_rate=0.5),
+                "turns": [{"t_turn_end": 1.0}, {"t_turn_end": 2.0}, {"t_turn_end": None}]}
+
+    sp = breakdown.speculation([rec(started=3, hits=1, misses=1, withdrawn=1, head_start_ms=150),
+                                rec(started=2, hits=2, head_start_ms=250), {"turns": []}])
+    assert (sp["started"], sp["hits"], sp["misses"], sp["withdrawn"]) == (5, 3, 1, 1)
+    assert sp["hit_rate"] == 0.75 and sp["turns"] == 4 and sp["wasted"] == 2
+    assert sp["wasted_per_turn"] == 0.5 and sp["head_start_ms_mean"] == 133.3
+    off = breakdown.speculation([rec()])
+    assert off["hit_rate"] is None and off["wasted_per_turn"] == 0.0
+    rows = breakdown.speculation_rows("brisvox N=1:", sp)
+    assert rows[0][1] == "5 / 3 / 1 / 1 / 0" and rows[1][1] == 0.75 and rows[2][1] == 0.5
+    assert breakdown.speculation_rows("brisvox N=1:", off)[1][1] == "n/a"
+
+
+def test_bench_agents_get_the_speculation_and_interim_lag_asked_for(tmp_path, monkeypatch):
+    from bench import bench_load
+    from brisvox.agent.definition import load_agent
+    from brisvox.agent.pipeline.speculation import SpeculationConfig
+
+    root = Path(__file__).resolve().parents[2]
+    src = root / "configs" / "brisvoxd.bench.toml"
+    bench_load.derive_agents(src, tmp_path / "agents", "partial", 1)
+    bench = tomllib.loads((tmp_path / "agents" / "bench.toml").read_text())
+    assert bench["speculation"] == {"enabled": True, "on_partial": True}
+    assert bench["stt"]["options"]["interim_lag_words"] == 1
+    assert bench["stt"]["options"]["interim_ms"] == 100  # the rest as shipped
+    assert "speculation" not in tomllib.loads((tmp_path / "agents" / "booking.toml").read_text())
+    monkeypatch.setenv("BRISVOX_BENCH_WORKLOAD", str(root / "bench" / "workload.toml"))
+    agent = load_agent(tmp_path / "agents" / "bench.toml")
+    assert SpeculationConfig.from_table(agent.speculation).on_partial
+    text = bench_load.derive_config(src, tmp_path / "calls", None, tmp_path / "agents")
+    assert tomllib.loads(text)["agents"]["agents_dir"] == str(tmp_path / "agents")
+    for raw, want in (("", None), ("off", "off"), ("Final", "final")):
+        monkeypatch.setenv("BRISVOX_BENCH_SPECULATION", raw)
+        assert bench_load.speculation_mode() == want
+    monkeypatch.setenv("BRISVOX_BENCH_SPECULATION", "always")
+    with pytest.raises(bench_load.harness.ServerError):
+        bench_load.speculation_mode()
+    monkeypatch.setenv("BRISVOX_BENCH_INTERIM_LAG", "1")
+    assert bench_load.interim_lag() == 1
