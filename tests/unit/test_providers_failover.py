@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from brisvox.agent.definition import ProviderDef
-from brisvox.providers import failover
 from brisvox.providers.base import (
     Done,
     LlmError,
@@ -38,6 +38,7 @@ from brisvox.providers.base import (
     ToolCallDelta,
 )
 from brisvox.providers.registry import CallEnv, build
+from brisvox.providers.resilience import DEFAULT, Breaker, ResilientLlm, ResilientStt
 from brisvox.providers.scripted_llm import ScriptedLlm
 from brisvox.providers.worker_jobs import JobRouter
 
@@ -88,7 +89,7 @@ def test_registry_wraps_a_secondary() -> None:
 
 
 def test_breaker_cycle() -> None:
-    b = failover.Breaker(threshold=2, open_for=10.0)
+    b = Breaker(threshold=2, open_for=10.0)
     assert b.allow(0.0)
     b.failure(0.0)
     b.failure(1.0)
@@ -141,6 +142,16 @@ class _S:
 REQ = LlmRequest((LlmMessage("user", "hi"),))
 
 
+def two_leg_llm(primary: Any, secondary: Any, pkey: str, skey: str, first_event_timeout: float = 4.0) -> ResilientLlm:
+    """The layer's LLM wrapper over a primary and a secondary leg, with the first-event timeout."""
+    return ResilientLlm(primary, secondary, pkey, skey,
+                        config=replace(DEFAULT.config, llm_attempt_timeout=first_event_timeout))
+
+
+def two_leg_stt(primary: Any, secondary: Any, pkey: str, skey: str, attempt_timeout: float = 2.0) -> ResilientStt:
+    return ResilientStt(primary, secondary, pkey, skey, config=replace(DEFAULT.config, attempt_timeout=attempt_timeout))
+
+
 def run_stream(p: Any) -> list[Any]:
     async def main() -> list[Any]:
         s = p.stream(REQ)
@@ -152,9 +163,9 @@ def run_stream(p: Any) -> list[Any]:
 
 
 def fresh(name: str) -> None:
-    for k in list(failover.BREAKERS):
+    for k in list(DEFAULT.breakers):
         if name in k:
-            del failover.BREAKERS[k]
+            del DEFAULT.breakers[k]
 
 
 @pytest.mark.parametrize("first", [LlmError("server", "500"), ProviderError("connect", "refused"), "hang"])
@@ -162,7 +173,7 @@ def test_llm_fails_over_before_content(first: Any) -> None:
     fresh("pA")
     prim = FakeLlm("a", [] if first == "hang" else [first], hang=first == "hang")
     sec = FakeLlm("b", [TextDelta("hi"), Done()])
-    p = failover.FailoverLlm(prim, sec, "pA", "sA", first_event_timeout=0.1)
+    p = two_leg_llm(prim, sec, "pA", "sA", first_event_timeout=0.1)
     assert run_stream(p) == [TextDelta("hi"), Done()]
     assert (prim.requests, sec.requests) == (1, 1)
 
@@ -171,10 +182,10 @@ def test_llm_no_failover_after_content_or_on_bad_request() -> None:
     fresh("pB")
     prim = FakeLlm("a", [TextDelta("partial"), LlmError("closed", "cut")])
     sec = FakeLlm("b", [TextDelta("x"), Done()])
-    assert run_stream(failover.FailoverLlm(prim, sec, "pB", "sB")) == [TextDelta("partial"), LlmError("closed", "cut")]
+    assert run_stream(two_leg_llm(prim, sec, "pB", "sB")) == [TextDelta("partial"), LlmError("closed", "cut")]
     assert sec.requests == 0
     prim = FakeLlm("a", [LlmError("bad_request", "400", False)])
-    assert run_stream(failover.FailoverLlm(prim, sec, "pB2", "sB2"))[0].kind == "bad_request"
+    assert run_stream(two_leg_llm(prim, sec, "pB2", "sB2"))[0].kind == "bad_request"
     assert sec.requests == 0
 
 
@@ -183,9 +194,9 @@ def test_open_breaker_skips_the_primary() -> None:
     prim = FakeLlm("a", [LlmError("server", "500")])
     sec = FakeLlm("b", [TextDelta("ok"), Done()])
     for _ in range(5):  # five calls (a wrapper is one call: its own retry budget)
-        run_stream(failover.FailoverLlm(prim, sec, "pC", "sC"))
-    assert prim.requests == 5 and failover.breaker("llm:pC").state == "open"
-    run_stream(failover.FailoverLlm(prim, sec, "pC", "sC"))
+        run_stream(two_leg_llm(prim, sec, "pC", "sC"))
+    assert prim.requests == 5 and DEFAULT.breaker("llm:pC").state == "open"
+    run_stream(two_leg_llm(prim, sec, "pC", "sC"))
     assert prim.requests == 5 and sec.requests == 6  # no request to an open primary
 
 
@@ -223,7 +234,7 @@ class _Sess:
 def test_stt_connect_fails_over(fail: str) -> None:
     fresh("pD")
     prim, sec = FakeStt("a", fail), FakeStt("b")
-    p = failover.FailoverStt(prim, sec, "pD" + fail, "sD", attempt_timeout=0.1)
+    p = two_leg_stt(prim, sec, "pD" + fail, "sD", attempt_timeout=0.1)
 
     async def main() -> str:
         s = await p.connect(SttConfig(), 2.0)
@@ -259,12 +270,12 @@ def test_scripted_llm_rules_and_tool_rounds() -> None:
     assert texts == ["You ", "said: ", "hello ", "there"]
 
 
-def _elapsed_open(key: str) -> failover.Breaker:
+def _elapsed_open(key: str) -> Breaker:
     """A breaker that opened long enough ago for its next caller to be the half-open probe
     (breakers read the running loop's clock: asyncio's default loop runs on time.monotonic)."""
     import time
 
-    b = failover.breaker(key)
+    b = DEFAULT.breaker(key)
     b.failures, b.opened_at, b.probing = b.threshold, time.monotonic() - 3600.0, False
     return b
 
@@ -278,7 +289,7 @@ def test_a_cancelled_llm_probe_releases_its_permit() -> None:
     sec = FakeLlm("b", [TextDelta("ok"), Done()])
 
     async def main() -> None:
-        s = failover.FailoverLlm(prim, sec, "pE", "sE", first_event_timeout=30.0).stream(REQ)
+        s = two_leg_llm(prim, sec, "pE", "sE", first_event_timeout=30.0).stream(REQ)
         t = asyncio.ensure_future(s.__anext__())
         await asyncio.sleep(0.05)
         assert b.state == "half_open" and prim.requests == 1  # this call is the probe
@@ -299,7 +310,7 @@ def test_an_llm_probe_closed_before_its_first_event_releases_its_permit() -> Non
     prim = FakeLlm("a", [], hang=True)
 
     async def main() -> None:
-        s = failover.FailoverLlm(prim, FakeLlm("b", [Done()]), "pF", "sF", first_event_timeout=30.0).stream(REQ)
+        s = two_leg_llm(prim, FakeLlm("b", [Done()]), "pF", "sF", first_event_timeout=30.0).stream(REQ)
         t = asyncio.ensure_future(s.__anext__())
         await asyncio.sleep(0.05)
         await s.aclose()  # the runner closes the stream (the turn was abandoned)
@@ -314,14 +325,14 @@ def test_an_llm_probe_closed_before_its_first_event_releases_its_permit() -> Non
 def test_a_bad_request_probe_and_a_cancelled_connect_probe_release_their_permits() -> None:
     fresh("pG")
     b = _elapsed_open("llm:pG")
-    run_stream(failover.FailoverLlm(FakeLlm("a", [LlmError("bad_request", "400", False)]),
+    run_stream(two_leg_llm(FakeLlm("a", [LlmError("bad_request", "400", False)]),
                                     FakeLlm("b", [Done()]), "pG", "sG"))
     assert b.state == "open" and not b.probing  # a bad request is no verdict on the leg
     fresh("pH")
     bs = _elapsed_open("stt:pH")
 
     async def main() -> None:
-        p = failover.FailoverStt(FakeStt("a", "hang"), FakeStt("b"), "pH", "sH", attempt_timeout=30.0)
+        p = two_leg_stt(FakeStt("a", "hang"), FakeStt("b"), "pH", "sH", attempt_timeout=30.0)
         t = asyncio.ensure_future(p.connect(SttConfig(), 60.0))
         await asyncio.sleep(0.05)
         assert bs.state == "half_open"
@@ -340,7 +351,7 @@ def test_a_breaker_runs_on_the_loops_clock_so_the_simulator_can_drive_it() -> No
     from brisvox.sim.vloop import run_virtual
 
     async def main() -> tuple[bool, bool]:
-        b = failover.Breaker(threshold=2, open_for=30.0)
+        b = Breaker(threshold=2, open_for=30.0)
         b.failure()
         b.failure()
         before = b.allow()
