@@ -10,6 +10,7 @@ tasks, the helper's first-token and idle timeouts, and a provider streaming fore
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -52,8 +53,9 @@ def echo(req: LlmRequest, n: int) -> list[Any]:
 
 
 class Llm:
-    """Answers each request with ``script(request, n)``: events, ``("sleep", s)`` or an
-    exception to raise. Records request times, closes and how many events it yielded."""
+    """Answers each request with ``script(request, n)``: events, ``("sleep", s)``,
+    ``("stubborn", s)`` (a sleep that ignores cancellation: a round task that does not end)
+    or an exception to raise. Records request times, closes and how many events it yielded."""
 
     name = "spec-test"
 
@@ -87,6 +89,12 @@ class _Stream:
         for i, s in enumerate(steps):
             if isinstance(s, tuple) and s[0] == "sleep":
                 await asyncio.sleep(s[1])
+                continue
+            if isinstance(s, tuple) and s[0] == "stubborn":
+                end = CLOCK.now() + s[1]
+                while CLOCK.now() < end:
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(end - CLOCK.now())
                 continue
             if isinstance(s, BaseException):
                 raise s
@@ -240,7 +248,7 @@ def test_a_newer_candidate_replaces_the_older_and_an_equal_one_is_kept():
             await settle(0.5)
             text = await rig.turn(1, "book a table for two")
             st = rig.runner.spec.st
-            assert (st.started, st.superseded, st.hits) == (2, 1, 1)
+            assert (st.started, st.superseded, st.kept, st.hits) == (2, 1, 1, 1)
             assert text == "You said book a table for two." and len(llm.requests) == 2
     run(main)
 

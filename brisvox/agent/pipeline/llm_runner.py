@@ -187,7 +187,7 @@ class LlmRunner(Stage):
             await self.send(frame)
             return
         if isinstance(frame, UserTurnStarted):
-            self.spec.drop()
+            self.spec.drop(committed=False)  # a committed round still answering goes on (no barge-in)
             if self.engine is not None:
                 self.engine.note_user_speech_started()
             return

@@ -158,7 +158,9 @@ class SpeculationStats:
     """The runner's. Decided speculations: hits, misses (the text changed),
     context_changes and expired; superseded (a newer candidate), withdrawn (the caller
     resumed) and abandoned (a new turn, barge-in, hang-up, another epoch) were never
-    decided. skipped_busy: the previous turn's round still ran; skipped_unsafe: the
+    decided. kept: a candidate equal (normalised) to the live speculation's kept it (no
+    new request; the turn driver never repeats a standing candidate, so behind it this
+    stays 0). skipped_busy: the previous turn's round still ran; skipped_unsafe: the
     context could not be settled (a round task that did not end). failures: the
     speculative stream failed (a committed one counts as the round's first attempt).
     wasted_*: tokens of discarded speculations (output: provider-reported, else 4 bytes
@@ -173,6 +175,7 @@ class SpeculationStats:
     superseded: int = 0
     withdrawn: int = 0
     abandoned: int = 0
+    kept: int = 0
     skipped_busy: int = 0
     skipped_unsafe: int = 0
     failures: int = 0

@@ -125,6 +125,8 @@ class Helper:
         try:
             async with self.owner.clock.timeout(self.owner.cfg.max_age) as age:
                 self.age = age
+                if self.claimed:  # claimed before its first step (hold() found no age yet)
+                    age.reschedule(None)
                 try:
                     stream = self.owner.provider.stream(self.request)
                 except Exception as e:  # noqa: BLE001 - an adapter bug fails the round, not the call
@@ -243,7 +245,11 @@ class Helper:
         spec: Speculation | None = None
         fut = self.tools
         if fut is not None:
-            await asyncio.wait([fut])  # the ReadOnly calls still running (raises only our own cancel)
+            try:
+                await asyncio.wait([fut])  # the ReadOnly calls still running (raises only our own cancel)
+            except asyncio.CancelledError:
+                self.cancel()  # the round was halted: its helper ends with it
+                raise
             if not fut.cancelled() and fut.exception() is None:
                 spec = fut.result()
         if spec is not None and [c.id for c in calls] == [c.id for c in self.calls]:
@@ -323,7 +329,10 @@ class Speculator:
             if h is not None and h.epoch == f.epoch:
                 self._drop_live("withdrawn")
             return False
-        return not (h is not None and h.epoch == f.epoch and h.norm == normalize(f.text))
+        if h is not None and h.epoch == f.epoch and h.norm == normalize(f.text):
+            self.st.kept += 1  # the live speculation already answers this text
+            return False
+        return True
 
     def skip(self, why: str) -> None:
         setattr(self.st, f"skipped_{why}", getattr(self.st, f"skipped_{why}") + 1)
@@ -365,11 +374,16 @@ class Speculator:
         self.st.head_start_ms += int(round((self.clock.now() - h.started_at) * 1000.0))
         return h
 
-    def drop(self) -> None:
-        """UserTurnStarted, Interrupt, Greeting, Stop: the live speculation is abandoned,
-        a committed helper still running ends with its turn."""
+    def drop(self, committed: bool = True) -> None:
+        """UserTurnStarted, Interrupt, Greeting, Stop: the live speculation is abandoned.
+        A committed helper still running ends with its turn: here for the frames that halt
+        the round (``committed``); a UserTurnStarted without a barge-in leaves the round
+        running (it is halted at the next turn end), and the helper ends with the round
+        (:meth:`_Replay.aclose`, or a cancelled :meth:`Helper.execute`)."""
         if self.live is not None:
             self._drop_live("abandoned")
+        if not committed:
+            return
         c, self.claimed = self.claimed, None
         if c is not None:
             c.cancel()
