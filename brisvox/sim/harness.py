@@ -25,9 +25,11 @@ import orjson
 from brisvox.agent.conversation.context import AssistantMessage
 from brisvox.agent.conversation.playout import PlayoutConfig
 from brisvox.agent.host.actor import ActorConfig, CallActor
-from brisvox.agent.pipeline.chain import CHAIN, StageSpec
+from brisvox.agent.host.s2s_actor import S2sCallActor
+from brisvox.agent.pipeline.chain import CHAIN, S2S_CHAIN, StageSpec
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK as _LOOP_CLOCK
+from brisvox.providers.s2s.base import S2sProvider
 from brisvox.providers.seeded_fakes import FakeLlm, FakeTts, Responder, TtsFault
 from brisvox.providers.word_codec import Vocab
 from brisvox.sim.fakes import FakeStt, SttFault
@@ -54,6 +56,7 @@ class SimCall:
     probe_every: float = 60.0
     greeting: str = ""  # the agent's greeting: the bot speaks first
     chain: Sequence[StageSpec] = CHAIN  # the pipeline assembled (brisvox/agent/pipeline/chain.py)
+    s2s: Callable[[Vocab], S2sProvider] | None = None  # a speech-to-speech call (S2S_CHAIN) with this provider
 
 
 @dataclass(slots=True)
@@ -109,7 +112,12 @@ async def simulate(call: SimCall) -> SimResult:
     llm = FakeLlm(list(call.llm), seed=call.seed * 3 + 2, default=call.llm_default)
     tts = FakeTts(vocab, seed=call.seed * 3 + 3, faults=call.tts_faults, rate=call.world.tts_rate)
     cfg = call.actor or default_actor_config()
-    actor = CallActor(
+    cls = CallActor
+    extra: dict[str, Any] = {}
+    if call.s2s is not None:
+        cls = S2sCallActor
+        extra = {"s2s": call.s2s(vocab), "chain": S2S_CHAIN if call.chain is CHAIN else call.chain}
+    actor = cls(
         call.call_id,
         cfg,
         stt=stt,
@@ -125,7 +133,7 @@ async def simulate(call: SimCall) -> SimResult:
         transport="sim",
         transport_ids={"sim": call.call_id},
         greeting=call.greeting,
-        chain=call.chain,
+        **({"chain": call.chain} | extra),
     )
     before = {t for t in asyncio.all_tasks(loop)}
     actor.start()
@@ -148,7 +156,7 @@ async def simulate(call: SimCall) -> SimResult:
             platform.wire.frames,
             llm.probe.count,
             len(caller.spoken),
-            actor.runner.st.turns,
+            actor.s2s.st.responses if isinstance(actor, S2sCallActor) else actor.runner.st.turns,
             len(platform.wire.marks),
         )
         if sig != last_sig or caller.speaking:

@@ -424,13 +424,22 @@ class PlayoutBook:
                 lead = max(0.0, lead - max(0.0, since))
         return lead
 
+    def _heard_pos(self, u: Utterance, interrupted: bool) -> int:
+        pos = min(u.released, self.total_out(u))
+        if interrupted:
+            pos -= int(self._lead(u) * self.call_rate)
+        return max(0, pos)
+
+    def heard_ms(self, utt: int, interrupted: bool = True) -> int | None:
+        """Milliseconds of ``utt``'s audio the caller heard: the position :meth:`heard` cuts at
+        (the speech-to-speech stage tells its provider this figure)."""
+        u = self.utts.get(utt)
+        return None if u is None else self._heard_pos(u, interrupted) * 1000 // self.call_rate
+
     def heard(self, u: Utterance, interrupted: bool) -> Truncation:
         sent = u.sent_text
         total = self.total_out(u)
-        pos = min(u.released, total)
-        if interrupted:
-            pos -= int(self._lead(u) * self.call_rate)
-        pos = max(0, pos)
+        pos = self._heard_pos(u, interrupted)
         if not interrupted and not u.lost and pos >= total and total > 0:
             return Truncation(sent, in_full=True)
         heard_s = pos / self.call_rate

@@ -73,6 +73,7 @@ from brisvox.agent.pipeline.frames import (
 )
 from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
 from brisvox.agent.pipeline.llm_runner import LlmRunner
+from brisvox.agent.pipeline.s2s_stage import S2sStageConfig
 from brisvox.agent.pipeline.segmenter import SegmenterConfig, SegmenterStage
 from brisvox.agent.pipeline.speculation import snapshot as spec_snapshot
 from brisvox.agent.pipeline.stage import Stage
@@ -80,10 +81,12 @@ from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig
 from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriter, TtsRingWriterConfig
 from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
 from brisvox.agent.pipeline.turn_driver import TurnDriver, TurnDriverConfig
+from brisvox.agent.pipeline.turn_machine import Phase
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
+from brisvox.providers.s2s.base import S2sProvider
 from ipc.tick_events import (
     InputGap,
     SpeechFalling,
@@ -119,6 +122,7 @@ class ActorConfig:
     out: TtsRingWriterConfig = field(default_factory=TtsRingWriterConfig)
     playout: PlayoutConfig = field(default_factory=PlayoutConfig)
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
+    s2s: S2sStageConfig = field(default_factory=S2sStageConfig)
     stop_timeout: float = 3.0
 
 
@@ -146,9 +150,9 @@ class CallActor:
         call_id: str,
         cfg: ActorConfig,
         *,
-        stt: SttProvider,
-        llm: LlmProvider,
-        tts: TtsProvider,
+        stt: SttProvider | None,
+        llm: LlmProvider | None,
+        tts: TtsProvider | None,
         source: AudioSource,
         sink: AudioSink,
         link: CallLink,
@@ -164,6 +168,7 @@ class CallActor:
         chain: Sequence[StageSpec] = CHAIN,
         on_stage_failure: Callable[[str], None] | None = None,
         on_hangup: Callable[[str], None] | None = None,
+        s2s: S2sProvider | None = None,
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -192,16 +197,10 @@ class CallActor:
         self.ledger = self.call.ledger
         self.pump = PumpStats()
         self.engine = ToolEngine(registry, call_id, clock) if registry is not None and len(registry) else None
-        parts = CallParts(stt, llm, tts, self.engine, context)
+        parts = CallParts(stt, llm, tts, self.engine, context, s2s)
         self.stages: list[Stage] = assemble(chain, self.call, cfg, parts)
-        named = {s.name: s for s in self.stages}
-        # the stages the host and the pump reach directly (plain attributes: no lookup per tick)
-        self.stt = _stage(named, "stt", SttStage)
-        self.driver = _stage(named, "turn", TurnDriver)
-        self.runner = _stage(named, "llm", LlmRunner)
-        self.segmenter = _stage(named, "segmenter", SegmenterStage)
-        self.tts = _stage(named, "tts", TtsStage)
-        self.out = _stage(named, "out", TtsRingWriter)
+        self.speaker: TtsStage | None = None  # the stage the supervisor's apology is spoken through
+        self._bind({s.name: s for s in self.stages})
         self._in_pos: int | None = None  # in16 position of the first sample not yet given to the STT stage
         self._gap = False
         # audio held in the pump before it is offered to the STT stage (0: every tick)
@@ -214,6 +213,17 @@ class CallActor:
         self.clear_applied_ns: list[int] = []
         self.supervisor = StageSupervisor(self, cfg.supervision)
 
+    def _bind(self, named: dict[str, Stage]) -> None:
+        """The stages the host and the pump reach directly (plain attributes: no lookup per tick)."""
+        self.stt = _stage(named, "stt", SttStage)
+        self.driver = _stage(named, "turn", TurnDriver)
+        self.runner = _stage(named, "llm", LlmRunner)
+        self.segmenter = _stage(named, "segmenter", SegmenterStage)
+        self.tts = self.speaker = _stage(named, "tts", TtsStage)
+        self.out = _stage(named, "out", TtsRingWriter)
+        self.entry = self.stt.inbox  # where the pump delivers audio and VAD events
+        self._audio_end: Callable[[int], None] | None = self.driver.note_audio_end
+
     # -- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
         if self._started:
@@ -221,9 +231,9 @@ class CallActor:
         self._started = True
         for s in self.stages:
             s.start()
-        self.stt.inbox.put_nowait(Start())
+        self.entry.put_nowait(Start())
         if self.greeting.strip():
-            self.stt.inbox.put_nowait(Greet(self.greeting))  # the bot speaks first
+            self.entry.put_nowait(Greet(self.greeting))  # the bot speaks first
 
     async def hangup(self, reason: str = "hangup") -> dict[str, Any]:
         """End the call: Stop through the chain, bounded wait, end every task, record."""
@@ -307,7 +317,8 @@ class CallActor:
             in_pos = in16_pos if not events else min(in16_pos, *(e.pos for e in events))
             self._in_pos = in_pos
         if in16_pos > in_pos:
-            self.driver.note_audio_end(in16_pos)
+            if self._audio_end is not None:
+                self._audio_end(in16_pos)
             if events or in16_pos - in_pos >= self._batch_samples:
                 self._read_audio(in_pos, in16_pos)
         if events:
@@ -322,7 +333,7 @@ class CallActor:
         if n:
             self.pump.frames += 1
             self.pump.samples += n
-            self.stt.inbox.put_nowait(AudioFrame(r.start, r.samples, self._gap))
+            self.entry.put_nowait(AudioFrame(r.start, r.samples, self._gap))
             self._gap = False
             self._in_pos = r.start + n
         else:
@@ -336,13 +347,13 @@ class CallActor:
             match ev:
                 case SpeechStart():
                     self.pump.vad_starts += 1
-                    self.stt.inbox.put_nowait(UserStartedSpeaking(at, pos))
+                    self.entry.put_nowait(UserStartedSpeaking(at, pos))
                 case SpeechStop():
                     self.pump.vad_stops += 1
-                    self.stt.inbox.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=ev.at))
+                    self.entry.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=ev.at))
                 case SpeechFalling():  # the turn driver's early Smart Turn (when its machine wants it)
                     self.pump.vad_fallings += 1
-                    self.stt.inbox.put_nowait(UserSpeechFalling(at, pos, decided_pos=ev.at))
+                    self.entry.put_nowait(UserSpeechFalling(at, pos, decided_pos=ev.at))
                 case InputGap():
                     self.pump.gaps += 1
                     self._gap = True
@@ -383,6 +394,20 @@ class CallActor:
             log.warning("call %s: DTMF dropped (full lane)", self.call_id)
 
     # -- introspection -------------------------------------------------------------------
+    def idle(self) -> bool:
+        """Nobody is talking and no answer is owed (the drain's test)."""
+        return self.driver.machine.phase in (Phase.IDLE, Phase.CLOSED)
+
+    def interrupts(self) -> int:
+        return self.driver.st.interrupts
+
+    def decided_epoch(self) -> int:
+        """The newest epoch the call's epoch authority decided."""
+        return self.driver.machine.epoch
+
+    def tool_records(self) -> list[Any]:
+        return list(self.runner.tool_records)
+
     def speculation_stats(self) -> dict[str, float]:
         """The runner's speculation counters and the driver's offers (speculation.py)."""
         return spec_snapshot(self.runner.spec.st, self.driver.offers.st)

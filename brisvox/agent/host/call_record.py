@@ -90,7 +90,7 @@ def build_record(actor: CallActor) -> dict[str, Any]:
         "conversation": conversation_json(actor),
         "tools": [
             {"epoch": r.epoch, "call_id": r.call_id, "name": r.name, "outcome": r.outcome, "duration_ms": r.duration_ms}
-            for r in actor.runner.tool_records
+            for r in actor.tool_records()
         ],
         "turns": actor.timeline.turn_latencies(),
         "clock_offset_s": round(time.monotonic() - actor.clock.now(), 6),

@@ -399,14 +399,13 @@ class AgentProcess:
     async def _hangup_after_playout(self, call_id: str, reason: str, limit: float = 15.0) -> None:
         """end_call: let the goodbye play out (the bot idle again), then ask the gateway
         to hang up (bounded by ``limit``)."""
-        from brisvox.agent.pipeline.turn_machine import Phase
         from ipc.frames import Hangup
 
         deadline = time.monotonic() + limit
         await asyncio.sleep(0.2)  # the tool answers first; the closing words follow
         while time.monotonic() < deadline:
             slot = self.calls.get(call_id)
-            if slot is None or slot.ended or slot.actor.driver.machine.phase in (Phase.IDLE, Phase.CLOSED):
+            if slot is None or slot.ended or slot.actor.idle():
                 break
             await asyncio.sleep(0.1)
         slot = self.calls.get(call_id)
@@ -463,7 +462,7 @@ class AgentProcess:
             d.update({f"workers_{k}": v for k, v in self.workers.counters.items()})
         interrupts = 0
         for slot in self.calls.values():
-            interrupts += slot.actor.driver.st.interrupts
+            interrupts += slot.actor.interrupts()
         d["live_interrupts"] = interrupts
         d["stage_failures"] = dict(self.stage_failures)
         d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>

@@ -189,10 +189,12 @@ class StageSupervisor:
         reason = failure_reason(f.stage)
         try:
             names = [s.name for s in a.stages]
-            upstream = set(names[: names.index(a.tts.name)])
+            speaker = a.speaker
+            upstream = set(names[: names.index((speaker or a.out).name)])
             await self._cancel(upstream)
             await self._stop_failed(f.stage)
-            output_alive = all(s.task is not None and not s.task.done() for s in (a.tts, a.out))
+            output_alive = speaker is not None and all(s.task is not None and not s.task.done()
+                                                       for s in (speaker, a.out))
             if speaks_apology(f.stage, output_alive, self.cfg.apology):
                 f.apology = await self._apologize()
             else:
@@ -240,15 +242,15 @@ class StageSupervisor:
         """Speak the apology as a new epoch; its outcome (see :class:`StageFailure`)."""
         a = self.actor
         text = self.cfg.apology.strip()
-        epoch = apology_epoch(a.watch.latest, a.ledger.epoch, a.driver.machine.epoch, a.out.floor, a.out.tx_epoch,
-                              *(s.epoch for s in a.stages))
+        epoch = apology_epoch(a.watch.latest, a.ledger.epoch, a.decided_epoch(), a.out.floor, a.out.tx_epoch, *(s.epoch for s in a.stages))
         ends = Inbox("supervisor", 4, sys_cap=8)
         self._ends = ends
         a.call.upstream.bind((BotStarted, BotEnded), ends)  # the driver is gone: its frames come here
         now = a.clock.now()
         a.watch.bump(epoch)  # late sends of every older epoch are dropped from now on
         a.call.clear(epoch, now)  # the barge-in fast path: book, Clear, TtsCut
-        tts = a.tts
+        tts = a.speaker
+        assert tts is not None  # speaks_apology: only through a TTS stage
         tts.inbox.put_nowait(Interrupt(epoch, epoch - 1, now))
         try:
             async with a.clock.timeout(self.cfg.apology_timeout):

@@ -33,6 +33,7 @@ from brisvox.agent.conversation.context import Context
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.frames import BotEnded, BotStarted, PipelineFrame
 from brisvox.agent.pipeline.llm_runner import LlmRunner
+from brisvox.agent.pipeline.s2s_stage import S2sStage
 from brisvox.agent.pipeline.segmenter import SegmenterStage
 from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.pipeline.stt_stage import SttStage
@@ -41,6 +42,7 @@ from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
 from brisvox.agent.pipeline.turn_driver import TurnDriver
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
+from brisvox.providers.s2s.base import S2sProvider
 
 if TYPE_CHECKING:
     from brisvox.agent.host.actor import ActorConfig, QueueConfig
@@ -50,11 +52,12 @@ if TYPE_CHECKING:
 class CallParts:
     """What stages take that is truly their own (not shared through the CallContext)."""
 
-    stt: SttProvider
-    llm: LlmProvider
-    tts: TtsProvider
+    stt: SttProvider | None
+    llm: LlmProvider | None
+    tts: TtsProvider | None
     engine: ToolEngine | None = None
     context: Context | None = None
+    s2s: S2sProvider | None = None  # the speech-to-speech provider of an S2S chain (``tts``: its fallback voice)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,12 @@ class InboxShape:
 
     def build(self, name: str, q: QueueConfig) -> Inbox:
         return Inbox(name, int(getattr(q, self.lane)), lossy=self.lossy, sys_cap=q.system)
+
+
+def _need(provider: Any, stage: str) -> Any:
+    if provider is None:
+        raise ValueError(f"the chain's {stage} stage needs a provider")
+    return provider
 
 
 def _nothing(parts: CallParts) -> dict[str, Any]:
@@ -91,14 +100,28 @@ def tts_config(cfg: ActorConfig, call: CallContext) -> TtsStageConfig:
 
 CHAIN: tuple[StageSpec, ...] = (
     StageSpec("stt", SttStage, lambda c, _: c.stt, InboxShape("input", lossy=True),
-              own=lambda p: {"provider": p.stt}),
+              own=lambda p: {"provider": _need(p.stt, "stt")}),
     StageSpec("turn", TurnDriver, lambda c, _: c.turn, InboxShape("user"),
               upstream=(BotStarted, BotEnded)),
     StageSpec("llm", LlmRunner, lambda c, _: c.llm, InboxShape("bot"),
-              own=lambda p: {"provider": p.llm, "engine": p.engine, "context": p.context}),
+              own=lambda p: {"provider": _need(p.llm, "llm"), "engine": p.engine, "context": p.context}),
     StageSpec("segmenter", SegmenterStage, lambda c, _: c.segmenter, InboxShape("bot")),
     StageSpec("tts", TtsStage, tts_config, InboxShape("bot"),
-              own=lambda p: {"provider": p.tts}),
+              own=lambda p: {"provider": _need(p.tts, "tts")}),
+    StageSpec("out", TtsRingWriter, lambda c, _: c.out, InboxShape("sink")),
+)
+
+
+def _s2s_own(p: CallParts) -> dict[str, Any]:
+    if p.s2s is None:
+        raise ValueError("an S2S chain needs a speech-to-speech provider (CallParts.s2s)")
+    return {"provider": p.s2s, "engine": p.engine, "context": p.context, "fallback_tts": p.tts}
+
+
+# A speech-to-speech call: the model hears the caller and speaks itself (docs/S2S.md).
+S2S_CHAIN: tuple[StageSpec, ...] = (
+    StageSpec("s2s", S2sStage, lambda c, _: c.s2s, InboxShape("input", lossy=True), own=_s2s_own,
+              upstream=(BotStarted, BotEnded)),
     StageSpec("out", TtsRingWriter, lambda c, _: c.out, InboxShape("sink")),
 )
 
