@@ -55,6 +55,7 @@ import orjson
 from websockets.asyncio.server import ServerConnection
 
 from bench.harness.ws_vendors import FakeWs, WsLog
+from brisvox.wire.g711 import ulaw_decode
 
 RATE = 24000
 
@@ -94,15 +95,6 @@ class RtLog(WsLog):
 
     def of(self, t: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("type") == t]
-
-
-def _ulaw_to_linear(b: int) -> int:
-    b = ~b & 0xFF
-    mag = ((((b & 0x0F) << 3) + 0x84) << ((b >> 4) & 7)) - 0x84
-    return -mag if b & 0x80 else mag
-
-
-ULAW = np.array([_ulaw_to_linear(i) for i in range(256)], dtype=np.float64)
 
 
 def _chunk(n_samples: int, value: int) -> bytes:
@@ -236,7 +228,7 @@ class FakeRealtime(FakeWs):
 
     async def _appended(self, c: _Conn, raw: bytes) -> None:
         rate, ulaw = self._input_rate()
-        samples = ULAW[np.frombuffer(raw, dtype=np.uint8)] if ulaw else \
+        samples = ulaw_decode(raw).astype(np.float64) if ulaw else \
             np.frombuffer(raw[: len(raw) // 2 * 2], dtype="<i2").astype(np.float64)
         ms = 1000.0 * len(samples) / rate
         c.buffered_ms += ms

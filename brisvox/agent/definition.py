@@ -94,9 +94,9 @@ class AgentDef:
     name: str
     path: str
     system_prompt: str
-    stt: ProviderDef
-    llm: ProviderDef
-    tts: ProviderDef
+    stt: ProviderDef | None  # None: a speech-to-speech agent (``s2s``)
+    llm: ProviderDef | None
+    tts: ProviderDef  # an S2S agent's fallback voice
     language: str = "en"
     voice: str = ""
     greeting: str = ""
@@ -108,9 +108,15 @@ class AgentDef:
     interruption: Mapping[str, Any] = field(default_factory=dict)
     turn: Mapping[str, Any] = field(default_factory=dict)
     speculation: Mapping[str, Any] = field(default_factory=dict)
+    s2s: ProviderDef | None = None  # a speech-to-speech provider replaces stt and llm (docs/S2S.md)
+    s2s_settings: Mapping[str, Any] = field(default_factory=dict)  # turn_detection, g711_passthrough, ...
+
+    def legs(self) -> list[tuple[str, ProviderDef]]:
+        """(stage, leg) of every stage the agent has."""
+        return [(n, p) for n in ("stt", "llm", "tts", "s2s") if (p := getattr(self, n)) is not None]
 
     def needs_worker_jobs(self) -> bool:
-        return any(leg.provider in LOCAL for p in (self.stt, self.llm, self.tts) for leg in p.legs())
+        return any(leg.provider in LOCAL for _, p in self.legs() for leg in p.legs())
 
 
 @lru_cache(maxsize=1)
@@ -190,16 +196,24 @@ def _leg(d: Mapping[str, Any]) -> ProviderDef:
 def parse(data: Mapping[str, Any], path: str) -> AgentDef:
     return AgentDef(
         name=str(data.get("name") or Path(path).stem), path=path, system_prompt=str(data["system_prompt"]),
-        stt=_leg(data["stt"]), llm=_leg(data["llm"]), tts=_leg(data["tts"]),
+        stt=_leg(data["stt"]) if "stt" in data else None, llm=_leg(data["llm"]) if "llm" in data else None,
+        tts=_leg(data["tts"]),
         language=str(data.get("language", "en")), voice=str(data.get("voice", "")),
         greeting=str(data.get("greeting", "")), tools=tuple(data.get("tools", ())),
         confirm_tools=tuple(data.get("confirm_tools", ())), tool_modules=tuple(data.get("tool_modules", ())),
         transfer_targets=tuple(data.get("transfer_targets", ())), filler=dict(data.get("filler", {})),
         interruption=dict(data.get("interruption", {})), turn=dict(data.get("turn", {})),
         speculation=dict(data.get("speculation", {})),
+        s2s=_leg(data["s2s"]) if "s2s" in data else None,
+        s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
     )
 
 
+S2S_SETTINGS = ("turn_detection", "g711_passthrough", "max_reconnects", "fallback_line")
+
+
+S2S_OR_CASCADE = ("an agent has [stt] and [llm], or a speech-to-speech [s2s] instead of both (the model hears "
+                  "and answers itself); [tts] in every case")
 SECRET_KEYS = ("api_key", "key", "token", "secret", "password")
 NO_SECRETS = "keys are never read from the file: name the environment variable with api_key_env"
 
@@ -222,6 +236,9 @@ def _schema_problems(data: Any, lines: Mapping[str, int]) -> list[Problem]:
             out.append(Problem("error", key, line_of(lines, path), msg))
 
     for top in sorted(v.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
+        if top.validator == "oneOf" and not top.absolute_path and isinstance(data, dict):
+            add(["s2s"] if "s2s" in data else [], S2S_OR_CASCADE)  # the branches' leaves would mislead
+            continue
         for err in _leaves(top):
             path = list(err.absolute_path)
             if err.validator == "not" and isinstance(err.instance, dict):
@@ -266,8 +283,8 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
     if problems:
         return None, problems
     agent = parse(data, str(path))
-    for stage in ("stt", "llm", "tts"):
-        for i, leg in enumerate(getattr(agent, stage).legs()):
+    for stage, stage_leg in agent.legs():
+        for i, leg in enumerate(stage_leg.legs()):
             where = [stage] if i == 0 else [stage, "secondary"]
             var = leg.key_env
             if var and leg.provider not in KEY_OPTIONAL and not resolve_key(leg, env):
@@ -305,6 +322,9 @@ def _check_speculation(agent: AgentDef, lines: Mapping[str, int]) -> list[Proble
         return [Problem("error", f"speculation.{key}", line_of(lines, ["speculation", key]), msg)]
     if not cfg.enabled:
         return []
+    if agent.llm is None:
+        return [Problem("error", "speculation.enabled", line_of(lines, ["speculation", "enabled"]),
+                        "a speech-to-speech agent has no LLM to start early: remove [speculation]")]
     out: list[Problem] = []
     for i, leg in enumerate(agent.llm.legs()):
         if leg.provider not in STREAMING_LLM:
@@ -406,15 +426,15 @@ def check_main(path: str, env: Mapping[str, str] | None = None, out: Any = None)
     if errors or agent is None:
         print(f"{path}: {errors} error(s)", file=out)
         return 2
-    print(f"{path}: ok (agent {agent.name}: stt {agent.stt.provider}, llm {agent.llm.provider}, "
-          f"tts {agent.tts.provider}; tools: {', '.join(agent.tools) or 'none'})", file=out)
+    stages = ", ".join(f"{n} {p.provider}" for n, p in agent.legs())
+    print(f"{path}: ok (agent {agent.name}: {stages}; tools: {', '.join(agent.tools) or 'none'})", file=out)
     return 0
 
 
 def is_agent_file(path: str | os.PathLike[str]) -> bool:
-    """True if ``path`` looks like an agent definition (has system_prompt and [llm])."""
+    """True if ``path`` looks like an agent definition (has system_prompt and [llm] or [s2s])."""
     data, _, _ = read(path)
-    return isinstance(data, dict) and "system_prompt" in data and "llm" in data
+    return isinstance(data, dict) and "system_prompt" in data and ("llm" in data or "s2s" in data)
 
 
 def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfig:
@@ -446,7 +466,31 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
         inter["backchannels"] = frozenset(str(b).lower() for b in inter["backchannels"])
     interruption = replace(cfg.turn.turn.interruption, **pick(InterruptionConfig, inter))
     turn = replace(cfg.turn.turn, interruption=interruption, **pick(TurnConfig, agent.turn, ("interruption",)))
-    stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.language, model=agent.stt.model))
+    stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.language,
+                                       model=agent.stt.model if agent.stt is not None else ""))
     tts = replace(cfg.tts, tts=replace(cfg.tts.tts, language=agent.language, model=agent.tts.model,
                                        voice=agent.tts.voice or agent.voice))
-    return replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn, speculation=spec), stt=stt, tts=tts)
+    out = replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn, speculation=spec), stt=stt, tts=tts)
+    return out if agent.s2s is None else replace(out, s2s=_s2s_config(agent, out, turn))
+
+
+def _s2s_config(agent: AgentDef, cfg: ActorConfig, turn: Any) -> Any:
+    """The S2S stage's config: the session (model, voice, instructions) and its turn policy."""
+    from dataclasses import replace
+
+    from brisvox.agent.pipeline.s2s_machine import S2sTurnConfig
+    from brisvox.providers.s2s.base import S2sConfig
+
+    leg, st = agent.s2s, agent.s2s_settings
+    assert leg is not None
+    session = S2sConfig(model=leg.model, voice=leg.voice or agent.voice, instructions=agent.system_prompt,
+                        language=agent.language, g711_passthrough=bool(st.get("g711_passthrough", False)),
+                        extra=dict(leg.options))
+    t = S2sTurnConfig(turn_detection=st.get("turn_detection", "provider"), smart_turn=turn.smart_turn,
+                      silence=turn.silence, interruption=turn.interruption)
+    s = replace(cfg.s2s, turn=t, session=session)
+    if "max_reconnects" in st:
+        s = replace(s, max_reconnects=int(st["max_reconnects"]))
+    if "fallback_line" in st:
+        s = replace(s, fallback_line=str(st["fallback_line"]))
+    return s

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import LlmProvider, ProviderError, SttProvider, TtsProvider
+from brisvox.providers.s2s.base import S2sProvider
 from brisvox.providers.worker_jobs import JobChannel
 
 # provider -> (stage, default key variable or "" when no key is needed)
@@ -46,6 +47,7 @@ PROVIDERS: dict[str, tuple[str, str]] = {
     "anthropic": ("llm", "ANTHROPIC_API_KEY"), "gemini": ("llm", "GEMINI_API_KEY"),
     "local_piper": ("tts", ""), "espeak": ("tts", ""), "cartesia": ("tts", "CARTESIA_API_KEY"),
     "elevenlabs": ("tts", "ELEVENLABS_API_KEY"), "openai_tts": ("tts", "OPENAI_API_KEY"), "scripted_tts": ("tts", ""),
+    "openai_realtime": ("s2s", "OPENAI_API_KEY"), "gemini_live": ("s2s", "GEMINI_API_KEY"),
 }
 KEY_OPTIONAL = {"vllm", "openai_compatible", "ollama"}  # servers that may run without a key
 # LLM providers whose stream yields the answer as it is generated and stops the generation
@@ -90,13 +92,16 @@ class CallLegs(Protocol):
     """The three provider legs of a call (an :class:`~brisvox.agent.definition.AgentDef`)."""
 
     @property
-    def stt(self) -> ProviderDef: ...
+    def stt(self) -> ProviderDef | None: ...
 
     @property
-    def llm(self) -> ProviderDef: ...
+    def llm(self) -> ProviderDef | None: ...
 
     @property
     def tts(self) -> ProviderDef: ...
+
+    @property
+    def s2s(self) -> ProviderDef | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,10 @@ OPTIONS: dict[str, set[str]] = {
     "cartesia": {"version", "sample_rate", "speed", "emotion"},
     "elevenlabs": {"sample_rate", "inactivity_timeout", "voice_settings"},
     "openai_tts": {"instructions", "connect_timeout", "read_timeout"},
+    # passed to the session as S2sConfig.extra: OpenAI's server VAD settings and transcription model,
+    # Gemini setup fields merged into its setup message
+    "openai_realtime": {"vad", "transcription_model"},
+    "gemini_live": {"generationConfig", "realtimeInputConfig", "contextWindowCompression"},
 }
 for _p in ("openai", "ollama", "vllm", "openrouter", "groq", "openai_compatible"):
     OPTIONS[_p] = COMMON_HTTP | {"reasoning_effort", "max_tokens", "top_p", "seed", "parallel_tool_calls",
@@ -277,7 +286,23 @@ def _tts(leg: ProviderDef, env: CallEnv) -> TtsProvider:
     raise ProviderError("bad_request", f"unknown TTS provider {p!r}", retryable=False)
 
 
-FACTORIES: dict[str, Callable[[ProviderDef, CallEnv], Any]] = {"stt": _stt, "llm": _llm, "tts": _tts}
+def _s2s(leg: ProviderDef, env: CallEnv) -> S2sProvider:
+    _check(leg)
+    if leg.provider == "openai_realtime":
+        from brisvox.providers.s2s.openai_realtime import DEFAULT_MODEL, DEFAULT_URL, OpenAiRealtime
+
+        return OpenAiRealtime(_key(leg, env), model=leg.model or DEFAULT_MODEL, base_url=leg.base_url or DEFAULT_URL,
+                              voice=leg.voice)
+    if leg.provider == "gemini_live":
+        from brisvox.providers.s2s.gemini_live import DEFAULT_MODEL as GEMINI_LIVE_MODEL
+        from brisvox.providers.s2s.gemini_live import GeminiLive
+
+        return GeminiLive(_key(leg, env), model=leg.model or GEMINI_LIVE_MODEL,
+                          base_url=leg.base_url or "wss://generativelanguage.googleapis.com", voice=leg.voice)
+    raise ProviderError("bad_request", f"unknown speech-to-speech provider {leg.provider!r}", retryable=False)
+
+
+FACTORIES: dict[str, Callable[[ProviderDef, CallEnv], Any]] = {"stt": _stt, "llm": _llm, "tts": _tts, "s2s": _s2s}
 
 
 def build(stage: str, leg: ProviderDef, env: CallEnv, *, resilient: bool | None = None) -> Any:
@@ -297,14 +322,22 @@ def build(stage: str, leg: ProviderDef, env: CallEnv, *, resilient: bool | None 
 
 @dataclass
 class CallProviders:
-    stt: SttProvider
-    llm: LlmProvider
+    stt: SttProvider | None
+    llm: LlmProvider | None
     tts: TtsProvider
     notes: list[str] = field(default_factory=list)
+    s2s: S2sProvider | None = None
 
 
 def build_call(agent: CallLegs, env: CallEnv) -> CallProviders:
-    """All three providers of a call, each behind the resilience layer (raises
-    ProviderError naming the failing leg)."""
+    """All providers of a call, STT, LLM and TTS each behind the resilience layer (raises
+    ProviderError naming the failing leg). A speech-to-speech agent has an S2S provider
+    instead of STT and LLM (its session has its own reconnect policy, docs/S2S.md) and the
+    TTS as its fallback voice."""
+    tts = build("tts", agent.tts, env, resilient=True)
+    if agent.s2s is not None:
+        return CallProviders(None, None, tts, s2s=build("s2s", agent.s2s, env, resilient=False))
+    if agent.stt is None or agent.llm is None:
+        raise ProviderError("bad_request", "an agent needs [stt] and [llm], or [s2s]", retryable=False)
     return CallProviders(build("stt", agent.stt, env, resilient=True), build("llm", agent.llm, env, resilient=True),
-                         build("tts", agent.tts, env, resilient=True))
+                         tts)

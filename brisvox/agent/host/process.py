@@ -68,9 +68,11 @@ from typing import TYPE_CHECKING, Any
 from brisvox.agent.host.actor import CallActor
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
+from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.pipeline.speculation import add_totals as add_spec_totals
 from brisvox.providers import resilience
+from brisvox.providers.registry import CallEnv, CallProviders, build_call
 from brisvox.runtime.memory import IdleTrim
 from ipc.frames import (
     CallAccepted,
@@ -318,7 +320,7 @@ class AgentProcess:
         if self.cfg.providers == "definitions":
             try:
                 agent = self._agent_def(self.cfg.agent_name(f.agent))
-                stt, llm, tts_p, registry, telephony = self._from_definition(agent, f, link)
+                provs, registry, telephony = self._from_definition(agent, f, link)
             except Exception as e:  # a bad definition, a missing key, a tool that is not provided
                 await self._undo_attach(f.call_id, rings)
                 log.warning("call %s refused: agent %r: %s", f.call_id, f.agent, f"{type(e).__name__}: {e}"[:300])
@@ -328,13 +330,14 @@ class AgentProcess:
             actor_cfg = actor_config(agent, base=actor_cfg)
             greeting = agent.greeting
         else:
-            stt, llm, tts_p = scripted_providers(self.cfg, f.call_id, f.tts_rate)
-        actor = CallActor(
+            provs = CallProviders(*scripted_providers(self.cfg, f.call_id, f.tts_rate))
+        actor = (CallActor if provs.s2s is None else S2sCallActor)(  # a speech-to-speech agent: docs/S2S.md
             f.call_id,
             actor_cfg,
-            stt=stt,
-            llm=llm,
-            tts=tts_p,
+            stt=provs.stt,
+            llm=provs.llm,
+            tts=provs.tts,
+            s2s=provs.s2s,
             source=in16,
             sink=tts,
             link=link,
@@ -384,17 +387,15 @@ class AgentProcess:
             self.jobs = WorkerJobChannel(self.workers)
         return self.jobs
 
-    def _from_definition(self, agent: AgentDef, f: CallStart, link: ProcessLink) -> tuple[Any, Any, Any, Any, Any]:
+    def _from_definition(self, agent: AgentDef, f: CallStart, link: ProcessLink) -> tuple[CallProviders, Any, Any]:
         """Providers, tool registry and telephony port of a call from its agent definition."""
         from brisvox.agent.tool_engine.builtin import LinkTelephony
         from brisvox.agent.tool_engine.loader import build_registry
-        from brisvox.providers.registry import CallEnv, build_call
-
         provs = build_call(agent, CallEnv(f.call_id, channel=self.job_channel()))
         telephony = LinkTelephony(f.call_id, link.to_gateway,
                                   hangup_hook=lambda reason: self.spawn(self._hangup_after_playout(f.call_id, reason)))
         registry = build_registry(agent, telephony) if agent.tools else None
-        return provs.stt, provs.llm, provs.tts, registry, telephony
+        return provs, registry, telephony
 
     async def _hangup_after_playout(self, call_id: str, reason: str, limit: float = 15.0) -> None:
         """end_call: let the goodbye play out (the bot idle again), then ask the gateway

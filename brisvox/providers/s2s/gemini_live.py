@@ -246,7 +246,6 @@ async def await_setup(ws: ClientConnection, timeout: float) -> None:  # noqa: AS
 
 class GeminiLiveSession(S2sWsSession):
     input_rate = INPUT_RATE
-    input_encoding = "pcm16"
     output_rate = OUTPUT_RATE
     supports_truncate = False
 
