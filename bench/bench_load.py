@@ -450,12 +450,15 @@ def measure(quick: bool, ns: list[int] | None = None,
     LAST_BREAKDOWN.update(bds)
     LAST_SPECULATION.clear()
     LAST_SPECULATION.update(daemon.spec_stats)
+    LAST_RECORDS.clear()
+    LAST_RECORDS.update(daemon.records)
     return levels, largest, daemon.describe()
 
 
 LAST_SERVER_STATS: dict[int, dict[str, float]] = {}
 LAST_BREAKDOWN: dict[int, dict[str, Any] | None] = {}  # N -> the level's latency breakdown
 LAST_SPECULATION: dict[int, dict[str, Any]] = {}  # N -> the level's summed speculation counters
+LAST_RECORDS: dict[int, list[dict[str, Any]]] = {}  # N -> the level's call records (bench s2s reads them)
 
 
 def speculation_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:

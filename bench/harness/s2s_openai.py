@@ -11,7 +11,7 @@ the session, speech (PCM energy of the appended audio) followed by the
 configured silence commits the turn and starts it, and speech over a response
 cancels it. ``response.cancel`` stops the streaming and answers
 ``response.done`` with status ``cancelled``. Past the script's end a
-response is a short empty one.
+response is ``default`` (a short empty one unless given).
 
 Everything the client sent is in :attr:`FakeRealtime.log` (:class:`RtLog`):
 every event (appends without their audio), the session config, the appended
@@ -79,6 +79,7 @@ class Scripted:
     status: str = "completed"  # of its response.done: completed | incomplete | failed
     input_tokens: int = 50
     output_tokens: int = 20
+    level: int = 0  # chunk i's samples are level + 100 (i + 1) (0: a ramp the tests check the order by)
 
 
 @dataclass
@@ -124,11 +125,12 @@ class FakeRealtime(FakeWs):
     log: RtLog
 
     def __init__(self, mode: str = "", script: tuple[Scripted, ...] = (), *, user_text: str = "book a table for two",
-                 slow_first_s: float = 0.3, vad_threshold: float = 500.0) -> None:
+                 slow_first_s: float = 0.3, vad_threshold: float = 500.0, default: Scripted | None = None) -> None:
         super().__init__(mode)
         self.modes = {m for m in mode.split(",") if m}
         self.mode = "reject" if "reject" in self.modes else mode
         self.script = list(script)
+        self.default = default or Scripted(audio_ms=100)  # every response past the script
         self.user_text = user_text
         self.slow_first_s = slow_first_s
         self.vad_threshold = vad_threshold
@@ -268,7 +270,7 @@ class FakeRealtime(FakeWs):
 
     # -- responses ---------------------------------------------------------------------
     def _start(self, c: _Conn) -> None:
-        sc = self.script.pop(0) if self.script else Scripted(audio_ms=100)
+        sc = self.script.pop(0) if self.script else self.default
         self.log.responses += 1
         c.n += 1
         c.current = (f"resp_{c.n}", f"item_{c.n}")
@@ -342,7 +344,7 @@ class FakeRealtime(FakeWs):
                     k = min(per, left)
                     left -= k
                     await self._send(c, {"type": "response.output_audio.delta", **part,
-                                         "delta": base64.b64encode(_chunk(k, 100 * (i + 1))).decode()})
+                                         "delta": base64.b64encode(_chunk(k, sc.level + 100 * (i + 1))).decode()})
                     if i == 0 and c.n == 1 and await self._hostile_after_chunk(c):
                         return
                 if i < len(deltas):

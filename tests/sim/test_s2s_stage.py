@@ -198,3 +198,40 @@ def test_a_refused_reconnect_speaks_the_fallback_line_and_hangs_up():
     hangups = [f for f in res.platform.sent if type(f).__name__ == "Hangup"]
     assert len(hangups) == 1 and hangups[0].reason == "s2s_failed"
     assert res.live_tasks_after == 0
+
+
+def test_each_cut_item_is_truncated_once_across_two_barge_ins():
+    res, p = run([Utter("tell me a story", at=0.5), Utter("stop please", after_bot_words=4),
+                  Utter("again please", after_bot_done=0.5), Utter("no stop", after_bot_words=4)],
+                 [S2sReply(LONG), S2sReply("okay"), S2sReply(LONG), S2sReply("fine")])
+    assert res.actor.s2s.st.barge_ins == 2
+    assert [t[0] for t in p.probe.truncates] == ["item_1", "item_3"]
+    assert oracle_mismatches(res) == []
+
+
+def test_s4_an_invalid_argument_gets_a_structured_error_and_the_corrected_call_runs():
+    tools, reg = _tools()
+    res, p = run([Utter("book a table", at=0.5)],
+                 [S2sReply("", calls=(S2sCall("book_table", {"people": 2}),)),
+                  S2sReply("", calls=(S2sCall("book_table", {"name": "Ada", "people": 2}),)),
+                  S2sReply("booked for ada")], registry=reg)
+    first, second = (orjson_loads(b[0].output) for b in p.probe.tool_results)
+    assert first["error"] == "invalid_arguments" and "schema" in first["detail"]
+    assert second.get("booked") is True
+    assert tools.bodies["book_table"] == 1
+    assert _heard(res) == ["booked", "for", "ada"]
+
+
+def test_s6_a_booking_cut_by_a_barge_in_is_not_run_again_when_the_model_repeats_it():
+    tools, reg = _tools(book_seconds=2.0)
+    book = S2sCall("book_table", {"name": "Ada", "people": 2})
+    res, p = run([Utter("book a table for two", at=0.5), Utter("hello are you there", after_bot_words=5)],
+                 [S2sReply("one moment please while i book it", calls=(book,)),
+                  S2sReply("", calls=(book,)), S2sReply("it is booked")], registry=reg)
+    assert res.actor.s2s.st.barge_ins == 1
+    assert tools.bodies["book_table"] == 1  # the repeat is answered from the first run, never run again
+    repeat = orjson_loads(p.probe.tool_results[-1][0].output)
+    assert repeat["error"] == "already_reported"  # its outcome reached the model as a note before
+    assert len(p.probe.notes) == 1 and "BK-1001" in p.probe.notes[0]
+    assert res.actor.context.is_valid()
+    assert _heard(res)[-3:] == ["it", "is", "booked"]

@@ -108,6 +108,7 @@ class _Round:
     item: str = ""
     in_ctx: bool = False
     samples: int = 0  # model audio received for the round, at the tts ring rate
+    truncated: bool = False  # the provider was told what was heard of it (once)
 
 
 @dataclass(slots=True)
@@ -165,7 +166,10 @@ class S2sStage(Stage):
         self._ctx_lock = asyncio.Lock()
         self._pending_user: list[str] = []
         self._last_commit: float | None = None
-        self._last_stop: float | None = None
+        self._last_stop: tuple[float, float] | None = None  # (backdated speech end, arrival) of the newest VAD stop
+        self._first_audio_due: set[int] = set()  # epochs whose first model audio is not stamped yet
+        self._stop_due: int | None = None  # an epoch the provider opened before brisvox's VAD stop came
+        self._response_at = 0.0  # when the newest bot turn's response started
         self.fallback_epoch = -1
         self.fallback_played = asyncio.Event()
 
@@ -177,7 +181,7 @@ class S2sStage(Stage):
             case UserStartedSpeaking():
                 await self._feed(M.VadStart(frame.at))
             case UserStoppedSpeaking():
-                self._last_stop = frame.at
+                self._stop_mark(frame.at)
                 await self._feed(M.VadStop(frame.at, frame.pos))
             case BotStarted():
                 await self._feed(M.BotStarted(frame.epoch, frame.at))
@@ -299,13 +303,19 @@ class S2sStage(Stage):
         self._round(a.epoch, a.round, "")
         if a.round == 0:
             self.tasks.spawn(self.tools.deliver_notes(), f"{self.name}:notes", stage=self.name)
+            # the turn's marks: the caller's speech end and the VAD stop (brisvox's), the turn end
+            # (brisvox's commit, or the provider's own decision: its response starting), the
+            # "request" (the same instant) and, at its first audio, the model's "first token"
             now = self.clock.now()
             end = self._last_commit if self._last_commit is not None else now
-            if self._last_stop is not None:
-                self.timeline.speech_end(a.epoch, self._last_stop)
+            self._stop_due = a.epoch
+            if self._last_stop is not None and self._last_stop[1] >= self._response_at:
+                self._stop_mark(*self._last_stop)
+            self._last_stop = None
+            self._response_at = now
             self.timeline.turn_end(a.epoch, end)
             self.timeline.llm_request(a.epoch, end)
-            self.timeline.llm_first_token(a.epoch, now)
+            self._first_audio_due.add(a.epoch)
             self._last_commit = None
         if len(self._rounds) > 128:  # bounded: the oldest rounds are in the context or dead
             for k in sorted(self._rounds)[:-64]:
@@ -313,12 +323,27 @@ class S2sStage(Stage):
                 if r.item:
                     self._items.pop(r.item, None)
 
+    def _stop_mark(self, speech_end: float, arrived: float | None = None) -> None:
+        """brisvox's VAD stop: the speech end and stop marks of the bot turn it led to (the
+        provider's VAD may have opened that turn before this stop came)."""
+        arrived = self.clock.now() if arrived is None else arrived
+        e = self._stop_due
+        if e is None:
+            self._last_stop = (speech_end, arrived)
+            return
+        self._stop_due = None
+        self.timeline.speech_end(e, speech_end)
+        self.timeline.vad_stop(e, arrived)
+
     async def _play(self, a: M.Play) -> None:
         conv = self._conv_out
         if conv is None:
             return
         r = self._round(a.epoch, a.round, a.item_id)
         samples = conv.convert(a.pcm)
+        if a.epoch in self._first_audio_due:
+            self._first_audio_due.discard(a.epoch)
+            self.timeline.llm_first_token(a.epoch, self.clock.now())  # the model's first audio came
         if len(samples) and r.utt is not None:
             r.samples += len(samples)
             self.st.audio_out_chunks += 1
@@ -384,7 +409,9 @@ class S2sStage(Stage):
     async def _settle_cut(self, floor: int) -> None:
         """The cut rounds into the context as heard, and the provider told the same."""
         await self.tools.join_cut()
-        cut = [(k, r) for k, r in self._rounds.items() if k[0] < floor and r.utt is not None]
+        cut = [(k, r) for k, r in self._rounds.items() if k[0] < floor and r.utt is not None and not r.truncated]
+        for _k, r in cut:
+            r.truncated = True
         for _k, r in cut:
             self._align_words(r)
         async with self._ctx_lock:
