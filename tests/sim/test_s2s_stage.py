@@ -235,3 +235,47 @@ def test_s6_a_booking_cut_by_a_barge_in_is_not_run_again_when_the_model_repeats_
     assert len(p.probe.notes) == 1 and "BK-1001" in p.probe.notes[0]
     assert res.actor.context.is_valid()
     assert _heard(res)[-3:] == ["it", "is", "booked"]
+
+
+def _confirm_registry(tools: SimTools):
+    from brisvox.agent.tool_engine.registry import ToolKind, ToolRegistry, ToolSpec
+    from brisvox.sim.sim_tools import BOOK
+
+    def reg() -> ToolRegistry:
+        r = ToolRegistry()
+        r.register(ToolSpec("book_table", "Book a table.", BOOK, ToolKind.SIDE_EFFECT, timeout=5.0, confirm=True),
+                   tools.book_table)
+        return r
+
+    return reg
+
+
+def test_a_confirmation_needs_the_callers_next_turn():
+    tools = SimTools(book_seconds=0.2)
+    book = S2sCall("book_table", {"name": "Ada", "people": 2})
+    confirm = S2sCall("confirm_pending", {"call_id": "t1.0"})
+    res, p = run([Utter("book a table for two", at=0.5), Utter("yes please", after_bot_done=0.5)],
+                 [S2sReply("", calls=(book,)),
+                  S2sReply("", calls=(confirm,)),  # the model confirms on its own, in the same turn: refused
+                  S2sReply("shall i book it"),
+                  S2sReply("", calls=(confirm,)),  # after the caller's yes: runs
+                  S2sReply("booked")], registry=_confirm_registry(tools))
+    outs = [orjson_loads(b[0].output) for b in p.probe.tool_results]
+    assert outs[0]["status"] == "confirmation_required" and outs[0]["call_id"] == "t1.0"
+    assert outs[1]["error"] == "confirmation_refused" and "not replied" in outs[1]["detail"]
+    assert outs[2].get("booked") is True
+    assert tools.bodies["book_table"] == 1
+    assert _heard(res)[-1] == "booked"
+
+
+def test_the_caller_hanging_up_mid_answer_ends_the_session_and_leaks_nothing():
+    from brisvox.sim.world import HangUp
+
+    tools, reg = _tools(book_seconds=5.0)
+    res, p = run([Utter("tell me a story", at=0.5), HangUp(at=2.0)], [S2sReply(LONG)], registry=reg)
+    assert res.record["end_reason"] == "caller_hangup"
+    (session,) = p.sessions
+    assert session._closed  # the provider's session was closed with the call
+    assert res.live_tasks_after == 0 and not res.stray_tasks
+    answers = [m.text for m in res.actor.context if isinstance(m, AssistantMessage)]
+    assert len(answers) == 1 and LONG.startswith(answers[0]) and len(answers[0]) < len(LONG)

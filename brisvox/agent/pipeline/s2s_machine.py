@@ -204,6 +204,11 @@ class UserStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """``provider`` mode: the provider heard the caller's turn end (the confirmation gate's user turn)."""
+
+
+@dataclass(frozen=True, slots=True)
 class AskVerdict:
     pos: int
 
@@ -219,7 +224,7 @@ class Count:
 
 
 Action = (Pause | Resume | BargeIn | NewEpoch | Play | Said | RunTools | RoundEnded | EndBotTurn | SpeechBegan
-          | UserStarted
+          | UserStarted | TurnEnded
           | AskVerdict | CommitTurn | Count)
 
 
@@ -299,7 +304,7 @@ class S2sMachine:
             case s2.S2sSpeechStarted() | s2.S2sInterrupted():
                 return self._provider_speech(i)
             case s2.S2sSpeechStopped():
-                return []
+                return [TurnEnded()] if self.cfg.turn_detection == "provider" else []
             case s2.S2sResponseStarted():
                 return self._response_started(i.response_id)
             case s2.S2sAudio():

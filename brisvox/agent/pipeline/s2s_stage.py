@@ -168,6 +168,7 @@ class S2sStage(Stage):
         self._last_commit: float | None = None
         self._last_stop: tuple[float, float] | None = None  # (backdated speech end, arrival) of the newest VAD stop
         self._first_audio_due: set[int] = set()  # epochs whose first model audio is not stamped yet
+        self._turn_noted = False  # a user turn was reported to the confirmation gate since the last bot turn
         self._stop_due: int | None = None  # an epoch the provider opened before brisvox's VAD stop came
         self._response_at = 0.0  # when the newest bot turn's response started
         self.fallback_epoch = -1
@@ -274,10 +275,12 @@ class S2sStage(Stage):
                                      f"{self.name}:user_started", stage=self.name)
             case M.AskVerdict():
                 self.tasks.spawn(self._verdict(a.pos), f"{self.name}:verdict", stage=self.name)
+            case M.TurnEnded():
+                self._note_turn()
             case M.CommitTurn():
                 self.st.turns_committed += 1
                 self._last_commit = a.at
-                self.tools.note_user_turn()
+                self._note_turn()
                 if self.session is not None:
                     self.tasks.spawn(self._quiet(self.session.user_ended(self.cfg.send_timeout)),
                                      f"{self.name}:commit", stage=self.name)
@@ -302,6 +305,9 @@ class S2sStage(Stage):
         self.book.register_round(a.epoch, a.round)
         self._round(a.epoch, a.round, "")
         if a.round == 0:
+            if not self._turn_noted:
+                self.tools.note_user_turn()  # a provider without turn events (Gemini): its answer says the turn ended
+            self._turn_noted = False
             self.tasks.spawn(self.tools.deliver_notes(), f"{self.name}:notes", stage=self.name)
             # the turn's marks: the caller's speech end and the VAD stop (brisvox's), the turn end
             # (brisvox's commit, or the provider's own decision: its response starting), the
@@ -322,6 +328,11 @@ class S2sStage(Stage):
                 r = self._rounds.pop(k)
                 if r.item:
                     self._items.pop(r.item, None)
+
+    def _note_turn(self) -> None:
+        if not self._turn_noted:
+            self._turn_noted = True
+            self.tools.note_user_turn()
 
     def _stop_mark(self, speech_end: float, arrived: float | None = None) -> None:
         """brisvox's VAD stop: the speech end and stop marks of the bot turn it led to (the
@@ -399,6 +410,7 @@ class S2sStage(Stage):
                 if br is not None and not br.applied and br.interrupted_at is None:
                     br.interrupted_at = at
         self.tools.cut(a.new_epoch)
+        self.tools.clear_confirmations()  # a barge-in drops every pending confirmation (as the runner's)
         s = self.session
         if a.cancel and s is not None:
             self.st.cancels += 1

@@ -95,6 +95,10 @@ class S2sTools:
         if self.engine is not None:
             self.engine.note_user_turn()
 
+    def clear_confirmations(self) -> None:
+        if self.engine is not None:
+            self.engine.clear_confirmations()
+
     # -- phases ---------------------------------------------------------------------------------
     def run(self, a: M.RunTools) -> None:
         if self.phase is not None and self.phase.task is not None and not self.phase.task.done():
