@@ -1,5 +1,9 @@
 """LlmRunner: the call's Context, one round task per user turn, the tool loop.
 
+The model round (stream, timeouts, retries) is :mod:`.llm_round`'s mixin, the tool
+phase (execute, filler, records) :mod:`.llm_tool_phase`'s; the rules below are the
+runner's as a whole.
+
 Owns (the tool loop and its UX: docs/TOOLS.md):
 
 * The Context (the probe surface of the sim). Only two writers exist and
@@ -49,26 +53,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Any
-
-import orjson
 
 from brisvox.agent.conversation.assemble import (
-    AssembleError,
     InvalidCall,
-    Response,
-    ResponseAssembler,
 )
 from brisvox.agent.conversation.context import (
     AssistantMessage,
     Context,
     SystemMessage,
-    ToolCall,
-    ToolMessage,
     UserMessage,
 )
-from brisvox.agent.conversation.request import build_request
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.frames import (
     BotEnded,
@@ -92,47 +86,23 @@ from brisvox.agent.pipeline.llm_policy import (
     LlmRunnerConfig,
     RunnerStats,
     ToolRecord,
-    retry_wait,
 )
+from brisvox.agent.pipeline.llm_round import _ModelRound, _Turn
+from brisvox.agent.pipeline.llm_tool_phase import _ToolPhase
 from brisvox.agent.pipeline.speculation_helper import Helper, Speculator
 from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.tool_engine import errors as te
-from brisvox.agent.tool_engine.delivery import Execution
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerPolicy
 from brisvox.agent.tool_engine.registry import CancelToken, ToolSpec
 from brisvox.providers.base import (
-    Done,
-    LlmError,
     LlmProvider,
-    ProviderData,
     ProviderError,
-    TextDelta,
-    ToolCallDelta,
-    Usage,
 )
 
 log = logging.getLogger("brisvox.agent.llm")
 
-@dataclass(slots=True)
-class _Turn:
-    """State shared between the runner and the round task of one turn."""
-
-    epoch: int
-    token: CancelToken
-    ordinal: int = 0  # LlmResponseStarted frames sent in this epoch
-    cur_round: int = -1
-    raw: str = ""  # text of the current model round so far (raw deltas)
-    streaming: bool = False  # a model round is streaming and its message is not pushed
-    spoke: bool = False
-    unflushed: bool = False
-    filler: tuple[int, str] | None = None  # a spoken filler not yet in the context
-    started_at: float = 0.0
-    claimed: Helper | None = None  # a committed speculation: round 0's stream
-    tools_from: Helper | None = None  # ... and the tool phase of that round
-
-
-class LlmRunner(Stage):
+class LlmRunner(_ToolPhase, _ModelRound, Stage):
     DROP_STALE = True
 
     def __init__(
@@ -314,14 +284,6 @@ class LlmRunner(Stage):
         self.book.set_msg_index(turn.epoch, rnd, idx)
         return idx
 
-    def _enter_filler(self, turn: _Turn) -> None:
-        """A spoken filler enters the context once no call is open."""
-        if turn.filler is None or self.ctx.has_open_tool_calls():
-            return
-        rnd, text = turn.filler
-        turn.filler = None
-        self._push_assistant(turn, rnd, AssistantMessage(text))
-
     # -- the round task -----------------------------------------------------------------
     async def _start_round(self, turn: _Turn) -> int:
         rnd = turn.ordinal
@@ -418,171 +380,6 @@ class LlmRunner(Stage):
                 self.st.fallbacks += 1
                 await self._speak_line(turn, self.cfg.fallback_line, into_context=True)
                 return
-
-    def _answer_unrun(self, calls: list[Any], kind: str) -> None:
-        for c in calls:
-            name = c.name if isinstance(c, ToolCall) else (c.name or "unknown_tool")
-            self.ctx.push(ToolMessage(c.id, te.error_body(kind, name, "no more tool calls run in this turn"), True))
-        self._check()
-
-    async def _execute(self, turn: _Turn, rnd: int, calls: list[Any]) -> Execution | None:
-        engine = self.engine
-        assert engine is not None
-        await self._flush(turn, rnd)
-        t0 = self.clock.now()
-        spec, turn.tools_from = turn.tools_from, None
-        exec_task = asyncio.ensure_future(spec.execute(engine, calls, turn.epoch, turn.token) if spec is not None
-                                          else engine.execute(calls, turn.epoch, turn.token))
-        try:
-            plan = self.filler.plan(engine.call_specs(calls))
-            if plan is not None:
-                done, _ = await asyncio.wait([exec_task], timeout=plan.delay)
-                if not done and not turn.token.cancelled:
-                    choice = self.filler.choose(plan.tool)
-                    if choice is not None:
-                        self.st.fillers += 1
-                        frnd = await self._speak_line(turn, choice.text, into_context=False)
-                        turn.filler = (frnd, choice.text)
-            execution = await exec_task
-        except asyncio.CancelledError:
-            if exec_task.done() and not exec_task.cancelled() and exec_task.exception() is None:
-                exec_task.result().discard()
-            else:
-                exec_task.cancel()
-            dur = (self.clock.now() - t0) * 1000.0
-            for c in calls:
-                self._record_tool(turn.epoch, c, None, dur)
-            raise
-        dur = (self.clock.now() - t0) * 1000.0
-        self.st.tool_calls += len(calls)
-        for c, res in zip(calls, execution.results, strict=False):
-            self._record_tool(turn.epoch, c, res, dur)
-        return execution
-
-    def _record_tool(self, epoch: int, call: Any, res: ToolMessage | None, dur_ms: float) -> None:
-        outcome = "ok"
-        if res is None:
-            outcome = "interrupted"
-        elif res.is_error:
-            try:
-                body = orjson.loads(res.content)
-                outcome = str(body.get("error", "error")) if isinstance(body, dict) else "error"
-            except orjson.JSONDecodeError:
-                outcome = "error"
-        name = call.name if isinstance(call, ToolCall) else (call.name or "unknown_tool")
-        if len(self.tool_records) < 4096:
-            self.tool_records.append(ToolRecord(epoch, call.id, name, outcome, round(dur_ms, 1)))
-
-    async def _model_round(self, turn: _Turn, rnd: int) -> Response | None:
-        """Stream one model response (with retries before anything was sent)."""
-        cfg = self.cfg
-        attempts = 0
-        claimed, turn.claimed = turn.claimed, None  # a committed speculation is the first attempt
-        while True:
-            turn.raw = ""
-            turn.streaming = True
-            self.st.requests += 1
-            assembler = ResponseAssembler()
-            failed: str | None = None
-            wait: float | None = 0.0  # before a retry (a Retry-After); None: not worth retrying
-            sent = False
-            first_event = True
-            first_text = True
-            stream = self._open(turn, claimed)
-            try:
-                it = stream.__aiter__()
-                while True:
-                    limit: float | None = cfg.timeouts.llm_first_token if first_event else cfg.timeouts.llm_idle
-                    if claimed is not None:
-                        limit = None  # the helper applies them (none while it runs ReadOnly tools)
-                    try:
-                        async with self.clock.timeout(limit):
-                            ev = await it.__anext__()
-                    except StopAsyncIteration:
-                        failed = "truncated"
-                        break
-                    except TimeoutError:
-                        if first_event:
-                            self.st.first_token_timeouts += 1
-                        else:
-                            self.st.idle_timeouts += 1
-                        failed = "timeout"
-                        break
-                    if first_event:
-                        first_event = False
-                        at = claimed.first_at if claimed is not None else None
-                        self.timeline.llm_first_token(turn.epoch, self.clock.now() if at is None else at)
-                    if isinstance(ev, TextDelta):
-                        text = ev.text
-                        if first_text:
-                            text = text.lstrip()
-                            if not text:
-                                continue
-                            first_text = False
-                        turn.raw += text  # recorded BEFORE it is sent
-                        assembler.push_text(text)
-                        sent = True
-                        await self._say(turn, rnd, text)
-                    elif isinstance(ev, ToolCallDelta):
-                        try:
-                            assembler.push_tool_call(ev.index, ev.id, ev.name, ev.arguments, ev.provider_data)
-                        except AssembleError:
-                            self.st.assemble_errors += 1
-                    elif isinstance(ev, ProviderData):
-                        try:
-                            assembler.push_provider_data(ev.value)
-                        except AssembleError:
-                            self.st.assemble_errors += 1
-                    elif isinstance(ev, Usage):
-                        self.st.input_tokens += ev.input_tokens
-                        self.st.output_tokens += ev.output_tokens
-                    elif isinstance(ev, Done):
-                        if ev.provider_data is not None:
-                            try:
-                                assembler.push_provider_data(ev.provider_data)
-                            except AssembleError:
-                                self.st.assemble_errors += 1
-                        break
-                    elif isinstance(ev, LlmError):
-                        failed, wait = ev.kind, retry_wait(ev.retryable, ev.retry_after, cfg)
-                        break
-            except ProviderError as e:
-                failed, wait = e.kind, retry_wait(e.retryable, e.retry_after, cfg)
-            except AssembleError:
-                self.st.assemble_errors += 1
-                failed = "assemble"
-            finally:
-                try:
-                    await stream.aclose()
-                except Exception:  # noqa: BLE001 - a broken adapter must not break the turn
-                    pass
-            if turn.token.cancelled:
-                return None
-            if failed is None:
-                turn.tools_from = claimed
-                return assembler.finish(turn.epoch, self.ctx)
-            self.st.errors += 1
-            if not sent and attempts < cfg.retries and wait is not None:
-                attempts += 1
-                claimed = None  # a retry is a fresh request
-                self.st.retries += 1
-                await self.clock.sleep(wait)
-                continue
-            assembler.cancel()
-            if turn.raw.strip():
-                self._push_assistant(turn, rnd, AssistantMessage(turn.raw))
-                self.st.partial_messages += 1
-            turn.streaming = False
-            return None
-
-    def _open(self, turn: _Turn, claimed: Helper | None) -> Any:
-        """The round's stream: a committed speculation's buffer, else a fresh request;
-        the timeline's request mark is when the request really left."""
-        if claimed is not None:
-            self.timeline.llm_request(turn.epoch, claimed.started_at)
-            return claimed.replay()
-        self.timeline.llm_request(turn.epoch, self.clock.now())
-        return self.provider.stream(build_request(self.ctx, self.tools, self.cfg.request))
 
     async def on_stop(self) -> None:
         if self.engine is not None:
