@@ -9,6 +9,10 @@ Figures, per call, on the real asyncio loop (one process, one thread):
   shapes (all-unique array with an invalid last element, a pattern array,
   duplicated objects under uniqueItems, deep nesting), validation report included;
 * a 200 KiB uniqueItems array (refused by the size check before the schema).
+* the request build of a 60-minute tool-heavy call (120 turns, each with a 12 KB
+  tool result, the latest with 12 results of 60 KB, so over the default 16,000-token
+  window and clipped; target: <= 1 ms) and of the same call between turns (no
+  clipping), and the clip of one 60 KB result to the floor (target: <= 50 us).
 
 Each figure is the median of ``rounds`` rounds of ``n`` calls.
 """
@@ -22,7 +26,16 @@ from typing import Any
 
 import orjson
 
-from brisvox.agent.conversation.context import ToolCall
+from brisvox.agent.conversation.context import (
+    AssistantMessage,
+    Context,
+    Message,
+    SystemMessage,
+    ToolCall,
+    ToolMessage,
+    UserMessage,
+)
+from brisvox.agent.conversation.request import RequestConfig, build_request, clip_tool_message
 from brisvox.agent.tool_engine.config import EngineConfig
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import ToolKind, ToolRegistry, ToolSpec
@@ -121,8 +134,53 @@ async def _main(quick: bool) -> list[tuple[str, float, str, str]]:
     return rows
 
 
+def long_call(turns: int = 120, latest_results: int = 12) -> Context:
+    """A 60-minute tool-heavy call: ``turns`` turns of a 12 KB result each, then a turn
+    with ``latest_results`` results of 60 KB (0: the call between two turns)."""
+    msgs: list[Message] = [SystemMessage("You are a booking assistant. Answer briefly. " * 20)]
+    for t in range(turns):
+        msgs.append(UserMessage(f"turn {t}: could you look up my booking and the menu, please?"))
+        msgs.append(AssistantMessage("", (ToolCall(f"t{t}.0", "lookup", {"q": t}),)))
+        msgs.append(ToolMessage(f"t{t}.0", orjson.dumps({"q": t, "rows": "r" * 12_000}).decode()))
+        msgs.append(AssistantMessage("Here is what I found: your table is booked for seven."))
+    if latest_results:
+        msgs.append(UserMessage("Read me the full report."))
+        calls = tuple(ToolCall(f"t{turns}.{i}", "report", {"part": i}) for i in range(latest_results))
+        msgs.append(AssistantMessage("", calls))
+        msgs.extend(ToolMessage(c.id, orjson.dumps({"part": i, "text": "x" * 60_000}).decode())
+                    for i, c in enumerate(calls))
+    return Context(msgs)
+
+
+def _per_call(fn, n: int, rounds: int) -> float:
+    per: list[float] = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        per.append((time.perf_counter() - t0) / n * 1e6)
+    return statistics.median(per)
+
+
+def window_rows(quick: bool) -> list[tuple[str, float, str, str]]:
+    n, rounds = (50, 3) if quick else (300, 7)
+    cfg = RequestConfig()  # the default window: 16,000 tokens, 40 turns, floor 250
+    heavy = long_call()
+    between = long_call(latest_results=0)
+    result = heavy[len(heavy) - 1]
+    assert isinstance(result, ToolMessage)
+    return [
+        (f"request build, 60-minute tool-heavy call ({len(heavy)} messages, latest turn 12 x 60 KB, clipped)",
+         _per_call(lambda: build_request(heavy, [], cfg), n, rounds), "us/build", "<= 1000"),
+        (f"request build, the same call between turns ({len(between)} messages, no clipping)",
+         _per_call(lambda: build_request(between, [], cfg), n, rounds), "us/build", "<= 1000"),
+        ("clip of one 60 KB tool result to the floor (250 tokens)",
+         _per_call(lambda: clip_tool_message(result, 250), n * 10, rounds), "us/clip", "<= 50"),
+    ]
+
+
 def run(quick: bool = False) -> list[tuple[str, float, str, str]]:
-    return asyncio.run(_main(quick))
+    return asyncio.run(_main(quick)) + window_rows(quick)
 
 
 if __name__ == "__main__":

@@ -73,8 +73,9 @@ def load_call(ulaw: Path, hold_ms: int) -> str:
 
 
 def features_call(dtmf_pcap: str) -> str:
-    """Hold/unhold re-INVITEs, in-band RFC 4733 DTMF, INFO DTMF, then the gateway's REFER
-    (answered 202 + NOTIFY 200) and the gateway's BYE."""
+    """Hold/unhold re-INVITEs, in-band RFC 4733 DTMF, INFO DTMF (``application/dtmf-relay``
+    "9", ``application/dtmf`` "7", and a malformed ``application/dtmf`` body answered 400),
+    then the gateway's REFER (answered 202 + NOTIFY 200) and the gateway's BYE."""
     reinvite_hold = send(_req("INVITE", 2, True, _sdp("[media_port]", "sendonly")))
     reinvite_unhold = send(_req("INVITE", 3, True, _sdp("[media_port]", "sendrecv")))
     ack2 = send(_req("ACK", 2, True), retrans=False)
@@ -83,8 +84,13 @@ def features_call(dtmf_pcap: str) -> str:
             + _HDRS.format(peer="[peer_tag_param]", cseq=4, method="INFO")
             + "\n      Content-Type: application/dtmf-relay\n      Content-Length: [len]\n\n"
             + "      Signal=9\n      Duration=160")
+
+    def info_dtmf(cseq: int, body: str) -> str:
+        return ("      INFO sip:[service]@[remote_ip]:[remote_port] SIP/2.0\n"
+                + _HDRS.format(peer="[peer_tag_param]", cseq=cseq, method="INFO")
+                + "\n      Content-Type: application/dtmf\n      Content-Length: [len]\n\n      " + body)
     notify = ("      NOTIFY sip:brisvox@[remote_ip]:[remote_port] SIP/2.0\n"
-              + _HDRS.format(peer="[peer_tag_param]", cseq=5, method="NOTIFY")
+              + _HDRS.format(peer="[peer_tag_param]", cseq=7, method="NOTIFY")
               + "\n      Event: refer\n      Subscription-State: terminated;reason=noresource\n"
               "      Content-Type: message/sipfrag;version=2.0\n"
               "      Content-Length: [len]\n\n      SIP/2.0 200 OK")
@@ -101,6 +107,8 @@ def features_call(dtmf_pcap: str) -> str:
             + f'  <nop><action><exec play_pcap_audio="{dtmf_pcap}"/></action></nop>\n'
             + '  <pause milliseconds="600"/>\n'
             + send(info) + '  <recv response="200"/>\n'
+            + send(info_dtmf(5, "7")) + '  <recv response="200"/>\n'
+            + send(info_dtmf(6, "77")) + '  <recv response="400"/>\n'
             + '  <recv request="REFER"><action><ereg regexp="sip:queue@" search_in="hdr" '
               'header="Refer-To:" check_it="true" assign_to="r1"/></action></recv>\n'
             + send("      SIP/2.0 202 Accepted\n      [last_Via:]\n      [last_From:]\n      [last_To:]\n"

@@ -19,7 +19,7 @@ offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
   would provide it; ``confirm_tools`` must be a subset of ``tools`` and name
   SideEffect tools; a scripted LLM's rules must compile; ``[speculation]`` needs an LLM
   (each leg) that streams (:data:`~brisvox.providers.registry.STREAMING_LLM`), the error
-  naming the leg's ``provider`` key.
+  naming the leg's ``provider`` key; ``[dtmf]`` must build (its ``text`` shows the entry).
 
 The parsed :class:`AgentDef` is frozen; the registry
 (:mod:`brisvox.providers.registry`, which owns the provider legs,
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
+from brisvox.agent.flows.definition import FlowDef, check_flow, parse_flow
 from brisvox.config.errors import ConfigError
 from brisvox.providers.registry import (
     KEY_OPTIONAL,
@@ -108,8 +109,11 @@ class AgentDef:
     interruption: Mapping[str, Any] = field(default_factory=dict)
     turn: Mapping[str, Any] = field(default_factory=dict)
     speculation: Mapping[str, Any] = field(default_factory=dict)
+    window: Mapping[str, Any] = field(default_factory=dict)  # [window]: the request window and its summary
+    dtmf: Mapping[str, Any] = field(default_factory=dict)  # [dtmf]: keypad entries (pipeline/dtmf.py)
     s2s: ProviderDef | None = None  # a speech-to-speech provider replaces stt and llm (docs/S2S.md)
     s2s_settings: Mapping[str, Any] = field(default_factory=dict)  # turn_detection, g711_passthrough, ...
+    flow: FlowDef | None = None  # the conversation's flow (brisvox/agent/flows/), None: free conversation
 
     def legs(self) -> list[tuple[str, ProviderDef]]:
         """(stage, leg) of every stage the agent has."""
@@ -203,8 +207,9 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         confirm_tools=tuple(data.get("confirm_tools", ())), tool_modules=tuple(data.get("tool_modules", ())),
         transfer_targets=tuple(data.get("transfer_targets", ())), filler=dict(data.get("filler", {})),
         interruption=dict(data.get("interruption", {})), turn=dict(data.get("turn", {})),
-        speculation=dict(data.get("speculation", {})),
+        speculation=dict(data.get("speculation", {})), window=dict(data.get("window", {})), dtmf=dict(data.get("dtmf", {})),
         s2s=_leg(data["s2s"]) if "s2s" in data else None,
+        flow=parse_flow(data["flow"]) if "flow" in data else None,
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
     )
 
@@ -307,8 +312,29 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                         line_of(lines, [*where, "options", opt_name]),
                                         f"unknown option for {leg.provider}"))
     problems.extend(_check_tools(agent, lines, load_modules))
+    if agent.flow is not None:
+        problems.extend(Problem("error", p.key, line_of(lines, p.key.split(".")), p.message)
+                        for p in check_flow(agent.flow, agent.tools))
     problems.extend(_check_speculation(agent, lines))
+    problems.extend(_check_dtmf(agent, lines))
     return agent, problems
+
+
+def _check_dtmf(agent: AgentDef, lines: Mapping[str, int]) -> list[Problem]:
+    """``[dtmf]`` builds (its ``text`` formats); an S2S agent gets no keypad entries yet."""
+    from brisvox.agent.pipeline.dtmf import KeypadConfig
+
+    if not agent.dtmf:
+        return []
+    try:
+        KeypadConfig.from_table(dict(agent.dtmf))
+    except ValueError as e:
+        key, _, msg = str(e).partition(": ")
+        return [Problem("error", f"dtmf.{key}", line_of(lines, ["dtmf", key]), msg)]
+    if agent.s2s is not None:
+        return [Problem("warning", "dtmf", line_of(lines, ["dtmf"]),
+                        "a speech-to-speech call counts key presses but does not deliver them yet")]
+    return []
 
 
 def _check_speculation(agent: AgentDef, lines: Mapping[str, int]) -> list[Problem]:
@@ -440,11 +466,12 @@ def is_agent_file(path: str | os.PathLike[str]) -> bool:
 def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfig:
     """The call actor's :class:`~brisvox.agent.host.actor.ActorConfig` with this agent's settings:
     system prompt, filler, interruption and turn policy, speculation (the runner's and the
-    turn driver's, one config), STT language/model, TTS voice/model.
+    turn driver's, one config), keypad entries (``[dtmf]``), STT language/model, TTS voice/model.
     Unset keys keep ``base``'s values (default: ``ActorConfig()``)."""
     from dataclasses import fields, replace
 
     from brisvox.agent.host.actor import ActorConfig
+    from brisvox.agent.pipeline.dtmf import KeypadConfig
     from brisvox.agent.pipeline.speculation import SpeculationConfig
     from brisvox.agent.pipeline.turn_machine import InterruptionConfig, TurnConfig
     from brisvox.agent.tool_engine.filler import FillerConfig
@@ -461,6 +488,7 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
     spec = SpeculationConfig.from_table(agent.speculation) if agent.speculation else cfg.llm.speculation
     llm = replace(cfg.llm, system_prompt=agent.system_prompt, filler=filler, filler_phrases=phrases,
                   speculation=spec)
+    llm = _window_config(agent, llm)
     inter = dict(agent.interruption)
     if "backchannels" in inter:
         inter["backchannels"] = frozenset(str(b).lower() for b in inter["backchannels"])
@@ -468,10 +496,31 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
     turn = replace(cfg.turn.turn, interruption=interruption, **pick(TurnConfig, agent.turn, ("interruption",)))
     stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.language,
                                        model=agent.stt.model if agent.stt is not None else ""))
-    tts = replace(cfg.tts, tts=replace(cfg.tts.tts, language=agent.language, model=agent.tts.model,
-                                       voice=agent.tts.voice or agent.voice))
-    out = replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn, speculation=spec), stt=stt, tts=tts)
+    tts = replace(cfg.tts, clip_scope=agent.name,  # the agent's filler clips are shared by its calls
+                  tts=replace(cfg.tts.tts, language=agent.language, model=agent.tts.model,
+                              voice=agent.tts.voice or agent.voice))
+    keypad = KeypadConfig.from_table(dict(agent.dtmf)) if agent.dtmf else cfg.turn.keypad
+    out = replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn, speculation=spec, keypad=keypad), stt=stt, tts=tts)
     return out if agent.s2s is None else replace(out, s2s=_s2s_config(agent, out, turn))
+
+
+def _window_config(agent: AgentDef, llm: Any) -> Any:
+    """``[window]`` onto the runner's config: the request window and its summarizer."""
+    from dataclasses import replace
+
+    win = agent.window
+    if not win:
+        return llm
+    keys = ("max_tokens", "max_turns", "tool_result_floor_tokens")
+    window = replace(llm.request.window, **{k: win[k] for k in keys if k in win})
+    summary = llm.summary
+    if "summary" in win:
+        summary = replace(summary, provider="agent" if win["summary"] == "agent" else "")
+    if "summary_timeout" in win:
+        summary = replace(summary, timeout=float(win["summary_timeout"]))
+    if "summary_max_tokens" in win:
+        summary = replace(summary, max_tokens=int(win["summary_max_tokens"]))
+    return replace(llm, request=replace(llm.request, window=window), summary=summary)
 
 
 def _s2s_config(agent: AgentDef, cfg: ActorConfig, turn: Any) -> Any:

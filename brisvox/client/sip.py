@@ -6,7 +6,9 @@ response; ACK for the 2xx (sent again for every retransmitted 2xx); the
 answer's codec and RTP address; RTP both ways (20 ms G.711 packets out,
 marker on the first packet of a talkspurt; packets in decoded as they
 arrive); RFC 4733 DTMF out (the caller's audio pauses while an event plays)
-and in (digits the agent pressed); BYE both ways. Everything SIP, SDP, RTP
+or, with ``dtmf_info``, each key as an INFO (``application/dtmf-relay`` or
+``application/dtmf``, one at a time, its final response awaited), and DTMF
+in (digits the agent pressed); BYE both ways. Everything SIP, SDP, RTP
 and DTMF is the code the gateway uses too (``brisvox.wire.sip_message``,
 ``sip_dialog``, ``sip_transaction``, ``sdp``, ``rtp``, ``dtmf``, ``g711``);
 this module only drives it from the client's side.
@@ -90,7 +92,10 @@ class SipTransport:
 
     def __init__(self, target: str, agent: str = "", *, local_host: str = "127.0.0.1", sip_port: int = 0,
                  rtp_port: int = 0, codecs: tuple[str, ...] = ("PCMU", "PCMA"), answer_timeout: float = 30.0,
-                 response_timeout: float = 5.0, timers: Timers | None = None) -> None:
+                 response_timeout: float = 5.0, timers: Timers | None = None, dtmf_info: str = "") -> None:
+        if dtmf_info not in ("", "dtmf-relay", "dtmf"):
+            raise ValueError(f"dtmf_info: '', 'dtmf-relay' or 'dtmf', not {dtmf_info!r}")
+        self.dtmf_info = dtmf_info  # "": RFC 4733 events; else each key as an INFO of that body
         self.request_uri, self.server = parse_target(target, agent)
         self.local_host = local_host
         self.sip_port = sip_port
@@ -114,13 +119,15 @@ class SipTransport:
         self.dtmf_rx = dtmf.EventReceiver()
         self.status = 0  # final status of the INVITE
         self.counters = {"rtp_in": 0, "rtp_out": 0, "rtp_malformed": 0, "sip_malformed": 0,
-                         "invite_sent": 0, "ack_sent": 0, "dtmf_packets": 0, "sip_socket_errors": 0}
+                         "invite_sent": 0, "ack_sent": 0, "dtmf_packets": 0, "sip_socket_errors": 0,
+                         "info_sent": 0, "info_ok": 0}
         self._events = BotEvents()
         self._invite: SipMessage | None = None
         self._final: asyncio.Future[SipMessage] | None = None
         self._ack: bytes = b""
         self._bye_tx: ClientNonInvite | None = None
         self._bye_done: asyncio.Event | None = None
+        self._info_tx: tuple[ClientNonInvite, asyncio.Event] | None = None  # the INFO key awaiting its answer
         self._ended = False
         self._timer: asyncio.Task[None] | None = None
         self._got_provisional = False
@@ -279,6 +286,11 @@ class SipTransport:
                 self.counters["ack_sent"] += 1
         elif method == "BYE" and self._bye_tx is not None:
             self._perform(self._bye_tx.on_response(msg, time.monotonic()))
+        elif method == "INFO" and self._info_tx is not None:
+            tx, done = self._info_tx
+            if msg.status >= 200 and not done.is_set():
+                self.counters["info_ok"] += int(msg.status < 300)
+            self._perform(tx.on_response(msg, time.monotonic()), done)
 
     def _on_request(self, req: SipMessage, addr: Addr) -> None:
         via = req.top_via
@@ -336,24 +348,51 @@ class SipTransport:
         self.counters["rtp_out"] += 1
 
     async def send_dtmf(self, digits: str) -> None:
+        if self.dtmf_info:
+            for d in digits:
+                await self._info(d)
+            return
         if self.neg is None or self.neg.dtmf_pt < 0:
             raise TransportError("the server did not accept telephone-event (RFC 4733) in its answer")
         self.dtmf_tx.add(digits)
 
+    async def _info(self, digit: str) -> None:
+        """One key as an INFO request; returns at its final response (or the transaction's
+        timeout, 64*T1), so the next key's CSeq never overtakes it."""
+        if self.dialog is None or self._ended:
+            return
+        kind = self.dtmf_info
+        body = f"Signal={digit}\r\nDuration=160\r\n" if kind == "dtmf-relay" else digit
+        req = self.dialog.request("INFO", self._via, body=body.encode(), content_type=f"application/{kind}")
+        tx = ClientNonInvite(("INFO", req.top_via.branch), self.dialog.next_hop(), self.timers, req)
+        done = asyncio.Event()
+        self._info_tx = (tx, done)
+        self.counters["info_sent"] += 1
+        self._perform(tx.start(time.monotonic()), done)
+        try:
+            await done.wait()
+        finally:
+            self._info_tx = None
+
     # -- teardown -------------------------------------------------------------------------
-    def _perform(self, actions: list[Any]) -> None:
+    def _perform(self, actions: list[Any], done: asyncio.Event | None = None) -> None:
+        """Run a client transaction's actions; ``done`` (default: the BYE's) is set at its end."""
+        done = done if done is not None else self._bye_done
         for a in actions:
             if isinstance(a, Send):
                 self._send(a.data, a.addr)
-            elif isinstance(a, (Deliver, TimedOut)) and self._bye_done is not None:
+            elif isinstance(a, (Deliver, TimedOut)) and done is not None:
                 if isinstance(a, TimedOut) or a.msg.status >= 200:
-                    self._bye_done.set()
+                    done.set()
 
     async def _timers(self) -> None:
         while True:
             tx = self._bye_tx
             if tx is not None and tx.deadline is not None and time.monotonic() >= tx.deadline:
                 self._perform(tx.on_timer(time.monotonic()))
+            info = self._info_tx
+            if info is not None and info[0].deadline is not None and time.monotonic() >= info[0].deadline:
+                self._perform(info[0].on_timer(time.monotonic()), info[1])
             await asyncio.sleep(0.05)
 
     async def close(self) -> None:

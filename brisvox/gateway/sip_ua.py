@@ -2,7 +2,7 @@
 
 Owns :class:`SipUserAgent`, the SIP listener of the transport registry
 (section ``[sip]``): every datagram's parse and the request dispatch by
-method, OPTIONS, the in-dialog requests INFO (dtmf-relay) and NOTIFY (for
+method, OPTIONS, the in-dialog requests INFO (dtmf-relay, dtmf) and NOTIFY (for
 our REFER), and REFER (the agent's Transfer). Its parts, each with its
 invariants: :mod:`brisvox.gateway.sip_transactions` (socket, transactions,
 timers), :mod:`brisvox.gateway.sip_dialogs` (INVITE, ACK, re-INVITE,
@@ -14,7 +14,7 @@ we offer in the 200 and take the answer from the ACK) -> 100, optional 180,
 200 with the answer; 488 when no PCMU/PCMA; 503 when full or draining; 420 for
 a required extension; re-INVITE (hold/unhold, new address) answered with the
 mirrored direction; BYE both ways; CANCEL -> 200 + 487; OPTIONS -> 200 (503
-while draining); INFO dtmf-relay; NOTIFY for our REFER; other known methods
+while draining); INFO dtmf-relay and dtmf (a key press); NOTIFY for our REFER; other known methods
 405, unknown ones 501; malformed requests 400 when they can be answered, else
 dropped. All of it counted.
 
@@ -175,13 +175,17 @@ class SipUserAgent(SipDialogs):
     # -- in-dialog requests ------------------------------------------------------------------------
 
     def _on_info(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
+        """A key press as INFO: ``application/dtmf-relay`` (``Signal=5``) or ``application/dtmf``
+        (the key alone); a bad body is 400; any other INFO (no key in it) is answered 200."""
         ctype = req.get("content-type").split(";")[0].strip().lower()
-        if ctype == "application/dtmf-relay":
+        if ctype in ("application/dtmf-relay", "application/dtmf"):
+            kind = ctype.split("/")[1]
             try:
-                digit, dur = dtmf.parse_dtmf_relay(req.body)
+                digit, dur = dtmf.parse_dtmf_relay(req.body) if kind == "dtmf-relay" else (
+                    dtmf.parse_dtmf_body(req.body), 0)
             except dtmf.DtmfError:
-                self.refuse("malformed", "bad dtmf-relay body from %s", leg.dialog.source[0])
-                self._respond(tx, req, 400, "Bad dtmf-relay body")
+                self.refuse("malformed", "bad %s body from %s", kind, leg.dialog.source[0])
+                self._respond(tx, req, 400, f"Bad {kind} body")
                 return
             self.call_host.dtmf_in(leg.call, digit, dur)
         self._respond(tx, req, 200)

@@ -12,6 +12,10 @@ Owns the Anthropic message shape (one internal representation, translated per ve
 * **the results of one round are ``tool_result`` blocks of ONE user message**,
   in the context's (issue) order, ``is_error`` set on errors; a user text
   that follows them joins the same message, so roles strictly alternate.
+* Consecutive assistant messages (a filler, then the answer after the tool
+  results) are ONE assistant message: the later one's thinking blocks go
+  after the earlier ones' (an assistant message starts with its thinking),
+  its text and tool_use blocks at the end.
 * Tool-use ids must match ``[A-Za-z0-9_-]+``: a call without a provider id
   gets brisvox's id with every other character replaced by ``_``.
 * A conversation that starts with the bot (an agent greeting) gets a short
@@ -33,6 +37,7 @@ import orjson
 from brisvox.providers.base import LlmMessage, LlmRequest, LlmTool
 
 _BAD_ID = re.compile(r"[^A-Za-z0-9_-]")
+_THINKING = ("thinking", "redacted_thinking")
 
 
 def wire_id(call_id: str, provider_id: str) -> str:
@@ -89,11 +94,19 @@ def convert(msgs: Sequence[LlmMessage]) -> tuple[str, list[dict[str, Any]]]:
                 block["is_error"] = True
             user_blocks().append(block)
         elif m.role == "assistant":
-            content: list[dict[str, Any]] = list(_thinking(m.provider_data))
+            thinking = _thinking(m.provider_data)
+            content: list[dict[str, Any]] = []
             if m.text:
                 content.append({"type": "text", "text": m.text})
             for c in m.tool_calls:
                 content.append({"type": "tool_use", "id": ids[c.id], "name": c.name, "input": _json_obj(c.arguments)})
+            if out and out[-1]["role"] == "assistant":  # one turn: roles alternate
+                prev: list[dict[str, Any]] = out[-1]["content"]
+                n = sum(1 for b in prev if b.get("type") in _THINKING)
+                prev[n:n] = thinking
+                prev.extend(content)
+                continue
+            content[:0] = thinking
             if not content:
                 content.append({"type": "text", "text": " "})
             out.append({"role": "assistant", "content": content})

@@ -10,6 +10,9 @@ Gemini's ``parameters`` only takes an OpenAPI subset of JSON Schema):
   per call (``name``, ``args`` object, ``id`` when Gemini gave one) with
   **its thought signature echoed** from the call's provider data
   ``{"thoughtSignature": ...}``.
+* Consecutive assistant messages (a filler, then the answer after the tool
+  results) are ONE ``model`` content (their parts in order): a function call
+  turn must follow a user or function response turn.
 * **the results of one round are ``functionResponse`` parts of ONE user
   content** in issue order: ``{"name", "response": {...}, "id"?}`` where the
   response is the result object (a non-object result is wrapped as
@@ -105,6 +108,9 @@ def convert(msgs: Sequence[LlmMessage]) -> tuple[str, list[dict[str, Any]]]:
                 if isinstance(sig, str) and sig:
                     part["thoughtSignature"] = sig
                 parts.append(part)
+            if out and out[-1]["role"] == "model":  # one turn: roles alternate
+                out[-1]["parts"].extend(parts)
+                continue
             if not parts:
                 parts.append({"text": " "})
             out.append({"role": "model", "parts": parts})

@@ -8,6 +8,9 @@ Owns the OpenAI message shape (one internal representation, translated per vendo
   ``tool_calls`` ``[{"id", "type": "function", "function": {"name",
   "arguments"}}]``; the wire id is the provider's id when the call has one,
   else brisvox's stable id.
+* Consecutive assistant messages (a filler, then the answer after the tool
+  results) are ONE assistant message, the texts joined by a space (servers
+  whose chat template wants alternating roles refuse two in a row).
 * **one ``tool`` message per result**, ``tool_call_id`` = the wire id of the
   call it answers, in the order of the context (the LLM's issue order).
 * tools -> ``[{"type": "function", "function": {"name", "description",
@@ -19,6 +22,7 @@ Pure; no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from brisvox.providers.base import LlmMessage, LlmRequest, LlmTool
@@ -40,6 +44,10 @@ def messages(msgs: Sequence[LlmMessage]) -> list[dict[str, Any]]:
         if m.role in ("system", "user"):
             out.append({"role": m.role, "content": m.text})
         elif m.role == "assistant":
+            prev = out[-1] if out else None
+            if prev is not None and prev["role"] == "assistant" and "tool_calls" not in prev:
+                out.pop()  # one turn: the earlier text goes first
+                m = replace(m, text=" ".join(t for t in (prev["content"] or "", m.text) if t))
             row: dict[str, Any] = {"role": "assistant", "content": m.text or None}
             if m.tool_calls:
                 row["tool_calls"] = [

@@ -24,6 +24,8 @@ import orjson
 
 from brisvox.agent.conversation.context import AssistantMessage
 from brisvox.agent.conversation.playout import PlayoutConfig
+from brisvox.agent.flows.definition import FlowDef
+from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host.actor import ActorConfig, CallActor
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.pipeline.chain import CHAIN, S2S_CHAIN, StageSpec
@@ -57,6 +59,7 @@ class SimCall:
     greeting: str = ""  # the agent's greeting: the bot speaks first
     chain: Sequence[StageSpec] = CHAIN  # the pipeline assembled (brisvox/agent/pipeline/chain.py)
     s2s: Callable[[Vocab], S2sProvider] | None = None  # a speech-to-speech call (S2S_CHAIN) with this provider
+    flow: FlowDef | None = None  # the LLM runner drives this flow (its functions join the registry)
 
 
 @dataclass(slots=True)
@@ -114,6 +117,14 @@ async def simulate(call: SimCall) -> SimResult:
     cfg = call.actor or default_actor_config()
     cls = CallActor
     extra: dict[str, Any] = {}
+    registry = call.registry() if call.registry else None
+    if call.flow is not None:
+        registry = registry if registry is not None else ToolRegistry()
+        manager = FlowManager(call.flow)
+        for spec, body in manager.function_tools():
+            registry.register(spec, body)
+        manager.bind(registry.specs())
+        extra["flow"] = manager
     if call.s2s is not None:
         cls = S2sCallActor
         extra = {"s2s": call.s2s(vocab), "chain": S2S_CHAIN if call.chain is CHAIN else call.chain}
@@ -129,7 +140,7 @@ async def simulate(call: SimCall) -> SimResult:
         call_rate=call.world.call_rate,
         tts_rate=call.world.tts_rate,
         clock=_LOOP_CLOCK,
-        registry=call.registry() if call.registry else None,
+        registry=registry,
         transport="sim",
         transport_ids={"sim": call.call_id},
         greeting=call.greeting,

@@ -14,11 +14,11 @@ Invariants:
   first with the marker bit, the duration growing by 160 samples per packet,
   then three identical end packets (E bit); every packet of an event shares
   its start timestamp. A 40 ms gap separates digits.
-* The parsers (:func:`decode_event`, :func:`parse_dtmf_relay`) raise only
-  :class:`DtmfError` (a ``ValueError``), whatever the bytes; the fields they
-  return are in range (event 0..255, volume 0..63, duration 0..65535
-  samples; a dtmf-relay digit of ``DIGITS`` and a duration 0..MAX_RELAY_MS,
-  ASCII digits only).
+* The parsers (:func:`decode_event`, :func:`parse_dtmf_relay`,
+  :func:`parse_dtmf_body`) raise only :class:`DtmfError` (a ``ValueError``),
+  whatever the bytes; the fields they return are in range (event 0..255,
+  volume 0..63, duration 0..65535 samples; an INFO digit of ``DIGITS`` and a
+  duration 0..MAX_RELAY_MS, ASCII digits only).
 """
 
 from __future__ import annotations
@@ -81,6 +81,18 @@ def parse_dtmf_relay(body: bytes) -> tuple[str, int]:
     if len(digit) != 1 or digit not in DIGITS:
         raise DtmfError(f"bad Signal {digit[:20]!r}")
     return digit, dur
+
+
+def parse_dtmf_body(body: bytes) -> str:
+    """An ``application/dtmf`` INFO body: the key alone (``5``, ``#``; an event code as
+    RFC 4733 numbers them is taken too: 10 is ``*``, 11 ``#``, 12-15 ``A``-``D``) -> the
+    digit. Raises :class:`DtmfError`."""
+    v = body.decode("utf-8", "replace").strip().upper()
+    if len(v) == 2 and _DIGITS_RE.match(v) is not None and 10 <= int(v) <= 15:
+        return DIGITS[int(v)]
+    if len(v) != 1 or v not in DIGITS:
+        raise DtmfError(f"bad application/dtmf body {v[:20]!r}")
+    return v
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,9 +1,10 @@
-"""Property: the SIP message parser (and the dtmf-relay body parser) returns a message or
+"""Property: the SIP message parser (and the dtmf-relay and dtmf INFO body parsers) returns a message or
 raises ITS typed error for any bytes -- arbitrary ones and mutations of valid messages --
 and a message it returns can be used: CSeq, Via, tags, a response to it, its serialization."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -72,6 +73,24 @@ def test_dtmf_relay_bodies(data: bytes) -> None:
     except dtmf.DtmfError:
         return
     assert digit in dtmf.DIGITS and len(digit) == 1 and 0 <= dur <= dtmf.MAX_RELAY_MS
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.binary(max_size=12), st.sampled_from([b"5", b"#\r\n", b" a ", b"11", b"16", b"55"])))
+def test_dtmf_info_bodies(data: bytes) -> None:
+    try:
+        digit = dtmf.parse_dtmf_body(data)
+    except dtmf.DtmfError:
+        return
+    assert digit in dtmf.DIGITS and len(digit) == 1
+
+
+def test_dtmf_info_body_examples() -> None:
+    assert [dtmf.parse_dtmf_body(b) for b in (b"5", b"#\r\n", b" a ", b"10", b"11", b"15")] == \
+        ["5", "#", "A", "*", "#", "D"]
+    for bad in (b"", b"55", b"16", b"x", b"Signal=5", b"\xff"):
+        with pytest.raises(dtmf.DtmfError):
+            dtmf.parse_dtmf_body(bad)
 
 
 @settings(max_examples=400, deadline=None)

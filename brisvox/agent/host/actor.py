@@ -28,6 +28,10 @@ Owns the life of one call's pipeline on the ring architecture:
   always before a VAD event, so a stop never overtakes speech left in the
   pump. VAD events (start, stop, falling) take the system lane with times
   backdated from their positions.
+  DTMF goes into the turn driver's inbox in order and is never dropped: while
+  its lane is full (or digits wait already) through a FIFO of ``queues.dtmf``
+  digits that one task drains as room frees; a digit beyond that bound (a
+  flood) is refused, counted (``dtmf_refused``) and logged.
   After a hang-up audio and DTMF are discarded; marks and positions still
   reach the book.
 * ``hangup(reason)`` sends Stop through the chain (into every running stage
@@ -50,12 +54,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from brisvox.agent.conversation.context import Context
 from brisvox.agent.conversation.playout import PlayoutConfig
+from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host.call_record import build_record
 from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
 from brisvox.agent.pipeline.call_context import CallContext
@@ -109,6 +115,7 @@ class QueueConfig:
     bot: int = 32
     sink: int = 4
     system: int = 32
+    dtmf: int = 64  # caller digits waiting for room in the turn driver's inbox (beyond: refused)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +146,9 @@ class PumpStats:
     vad_recoveries: int = 0
     discarded_after_hangup: int = 0
     dtmf: int = 0
+    dtmf_queued: int = 0  # digits that waited in the FIFO for room
+    dtmf_max_queued: int = 0
+    dtmf_refused: int = 0  # the FIFO was full (a flood)
     positions: int = 0
     cleared: int = 0
     marks: int = 0
@@ -169,6 +179,7 @@ class CallActor:
         on_stage_failure: Callable[[str], None] | None = None,
         on_hangup: Callable[[str], None] | None = None,
         s2s: S2sProvider | None = None,
+        flow: FlowManager | None = None,
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -197,7 +208,7 @@ class CallActor:
         self.ledger = self.call.ledger
         self.pump = PumpStats()
         self.engine = ToolEngine(registry, call_id, clock) if registry is not None and len(registry) else None
-        parts = CallParts(stt, llm, tts, self.engine, context, s2s)
+        parts = CallParts(stt, llm, tts, self.engine, context, s2s, flow)
         self.stages: list[Stage] = assemble(chain, self.call, cfg, parts)
         self.speaker: TtsStage | None = None  # the stage the supervisor's apology is spoken through
         self._bind({s.name: s for s in self.stages})
@@ -208,6 +219,8 @@ class CallActor:
         self._started = False
         self._hung_up = False
         self._input_closed = False  # caller audio and DTMF are discarded (hang-up, stage failure)
+        self._dtmf: deque[DtmfFrame] = deque()  # digits waiting for room in the driver's inbox
+        self._dtmf_drain: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self.record: dict[str, Any] | None = None
         self.clear_applied_ns: list[int] = []
@@ -386,12 +399,32 @@ class CallActor:
         self.out.on_mark_played(name)
 
     def on_dtmf(self, digit: str) -> None:
+        """A caller's key into the turn driver's inbox, in order (see the module docstring)."""
         if self._input_closed:
             self.pump.discarded_after_hangup += 1
             return
-        self.pump.dtmf += 1
-        if not self.driver.inbox.put_nowait(DtmfFrame(digit)):
-            log.warning("call %s: DTMF dropped (full lane)", self.call_id)
+        p, q, inbox = self.pump, self._dtmf, self.driver.inbox
+        p.dtmf += 1
+        if not q and inbox.data_room():
+            inbox.put_nowait(DtmfFrame(digit))
+            return
+        if len(q) >= self.cfg.queues.dtmf:
+            p.dtmf_refused += 1
+            if p.dtmf_refused & (p.dtmf_refused - 1) == 0:  # the 1st, 2nd, 4th, ...: bounded lines
+                log.warning("call %s: DTMF %r refused: %d digits wait already (%d refused so far)",
+                            self.call_id, digit[:8], len(q), p.dtmf_refused)
+            return
+        q.append(DtmfFrame(digit))
+        p.dtmf_queued += 1
+        p.dtmf_max_queued = max(p.dtmf_max_queued, len(q))
+        if self._dtmf_drain is None or self._dtmf_drain.done():
+            self._dtmf_drain = self.tasks.spawn(self._drain_dtmf(), "dtmf-fifo", stage=self.driver.name)
+
+    async def _drain_dtmf(self) -> None:
+        q, inbox = self._dtmf, self.driver.inbox
+        while q and not self._input_closed:
+            await inbox.put(q[0])  # waits for room; the digit leaves the FIFO once it is in
+            q.popleft()
 
     # -- introspection -------------------------------------------------------------------
     def idle(self) -> bool:

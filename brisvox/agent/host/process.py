@@ -66,13 +66,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.host.actor import CallActor
+from brisvox.agent.host.call_build import from_definition
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.pipeline.speculation import add_totals as add_spec_totals
 from brisvox.providers import resilience
-from brisvox.providers.registry import CallEnv, CallProviders, build_call
+from brisvox.providers.registry import CallProviders
 from brisvox.runtime.memory import IdleTrim
 from ipc.frames import (
     CallAccepted,
@@ -314,13 +315,14 @@ class AgentProcess:
             return refuse("no_worker", type(e).__name__)
         link = ProcessLink(self, f.call_id, sender)
         actor_cfg = self.cfg.actor_config(f.tts_rate)
-        registry = None
-        telephony = None
+        registry = telephony = flow = None
         greeting = ""
         if self.cfg.providers == "definitions":
             try:
                 agent = self._agent_def(self.cfg.agent_name(f.agent))
-                provs, registry, telephony = self._from_definition(agent, f, link)
+                built = from_definition(agent, f.call_id, link.to_gateway, self.job_channel(),
+                                        functools.partial(self._hangup_later, f.call_id))
+                provs, registry, telephony, flow = built.providers, built.registry, built.telephony, built.flow
             except Exception as e:  # a bad definition, a missing key, a tool that is not provided
                 await self._undo_attach(f.call_id, rings)
                 log.warning("call %s refused: agent %r: %s", f.call_id, f.agent, f"{type(e).__name__}: {e}"[:300])
@@ -348,6 +350,7 @@ class AgentProcess:
             agent=f.agent,
             registry=registry,
             greeting=greeting,
+            flow=flow,
             on_stage_failure=self._stage_failed,
             on_hangup=functools.partial(self._ended_itself, f.call_id),
         )
@@ -387,15 +390,8 @@ class AgentProcess:
             self.jobs = WorkerJobChannel(self.workers)
         return self.jobs
 
-    def _from_definition(self, agent: AgentDef, f: CallStart, link: ProcessLink) -> tuple[CallProviders, Any, Any]:
-        """Providers, tool registry and telephony port of a call from its agent definition."""
-        from brisvox.agent.tool_engine.builtin import LinkTelephony
-        from brisvox.agent.tool_engine.loader import build_registry
-        provs = build_call(agent, CallEnv(f.call_id, channel=self.job_channel()))
-        telephony = LinkTelephony(f.call_id, link.to_gateway,
-                                  hangup_hook=lambda reason: self.spawn(self._hangup_after_playout(f.call_id, reason)))
-        registry = build_registry(agent, telephony) if agent.tools else None
-        return provs, registry, telephony
+    def _hangup_later(self, call_id: str, reason: str) -> None:
+        self.spawn(self._hangup_after_playout(call_id, reason))
 
     async def _hangup_after_playout(self, call_id: str, reason: str, limit: float = 15.0) -> None:
         """end_call: let the goodbye play out (the bot idle again), then ask the gateway

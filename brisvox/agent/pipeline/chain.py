@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.conversation.context import Context
+from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.frames import BotEnded, BotStarted, PipelineFrame
 from brisvox.agent.pipeline.llm_runner import LlmRunner
@@ -58,6 +59,7 @@ class CallParts:
     engine: ToolEngine | None = None
     context: Context | None = None
     s2s: S2sProvider | None = None  # the speech-to-speech provider of an S2S chain (``tts``: its fallback voice)
+    flow: FlowManager | None = None  # the conversation's flow (the LLM runner drives it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,8 @@ CHAIN: tuple[StageSpec, ...] = (
     StageSpec("turn", TurnDriver, lambda c, _: c.turn, InboxShape("user"),
               upstream=(BotStarted, BotEnded)),
     StageSpec("llm", LlmRunner, lambda c, _: c.llm, InboxShape("bot"),
-              own=lambda p: {"provider": _need(p.llm, "llm"), "engine": p.engine, "context": p.context}),
+              own=lambda p: {"provider": _need(p.llm, "llm"), "engine": p.engine, "context": p.context,
+                             **({"flow": p.flow} if p.flow is not None else {})}),
     StageSpec("segmenter", SegmenterStage, lambda c, _: c.segmenter, InboxShape("bot")),
     StageSpec("tts", TtsStage, tts_config, InboxShape("bot"),
               own=lambda p: {"provider": _need(p.tts, "tts")}),

@@ -159,6 +159,18 @@ class DtmfFrame(PipelineFrame):
 
 
 @dataclass(frozen=True, slots=True)
+class KeypadEntry(PipelineFrame):
+    """Driver -> runner: the caller's keypad entry (``digits``, the keys aggregated by
+    :mod:`.dtmf`, without the terminator) as the user turn ``epoch``; ``text`` is the
+    turn the LLM reads (the agent's ``[dtmf] text``), ``at`` when the entry ended."""
+
+    epoch: int
+    digits: str
+    text: str = ""
+    at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class UserTurnStarted(PipelineFrame):
     epoch: int
 
@@ -217,9 +229,13 @@ class LlmResponseStarted(PipelineFrame):
 
 @dataclass(frozen=True, slots=True)
 class LlmText(PipelineFrame):
+    """``clip``: the whole text of a fixed line (a filler) that may be played from its
+    pre-rendered clip (the segmenter keeps it in one chunk; the TTS stage renders it once)."""
+
     epoch: int
     round: int
     text: str
+    clip: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +261,7 @@ class TextChunk(PipelineFrame):
     round: int
     text: str
     last: bool = False  # the round's final chunk (the segmenter finished the stream)
+    clip: bool = False  # a fixed line's whole text: played from its clip once rendered
 
 
 @dataclass(frozen=True, slots=True)

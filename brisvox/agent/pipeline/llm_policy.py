@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from brisvox.agent.conversation.request import RequestConfig
 from brisvox.agent.pipeline.speculation import SpeculationConfig
+from brisvox.agent.pipeline.summarizer import SummaryConfig
 from brisvox.agent.tool_engine.filler import FillerConfig
 from brisvox.providers.base import ProviderTimeouts
 
@@ -37,7 +38,8 @@ class LlmRunnerConfig:
     filler: FillerConfig = field(default_factory=FillerConfig)
     filler_phrases: tuple[str, ...] = ()
     fallback_line: str = FALLBACK_LINE
-    request: RequestConfig = field(default_factory=RequestConfig)
+    request: RequestConfig = field(default_factory=RequestConfig)  # the window: request.window
+    summary: SummaryConfig = field(default_factory=SummaryConfig)  # default: no summarizer
     timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)  # default off
 
@@ -82,6 +84,21 @@ class RunnerStats:
     greetings: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    # the request window and the summarizer (brisvox/agent/pipeline/summarizer.py)
+    requests_trimmed: int = 0  # requests that left older turns out
+    requests_clipped: int = 0  # requests whose latest turn had its tool results clipped
+    results_clipped: int = 0
+    requests_over_budget: int = 0  # over the budget even with every result at the floor
+    uncovered_requests: int = 0  # dropped turns no summary covered (a summarizer configured)
+    summary_requests: int = 0
+    summaries: int = 0
+    summary_failures: int = 0
+    summary_timeouts: int = 0
+    summary_too_large: int = 0
+    summary_clipped: int = 0
+    summary_degraded: int = 0  # the breaker opened (breaker_failures in a row)
+    summary_backoffs: int = 0  # refreshes skipped while it was open
+    summaries_discarded: int = 0  # made for a conversation that was reset meanwhile
 
 
 

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.conversation.assemble import AssembleError, Response, ResponseAssembler
 from brisvox.agent.conversation.context import AssistantMessage
-from brisvox.agent.conversation.request import build_request
 from brisvox.agent.pipeline.llm_policy import retry_wait
 from brisvox.agent.pipeline.speculation_helper import Helper
 from brisvox.agent.pipeline.stage import Stage
@@ -34,8 +33,10 @@ from brisvox.providers.base import (
 
 if TYPE_CHECKING:
     from brisvox.agent.conversation.context import Context
+    from brisvox.agent.conversation.playout import PlayoutBook
     from brisvox.agent.conversation.timeline import Timeline
     from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig, RunnerStats, ToolRecord
+    from brisvox.agent.pipeline.summarizer import Summarizer
     from brisvox.agent.tool_engine.engine import ToolEngine
     from brisvox.agent.tool_engine.filler import FillerPolicy
     from brisvox.agent.tool_engine.registry import ToolSpec
@@ -68,11 +69,13 @@ class _RunnerParts(Stage):
     st: RunnerStats
     ctx: Context
     timeline: Timeline
+    book: PlayoutBook
     provider: LlmProvider
     engine: ToolEngine | None
     tools: list[ToolSpec]
     filler: FillerPolicy
     tool_records: list[ToolRecord]
+    summarizer: Summarizer  # builds every request (the window, the summary at hand)
 
     def _push_assistant(self, turn: _Turn, rnd: int, msg: AssistantMessage) -> int:
         raise NotImplementedError
@@ -88,6 +91,9 @@ class _RunnerParts(Stage):
 
     def _check(self) -> None:
         raise NotImplementedError
+
+    def _round_tools(self) -> list[ToolSpec]:
+        return self.tools
 
 
 class _ModelRound(_RunnerParts):
@@ -200,5 +206,5 @@ class _ModelRound(_RunnerParts):
             self.timeline.llm_request(turn.epoch, claimed.started_at)
             return claimed.replay()
         self.timeline.llm_request(turn.epoch, self.clock.now())
-        return self.provider.stream(build_request(self.ctx, self.tools, self.cfg.request))
+        return self.provider.stream(self.summarizer.build(self.ctx, self._round_tools()))
 

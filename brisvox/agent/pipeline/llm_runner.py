@@ -23,7 +23,10 @@ Owns (the tool loop and its UX: docs/TOOLS.md):
   recorded in the book.
 * Tools: Flush first (only if text was sent since the last flush), then the
   ToolEngine's execute raced against the filler delay; a filler is its own
-  round, entering the context once no call is open (after the results).
+  round (a clip round: the TTS stage plays its pre-rendered audio), entering
+  the context once no call is open: right before the next assistant message,
+  or when the turn is settled (turn end, halt), never right after the results,
+  so no request ends on an assistant message (a prefill Anthropic rejects).
   Results in issue order (Execution.append_to), late notes only after them.
   At most ``max_tool_rounds`` rounds execute tools; the next response's calls
   are answered ``tool_round_limit`` unrun and a fixed fallback line is
@@ -63,6 +66,7 @@ from brisvox.agent.conversation.context import (
     SystemMessage,
     UserMessage,
 )
+from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.frames import (
     BotEnded,
@@ -70,6 +74,7 @@ from brisvox.agent.pipeline.frames import (
     Flush,
     Greeting,
     Interrupt,
+    KeypadEntry,
     LlmResponseEnded,
     LlmResponseStarted,
     LlmText,
@@ -81,6 +86,7 @@ from brisvox.agent.pipeline.frames import (
     UserTurnEnded,
     UserTurnStarted,
 )
+from brisvox.agent.pipeline.llm_flow import _FlowHook
 from brisvox.agent.pipeline.llm_policy import (
     TOOL_ROUND_LIMIT,
     LlmRunnerConfig,
@@ -91,6 +97,7 @@ from brisvox.agent.pipeline.llm_round import _ModelRound, _Turn
 from brisvox.agent.pipeline.llm_tool_phase import _ToolPhase
 from brisvox.agent.pipeline.speculation_helper import Helper, Speculator
 from brisvox.agent.pipeline.stage import Inbox, Stage
+from brisvox.agent.pipeline.summarizer import Summarizer
 from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerPolicy
@@ -102,7 +109,7 @@ from brisvox.providers.base import (
 
 log = logging.getLogger("brisvox.agent.llm")
 
-class LlmRunner(_ToolPhase, _ModelRound, Stage):
+class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
     DROP_STALE = True
 
     def __init__(
@@ -115,6 +122,8 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
         engine: ToolEngine | None = None,
         tools: list[ToolSpec] | None = None,
         context: Context | None = None,
+        summary_llm: LlmProvider | None = None,
+        flow: FlowManager | None = None,
     ) -> None:
         super().__init__(call, cfg, inbox)
         self.provider = provider
@@ -125,11 +134,17 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
         self.engine = engine
         self.tools = list(tools or (engine.registry.specs() if engine is not None else []))
         self.ctx = context if context is not None else Context([SystemMessage(cfg.system_prompt)])
+        self.flow = flow
+        self._flow_pre = flow.start(self.ctx) if flow is not None else ()  # said at the first turn
+        self._flow_keypad = None
         policy = FillerPolicy.from_config(cfg.filler)
         if cfg.filler_phrases:
             policy.with_phrases(list(cfg.filler_phrases))
         self.filler = policy
         self.st = RunnerStats()
+        # the request window and its background summarizer ("agent": the agent's own LLM)
+        self.summarizer = Summarizer(cfg.summary, cfg.request, self.st, self.clock, summary_llm or (
+            provider if cfg.summary.provider == "agent" else None))
         self.tool_records: list[ToolRecord] = []
         self._turn: _Turn | None = None
         self._task: asyncio.Task[None] | None = None
@@ -174,6 +189,13 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
         if isinstance(frame, DtmfFrame):
             self.st.dtmf += 1
             return
+        if isinstance(frame, KeypadEntry):  # the caller's keypad entry: a user turn like a spoken one
+            self.spec.drop()
+            await self._halt()
+            await self._settle()
+            self.keypad_turn(frame.digits)  # a flow node's on_keypad, entered when the turn starts
+            self._user_turn(UserTurnEnded(frame.epoch, frame.text or frame.digits, frame.at))
+            return
         if isinstance(frame, Start):
             self.tasks.spawn(self._warm(), "llm-warm")
             await self.send(frame)
@@ -202,6 +224,9 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
         """A candidate end of turn: settle as the turn end would, minus the user message,
         then start the helper on a copy (a withdrawal or a repeat is handled by ``wants``)."""
         if not self.spec.wants(f):
+            return
+        if self.flow is not None:
+            self.spec.skip("flow")  # a transition would change the context behind the request
             return
         if self._turn is not None and self._task is not None and not self._task.done():
             self.spec.skip("busy")  # still answering the previous turn
@@ -279,6 +304,7 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
             self.ctx.extend(notes)
 
     def _push_assistant(self, turn: _Turn, rnd: int, msg: AssistantMessage) -> int:
+        self._enter_filler(turn)  # a spoken filler goes in before the next assistant message
         self.ctx.push(msg)
         idx = len(self.ctx) - 1
         self.book.set_msg_index(turn.epoch, rnd, idx)
@@ -303,11 +329,22 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
             turn.unflushed = False
             await self.guarded_send(Flush(turn.epoch, rnd))
 
-    async def _speak_line(self, turn: _Turn, text: str, into_context: bool) -> int:
-        """A fixed line (filler, fallback) as its own round."""
+    async def _speak_line(self, turn: _Turn, text: str, into_context: bool, clip: bool = False) -> int:
+        """A fixed line (filler, fallback) as its own round. ``into_context`` False: the
+        turn's filler, pending until it may enter the context (``_enter_filler``: once no
+        call is open, before the next assistant message or when the turn is settled),
+        recorded BEFORE it is sent so a barge-in mid-send still keeps what was heard.
+        ``clip``: the TTS stage may play it from its pre-rendered clip."""
         await self._flush(turn, turn.cur_round)
         rnd = await self._start_round(turn)
-        await self._say(turn, rnd, text)
+        if not into_context:
+            turn.filler = (rnd, text)
+        if clip:
+            turn.spoke = True
+            turn.unflushed = True
+            await self.guarded_send(LlmText(turn.epoch, rnd, text, clip=True))
+        else:
+            await self._say(turn, rnd, text)
         await self._flush(turn, rnd)
         if into_context and not turn.token.cancelled:
             self._push_assistant(turn, rnd, AssistantMessage(text))
@@ -323,7 +360,9 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
             log.exception("round task crashed")
         if turn.token.cancelled:
             return
+        self._enter_filler(turn)  # the turn is settled
         await self.guarded_send(LlmResponseEnded(turn.epoch))
+        self.summarizer.after_turn(self.ctx, self.tasks, self.name)  # off the request path
         if not turn.spoke:
             self.st.silent_turns += 1
             self.upstream.send(BotEnded(turn.epoch, "silent"))
@@ -331,6 +370,8 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
     async def _run_greeting(self, turn: _Turn, text: str) -> None:
         if text.strip():
             await self._speak_line(turn, text.strip(), into_context=True)
+        if self.flow is not None and not turn.token.cancelled:
+            await self._flow_start_turn(turn)
         if turn.token.cancelled:
             return
         await self.guarded_send(LlmResponseEnded(turn.epoch))
@@ -339,6 +380,8 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
 
     async def _turn_rounds(self, turn: _Turn) -> None:
         tool_rounds = 0
+        if self.flow is not None and await self._flow_start_turn(turn):
+            return
         while True:
             rnd = await self._start_round(turn)
             response = await self._model_round(turn, rnd)
@@ -353,7 +396,9 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
                 self._push_assistant(turn, rnd, msg)
             self._check()
             if not calls:
+                await self._flow_final(turn)
                 return
+            calls = self._flow_screen(calls)
             if tool_rounds >= self.cfg.max_tool_rounds or self.engine is None:
                 at_limit = tool_rounds >= self.cfg.max_tool_rounds
                 self._answer_unrun(calls, TOOL_ROUND_LIMIT if at_limit else te.UNKNOWN_TOOL)
@@ -372,10 +417,11 @@ class LlmRunner(_ToolPhase, _ModelRound, Stage):
                     execution.discard()
                 return
             assert execution is not None
-            execution.append_to(self.ctx)
-            self._enter_filler(turn)
+            execution.append_to(self.ctx)  # a filler waits for the next assistant message: no prefill
             self._take_late_notes()
             self._check()
+            if await self._flow_after(turn, calls, execution.results):
+                return  # the flow ended the call
             if execution.budget_exhausted:
                 self.st.fallbacks += 1
                 await self._speak_line(turn, self.cfg.fallback_line, into_context=True)

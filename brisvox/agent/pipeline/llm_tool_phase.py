@@ -2,11 +2,12 @@
 
 Owns how a round's calls are run and answered: ``_execute`` flushes the round's text, runs
 the calls through the ToolEngine (or a committed speculation's held ones) raced against the
-filler delay, speaks one filler as its own round when the tools are slow, and records every
-call's outcome (``_record_tool``: the call record's ``tools``); ``_answer_unrun`` answers
-calls that will not run (the tool-round limit) with a structured error; ``_enter_filler``
-puts a spoken filler into the context once no call is open. The runner's module docstring
-states the tool loop's rules.
+filler delay, speaks one filler as its own round when the tools are slow (a clip round: the
+TTS stage plays its pre-rendered audio once it has it), and records every call's outcome
+(``_record_tool``: the call record's ``tools``); ``_answer_unrun`` answers calls that will not
+run (the tool-round limit) with a structured error; ``_enter_filler`` puts a spoken filler
+into the context once no call is open, before the next assistant message or when the turn
+is settled. The runner's module docstring states the tool loop's rules.
 """
 
 from __future__ import annotations
@@ -24,8 +25,20 @@ from brisvox.agent.tool_engine.delivery import Execution
 
 
 class _ToolPhase(_RunnerParts):
+    async def _speak_line(self, turn: _Turn, text: str, into_context: bool, clip: bool = False) -> int:
+        raise NotImplementedError  # LlmRunner's (``clip``: a filler is a clip round)
+
+    @property
+    def filler_clips(self) -> bool:
+        """Fillers are clip rounds (played from memory once rendered): ``FillerConfig.clips``."""
+        return self.cfg.filler.clips
+
     def _enter_filler(self, turn: _Turn) -> None:
-        """A spoken filler enters the context once no call is open."""
+        """A spoken filler enters the context once no call is open, and only right before the
+        next assistant message (``_push_assistant``) or when the turn is settled (its end, a
+        halt): never right after the tool results, where the next request would end on it
+        (an assistant prefill, which Anthropic rejects). Its ``msg_index`` is set then, so
+        the played-text cut reaches it like any round."""
         if turn.filler is None or self.ctx.has_open_tool_calls():
             return
         rnd, text = turn.filler
@@ -54,8 +67,7 @@ class _ToolPhase(_RunnerParts):
                     choice = self.filler.choose(plan.tool)
                     if choice is not None:
                         self.st.fillers += 1
-                        frnd = await self._speak_line(turn, choice.text, into_context=False)
-                        turn.filler = (frnd, choice.text)
+                        await self._speak_line(turn, choice.text, into_context=False, clip=self.filler_clips)
             execution = await exec_task
         except asyncio.CancelledError:
             if exec_task.done() and not exec_task.cancelled() and exec_task.exception() is None:

@@ -15,6 +15,8 @@ Owns where the streamed text of a round is cut into TTS chunks:
   whitespace flood, a giant token) the stage cuts as a Flush would; nothing
   is dropped (a whitespace-only chunk goes out too, the TTS stage records it
   as sent text without speaking it).
+* A fixed line (``LlmText.clip``: a filler) is one chunk of its own, never
+  split: the TTS stage plays it from its pre-rendered clip.
 
 DropStale.
 """
@@ -127,6 +129,12 @@ class SegmenterStage(Stage):
 
     async def process(self, frame: PipelineFrame) -> None:
         if isinstance(frame, LlmText):
+            if frame.clip:  # a fixed line: one chunk of its own, never split (its clip's key)
+                await self._finish(frame.epoch)
+                self._round = frame.round
+                self.chunks += 1
+                await self.send(TextChunk(frame.epoch, frame.round, frame.text, last=True, clip=True))
+                return
             self._round = frame.round
             for c in self.seg.push(frame.text):
                 self.chunks += 1

@@ -178,6 +178,7 @@ class SpeculationStats:
     kept: int = 0
     skipped_busy: int = 0
     skipped_unsafe: int = 0
+    skipped_flow: int = 0
     failures: int = 0
     tool_phases: int = 0
     held_side_effects: int = 0

@@ -118,6 +118,10 @@ class Inbox:
                 w.set_result(True)
         return True
 
+    def data_room(self) -> bool:
+        """The data lane takes one more frame now (a lossless put would not wait)."""
+        return len(self._data) < self.data_cap
+
     async def put(self, frame: PipelineFrame) -> None:
         """Put with back-pressure on a lossless data lane (other lanes never wait)."""
         if frame.LANE == DATA and not self.lossy:

@@ -24,6 +24,18 @@ Owns the call's TTS session:
   dies marks its open utterances lost in the book and ends their responses;
   a provider silent for ``timeouts.tts_idle`` while it owes events is
   declared dead the same way.
+* Clips (:mod:`.tts_clips`): a fixed line (``TextChunk.clip``: a filler) is played
+  from its pre-rendered clip when the cache has it: an utterance of its own (an id
+  from the same sequence, registered in the book, its text recorded as sent, its
+  word timings given to the book), its audio sent as AudioOut with NO provider
+  request, so the end mark, the played-text cut and a barge-in treat it like any
+  utterance. It plays only after every earlier utterance's audio was handed on (at
+  most ``timeouts.tts_idle`` waited for; at once when the provider already sends a
+  later utterance: no order is left to keep) and provider audio of a later
+  utterance waits for it. A miss renders the line through the provider as usual and stores
+  the clip when that context ends cleanly (on first use). The cache is the stage's
+  own with ``clip_scope`` empty, else the agent's process-wide one (per voice and
+  ring rate, shared by the agent's calls).
 
 DropStale.
 """
@@ -31,6 +43,7 @@ DropStale.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +64,7 @@ from brisvox.agent.pipeline.frames import (
     TtsEnded,
 )
 from brisvox.agent.pipeline.stage import Inbox, Stage, cancel_and_join
+from brisvox.agent.pipeline.tts_clips import Capture, Clip, ClipCache, cache_for, voice_key
 from brisvox.providers.base import (
     ProviderError,
     ProviderTimeouts,
@@ -76,6 +90,7 @@ class TtsStageConfig:
     reconnect_backoff: float = 1.0
     timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
     tts: TtsConfig = field(default_factory=TtsConfig)
+    clip_scope: str = ""  # the agent whose clips are shared by its calls ("": this call's own)
 
 
 @dataclass(slots=True)
@@ -87,6 +102,8 @@ class _Ctx:
     cancelled: bool = False
     owed_since: float | None = None
     resampler: Any = None
+    clip: bool = False  # played from a clip: no provider context
+    capture: Capture | None = None  # a fixed line's first rendering, kept as its clip
 
 
 @dataclass(slots=True)
@@ -105,6 +122,8 @@ class TtsStats:
     tts_ended: int = 0
     duplicate_ends: int = 0
     audio_chunks: int = 0
+    clips_played: int = 0
+    clips_rendered: int = 0
 
 
 class TtsStage(Stage):
@@ -129,11 +148,15 @@ class TtsStage(Stage):
         self._lead_ws: dict[tuple[int, int], str] = {}
         self._ended: set[int] = set()  # epochs whose LlmResponseEnded arrived
         self._end_sent: set[int] = set()
+        self._clips: ClipCache | None = None  # resolved on first use (the provider's name is in the key)
+        self._playing: set[int] = set()  # clip utterances whose audio is being sent
+        self._held: int | None = None  # the provider utterance whose audio waits for a clip
+        self._out_changed = asyncio.Event()  # an utterance finished handing on its audio
 
     # -- frames -------------------------------------------------------------------------
     async def process(self, frame: PipelineFrame) -> None:
         if isinstance(frame, TextChunk):
-            await self._text(frame)
+            await (self._clip(frame) if frame.clip else self._text(frame))
         elif isinstance(frame, LlmResponseStarted):
             self._kick_connect(frame.epoch)
         elif isinstance(frame, Flush):
@@ -167,11 +190,13 @@ class TtsStage(Stage):
     def _cancel_older(self, epoch: int) -> None:
         for cid, c in list(self._ctx.items()):
             if c.epoch < epoch:
-                if not c.done and self.session is not None:
+                if not c.done and not c.clip and self.session is not None:
                     self.session.cancel(cid)
                     self.st.cancels += 1
                 c.cancelled = True
                 del self._ctx[cid]
+                self._playing.discard(cid)
+                self._out_changed.set()
         for key in [k for k in self._round_ctx if k[0] < epoch]:
             del self._round_ctx[key]
         for key in [k for k in self._lead_ws if k[0] < epoch]:
@@ -201,7 +226,7 @@ class TtsStage(Stage):
             cid = self._next_id
             self._next_id += 1
             self._round_ctx[key] = cid
-            self._ctx[cid] = _Ctx(f.epoch, f.round)
+            self._ctx[cid] = _Ctx(f.epoch, f.round, capture=Capture(f.text, self.cfg.ring_rate) if f.clip else None)
             self.book.register_utterance(f.epoch, f.round, cid)
             self.st.contexts += 1
         assert cid is not None
@@ -210,6 +235,8 @@ class TtsStage(Stage):
         if c is None or session is None:
             self.st.text_dropped += 1
             return
+        if not first and c.capture is not None:
+            c.capture.spoiled = True  # the context carries more than the fixed line
         self.book.push_sent(cid, self._lead_ws.pop(key, "") + f.text)
         if c.owed_since is None:
             c.owed_since = self.clock.now()
@@ -221,6 +248,78 @@ class TtsStage(Stage):
             self.book.mark_lost(cid)
             await self._session_died(session, "send")
 
+    async def _clip(self, f: TextChunk) -> None:
+        """A fixed line: played from its clip when the cache has it, else rendered by the
+        provider (``_text``, which captures it for the cache)."""
+        key = (f.epoch, f.round)
+        clip = None if key in self._round_ctx or not f.text.strip() else self._clip_cache().get(f.text)
+        if clip is None:
+            await self._text(f)
+            return
+        if self.watch.stale(f.epoch):
+            self.st.text_dropped += 1
+            return
+        cid = self._next_id
+        self._next_id += 1
+        c = _Ctx(f.epoch, f.round, flushed=True, clip=True)
+        self._round_ctx[key] = cid
+        self._ctx[cid] = c
+        self.book.register_utterance(f.epoch, f.round, cid)
+        self.book.push_sent(cid, self._lead_ws.pop(key, "") + f.text)
+        for word, start, end in clip.words:
+            self.book.add_word(cid, word, start, end)
+        self.st.clips_played += 1
+        self._playing.add(cid)
+        self.tasks.spawn(self._play(cid, c, clip), "tts-clip")
+
+    def _clip_cache(self) -> ClipCache:
+        if self._clips is None:
+            t = self.cfg.tts
+            name = str(getattr(self.provider, "name", type(self.provider).__name__))
+            self._clips = cache_for(self.cfg.clip_scope, voice_key(name, t.voice, t.model, t.language, t.speed,
+                                                                   t.extra, self.cfg.ring_rate))
+        return self._clips
+
+    async def _play(self, cid: int, c: _Ctx, clip: Clip) -> None:
+        """A clip's audio, once every earlier utterance's audio was handed on (bounded)."""
+        with contextlib.suppress(TimeoutError):
+            async with self.clock.timeout(self.cfg.timeouts.tts_idle):
+                while not c.cancelled and any(k < cid and not x.done for k, x in self._ctx.items()):
+                    if self._held is not None and self._held > cid:
+                        break  # a provider sent a later utterance first: no order to keep, no stall
+                    self._out_changed.clear()
+                    await self._out_changed.wait()
+        try:
+            for piece in clip.pieces():
+                if c.cancelled or not await self.guarded_send(AudioOut(c.epoch, cid, piece)):
+                    break
+                self.st.audio_chunks += 1
+        finally:
+            c.done = True
+            self._playing.discard(cid)
+            self._out_changed.set()
+        await self._check_end(c.epoch)
+
+    async def _after_clips(self, cid: int) -> None:
+        """Provider audio of ``cid`` waits for the clips of earlier utterances."""
+        if not any(k < cid for k in self._playing):
+            return
+        self._held = cid
+        self._out_changed.set()  # a clip still waiting for an earlier utterance plays now
+        try:
+            while any(k < cid for k in self._playing):
+                self._out_changed.clear()
+                await self._out_changed.wait()
+        finally:
+            self._held = None
+
+    def _keep_clip(self, c: _Ctx) -> None:
+        cap, c.capture = c.capture, None
+        clip = cap.clip() if cap is not None and not c.cancelled else None
+        if clip is not None:
+            self._clip_cache().put(clip)
+            self.st.clips_rendered += 1
+
     async def _flush(self, cid: int) -> None:
         c = self._ctx.get(cid)
         session = self.session
@@ -229,6 +328,7 @@ class TtsStage(Stage):
         c.flushed = True
         if session is None:
             c.done = True
+            self._out_changed.set()
             return
         if c.owed_since is None:
             c.owed_since = self.clock.now()
@@ -318,10 +418,11 @@ class TtsStage(Stage):
             pass
         epochs = set()
         for cid, c in list(self._ctx.items()):
-            if not c.done:
+            if not c.done and not c.clip:  # a clip needs no session
                 self.book.mark_lost(cid)
                 c.done = True
                 epochs.add(c.epoch)
+        self._out_changed.set()
         for e in sorted(epochs):
             await self._check_end(e)
 
@@ -339,6 +440,12 @@ class TtsStage(Stage):
                     if session.sample_rate != ring_rate:
                         samples = self._resample(c, samples, session.sample_rate)
                     if len(samples):
+                        if self._playing:
+                            await self._after_clips(ev.context)
+                            if c.cancelled:
+                                continue
+                        if c.capture is not None:
+                            c.capture.audio(samples)
                         self.st.audio_chunks += 1
                         await self.guarded_send(AudioOut(c.epoch, ev.context, samples))
                 elif isinstance(ev, TtsWord):
@@ -347,6 +454,8 @@ class TtsStage(Stage):
                         continue
                     c.owed_since = None
                     self.book.add_word(ev.context, ev.word, ev.start, ev.end)
+                    if c.capture is not None:
+                        c.capture.word(ev.word, ev.start, ev.end)
                 elif isinstance(ev, TtsFlushed):
                     c = self._ctx.get(ev.context)
                     if c is None:
@@ -354,9 +463,16 @@ class TtsStage(Stage):
                     if c.resampler is not None:
                         tail = self._resample(c, np.zeros(0, dtype=np.int16), session.sample_rate, last=True)
                         if len(tail):
+                            if self._playing:
+                                await self._after_clips(ev.context)
+                            if c.capture is not None:
+                                c.capture.audio(tail)
                             await self.guarded_send(AudioOut(c.epoch, ev.context, tail))
                     c.done = True
                     c.owed_since = None
+                    if c.capture is not None:
+                        self._keep_clip(c)
+                    self._out_changed.set()
                     await self._check_end(c.epoch)
                 elif isinstance(ev, TtsCancelled):
                     continue

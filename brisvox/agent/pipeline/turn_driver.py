@@ -54,8 +54,11 @@ Owns:
   :mod:`brisvox.agent.pipeline.speculation_offers`): the ``_spec_*`` methods offer a
   SpeculationCandidate downstream at a stop's final (and, with ``on_partial``, at the
   VAD stop) while the machine is paused in the open turn, and withdraw it on a resume.
-* DTMF is re-tagged with the machine's epoch. Caller audio, VAD events and
-  transcripts stop here.
+* DTMF is re-tagged with the machine's epoch and passed on, and feeds the keypad
+  aggregator (:mod:`.dtmf`; its timeout is one more deadline). An entry is the machine's
+  ``Keypad`` (an Interrupt first while the bot is active), sent on as KeypadEntry: a user
+  turn. It drops an open spoken turn (owed finals discarded, ``keypad_over_speech``).
+  Caller audio, VAD events and transcripts stop here.
 * Greet (the agent's greeting, at call start): the machine's BotTurn opens a
   bot turn of a new epoch; the driver sends Greeting(epoch, text) downstream
   and arms the response backstop as for a user turn. Ignored once the caller
@@ -69,6 +72,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from brisvox.agent.pipeline import dtmf
 from brisvox.agent.pipeline import turn_machine as tm
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.call_io import WorkerLink
@@ -80,6 +84,7 @@ from brisvox.agent.pipeline.frames import (
     Greet,
     Greeting,
     Interrupt,
+    KeypadEntry,
     PipelineFrame,
     Stop,
     UserSpeechFalling,
@@ -110,6 +115,7 @@ class TurnDriverConfig:
     analysis_timeout: float = 0.5
     analysis_defer_max: float = 0.2
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)  # candidates (default off)
+    keypad: dtmf.KeypadConfig = field(default_factory=dtmf.KeypadConfig)  # the agent's [dtmf]
 
 
 @dataclass(slots=True)
@@ -147,6 +153,7 @@ class DriverStats:
     unexpected_finals: int = 0
     response_deadlines: int = 0
     dtmf: int = 0
+    keypad_over_speech: int = 0  # a keypad entry dropped an open spoken turn
     greetings: int = 0
     output_pauses: int = 0
     output_resumes: int = 0
@@ -183,6 +190,7 @@ class TurnDriver(Stage):
         self._greeting = ""
         self._closed = False
         self.offers = CandidateOffers(cfg.speculation)
+        self.keypad = dtmf.KeypadAggregator(cfg.keypad)
 
     # -- caller audio position -------------------------------------------------------
     def note_audio_end(self, end: int) -> None:
@@ -251,12 +259,14 @@ class TurnDriver(Stage):
         elif isinstance(frame, DtmfFrame):
             self.st.dtmf += 1
             await self.send(DtmfFrame(frame.digit, self.machine.epoch))
+            await self._keys(self.keypad.handle(dtmf.Key(frame.digit, now)))
         elif isinstance(frame, Greet):
             self._greeting = frame.text
             await self._feed(tm.BotTurn(now))
         elif isinstance(frame, Stop):
             self._closed = True
             self.machine.handle(tm.Hangup())
+            self.keypad.handle(dtmf.Close())
             self._held = None
             self._pending_analysis = None
             self._response = None
@@ -291,6 +301,8 @@ class TurnDriver(Stage):
         pa = self._pending_analysis
         if pa is not None and now >= pa[2]:
             self._send_analysis()
+        if self.keypad.deadline is not None and now >= self.keypad.deadline:
+            await self._keys(self.keypad.handle(dtmf.Tick(now)))
         await self._spec_gate(now)
         self._rearm()
 
@@ -302,7 +314,7 @@ class TurnDriver(Stage):
             cands.append(self._response[1])
         if self._pending_analysis is not None:
             cands.append(self._pending_analysis[2])
-        cands.append(self.offers.deadline)
+        cands += (self.offers.deadline, self.keypad.deadline)
         live = [c for c in cands if c is not None]
         self.deadline = min(live) if live else None
 
@@ -396,6 +408,30 @@ class TurnDriver(Stage):
                 self.st.early_reused += 1
             elif k == "early_discarded":
                 self.st.early_discarded += 1
+
+    # -- keypad entries (dtmf.py) ------------------------------------------------------
+    async def _keys(self, acts: list[dtmf.KeypadAction]) -> None:
+        """The aggregator's actions: a refused key is logged (the 1st, 2nd, 4th, ...: a flood logs
+        a few lines, all counted); an entry is the machine's Keypad, its EndUserTurn the KeypadEntry."""
+        for a in acts:
+            if isinstance(a, dtmf.Refused):
+                if (n := self.keypad.refused) & (n - 1) == 0:
+                    log.warning("keypad: key %r refused (%s; %d refused so far)", a.digit, a.why, n)
+                continue
+            now = self.clock.now()
+            self.st.keypad_over_speech += bool(self._open_turn or self._held is not None)
+            self._held = None
+            for o in self._owed:  # the voice's finals still owed belong to no turn now
+                o.owner = "none"
+            for act in self.machine.handle(tm.Keypad(now)):
+                if not isinstance(act, tm.EndUserTurn):
+                    await self._act(act)
+                    continue
+                self._open_turn, self._turn_text, self._interim = 0, [], ""
+                self.offers.end_turn()
+                self.timeline.turn_end(act.epoch, now)
+                await self.send(KeypadEntry(act.epoch, a.digits, self.cfg.keypad.render(a.digits), now))
+                self._response = (act.epoch, now + self.cfg.response_deadline)
 
     # -- early analysis and the verdict mark ---------------------------------------------
     async def _falling(self, frame: UserSpeechFalling) -> None:
@@ -559,4 +595,5 @@ class TurnDriver(Stage):
         d = super().stats()
         d.update({k: getattr(self.st, k) for k in self.st.__slots__})
         d.update(self.offers.stats())
+        d.update(self.keypad.stats())
         return d

@@ -50,6 +50,10 @@ answer plays on from the held word), the bot's turn ending by itself ->
 barge-in silences the bot at once even when the guard needs
 ``max_backchannel`` to confirm it (an STT without interims).
 
+Keypad (an entry the driver aggregated): its own user turn, ended at once: a new epoch,
+``StartUserTurn`` then ``EndUserTurn``, after an ``Interrupt`` (no guards: a key press is
+deliberate) while the bot is active; an open spoken turn is left behind unanswered.
+
 Invariants: one timer slot (``ArmTimer`` replaces, ``CancelTimer`` clears);
 ``BotAudioStarted/Ended`` of another epoch are ignored; nothing but Hangup
 is accepted after CLOSED; every ``VadStop`` returns exactly one ``OwnStop``
@@ -64,13 +68,11 @@ from enum import Enum
 
 # --- configuration -------------------------------------------------------------------
 
-DEFAULT_BACKCHANNELS = frozenset(
-    {
-        "uh-huh", "uhhuh", "uh", "huh", "mhm", "mm", "mmm", "mm-hmm", "hmm", "um", "yeah", "yep",
-        "yes", "ok", "okay", "right", "sure", "aha", "ah", "oh", "i", "see", "got", "it", "alright",
-        "cool", "nice", "great", "evet", "tamam", "hı-hı", "hıhı",
-    }
-)
+DEFAULT_BACKCHANNELS = frozenset({
+    "uh-huh", "uhhuh", "uh", "huh", "mhm", "mm", "mmm", "mm-hmm", "hmm", "um", "yeah", "yep",
+    "yes", "ok", "okay", "right", "sure", "aha", "ah", "oh", "i", "see", "got", "it", "alright",
+    "cool", "nice", "great", "evet", "tamam", "hı-hı", "hıhı",
+})
 _WORD = re.compile(r"[\w'-]+", re.UNICODE)
 
 
@@ -87,8 +89,7 @@ class InterruptionConfig:
 
     @classmethod
     def off(cls) -> InterruptionConfig:
-        return cls(enabled=False, min_speech=0.0, max_backchannel=0.0, echo_window=0.0,
-                   pause_on_candidate=False)
+        return cls(enabled=False, min_speech=0.0, max_backchannel=0.0, echo_window=0.0, pause_on_candidate=False)
 
     @classmethod
     def recommended(cls) -> InterruptionConfig:
@@ -187,8 +188,13 @@ class BotTurn:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class Keypad:
+    at: float  # the caller's keypad entry ended (see the module docstring)
+
+
 TurnInput = (VadStart | VadStop | VadFalling | SttInterim | SttFinal | Verdict | Tick | BotAudioStarted | BotAudioEnded | Hangup
-             | BotTurn)
+             | BotTurn | Keypad)
 
 
 # --- actions -------------------------------------------------------------------------
@@ -331,11 +337,10 @@ class TurnMachine:
         if self.phase is Phase.CLOSED:
             return []
         if isinstance(inp, Hangup):
-            self.phase = Phase.CLOSED
-            self._cand = None
-            self.paused = 0
-            self._early = None
+            self.phase, self._cand, self.paused, self._early = Phase.CLOSED, None, 0, None
             return self._cancel_timer()
+        if isinstance(inp, Keypad):
+            return self._keypad(inp.at)
         if isinstance(inp, VadStart):
             return self._vad_start(inp.at)
         if isinstance(inp, VadStop):
@@ -360,9 +365,7 @@ class TurnMachine:
         if isinstance(inp, BotTurn):
             if self.phase is not Phase.IDLE:
                 return []  # the caller is already talking: no greeting
-            self.epoch += 1
-            self.phase = Phase.AWAITING_RESPONSE
-            self.bot_started_at = None
+            self.epoch, self.phase, self.bot_started_at = self.epoch + 1, Phase.AWAITING_RESPONSE, None
             return [StartBotTurn(self.epoch, inp.at)]
         raise TypeError(f"unknown input {inp!r}")
 
@@ -395,11 +398,15 @@ class TurnMachine:
         return self._arm(at + self.cfg.silence)
 
     def _new_turn(self, at: float) -> list[Action]:
-        self.epoch += 1
-        self.phase = Phase.USER_SPEAKING
-        self._cand = None
-        self.bot_started_at = None
+        self.epoch, self.phase, self._cand, self.bot_started_at = self.epoch + 1, Phase.USER_SPEAKING, None, None
         return [StartUserTurn(self.epoch, at)]
+
+    def _keypad(self, at: float) -> list[Action]:
+        old, active, self._early, self.paused = self.epoch, self.bot_active, None, 0  # the Interrupt's Clear ends a hold
+        acts: list[Action] = [Interrupt(old, old + 1, at)] if active else []
+        acts += [*self._cancel_timer(), *self._new_turn(at)]
+        self.phase = Phase.AWAITING_RESPONSE
+        return [*acts, EndUserTurn(self.epoch, at)]
 
     def _barge_in(self, now: float) -> list[Action]:
         cand = self._cand

@@ -1,6 +1,10 @@
 """The filler policy: when a tool round says "one moment" and which phrase.
 
 Owns the decision only; the call actor plays the phrase as its own round.
+With ``FillerConfig.clips`` (the default) that round is a clip round: the TTS
+stage renders each phrase once per agent, voice and rate (on first use) and
+plays it from memory afterwards, with no TTS request
+(:mod:`brisvox.agent.pipeline.tts_clips`).
 
 * Delay: measured on the injected clock from the start of the tool round.
   The default is ONE fixed delay (1.2 s) for every tool that has a filler; a
@@ -59,11 +63,13 @@ class StaticClips:
 
 @dataclass(frozen=True, slots=True)
 class FillerConfig:
-    """Session config: ``enabled``, ``delay`` (fixed) or ``per_tool`` (each tool's own)."""
+    """Session config: ``enabled``, ``delay`` (fixed) or ``per_tool`` (each tool's own),
+    ``clips``: phrases are played from their pre-rendered clips once rendered."""
 
     enabled: bool = True
     delay: float = DEFAULT_FILLER_DELAY
     per_tool: bool = False
+    clips: bool = True
 
     def validate(self) -> None:
         if self.delay < 0:

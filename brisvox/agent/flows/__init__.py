@@ -1,0 +1,1 @@
+"""Conversation flows: nodes, transitions, actions (docs/FLOWS.md)."""

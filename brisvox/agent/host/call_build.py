@@ -1,0 +1,45 @@
+"""A call's parts from its agent definition: providers, tools, telephony port, flow.
+
+Owns :func:`from_definition`, what the agent process builds for one call of an agent file
+(:mod:`brisvox.agent.host.process` calls it; the simulator builds its own): the providers
+through :func:`brisvox.providers.registry.build_call` with the process's job channel, the
+telephony port bound to the call's link (its ``end_call`` hang-up waits for the goodbye to
+play out), the call's tool registry (exactly the agent's ``tools``, plus a flow's functions)
+and the flow's :class:`~brisvox.agent.flows.manager.FlowManager` (None without ``[flow]``).
+Raises what the parts raise (a missing key, a tool nothing provides): the call is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from brisvox.agent.flows.manager import FlowManager
+from brisvox.agent.tool_engine.builtin import LinkTelephony
+from brisvox.agent.tool_engine.loader import build_registry
+from brisvox.agent.tool_engine.registry import ToolRegistry
+from brisvox.providers.registry import CallEnv, CallProviders, build_call
+
+
+@dataclass(slots=True)
+class CallBuild:
+    providers: CallProviders
+    registry: ToolRegistry | None
+    telephony: LinkTelephony
+    flow: FlowManager | None = None
+
+
+def from_definition(agent: Any, call_id: str, to_gateway: Callable[[Any], None], channel: Any,
+                    hangup_after_playout: Callable[[str], None]) -> CallBuild:
+    provs = build_call(agent, CallEnv(call_id, channel=channel))
+    telephony = LinkTelephony(call_id, to_gateway, hangup_hook=hangup_after_playout)
+    registry = build_registry(agent, telephony) if agent.tools or agent.flow is not None else None
+    flow = None
+    if agent.flow is not None:
+        assert registry is not None
+        flow = FlowManager(agent.flow)
+        for spec, body in flow.function_tools():
+            registry.register(spec, body)
+        flow.bind(registry.specs())
+    return CallBuild(provs, registry, telephony, flow)
