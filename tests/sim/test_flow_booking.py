@@ -168,3 +168,23 @@ def test_past_max_transitions_the_fallback_line_ends_the_call():
     assert flow.transitions == 2 and flow.st["cap_reached"] == 1
     said = [m.text for m in res.actor.context if getattr(m, "role", "") == "assistant" and m.text]
     assert said[-1] == "Sorry, goodbye." and port.hangups == ["flow"]
+
+
+def test_a_barge_in_during_the_flows_booking_runs_it_once_and_the_flow_goes_on():
+    tools = SimTools(book_seconds=2.0)
+    res = run([Utter("a table for two for ada", at=0.5), Utter("yes that is right", after_bot_done=0.5),
+               Utter("hello are you still there", after_bot_words=2)],
+              [LlmScript((Call("set_booking", {"name": "Ada", "people": 2}),)),
+               LlmScript((Say("A table for two for Ada, is that right?"),)),
+               LlmScript((Call("confirmed", {}),)),
+               LlmScript((Say("One moment while I book it for you."), Call("book_table", {"name": "Ada", "people": 2}))),
+               LlmScript((Call("book_table", {"name": "Ada", "people": 2}),)),  # the model repeats it
+               LlmScript((Say("You are booked, Ada."),))],
+              tools)
+    assert res.interrupts == 1
+    assert tools.bodies["book_table"] == 1  # exactly once across the barge-in and the repeat
+    flow = res.actor.runner.flow
+    assert flow.node.name == "goodbye"  # the booking's late result moved the flow on
+    assert res.actor.context.is_valid()
+    said = [m.text for m in res.actor.context if getattr(m, "role", "") == "assistant" and m.text]
+    assert said[-1] == "Goodbye and thank you."

@@ -143,3 +143,12 @@ def test_keypad_and_the_transition_cap():
     with pytest.raises(FlowCapReached):
         m.enter("greeting", Context([SystemMessage("p")]))
     assert m.st["cap_reached"] == 1
+
+
+def test_a_handler_tool_decides_the_next_node_dynamically():
+    m = FlowManager(flow(), [BOOK])
+    m.node = m.flow.nodes["book"]
+    call = ToolCall("t5.0", "book_table", {})
+    assert m.decide([call], [ToolMessage("t5.0", '{"ref":"BK-1","next_node":"confirm"}')]) == "confirm"
+    # an unknown node named by a handler moves nothing on its own: next_on still applies
+    assert m.decide([call], [ToolMessage("t5.0", '{"ref":"BK-1","next_node":"nowhere"}')]) == "goodbye"

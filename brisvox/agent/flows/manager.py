@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from brisvox.agent.conversation.context import (
     Context,
     SystemMessage,
@@ -122,10 +124,15 @@ class FlowManager:
         return name in self.node.tools or any(f.name == name for f in self.node.functions)
 
     def decide(self, calls: Sequence[Any], results: Sequence[ToolMessage]) -> str | None:
-        """The node a round's answered calls lead to (None: stay)."""
+        """The node a round's answered calls lead to (None: stay): a function's ``next``, a
+        ``next_on`` tool that succeeded, or a handler: a node tool whose result object names
+        ``"next_node"`` (a dynamic flow's Python tool deciding where to go)."""
         for c, r in zip(calls, results, strict=False):
             if r.is_error or not isinstance(c, ToolCall):
                 continue
+            chosen = _next_node(r.content) if c.name in self.node.tools else None
+            if chosen is not None and chosen in self.flow.nodes:
+                return chosen
             fn = next((f for f in self.node.functions if f.name == c.name), None)
             if fn is not None and fn.next:
                 return fn.next
@@ -166,3 +173,14 @@ class FlowManager:
         self.transitions += 1
         self.st["transitions"] += 1
         return Transition(target, out, old.post_actions, new.pre_actions)
+
+
+def _next_node(content: str) -> str | None:
+    if '"next_node"' not in content:
+        return None  # the common case: no parse of a result that cannot name one
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    value = body.get("next_node") if isinstance(body, dict) else None
+    return value if isinstance(value, str) else None

@@ -16,8 +16,10 @@ Owns the runner's side of :class:`~brisvox.agent.flows.manager.FlowManager`:
   (:meth:`_flow_final`: the goodbye node's ``end_call``).
 * The start node's pre-actions are said at the call's first turn (the greeting's, or the
   caller's first); a keypad entry matching the node's ``on_keypad`` moves the flow at the
-  start of the entry's own turn (:meth:`keypad_turn`), then the model answers from there.
-* Actions: ``say`` is a fixed line (its own round, into the context); ``end_call``,
+  start of the entry's own turn (:meth:`keypad_turn`), then the model answers from there;
+  so does the late result of a ``next_on`` tool a barge-in cut (:meth:`flow_late`).
+* Actions: ``say`` is a fixed line (its own round, into the context, played from its
+  pre-rendered clip after its first rendering: the TTS stage's clip cache); ``end_call``,
   ``transfer`` and ``tool`` run the registry's tool once (``end_call``, ``transfer_call``
   or the named one) with its own timeout; a missing tool is counted and logged.
 * A runner with a flow skips speculation (``skipped_flow``): a transition would change the
@@ -44,7 +46,7 @@ log = logging.getLogger("brisvox.agent.flow")
 class _FlowHook(_RunnerParts):
     flow: FlowManager | None
     _flow_pre: tuple[FlowAction, ...] = ()  # the start node's pre-actions, said at the first turn
-    _flow_keypad: str | None = None  # the node a keypad entry moves to, entered at its turn's start
+    _flow_keypad: str | None = None  # the node a keypad entry or a late result moves to, at a turn's start
     flow_actions = 0
     flow_action_failures = 0
 
@@ -81,6 +83,18 @@ class _FlowHook(_RunnerParts):
             return True
         target, self._flow_keypad = self._flow_keypad, None
         return target is not None and await self._flow_enter(turn, target)
+
+    def flow_late(self, outcomes: Sequence[tuple[str, bool]]) -> None:
+        """Late tool results (a booking a barge-in cut, finished later): a ``next_on`` tool
+        of the current node that succeeded moves the flow at the next turn's start."""
+        flow = self.flow
+        if flow is None or self._flow_keypad is not None:
+            return
+        for tool, is_error in outcomes:
+            target = flow.node.next_on.get(tool)
+            if target and not is_error:
+                self._flow_keypad = target
+                return
 
     def keypad_turn(self, digits: str) -> None:
         """A keypad entry: the transition it makes at the current node is entered when its turn starts."""
@@ -119,7 +133,7 @@ class _FlowHook(_RunnerParts):
                 return ends
             self.flow_actions += 1
             if a.say:
-                await self._speak_line(turn, a.say, into_context=True)
+                await self._speak_line(turn, a.say, into_context=True, clip=True)  # pre-rendered after its first use
                 continue
             if a.end_call:
                 name, args = "end_call", {"reason": "flow"}

@@ -86,7 +86,7 @@ class _RunnerParts(Stage):
     async def _flush(self, turn: _Turn, rnd: int) -> None:
         raise NotImplementedError
 
-    async def _speak_line(self, turn: _Turn, text: str, into_context: bool) -> int:
+    async def _speak_line(self, turn: _Turn, text: str, into_context: bool, clip: bool = False) -> int:
         raise NotImplementedError
 
     def _check(self) -> None:

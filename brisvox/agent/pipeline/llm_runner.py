@@ -302,6 +302,7 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         if notes:
             self.st.late_notes += len(notes)
             self.ctx.extend(notes)
+            self.flow_late(self.engine.late_outcomes)
 
     def _push_assistant(self, turn: _Turn, rnd: int, msg: AssistantMessage) -> int:
         self._enter_filler(turn)  # a spoken filler goes in before the next assistant message

@@ -25,9 +25,6 @@ from brisvox.agent.tool_engine.delivery import Execution
 
 
 class _ToolPhase(_RunnerParts):
-    async def _speak_line(self, turn: _Turn, text: str, into_context: bool, clip: bool = False) -> int:
-        raise NotImplementedError  # LlmRunner's (``clip``: a filler is a clip round)
-
     @property
     def filler_clips(self) -> bool:
         """Fillers are clip rounds (played from memory once rendered): ``FillerConfig.clips``."""

@@ -126,10 +126,14 @@ class _Delivery(_EngineState):
     _mailbox: deque[_LateNote]
     _dropped_notes: int
 
+    late_outcomes: list[tuple[str, bool]] = []  # (tool, is_error) of the notes the last take returned
+
     def take_late_notes(self) -> list[SystemMessage]:
         """Late notes waiting in the mailbox (call only when no call is open in
-        the context); they count as reported."""
+        the context); they count as reported. ``late_outcomes`` then says, per note,
+        its tool and whether its result was an error (a flow moves on a late success)."""
         out = []
+        outcomes: list[tuple[str, bool]] = []
         while self._mailbox:
             n = self._mailbox.popleft()
             if n.recent is not None:
@@ -137,6 +141,8 @@ class _Delivery(_EngineState):
                     continue
                 n.recent.note = NoteState.REPORTED
             out.append(n.message)
+            outcomes.append((n.tool, n.recent.is_error if n.recent is not None else True))
+        self.late_outcomes = outcomes
         return out
 
     def _finish(self, items: list[_Item], exhausted: bool, record: _RunRecord) -> Execution:
