@@ -60,6 +60,7 @@ class SimCall:
     chain: Sequence[StageSpec] = CHAIN  # the pipeline assembled (brisvox/agent/pipeline/chain.py)
     s2s: Callable[[Vocab], S2sProvider] | None = None  # a speech-to-speech call (S2S_CHAIN) with this provider
     flow: FlowDef | None = None  # the LLM runner drives this flow (its functions join the registry)
+    llm_provider: Any = None  # another LLM than the scripted FakeLlm (e.g. the rule-based ScriptedLlm)
 
 
 @dataclass(slots=True)
@@ -132,7 +133,7 @@ async def simulate(call: SimCall) -> SimResult:
         call.call_id,
         cfg,
         stt=stt,
-        llm=llm,
+        llm=call.llm_provider if call.llm_provider is not None else llm,
         tts=tts,
         source=platform.in16,
         sink=platform.tts,

@@ -152,3 +152,11 @@ def test_a_handler_tool_decides_the_next_node_dynamically():
     assert m.decide([call], [ToolMessage("t5.0", '{"ref":"BK-1","next_node":"confirm"}')]) == "confirm"
     # an unknown node named by a handler moves nothing on its own: next_on still applies
     assert m.decide([call], [ToolMessage("t5.0", '{"ref":"BK-1","next_node":"nowhere"}')]) == "goodbye"
+
+
+def test_the_python_example_flow_checks():
+    from examples.booking_flow import booking_flow
+
+    f = booking_flow("22:00")
+    assert check_flow(f, ["check_slot", "book_table", "end_call"]) == []
+    assert "until 22:00" in f.nodes["goodbye"].task

@@ -408,6 +408,7 @@ class AgentProcess:
         slot = self.calls.get(call_id)
         if slot is not None and not slot.ended:
             slot.link.to_gateway(Hangup(call_id=call_id, reason=reason))
+            await self._end_call(call_id, reason, answer=False)  # the gateway sends no CallEnd after a Hangup
 
     async def _undo_attach(self, call_id: str, rings: list[Any]) -> None:
         if self.workers is not None:
