@@ -1,4 +1,4 @@
-"""A flow through the whole daemon, driven by the caller's keypad: Twilio Media Streams and SIP (RFC 4733).
+"""A flow through the whole daemon, driven by the caller's keypad: native WebSocket, Twilio Media Streams, SIP (RFC 4733).
 
 brisvoxd serves an agent file with a ``[flow]`` (menu -> book -> bye) made of scripted
 stand-ins (no model, no key): the agent greets, the menu node's pre-action says the
@@ -21,6 +21,7 @@ import pytest
 
 from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.host.call_record import read_records
+from brisvox.client.native import NativeTransport
 from brisvox.client.sip import SipTransport
 from brisvox.client.transport import BotEvents
 from brisvox.client.twilio import TwilioTransport
@@ -143,11 +144,12 @@ async def flow_call(t) -> dict:  # noqa: ANN001
     return {"seconds": time.monotonic() - t0, "hung_up": ended.is_set()}
 
 
-@pytest.mark.parametrize("kind", ["twilio", "sip"])
+@pytest.mark.parametrize("kind", ["native", "twilio", "sip"])
 def test_a_keypad_driven_flow_books_once_and_ends_the_call_itself(daemon, kind):
     d, tmp, ws, sip = daemon
-    t = TwilioTransport(f"ws://127.0.0.1:{ws}/twilio") if kind == "twilio" else \
-        SipTransport(f"sip:flowdemo@127.0.0.1:{sip}")
+    t = {"native": lambda: NativeTransport(f"ws://127.0.0.1:{ws}/ws", rate=8000),
+         "twilio": lambda: TwilioTransport(f"ws://127.0.0.1:{ws}/twilio"),
+         "sip": lambda: SipTransport(f"sip:flowdemo@127.0.0.1:{sip}")}[kind]()
     before = {r["call_id"] for r in read_records(tmp / "records")}
     res = asyncio.run(flow_call(t))
 
