@@ -3,13 +3,14 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install install-test run test test-fast test-system test-e2e lint bench clean
+.PHONY: install install-test run test test-fast test-system test-e2e test-sdk-ts lint bench clean
 
 # Order: Debian packages first (python3-venv and the C++ toolchain the venv step needs),
 # then the venv pinned by constraints.txt, then the model files. `make run` installs what
-# running needs; `make test` adds the test/lint extras and the SIP peers.
+# running needs; `make test` adds the test/lint extras, the SIP peers and the TypeScript
+# SDK's npm packages (Node 20+ itself is not installed: scripts/install-node.sh says so).
 install: .stamp-apt-run .stamp-venv-run .stamp-models
-install-test: .stamp-apt-test .stamp-venv-test .stamp-models
+install-test: .stamp-apt-test .stamp-venv-test .stamp-models .stamp-node
 
 .stamp-apt-run: scripts/apt-packages.txt scripts/install-apt.sh
 	scripts/install-apt.sh run
@@ -31,14 +32,23 @@ install-test: .stamp-apt-test .stamp-venv-test .stamp-models
 	$(BIN)/brisvox models install
 	touch $@
 
+# The TypeScript SDK: `npm ci` from its lock file, then a first build (needs Node 20+ on PATH).
+.stamp-node: scripts/install-node.sh sdk/typescript/package.json sdk/typescript/package-lock.json
+	scripts/install-node.sh
+	touch $@
+
 run: install
 	$(BIN)/brisvoxd start --foreground --config configs/brisvoxd.toml
 
-test: install-test
-	$(BIN)/python -m pytest tests
+test: install-test test-sdk-ts
+	$(BIN)/python -m pytest tests sdk/python/tests
 
-test-fast: install-test
-	$(BIN)/python -m pytest tests/unit tests/sim
+test-fast: install-test test-sdk-ts
+	$(BIN)/python -m pytest tests/unit tests/sim sdk/python/tests
+
+# The TypeScript SDK's own tests (tsc, then node --test; a few seconds).
+test-sdk-ts: .stamp-node
+	cd sdk/typescript && npm run --silent build && npm test --silent
 
 test-system: install-test
 	$(BIN)/python -m pytest tests/system
@@ -55,5 +65,5 @@ bench: install
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .stamp-* .venv-install.log build *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .stamp-* .venv-install.log build *.egg-info sdk/typescript/node_modules sdk/typescript/dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

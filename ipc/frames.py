@@ -165,6 +165,8 @@ class CallStart(Frame):
     started_ns: int
     transport_ids: dict[str, str] | None = None  # callSid/streamSid, SIP Call-ID
     params: dict[str, Any] | None = None  # custom parameters from the transport
+    caller: str = ""  # the caller's number: SIP From user, a From/caller parameter ("" unknown)
+    called: str = ""  # the number called: SIP To user, a To/called parameter ("" unknown)
 
 
 @frame("call_accepted", to="reply")

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import jsonschema
 
 from brisvox.agent.flows.definition import FlowDef, check_flow, parse_flow
+from brisvox.agent.link.config import LinkConfig, check_link
 from brisvox.config.errors import ConfigError
 from brisvox.providers.registry import (
     KEY_OPTIONAL,
@@ -114,6 +115,7 @@ class AgentDef:
     s2s: ProviderDef | None = None  # a speech-to-speech provider replaces stt and llm (docs/S2S.md)
     s2s_settings: Mapping[str, Any] = field(default_factory=dict)  # turn_detection, g711_passthrough, ...
     flow: FlowDef | None = None  # the conversation's flow (brisvox/agent/flows/), None: free conversation
+    agent_link: LinkConfig | None = None  # [agent_link]: the agent service (docs/AGENT_PROTOCOL.md)
 
     def legs(self) -> list[tuple[str, ProviderDef]]:
         """(stage, leg) of every stage the agent has."""
@@ -210,6 +212,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         speculation=dict(data.get("speculation", {})), window=dict(data.get("window", {})), dtmf=dict(data.get("dtmf", {})),
         s2s=_leg(data["s2s"]) if "s2s" in data else None,
         flow=parse_flow(data["flow"]) if "flow" in data else None,
+        agent_link=LinkConfig.from_table(data["agent_link"]) if "agent_link" in data else None,
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
     )
 
@@ -317,6 +320,8 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                         for p in check_flow(agent.flow, agent.tools))
     problems.extend(_check_speculation(agent, lines))
     problems.extend(_check_dtmf(agent, lines))
+    problems.extend(Problem(sev, f"agent_link.{k}", line_of(lines, ["agent_link", k]), msg)
+                    for sev, k, msg in (check_link(data["agent_link"], env) if "agent_link" in data else ()))
     return agent, problems
 
 

@@ -25,6 +25,7 @@ call; ``on_end`` is reported once.
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import socket
 import time
@@ -92,9 +93,13 @@ class SipTransport:
 
     def __init__(self, target: str, agent: str = "", *, local_host: str = "127.0.0.1", sip_port: int = 0,
                  rtp_port: int = 0, codecs: tuple[str, ...] = ("PCMU", "PCMA"), answer_timeout: float = 30.0,
-                 response_timeout: float = 5.0, timers: Timers | None = None, dtmf_info: str = "") -> None:
+                 response_timeout: float = 5.0, timers: Timers | None = None, dtmf_info: str = "",
+                 from_user: str = USER) -> None:
         if dtmf_info not in ("", "dtmf-relay", "dtmf"):
             raise ValueError(f"dtmf_info: '', 'dtmf-relay' or 'dtmf', not {dtmf_info!r}")
+        if not re.fullmatch(r"[A-Za-z0-9+._*-]{1,64}", from_user):
+            raise ValueError(f"from_user: 1 to 64 of A-Z a-z 0-9 + . _ * -, not {from_user!r}")
+        self.from_user = from_user  # the user part of our From: the caller's number the server sees
         self.dtmf_info = dtmf_info  # "": RFC 4733 events; else each key as an INFO of that body
         self.request_uri, self.server = parse_target(target, agent)
         self.local_host = local_host
@@ -165,7 +170,7 @@ class SipTransport:
         h = inv.headers
         h.append(("via", f"SIP/2.0/UDP {self._via};branch={new_branch()};rport"))
         h.append(("max-forwards", "70"))
-        h.append(("from", f"<sip:{USER}@{self.local_host}>;tag={self.local_tag}"))
+        h.append(("from", f"<sip:{self.from_user}@{self.local_host}>;tag={self.local_tag}"))
         h.append(("to", f"<{self.request_uri}>"))
         h.append(("call-id", self.sip_call_id))
         h.append(("cseq", "1 INVITE"))
@@ -235,7 +240,7 @@ class SipTransport:
             call_id=self.sip_call_id,
             local_tag=self.local_tag,
             remote_tag=resp.to_tag,
-            local_uri=f"sip:{USER}@{self.local_host}",
+            local_uri=f"sip:{self.from_user}@{self.local_host}",
             remote_uri=self.request_uri,
             remote_target=target,
             route_set=list(reversed(resp.get_all("record-route"))),

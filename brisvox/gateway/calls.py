@@ -96,7 +96,9 @@ class Call:
         self.leg: Leg | None = None
         self.state = "starting"  # starting -> active -> ending -> ended
         self.transport_ids: dict[str, str] = {}
-        self.params: dict[str, str] = {}
+        self.params: dict[str, str] = {}  # bounded by brisvox.wire.jsontext.checked_params
+        self.caller = ""  # the caller's number (SIP From user, a From/caller parameter)
+        self.called = ""  # the number called (SIP To user, a To/called parameter)
         self.stats = CallStats()
         self.gate = PlayoutGate(self.stats, max_marks=max_marks, pause_max_s=pause_max_s)
         self.builtin: Any = None  # the echo agent, when it serves the call

@@ -31,7 +31,10 @@ Invariants:
   1013, an oversized frame is closed by the server with 1009.
 * A connection let in with a signed token that carries ``params`` gets
   exactly those as the call's parameters (the ``start`` message's are
-  ignored); otherwise the ``start`` message's are used.
+  ignored); otherwise the ``start`` message's are used. The caller and the
+  called number are the parameters ``caller``/``from`` and ``called``/``to``
+  (:func:`~brisvox.wire.jsontext.caller_called`); a malformed or oversized
+  parameter is dropped and counted (``call_params_dropped``), never refused.
 * In ``release`` mark mode (default) the gateway reports a mark as played
   when its release position passes it; in ``echo`` mode the client's echo
   does, as with Twilio.
@@ -52,6 +55,7 @@ from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.config import WsRoute
 from brisvox.gateway.leg import SESSION_LOG, TransportLeg, ws_close_code
 from brisvox.wire import dtmf, native
+from brisvox.wire.jsontext import caller_called
 from brisvox.wire.native import NativeError
 
 if TYPE_CHECKING:
@@ -179,6 +183,9 @@ class NativeSession(TransportLeg):
             call.params = grant.params  # a signed token's parameters: the client cannot change them
         elif start.params is not None:
             call.params = start.params
+        call.caller, call.called = caller_called(call.params)
+        if start.dropped:
+            self.host.count("call_params_dropped", start.dropped)
         self.call = call
         self.conn.send_text(native.started(call.call_id, start.rate, call.agent))
         self.host.start_call(call, self, self._on_ready)

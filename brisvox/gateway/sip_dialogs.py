@@ -24,6 +24,9 @@ Invariants:
   text is a quoted-string whatever the reason holds (control characters
   removed, quotes and backslashes escaped, at most ``REASON_TEXT_MAX``
   bytes), so a reason cannot add a header.
+* The call's metadata: the Call-ID as its transport id, the From and To
+  users as the caller and the called number, both URIs as the parameters
+  ``from`` and ``to`` (a URI over the parameter bound is dropped and counted).
 * A leg ends once (``SipCall.ended``): RTP closed, dialog forgotten,
   :meth:`~brisvox.gateway.host.CallHost.transport_ended` called.
 * A re-INVITE while the previous INVITE is unfinished is answered 491; a
@@ -37,13 +40,14 @@ import logging
 from socket import AF_INET6
 from typing import TYPE_CHECKING, cast
 
-from brisvox.gateway.calls import AdmissionError
+from brisvox.gateway.calls import AdmissionError, Call
 from brisvox.gateway.leg import REASON_TEXT_MAX, q850_cause, reason_text
 from brisvox.gateway.sip_rtp import RATE, Addr, SipCall
 from brisvox.gateway.sip_transactions import SipTransactions
 from brisvox.wire import sdp
+from brisvox.wire.jsontext import checked_params, param_text
 from brisvox.wire.sip_dialog import Dialog, make_response
-from brisvox.wire.sip_message import SipMessage, new_tag, parse_uri, quoted_string
+from brisvox.wire.sip_message import SipMessage, new_tag, parse_uri, quoted_string, uri_number
 from brisvox.wire.sip_transaction import (
     Action,
     Retransmit2xx,
@@ -134,11 +138,22 @@ class SipDialogs(SipTransactions):
             self._respond(tx, req, 500)
             raise
         call.transport_ids = {"sip_call_id": req.call_id[:128]}
-        call.params = {"from": dialog.remote_uri[:256], "to": dialog.local_uri[:256]}
+        self._call_metadata(call, dialog)
         self.dialogs[(dialog.call_id, dialog.local_tag)] = leg
         self.by_call_id[dialog.call_id] = leg
         self._track(tx, functools.partial(self._invite_tx_event, leg))
         self.call_host.spawn(self._setup(leg))
+
+    def _call_metadata(self, call: Call, dialog: Dialog) -> None:
+        """The caller and the called number (the From and To users, a tel: URI's number) and
+        both URIs as the parameters ``from`` and ``to``; one that is no parameter value (too
+        long) is dropped and counted (``call_params_dropped``), the call goes on."""
+        params, dropped = checked_params({"from": dialog.remote_uri, "to": dialog.local_uri})
+        call.params = params or {}
+        call.caller = param_text(uri_number(dialog.remote_uri)) or ""
+        call.called = param_text(uri_number(dialog.local_uri)) or ""
+        if dropped:
+            self.count("call_params_dropped", dropped)
 
     def _negotiate(self, offer: sdp.SessionDescription) -> sdp.Negotiated:
         """Offer/answer, and an address our RTP socket can send to (SdpError -> 488)."""

@@ -25,6 +25,11 @@ Invariants:
   never charged to the budget (Twilio adds events over time; a new one must
   not hang up live calls).
 * A call beyond ``max_calls`` (or while draining) is closed with 1013.
+* The call's metadata: ``streamSid``/``callSid``/``accountSid`` as its
+  transport ids, ``customParameters`` as its parameters, the caller and
+  the called number from the ``From``/``To`` (or ``caller``/``called``)
+  parameters; a malformed or oversized id or parameter is dropped and
+  counted (``call_params_dropped``), never refused.
 * Outbound media messages are built from the stream's prefix
   (:class:`~brisvox.wire.twilio.BotStream`) and a reused encode buffer (no
   JSON encoder, no dict per frame); a ``mark`` is sent
@@ -185,6 +190,9 @@ class TwilioSession(TransportLeg):
         call.transport_ids = start.ids
         if start.params is not None:
             call.params = start.params
+        call.caller, call.called = start.numbers
+        if start.dropped:
+            self.host.count("call_params_dropped", start.dropped)
         self.call = call
         self._out = out = BotStream(start.stream_sid)
         self._prefix = out.media_prefix

@@ -29,6 +29,7 @@ from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host.actor import ActorConfig, CallActor
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.pipeline.chain import CHAIN, S2S_CHAIN, StageSpec
+from brisvox.agent.tool_engine.call_info import CallInfo
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK as _LOOP_CLOCK
 from brisvox.providers.s2s.base import S2sProvider
@@ -61,6 +62,7 @@ class SimCall:
     s2s: Callable[[Vocab], S2sProvider] | None = None  # a speech-to-speech call (S2S_CHAIN) with this provider
     flow: FlowDef | None = None  # the LLM runner drives this flow (its functions join the registry)
     llm_provider: Any = None  # another LLM than the scripted FakeLlm (e.g. the rule-based ScriptedLlm)
+    call_info: CallInfo | None = None  # the call's metadata its tools see (caller, called, parameters)
 
 
 @dataclass(slots=True)
@@ -144,6 +146,7 @@ async def simulate(call: SimCall) -> SimResult:
         registry=registry,
         transport="sim",
         transport_ids={"sim": call.call_id},
+        call_info=call.call_info,
         greeting=call.greeting,
         **({"chain": call.chain} | extra),
     )

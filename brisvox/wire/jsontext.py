@@ -2,26 +2,37 @@
 
 Owns the compact JSON text the builders emit (no spaces, UTF-8, the same
 bytes ``orjson.dumps`` gives for the strings, ints and objects these messages
-hold), the JSON quoting of one string for the byte templates, and the bounds
+hold), the JSON quoting of one string for the byte templates, the bounds
 on caller-supplied call parameters (Twilio ``customParameters``, native
-``params``).
+``params``, a signed token's ``params``, the SIP From/To URIs) and which
+parameters name the caller and the called number (:func:`caller_called`).
 
 Invariants: :func:`quote` is the standard library's C string escaper
 (``"``, ``\\`` and control characters escaped, the rest kept as UTF-8), so a
 template with quoted strings is valid JSON whatever the strings hold;
-:func:`bounded_params` keeps at most ``MAX_PARAMS`` entries, names cut to
-``MAX_PARAM_NAME`` and values to ``MAX_PARAM_VALUE`` characters, all strings.
+:func:`checked_params` keeps at most ``MAX_PARAMS`` entries, each a name of 1
+to ``MAX_PARAM_NAME`` characters and a value of at most ``MAX_PARAM_VALUE``
+(a string, or a number or boolean as its JSON text), neither holding a
+control character; every other entry is dropped whole (never cut) and
+counted, so a bad parameter never refuses the call.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from json import JSONEncoder
 from json.encoder import encode_basestring
 from typing import Any
 
 MAX_PARAMS = 32
 MAX_PARAM_NAME = 64
-MAX_PARAM_VALUE = 1024
+MAX_PARAM_VALUE = 256
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# the parameters that name the numbers, first match wins (names compared case-insensitively):
+# Twilio's TwiML passes its own From/To as <Parameter name="From" value="{{From}}"/>
+CALLER_KEYS = ("caller", "from")
+CALLED_KEYS = ("called", "to")
 
 # one encoder for the process: json.dumps with non-default options builds one per call
 _ENCODER = JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
@@ -42,8 +53,57 @@ def quote(s: str) -> bytes:
     return encode_basestring(s).encode()
 
 
-def bounded_params(obj: Any) -> dict[str, str] | None:
-    """Call parameters from untrusted JSON, bounded (see module invariants); None unless an object."""
-    if type(obj) is not dict:
+def param_text(v: Any, limit: int = MAX_PARAM_VALUE) -> str | None:
+    """``v`` as a parameter value (see module invariants), or None when it is not one."""
+    t = type(v)
+    if t is str:
+        s = v
+    elif t is bool:
+        s = "true" if v else "false"
+    elif t is int:
+        if not -(2**63) <= v < 2**64:
+            return None
+        s = str(v)
+    elif t is float:
+        if not math.isfinite(v):
+            return None
+        s = repr(v)
+    else:
         return None
-    return {str(k)[:MAX_PARAM_NAME]: str(v)[:MAX_PARAM_VALUE] for k, v in list(obj.items())[:MAX_PARAMS]}
+    if len(s) > limit or _CONTROL.search(s):
+        return None
+    return s
+
+
+def checked_params(obj: Any) -> tuple[dict[str, str] | None, int]:
+    """Call parameters from untrusted JSON, bounded (see module invariants): (the parameters,
+    how many entries were dropped). None when absent; anything but an object counts one."""
+    if obj is None:
+        return None, 0
+    if type(obj) is not dict:
+        return None, 1
+    out: dict[str, str] = {}
+    dropped = 0
+    for k, v in obj.items():
+        if len(out) == MAX_PARAMS:
+            return out, len(obj) - MAX_PARAMS  # the rest is dropped
+        val = param_text(v)
+        if type(k) is not str or not 0 < len(k) <= MAX_PARAM_NAME or val is None or _CONTROL.search(k):
+            dropped += 1
+            continue
+        out[k] = val
+    return out, dropped
+
+
+def bounded_params(obj: Any) -> dict[str, str] | None:
+    """:func:`checked_params` without the count."""
+    return checked_params(obj)[0]
+
+
+def caller_called(params: dict[str, str] | None) -> tuple[str, str]:
+    """(caller, called) named by the parameters (``CALLER_KEYS``, ``CALLED_KEYS``); "" when none does."""
+    if not params:
+        return "", ""
+    low = {k.lower(): v for k, v in reversed(params.items())}  # the first of two spellings wins
+    return (next((low[k] for k in CALLER_KEYS if low.get(k)), ""),
+            next((low[k] for k in CALLED_KEYS if low.get(k)), ""))

@@ -27,7 +27,8 @@ Invariants:
   ``code`` is the stable label of the error message and of the counters.
 * :func:`parse_start` accepts only a rate among the offered ``rates``
   (a subset of :data:`RATES`) and a ``marks`` mode of release or echo, and
-  bounds the parameters (:func:`brisvox.wire.jsontext.bounded_params`).
+  bounds the parameters (:func:`brisvox.wire.jsontext.checked_params`: a
+  malformed or oversized one is dropped and counted in ``Start.dropped``).
 
 Signed tokens (the credential a browser holds instead of the gateway's
 ``native_secret``): ``base64url(payload) "." base64url(HMAC-SHA256(secret,
@@ -53,7 +54,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from brisvox.wire.dtmf import DIGITS
-from brisvox.wire.jsontext import bounded_params, data, text
+from brisvox.wire.jsontext import bounded_params, checked_params, data, text
 
 RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)  # every rate the protocol knows
 FRAME_MS = 20
@@ -114,6 +115,7 @@ class Start:
     rate: int
     marks_echo: bool  # marks: "echo" (the client echoes each mark) rather than "release"
     params: dict[str, str] | None = None  # None when absent or not an object
+    dropped: int = 0  # parameters dropped as malformed or oversized
 
 
 def event_name(msg: Any) -> str:
@@ -131,7 +133,8 @@ def parse_start(msg: dict[str, Any], rates: tuple[int, ...] = RATES) -> Start:
     marks = msg.get("marks", "release")
     if marks not in MARK_MODES:
         raise NativeError("bad_start", "marks must be release or echo")
-    return Start(rate, marks == "echo", bounded_params(msg.get("params")))
+    params, dropped = checked_params(msg.get("params"))
+    return Start(rate, marks == "echo", params, dropped)
 
 
 def mark_name(msg: dict[str, Any]) -> str:

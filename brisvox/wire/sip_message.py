@@ -437,6 +437,16 @@ def parse_uri(uri: str) -> SipUri:
     return SipUri(scheme.lower(), user, host, port, _params(params))
 
 
+def uri_number(uri: str) -> str:
+    """The number (or name) a URI addresses: a SIP URI's user part (``sip:+15550100@h`` ->
+    ``+15550100``), a ``tel:`` URI's number; "" when it has none or is no SIP or tel URI."""
+    try:
+        u = parse_uri(uri)
+    except ValueError:
+        return ""
+    return u.host if u.scheme == "tel" else u.user
+
+
 def quoted_string(text: str, limit: int = 128) -> str:
     """``text`` made safe inside an RFC 3261 quoted-string (the caller adds the quotes).
 

@@ -28,10 +28,12 @@ Invariants:
 * :class:`TwilioStream` counts as Twilio does: ``sequenceNumber`` from 1 over
   every message after ``connected``; ``media.chunk`` from 1 and
   ``media.timestamp`` (milliseconds since the stream started), all strings.
-* :func:`parse_start` bounds what it keeps (ids at most ``MAX_SID``
-  characters, parameters as :func:`brisvox.wire.jsontext.bounded_params`), and
-  refuses a streamSid that would need escaping; :func:`media_payload` decodes
-  strict base64 and refuses more than ``MAX_MEDIA_BYTES``.
+* :func:`parse_start` bounds what it keeps (a callSid or accountSid that is
+  not a string of 1 to ``MAX_SID`` characters without control characters is
+  dropped, parameters as :func:`brisvox.wire.jsontext.checked_params`; each
+  drop counted in ``Start.dropped``), and refuses a streamSid that would need
+  escaping; :func:`media_payload` decodes strict base64 and refuses more than
+  ``MAX_MEDIA_BYTES``.
 * :func:`bot_event` reads a message exactly as :func:`bot_message` does,
   without building a message object; anything unparseable is ``invalid``.
 """
@@ -49,7 +51,7 @@ from json.encoder import encode_basestring
 from typing import Any
 
 from brisvox.wire.dtmf import DIGITS
-from brisvox.wire.jsontext import bounded_params, quote
+from brisvox.wire.jsontext import caller_called, checked_params, param_text, quote
 
 RATE = 8000
 FRAME = 160  # 20 ms of mu-law: one media message
@@ -144,12 +146,20 @@ class TwilioStream:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """What a bot keeps of ``start``. An id or the parameters are None when absent."""
+    """What a bot keeps of ``start``. An id or the parameters are None when absent
+    (or dropped: ``dropped`` counts the ids and parameters dropped as malformed)."""
 
     stream_sid: str
     call_sid: str | None = None
     account_sid: str | None = None
     params: dict[str, str] | None = None  # customParameters
+    dropped: int = 0
+
+    @property
+    def numbers(self) -> tuple[str, str]:
+        """(caller, called): the From/To (or caller/called) custom parameters, as TwiML
+        passes them (``<Parameter name="From" value="{{From}}"/>``); "" when absent."""
+        return caller_called(self.params)
 
     @property
     def ids(self) -> dict[str, str]:
@@ -174,10 +184,11 @@ def parse_start(msg: dict[str, Any]) -> Start:
     if type(fmt) is not dict or fmt.get("encoding", ENCODING) != ENCODING \
             or fmt.get("sampleRate", RATE) != RATE or fmt.get("channels", 1) != 1:
         raise TwilioError("bad_media_format", "only audio/x-mulaw 8000 Hz mono is supported")
-    call_sid, account_sid = start.get("callSid"), start.get("accountSid")
-    return Start(sid, call_sid[:MAX_SID] if type(call_sid) is str else None,
-                 account_sid[:MAX_SID] if type(account_sid) is str else None,
-                 bounded_params(start.get("customParameters")))
+    ids = [start.get("callSid"), start.get("accountSid")]
+    kept = [param_text(i, MAX_SID) if type(i) is str and i else None for i in ids]
+    params, dropped = checked_params(start.get("customParameters"))
+    dropped += sum(1 for i, k in zip(ids, kept, strict=True) if i is not None and k is None)
+    return Start(sid, kept[0], kept[1], params, dropped)
 
 
 def media_payload(msg: dict[str, Any]) -> bytes | None:

@@ -47,10 +47,15 @@ def test_start_refusals_and_offered_rates() -> None:
     assert refusal(native.parse_start, {"rate": "16000"}) == ("bad_rate", 1003)
     assert refusal(native.parse_start, {}) == ("bad_rate", 1003)
     assert refusal(native.parse_start, {"rate": 8000, "marks": "later"}) == ("bad_start", 0)
-    many = {f"p{i}": "v" * 2000 for i in range(50)}
-    params = native.parse_start({"rate": 8000, "params": many}).params
-    assert params is not None and len(params) == 32 and {len(v) for v in params.values()} == {1024}
-    assert native.parse_start({"rate": 8000, "params": ["a"]}).params is None
+    # parameters: an oversized or malformed one is dropped whole and counted, never refused
+    many = {f"p{i}": "v" * (256 if i % 2 else 257) for i in range(80)}
+    start = native.parse_start({"rate": 8000, "params": many})
+    assert start.params is not None and len(start.params) == 32 and {len(v) for v in start.params.values()} == {256}
+    assert start.dropped == 48
+    st = native.parse_start({"rate": 8000, "params": ["a"]})
+    assert st.params is None and st.dropped == 1
+    st = native.parse_start({"rate": 8000, "params": {"n": 5, "ok": True, "x": None, "l": [1], "c": "a\nb"}})
+    assert st.params == {"n": "5", "ok": "true"} and st.dropped == 3
 
 
 def test_message_refusals_are_recoverable() -> None:

@@ -75,10 +75,18 @@ def test_start_parses_back_with_ids_and_bounded_parameters() -> None:
     # the minimal shape: the sid outside start, no ids, no parameters
     st = twilio.parse_start({"event": "start", "streamSid": SID, "start": {}})
     assert st.ids == {"streamSid": SID} and st.params is None
-    many = {f"k{i}" + "x" * 100: i for i in range(40)}
-    st = twilio.parse_start({"start": {"streamSid": SID, "callSid": "C" * 300, "customParameters": many}})
-    assert st.call_sid == "C" * twilio.MAX_SID and st.params is not None and len(st.params) == 32
+    # a malformed or oversized id or parameter is dropped whole and counted, never refused
+    many = {f"k{i}" + "x" * (60 if i % 2 else 70): i for i in range(80)}
+    st = twilio.parse_start({"start": {"streamSid": SID, "callSid": "C" * 300, "accountSid": 5,
+                                       "customParameters": many}})
+    assert st.call_sid is None and st.account_sid is None and st.ids == {"streamSid": SID}
+    assert st.params is not None and len(st.params) == 32
     assert all(len(k) <= 64 and type(v) is str for k, v in st.params.items())
+    assert st.dropped == 2 + 48
+    # TwiML's <Parameter name="From" value="{{From}}"/>: the caller and the called number
+    st = twilio.parse_start(loads(s.start({"From": "+15550100", "To": "+15550199", "lang": "en"})))
+    assert st.numbers == ("+15550100", "+15550199") and st.dropped == 0
+    assert twilio.parse_start(loads(s.start({"caller": "ada"}))).numbers == ("ada", "")
 
 
 @pytest.mark.parametrize("msg, kind, code", [

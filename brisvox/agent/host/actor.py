@@ -47,6 +47,9 @@ Owns the life of one call's pipeline on the ring architecture:
   audio and DTMF are discarded as after a hang-up.
 * ``stats()``: one entry per stage of the chain (by its name), then the
   pump, the book, the clears sent, the speculation counters and the tool engine.
+* ``call_info`` (caller, called, transport ids, parameters: the host builds it
+  from CallStart) reaches every tool of the call through its ToolEngine, and
+  the record's ``call`` section.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriter, TtsRingWriterC
 from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
 from brisvox.agent.pipeline.turn_driver import TurnDriver, TurnDriverConfig
 from brisvox.agent.pipeline.turn_machine import Phase
+from brisvox.agent.tool_engine.call_info import CallInfo
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK, Clock
@@ -180,6 +184,7 @@ class CallActor:
         on_hangup: Callable[[str], None] | None = None,
         s2s: S2sProvider | None = None,
         flow: FlowManager | None = None,
+        call_info: CallInfo | None = None,
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -190,8 +195,10 @@ class CallActor:
         self.link = link
         self.call_rate = call_rate
         self.tts_rate = tts_rate
-        self.transport = transport
-        self.transport_ids = dict(transport_ids or {})
+        # the call's metadata for its tools and its record (caller, called, ids, parameters)
+        self.call_info = call_info or CallInfo.of(transport=transport, transport_ids=transport_ids)
+        self.transport = transport or self.call_info.transport
+        self.transport_ids = dict(transport_ids if transport_ids is not None else self.call_info.transport_ids)
         self.agent = agent
         self.started_wall = time.time()
         self.ended_wall: float | None = None
@@ -207,7 +214,8 @@ class CallActor:
         self.book = self.call.book
         self.ledger = self.call.ledger
         self.pump = PumpStats()
-        self.engine = ToolEngine(registry, call_id, clock) if registry is not None and len(registry) else None
+        self.engine = (ToolEngine(registry, call_id, clock, call_info=self.call_info)
+                       if registry is not None and len(registry) else None)
         parts = CallParts(stt, llm, tts, self.engine, context, s2s, flow)
         self.stages: list[Stage] = assemble(chain, self.call, cfg, parts)
         self.speaker: TtsStage | None = None  # the stage the supervisor's apology is spoken through

@@ -7,6 +7,8 @@ telephony port bound to the call's link (its ``end_call`` hang-up waits for the 
 play out), the call's tool registry (exactly the agent's ``tools``, plus a flow's functions)
 and the flow's :class:`~brisvox.agent.flows.manager.FlowManager` (None without ``[flow]``).
 Raises what the parts raise (a missing key, a tool nothing provides): the call is refused.
+Also :func:`call_info_of`: the call's metadata (caller, called, ids, parameters) from its
+``CallStart``, for its tools and its record.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.tool_engine.builtin import LinkTelephony
+from brisvox.agent.tool_engine.call_info import CallInfo
 from brisvox.agent.tool_engine.loader import build_registry
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.providers.registry import CallEnv, CallProviders, build_call
@@ -28,6 +31,14 @@ class CallBuild:
     registry: ToolRegistry | None
     telephony: LinkTelephony
     flow: FlowManager | None = None
+    agent_link: Any = None  # the call's AgentLink (brisvox/agent/link/), None without [agent_link]
+
+
+def call_info_of(start: Any) -> CallInfo:
+    """The call's :class:`CallInfo` from its ``CallStart`` (bounded again: the frame is the
+    process boundary)."""
+    return CallInfo.of(caller=start.caller, called=start.called, transport=start.transport,
+                       transport_ids=start.transport_ids, params=start.params)
 
 
 def from_definition(agent: Any, call_id: str, to_gateway: Callable[[Any], None], channel: Any,
@@ -43,3 +54,15 @@ def from_definition(agent: Any, call_id: str, to_gateway: Callable[[Any], None],
             registry.register(spec, body)
         flow.bind(registry.specs())
     return CallBuild(provs, registry, telephony, flow)
+
+
+async def open_call(agent: Any, start: Any, to_gateway: Callable[[Any], None], channel: Any,
+                    hangup_after_playout: Callable[[str], None]) -> CallBuild:
+    """:func:`from_definition`, then the agent service's link opened and its tools registered
+    (before the actor is built); with ``required = true`` a refusal raises (the call is refused)."""
+    built = from_definition(agent, start.call_id, to_gateway, channel, hangup_after_playout)
+    if getattr(agent, "agent_link", None) is not None:
+        from brisvox.agent.link.build import open_link
+
+        built.agent_link = await open_link(agent, start, built)
+    return built

@@ -5,6 +5,11 @@ Owns the record format (one JSON object per call) and its storage:
 * ``call_id``, ``agent``, ``transport`` and ``transport_ids`` (Twilio
   callSid/streamSid, SIP Call-ID), ``started``/``ended`` (UTC ISO-8601),
   ``duration_s``, ``end_reason``;
+* ``call``: ``caller``, ``called`` (numbers, "" when the transport did not
+  say) and ``params``, the call's parameters (at most 32, names of at most
+  64 characters, values of at most 256) WITHOUT any that looks like a
+  secret (a name with token, secret, password, auth, key, PIN, ... or a
+  bearer/JWT value: :meth:`~brisvox.agent.tool_engine.call_info.CallInfo.record`);
 * ``failed_stage``: the stage whose unexpected failure ended the call ("" for
   every other end; the end reason is then ``stage_failed:<stage>``, unless
   the call was ended otherwise first) and ``failure``: that stage, the task,
@@ -81,6 +86,7 @@ def build_record(actor: CallActor) -> dict[str, Any]:
         "agent": actor.agent,
         "transport": actor.transport,
         "transport_ids": actor.transport_ids,
+        "call": actor.call_info.record(),
         "started": _iso(actor.started_wall),
         "ended": _iso(ended),
         "duration_s": round((ended or actor.started_wall) - actor.started_wall, 3),

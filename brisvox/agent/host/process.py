@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.host.actor import CallActor
-from brisvox.agent.host.call_build import from_definition
+from brisvox.agent.host.call_build import call_info_of, open_call
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.s2s_actor import S2sCallActor
@@ -315,14 +315,14 @@ class AgentProcess:
             return refuse("no_worker", type(e).__name__)
         link = ProcessLink(self, f.call_id, sender)
         actor_cfg = self.cfg.actor_config(f.tts_rate)
-        registry = telephony = flow = None
+        registry = telephony = flow = agent_link = None
         greeting = ""
         if self.cfg.providers == "definitions":
             try:
                 agent = self._agent_def(self.cfg.agent_name(f.agent))
-                built = from_definition(agent, f.call_id, link.to_gateway, self.job_channel(),
+                built = await open_call(agent, f, link.to_gateway, self.job_channel(),  # [agent_link]: dialled
                                         functools.partial(self._hangup_later, f.call_id))
-                provs, registry, telephony, flow = built.providers, built.registry, built.telephony, built.flow
+                provs, registry, telephony, flow, agent_link = built.providers, built.registry, built.telephony, built.flow, built.agent_link
             except Exception as e:  # a bad definition, a missing key, a tool that is not provided
                 await self._undo_attach(f.call_id, rings)
                 log.warning("call %s refused: agent %r: %s", f.call_id, f.agent, f"{type(e).__name__}: {e}"[:300])
@@ -345,8 +345,7 @@ class AgentProcess:
             link=link,
             call_rate=f.call_rate,
             tts_rate=f.tts_rate,
-            transport=f.transport,
-            transport_ids=f.transport_ids,
+            call_info=call_info_of(f),  # transport, ids, caller, called, parameters
             agent=f.agent,
             registry=registry,
             greeting=greeting,
@@ -356,6 +355,8 @@ class AgentProcess:
         )
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
         self.idle_trim.note(len(self.calls))
+        if agent_link is not None:  # the agent service hears the call (docs/AGENT_PROTOCOL.md)
+            agent_link.bind(actor)
         actor.start()
         self.counters["calls_started"] += 1
         self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker), cid)

@@ -22,6 +22,9 @@ Owns the runner's side of :class:`~brisvox.agent.flows.manager.FlowManager`:
   pre-rendered clip after its first rendering: the TTS stage's clip cache); ``end_call``,
   ``transfer`` and ``tool`` run the registry's tool once (``end_call``, ``transfer_call``
   or the named one) with its own timeout; a missing tool is counted and logged.
+* Without a flow, the runner's observer (the agent link, :mod:`.observer`) shapes the offer:
+  :meth:`_round_tools` offers what it says, and a call of a tool it screens (narrowed away by
+  ``tools.set``) is answered ``unknown_tool`` in its slot, never run (:class:`_Unoffered`).
 * A runner with a flow skips speculation (``skipped_flow``): a transition would change the
   context behind a speculative request.
 """
@@ -31,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from brisvox.agent.conversation.assemble import CallError, InvalidCall
@@ -38,9 +42,19 @@ from brisvox.agent.conversation.context import ToolCall, ToolMessage
 from brisvox.agent.flows.definition import FlowAction
 from brisvox.agent.flows.manager import FlowCapReached, FlowManager
 from brisvox.agent.pipeline.llm_round import _RunnerParts, _Turn
+from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.tool_engine.call_info import NO_CALL
 from brisvox.agent.tool_engine.registry import ToolContext, ToolSpec
 
 log = logging.getLogger("brisvox.agent.flow")
+
+
+@dataclass(frozen=True, slots=True)
+class _Unoffered(InvalidCall):
+    """A call of a tool the observer narrowed away: answered ``unknown_tool``, never run."""
+
+    def error_result(self) -> ToolMessage:
+        return ToolMessage(self.id, te.error_body(te.UNKNOWN_TOOL, self.name or "", self.error.detail), True)
 
 
 class _FlowHook(_RunnerParts):
@@ -51,16 +65,21 @@ class _FlowHook(_RunnerParts):
     flow_action_failures = 0
 
     def _round_tools(self) -> list[ToolSpec]:
-        return self.flow.tool_specs() if self.flow is not None else self.tools
+        if self.flow is not None:
+            return self.flow.tool_specs()
+        return self.tools if self.observer is None else self.observer.offered(self.tools)
 
     def _flow_screen(self, calls: Sequence[Any]) -> list[Any]:
         """Calls of tools the current node does not offer become unknown_tool answers."""
-        flow = self.flow
-        if flow is None:
+        flow, obs = self.flow, self.observer
+        if flow is None and obs is None:
             return list(calls)
         out: list[Any] = []
         for c in calls:
-            if isinstance(c, ToolCall) and not flow.offered(c.name):
+            if isinstance(c, ToolCall) and flow is None and obs is not None and obs.screened(c.name):
+                out.append(_Unoffered(c.id, c.name, "", CallError("unknown_tool", f"{c.name!r} is not offered now"),
+                                      c.provider_id))
+            elif isinstance(c, ToolCall) and flow is not None and not flow.offered(c.name):
                 out.append(InvalidCall(c.id, c.name, "", CallError("unknown_tool", f"{c.name!r} is not offered "
                                                                                    "at this step"), c.provider_id))
             else:
@@ -152,7 +171,8 @@ class _FlowHook(_RunnerParts):
             log.error("flow action: tool %r is not in the call's registry", name)
             return
         ctx = ToolContext(self.engine.session if self.engine is not None else "", turn.epoch,
-                          f"flow.{self.flow_actions}", tool=name)
+                          f"flow.{self.flow_actions}", tool=name,
+                          call_info=self.engine.call_info if self.engine is not None else NO_CALL)
         try:
             await asyncio.wait_for(rt.tool(args, ctx), rt.spec.timeout)
         except Exception as e:  # noqa: BLE001 - an action's failure is counted, the call goes on

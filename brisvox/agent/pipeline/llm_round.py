@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from brisvox.agent.conversation.playout import PlayoutBook
     from brisvox.agent.conversation.timeline import Timeline
     from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig, RunnerStats, ToolRecord
+    from brisvox.agent.pipeline.observer import CallObserver
     from brisvox.agent.pipeline.summarizer import Summarizer
     from brisvox.agent.tool_engine.engine import ToolEngine
     from brisvox.agent.tool_engine.filler import FillerPolicy
@@ -76,6 +77,7 @@ class _RunnerParts(Stage):
     filler: FillerPolicy
     tool_records: list[ToolRecord]
     summarizer: Summarizer  # builds every request (the window, the summary at hand)
+    observer: CallObserver | None = None  # the agent link's seam (pipeline/observer.py)
 
     def _push_assistant(self, turn: _Turn, rnd: int, msg: AssistantMessage) -> int:
         raise NotImplementedError

@@ -241,6 +241,8 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
     def _user_turn(self, f: UserTurnEnded, claimed: Helper | None = None) -> None:
         self.st.turns += 1
         self.ctx.push(UserMessage(f.text))
+        if self.observer is not None:
+            self.observer.on_user_turn(f.epoch, f.text)
         if self.engine is not None:
             self.engine.note_user_turn()
         self._check()
@@ -293,6 +295,8 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
             self.st.truncation_timeouts += 1
         self.book.apply(self.ctx)
         self._take_late_notes()
+        if self.observer is not None and not self.ctx.has_open_tool_calls():
+            self.ctx.extend(self.observer.on_settled(self.ctx))  # the bot turn as heard; its notes
         self._check()
 
     def _take_late_notes(self) -> None:

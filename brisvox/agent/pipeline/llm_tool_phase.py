@@ -94,4 +94,6 @@ class _ToolPhase(_RunnerParts):
         name = call.name if isinstance(call, ToolCall) else (call.name or "unknown_tool")
         if len(self.tool_records) < 4096:
             self.tool_records.append(ToolRecord(epoch, call.id, name, outcome, round(dur_ms, 1)))
+        if self.observer is not None:
+            self.observer.on_tool_outcome(epoch, call.id, name, outcome)
 

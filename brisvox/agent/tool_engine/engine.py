@@ -33,6 +33,7 @@ from brisvox.agent.conversation.assemble import InvalidCall
 from brisvox.agent.conversation.context import ToolCall
 from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine import events as ev
+from brisvox.agent.tool_engine.call_info import NO_CALL, CallInfo
 from brisvox.agent.tool_engine.config import D_BUDGET, D_STALE, EngineConfig
 from brisvox.agent.tool_engine.confirm import Confirmations
 from brisvox.agent.tool_engine.delivery import Execution, _LateNote
@@ -53,10 +54,12 @@ class ToolEngine(_Planning, _Running):
     :class:`~brisvox.agent.tool_engine.delivery._Delivery`)."""
 
     def __init__(self, registry: ToolRegistry, session_id: str, clock: Clock | None = None,
-                 config: EngineConfig | None = None, *, _mutations: _Mutations | None = None) -> None:
+                 config: EngineConfig | None = None, *, call_info: CallInfo = NO_CALL,
+                 _mutations: _Mutations | None = None) -> None:
         cfg = config or EngineConfig()
         self.registry = registry
         self.session = session_id
+        self.call_info = call_info  # every ToolContext of the call carries it
         self.clock: Clock = clock or CLOCK
         if not isinstance(self.clock, LoopClock):
             # Timers are scheduled on the running loop (real or virtual): its time

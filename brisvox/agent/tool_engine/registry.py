@@ -3,8 +3,8 @@
 Owns :class:`ToolSpec` / :class:`ToolKind`, :class:`ToolRegistry` (with its
 :class:`RegistryError` rejections), the tool calling convention (an async
 callable ``(args, ctx) -> dict | str`` that may raise :class:`ToolError`),
-:class:`ToolContext`, :class:`IdempotencyKey` and :class:`CancelToken` (a
-turn's cancellation).
+:class:`ToolContext` (with the call's :class:`~.call_info.CallInfo`),
+:class:`IdempotencyKey` and :class:`CancelToken` (a turn's cancellation).
 
 Invariants:
 
@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from brisvox.agent.tool_engine.call_info import NO_CALL, CallInfo
 from brisvox.agent.tool_engine.schema import CompiledSchema, SchemaCompileError
 
 DEFAULT_TOOL_TIMEOUT = 5.0
@@ -200,14 +201,17 @@ class IdempotencyKey:
 
 @dataclass(frozen=True, slots=True)
 class ToolContext:
-    """What a tool receives next to its arguments. ``cancel`` is the turn's token
-    (a SideEffect tool usually ignores it: it runs to completion)."""
+    """What a tool receives next to its arguments. ``call`` is the id of this tool call
+    (``t<epoch>.<seq>``); ``cancel`` is the turn's token (a SideEffect tool usually
+    ignores it: it runs to completion); ``call_info`` the phone call's metadata
+    (caller, called, transport ids, parameters: :class:`CallInfo`, empty when unknown)."""
 
     session: str
     epoch: int
     call: str
     cancel: CancelToken = field(default_factory=CancelToken)
     tool: str = ""
+    call_info: CallInfo = NO_CALL
 
     def idempotency_key(self) -> IdempotencyKey:
         return IdempotencyKey(self.session, self.epoch, self.call)

@@ -89,7 +89,7 @@ class _Running(_SideEffects):
             it.error(te.INTERRUPTED, D_NOT_STARTED, ev.NOT_STARTED)
             self._settled(epoch, it)
             return
-        ctx = ToolContext(self.session, epoch, it.call_id, token, it.tool)
+        ctx = ToolContext(self.session, epoch, it.call_id, token, it.tool, self.call_info)
         try:
             try:
                 async with _Scope(token, spec.timeout):

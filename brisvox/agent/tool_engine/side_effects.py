@@ -167,10 +167,11 @@ class _SideEffects(_Delivery):
         flight = _Flight(key, run_entry.spec.name, it.call_id, epoch, recent, run_entry.spec.timeout)
         it.flight = flight
         if confirms is not None:
-            tool_ctx = ToolContext(self.session, confirms.epoch, confirms.call_id, token, confirms.tool)
+            tool_ctx = ToolContext(self.session, confirms.epoch, confirms.call_id, token, confirms.tool,
+                                   self.call_info)
             self._stats.confirmations_run += 1
         else:
-            tool_ctx = ToolContext(self.session, epoch, it.call_id, token, tool_name)
+            tool_ctx = ToolContext(self.session, epoch, it.call_id, token, tool_name, self.call_info)
         ev.log_side_effect(self.session, run_entry.spec.name, epoch, key,
                            confirms.call_id if confirms else None)
         backstop = max(self.config.max_side_effect_runtime, run_entry.spec.timeout)

@@ -23,6 +23,7 @@ from typing import Any
 from brisvox.agent.conversation.context import ToolCall, ToolMessage
 from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine import events as ev
+from brisvox.agent.tool_engine.call_info import CallInfo
 from brisvox.agent.tool_engine.config import EngineConfig
 from brisvox.agent.tool_engine.recent import RecentCall, RecentCalls
 from brisvox.agent.tool_engine.registry import IdempotencyKey, RegisteredTool, ToolRegistry
@@ -77,6 +78,7 @@ class _EngineState:
 
     registry: ToolRegistry
     session: str
+    call_info: CallInfo
     clock: Clock
     config: EngineConfig
     _recent: RecentCalls
