@@ -17,6 +17,11 @@ OpenAI; the ``tool_result`` blocks of ONE user message for Anthropic; the
 Gemini), and the runner's and engine's counters. S1 also runs with the call
 fragments interleaved and the body cut into 7-byte chunks (split JSON).
 
+On the OpenAI wire every scenario also runs with its tools REMOTE (the ``where``
+fixture): the same tools served by an agent service of the Python SDK through the
+daemon's agent link (docs/AGENT_PROTOCOL.md), with the same expectations, and every body
+run behind a ``tool.call``.
+
 The live variants (real services) run when ``BRISVOX_LIVE_TESTS=1`` and the
 vendor's key is set; otherwise they skip with a message.
 """
@@ -58,14 +63,40 @@ def make_provider(vendor: str, url: str) -> Any:
     return GeminiLlm("fake-model", api_key="gk-test", base_url=url)
 
 
+REMOTE = {"on": False}  # set by the ``where`` fixture: the scenario's tools are remote
+
+
+@pytest.fixture(autouse=True, params=["local", "remote"])
+def where(request: pytest.FixtureRequest) -> Any:
+    """Every scenario S1-S6 runs with its tools local and, on the OpenAI wire, REMOTE: served
+    by an agent service of the Python SDK through the daemon's agent link
+    (tests/system/remote_registry.py), with the same expectations."""
+    params = getattr(request.node, "callspec", None)
+    vendor = params.params.get("vendor") if params is not None else None
+    if request.param == "remote" and (vendor != "openai" or not request.node.name.startswith("test_s")):
+        pytest.skip("remote tools: the scenarios S1-S6 on the OpenAI wire")
+    REMOTE["on"] = request.param == "remote"
+    yield request.param
+    REMOTE["on"] = False
+
+
 async def run_scenario(vendor: str, script: list[Resp], body: Any, **rig_kw: Any) -> Any:
+    remote = REMOTE["on"]
     sv = ScriptedVendor(vendor, script)
     log = ToolLog()
     reg = scenario_registry(log, **rig_kw.pop("reg", {}))
     async with FakeHttpServer(sv) as srv:
         provider = make_provider(vendor, srv.url)
-        async with Rig(provider, reg, **rig_kw) as rig:
-            out = await body(rig, log)
+        if remote:
+            from tests.system.remote_registry import LAST_STATS, remote_registry
+
+            async with remote_registry(reg) as rreg, Rig(provider, rreg, **rig_kw) as rig:
+                out = await body(rig, log)
+            sent = LAST_STATS.get("calls", 0)
+            assert sent >= len(log.runs) > 0, LAST_STATS  # every body ran behind a tool.call
+        else:
+            async with Rig(provider, reg, **rig_kw) as rig:
+                out = await body(rig, log)
         await close_all()
     return sv, srv, log, rig, out
 
