@@ -242,7 +242,7 @@ def test_a_side_effect_that_never_answers_ends_unknown_after_the_wait(env):
     assert len([f for f in frames(env["log"], res["call_id"]) if f["type"] == "tool.call"]) == 1  # never retried
 
 
-def test_the_service_killed_mid_call_makes_the_outcome_unknown_and_ends_the_call(env):
+def test_the_service_killed_mid_call_makes_the_outcome_unknown_and_ends_the_call_a_restarted_one_serves(env):
     svc = start_service(env["kport"], env["klog"])
     killed = []
 
@@ -259,6 +259,17 @@ def test_the_service_killed_mid_call_makes_the_outcome_unknown_and_ends_the_call
     assert killed
     assert outcomes(rec, "book_table") == ["unknown_outcome"]
     assert res["hung_up"] and rec["end_reason"] == "agent_link_down"
+    # the service restarted: the next call is served as if nothing had happened
+    svc = start_service(env["kport"], env["klog"])
+    try:
+        res2 = asyncio.run(call(f"ws://127.0.0.1:{env['ws']}/ws/killed", "1#", seconds=8.0))
+    finally:
+        svc.kill()
+    rec2 = record(env, res2["call_id"])
+    assert outcomes(rec2, "lookup") == ["ok"], rec2["tools"]  # the link is up again: the tools run
+    assert outcomes(rec2, "book_table") == ["timeout"]  # its 3 s body outlives its 1.5 s slot ...
+    notes = [m for m in rec2["conversation"] if m["role"] == "system" and "BK-9" in m.get("content", "")]
+    assert len(notes) == 1 and rec2["end_reason"] != "agent_link_down"  # ... and its result came as a late note
 
 
 def test_a_collision_with_an_agent_file_tool_is_refused_at_the_handshake(env):
