@@ -57,8 +57,8 @@ test-e2e: install-test
 	$(BIN)/python -m pytest tests/e2e
 
 lint: .stamp-venv-test
-	$(BIN)/ruff check ipc brisvox workers tests bench
-	$(BIN)/mypy ipc brisvox workers
+	$(BIN)/ruff check ipc brisvox workers tests bench sdk/python
+	$(BIN)/mypy ipc brisvox workers sdk/python/src
 	$(BIN)/lint-imports --no-cache --no-logo
 
 bench: install
