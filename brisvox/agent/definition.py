@@ -220,6 +220,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
 S2S_SETTINGS = ("turn_detection", "g711_passthrough", "max_reconnects", "fallback_line")
 
 
+S2S_NOT = ("flow", "filler", "window")  # sections of the cascaded pipeline an S2S agent cannot honour
 S2S_OR_CASCADE = ("an agent has [stt] and [llm], or a speech-to-speech [s2s] instead of both (the model hears "
                   "and answers itself); [tts] in every case")
 SECRET_KEYS = ("api_key", "key", "token", "secret", "password")
@@ -320,6 +321,9 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                         for p in check_flow(agent.flow, agent.tools))
     problems.extend(_check_speculation(agent, lines))
     problems.extend(_check_dtmf(agent, lines))
+    if agent.s2s is not None:  # what the cascaded runner does: an S2S call has no runner to do it
+        problems.extend(Problem("error", k, line_of(lines, [k]), f"[{k}] does not apply to a speech-to-speech agent "
+                                "(the model hears and speaks itself): remove it") for k in S2S_NOT if k in data)
     problems.extend(Problem(sev, f"agent_link.{k}", line_of(lines, ["agent_link", k]), msg)
                     for sev, k, msg in (check_link(data["agent_link"], env) if "agent_link" in data else ()))
     return agent, problems

@@ -75,6 +75,8 @@ provider = "espeak"
     ('[s2s]\nprovider = "gemini_live"\n[speculation]\nenabled = true\n',
      "5:speculation.enabled: a speech-to-speech agent has no LLM"),
     ('[s2s]\nprovider = "gemini_live"\napi_key = "sk-1"\n', "4:s2s.api_key: keys are never read from the file"),
+    ('[s2s]\nprovider = "gemini_live"\n[filler]\nenabled = true\n', "4:filler: [filler] does not apply"),
+    ('[s2s]\nprovider = "gemini_live"\n[window]\nmax_tokens = 4000\n', "4:window: [window] does not apply"),
 ])
 def test_bad_s2s_sections_are_refused_with_the_key_and_line(tmp_path: Path, body: str, expect: str) -> None:
     p = write(tmp_path, 'system_prompt = "x"\n' + body + '[tts]\nprovider = "espeak"\n')
