@@ -1,7 +1,7 @@
 """A small agent service speaking docs/AGENT_PROTOCOL.md directly (no SDK): the tests' peer.
 
 Run as ``python tests/system/agent_service.py PORT SECRET LOG``: it serves one behaviour per
-URL path (``/main``, ``/narrow``, ``/collide``, ``/cmds``, ``/noop``), checks the handshake
+URL path (``/main``, ``/narrow``, ``/collide``, ``/cmds``, ``/noop``, ``/drop``), checks the handshake
 signature itself (HTTP 401 otherwise), and appends every frame it receives (and every
 handshake it refused) as one JSON line to LOG, with the path and the session.
 
@@ -39,6 +39,7 @@ PATHS = {
     "/collide": ["lookup", "end_call"],
     "/cmds": [],
     "/noop": ["noop"],
+    "/drop": ["lookup", "book_table"],  # drops the connection at book_table's call, answers it after the re-dial
 }
 
 
@@ -52,6 +53,7 @@ class Service:
     def __init__(self, secret: str, log_path: str) -> None:
         self.secret = secret
         self.log = open(log_path, "a", buffering=1) if log_path != "-" else None  # noqa: SIM115
+        self.dropped: dict[str, str] = {}  # session -> the id of the call whose connection /drop cut
 
     def note(self, path: str, session: str, frame: Any) -> None:
         if self.log is not None:
@@ -94,7 +96,14 @@ class Service:
             f = json.loads(raw)
             self.note(path, session, f)
             kind = f.get("type")
+            if kind == "tool.call" and path == "/drop" and f.get("name") == "book_table" and not offer.get("resume"):
+                self.dropped[session] = f["id"]
+                await ws.close()  # the link goes down with the call waiting: brisvox re-dials
+                return
             if kind == "session.ready":
+                if path == "/drop" and offer.get("resume") and session in self.dropped:
+                    await ws.send(json.dumps({"type": "tool.result", "id": self.dropped.pop(session), "ok": True,
+                                              "result": {"booking": "BK-LATE"}}))  # after the link dropped
                 if path == "/narrow":
                     await ws.send(json.dumps({"type": "tools.set", "names": ["lookup", "not_declared"]}))
                 if path == "/cmds":

@@ -118,7 +118,7 @@ def env():
              "collide": agent("collide", port, "/collide", tools='["end_call"]'),
              "cmds": agent("cmds", port, "/cmds", tools='["end_call"]'),
              "badsecret": agent("badsecret", port, "/main", secret_env="WRONG_SECRET"),
-             "killed": agent("killed", kport, "/main")}
+             "killed": agent("killed", kport, "/main"), "drop": agent("drop", port, "/drop")}
     for n, text in files.items():
         (agents / f"{n}.toml").write_text(text)
     extra = f"""
@@ -306,3 +306,17 @@ def test_a_bad_secret_refuses_the_call(env):
     assert not [r for r in read_records(env["tmp"] / "records") if r["call_id"] == res["call_id"]]
     env["d"].wait_for(lambda s: any(f["type"] == "refused_401" and f["_path"] == "/main"
                                     for f in frames(env["log"])), 10, "the service's 401")
+
+
+def test_a_dropped_link_is_redialled_with_resume_and_a_result_after_the_drop_is_refused(env):
+    res = asyncio.run(call(f"ws://127.0.0.1:{env['ws']}/ws/drop", "1#", seconds=8.0))
+    rec = record(env, res["call_id"])
+    got = frames(env["log"], res["call_id"])
+    offers = [f for f in got if f["type"] == "session.offer"]
+    assert [o["resume"] for o in offers] == [False, True]  # re-dialled within the call, with resume
+    assert outcomes(rec, "lookup") == ["ok"]
+    assert outcomes(rec, "book_table") == ["unknown_outcome"]  # waiting when the link went down: never retried
+    errors = [(f["code"], f.get("ref")) for f in got if f["type"] == "error"]
+    assert errors and errors[0][0] in ("unknown_id", "late")  # the result sent after the drop is refused ...
+    assert "BK-LATE" not in json.dumps(rec["conversation"])  # ... and never reaches the model
+    assert rec["end_reason"] != "agent_link_down" and not res["hung_up"]  # the call went on

@@ -236,6 +236,7 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         if self._zombies:
             self.spec.skip("unsafe")  # a round task that did not end may still touch the context
             return
+        self.spec.tools = self._round_tools()  # what a round would offer now (an agent service's tools.set)
         self.spec.start(f.epoch, f.text, self.ctx)
 
     def _user_turn(self, f: UserTurnEnded, claimed: Helper | None = None) -> None:
