@@ -18,6 +18,7 @@ import numpy as np
 import orjson
 import pytest
 import soundfile as sf
+from websockets.exceptions import ConnectionClosed
 
 from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.host.call_record import read_records
@@ -78,20 +79,27 @@ path = "{short_tmp / 'records'}"
                 started = server_message(orjson.loads(await ws.recv()))
                 assert started.event == "started" and started.agent == "scripted"
 
+                stop: list[str] = []
+
                 async def rx() -> None:
                     async for m in ws:
                         if isinstance(m, bytes):
                             got.append(np.frombuffer(m, dtype="<i2"))
+                        elif server_message(orjson.loads(m)).event == "stop":
+                            stop.append(m)  # the gateway ended the call: it says why
 
                 task = asyncio.create_task(rx())
                 silence = np.zeros(160, dtype=np.int16)
                 frames = [silence] * 25 + [speech[i : i + 160] for i in range(0, len(speech) - 159, 160)]
                 frames += [silence] * 500
                 nxt = time.monotonic()
-                for fr in frames:
-                    await ws.send(fr.astype("<i2").tobytes())
-                    nxt += 0.02
-                    await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+                try:
+                    for fr in frames:
+                        await ws.send(fr.astype("<i2").tobytes())
+                        nxt += 0.02
+                        await asyncio.sleep(max(0.0, nxt - time.monotonic()))
+                except ConnectionClosed as e:
+                    pytest.fail(f"the gateway closed the call: {e}; its stop: {stop}; daemon log:\n{d.logs()[-3000:]}")
                 await ws.send(stream.stop())
                 await asyncio.sleep(0.3)
                 task.cancel()
