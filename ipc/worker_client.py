@@ -92,6 +92,7 @@ from ipc.tick_events import SpeechStart, SpeechStop, TickEvent, from_wire
 
 log = logging.getLogger("brisvox.workers.client")  # the historical name: log filters keep working
 
+READY_WAIT_S = 0.5  # an attach with no worker ready waits this long for one (a Topology in flight)
 HELLO_REPEAT_NS = 1_000_000_000  # a hello prompted by foreign ticks, at most this often per worker
 
 EventCb = Callable[[str, TickEvent], Any]
@@ -169,6 +170,7 @@ class WorkerClient:
                          "attach_failures": 0, "bad_events": 0, "unexpected_type": 0,
                          "hellos": 0, "hello_failed": 0}
         self._pending_reattach: set[str] = set()
+        self._became_ready = asyncio.Event()  # set (and replaced) when a worker turns ready
         self._unexpected: set[str] = set()  # frame types without a handler, already logged
         # the dispatch of frames from the workers (replies are matched to their requests first)
         self.handlers: dict[type[Frame], Callable[[Any], None]] = {
@@ -247,6 +249,8 @@ class WorkerClient:
             if state == "ready" and not link.ready:
                 link.ready = True
                 self._hello(link)
+                self._became_ready.set()
+                self._became_ready = asyncio.Event()
                 loop.create_task(self._retry_unattached())
             elif state == "starting":
                 link.ready = False
@@ -281,13 +285,19 @@ class WorkerClient:
     ) -> CallLink:
         """Attach a call, preferring ``worker``; falls over to other ready workers.
 
-        Raises :class:`AttachError` (with the last error) when none took it.
+        With no worker ready it waits up to ``READY_WAIT_S`` for one. Raises
+        :class:`AttachError` (with the last error) when none took it.
         A refusal that is about the call itself (bad_ring, bad_rate,
         bad_params) is not retried elsewhere.
         """
         link = CallLink(call_id, instance, call_rate, tts_rate, vad, gateway)
         self.calls[call_id] = link
         order = self._pick()
+        if not order:  # the gateway may have seen a worker turn ready a moment before this process
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(READY_WAIT_S):
+                    await self._became_ready.wait()
+            order = self._pick()
         if worker is not None and worker in order:
             order.remove(worker)
             order.insert(0, worker)

@@ -7,28 +7,24 @@ served by one control thread), and the API a role main sees::
 
     def main(rt: ChildRuntime) -> int: ...   # registered in brisvox/daemon/roles.py
 
-Fork safety (pyzmq and onnxruntime are not fork-safe). The first children
-are forked before the supervisor creates any ZeroMQ context. A *restarted*
-child is forked from a supervisor that now has one (I/O threads, sockets,
-the metrics listener, log pipes). The child therefore, before anything else:
-points stdout/stderr at its own log pipe, resets every signal disposition the
-supervisor installed, and closes every inherited file descriptor except
-0, 1, 2 (``/proc/self/fd`` scan). The supervisor's Python objects stay
-referenced on the forked stack until ``os._exit``, so they are never
-finalised in the child; pyzmq's own objects are inert in a process whose pid
-differs from their creator's (their close/term are no-ops there). The child
-then makes its own context (:meth:`ChildRuntime.zmq_context`). The child never
-returns into the supervisor's code: it always leaves through ``os._exit``.
+Fork safety (pyzmq and onnxruntime are not fork-safe). The first children are forked before the
+supervisor creates any ZeroMQ context. A *restarted* child is forked from a supervisor that now has
+one (I/O threads, sockets, the metrics listener, log pipes). The child therefore, before anything
+else: points stdout/stderr at its own log pipe, resets every signal disposition the supervisor
+installed, and closes every inherited file descriptor except 0, 1, 2 (``/proc/self/fd`` scan). The
+supervisor's Python objects stay referenced on the forked stack until ``os._exit``, so they are
+never finalised in the child; pyzmq's own objects are inert in a process whose pid differs from
+their creator's (their close/term are no-ops there). The child then makes its own context
+(:meth:`ChildRuntime.zmq_context`). It never returns into the supervisor's code: it always
+leaves through ``os._exit``.
 
-Control channel. The runtime's DEALER (identity ``<role>-<index>:<pid>``)
-connects to the supervisor's ROUTER at ``endpoint(runtime_dir, "supervisor")``.
-A control thread owns that socket: it answers Ping with Pong (carrying the
-age of the main loop's last :meth:`heartbeat`, the last :meth:`report`),
-applies Topology, and answers Shutdown with ShutdownAck before it sets
-:attr:`stopping` and runs the shutdown callbacks (one table, :meth:`control_frame_handlers`;
-any other frame is counted as ``unexpected_type`` and logged once per type). Frames the main thread
-sends (Hello, ChildEvent) go through a deque plus a wake pipe, so only the
-control thread ever touches the socket.
+Control channel. The runtime's DEALER (identity ``<role>-<index>:<pid>``) connects to the
+supervisor's ROUTER at ``endpoint(runtime_dir, "supervisor")``. A control thread owns that socket:
+it answers Ping with Pong (carrying the age of the main loop's last :meth:`heartbeat`, the last
+:meth:`report`), applies Topology, and answers Shutdown with ShutdownAck before it sets
+:attr:`stopping` and runs the shutdown callbacks (one table, :meth:`control_frame_handlers`; any
+other frame is counted as ``unexpected_type`` and logged once per type). Frames the main thread
+sends (Hello, ChildEvent) go through a deque plus a wake pipe: only the control thread touches it.
 
 Liveness. ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` plus a ``getppid()`` check
 at start and every 250 ms: when the supervisor is gone the child stops like on
@@ -159,6 +155,7 @@ class ChildRuntime:
         self._stats: dict[str, Any] | None = None
         self._shutdown_cbs: list[Callable[[], Any]] = []
         self._topology_cbs: list[Callable[[list[dict[str, Any]]], Any]] = []
+        self._topology_lock = threading.Lock()
         self._closing = False
         self._thread: threading.Thread | None = None
         self._connected = threading.Event()
@@ -259,14 +256,13 @@ class ChildRuntime:
 
     def add_topology_callback(self, cb: Callable[[list[dict[str, Any]]], Any],
                               loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """``cb(rows)`` runs whenever the supervisor pushes a Topology: on the control thread,
-        or with ``loop`` on that loop (``call_soon_threadsafe``; nothing once the loop is
-        closed: a Topology that arrives while the role is stopping reaches no one)."""
-        if loop is None:
-            self._topology_cbs.append(cb)
-            return
+        """``cb(rows)`` runs at every Topology push: on the control thread, or with ``loop`` on that
+        loop (nothing once it is closed: a push while the role stops reaches no one). The Topology
+        already received is replayed at once, under the lock pushes are applied with (none is lost)."""
 
         def post(rows: list[dict[str, Any]]) -> None:
+            if loop is None:
+                return cb(rows)
             if loop.is_closed():
                 return
             try:
@@ -274,7 +270,10 @@ class ChildRuntime:
             except RuntimeError:  # closed between the check and the call
                 pass
 
-        self._topology_cbs.append(post)
+        with self._topology_lock:
+            self._topology_cbs.append(post)
+            if self.topology_seq >= 0:
+                self._call(post, self.topology)
 
     def stop_event(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
         """An asyncio.Event on ``loop`` that is set when a stop is requested."""
@@ -368,11 +367,12 @@ class ChildRuntime:
         self._reply_now(sock, Pong(seq=f.seq, sent_ns=f.sent_ns, calls=self._calls, stats=self._pong_stats(), beat_ms=beat))
 
     def _on_topology(self, sock: Any, f: Any) -> None:
-        if f.seq > self.topology_seq:
-            self.topology_seq = f.seq
-            self.topology = list(f.children)
-            for tcb in list(self._topology_cbs):
-                self._call(tcb, self.topology)
+        with self._topology_lock:
+            if f.seq > self.topology_seq:
+                self.topology_seq = f.seq
+                self.topology = list(f.children)
+                for tcb in list(self._topology_cbs):
+                    self._call(tcb, self.topology)
 
     def _on_shutdown(self, sock: Any, f: Any) -> None:
         from ipc.frames import ShutdownAck

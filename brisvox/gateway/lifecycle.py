@@ -170,7 +170,8 @@ class CallLifecycle(PlayoutCommands):
                     if reply.worker >= 0:
                         self.set_worker(call, reply.worker)  # another worker took it
                 elif isinstance(reply, F.ErrorReply):
-                    why = f"agent refused: {reply.kind}"
+                    why = f"agent refused: {reply.kind}"  # the caller hears the kind; the log, the detail
+                    log.warning("call %s: agent %s refused it: %s %s", call.call_id, proc, reply.kind, reply.detail)
                     self.metrics.inc("calls_agent_refused")
         except Exception as e:  # a broken start must end this call only
             log.exception("starting call %s failed", call.call_id)

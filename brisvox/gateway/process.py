@@ -59,8 +59,7 @@ async def run(rt: Any, settings: GatewaySettings) -> int:
         loop.call_soon_threadsafe(stop.set)
 
     rt.add_shutdown_callback(on_stop)
-    rt.add_topology_callback(core.update_topology, loop=loop)
-    core.update_topology(list(rt.topology or []))
+    rt.add_topology_callback(core.update_topology, loop=loop)  # replays the Topology already received
     rt.ready(endpoints)
     log.info("gateway ready: %s", endpoints)
     while not stop.is_set():

@@ -175,3 +175,41 @@ def test_a_socket_left_open_on_a_shadow_context_cannot_hold_the_exit(tmp_path, c
     assert time.monotonic() - t0 < 2.0
     assert any("did not terminate" in r.getMessage() for r in caplog.records)
     leaked.close(0)
+
+
+def test_a_topology_pushed_before_the_callback_is_registered_is_replayed(tmp_path):
+    """Seen in a fresh clone: the agent read ``rt.topology``, the worker's ``ready`` push landed,
+    then the agent registered its callback: it never learnt of the worker and refused the first
+    call (``no_worker``). Registration now replays what was received, under the push lock."""
+    import asyncio
+    import os
+    from types import SimpleNamespace
+
+    from brisvox.config.daemon import DaemonConfig
+    from brisvox.daemon.child import ChildRuntime, ChildSpec
+    from ipc import frames
+
+    rt = ChildRuntime(ChildSpec(role="agent", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
+                                instance="t", parent_pid=os.getpid(), main_ref="x:y"))
+    push = rt.control_frame_handlers()[frames.Topology]
+    sock = SimpleNamespace(send=lambda data, flags=0: None)
+    plain: list[list[dict]] = []
+    rt.add_topology_callback(plain.append)  # nothing received yet: nothing replayed
+    assert plain == []
+    ready = [{"role": "worker", "index": 0, "pid": 1, "state": "ready"}]
+    push(sock, frames.Topology(children=ready, seq=1))
+    loop = asyncio.new_event_loop()
+    try:
+        on_loop: list[list[dict]] = []
+        rt.add_topology_callback(on_loop.append, loop=loop)  # registered after the push
+        late: list[list[dict]] = []
+        rt.add_topology_callback(late.append)
+        loop.run_until_complete(asyncio.sleep(0))
+        assert on_loop == [ready] and late == [ready] and plain == [ready]
+        gone = [{"role": "worker", "index": 0, "pid": 1, "state": "exited"}]
+        push(sock, frames.Topology(children=gone, seq=2))
+        loop.run_until_complete(asyncio.sleep(0))
+        assert on_loop == [ready, gone] and late == [ready, gone]
+    finally:
+        loop.close()
+        rt.close(timeout=0.5)

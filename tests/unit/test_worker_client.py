@@ -15,7 +15,7 @@ import zmq.asyncio
 from ipc.bus import endpoint
 from ipc.frames import LlmJobDelta, OutUtterance, Ping, TtsJobAudio, WorkerTick
 from ipc.tick_events import SpeechStart, SpeechStop, to_wire
-from ipc.worker_client import AttachError, WorkerClient
+from ipc.worker_client import READY_WAIT_S, AttachError, WorkerClient
 from tests.unit.test_worker_core import EnergyBatch
 from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
 from workers.core import Worker, WorkerModels
@@ -201,6 +201,33 @@ def test_a_worker_first_seen_in_a_topology_push_is_linked(env):
             await c.attach("a", inst, 8000, 16000)
             await c.attach("b", inst, 8000, 16000)
             assert {c.calls["a"].worker, c.calls["b"].worker} == {0, 1}
+        finally:
+            await _close(c)
+
+    run(go())
+
+
+def test_an_attach_with_no_worker_ready_waits_a_moment_for_one(env):
+    """The gateway and this process learn of a worker's ``ready`` from two Topology pushes: a
+    call the gateway sends at once must not be refused because this one's push is a moment late."""
+    inst, rings, pool = env
+    p = pool(1)
+
+    async def go():
+        c = await _client(p, [], endpoint_for=p.ep)
+        try:
+            rings("a")
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.1, c.on_topology, [{"role": "worker", "index": 0, "state": "ready"}])
+            t0 = loop.time()
+            link = await c.attach("a", inst, 8000, 16000, worker=0)
+            assert link.worker == 0 and 0.05 < loop.time() - t0 < READY_WAIT_S
+            rings("b")
+            c.workers[0].ready = False  # none ready, none coming: refused after the wait
+            t0 = loop.time()
+            with pytest.raises(AttachError, match="no ready worker"):
+                await c.attach("b", inst, 8000, 16000)
+            assert loop.time() - t0 >= READY_WAIT_S * 0.9 and "b" not in c.calls
         finally:
             await _close(c)
 

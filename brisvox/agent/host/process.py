@@ -312,7 +312,8 @@ class AgentProcess:
         except Exception as e:  # AttachError, timeouts
             for r in rings:
                 r.close()
-            return refuse("no_worker", type(e).__name__)
+            log.warning("call %s refused: no worker took it: %s", f.call_id, f"{type(e).__name__}: {e}"[:300])
+            return refuse("no_worker", f"{type(e).__name__}: {e}"[:200])
         link = ProcessLink(self, f.call_id, sender)
         actor_cfg = self.cfg.actor_config(f.tts_rate)
         registry = telephony = flow = agent_link = None
@@ -492,8 +493,7 @@ class AgentProcess:
             endpoint_for=lambda i: rt.inbox_endpoint("worker", i),
         )
         await self.workers.start()
-        self._topology(list(rt.topology or []))
-        rt.add_topology_callback(self._topology, loop=loop)
+        rt.add_topology_callback(self._topology, loop=loop)  # replays the Topology already received
         stop = asyncio.Event()
         drain = False
 
