@@ -47,7 +47,7 @@ from brisvox.config.errors import ConfigError
 
 # section -> its keys that hold secrets (each may take the _env/_file/_credential forms)
 SECRET_KEYS: dict[str, tuple[str, ...]] = {
-    "websocket": ("native_secret", "twilio_auth_token"),
+    "websocket": ("native_secret", "twilio_auth_token", "plivo_auth_token"),
 }
 FORMS = ("env", "file", "credential")
 CREDENTIALS_ENV = "CREDENTIALS_DIRECTORY"

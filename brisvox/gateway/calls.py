@@ -8,6 +8,9 @@ Invariants:
 * At most ``max_calls`` calls exist; :meth:`CallTable.admit` refuses beyond
   that (and while draining) and counts the refusal by reason. Admission is
   synchronous, so two calls racing for the last slot cannot both get it.
+  :meth:`CallTable.refusal` is that rule alone, without taking anything (the
+  health answers: SIP OPTIONS, the WebSocket ``/healthz``); ``admit`` asks it
+  first, so the two cannot disagree.
 * The gateway creates all four rings of a call (``in``, ``in16``, ``tts``,
   ``out``; capacities a power of two covering ``ring_seconds``) at admission
   and unlinks them exactly once, in :meth:`CallTable.release`, after both the
@@ -158,11 +161,19 @@ class CallTable:
     def new_id(self) -> str:
         return f"c{self._prefix}{next(self._ids):05d}"
 
-    def admit(self, transport: str, agent: str, call_rate: int, tts_rate: int) -> Call:
+    def refusal(self) -> str:
+        """Why a new call would be refused now (``"draining"``, ``"full"``), ``""`` if it would
+        be admitted (but for a ring creation failure). Takes and counts nothing."""
         if self.draining:
-            self._refuse("draining")
+            return "draining"
         if len(self.calls) >= self.max_calls:
-            self._refuse("full")
+            return "full"
+        return ""
+
+    def admit(self, transport: str, agent: str, call_rate: int, tts_rate: int) -> Call:
+        reason = self.refusal()
+        if reason:
+            self._refuse(reason)
         call_id = self.new_id()
         rates = {"in": call_rate, "in16": IN16_RATE, "tts": tts_rate, "out": call_rate}
         rings: dict[str, Ring] = {}

@@ -128,6 +128,15 @@ def _port(where: str, name: str, port: int) -> None:
         raise ConfigError(f"{where}.{name}", f"port out of range: {port}")
 
 
+def _networks(where: str, name: str, values: tuple[str, ...]) -> None:
+    """Every entry of ``values`` is an IP address or a CIDR network (host bits allowed)."""
+    for i, net in enumerate(values):
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError as e:
+            raise ConfigError(f"{where}.{name}[{i}]", f"expected an IP address or a CIDR network: {e}") from None
+
+
 def _agent(key: str, name: str) -> None:
     if not AGENT_RE.match(name):
         raise ConfigError(key, f"invalid agent name {name!r} (letters, digits, _ and -)")
@@ -198,6 +207,8 @@ class SipConfig:
     max_transactions: int = 4096  # server transactions at once; beyond it new requests get 503
     invite_rate: tuple[str, ...] = ("10/second", "100/minute")  # new INVITEs per source address
     options_rate: tuple[str, ...] = ("20/second",)  # OPTIONS per source address
+    # SIP proxies (Kamailio, an SBC) whose second Via names the caller: the rate limits key on it
+    trusted_proxies: tuple[str, ...] = ()
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "sip") -> SipConfig:
@@ -207,11 +218,8 @@ class SipConfig:
         _port(where, "rtp_port_max", cfg.rtp_port_max)
         if cfg.rtp_port_min and cfg.rtp_port_max - cfg.rtp_port_min < 2:
             raise ConfigError(f"{where}.rtp_port_max", "must leave room for at least one even port above rtp_port_min")
-        for i, net in enumerate(cfg.allow):
-            try:
-                ipaddress.ip_network(net, strict=False)
-            except ValueError as e:
-                raise ConfigError(f"{where}.allow[{i}]", str(e)) from None
+        _networks(where, "allow", cfg.allow)
+        _networks(where, "trusted_proxies", cfg.trusted_proxies)
         _agent(f"{where}.default_agent", cfg.default_agent)
         for user, agent in cfg.users.items():
             if type(agent) is not str:
@@ -271,6 +279,7 @@ class WsRoute:
         return name == self.agent or name in self.agents
 
 
+HEALTHZ_PATH = "/healthz"  # answered by the WebSocket listener itself (docs/OPERATIONS.md), never routed
 DEFAULT_ROUTES = (WsRoute("/twilio", "twilio", "default"), WsRoute("/ws", "native", "default"))
 ROUTE_KEYS = ("path", "protocol", "agent", "agents")
 
@@ -299,6 +308,8 @@ def _routes(routes_raw: Any, where: str) -> tuple[WsRoute, ...]:
         path, proto, agent = r.get("path"), r.get("protocol"), r.get("agent", "default")
         if type(path) is not str or not path.startswith("/"):
             raise ConfigError(f"{key}.path", "expected a path starting with /")
+        if path.rstrip("/") == HEALTHZ_PATH:
+            raise ConfigError(f"{key}.path", f"{HEALTHZ_PATH} is the listener's health check, not a route")
         if proto not in websocket_protocols():
             raise ConfigError(f"{key}.protocol", f"expected one of {', '.join(websocket_protocols())}")
         if type(agent) is not str:
@@ -317,7 +328,8 @@ class WebSocketConfig:
 
     Invariants (checked by :meth:`from_section`): a listener on a non-loopback
     address has a credential for every protocol it routes (``native_secret``
-    for native routes, ``twilio_auth_token`` for Twilio routes) unless
+    for native and Telnyx routes, ``twilio_auth_token`` for Twilio routes,
+    ``plivo_auth_token`` for Plivo routes) unless
     ``allow_unauthenticated`` says otherwise; the per-source limits are >= 0
     (0: no limit)."""
 
@@ -329,11 +341,14 @@ class WebSocketConfig:
     max_send_buffer_bytes: int = 262144  # per connection; beyond it outbound audio is dropped, counted
     native_secret: str = ""  # native routes: the static secret, and the key of signed tokens
     twilio_auth_token: str = ""  # validate X-Twilio-Signature when set
+    plivo_auth_token: str = ""  # validate X-Plivo-Signature-V3 when set
     public_url: str = ""  # scheme://host the signature was computed over (default wss://<Host>)
     allow_unauthenticated: bool = False  # lab only: a non-loopback listener without credentials
     allowed_origins: tuple[str, ...] = ()  # Origin values let in ("*": any); no Origin is always let in
     handshakes_per_s: int = 20  # per source IP, moving 1 s window (HTTP 429 beyond; 0: no limit)
     max_connections_per_source: int = 200  # open connections per source IP (HTTP 503 beyond; 0: no limit)
+    # load balancers (HAProxy) whose X-Forwarded-For names the client: the per-source limits key on it
+    trusted_proxies: tuple[str, ...] = ()
     start_timeout_s: float = 10.0  # close a connection that never sends start
     native_rates: tuple[int, ...] = NATIVE_RATES
     # a live call survives malformed messages (counted, dropped) up to this many within fault_window_s
@@ -368,6 +383,7 @@ class WebSocketConfig:
         for name in ("handshakes_per_s", "max_connections_per_source"):
             if getattr(cfg, name) < 0:
                 raise ConfigError(f"{where}.{name}", f"must be >= 0 (0: no limit), got {getattr(cfg, name)}")
+        _networks(where, "trusted_proxies", cfg.trusted_proxies)
         for i, origin in enumerate(cfg.allowed_origins):
             if origin != "*" and not re.match(r"^[a-z][a-z0-9+.-]*://[^/\s]+$|^null$", origin, re.I):
                 raise ConfigError(f"{where}.allowed_origins[{i}]",
@@ -388,6 +404,10 @@ class WebSocketConfig:
             out.append(("native_secret", "native"))
         if "twilio" in protos and not self.twilio_auth_token:
             out.append(("twilio_auth_token", "twilio"))
+        if "telnyx" in protos and not self.native_secret:  # the stream token is a native credential
+            out.append(("native_secret", "telnyx"))
+        if "plivo" in protos and not self.plivo_auth_token:
+            out.append(("plivo_auth_token", "plivo"))
         return out
 
     def fault_budget(self) -> FaultBudget:

@@ -122,7 +122,7 @@ class GatewayCore(AgentLinks):
         return dict(self.endpoints)
 
     def drain(self) -> None:
-        """Refuse new calls (SIP 503, OPTIONS 503, WebSocket 1013); live calls go on."""
+        """Refuse new calls (SIP 503, OPTIONS and /healthz 503, WebSocket 1013); live calls go on."""
         self.table.draining = True
 
     async def stop(self, grace_s: float = 2.0) -> None:

@@ -52,6 +52,12 @@ class CallHost(Protocol):
         """Admit a call (rings created). Raises AdmissionError (full, draining, rings)."""
         ...
 
+    def refusal(self) -> str:
+        """Why :meth:`admit` would refuse a new call now: ``"draining"`` or ``"full"`` (``""``:
+        it would admit one). The same rule as :meth:`admit`, cheap, takes and counts nothing:
+        the health answers (SIP OPTIONS, the WebSocket ``/healthz``) ask it."""
+        ...
+
     def note_refused(self, reason: str) -> None:
         """A transport refused a call itself before :meth:`admit` (e.g. SIP while draining)."""
         ...

@@ -86,6 +86,10 @@ class CallLifecycle(PlayoutCommands):
     def draining(self) -> bool:
         return self.table.draining
 
+    def refusal(self) -> str:
+        """Why :meth:`admit` would refuse a call now (``"draining"``, ``"full"``), else ``""``."""
+        return self.table.refusal()
+
     def note_refused(self, reason: str) -> None:
         self.table.refused[reason] = self.table.refused.get(reason, 0) + 1
 

@@ -17,7 +17,9 @@ Invariants:
 * A request over any of its limits is refused before it creates a
   transaction or a call; the limits of one method are checked in order and
   the first one refused stops the check (later windows are not charged).
-* The key is the source IP address only (the port is the attacker's choice).
+* The key is an IP address only (the port is the attacker's choice): the
+  packet's source, or the caller a trusted proxy's Vias name (the user
+  agent chooses it: :meth:`~brisvox.gateway.sip_transactions.SipTransactions.caller_host`).
 * Memory is bounded by the storage's expiry: a window's entries live at
   most the window's length.
 """

@@ -16,7 +16,13 @@ Invariants:
 * A finished transaction is forgotten at once (tables and callbacks), so
   the tables hold only live transactions; per dialog at most
   ``MAX_CLIENT_TX`` client transactions are pending.
-* Responses go where RFC 3261 18.2.2 (with RFC 3581 ``rport``) says.
+* Responses go where RFC 3261 18.2.2 (with RFC 3581 ``rport``) says: to the
+  sender of the request, a trusted proxy included (its Via is the top one).
+* The per-source limits key on the caller's address
+  (:meth:`SipTransactions.caller_host`): the packet's source, or, when that
+  source is one of ``[sip] trusted_proxies``, the caller the proxy's Vias
+  name (:func:`brisvox.gateway.proxies.via_client`); from any other source a
+  Via is never believed.
 * The server transaction table holds at most ``[sip] max_transactions``; a
   new request beyond it, or over its source's rate limit
   (:class:`~brisvox.gateway.sip_guard.SipGuard`), is answered 503 with
@@ -37,6 +43,7 @@ from typing import Any
 
 from brisvox.gateway.config import SipConfig
 from brisvox.gateway.host import CallHost
+from brisvox.gateway.proxies import FORWARDED, MALFORMED, TrustedProxies, via_client
 from brisvox.gateway.sip_guard import SipGuard
 from brisvox.gateway.sip_rtp import Addr, RtpPorts, SipCall
 from brisvox.wire.sip_dialog import make_response
@@ -68,6 +75,7 @@ class SipTransactions(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.nets = [ipaddress.ip_network(n, strict=False) for n in cfg.allow]
         self._allowed_cache: dict[str, bool] = {}
+        self.proxies = TrustedProxies(cfg.trusted_proxies)
         self.server_tx: dict[tuple, Transaction] = {}
         self.client_tx: dict[tuple, ClientNonInvite] = {}
         self._tx_cb: dict[int, Callable[[Action], None]] = {}
@@ -129,6 +137,22 @@ class SipTransactions(asyncio.DatagramProtocol):
             if len(self._allowed_cache) < 4096:
                 self._allowed_cache[host] = ok
         return ok
+
+    def caller_host(self, req: SipMessage, src: str) -> str:
+        """The caller's address, the key of the per-source limits: ``src`` (the packet's
+        source), unless ``src`` is a trusted proxy and its Vias name the caller (counted
+        ``sip_proxied_requests``; a Via that names no IP address: ``src``, counted
+        ``sip_proxied_bad_via``)."""
+        if not self.proxies:
+            return src
+        host, how = via_client(self.proxies, src, req.get_all("via"))
+        if how == FORWARDED:
+            self.count("sip_proxied_requests")
+        elif how == MALFORMED:
+            self.count("sip_proxied_bad_via")
+            self.guard.log_limit("sip_proxied_bad_via", "SIP %s from trusted proxy %s: no caller address "
+                                 "in its Vias, limited as the proxy's own", req.method, src, level=logging.INFO)
+        return host
 
     @property
     def via_host(self) -> str:

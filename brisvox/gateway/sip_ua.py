@@ -13,9 +13,13 @@ Behaviour (details in docs/PROTOCOL.md): INVITE with an SDP offer (or none:
 we offer in the 200 and take the answer from the ACK) -> 100, optional 180,
 200 with the answer; 488 when no PCMU/PCMA; 503 when full or draining; 420 for
 a required extension; re-INVITE (hold/unhold, new address) answered with the
-mirrored direction; BYE both ways; CANCEL -> 200 + 487; OPTIONS -> 200 (503
-while draining); INFO dtmf-relay and dtmf (a key press); NOTIFY for our REFER; other known methods
-405, unknown ones 501; malformed requests 400 when they can be answered, else
+mirrored direction; BYE both ways; CANCEL -> 200 + 487; OPTIONS -> 200, or 503
+"Draining" (Retry-After 30) / "Full" (Retry-After 10) whenever a new INVITE
+would be refused now (the call host's admission rule,
+:meth:`~brisvox.gateway.host.CallHost.refusal`), so a dispatcher in front
+(Kamailio) stops sending calls; INFO dtmf-relay and dtmf (a key press);
+NOTIFY for our REFER; other known methods 405, unknown ones 501; malformed
+requests 400 when they can be answered, else
 dropped. All of it counted.
 
 Invariants:
@@ -32,7 +36,9 @@ Invariants:
 * New INVITEs (no To tag) and OPTIONS over their source's rate limit, and
   any new request while the transaction table is full, get 503 with
   Retry-After before a transaction exists (retransmissions of a live
-  transaction are absorbed first and cost no rate).
+  transaction are absorbed first and cost no rate). The source is the
+  caller's address: the packet's, or the one a trusted proxy's Vias name
+  (:meth:`~brisvox.gateway.sip_transactions.SipTransactions.caller_host`).
 * An exception while handling one message is counted
   (``sip_internal_errors``) and logged bounded, with its type and place
   instead of a traceback; it ends nothing else.
@@ -65,6 +71,8 @@ log = logging.getLogger("brisvox.gateway.sip")
 KNOWN_METHODS = {"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "UPDATE", "PRACK", "REFER"}
 _COUNTED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY", "REFER"}
 MAX_TARGET = 256
+# OPTIONS while a new call would be refused: the reason phrase and Retry-After (s) per refusal
+UNAVAILABLE = {"draining": ("Draining", "30"), "full": ("Full", "10")}
 _TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
 
 
@@ -121,9 +129,10 @@ class SipUserAgent(SipDialogs):
             return
         reply_to = self._reply_addr(req, addr)
         if method == "OPTIONS" or (method == "INVITE" and not req.to_tag):
-            retry = self.guard.admit(method, addr[0])
+            caller = self.caller_host(req, addr[0])  # behind a trusted proxy: the caller it names
+            retry = self.guard.admit(method, caller)
             if retry:
-                self.refuse("rate_limit", "%s from %s over its rate limit", method, addr[0])
+                self.refuse("rate_limit", "%s from %s over its rate limit", method, caller)
                 self._stateless(req, 503, reply_to, "Rate Limited", extra=[("retry-after", str(retry))])
                 return
         if len(self.server_tx) >= self.cfg.max_transactions:
@@ -148,10 +157,14 @@ class SipUserAgent(SipDialogs):
         if method == "CANCEL":
             self._on_cancel(req, tx)
         elif method == "OPTIONS":
-            draining = self.call_host.draining
-            self._respond(tx, req, 503 if draining else 200,
-                          extra=[("accept", "application/sdp"), ("supported", "replaces")]
-                          + ([("retry-after", "30")] if draining else []))
+            refusal = self.call_host.refusal()  # the rule admission applies, nothing taken
+            extra = [("accept", "application/sdp"), ("supported", "replaces")]
+            if refusal:
+                self.count(f"sip_options_{refusal}")
+                reason, after = UNAVAILABLE.get(refusal, ("", "10"))
+                self._respond(tx, req, 503, reason, extra=[*extra, ("retry-after", after)])
+            else:
+                self._respond(tx, req, 200, extra=extra)
         elif method in ("BYE", "INFO", "NOTIFY"):
             leg = self._dialog_for(req)
             if leg is None:

@@ -24,6 +24,23 @@ Invariants:
 * A message larger than ``max_message_bytes`` fails the connection with
   close code 1009 before it is buffered (the frame header is enough); a
   handshake that does not finish in ``HANDSHAKE_TIMEOUT_S`` is dropped.
+* A request's source (the key of every per-source limit) is its TCP peer's
+  address, or, when the peer is one of ``trusted_proxies`` and the request
+  has ``X-Forwarded-For``, the client that header names
+  (:func:`brisvox.gateway.proxies.forwarded_client`: counted
+  ``ws_forwarded``; from any other peer the header is ignored,
+  ``ws_forwarded_ignored``; one that names no IP address leaves the peer,
+  ``ws_forwarded_malformed``). It is fixed before any check below, and a
+  connection's open-connection count moves with it: ``released`` takes back
+  exactly the count ``opened`` (or the move) gave.
+* ``GET /healthz`` (any query, upgrade or not; ``HEAD`` gets the headers only)
+  is the load balancer's health check, answered before the checks below (no
+  credential): 200 ``ok``, or 503 ``draining`` / ``full`` with Retry-After
+  whenever a new call would be refused now
+  (:meth:`~brisvox.gateway.host.CallHost.refusal`), then the connection
+  closes; counted ``ws_healthz``. Its own per-source limit
+  (:data:`HEALTHZ_PER_S`, 429 ``ws_refused_healthz_rate`` beyond) takes
+  nothing of the handshake allowance of real calls.
 * Before any session exists a request is checked in this order, and the
   first failing check refuses it with an HTTP status and a counter: the
   source's handshake rate (``handshakes_per_s``, moving 1 s window: 429
@@ -64,8 +81,9 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from brisvox.gateway.config import WebSocketConfig, WsRoute, is_loopback
+from brisvox.gateway.config import HEALTHZ_PATH, WebSocketConfig, WsRoute, is_loopback
 from brisvox.gateway.leg import SESSION_LOG
+from brisvox.gateway.proxies import DIRECT, FORWARDED, MALFORMED, TrustedProxies, forwarded_client
 from brisvox.gateway.rate_limits import process_storage
 from brisvox.gateway.transports import TRANSPORTS, transport
 from brisvox.gateway.ws_auth import OPEN as OPEN_GRANT
@@ -82,6 +100,8 @@ HANDSHAKE_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 RECV_BUFFER_BYTES = 65536  # the one receive buffer of all connections (a read never exceeds it)
 OPEN = State.OPEN
+HEALTHZ_PER_S = 50  # /healthz requests per source per second (moving window); 429 beyond
+HEALTHZ_RETRY_AFTER = {"draining": "30", "full": "10"}  # as the SIP OPTIONS answer says it
 
 
 class LibraryLog(logging.LoggerAdapter[logging.Logger]):
@@ -126,7 +146,8 @@ class WsConnection(asyncio.BufferedProtocol):
         self.route: WsRoute | None = None
         self.request: Request | None = None
         self.peer: tuple[str, int] = ("", 0)
-        self.source = ""  # the peer's IP: the key of the per-source limits
+        self.source = ""  # the client's IP (the peer's, or the one a trusted proxy forwarded): the limits' key
+        self.counted_as = ""  # the key of the server's open-connection count this connection holds
         self.grant: Grant = OPEN_GRANT  # what the handshake's credential fixes (a signed token's params)
         self.closed = False
         self._frag_op: Opcode | None = None
@@ -282,10 +303,31 @@ class WsConnection(asyncio.BufferedProtocol):
             resp.headers["Retry-After"] = "1"
         self.proto.send_response(resp)
 
+    def _healthz(self, req: Request) -> None:
+        """``GET /healthz`` (module invariants): the answer, then the connection closes."""
+        server = self.server
+        server.count("ws_healthz")
+        if not server.healthz_allowed(self.source):
+            self._reject(429, "too many health checks\n", "ws_refused_healthz_rate", retry_after=True)
+            return
+        self._refused = True  # answered: nothing of it is a handshake
+        refusal = server.host.refusal()
+        resp = self.proto.reject(503 if refusal else 200, f"{refusal}\n" if refusal else "ok\n")
+        if refusal:
+            server.count("ws_healthz_unavailable")
+            resp.headers["Retry-After"] = HEALTHZ_RETRY_AFTER.get(refusal, "10")
+        if req.method == "HEAD":
+            resp.body = b""  # the headers of the GET answer (Content-Length included), no body
+        self.proto.send_response(resp)
+
     def _handshake(self, req: Request) -> None:
         """The checks of the module invariants, in order; the first failing one answers."""
         server = self.server
         cfg = server.cfg
+        server.resolve_source(self, req)
+        if req.path.split("?", 1)[0] == HEALTHZ_PATH:
+            self._healthz(req)
+            return
         if not server.handshake_allowed(self.source):
             self._reject(429, "too many handshakes\n", "ws_refused_rate", retry_after=True)
             return
@@ -436,6 +478,9 @@ class WebSocketServer:
         # per-source handshake rate: limits' moving window in the process's one storage
         self._rate = RateLimitItemPerSecond(cfg.handshakes_per_s) if cfg.handshakes_per_s > 0 else None
         self._limiter = strategies.MovingWindowRateLimiter(process_storage()) if self._rate else None
+        self._healthz_rate = RateLimitItemPerSecond(HEALTHZ_PER_S)
+        self._healthz_limiter = strategies.MovingWindowRateLimiter(process_storage())
+        self.proxies = TrustedProxies(cfg.trusted_proxies)
         # every read of every connection lands here and is consumed (or copied) at once
         self.rx_view = memoryview(bytearray(RECV_BUFFER_BYTES))
 
@@ -444,22 +489,49 @@ class WebSocketServer:
 
     def opened(self, conn: WsConnection) -> None:
         self.connections.add(conn)
+        conn.counted_as = conn.source
         self.per_source[conn.source] = self.per_source.get(conn.source, 0) + 1
+
+    def _uncount(self, key: str) -> None:
+        n = self.per_source.get(key, 0) - 1
+        if n > 0:
+            self.per_source[key] = n
+        else:
+            self.per_source.pop(key, None)
 
     def released(self, conn: WsConnection) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
-            n = self.per_source.get(conn.source, 0) - 1
-            if n > 0:
-                self.per_source[conn.source] = n
-            else:
-                self.per_source.pop(conn.source, None)
+            self._uncount(conn.counted_as)  # the key it was counted under, whatever source says now
+
+    def resolve_source(self, conn: WsConnection, req: Request) -> None:
+        """``conn.source`` := the client behind a trusted proxy (module invariants); its
+        open-connection count moves to that key."""
+        peer = str(conn.peer[0]) if conn.peer else ""
+        client, how = forwarded_client(self.proxies, peer, req.headers.get_all("X-Forwarded-For"))
+        if how == DIRECT:
+            return
+        self.count("ws_forwarded" if how == FORWARDED else f"ws_forwarded_{how}")
+        if how == MALFORMED:
+            self.bad("ws_forwarded_malformed", "X-Forwarded-For from trusted proxy %s names no IP address: "
+                     "limited as the proxy's own", peer, level=logging.INFO)
+        if client != conn.source:
+            conn.source = client
+            if conn in self.connections:
+                self._uncount(conn.counted_as)
+                conn.counted_as = client
+                self.per_source[client] = self.per_source.get(client, 0) + 1
 
     def handshake_allowed(self, source: str) -> bool:
         """Counts one handshake of ``source``; False beyond ``handshakes_per_s``."""
         if self._limiter is None or self._rate is None:
             return True
         return self._limiter.hit(self._rate, "ws_handshake", source)
+
+    def healthz_allowed(self, source: str) -> bool:
+        """Counts one ``/healthz`` of ``source`` (its own window, not the handshakes');
+        False beyond :data:`HEALTHZ_PER_S`."""
+        return self._healthz_limiter.hit(self._healthz_rate, "ws_healthz", source)
 
     def connections_allowed(self, source: str) -> bool:
         """``source``'s open connections (this one included) are within the cap."""

@@ -227,23 +227,78 @@ module_app menu.so
         assert 250 <= delay_ms <= 450
 
 
-def test_drain_answers_options_and_invite_with_503(short_tmp):
+def healthz(port: int) -> tuple[int, bytes, bytes]:
+    """``GET /healthz`` on the WebSocket listener: (status, head, body); the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), head, body
+
+
+def test_full_and_draining_answer_options_healthz_and_invite_with_503(short_tmp):
     import os
     import signal
 
-    with GatewayProc(short_tmp, inbox=True) as gw:
-        port = gw.sip_port
-        assert status_of(udp_exchange(port, raw_request("OPTIONS", port))) == 200
+    from brisvox.wire.sip_message import parse
+
+    sdp_body = b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 4000 RTP/AVP 0\r\n"
+
+    def options() -> tuple[int, str, str]:
+        resp = udp_exchange(port, raw_request("OPTIONS", port))
+        assert resp is not None, "no answer to OPTIONS"
+        m = parse(resp)
+        return m.status, m.reason, m.get("retry-after")
+
+    with GatewayProc(short_tmp, inbox=True, gateway={"max_calls": 1}) as gw:
+        port, ws = gw.sip_port, gw.ws_port
+        assert options() == (200, "OK", "")
+        assert healthz(ws)[::2] == (200, b"ok\n")
+        # the one call the gateway takes: OPTIONS and /healthz say full while it lasts
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(2)
+            invite = raw_request("INVITE", port, body=sdp_body, extra="Content-Type: application/sdp\r\n"
+                                 "Contact: <sip:t@127.0.0.1>\r\n", local=s.getsockname()[1])
+            s.sendto(invite, ("127.0.0.1", port))
+            ok = parse(s.recv(65535))
+            while ok.status < 200:
+                ok = parse(s.recv(65535))
+            assert ok.status == 200
+            inv = parse(invite)
+            dialog = (f"From: {inv.get('from')}\r\nTo: {ok.get('to')}\r\nCall-ID: {inv.call_id}\r\n"
+                      "Max-Forwards: 70\r\nContent-Length: 0\r\n\r\n")
+            via = f"Via: SIP/2.0/UDP 127.0.0.1:{s.getsockname()[1]};rport;branch=z9hG4bK{time.monotonic_ns()}"
+            s.sendto(f"ACK sip:brisvox@127.0.0.1:{port} SIP/2.0\r\n{via}a\r\nCSeq: 1 ACK\r\n{dialog}".encode(),
+                     ("127.0.0.1", port))
+            assert options() == (503, "Full", "10")
+            status, head, body = healthz(ws)
+            assert (status, body) == (503, b"full\n") and b"Retry-After: 10" in head and b"Connection: close" in head
+            s.sendto(f"BYE sip:brisvox@127.0.0.1:{port} SIP/2.0\r\n{via}b\r\nCSeq: 2 BYE\r\n{dialog}".encode(),
+                     ("127.0.0.1", port))
+            bye_ok = parse(s.recv(65535))
+            while bye_ok.cseq[1] != "BYE":  # a 200 to the INVITE retransmitted before our ACK came
+                bye_ok = parse(s.recv(65535))
+            assert bye_ok.status == 200
+        assert wait_until(lambda: options()[0] == 200, 3)
+        assert healthz(ws)[0] == 200
         os.kill(gw.proc.pid, signal.SIGUSR1)  # the standalone gateway drains on SIGUSR1
-        assert wait_until(lambda: status_of(udp_exchange(port, raw_request("OPTIONS", port))) == 503, 3)
-        sdp_body = b"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\nm=audio 4000 RTP/AVP 0\r\n"
+        assert wait_until(lambda: options()[0] == 503, 3)
+        assert options() == (503, "Draining", "30")
+        status, head, body = healthz(ws)
+        assert (status, body) == (503, b"draining\n") and b"Retry-After: 30" in head
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", 0))
             s.settimeout(2)
             s.sendto(raw_request("INVITE", port, body=sdp_body, extra="Content-Type: application/sdp\r\n"),
                      ("127.0.0.1", port))
-            codes = []
-            while not codes or codes[-1] < 200:
-                codes.append(status_of(s.recv(65535)))
-        assert codes == [100, 503]
-        assert gw.stats()["calls_refused_draining"] == 1
+            answers = [parse(s.recv(65535))]
+            while answers[-1].status < 200:
+                answers.append(parse(s.recv(65535)))
+        assert [a.status for a in answers] == [100, 503] and answers[-1].get("retry-after") == "30"
+        st = gw.stats()
+        assert st["calls_refused_draining"] == 1 and "calls_refused_full" not in st
+        assert st["sip_options_full"] >= 1 and st["sip_options_draining"] >= 2
+        assert st["ws_healthz"] == 4 and st["ws_healthz_unavailable"] == 2
