@@ -1,7 +1,7 @@
 """The "where to call" banner ``brisvoxd start`` prints once the daemon is ready.
 
 Owns what an operator is told at start: the WebSocket URLs of every route
-(Twilio Media Streams and native), the SIP URI of the default agent and of
+(Twilio Media Streams, Plivo Audio Streams, native), the SIP URI of the default agent and of
 each configured SIP user, the agent "default" runs, and how to stop. The
 addresses are the gateway's BOUND endpoints from the supervisor's status
 (so port 0 shows the port actually picked), not the configured ones.
@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 STATUS_TIMEOUT_S = 5.0
+# what a route's protocol is called in the banner (another: "<name> protocol")
+ROUTE_KINDS = {"twilio": "Twilio Media Streams", "plivo": "Plivo Audio Streams",
+               "telnyx": "Telnyx Media Streaming", "native": "native protocol"}
 
 
 def lines(snap: dict[str, Any], cfg: Any, foreground: bool) -> list[str]:
@@ -39,7 +42,7 @@ def lines(snap: dict[str, Any], cfg: Any, foreground: bool) -> list[str]:
         for r in cfg.section("websocket").routes:
             first = first or f"ws://{ws}{r.path}"
             name = default if r.agent == "default" else r.agent
-            kind = "Twilio Media Streams" if r.protocol == "twilio" else "native protocol"
+            kind = ROUTE_KINDS.get(r.protocol, f"{r.protocol} protocol")
             extra = f" (or {r.path}/<{'|'.join(r.agents)}>)" if r.agents else ""
             rows.append((f"ws://{ws}{r.path}", f"{kind}, agent {name}{extra}"))
     sip = eps.get("sip")

@@ -10,7 +10,9 @@ Modules, in data-flow order:
 * ``recorder`` -- the bot's audio as the caller heard it (a clear drops what
   was still buffered), on the call's timeline, written to a WAV;
 * ``transport`` -- what every protocol offers the runner; ``twilio``
-  (Twilio Media Streams), ``native`` (the native ``/ws`` protocol) and ``sip``
+  (Twilio Media Streams), ``telnyx`` (Telnyx Media Streaming; the two share
+  ``media_stream``), ``plivo`` (Plivo Audio Streams), ``native`` (the
+  native ``/ws`` protocol) and ``sip``
   (a small SIP UA over UDP with RTP and RFC 4733 DTMF); every message and
   codec they put on the wire is :mod:`brisvox.wire`, shared with the gateway;
 * ``runner`` -- the asyncio side: one 20 ms timer, the transport, the script;

@@ -42,10 +42,12 @@ def add_parser(sub: Any) -> None:
         description="Place one call, speak lines as the caller, record and transcribe the bot, print per turn "
                     "the caller's line, the bot's answer and the latency (caller stopped -> first bot audio).")
     p.add_argument("target", nargs="?", default=DEFAULT_TARGET,
-                   help=f"ws://host:port/path (native /ws or Twilio /twilio) or sip:user@host:port "
+                   help=f"ws://host:port/path (native /ws, Twilio /twilio, Plivo /plivo, Telnyx /telnyx) or "
+                        f"sip:user@host:port "
                         f"(default {DEFAULT_TARGET})")
-    p.add_argument("--protocol", choices=("auto", "native", "twilio", "sip"), default="auto",
-                   help="default: sip for sip: targets, twilio when the path has /twilio, else native")
+    p.add_argument("--protocol", choices=("auto", "native", "twilio", "plivo", "telnyx", "sip"), default="auto",
+                   help="default: sip for sip: targets, twilio (plivo, telnyx) when the path has /twilio "
+                        "(/plivo, /telnyx), else native")
     p.add_argument("--agent", default="", help="agent definition to talk to (WebSocket: appended to the path; "
                                                "SIP: the request-URI user)")
     p.add_argument("--say", dest="steps", action="append", type=_step("say"), metavar="TEXT",
@@ -71,8 +73,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-duration", type=float, default=300.0, metavar="S", help="hang up after this long")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="custom parameter passed to the agent (WebSocket protocols)")
-    p.add_argument("--token", default="", help="native protocol: the gateway's native_secret, or a signed "
-                   "token for the agent (brisvox token); sent as Authorization: Bearer")
+    p.add_argument("--token", default="", help="native and Telnyx: the gateway's native_secret, or a signed "
+                   "token for the agent (brisvox token); sent as Authorization: Bearer (Telnyx: as the "
+                   "x-telnyx-streaming-auth-token header)")
     p.add_argument("--models-dir", default=None, help="where the local models are (default: brisvox models)")
     p.set_defaults(run=run)
 
@@ -84,12 +87,16 @@ def resolve(target: str, protocol: str, agent: str) -> tuple[str, str]:
             protocol = "sip"
         elif "/twilio" in urlsplit(target).path:
             protocol = "twilio"
+        elif "/plivo" in urlsplit(target).path:
+            protocol = "plivo"
+        elif "/telnyx" in urlsplit(target).path:
+            protocol = "telnyx"
         else:
             protocol = "native"
     if protocol == "sip":
         return protocol, target
     u = urlsplit(target if "://" in target else f"ws://{target}")
-    path = u.path or ("/twilio" if protocol == "twilio" else "/ws")
+    path = u.path or ("/ws" if protocol == "native" else f"/{protocol}")
     if agent:
         path = path.rstrip("/") + "/" + agent
     return protocol, urlunsplit((u.scheme or "ws", u.netloc, path, u.query, ""))
@@ -105,6 +112,14 @@ def _transport(protocol: str, address: str, args: argparse.Namespace) -> Any:
         from brisvox.client.twilio import TwilioTransport
 
         return TwilioTransport(address, params)
+    if protocol == "plivo":  # mu-law 8 kHz, as <Stream contentType="audio/x-mulaw;rate=8000">
+        from brisvox.client.plivo import PlivoTransport
+
+        return PlivoTransport(address, params)
+    if protocol == "telnyx":  # PCMU 8 kHz; --token as Telnyx sends its stream_auth_token
+        from brisvox.client.telnyx import TelnyxTransport
+
+        return TelnyxTransport(address, params, token=args.token)
     from brisvox.client.native import NativeTransport
 
     return NativeTransport(address, rate=args.rate, params=params, token=args.token)

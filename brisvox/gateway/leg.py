@@ -1,6 +1,8 @@
 """The base class of every call leg: the required sends and defaults for optional capabilities.
 
-Owns :class:`TransportLeg`, which the Twilio, native and SIP legs subclass.
+Owns :class:`TransportLeg`, which the Twilio, Telnyx, native and SIP legs subclass,
+and :class:`InbandDtmfLeg`, the outbound DTMF of a peer that has no DTMF
+message (Twilio, Telnyx): the digits played as tones through the media channel.
 It satisfies the :class:`~brisvox.gateway.calls.Leg` protocol the pacer and
 the core drive. A subclass must implement ``can_send``, ``send_audio``,
 ``send_clear`` and ``hangup``; the optional capabilities default to "not
@@ -44,6 +46,7 @@ from collections.abc import Callable
 import numpy as np
 
 from brisvox.runtime.log_limit import LogLimiter
+from brisvox.wire import dtmf
 from brisvox.wire.sip_message import quoted_string
 
 SESSION_LOG = LogLimiter(logging.getLogger("brisvox.gateway.ws"))
@@ -113,3 +116,38 @@ class TransportLeg:
 
     def poll(self, now: float) -> None:
         pass
+
+
+class InbandDtmfLeg(TransportLeg):
+    """SendDtmf as in-band tones: the digits' tones (:func:`brisvox.wire.dtmf.tone_sequence`
+    at the leg's ``rate``) go out through ``send_audio`` 20 ms a tick, paced like audio and
+    holding the out ring meanwhile; digits queued while tones play follow them. A Clear
+    drops the tones (``drop_tones``)."""
+
+    rate = 8000  # the leg's audio rate (a leg whose rate is per stream sets it on the instance)
+    _tones: np.ndarray | None = None
+    _tone_pos = 0
+
+    def send_dtmf(self, digits: str) -> int:
+        valid = "".join(d for d in digits if d.upper() in dtmf.DIGITS)
+        tones = dtmf.tone_sequence(valid, self.rate)
+        if self._tones is not None:
+            tones = np.concatenate([self._tones[self._tone_pos:], tones])
+        self._tones, self._tone_pos = tones, 0
+        return len(digits) - len(valid)
+
+    def tick_dtmf(self, now: float) -> bool:
+        t = self._tones
+        if t is None:
+            return False
+        frame = self.rate // 50
+        chunk = t[self._tone_pos:self._tone_pos + frame]
+        self._tone_pos += frame
+        if self._tone_pos >= len(t):
+            self._tones = None
+        if len(chunk):
+            self.send_audio(chunk, now)
+        return True
+
+    def drop_tones(self) -> None:
+        self._tones = None

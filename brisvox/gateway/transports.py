@@ -1,6 +1,6 @@
 """The transport registry: one table naming every caller-facing transport.
 
-Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``sip``: the name a call's
+Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``sip``: the name a call's
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
 WebSocket route uses, the handshake check of its routes (``auth``:
@@ -28,7 +28,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brisvox.gateway.ws_auth import Grant, Refusal, native_auth, twilio_auth
+from brisvox.gateway.ws_auth import (
+    Grant,
+    Refusal,
+    native_auth,
+    plivo_auth,
+    telnyx_auth,
+    twilio_auth,
+)
 
 if TYPE_CHECKING:
     from brisvox.gateway.config import WsRoute
@@ -94,6 +101,18 @@ def _native_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Sessi
     return NativeSession(host, conn, route)
 
 
+def _plivo_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.plivo_ws import PlivoSession
+
+    return PlivoSession(host, conn, route)
+
+
+def _telnyx_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.telnyx_ws import TelnyxSession
+
+    return TelnyxSession(host, conn, route)
+
+
 def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
     from brisvox.gateway.ws_server import WebSocketServer
 
@@ -114,6 +133,14 @@ TRANSPORTS: dict[str, Transport] = {
             "transfer": "a Twilio media stream cannot transfer (the REST API's calls update does)",
         }),
         Transport("native", "websocket", _native_session, auth=native_auth),
+        Transport("plivo", "websocket", _plivo_session, auth=plivo_auth, lacks={
+            "marks_release": "Plivo answers every checkpoint (playedStream): a mark is reported played on it",
+            "transfer": "a Plivo audio stream cannot transfer (the REST API's Transfer a call does)",
+        }),
+        Transport("telnyx", "websocket", _telnyx_session, auth=telnyx_auth, lacks={
+            "marks_release": "Telnyx echoes every mark: a mark is reported played on its echo",
+            "transfer": "a Telnyx media stream cannot transfer (Call Control's transfer command does)",
+        }),
         Transport("sip", "sip", None, lacks={
             "marks_echo": "SIP peers do not echo marks: they are reported on release",
             "fault_budget": "UDP has no connection to close: SIP and RTP drop and count every malformed "

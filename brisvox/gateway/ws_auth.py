@@ -1,5 +1,5 @@
 """Who may open a media stream: the Origin allow-list, the native secret or a signed
-token, and the Twilio request signature.
+token (native and Telnyx routes), and the Twilio and Plivo request signatures.
 
 Owns the handshake checks of the WebSocket server: :func:`origin_refusal`
 (every route) and the check each protocol declares in its registry row
@@ -24,6 +24,20 @@ Invariants:
   route admits) or a signed token for exactly the agent the path names, not
   expired; else 401. Twilio: ``X-Twilio-Signature`` = HMAC-SHA1 of
   ``public_url`` (or ``wss://<Host>``) + path, keyed with the auth token; else 403.
+  Plivo: ``X-Plivo-Signature-V3`` (or ``-Ma-V3``) is one of the V3 signatures
+  of the same URL and ``X-Plivo-Signature-V3-Nonce``, keyed with
+  ``plivo_auth_token`` (:func:`brisvox.wire.plivo.signature`); else 403.
+  Until ``[websocket]`` validates that key, a Plivo route without it is open
+  only on a loopback listener or with ``allow_unauthenticated``; on any
+  other it refuses every request (403 ``ws_refused_unconfigured``).
+  Telnyx does not sign its media WebSocket: the credential is the stream
+  token Telnyx sends as ``x-telnyx-streaming-auth-token`` (the Call Control
+  ``stream_auth_token``), else ``?token=<c>`` in the ``stream_url``; ``c`` is
+  checked as a native one (``native_secret``, or a signed token for the
+  route's agent, whose parameters replace the stream's); else 401. Until
+  ``[websocket]`` requires ``native_secret`` for Telnyx routes, one without
+  it is open only on a loopback listener or with ``allow_unauthenticated``,
+  and refuses every request on any other (403 ``ws_refused_unconfigured``).
 * Origin: a request without an ``Origin`` header (Twilio, server-side
   clients) passes; one with it passes only if ``allowed_origins`` holds
   ``"*"`` or that origin (case-insensitive, without a trailing ``/``); else
@@ -39,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from brisvox.wire import native, twilio
+from brisvox.wire import native, plivo, telnyx, twilio
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +76,8 @@ BAD_TOKEN = Refusal(401, "bad or missing token\n", "ws_refused_auth")
 EXPIRED_TOKEN = Refusal(401, "token expired\n", "ws_refused_token_expired")
 WRONG_AGENT = Refusal(401, "token not for this agent\n", "ws_refused_token_agent")
 BAD_SIGNATURE = Refusal(403, "bad X-Twilio-Signature\n", "ws_refused_signature")
+BAD_PLIVO_SIGNATURE = Refusal(403, "bad X-Plivo-Signature-V3\n", "ws_refused_signature")
+UNCONFIGURED = Refusal(403, "no credential configured for this route\n", "ws_refused_unconfigured")
 BAD_ORIGIN = Refusal(403, "origin not allowed\n", "ws_refused_origin")
 MAX_TTL_S = 7 * 86400  # mint_token refuses a longer lifetime
 
@@ -101,10 +117,13 @@ def _credentials(path: str, headers: Mapping[str, str]) -> list[str] | None:
 def native_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.native_secret:
         return OPEN
-    creds = _credentials(path, headers)
+    return _secret_or_token(cfg.native_secret, route, _credentials(path, headers))
+
+
+def _secret_or_token(secret: str, route: Any, creds: list[str] | None) -> Refusal | Grant:
+    """The first of ``creds`` that is ``secret`` itself or a live signed token for the route's agent."""
     if not creds:
         return BAD_TOKEN
-    secret = cfg.native_secret
     refusal = BAD_TOKEN
     for cred in creds:
         if hmac.compare_digest(cred.encode(), secret.encode()):
@@ -122,6 +141,18 @@ def native_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
     return refusal
 
 
+def telnyx_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    if not cfg.native_secret:
+        from brisvox.gateway.config import is_loopback  # lazy, as in plivo_auth
+
+        return OPEN if is_loopback(cfg.host) or cfg.allow_unauthenticated else UNCONFIGURED
+    header = _one(headers, telnyx.AUTH_HEADER)
+    if header is None:
+        return BAD_TOKEN
+    creds = [header] if header else parse_qs(urlsplit(path).query).get("token", [])[:1]
+    return _secret_or_token(cfg.native_secret, route, [c for c in creds if c])
+
+
 def twilio_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.twilio_auth_token:
         return OPEN
@@ -131,6 +162,28 @@ def twilio_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
     base = cfg.public_url or f"wss://{_one(headers, 'Host') or ''}"
     expect = twilio.signature(cfg.twilio_auth_token, base + path)
     return OPEN if hmac.compare_digest(sig.encode(), expect.encode()) else BAD_SIGNATURE
+
+
+def unconfigured(cfg: Any) -> Refusal | Grant:
+    """The check of a route whose credential is not configured: open on a loopback listener
+    or with ``allow_unauthenticated``, else every request refused."""
+    # lazy: brisvox.gateway.config imports the registry, which imports this module
+    from brisvox.gateway.config import is_loopback
+
+    return OPEN if is_loopback(cfg.host) or cfg.allow_unauthenticated else UNCONFIGURED
+
+
+def plivo_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    token = cfg.plivo_auth_token
+    if not token:
+        return unconfigured(cfg)
+    nonce = _one(headers, "X-Plivo-Signature-V3-Nonce")
+    sigs = [_one(headers, "X-Plivo-Signature-V3"), _one(headers, "X-Plivo-Signature-Ma-V3")]
+    if not nonce or None in sigs or not any(sigs):
+        return BAD_PLIVO_SIGNATURE
+    url = (cfg.public_url or f"wss://{_one(headers, 'Host') or ''}") + path
+    ok = any(plivo.signature_matches(token, url, nonce, s) for s in sigs if s)
+    return OPEN if ok else BAD_PLIVO_SIGNATURE
 
 
 def mint_token(secret: str, agent: str, ttl_s: float = 300.0, params: dict[str, str] | None = None,

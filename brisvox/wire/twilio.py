@@ -5,8 +5,9 @@ Owns the JSON text messages of the protocol (docs/PROTOCOL.md) and the
 
 * Twilio -> bot (built by :class:`TwilioStream`, as Twilio itself sends
   them: the ``brisvox call`` client, the load generator and the tests play
-  Twilio; parsed by the gateway with :func:`parse_start`,
-  :func:`media_payload`, :func:`mark_name`, :func:`dtmf_digit`):
+  Twilio; parsed by the gateway with :func:`parse_start` and the parsers
+  it shares with Telnyx, :mod:`brisvox.wire.mediastream`: ``media_payload``,
+  ``mark_name``, ``dtmf_digit``, re-exported here):
   ``connected``, ``start`` (streamSid, callSid, accountSid, mediaFormat,
   customParameters), ``media`` (base64 mu-law 8 kHz, track ``inbound``),
   ``mark`` (the echo of a bot's mark), ``dtmf``, ``stop``.
@@ -15,7 +16,8 @@ Owns the JSON text messages of the protocol (docs/PROTOCOL.md) and the
   generator's hot path): ``media``, ``mark``, ``clear``.
 
 The parsers take the decoded JSON value (the callers decode: orjson on the
-hot paths) and raise :class:`TwilioError`, whose ``kind`` is the stable
+hot paths) and raise :class:`TwilioError` (the shared
+:class:`~brisvox.wire.mediastream.StreamError`), whose ``kind`` is the stable
 counter label and ``code`` the WebSocket close code a bot answers it with.
 
 Invariants:
@@ -32,7 +34,7 @@ Invariants:
   not a string of 1 to ``MAX_SID`` characters without control characters is
   dropped, parameters as :func:`brisvox.wire.jsontext.checked_params`; each
   drop counted in ``Start.dropped``), and refuses a streamSid that would need
-  escaping; :func:`media_payload` decodes strict base64 and refuses more than
+  escaping; ``media_payload`` decodes strict base64 and refuses more than
   ``MAX_MEDIA_BYTES``.
 * :func:`bot_event` reads a message exactly as :func:`bot_message` does,
   without building a message object; anything unparseable is ``invalid``.
@@ -45,36 +47,26 @@ import binascii
 import hashlib
 import hmac
 import json
-from binascii import a2b_base64
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
 
-from brisvox.wire.dtmf import DIGITS
 from brisvox.wire.jsontext import caller_called, checked_params, param_text, quote
+from brisvox.wire.mediastream import CLOSE_CODES as CLOSE_CODES
+from brisvox.wire.mediastream import MAX_MEDIA_BYTES as MAX_MEDIA_BYTES
+from brisvox.wire.mediastream import MEDIA_SUFFIX as MEDIA_SUFFIX
+from brisvox.wire.mediastream import StreamError
+from brisvox.wire.mediastream import bot_event as bot_event
+from brisvox.wire.mediastream import dtmf_digit as dtmf_digit
+from brisvox.wire.mediastream import mark_name as mark_name
+from brisvox.wire.mediastream import media_payload as media_payload
 
 RATE = 8000
 FRAME = 160  # 20 ms of mu-law: one media message
 ENCODING = "audio/x-mulaw"
-MAX_MEDIA_BYTES = 8000  # 1 s of mu-law per message is far beyond what Twilio sends
 MAX_SID = 128
 
-# the close code a bot answers each kind of refusal with (docs/PROTOCOL.md)
-CLOSE_CODES: dict[str, int] = {
-    "bad_json": 1007, "bad_message": 1007, "bad_start": 1007, "bad_media": 1007, "bad_base64": 1007,
-    "bad_mark": 1007, "bad_dtmf": 1007, "media_before_start": 1008, "no_start": 1008,
-    "bad_media_format": 1003, "binary_frame": 1003, "media_too_large": 1009,
-}
-
-
-class TwilioError(ValueError):
-    """A message a bot refuses: ``kind`` (counter label), ``code`` (close code), ``reason``."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(f"{kind}: {reason}")
-        self.kind = kind
-        self.reason = reason
-        self.code = CLOSE_CODES[kind]
+TwilioError = StreamError  # a refusal (kind, close code, reason: brisvox.wire.mediastream)
 
 
 def signature(auth_token: str, url: str, params: dict[str, str] | None = None) -> str:
@@ -191,47 +183,7 @@ def parse_start(msg: dict[str, Any]) -> Start:
     return Start(sid, kept[0], kept[1], params, dropped)
 
 
-def media_payload(msg: dict[str, Any]) -> bytes | None:
-    """The mu-law bytes of a ``media`` message; None for a copy of another track than the
-    caller's (``inbound``). Raises :class:`TwilioError`. Called 50 times a second per call."""
-    media = msg.get("media")
-    payload = media.get("payload") if type(media) is dict else None
-    if type(payload) is not str:
-        raise TwilioError("bad_media", "media without a payload")
-    track = media.get("track")  # type: ignore[union-attr]
-    if track is not None and track not in ("inbound", "inbound_track"):
-        return None  # an outbound track copy: not caller audio
-    try:
-        raw = a2b_base64(payload, strict_mode=True)
-    except (binascii.Error, ValueError):
-        raise TwilioError("bad_base64", "invalid base64 payload") from None
-    if len(raw) > MAX_MEDIA_BYTES:
-        raise TwilioError("media_too_large", "media payload too large")
-    return raw
-
-
-def mark_name(msg: dict[str, Any]) -> str:
-    """The name in a ``mark`` message (the echo of a bot's mark); raises :class:`TwilioError`."""
-    m = msg.get("mark")
-    name = m.get("name") if type(m) is dict else None
-    if type(name) is not str:
-        raise TwilioError("bad_mark", "mark without a name")
-    return name
-
-
-def dtmf_digit(msg: dict[str, Any]) -> str:
-    """The digit of a ``dtmf`` message, upper case (0-9 * # A-D); raises :class:`TwilioError`."""
-    d = msg.get("dtmf")
-    digit = d.get("digit") if type(d) is dict else None
-    if type(digit) is not str or len(digit) != 1 or digit.upper() not in DIGITS:
-        raise TwilioError("bad_dtmf", "dtmf without a valid digit")
-    return digit.upper()
-
-
 # --- bot -> Twilio ----------------------------------------------------------------------
-
-MEDIA_SUFFIX = b'"}}'
-
 
 class BotStream:
     """Builds the messages a bot sends on one stream (UTF-8 bytes; nothing per message is
@@ -278,19 +230,3 @@ def bot_message(msg: Any) -> BotMessage:
         return BotMessage(str(event) or "other", stream_sid=sid)
     except Exception:
         return BotMessage("invalid")
-
-
-def bot_event(msg: Any) -> tuple[str, Any]:
-    """``(event, value)`` of one decoded bot message: media -> the mu-law bytes, mark -> its
-    name, anything unparseable -> ``("invalid", None)`` (as :func:`bot_message`)."""
-    try:
-        event = msg.get("event", "")
-        if event == "media":
-            return "media", a2b_base64(msg["media"]["payload"])
-        if event == "mark":
-            return "mark", str(msg.get("mark", {}).get("name", ""))
-        if event == "clear":
-            return "clear", None
-        return str(event) or "other", None
-    except Exception:
-        return "invalid", None

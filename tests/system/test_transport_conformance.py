@@ -3,7 +3,9 @@
 One gateway process (``python -m brisvox.gateway``) and one fake agent
 process (ZeroMQ) serve the whole module; each case places a fresh call
 through one transport of :data:`brisvox.gateway.transports.TRANSPORTS`
-(Twilio Media Streams, native WebSocket, SIP/RTP), driven by the client's
+(Twilio Media Streams, native WebSocket, Plivo Audio Streams, Telnyx Media
+Streaming, SIP/RTP;
+every WebSocket one at ``/<name>``, native at ``/ws``), driven by the client's
 own transports (:mod:`brisvox.client`), raw sockets and the
 :mod:`brisvox.wire` builders, and checks what the caller and the agent see:
 
@@ -17,7 +19,7 @@ own transports (:mod:`brisvox.client`), raw sockets and the
   Resume delivers the rest: exactly the samples written;
 * ``marks_release`` / ``marks_echo``: an agent's Mark comes back as
   MarkPlayed, on release or on the peer's echo;
-* ``dtmf_in`` / ``dtmf_out``: digits both ways (Twilio's outbound digits are
+* ``dtmf_in`` / ``dtmf_out``: digits both ways (Twilio's and Telnyx's outbound digits are
   in-band tones, checked by their two frequencies);
 * ``transfer``: the agent's Transfer reaches the peer and its outcome
   comes back as TransferResult;
@@ -53,10 +55,12 @@ import pytest
 from websockets.asyncio.client import connect
 
 from brisvox.client.native import NativeTransport
+from brisvox.client.plivo import PlivoTransport
 from brisvox.client.sip import SipTransport
+from brisvox.client.telnyx import TelnyxTransport
 from brisvox.client.transport import BotEvents
 from brisvox.client.twilio import TwilioTransport
-from brisvox.gateway.transports import CAPABILITIES, TRANSPORTS
+from brisvox.gateway.transports import CAPABILITIES, TRANSPORTS, websocket_protocols
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.native import NativeStream, server_message
 from ipc import frames as F
@@ -73,6 +77,9 @@ FAULT_MAX = 5  # the module gateway's fault budget: 5 malformed messages within 
 # distinct values that survive G.711 mu-law exactly, one per 20 ms frame
 LEVELS = np.unique(PCMU.decode(np.arange(256, dtype=np.uint8)))
 LEVELS = LEVELS[np.abs(LEVELS) > 200][:100]
+# every WebSocket transport of the registry at /<name> (native at /ws)
+PATHS = {name: "/ws" if name == "native" else f"/{name}" for name in websocket_protocols()}
+ROUTES = [{"path": path, "protocol": name, "agent": "default"} for name, path in PATHS.items()]
 
 
 def tagged(n_frames: int, first: int = 0) -> np.ndarray:
@@ -101,7 +108,8 @@ def env() -> Iterator[tuple[GatewayProc, FakeAgent]]:
                 tmp, peers={"agent-0": agent.endpoint}, inbox=True,
                 gateway={"pause_max_ms": 5000},
                 sip={"max_message_bytes": SIP_MAX},
-                websocket={"max_message_bytes": WS_MAX, "fault_max": FAULT_MAX, "fault_window_s": 10.0}) as gw:
+                websocket={"max_message_bytes": WS_MAX, "fault_max": FAULT_MAX, "fault_window_s": 10.0,
+                           "routes": ROUTES}) as gw:
             yield gw, agent
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -135,6 +143,10 @@ class Peer:
         self.gw = gw
         if kind == "twilio":
             self.t: Any = TwilioTransport(f"ws://127.0.0.1:{gw.ws_port}/twilio")
+        elif kind == "plivo":
+            self.t = PlivoTransport(f"ws://127.0.0.1:{gw.ws_port}/plivo")
+        elif kind == "telnyx":
+            self.t = TelnyxTransport(f"ws://127.0.0.1:{gw.ws_port}/telnyx")
         elif kind == "native":
             url = f"ws://127.0.0.1:{gw.ws_port}/ws"
             self.t = NativeEcho(url, RATE) if echo_marks else NativeTransport(url, RATE)
@@ -286,7 +298,7 @@ async def case_dtmf_in(p: Peer, agent: FakeAgent) -> None:
 
 async def case_dtmf_out(p: Peer, agent: FakeAgent) -> None:
     agent.send(F.SendDtmf(call_id=p.call_id, digits="7"))
-    if p.kind == "twilio":  # in-band: 852 Hz + 1209 Hz
+    if p.kind in ("twilio", "telnyx"):  # in-band: 852 Hz + 1209 Hz
         assert await p.until(lambda: p.n >= 800)
         x = p.samples()[:800].astype(np.float64)
         spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
@@ -364,8 +376,7 @@ async def case_oversize(p: Peer, agent: FakeAgent) -> None:
         after = await stats(p.gw)
         assert after["sip_malformed_oversized"] == before.get("sip_malformed_oversized", 0) + 1
     else:
-        path = "/twilio" if p.kind == "twilio" else "/ws"
-        code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{path}", "x" * (WS_MAX + 100))
+        code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{PATHS[p.kind]}", "x" * (WS_MAX + 100))
         assert code == 1009
     await still_live(p)
 
@@ -381,8 +392,8 @@ async def case_malformed(p: Peer, agent: FakeAgent) -> None:
         malformed = {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("sip_malformed_")}
         assert sum(malformed.values()) == 1, malformed
         assert after["rtp_malformed"] == before.get("rtp_malformed", 0) + 1
-    elif p.kind == "twilio":
-        code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}/twilio", "{not json")
+    elif p.kind in ("twilio", "plivo", "telnyx"):  # a vendor stream closes at once before the call
+        code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{PATHS[p.kind]}", "{not json")
         assert code == 1007
         assert (await stats(p.gw))["ws_malformed_bad_json"] == before.get("ws_malformed_bad_json", 0) + 1
     else:  # the native protocol answers an error and the call goes on
@@ -400,6 +411,22 @@ def malformed_messages(p: Peer) -> list[str | bytes]:
             "{not json",
             f'{{"event":"media","streamSid":"{sid}","media":{{"payload":"@@@not base64"}}}}',
             f'{{"event":"mark","streamSid":"{sid}","mark":{{}}}}',
+            b"\x00\x01",  # a binary frame
+        ]
+    elif p.kind == "telnyx":
+        sid = p.t.stream.stream_id
+        msgs = [
+            "{not json",
+            f'{{"event":"media","stream_id":"{sid}","media":{{"payload":"@@@not base64"}}}}',
+            f'{{"event":"mark","stream_id":"{sid}","mark":{{}}}}',
+            b"\x00\x01",  # a binary frame
+        ]
+    elif p.kind == "plivo":
+        sid = p.t.stream.stream_id
+        msgs = [
+            "{not json",
+            f'{{"event":"media","streamId":"{sid}","media":{{"payload":"@@@not base64"}}}}',
+            f'{{"event":"playedStream","streamId":"{sid}"}}',  # Plivo's mark echo without a name
             b"\x00\x01",  # a binary frame
         ]
     else:
@@ -421,7 +448,7 @@ async def case_fault_budget(p: Peer, agent: FakeAgent) -> None:
     assert calls[p.call_id]["malformed"] == FAULT_MAX - 1
     assert calls[p.call_id]["in_pos"] > in_before  # the caller's audio still reaches the in ring
     after = await stats(p.gw)
-    kinds = (("bad_json", "bad_base64", "bad_mark", "binary_frame") if p.kind == "twilio"
+    kinds = (("bad_json", "bad_base64", "bad_mark", "binary_frame") if p.kind in ("twilio", "plivo", "telnyx")
              else ("bad_json", "odd_frame", "bad_dtmf", "unknown_event"))
     for kind in kinds:
         assert after[f"ws_malformed_{kind}"] == before.get(f"ws_malformed_{kind}", 0) + 1, kind

@@ -21,7 +21,7 @@ import logging
 
 import pytest
 
-from brisvox.gateway import native_ws, twilio_ws
+from brisvox.gateway import native_ws, stream_session
 from brisvox.gateway.config import WebSocketConfig
 from brisvox.gateway.ws_server import WebSocketServer, WsConnection
 from brisvox.runtime.log_limit import LogLimiter
@@ -43,7 +43,7 @@ def loop():
 @pytest.fixture
 def fresh_session_log(monkeypatch):
     lim = LogLimiter(logging.getLogger("brisvox.gateway.ws"))
-    monkeypatch.setattr(twilio_ws, "SESSION_LOG", lim)
+    monkeypatch.setattr(stream_session, "SESSION_LOG", lim)  # the carrier streams' (Twilio's) log
     monkeypatch.setattr(native_ws, "SESSION_LOG", lim)
     return lim
 

@@ -1,0 +1,150 @@
+"""What the carriers' JSON media streams share: Twilio Media Streams and Telnyx Media Streaming.
+
+Owns the refusal type of both protocols (:class:`StreamError`, whose
+``kind`` is the stable counter label and ``code`` the WebSocket close code a
+bot answers it with, :data:`CLOSE_CODES`) and the parsers of the messages
+whose shape the two carriers share to the key (:mod:`brisvox.wire.twilio`
+and :mod:`brisvox.wire.telnyx` build and parse the rest):
+
+* carrier -> bot: ``media`` (``media.payload`` base64 audio, ``media.track``
+  naming the leg: :func:`media_payload`), ``mark`` (``mark.name``, the echo
+  of a bot's mark: :func:`mark_name`), ``dtmf`` (``dtmf.digit``: :func:`dtmf_digit`);
+* bot -> carrier, read by the callers (the ``brisvox call`` client, the load
+  generator): ``media``, ``mark``, ``clear`` (:func:`bot_event`).
+
+It also owns :class:`MediaFormat`, one stream's audio as both directions
+carry it (an encoding, a rate, the codec that reads and writes it; Twilio's
+is :data:`PCMU_8K`, Telnyx's are ``brisvox.wire.telnyx.FORMATS``).
+
+The parsers take the decoded JSON value (the callers decode: orjson on the
+hot paths) and raise :class:`StreamError`.
+
+Invariants:
+
+* :func:`media_payload` decodes strict base64 and refuses more than its
+  ``max_bytes``; a copy of another track than the caller's (``inbound``,
+  ``inbound_track``) is None, never an error (a stream of both tracks is legal).
+* :func:`dtmf_digit` answers one of ``0-9 * # A-D``, upper case.
+* :func:`bot_event` never raises: anything unparseable is ``("invalid", None)``.
+"""
+
+from __future__ import annotations
+
+import binascii
+from binascii import a2b_base64
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from brisvox.wire.dtmf import DIGITS
+from brisvox.wire.g711 import PCMU
+
+MAX_MEDIA_BYTES = 8000  # 1 s of G.711 per message is far beyond what a carrier sends
+MEDIA_SUFFIX = b'"}}'  # ends a bot's media message: <prefix of the stream> + base64 + this
+INBOUND_TRACKS = ("inbound", "inbound_track")
+
+# the close code a bot answers each kind of refusal with (docs/PROTOCOL.md)
+CLOSE_CODES: dict[str, int] = {
+    "bad_json": 1007, "bad_message": 1007, "bad_start": 1007, "bad_media": 1007, "bad_base64": 1007,
+    "bad_mark": 1007, "bad_dtmf": 1007, "media_before_start": 1008, "no_start": 1008,
+    "bad_media_format": 1003, "binary_frame": 1003, "media_too_large": 1009,
+}
+
+
+class Codec(Protocol):
+    """What a stream's audio codec does (:class:`brisvox.wire.g711.G711`, ``telnyx.L16``)."""
+
+    def encode(self, pcm: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
+
+    def decode(self, data: bytes) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MediaFormat:
+    """One stream's audio (both directions): ``encoding`` as the carrier names it at ``rate``,
+    read and written by ``codec``, ``width`` bytes per sample on the wire."""
+
+    encoding: str
+    rate: int
+    codec: Codec
+    width: int
+
+    @property
+    def wire_dtype(self) -> str:
+        return "u1" if self.width == 1 else ">i2"
+
+    @property
+    def frame(self) -> int:
+        """Samples in 20 ms."""
+        return self.rate // 50
+
+    @property
+    def max_media_bytes(self) -> int:
+        return self.rate * self.width  # 1 s
+
+
+PCMU_8K = MediaFormat("PCMU", 8000, PCMU, 1)
+
+
+class StreamError(ValueError):
+    """A message a bot refuses: ``kind`` (counter label), ``code`` (close code), ``reason``."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"{kind}: {reason}")
+        self.kind = kind
+        self.reason = reason
+        self.code = CLOSE_CODES[kind]
+
+
+def media_payload(msg: dict[str, Any], max_bytes: int = MAX_MEDIA_BYTES) -> bytes | None:
+    """The audio bytes of a ``media`` message; None for a copy of another track than the
+    caller's. Raises :class:`StreamError`. Called 50 times a second per call."""
+    media = msg.get("media")
+    payload = media.get("payload") if type(media) is dict else None
+    if type(payload) is not str:
+        raise StreamError("bad_media", "media without a payload")
+    track = media.get("track")  # type: ignore[union-attr]
+    if track is not None and track not in INBOUND_TRACKS:
+        return None  # an outbound track copy: not caller audio
+    try:
+        raw = a2b_base64(payload, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise StreamError("bad_base64", "invalid base64 payload") from None
+    if len(raw) > max_bytes:
+        raise StreamError("media_too_large", "media payload too large")
+    return raw
+
+
+def mark_name(msg: dict[str, Any]) -> str:
+    """The name in a ``mark`` message (the echo of a bot's mark); raises :class:`StreamError`."""
+    m = msg.get("mark")
+    name = m.get("name") if type(m) is dict else None
+    if type(name) is not str:
+        raise StreamError("bad_mark", "mark without a name")
+    return name
+
+
+def dtmf_digit(msg: dict[str, Any]) -> str:
+    """The digit of a ``dtmf`` message, upper case (0-9 * # A-D); raises :class:`StreamError`."""
+    d = msg.get("dtmf")
+    digit = d.get("digit") if type(d) is dict else None
+    if type(digit) is not str or len(digit) != 1 or digit.upper() not in DIGITS:
+        raise StreamError("bad_dtmf", "dtmf without a valid digit")
+    return digit.upper()
+
+
+def bot_event(msg: Any) -> tuple[str, Any]:
+    """``(event, value)`` of one decoded bot message: media -> the audio bytes, mark -> its
+    name, clear -> None, another event -> its name, anything unparseable -> ``("invalid", None)``."""
+    try:
+        event = msg.get("event", "")
+        if event == "media":
+            return "media", a2b_base64(msg["media"]["payload"])
+        if event == "mark":
+            return "mark", str(msg.get("mark", {}).get("name", ""))
+        if event == "clear":
+            return "clear", None
+        return str(event) or "other", None
+    except Exception:
+        return "invalid", None
