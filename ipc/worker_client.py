@@ -408,11 +408,15 @@ class WorkerClient:
         await asyncio.gather(*(self._reattach(link, exclude={index}) for link in moved))
 
     async def worker_stopping(self, index: int) -> None:
-        """A worker is shutting down (drain, memory restart): move its calls gracefully."""
+        """A worker is shutting down (drain, memory restart): move its calls gracefully to a
+        ready worker; with none ready they stay (a draining worker serves its calls until they
+        detach or its grace ends; then :meth:`worker_lost` applies)."""
         w = self.workers.get(index)
         if w is None:
             return
         w.ready = False
+        if not self._pick({index}):  # nowhere to go (a drain of the whole daemon): it serves them to their end
+            return
 
         async def move(call_id: str) -> None:
             link = self.calls.get(call_id)

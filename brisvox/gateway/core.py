@@ -84,6 +84,7 @@ class GatewayCore(AgentLinks):
         )
         self.static_peers = dict(static_peers or {})
         self.agents: dict[str, int] = {}  # ready agent process -> live calls
+        self.stopping_agents: set[str] = set()  # no new calls; their live calls go on (a drain)
         self.workers: dict[int, int] = {}  # ready worker index -> live calls it serves (all agents)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listeners: dict[str, Listener] = {}  # config section -> its listener (registry order)

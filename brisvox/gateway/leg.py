@@ -52,7 +52,11 @@ from brisvox.wire.sip_message import quoted_string
 SESSION_LOG = LogLimiter(logging.getLogger("brisvox.gateway.ws"))
 
 FAILURE_PREFIX = "stage_failed:"  # the agent's reason: a stage of the call failed
-WS_NORMAL, WS_FAILURE = 1000, 1011  # WebSocket close codes (RFC 6455 7.4.1)
+WS_NORMAL, WS_GOING_AWAY, WS_FAILURE = 1000, 1001, 1011  # WebSocket close codes (RFC 6455 7.4.1)
+# hang-up reasons the gateway itself gives that are not a normal end: the caller's side can tell
+# a host going away (retry elsewhere) and a lost agent process from a conversation that ended
+GOING_AWAY_REASONS = frozenset({"shutdown"})
+SERVER_FAILURE_REASONS = frozenset({"agent process died"})
 Q850_NORMAL, Q850_FAILURE = 16, 41  # normal call clearing, temporary failure
 REASON_TEXT_MAX = 128  # bytes of a hang-up reason in a SIP header's quoted-string
 
@@ -65,15 +69,17 @@ def reason_text(reason: str, limit: int = REASON_TEXT_MAX) -> str:
 
 def is_failure(reason: str) -> bool:
     """The hang-up reason says the call ended because the agent side failed."""
-    return reason.startswith(FAILURE_PREFIX)
+    return reason.startswith(FAILURE_PREFIX) or reason in SERVER_FAILURE_REASONS
 
 
 def ws_close_code(reason: str) -> int:
+    if reason in GOING_AWAY_REASONS:
+        return WS_GOING_AWAY
     return WS_FAILURE if is_failure(reason) else WS_NORMAL
 
 
 def q850_cause(reason: str) -> int:
-    return Q850_FAILURE if is_failure(reason) else Q850_NORMAL
+    return Q850_FAILURE if is_failure(reason) or reason in GOING_AWAY_REASONS else Q850_NORMAL
 
 
 class TransportLeg:

@@ -58,6 +58,7 @@ class CallLifecycle(PlayoutCommands):
     instance: str
     table: CallTable
     agents: dict[str, int]  # ready agent process -> live calls
+    stopping_agents: set[str]  # no new calls; their live calls go on (a drain)
     workers: dict[int, int]  # ready worker index -> live calls it serves (all agents)
     loop: asyncio.AbstractEventLoop | None
     _tasks: set[asyncio.Task[Any]]

@@ -54,10 +54,14 @@ class AgentLinks(CallLifecycle):
     # -- topology -------------------------------------------------------------
 
     def update_topology(self, rows: list[dict[str, Any]]) -> None:
-        """Connect to ready agents/workers; end the calls of an agent that died."""
+        """Connect to ready agents/workers; end the calls of an agent that died.
+
+        A ``stopping`` agent (a drain, a scale-down) gets no new call but keeps its live ones:
+        they end when they end, or when the process is gone (exited, failed, absent)."""
         if self.runtime_dir is None:
             return
         ready = {(r["role"], int(r["index"])) for r in rows if r.get("state") == "ready"}
+        alive = ready | {(r["role"], int(r["index"])) for r in rows if r.get("state") == "stopping"}
         for role, idx in ready:
             name = f"{role}-{idx}"
             if role == "agent":
@@ -68,7 +72,14 @@ class AgentLinks(CallLifecycle):
                 self.workers.setdefault(idx, 0)
         for name in list(self.agents):
             if ("agent", int(name.split("-")[1])) not in ready and name not in self.static_peers:
-                del self.agents[name]
+                del self.agents[name]  # no new calls
+                self.stopping_agents.add(name)
+        for name in list(self.stopping_agents):
+            key = ("agent", int(name.split("-")[1]))
+            if key in ready:
+                self.stopping_agents.discard(name)
+            elif key not in alive:
+                self.stopping_agents.discard(name)
                 self.links.disconnect(name)
                 for call in list(self.table.calls.values()):
                     if call.agent_proc == name and not call.agent_done:

@@ -131,3 +131,34 @@ def test_the_count_follows_the_worker_that_really_serves_the_call(shm_clean, sho
 
 def test_a_call_the_agent_attached_elsewhere_is_counted_there(shm_clean) -> None:
     asyncio.run(_a_call_the_agent_attached_elsewhere_is_counted_there())
+
+
+async def _a_stopping_agent_keeps_its_calls_and_gets_no_new_one(tmp: str) -> None:
+    """A drain (or a scale-down) shows the agent as ``stopping``: its live calls go on (they used
+    to be hung up at once, "agent process died"), new calls go to the others, and they are
+    hung up only once the process is gone."""
+    core, starts = make_core()
+    core.runtime_dir = tmp
+    core.links.start(asyncio.get_running_loop(), None)
+    hung: list[tuple[str, str]] = []
+    core.hangup = lambda call, reason: hung.append((call.call_id, reason))  # type: ignore[method-assign]
+    rows = [{"role": "worker", "index": 0, "state": "ready"}, {"role": "worker", "index": 1, "state": "ready"}]
+    try:
+        calls = await start_calls(core, 2)
+        on_1 = [c for c in calls if c.agent_proc == "agent-1"]
+        assert len(on_1) == 1
+        core.update_topology([*rows, {"role": "agent", "index": 0, "state": "ready"},
+                              {"role": "agent", "index": 1, "state": "stopping"}])
+        assert hung == [] and not on_1[0].agent_done and list(core.agents) == ["agent-0"]
+        more = await start_calls(core, 2)
+        assert {c.agent_proc for c in more} == {"agent-0"}  # no new call for the stopping one
+        core.update_topology([*rows, {"role": "agent", "index": 0, "state": "ready"},
+                              {"role": "agent", "index": 1, "state": "exited"}])
+        assert hung == [(on_1[0].call_id, "agent process died")] and on_1[0].agent_done
+    finally:
+        end_all(core)
+        core.links.close()
+
+
+def test_a_stopping_agent_keeps_its_calls_and_gets_no_new_one(shm_clean, short_tmp) -> None:
+    asyncio.run(_a_stopping_agent_keeps_its_calls_and_gets_no_new_one(str(short_tmp)))

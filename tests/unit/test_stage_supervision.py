@@ -40,6 +40,7 @@ def test_the_reason_round_trips_and_the_gateway_reads_the_agents_prefix():
 
 @pytest.mark.parametrize(("reason", "code", "cause"), [
     ("stage_failed:segmenter", 1011, 41), ("agent done", 1000, 16), ("caller_hangup", 1000, 16), ("", 1000, 16),
+    ("shutdown", 1001, 41), ("agent process died", 1011, 41),  # a host going away, a lost agent: not a normal end
 ])
 def test_close_code_and_q850_cause(reason, code, cause):
     assert leg.ws_close_code(reason) == code

@@ -153,6 +153,29 @@ def test_a_stopping_worker_hands_its_calls_over_without_two_writers(env):
     run(go())
 
 
+def test_a_stopping_worker_with_nowhere_to_hand_over_keeps_serving_its_calls(env):
+    """A drain of the whole daemon shows every worker ``stopping``: detaching the calls then
+    (there is no other worker) would leave them without a VAD for the rest of the drain."""
+    inst, rings, pool = env
+    p = pool(1)
+    events: list = []
+
+    async def go():
+        c = await _client(p, [0], events)
+        try:
+            rings("a")
+            await c.attach("a", inst, 8000, 16000, worker=0)
+            c.on_topology([{"role": "worker", "index": 0, "state": "stopping"}])
+            await asyncio.sleep(0.3)
+            assert c.calls["a"].worker == 0 and "a" in p.workers[0].calls
+            assert not [e for _, e in events if getattr(e, "reason", "") == "worker_lost"]
+            assert c.ready_workers() == []  # and no new call goes there
+        finally:
+            await _close(c)
+
+    run(go())
+
+
 def test_with_no_worker_left_the_client_closes_speech_itself_and_waits(env):
     inst, rings, pool = env
     p = pool(1)

@@ -200,17 +200,19 @@ class AgentProcess:
         t.add_done_callback(self._tasks.discard)
 
     def _topology(self, rows: list[dict[str, Any]]) -> None:
-        ready_gw = {f"gateway-{r['index']}" for r in rows if r.get("role") == "gateway" and r.get("state") == "ready"}
+        gw = {f"gateway-{r['index']}": r.get("state") for r in rows if r.get("role") == "gateway"}
+        ready_gw = {n for n, st in gw.items() if st == "ready"}
+        alive_gw = {n for n, st in gw.items() if st in ("ready", "stopping")}  # a drain: its calls go on
         for name in ready_gw - self._gateways:
             idx = int(name.split("-")[1])
             self.links.connect(name, self.rt.inbox_endpoint("gateway", idx))
-        for name in self._gateways - ready_gw:
+        for name in self._gateways - alive_gw:
             self.links.disconnect(name)
             for cid, slot in list(self.calls.items()):
                 if slot.gateway == name and not slot.ended:
                     self.counters["gateway_lost"] += 1
                     self.spawn(self._end_call(cid, "gateway_lost", answer=False))
-        self._gateways = ready_gw
+        self._gateways = (self._gateways & alive_gw) | ready_gw
         if self.workers is not None:
             self.workers.on_topology(rows)
 
