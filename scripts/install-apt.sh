@@ -36,3 +36,12 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$log
   exit 1
 fi
 rm -f "$log"
+# Debian starts kamailio at install with its stock config, on port 5060 of every address:
+# the port `make run`'s brisvoxd listens on. The fleet test runs its own kamailio, so a
+# kamailio this script just installed is stopped and disabled.
+if [[ " ${missing[*]} " == *" kamailio "* ]] && command -v systemctl >/dev/null && [[ -d /run/systemd/system ]]; then
+  if $SUDO systemctl disable --now kamailio >/dev/null 2>&1; then
+    echo "install: stopped and disabled the stock kamailio service (it holds port 5060; the tests run their own)"
+  fi
+fi
+exit 0

@@ -72,6 +72,27 @@ def load_call(ulaw: Path, hold_ms: int) -> str:
     return rtp_stream_call(ulaw, hold_ms)
 
 
+def _routed(method: str, cseq: int) -> str:
+    """An in-dialog request through a proxy: the Contact of the 200 as Request-URI, the
+    Record-Route set (stored by ``rrs="true"``) as Route."""
+    return "\n".join([f"      {method} [next_url] SIP/2.0", "      [routes]",
+                      _HDRS.format(peer="[peer_tag_param]", cseq=cseq, method=method), "      Content-Length: 0"])
+
+
+def routed_call(ulaw: Path, hold_ms: int) -> str:
+    """One call through a record-routing proxy (Kamailio): answered, streams ``ulaw`` once,
+    holds the call ``hold_ms`` in all, then the caller's BYE. A BYE from the server before
+    ours fails the call (an unexpected message)."""
+    invite = (send(_req("INVITE", 1, False, _sdp("[rtpstream_audio_port]")))
+              + '  <recv response="100" optional="true"/>\n  <recv response="180" optional="true"/>\n'
+              + '  <recv response="200" rtd="true" rrs="true"/>\n'
+              + send(_routed("ACK", 1), retrans=False))
+    return scenario(invite
+                    + f'  <nop><action><exec rtp_stream="{ulaw},1,0"/></action></nop>\n'
+                    + f'  <pause milliseconds="{hold_ms}"/>\n'
+                    + send(_routed("BYE", 2)) + '  <recv response="200" crlf="true"/>\n', "routed")
+
+
 def features_call(dtmf_pcap: str) -> str:
     """Hold/unhold re-INVITEs, in-band RFC 4733 DTMF, INFO DTMF (``application/dtmf-relay``
     "9", ``application/dtmf`` "7", and a malformed ``application/dtmf`` body answered 400),
