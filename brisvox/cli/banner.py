@@ -25,7 +25,8 @@ from typing import Any
 STATUS_TIMEOUT_S = 5.0
 # what a route's protocol is called in the banner (another: "<name> protocol")
 ROUTE_KINDS = {"twilio": "Twilio Media Streams", "plivo": "Plivo Audio Streams",
-               "telnyx": "Telnyx Media Streaming", "native": "native protocol"}
+               "telnyx": "Telnyx Media Streaming", "vonage": "Vonage Voice WebSocket",
+               "exotel": "Exotel Voicebot stream", "native": "native protocol"}
 
 
 def lines(snap: dict[str, Any], cfg: Any, foreground: bool) -> list[str]:

@@ -3,7 +3,7 @@
 Owns the subcommand's arguments and its flow: prepare the caller's lines
 (``--say`` text spoken by the local Piper voice or espeak-ng, ``--play`` WAV
 files, ``--press`` DTMF digits, in the order given), place the call over the
-native WebSocket protocol, Twilio Media Streams or SIP, run it
+native WebSocket protocol, Twilio Media Streams, Telnyx, Plivo, Vonage, Exotel or SIP, run it
 (:mod:`brisvox.client.runner`), write the bot's audio as heard
 (``--record``), transcribe each answer locally with Whisper tiny.en, print
 one block per turn (:mod:`brisvox.client.report`) and optionally the JSON
@@ -42,12 +42,13 @@ def add_parser(sub: Any) -> None:
         description="Place one call, speak lines as the caller, record and transcribe the bot, print per turn "
                     "the caller's line, the bot's answer and the latency (caller stopped -> first bot audio).")
     p.add_argument("target", nargs="?", default=DEFAULT_TARGET,
-                   help=f"ws://host:port/path (native /ws, Twilio /twilio, Plivo /plivo, Telnyx /telnyx) or "
+                   help=f"ws://host:port/path (native /ws, Twilio /twilio, Plivo /plivo, Telnyx /telnyx, "
+                        f"Vonage /vonage, Exotel /exotel) or "
                         f"sip:user@host:port "
                         f"(default {DEFAULT_TARGET})")
-    p.add_argument("--protocol", choices=("auto", "native", "twilio", "plivo", "telnyx", "sip"), default="auto",
-                   help="default: sip for sip: targets, twilio (plivo, telnyx) when the path has /twilio "
-                        "(/plivo, /telnyx), else native")
+    p.add_argument("--protocol", choices=("auto", "native", "twilio", "plivo", "telnyx", "vonage", "exotel", "sip"),
+                   default="auto", help="default: sip for sip: targets, twilio (plivo, telnyx, vonage, exotel) "
+                                        "when the path has /twilio (/plivo, /telnyx, /vonage, /exotel), else native")
     p.add_argument("--agent", default="", help="agent definition to talk to (WebSocket: appended to the path; "
                                                "SIP: the request-URI user)")
     p.add_argument("--say", dest="steps", action="append", type=_step("say"), metavar="TEXT",
@@ -62,7 +63,9 @@ def add_parser(sub: Any) -> None:
                    help="barge in on the answer to step N (default 1)")
     p.add_argument("--record", default="", metavar="WAV", help="write the bot's audio as the caller heard it")
     p.add_argument("--json", default="", metavar="PATH", help="write the result as JSON ('-' = stdout)")
-    p.add_argument("--rate", type=int, default=16000, help="native protocol: audio rate (default 16000)")
+    p.add_argument("--rate", type=int, default=16000,
+                   help="native protocol: audio rate; Vonage: 8000 or 16000; Exotel: 8000, 16000 "
+                        "or 24000 (default 16000)")
     p.add_argument("--voice", choices=("auto", "piper", "espeak"), default="auto",
                    help="voice for --say (auto: Piper if installed, else espeak-ng)")
     p.add_argument("--no-transcribe", action="store_true", help="do not transcribe the bot's audio")
@@ -73,9 +76,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-duration", type=float, default=300.0, metavar="S", help="hang up after this long")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="custom parameter passed to the agent (WebSocket protocols)")
-    p.add_argument("--token", default="", help="native and Telnyx: the gateway's native_secret, or a signed "
-                   "token for the agent (brisvox token); sent as Authorization: Bearer (Telnyx: as the "
-                   "x-telnyx-streaming-auth-token header)")
+    p.add_argument("--token", default="", help="native, Telnyx, Vonage and Exotel: the gateway's native_secret, "
+                   "or a signed token for the agent (brisvox token); sent as Authorization: Bearer (Telnyx: as the "
+                   "x-telnyx-streaming-auth-token header; Exotel: as the password of Authorization: Basic)")
     p.add_argument("--models-dir", default=None, help="where the local models are (default: brisvox models)")
     p.set_defaults(run=run)
 
@@ -91,6 +94,10 @@ def resolve(target: str, protocol: str, agent: str) -> tuple[str, str]:
             protocol = "plivo"
         elif "/telnyx" in urlsplit(target).path:
             protocol = "telnyx"
+        elif "/vonage" in urlsplit(target).path:
+            protocol = "vonage"
+        elif "/exotel" in urlsplit(target).path:
+            protocol = "exotel"
         else:
             protocol = "native"
     if protocol == "sip":
@@ -120,6 +127,14 @@ def _transport(protocol: str, address: str, args: argparse.Namespace) -> Any:
         from brisvox.client.telnyx import TelnyxTransport
 
         return TelnyxTransport(address, params, token=args.token)
+    if protocol == "vonage":  # L16 at --rate (8000 or 16000); --token as the endpoint's authorization sends it
+        from brisvox.client.vonage import VonageTransport
+
+        return VonageTransport(address, params, rate=args.rate, token=args.token)
+    if protocol == "exotel":  # L16 at --rate (8000, 16000, 24000); --token as the applet URL's Basic password
+        from brisvox.client.exotel import ExotelTransport
+
+        return ExotelTransport(address, params, rate=args.rate, token=args.token)
     from brisvox.client.native import NativeTransport
 
     return NativeTransport(address, rate=args.rate, params=params, token=args.token)
@@ -157,7 +172,11 @@ def run(args: argparse.Namespace) -> int:
     from brisvox.client.transport import TransportError
 
     protocol, address = resolve(args.target, args.protocol, args.agent)
-    transport = _transport(protocol, address, args)
+    try:
+        transport = _transport(protocol, address, args)
+    except ValueError as e:  # an option the protocol cannot take (Vonage, Exotel: --rate)
+        print(f"brisvox call: {e}", file=sys.stderr)
+        return 1
     rate = transport.rate
     try:
         steps, voice_used = _lines(args, rate)

@@ -10,6 +10,9 @@ subclass names its carrier: the builder of what the carrier sends
 (``stream``: ``media``, ``mark``, ``dtmf``, ``stop``), the messages sent on
 open (:meth:`StreamTransport.hello`) and the stream's audio codec
 (:meth:`StreamTransport.decode_audio`, :meth:`StreamTransport.encode_audio`).
+A carrier whose media is binary (:mod:`brisvox.client.vonage`) reads its own
+messages (:meth:`StreamTransport.on_message`) and sends none at hang-up
+(:meth:`StreamTransport.bye`).
 
 Invariants: the transport echoes each ``mark`` as soon as it arrives (the
 client plays audio as it arrives, so the audio before the mark has been
@@ -72,6 +75,10 @@ class StreamTransport:
     async def other(self, event: str, value: Any, now: float) -> None:
         """A bot message of another event (a carrier's own, e.g. Plivo's ``sendDTMF``): ignored here."""
 
+    def bye(self) -> str | None:
+        """What the carrier sends when the caller hangs up (its ``stop``); None: it only closes."""
+        return self.stream.stop()
+
     # -- the call ----------------------------------------------------------------------
 
     async def open(self, events: BotEvents) -> None:
@@ -100,22 +107,7 @@ class StreamTransport:
         reason = "closed by the server"
         try:
             async for message in ws:
-                now = time.monotonic()
-                try:
-                    event, value = self.read(orjson.loads(message))
-                    pcm = self.decode_audio(value) if event == "media" else None
-                except ValueError:  # bad JSON (orjson's error is one), audio the codec refuses
-                    event, value, pcm = "invalid", None, None
-                if pcm is not None:
-                    self._events.on_audio(pcm, now)
-                elif event == "clear":
-                    self._events.on_clear(now)
-                elif event == "mark":
-                    await ws.send(self.stream.mark(value))
-                elif event == "invalid":
-                    self.invalid += 1
-                else:
-                    await self.other(event, value, now)
+                await self.on_message(message, time.monotonic())
         except Exception as e:  # noqa: BLE001 - a reset ends the call like a close
             reason = f"connection lost: {type(e).__name__}"
         code = getattr(ws, "close_code", None)
@@ -124,6 +116,24 @@ class StreamTransport:
             reason = f"closed by the server ({code}{': ' + why if why else ''})"
         if not self._closing:
             self._end(reason)
+
+    async def on_message(self, message: str | bytes, now: float) -> None:
+        """One message of the bot's (a carrier whose media is binary reads its own)."""
+        try:
+            event, value = self.read(orjson.loads(message))
+            pcm = self.decode_audio(value) if event == "media" else None
+        except ValueError:  # bad JSON (orjson's error is one), audio the codec refuses
+            event, value, pcm = "invalid", None, None
+        if pcm is not None:
+            self._events.on_audio(pcm, now)
+        elif event == "clear":
+            self._events.on_clear(now)
+        elif event == "mark":
+            await self.ws.send(self.stream.mark(value))
+        elif event == "invalid":
+            self.invalid += 1
+        else:
+            await self.other(event, value, now)
 
     async def send_audio(self, pcm: np.ndarray) -> None:
         if self._ended or self.ws is None:
@@ -148,8 +158,9 @@ class StreamTransport:
         ws = self.ws
         if ws is not None:
             try:
-                if not self._ended:
-                    await asyncio.wait_for(ws.send(self.stream.stop()), CLOSE_TIMEOUT_S)
+                bye = None if self._ended else self.bye()
+                if bye is not None:
+                    await asyncio.wait_for(ws.send(bye), CLOSE_TIMEOUT_S)
                 await asyncio.wait_for(ws.close(), CLOSE_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - best effort at hang-up
                 pass

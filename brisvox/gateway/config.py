@@ -328,7 +328,7 @@ class WebSocketConfig:
 
     Invariants (checked by :meth:`from_section`): a listener on a non-loopback
     address has a credential for every protocol it routes (``native_secret``
-    for native and Telnyx routes, ``twilio_auth_token`` for Twilio routes,
+    for native, Telnyx, Vonage and Exotel routes, ``twilio_auth_token`` for Twilio routes,
     ``plivo_auth_token`` for Plivo routes) unless
     ``allow_unauthenticated`` says otherwise; the per-source limits are >= 0
     (0: no limit)."""
@@ -406,6 +406,10 @@ class WebSocketConfig:
             out.append(("twilio_auth_token", "twilio"))
         if "telnyx" in protos and not self.native_secret:  # the stream token is a native credential
             out.append(("native_secret", "telnyx"))
+        if "vonage" in protos and not self.native_secret:  # so is Vonage's Authorization or ?token=
+            out.append(("native_secret", "vonage"))
+        if "exotel" in protos and not self.native_secret:  # and Exotel's Basic password or ?token=
+            out.append(("native_secret", "exotel"))
         if "plivo" in protos and not self.plivo_auth_token:
             out.append(("plivo_auth_token", "plivo"))
         return out

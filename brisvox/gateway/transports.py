@@ -1,6 +1,6 @@
 """The transport registry: one table naming every caller-facing transport.
 
-Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``sip``: the name a call's
+Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``, ``sip``: the name a call's
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
 WebSocket route uses, the handshake check of its routes (``auth``:
@@ -31,10 +31,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from brisvox.gateway.ws_auth import (
     Grant,
     Refusal,
+    exotel_auth,
     native_auth,
     plivo_auth,
     telnyx_auth,
     twilio_auth,
+    vonage_auth,
 )
 
 if TYPE_CHECKING:
@@ -113,6 +115,18 @@ def _telnyx_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Sessi
     return TelnyxSession(host, conn, route)
 
 
+def _vonage_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.vonage_ws import VonageSession
+
+    return VonageSession(host, conn, route)
+
+
+def _exotel_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.exotel_ws import ExotelSession
+
+    return ExotelSession(host, conn, route)
+
+
 def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
     from brisvox.gateway.ws_server import WebSocketServer
 
@@ -140,6 +154,15 @@ TRANSPORTS: dict[str, Transport] = {
         Transport("telnyx", "websocket", _telnyx_session, auth=telnyx_auth, lacks={
             "marks_release": "Telnyx echoes every mark: a mark is reported played on its echo",
             "transfer": "a Telnyx media stream cannot transfer (Call Control's transfer command does)",
+        }),
+        Transport("vonage", "websocket", _vonage_session, auth=vonage_auth, lacks={
+            "marks_release": "Vonage answers every notify (websocket:notify): a mark is reported played on it",
+            "transfer": "a Vonage WebSocket cannot transfer (the Voice API's PUT /v1/calls/{uuid} does)",
+        }),
+        Transport("exotel", "websocket", _exotel_session, auth=exotel_auth, lacks={
+            "marks_release": "Exotel echoes every mark: a mark is reported played on its echo",
+            "transfer": "an Exotel Voicebot stream cannot transfer (the call flow's next applet, "
+                        "e.g. Connect, runs once the stream closes)",
         }),
         Transport("sip", "sip", None, lacks={
             "marks_echo": "SIP peers do not echo marks: they are reported on release",

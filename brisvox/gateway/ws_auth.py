@@ -38,6 +38,17 @@ Invariants:
   ``[websocket]`` requires ``native_secret`` for Telnyx routes, one without
   it is open only on a loopback listener or with ``allow_unauthenticated``,
   and refuses every request on any other (403 ``ws_refused_unconfigured``).
+  Vonage signs its webhooks, not its WebSocket (the endpoint's
+  ``authorization`` of type ``custom`` sends a value of the application's
+  choosing): the credential is the native one, ``Authorization: Bearer <c>``
+  or ``?token=<c>`` in the endpoint's ``uri``, checked as a Telnyx token
+  (a signed token's parameters replace the connected event's headers);
+  without ``native_secret`` the same loopback-only rule holds.
+  Exotel signs nothing (IP whitelisting or Basic auth in the applet's URL):
+  the credential is the password of ``Authorization: Basic`` (what Exotel
+  sends for ``wss://user:<c>@host/path``; the user name is free), else
+  ``?token=<c>``, checked as a Telnyx token; the header, when sent, is the
+  credential; without ``native_secret`` the same loopback-only rule holds.
 * Origin: a request without an ``Origin`` header (Twilio, server-side
   clients) passes; one with it passes only if ``allowed_origins`` holds
   ``"*"`` or that origin (case-insensitive, without a trailing ``/``); else
@@ -53,7 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from brisvox.wire import native, plivo, telnyx, twilio
+from brisvox.wire import exotel, native, plivo, telnyx, twilio
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +161,22 @@ def telnyx_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
     if header is None:
         return BAD_TOKEN
     creds = [header] if header else parse_qs(urlsplit(path).query).get("token", [])[:1]
+    return _secret_or_token(cfg.native_secret, route, [c for c in creds if c])
+
+
+def vonage_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    if not cfg.native_secret:
+        return unconfigured(cfg)
+    return _secret_or_token(cfg.native_secret, route, _credentials(path, headers))
+
+
+def exotel_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    if not cfg.native_secret:
+        return unconfigured(cfg)
+    header = _one(headers, "Authorization")
+    if header is None:
+        return BAD_TOKEN
+    creds = [exotel.basic_password(header)] if header else parse_qs(urlsplit(path).query).get("token", [])[:1]
     return _secret_or_token(cfg.native_secret, route, [c for c in creds if c])
 
 

@@ -5,7 +5,8 @@ bytes ``orjson.dumps`` gives for the strings, ints and objects these messages
 hold), the JSON quoting of one string for the byte templates, the bounds
 on caller-supplied call parameters (Twilio ``customParameters``, native
 ``params``, a signed token's ``params``, the SIP From/To URIs) and which
-parameters name the caller and the called number (:func:`caller_called`).
+parameters name the caller and the called number (:func:`caller_called`); one
+carrier id or number kept or dropped, counted, by :func:`kept_text`.
 
 Invariants: :func:`quote` is the standard library's C string escaper
 (``"``, ``\\`` and control characters escaped, the rest kept as UTF-8), so a
@@ -100,10 +101,21 @@ def bounded_params(obj: Any) -> dict[str, str] | None:
     return checked_params(obj)[0]
 
 
-def caller_called(params: dict[str, str] | None) -> tuple[str, str]:
-    """(caller, called) named by the parameters (``CALLER_KEYS``, ``CALLED_KEYS``); "" when none does."""
+def caller_called(params: dict[str, str] | None, caller: str | None = None,
+                  called: str | None = None) -> tuple[str, str]:
+    """(caller, called): ``caller`` and ``called`` when given (a carrier's own from/to), else
+    those the parameters name (``CALLER_KEYS``, ``CALLED_KEYS``); "" when none does."""
     if not params:
-        return "", ""
+        return caller or "", called or ""
     low = {k.lower(): v for k, v in reversed(params.items())}  # the first of two spellings wins
-    return (next((low[k] for k in CALLER_KEYS if low.get(k)), ""),
-            next((low[k] for k in CALLED_KEYS if low.get(k)), ""))
+    return (caller or next((low[k] for k in CALLER_KEYS if low.get(k)), ""),
+            called or next((low[k] for k in CALLED_KEYS if low.get(k)), ""))
+
+
+def kept_text(v: Any, limit: int = MAX_PARAM_VALUE) -> tuple[str | None, int]:
+    """(``v`` as a kept text: a non-empty string :func:`param_text` takes, else None; 1 if
+    ``v`` was present and dropped, else 0)."""
+    if v is None:
+        return None, 0
+    t = param_text(v, limit) if type(v) is str and v else None
+    return t, int(t is None)

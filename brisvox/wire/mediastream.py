@@ -1,10 +1,10 @@
-"""What the carriers' JSON media streams share: Twilio Media Streams and Telnyx Media Streaming.
+"""What the carriers' JSON media streams share: Twilio Media Streams, Telnyx Media Streaming, Exotel.
 
-Owns the refusal type of both protocols (:class:`StreamError`, whose
+Owns the refusal type of these protocols (:class:`StreamError`, whose
 ``kind`` is the stable counter label and ``code`` the WebSocket close code a
 bot answers it with, :data:`CLOSE_CODES`) and the parsers of the messages
-whose shape the two carriers share to the key (:mod:`brisvox.wire.twilio`
-and :mod:`brisvox.wire.telnyx` build and parse the rest):
+whose shape the carriers share to the key (:mod:`brisvox.wire.twilio`,
+:mod:`brisvox.wire.telnyx` and :mod:`brisvox.wire.exotel` build and parse the rest):
 
 * carrier -> bot: ``media`` (``media.payload`` base64 audio, ``media.track``
   naming the leg: :func:`media_payload`), ``mark`` (``mark.name``, the echo
@@ -14,7 +14,12 @@ and :mod:`brisvox.wire.telnyx` build and parse the rest):
 
 It also owns :class:`MediaFormat`, one stream's audio as both directions
 carry it (an encoding, a rate, the codec that reads and writes it; Twilio's
-is :data:`PCMU_8K`, Telnyx's are ``brisvox.wire.telnyx.FORMATS``).
+is :data:`PCMU_8K`, Telnyx's are ``brisvox.wire.telnyx.FORMATS``), and
+:data:`L16LE`, 16-bit linear PCM in little-endian byte order (and
+:data:`L16BE`, Telnyx's network order, the same :class:`L16`): the L16 of
+Plivo's streams (:mod:`brisvox.wire.plivo`) and of Vonage's binary frames
+(:mod:`brisvox.wire.vonage`) and Exotel's raw/slin (:mod:`brisvox.wire.exotel`),
+written once for all.
 
 The parsers take the decoded JSON value (the callers decode: orjson on the
 hot paths) and raise :class:`StreamError`.
@@ -26,6 +31,8 @@ Invariants:
   ``inbound_track``) is None, never an error (a stream of both tracks is legal).
 * :func:`dtmf_digit` answers one of ``0-9 * # A-D``, upper case.
 * :func:`bot_event` never raises: anything unparseable is ``("invalid", None)``.
+* :meth:`L16.decode` refuses an odd-length payload (``bad_media``);
+  :attr:`MediaFormat.wire_dtype` is the codec's sample type on the wire.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import numpy as np
 
 from brisvox.wire.dtmf import DIGITS
 from brisvox.wire.g711 import PCMU
+from brisvox.wire.jsontext import quote
 
 MAX_MEDIA_BYTES = 8000  # 1 s of G.711 per message is far beyond what a carrier sends
 MEDIA_SUFFIX = b'"}}'  # ends a bot's media message: <prefix of the stream> + base64 + this
@@ -53,11 +61,38 @@ CLOSE_CODES: dict[str, int] = {
 
 
 class Codec(Protocol):
-    """What a stream's audio codec does (:class:`brisvox.wire.g711.G711`, ``telnyx.L16``)."""
+    """What a stream's audio codec does (:class:`brisvox.wire.g711.G711`, :class:`L16`, ...)."""
 
     def encode(self, pcm: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
 
     def decode(self, data: bytes) -> np.ndarray: ...
+
+
+class L16:
+    """16-bit linear PCM in one byte order (``dtype``: ``"<i2"`` little-endian, ``">i2"``
+    network order), with the G711 codecs' encode/decode: :data:`L16LE` and :data:`L16BE`."""
+
+    name = "L16"
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+
+    def encode(self, pcm: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """int16 samples -> int16 in the byte order (``out``, when given, of ``dtype`` and the same length)."""
+        if out is None:
+            return np.ascontiguousarray(pcm, dtype=self.dtype)
+        np.copyto(out, pcm)
+        return out
+
+    def decode(self, data: bytes | bytearray | memoryview) -> np.ndarray:
+        """int16 wire bytes in the byte order -> int16 samples; raises :class:`StreamError` for an odd length."""
+        if len(data) & 1:
+            raise StreamError("bad_media", "L16 payload of odd length")
+        return np.frombuffer(data, dtype=self.dtype).astype(np.int16)
+
+
+L16LE = L16("<i2")  # Plivo's L16, Vonage's binary frames, Exotel's raw/slin
+L16BE = L16(">i2")  # Telnyx's L16: RTP's network byte order
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +107,9 @@ class MediaFormat:
 
     @property
     def wire_dtype(self) -> str:
-        return "u1" if self.width == 1 else ">i2"
+        if self.width == 1:
+            return "u1"
+        return "<i2" if self.codec is L16LE else ">i2"  # Telnyx's L16 is big-endian
 
     @property
     def frame(self) -> int:
@@ -148,3 +185,22 @@ def bot_event(msg: Any) -> tuple[str, Any]:
         return str(event) or "other", None
     except Exception:
         return "invalid", None
+
+
+class BotTemplates:
+    """A bot's messages on one stream as byte templates (Telnyx's, Exotel's): ``media_prefix``
+    + base64 + :data:`MEDIA_SUFFIX`, ``mark_prefix`` + the quoted name + ``}}``, ``clear``;
+    nothing per message is encoded but the payload and a mark's name. A subclass sets the
+    three (class attributes, or slots filled per stream)."""
+
+    __slots__ = ()
+    media_prefix: bytes
+    clear: bytes
+    mark_prefix: bytes
+
+    def media(self, audio: bytes) -> bytes:
+        """A media message of ``audio`` (wire bytes in the stream's format)."""
+        return self.media_prefix + binascii.b2a_base64(audio, newline=False) + MEDIA_SUFFIX
+
+    def mark(self, name: str) -> bytes:
+        return self.mark_prefix + quote(name) + b"}}"

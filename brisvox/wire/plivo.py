@@ -105,8 +105,8 @@ import numpy as np
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.jsontext import caller_called, checked_params, param_text, quote
 from brisvox.wire.mediastream import CLOSE_CODES as CLOSE_CODES
+from brisvox.wire.mediastream import L16LE, StreamError
 from brisvox.wire.mediastream import MEDIA_SUFFIX as MEDIA_SUFFIX
-from brisvox.wire.mediastream import StreamError
 from brisvox.wire.mediastream import dtmf_digit as dtmf_digit
 from brisvox.wire.mediastream import media_payload as stream_payload
 
@@ -138,13 +138,13 @@ class Format:
         """Wire bytes -> int16 samples (L16: little-endian)."""
         if self.encoding == MULAW:
             return PCMU.decode(raw)
-        return np.frombuffer(raw, dtype="<i2").astype(np.int16)
+        return L16LE.decode(raw)
 
     def encode(self, samples: np.ndarray) -> bytes:
         """int16 samples -> wire bytes."""
         if self.encoding == MULAW:
             return PCMU.encode(np.ascontiguousarray(samples, dtype=np.int16)).tobytes()
-        return np.ascontiguousarray(samples, dtype="<i2").tobytes()
+        return L16LE.encode(samples).tobytes()
 
 
 def signature(auth_token: str, url: str, nonce: str) -> str:

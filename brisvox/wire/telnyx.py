@@ -63,29 +63,26 @@ Invariants:
   without ``"`` or ``\\`` refuses the start (``bad_start``).
 * A media message is read with ``mediastream.media_payload(msg, fmt.max_media_bytes)``
   (more than 1 s of audio in one message is refused) and decoded with
-  ``fmt.codec`` (:class:`L16` refuses an odd length as ``bad_media``).
+  ``fmt.codec`` (:data:`L16` refuses an odd length as ``bad_media``).
 * The bot's media message is ``BotStream.media_prefix + base64 + MEDIA_SUFFIX``
   (a byte template, no JSON encoder on the hot path).
 """
 
 from __future__ import annotations
 
-import binascii
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from brisvox.wire.g711 import PCMA
 from brisvox.wire.jsontext import (
     MAX_PARAM_VALUE,
     caller_called,
     checked_params,
+    kept_text,
     param_text,
-    quote,
     text,
 )
-from brisvox.wire.mediastream import MEDIA_SUFFIX, PCMU_8K, MediaFormat, StreamError
+from brisvox.wire.mediastream import L16BE, PCMU_8K, BotTemplates, MediaFormat, StreamError
 
 AUTH_HEADER = "x-telnyx-streaming-auth-token"
 MAX_ID = 128
@@ -94,25 +91,7 @@ ALIASES = {"audio/x-mulaw": "PCMU", "audio/x-alaw": "PCMA"}
 VERSION = "1.0.0"
 
 
-class L16:
-    """16-bit linear PCM in network byte order, with the G711 codecs' encode/decode."""
-
-    name = "L16"
-
-    @staticmethod
-    def encode(pcm: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """int16 samples -> big-endian int16 (``out`` must be ``>i2`` of the same length)."""
-        if out is None:
-            return pcm.astype(">i2")
-        np.copyto(out, pcm)
-        return out
-
-    @staticmethod
-    def decode(data: bytes | bytearray | memoryview) -> np.ndarray:
-        """Big-endian int16 wire bytes -> int16 samples; raises :class:`StreamError` for an odd length."""
-        if len(data) & 1:
-            raise StreamError("bad_media", "L16 payload of odd length")
-        return np.frombuffer(data, dtype=">i2").astype(np.int16)
+L16 = L16BE  # 16-bit linear PCM in network byte order (brisvox.wire.mediastream)
 
 
 FORMATS: dict[tuple[str, int], MediaFormat] = {
@@ -163,8 +142,7 @@ class Start:
     def numbers(self) -> tuple[str, str]:
         """(caller, called): ``from``/``to``, else the From/To (or caller/called) custom
         parameters; "" when absent."""
-        caller, called = caller_called(self.params)
-        return self.caller or caller, self.called or called
+        return caller_called(self.params, self.caller, self.called)
 
     @property
     def ids(self) -> dict[str, str]:
@@ -175,14 +153,6 @@ class Start:
             if v is not None:
                 ids[k] = v
         return ids
-
-
-def _kept(v: Any, limit: int) -> tuple[str | None, int]:
-    """(``v`` as a kept text, 1 if it was present and dropped)."""
-    if v is None:
-        return None, 0
-    t = param_text(v, limit) if type(v) is str and v else None
-    return t, int(t is None)
 
 
 def parse_start(msg: dict[str, Any]) -> Start:
@@ -198,7 +168,7 @@ def parse_start(msg: dict[str, Any]) -> Start:
     kept: dict[str, str | None] = {}
     for key, limit in (("call_control_id", MAX_ID), ("call_session_id", MAX_ID), ("user_id", MAX_ID),
                        ("client_state", MAX_PARAM_VALUE), ("from", MAX_PARAM_VALUE), ("to", MAX_PARAM_VALUE)):
-        kept[key], d = _kept(start.get(key), limit)
+        kept[key], d = kept_text(start.get(key), limit)
         dropped += d
     params, d = checked_params(start.get("custom_parameters"))
     return Start(sid, fmt, kept["call_control_id"], kept["call_session_id"], kept["user_id"],
@@ -284,18 +254,12 @@ class TelnyxStream:
 
 # --- bot -> Telnyx ---------------------------------------------------------------------------
 
-class BotStream:
-    """Builds the messages a bot sends on one stream (UTF-8 bytes; nothing per message is
-    encoded but the payload and a mark's name)."""
+class BotStream(BotTemplates):
+    """Builds the messages a bot sends on one stream (UTF-8 bytes; the same for every stream:
+    the documented bot frames carry no id)."""
 
     __slots__ = ()
     media_prefix = b'{"event":"media","media":{"payload":"'
     clear = b'{"event":"clear"}'
-    _mark_prefix = b'{"event":"mark","mark":{"name":'
+    mark_prefix = b'{"event":"mark","mark":{"name":'
 
-    def media(self, audio: bytes) -> bytes:
-        """A media message of ``audio`` (wire bytes in the stream's format)."""
-        return self.media_prefix + binascii.b2a_base64(audio, newline=False) + MEDIA_SUFFIX
-
-    def mark(self, name: str) -> bytes:
-        return self._mark_prefix + quote(name) + b"}}"

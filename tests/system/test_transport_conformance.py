@@ -4,7 +4,7 @@ One gateway process (``python -m brisvox.gateway``) and one fake agent
 process (ZeroMQ) serve the whole module; each case places a fresh call
 through one transport of :data:`brisvox.gateway.transports.TRANSPORTS`
 (Twilio Media Streams, native WebSocket, Plivo Audio Streams, Telnyx Media
-Streaming, SIP/RTP;
+Streaming, Vonage Voice WebSockets, Exotel Voicebot streams, SIP/RTP;
 every WebSocket one at ``/<name>``, native at ``/ws``), driven by the client's
 own transports (:mod:`brisvox.client`), raw sockets and the
 :mod:`brisvox.wire` builders, and checks what the caller and the agent see:
@@ -54,12 +54,14 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from brisvox.client.exotel import ExotelTransport
 from brisvox.client.native import NativeTransport
 from brisvox.client.plivo import PlivoTransport
 from brisvox.client.sip import SipTransport
 from brisvox.client.telnyx import TelnyxTransport
 from brisvox.client.transport import BotEvents
 from brisvox.client.twilio import TwilioTransport
+from brisvox.client.vonage import VonageTransport
 from brisvox.gateway.transports import CAPABILITIES, TRANSPORTS, websocket_protocols
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.native import NativeStream, server_message
@@ -147,6 +149,10 @@ class Peer:
             self.t = PlivoTransport(f"ws://127.0.0.1:{gw.ws_port}/plivo")
         elif kind == "telnyx":
             self.t = TelnyxTransport(f"ws://127.0.0.1:{gw.ws_port}/telnyx")
+        elif kind == "vonage":  # audio/l16;rate=8000: the tagged levels are 8 kHz frames
+            self.t = VonageTransport(f"ws://127.0.0.1:{gw.ws_port}/vonage", rate=RATE)
+        elif kind == "exotel":  # raw/slin at 8 kHz: the tagged levels are 8 kHz frames
+            self.t = ExotelTransport(f"ws://127.0.0.1:{gw.ws_port}/exotel", rate=RATE)
         elif kind == "native":
             url = f"ws://127.0.0.1:{gw.ws_port}/ws"
             self.t = NativeEcho(url, RATE) if echo_marks else NativeTransport(url, RATE)
@@ -298,7 +304,7 @@ async def case_dtmf_in(p: Peer, agent: FakeAgent) -> None:
 
 async def case_dtmf_out(p: Peer, agent: FakeAgent) -> None:
     agent.send(F.SendDtmf(call_id=p.call_id, digits="7"))
-    if p.kind in ("twilio", "telnyx"):  # in-band: 852 Hz + 1209 Hz
+    if p.kind in ("twilio", "telnyx", "vonage", "exotel"):  # in-band: 852 Hz + 1209 Hz
         assert await p.until(lambda: p.n >= 800)
         x = p.samples()[:800].astype(np.float64)
         spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
@@ -392,7 +398,7 @@ async def case_malformed(p: Peer, agent: FakeAgent) -> None:
         malformed = {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("sip_malformed_")}
         assert sum(malformed.values()) == 1, malformed
         assert after["rtp_malformed"] == before.get("rtp_malformed", 0) + 1
-    elif p.kind in ("twilio", "plivo", "telnyx"):  # a vendor stream closes at once before the call
+    elif p.kind in ("twilio", "plivo", "telnyx", "vonage", "exotel"):  # a vendor stream closes before the call
         code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{PATHS[p.kind]}", "{not json")
         assert code == 1007
         assert (await stats(p.gw))["ws_malformed_bad_json"] == before.get("ws_malformed_bad_json", 0) + 1
@@ -429,6 +435,21 @@ def malformed_messages(p: Peer) -> list[str | bytes]:
             f'{{"event":"playedStream","streamId":"{sid}"}}',  # Plivo's mark echo without a name
             b"\x00\x01",  # a binary frame
         ]
+    elif p.kind == "exotel":
+        sid = p.t.stream.stream_sid
+        msgs = [
+            "{not json",
+            f'{{"event":"media","stream_sid":"{sid}","media":{{"payload":"@@@not base64"}}}}',
+            f'{{"event":"mark","stream_sid":"{sid}","mark":{{}}}}',
+            b"\x00\x01",  # a binary frame
+        ]
+    elif p.kind == "vonage":
+        msgs = [
+            "{not json",
+            b"\x01",  # a binary frame that is not whole samples
+            '{"event":"websocket:notify","payload":{}}',  # Vonage's answer to a notify without the mark
+            '{"event":"websocket:dtmf","digit":"Z","duration":100}',
+        ]
     else:
         msgs = ["{bad", b"\x01", NativeStream.dtmf("Z"), '{"event":"nope"}']
     assert len(msgs) == FAULT_MAX - 1
@@ -448,7 +469,8 @@ async def case_fault_budget(p: Peer, agent: FakeAgent) -> None:
     assert calls[p.call_id]["malformed"] == FAULT_MAX - 1
     assert calls[p.call_id]["in_pos"] > in_before  # the caller's audio still reaches the in ring
     after = await stats(p.gw)
-    kinds = (("bad_json", "bad_base64", "bad_mark", "binary_frame") if p.kind in ("twilio", "plivo", "telnyx")
+    kinds = (("bad_json", "bad_base64", "bad_mark", "binary_frame") if p.kind in ("twilio", "plivo", "telnyx", "exotel")
+             else ("bad_json", "bad_media", "bad_mark", "bad_dtmf") if p.kind == "vonage"
              else ("bad_json", "odd_frame", "bad_dtmf", "unknown_event"))
     for kind in kinds:
         assert after[f"ws_malformed_{kind}"] == before.get(f"ws_malformed_{kind}", 0) + 1, kind
