@@ -268,9 +268,10 @@ def bearer(value: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(("path", "pairs", "want"), [
     ("/vonage", bearer(SECRET), ws_auth.OPEN),
     (f"/vonage?token={SECRET}", [], ws_auth.OPEN),
-    ("/vonage", bearer(ws_auth.mint_token(SECRET, "echo", 600, {"tenant": "a"})), Grant({"tenant": "a"})),
-    ("/vonage", bearer(ws_auth.mint_token(SECRET, "sales", 600)), ws_auth.WRONG_AGENT),
-    (f"/vonage?token={native.sign_token(SECRET, 'echo', int(time.time()) - 5)}", [], ws_auth.EXPIRED_TOKEN),
+    # tokens are minted when the case runs, not at collection (a long suite outlives their ttl)
+    ("/vonage", lambda: bearer(ws_auth.mint_token(SECRET, "echo", 600, {"tenant": "a"})), Grant({"tenant": "a"})),
+    ("/vonage", lambda: bearer(ws_auth.mint_token(SECRET, "sales", 600)), ws_auth.WRONG_AGENT),
+    (lambda: f"/vonage?token={native.sign_token(SECRET, 'echo', int(time.time()) - 5)}", [], ws_auth.EXPIRED_TOKEN),
     ("/vonage", bearer("eyJhbGciOiJSUzI1NiJ9.e30.sig"), ws_auth.BAD_TOKEN),  # authorization type vonage: a JWT
     ("/vonage", [("Authorization", SECRET)], ws_auth.BAD_TOKEN),  # not a Bearer value
     ("/vonage", [], ws_auth.BAD_TOKEN),
@@ -278,4 +279,5 @@ def bearer(value: str) -> list[tuple[str, str]]:
 ])
 def test_the_credential_is_the_native_secret_or_a_signed_token_for_the_agent(path: str, pairs: Any,
                                                                              want: Any) -> None:
+    path, pairs = (path() if callable(path) else path), (pairs() if callable(pairs) else pairs)
     assert check(path, pairs, native_secret=SECRET) == want
