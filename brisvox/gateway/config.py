@@ -322,6 +322,23 @@ def _routes(routes_raw: Any, where: str) -> tuple[WsRoute, ...]:
     return tuple(routes)
 
 
+def _twilio_control(cfg: Any, where: str) -> None:
+    """The Twilio REST and webhook keys of ``[websocket]`` (docs/CONFIGURATION.md)."""
+    if cfg.twilio_account_sid and not re.match(r"^AC[0-9a-fA-F]{32}$", cfg.twilio_account_sid):
+        raise ConfigError(f"{where}.twilio_account_sid", "expected AC followed by 32 hex digits")
+    if cfg.twilio_account_sid and not cfg.twilio_auth_token:
+        raise ConfigError(f"{where}.twilio_auth_token", "required with twilio_account_sid (the REST API's password)")
+    if not re.match(r"^https?://[^/\s]+$", cfg.twilio_api_base):
+        raise ConfigError(f"{where}.twilio_api_base", "expected http(s)://host[:port] without a path")
+    if not 0 < cfg.twilio_api_timeout_s <= 30:
+        raise ConfigError(f"{where}.twilio_api_timeout_s", "must be > 0 and at most 30")
+    path = cfg.twiml_path
+    if path and (not re.match(r"^/[A-Za-z0-9/_.-]*$", path) or path == HEALTHZ_PATH
+                 or any(r.path == path for r in cfg.routes)):
+        raise ConfigError(f"{where}.twiml_path", "expected a path starting with / that is neither "
+                          f"{HEALTHZ_PATH} nor a route's")
+
+
 @dataclass(frozen=True, slots=True)
 class WebSocketConfig:
     """``[websocket]``: the WebSocket server (Twilio Media Streams and native).
@@ -343,6 +360,12 @@ class WebSocketConfig:
     twilio_auth_token: str = ""  # validate X-Twilio-Signature when set
     plivo_auth_token: str = ""  # validate X-Plivo-Signature-V3 when set
     public_url: str = ""  # scheme://host the signature was computed over (default wss://<Host>)
+    # Twilio call control (transfer, hang-up) through the REST API: the account's SID (plain;
+    # the API's password is twilio_auth_token), the API's origin, each request's timeout
+    twilio_account_sid: str = ""
+    twilio_api_base: str = "https://api.twilio.com"
+    twilio_api_timeout_s: float = 4.0  # two attempts stay within the agent's 9.5 s wait for a TransferResult
+    twiml_path: str = ""  # POST here answers Twilio's incoming-call webhook with TwiML ("": none)
     allow_unauthenticated: bool = False  # lab only: a non-loopback listener without credentials
     allowed_origins: tuple[str, ...] = ()  # Origin values let in ("*": any); no Origin is always let in
     handshakes_per_s: int = 20  # per source IP, moving 1 s window (HTTP 429 beyond; 0: no limit)
@@ -375,6 +398,7 @@ class WebSocketConfig:
                 raise ConfigError(f"{where}.native_rates[{i}]", f"unsupported rate {rate} ({NATIVE_RATES})")
         if cfg.public_url and not re.match(r"^(wss?|https?)://[^/]+$", cfg.public_url):
             raise ConfigError(f"{where}.public_url", "expected scheme://host[:port] without a path")
+        _twilio_control(cfg, where)
         if not 0 <= cfg.fault_max <= MAX_FAULTS_LIMIT:
             raise ConfigError(f"{where}.fault_max", f"must be within 0..{MAX_FAULTS_LIMIT}, got {cfg.fault_max}")
         if not 0 < cfg.fault_window_s <= MAX_WINDOW_S:

@@ -144,8 +144,7 @@ TRANSPORTS: dict[str, Transport] = {
     for t in (
         Transport("twilio", "websocket", _twilio_session, auth=twilio_auth, lacks={
             "marks_release": "Twilio echoes every mark: a mark is reported played on its echo",
-            "transfer": "a Twilio media stream cannot transfer (the REST API's calls update does)",
-        }),
+        }),  # transfer: the REST API's calls update ([websocket] twilio_account_sid; else refused)
         Transport("native", "websocket", _native_session, auth=native_auth),
         Transport("plivo", "websocket", _plivo_session, auth=plivo_auth, lacks={
             "marks_release": "Plivo answers every checkpoint (playedStream): a mark is reported played on it",

@@ -40,13 +40,27 @@ Invariants:
   swallowed (reported in Cleared instead).
 * Twilio has no outbound DTMF event: SendDtmf is played in-band as tones
   through the media channel (paced like audio, pausing the out ring).
+* Call control goes through Twilio's REST API (:mod:`brisvox.gateway.twilio_rest`,
+  the server's ``twilio_api``, there only with ``twilio_account_sid``), keyed
+  by the ``callSid`` of ``start``. Without it a Transfer is refused at once
+  with :attr:`TwilioSession.transfer_reason`. With it a Transfer updates the
+  call with ``<Dial>`` TwiML and its outcome is the TransferResult (one
+  transfer at a time; once one succeeded the call is Twilio's to end: no
+  hang-up of ours completes it). A hang-up of ours closes the stream and
+  then completes the call (``Status=completed``), so the caller's line ends
+  whatever TwiML follows the ``<Connect>``; not for ``shutdown`` (going
+  away: that TwiML may route the call elsewhere), nor after the stream
+  already ended.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from brisvox.gateway.carrier_stream import CarrierStreamSession, Opening
+from brisvox.gateway.leg import GOING_AWAY_REASONS
+from brisvox.gateway.twilio_rest import TwilioApi
 from brisvox.wire.mediastream import PCMU_8K
 from brisvox.wire.twilio import BotStream, parse_start
 
@@ -56,8 +70,41 @@ class TwilioSession(CarrierStreamSession):
 
     transport = "twilio"
     binary_reason = "Twilio media streams use text messages"
-    transfer_reason = "a Twilio media stream cannot transfer; use the Twilio REST API (calls update)"
+    transfer_reason = ("a Twilio media stream cannot transfer without the REST API: set "
+                       "[websocket] twilio_account_sid")
+    _transfer_state = ""  # "" | "pending" | "done"
 
     def opening(self, msg: dict[str, Any]) -> Opening:
         s = parse_start(msg)
         return Opening(s.stream_sid, s.ids, s.params, s.numbers, s.dropped, PCMU_8K, BotStream(s.stream_sid))
+
+    # -- call control (the REST API) ---------------------------------------------------
+
+    def _api(self) -> tuple[TwilioApi | None, str]:
+        api = getattr(getattr(self.conn, "server", None), "twilio_api", None)  # a test's connection has none
+        call_sid = self.call.transport_ids.get("callSid", "") if self.call is not None else ""
+        return api, call_sid
+
+    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+        api, call_sid = self._api()
+        if api is None:
+            done(False, self.transfer_reason)
+        elif not call_sid:
+            done(False, "no callSid in the stream's start")
+        elif self._transfer_state:
+            done(False, "a transfer is in progress" if self._transfer_state == "pending" else "already transferred")
+        else:
+            self._transfer_state = "pending"
+            self.host.spawn(self._transfer(api, call_sid, target, done))
+
+    async def _transfer(self, api: TwilioApi, call_sid: str, target: str, done: Callable[[bool, str], None]) -> None:
+        outcome = await api.transfer(call_sid, target)
+        self._transfer_state = "done" if outcome.ok else ""
+        done(outcome.ok, outcome.detail)
+
+    def hangup(self, reason: str) -> None:
+        live = not self.conn.closed
+        super().hangup(reason)
+        api, call_sid = self._api()
+        if api is not None and call_sid and live and not self._transfer_state and reason not in GOING_AWAY_REASONS:
+            self.host.spawn(api.complete(call_sid))

@@ -23,7 +23,9 @@ Invariants:
   ``c`` is the static ``native_secret`` (server-side clients: any agent the
   route admits) or a signed token for exactly the agent the path names, not
   expired; else 401. Twilio: ``X-Twilio-Signature`` = HMAC-SHA1 of
-  ``public_url`` (or ``wss://<Host>``) + path, keyed with the auth token; else 403.
+  ``public_url`` (or ``wss://<Host>``) + path, keyed with the auth token; else 403
+  (:func:`twilio_signed`, which the TwiML webhook's POST shares, with its form:
+  :mod:`brisvox.gateway.twiml_webhook`).
   Plivo: ``X-Plivo-Signature-V3`` (or ``-Ma-V3``) is one of the V3 signatures
   of the same URL and ``X-Plivo-Signature-V3-Nonce``, keyed with
   ``plivo_auth_token`` (:func:`brisvox.wire.plivo.signature`); else 403.
@@ -59,7 +61,7 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -180,15 +182,22 @@ def exotel_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
     return _secret_or_token(cfg.native_secret, route, [c for c in creds if c])
 
 
+def twilio_signed(token: str, headers: Mapping[str, str], url: str,
+                  params: Iterable[tuple[str, str]] = ()) -> bool:
+    """``X-Twilio-Signature`` (one, non-empty) is Twilio's signature of ``url`` and the
+    POST ``params`` (none for the WebSocket's GET), keyed with ``token``."""
+    sig = _one(headers, "X-Twilio-Signature")
+    if not sig:
+        return False
+    expect = twilio.signature(token, url, list(params))
+    return hmac.compare_digest(sig.encode(), expect.encode())
+
+
 def twilio_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.twilio_auth_token:
         return OPEN
-    sig = _one(headers, "X-Twilio-Signature")
-    if not sig:
-        return BAD_SIGNATURE
     base = cfg.public_url or f"wss://{_one(headers, 'Host') or ''}"
-    expect = twilio.signature(cfg.twilio_auth_token, base + path)
-    return OPEN if hmac.compare_digest(sig.encode(), expect.encode()) else BAD_SIGNATURE
+    return OPEN if twilio_signed(cfg.twilio_auth_token, headers, base + path) else BAD_SIGNATURE
 
 
 def unconfigured(cfg: Any) -> Refusal | Grant:

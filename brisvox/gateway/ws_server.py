@@ -40,7 +40,8 @@ Invariants:
   (:meth:`~brisvox.gateway.host.CallHost.refusal`), then the connection
   closes; counted ``ws_healthz``. Its own per-source limit
   (:data:`HEALTHZ_PER_S`, 429 ``ws_refused_healthz_rate`` beyond) takes
-  nothing of the handshake allowance of real calls.
+  nothing of the handshake allowance of real calls. With ``twiml_path`` set, a
+  ``POST`` is Twilio's call webhook instead (:mod:`brisvox.gateway.twiml_webhook`).
 * Before any session exists a request is checked in this order, and the
   first failing check refuses it with an HTTP status and a counter: the
   source's handshake rate (``handshakes_per_s``, moving 1 s window: 429
@@ -81,6 +82,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
+from brisvox.gateway import twilio_rest, twiml_webhook
 from brisvox.gateway.config import HEALTHZ_PATH, WebSocketConfig, WsRoute, is_loopback
 from brisvox.gateway.leg import SESSION_LOG
 from brisvox.gateway.proxies import DIRECT, FORWARDED, MALFORMED, TrustedProxies, forwarded_client
@@ -161,6 +163,7 @@ class WsConnection(asyncio.BufferedProtocol):
         self._refused = False  # the handshake was refused (and counted once)
         self._fast = False  # frames are split here (set once the handshake is done)
         self._pending = b""  # the start of an incomplete frame (fast mode)
+        self.webhook: twiml_webhook.WebhookRequest | None = None  # a POST read for the TwiML webhook
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -188,6 +191,10 @@ class WsConnection(asyncio.BufferedProtocol):
 
     def data_received(self, data: bytes) -> None:
         """The library's path: the handshake, and the stream after anything unusual."""
+        if self.webhook is not None or (data[:5] == b"POST " and self.session is None and self.server.webhook):
+            self.webhook = self.webhook or self.server.webhook.request(self)  # type: ignore[union-attr]
+            self.webhook.feed(data)
+            return
         proto = self.proto
         proto.receive_data(data)
         shaking = self.session is None
@@ -481,6 +488,8 @@ class WebSocketServer:
         self._healthz_rate = RateLimitItemPerSecond(HEALTHZ_PER_S)
         self._healthz_limiter = strategies.MovingWindowRateLimiter(process_storage())
         self.proxies = TrustedProxies(cfg.trusted_proxies)
+        self.twilio_api = twilio_rest.from_config(cfg)  # Twilio call control (None without twilio_account_sid)
+        self.webhook = twiml_webhook.Webhook(self) if cfg.twiml_path else None
         # every read of every connection lands here and is consumed (or copied) at once
         self.rx_view = memoryview(bytearray(RECV_BUFFER_BYTES))
 
@@ -560,6 +569,8 @@ class WebSocketServer:
 
     async def shutdown(self) -> None:
         await self.stop()
+        if self.twilio_api is not None:
+            await self.twilio_api.aclose()
 
     async def stop(self) -> None:
         for c in list(self.connections):
@@ -582,7 +593,7 @@ class WebSocketServer:
         return make(self.host, conn, route)
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.counters)
+        out: dict[str, Any] = dict(self.counters, **(self.twilio_api.counters if self.twilio_api else {}))
         out["ws_connections_open"] = len(self.connections)
         out["ws_log_suppressed"] = sum(self.bad.suppressed.values()) + sum(SESSION_LOG.suppressed.values())
         return out

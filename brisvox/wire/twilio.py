@@ -69,9 +69,11 @@ MAX_SID = 128
 TwilioError = StreamError  # a refusal (kind, close code, reason: brisvox.wire.mediastream)
 
 
-def signature(auth_token: str, url: str, params: dict[str, str] | None = None) -> str:
-    """X-Twilio-Signature: base64(HMAC-SHA1(token, url + sorted(k + v)))."""
-    data = url + "".join(k + v for k, v in sorted((params or {}).items()))
+def signature(auth_token: str, url: str, params: dict[str, str] | list[tuple[str, str]] | None = None) -> str:
+    """X-Twilio-Signature: base64(HMAC-SHA1(token, url + sorted(k + v))); ``params`` are a
+    POST's form fields (a list of pairs keeps a repeated name: sorted by name, then value)."""
+    pairs = params.items() if isinstance(params, dict) else params or []
+    data = url + "".join(k + v for k, v in sorted(pairs))
     mac = hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()
     return base64.b64encode(mac).decode()
 

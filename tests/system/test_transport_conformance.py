@@ -22,7 +22,9 @@ own transports (:mod:`brisvox.client`), raw sockets and the
 * ``dtmf_in`` / ``dtmf_out``: digits both ways (Twilio's and Telnyx's outbound digits are
   in-band tones, checked by their two frequencies);
 * ``transfer``: the agent's Transfer reaches the peer and its outcome
-  comes back as TransferResult;
+  comes back as TransferResult (Twilio's through the REST API: the module's
+  gateway points ``twilio_api_base`` at a loopback stand-in,
+  :mod:`tests.system.twilio_api_fake`, so its Twilio handshakes are signed);
 * ``hangup``: the agent's Hangup ends the call at the peer; the peer's end
   reaches the agent as CallEnd;
 * ``oversize`` / ``malformed``: refused and counted, and a live call on the
@@ -63,11 +65,13 @@ from brisvox.client.transport import BotEvents
 from brisvox.client.twilio import TwilioTransport
 from brisvox.client.vonage import VonageTransport
 from brisvox.gateway.transports import CAPABILITIES, TRANSPORTS, websocket_protocols
+from brisvox.wire import twilio
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.native import NativeStream, server_message
 from ipc import frames as F
 from ipc.ring import Ring, ring_name
 from tests.system.gateway_harness import FakeAgent, GatewayProc
+from tests.system.twilio_api_fake import TOKEN, FakeTwilioApi
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
 
@@ -106,12 +110,12 @@ def cases() -> Iterator[Any]:
 def env() -> Iterator[tuple[GatewayProc, FakeAgent]]:
     tmp = Path(tempfile.mkdtemp(prefix="bvc", dir="/tmp"))
     try:
-        with FakeAgent(tmp) as agent, GatewayProc(
+        with FakeTwilioApi() as api, FakeAgent(tmp) as agent, GatewayProc(
                 tmp, peers={"agent-0": agent.endpoint}, inbox=True,
                 gateway={"pause_max_ms": 5000},
                 sip={"max_message_bytes": SIP_MAX},
                 websocket={"max_message_bytes": WS_MAX, "fault_max": FAULT_MAX, "fault_window_s": 10.0,
-                           "routes": ROUTES}) as gw:
+                           "routes": ROUTES, **api.config()}) as gw:
             yield gw, agent
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -145,6 +149,7 @@ class Peer:
         self.gw = gw
         if kind == "twilio":
             self.t: Any = TwilioTransport(f"ws://127.0.0.1:{gw.ws_port}/twilio")
+            self.t.headers.update(signed(self.t.url))
         elif kind == "plivo":
             self.t = PlivoTransport(f"ws://127.0.0.1:{gw.ws_port}/plivo")
         elif kind == "telnyx":
@@ -326,6 +331,8 @@ async def case_transfer(p: Peer, agent: FakeAgent) -> None:
     res = await reply(agent, F.TransferResult, p.call_id)
     if p.kind == "native":
         assert res.ok and res.detail == "delegated to the client"
+    elif p.kind == "twilio":  # the REST API's calls update (the loopback stand-in answers 200)
+        assert res.ok and res.detail == "Twilio API 200", res
     else:  # the client's SIP stack answers REFER 405: the REFER reached it, its answer came back
         assert not res.ok and res.detail.startswith("405"), res
 
@@ -357,8 +364,15 @@ def udp(port: int, data: bytes, timeout: float = 0.5) -> bytes | None:
             return None
 
 
+def signed(url: str) -> dict[str, str]:
+    """The X-Twilio-Signature of a Twilio route's upgrade to ``url`` (no header for another route)."""
+    if not url.endswith("/twilio"):
+        return {}
+    return {"X-Twilio-Signature": twilio.signature(TOKEN, "wss://" + url.split("://", 1)[1])}
+
+
 async def ws_closed_with(url: str, *msgs: str | bytes) -> int | None:
-    async with connect(url, max_size=None) as ws:
+    async with connect(url, max_size=None, additional_headers=signed(url)) as ws:
         for m in msgs:
             await ws.send(m)
         try:
