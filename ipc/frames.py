@@ -173,6 +173,7 @@ class CallStart(Frame):
 class CallAccepted(Frame):
     call_id: str
     worker: int = -1  # the worker the agent attached the call to (-1: not said)
+    recording: dict[str, Any] | None = None  # record the call: {"dir": absolute path, "keep_days": n}
 
 
 @frame("call_end", to="agent")

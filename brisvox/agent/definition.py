@@ -112,6 +112,7 @@ class AgentDef:
     speculation: Mapping[str, Any] = field(default_factory=dict)
     window: Mapping[str, Any] = field(default_factory=dict)  # [window]: the request window and its summary
     dtmf: Mapping[str, Any] = field(default_factory=dict)  # [dtmf]: keypad entries (pipeline/dtmf.py)
+    recording: Mapping[str, Any] = field(default_factory=dict)  # [recording]: enabled, path (call_build.py)
     s2s: ProviderDef | None = None  # a speech-to-speech provider replaces stt and llm (docs/S2S.md)
     s2s_settings: Mapping[str, Any] = field(default_factory=dict)  # turn_detection, g711_passthrough, ...
     flow: FlowDef | None = None  # the conversation's flow (brisvox/agent/flows/), None: free conversation
@@ -210,6 +211,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         transfer_targets=tuple(data.get("transfer_targets", ())), filler=dict(data.get("filler", {})),
         interruption=dict(data.get("interruption", {})), turn=dict(data.get("turn", {})),
         speculation=dict(data.get("speculation", {})), window=dict(data.get("window", {})), dtmf=dict(data.get("dtmf", {})),
+        recording=dict(data.get("recording", {})),
         s2s=_leg(data["s2s"]) if "s2s" in data else None,
         flow=parse_flow(data["flow"]) if "flow" in data else None,
         agent_link=LinkConfig.from_table(data["agent_link"]) if "agent_link" in data else None,

@@ -105,6 +105,7 @@ class Call:
         self.stats = CallStats()
         self.gate = PlayoutGate(self.stats, max_marks=max_marks, pause_max_s=pause_max_s)
         self.builtin: Any = None  # the echo agent, when it serves the call
+        self.recording: Any = None  # its stereo WAV (brisvox/gateway/recorder.py), None: not recorded
         # pacing
         self.frame = frame
         self.frame_s = frame / call_rate

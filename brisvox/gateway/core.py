@@ -41,6 +41,7 @@ from brisvox.gateway.lifecycle import ECHO, ECHO_TTS_RATE
 from brisvox.gateway.metrics import GatewayMetrics
 from brisvox.gateway.pacer import FRAME_S, Pacer
 from brisvox.gateway.peers import AgentLinks
+from brisvox.gateway.recorder import Recorder
 from brisvox.gateway.transports import LISTENERS, Listener
 from brisvox.runtime.memory import IdleTrim
 from ipc.links import Links
@@ -94,6 +95,7 @@ class GatewayCore(AgentLinks):
         self._transports_idle = asyncio.Event()
         self._echo_actx: Any = None
         self.idle_trim = IdleTrim()  # memory back to the kernel once the last call ended
+        self.recorder = Recorder()  # the calls' stereo WAVs, off the loop (its thread starts with the first)
         self.handlers = self.frame_handlers()
         self.gate_actions = self.gate_action_handlers()
 
@@ -147,6 +149,7 @@ class GatewayCore(AgentLinks):
             call.agent_done = True
             self.release_if_done(call, force=True)
         self.pacer.stop()
+        await asyncio.to_thread(self.recorder.stop)  # every open recording finished (headers fixed)
         self.idle_trim.cancel()
         for listener in reversed(list(self.listeners.values())):
             await listener.shutdown()
@@ -176,6 +179,7 @@ class GatewayCore(AgentLinks):
         out["links_late_replies"] = self.links.late_replies
         for listener in self.listeners.values():
             out.update(listener.stats())
+        out.update(self.recorder.stats())
         out["pacer_ticks"] = self.pacer.ticks
         ff = self.pacer.first_frame
         out["first_frame_n"] = ff.n

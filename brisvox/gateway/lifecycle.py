@@ -20,6 +20,10 @@ Invariants:
   sides are done, or forced at shutdown).
 * :meth:`CallLifecycle.audio_in` is the one writer of a call's ``in`` ring
   and its receive counters; audio after the transport side ended is dropped.
+* A call whose ``CallAccepted`` carries ``recording`` is recorded
+  (:mod:`brisvox.gateway.recorder`) from then until its transport side ends
+  (or its release, whichever is first): ``audio_in`` hands it the caller's
+  audio, the pacer each frame it released.
 * ``workers`` counts, per worker, the live calls it serves (all agents);
   :meth:`CallLifecycle.set_worker` is the only place that changes a call's
   worker, so the count stays true.
@@ -38,6 +42,7 @@ import numpy as np
 from brisvox.gateway.calls import Call, CallTable, Leg
 from brisvox.gateway.config import GatewayConfig, GatewaySettings
 from brisvox.gateway.playout import PlayoutCommands
+from brisvox.gateway.recorder import Recorder
 from brisvox.runtime.memory import IdleTrim
 from ipc import frames as F
 
@@ -64,6 +69,7 @@ class CallLifecycle(PlayoutCommands):
     _tasks: set[asyncio.Task[Any]]
     _transports_idle: asyncio.Event
     idle_trim: IdleTrim
+    recorder: Recorder
 
     # -- the loop ------------------------------------------------------------------
 
@@ -174,6 +180,8 @@ class CallLifecycle(PlayoutCommands):
                     ok = True
                     if reply.worker >= 0:
                         self.set_worker(call, reply.worker)  # another worker took it
+                    if reply.recording and not call.transport_done:  # the agent asks for a recording
+                        call.recording = self.recorder.open(call.call_id, call.call_rate, reply.recording)
                 elif isinstance(reply, F.ErrorReply):
                     why = f"agent refused: {reply.kind}"  # the caller hears the kind; the log, the detail
                     log.warning("call %s: agent %s refused it: %s %s", call.call_id, proc, reply.kind, reply.detail)
@@ -217,6 +225,8 @@ class CallLifecycle(PlayoutCommands):
             return
         call.transport_done = True
         self.pacer.remove(call)
+        if call.recording is not None:
+            call.recording.close()  # no more audio either way
         call.end_reason = call.end_reason or reason
         if all(c.transport_done for c in self.table.calls.values()):
             self._transports_idle.set()
@@ -261,6 +271,8 @@ class CallLifecycle(PlayoutCommands):
             return
         if self.table.release(call):
             self.pacer.remove(call)
+            if call.recording is not None:
+                call.recording.close()
             self.metrics.fold(call.stats)
             if call.agent_proc in self.agents:
                 self.agents[call.agent_proc] = max(0, self.agents[call.agent_proc] - 1)
@@ -287,6 +299,8 @@ class CallLifecycle(PlayoutCommands):
         n = len(pcm16)
         if n:
             ring.write(pcm16)
+        if call.recording is not None:
+            call.recording.caller(pcm16, gap)
         st.samples_in += n + gap
 
     def packet_in(self, call: Call, wire_bytes: int) -> None:

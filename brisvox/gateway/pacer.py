@@ -31,6 +31,8 @@ Invariants:
 * A partial frame (less than 20 ms left in the ring) waits one tick for more
   audio, then goes out as it is (padding would move the playback position
   past the words).
+* A recorded call's recording gets exactly the frames the leg accepted, when
+  it accepted them (nothing the ring held past a Clear's cut is ever read).
 * Pause (a barge-in candidate, the gate's ``Hold``, :meth:`Pacer.hold`): a paused call releases
   nothing and keeps its position (nothing cut, skipped or read; the
   talkspurt ends, which is neither an underrun nor counted as one: RTP
@@ -250,6 +252,8 @@ class Pacer:
                 if leg.send_audio(res.samples, now):
                     call.stats.frames_out += 1
                     call.stats.samples_out += n
+                    if call.recording is not None:
+                        call.recording.bot(res.samples)  # what went to the wire, nothing past a cut
                 else:
                     call.stats.send_dropped += 1
                 call.last_send = now

@@ -8,13 +8,17 @@ play out), the call's tool registry (exactly the agent's ``tools``, plus a flow'
 and the flow's :class:`~brisvox.agent.flows.manager.FlowManager` (None without ``[flow]``).
 Raises what the parts raise (a missing key, a tool nothing provides): the call is refused.
 Also :func:`call_info_of`: the call's metadata (caller, called, ids, parameters) from its
-``CallStart``, for its tools and its record.
+``CallStart``, for its tools and its record; and :func:`recording_of`: the ``[recording]``
+instruction ``CallAccepted`` carries to the gateway (``{"dir", "keep_days"}``, None when the
+agent does not record: off by default), the directory ``[recording] path`` or else
+``recordings/`` next to the call records (:func:`recordings_default`), kept ``[calls] keep_days``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from brisvox.agent.flows.manager import FlowManager
@@ -54,6 +58,25 @@ def from_definition(agent: Any, call_id: str, to_gateway: Callable[[Any], None],
             registry.register(spec, body)
         flow.bind(registry.specs())
     return CallBuild(provs, registry, telephony, flow)
+
+
+def recordings_default(calls_path: str, state: Path) -> Path:
+    """Where recordings go without ``[recording] path``: ``recordings/`` in the ``[calls] path``
+    directory (next to a ``.jsonl`` file), else ``<state_dir>/calls/recordings``."""
+    if not calls_path:
+        return state / "calls" / "recordings"
+    p = Path(calls_path).expanduser()
+    return (p.parent if p.suffix == ".jsonl" else p) / "recordings"
+
+
+def recording_of(agent: Any, default_dir: Callable[[], Path], keep_days: int) -> dict[str, Any] | None:
+    """The gateway's recording instruction for a call of ``agent`` (None: not recorded)."""
+    rec = getattr(agent, "recording", None) or {}
+    if not rec.get("enabled", False):
+        return None
+    path = str(rec.get("path", ""))
+    d = Path(path).expanduser() if path else default_dir()
+    return {"dir": str(d.absolute()), "keep_days": int(keep_days)}
 
 
 async def open_call(agent: Any, start: Any, to_gateway: Callable[[Any], None], channel: Any,

@@ -51,13 +51,14 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from brisvox.agent.conversation.context import message_to_json
+from brisvox.runtime.private_files import DIR_MODE, FILE_MODE, open_private
 
 if TYPE_CHECKING:
     from brisvox.agent.host.actor import CallActor
 
 RECORD_VERSION = 1
-RECORD_FILE_MODE = 0o600  # transcripts, tool results, DTMF digits: the daemon's user only
-RECORD_DIR_MODE = 0o700
+RECORD_FILE_MODE = FILE_MODE  # transcripts, tool results, DTMF digits: the daemon's user only
+RECORD_DIR_MODE = DIR_MODE
 
 
 def _iso(ts: float | None) -> str | None:
@@ -127,10 +128,8 @@ def write_record(record: dict[str, Any], target: str | os.PathLike[str]) -> Path
 
 def _write_private(path: Path, data: bytes, flag: int) -> None:
     """Write ``data`` to ``path`` (created, or reused, with mode :data:`RECORD_FILE_MODE`)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | flag, RECORD_FILE_MODE)
+    fd = open_private(path, flag)
     try:
-        if os.fstat(fd).st_mode & 0o777 != RECORD_FILE_MODE:
-            os.fchmod(fd, RECORD_FILE_MODE)  # a file made before (another umask, an older version)
         with os.fdopen(fd, "wb", closefd=False) as f:
             f.write(data)
     finally:
