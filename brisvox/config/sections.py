@@ -16,4 +16,5 @@ SECTION_PARSERS: dict[str, str] = {
     "websocket": "brisvox.gateway.config:WebSocketConfig",
     "agents": "brisvox.agent.host.config:AgentsConfig",
     "calls": "brisvox.agent.host.config:CallsConfig",
+    "tracing": "brisvox.agent.host.tracing:TracingConfig",
 }

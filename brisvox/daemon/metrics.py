@@ -6,7 +6,10 @@ status --json`` shows, so the two never disagree. Pure: snapshot in, text out.
 Invariants: every family has ``# HELP`` and ``# TYPE`` lines and appears once;
 counters end in ``_total``; label values are escaped (``\\``, ``"``, newline);
 every role x state pair of ``brisvox_children`` is present (0 when empty), so
-an alert on ``state="failed"`` has a series to watch.
+an alert on ``state="failed"`` has a series to watch. The agents' ``telemetry``
+stats (latency histograms, calls by end reason, provider errors) are not
+``brisvox_child_stat`` gauges: :mod:`brisvox.daemon.telemetry` sums them across
+the processes and renders them with prometheus-client, after these families.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import math
 import re
 from collections.abc import Iterable
 from typing import Any
+
+from brisvox.daemon import telemetry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ROLES = ("gateway", "worker", "agent")
@@ -121,6 +126,7 @@ def render(snap: dict[str, Any]) -> str:
         for kind, n in sorted((c.get("events") or {}).items()):
             ev_rows.append(({**base, "kind": kind}, n))
         stats = dict(c.get("stats") or {})
+        stats.pop("telemetry", None)  # histograms and typed counters: brisvox/daemon/telemetry.py
         for kind, n in sorted((stats.pop("decode_errors", None) or {}).items()):
             if isinstance(n, (int, float)):
                 dec_rows.append(({"process": c["name"], "kind": kind}, n))
@@ -135,4 +141,4 @@ def render(snap: dict[str, Any]) -> str:
              [({"role": r}, n) for r, n in sorted(d.get("log_lines", {}).items())])
     o.family("brisvox_metrics_requests_total", "counter", "HTTP requests served by this endpoint.",
              [({}, d.get("http_requests", 0))])
-    return "\n".join(o.lines) + "\n"
+    return "\n".join(o.lines) + "\n" + telemetry.render(children)

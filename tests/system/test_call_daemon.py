@@ -11,7 +11,9 @@ hangs up. Checks, per call, from outside the daemon:
 * no stale audio after the clear: nothing of the cut answer arrives after the
   client got the clear (every frame after it until the second answer starts
   is silence);
-* every record has one interrupt and both user turns.
+* every record has one interrupt and both user turns;
+* ``/metrics`` has the turn-latency histogram with every call's turns, the
+  barge-in histogram and the calls by end reason (summed over the agent processes).
 
 Run twice: 20 calls with the fixed end-of-turn silence, and 4 calls with
 Smart Turn on (the turn ends come from the worker's job lane).
@@ -32,6 +34,7 @@ from bench.harness.call_daemon import SPEECH, config
 from bench.harness.daemon import Daemon
 from brisvox.agent.host.call_record import read_records
 from brisvox.sim.ws_caller import ANSWER, RATE, SECOND, judge, one_call
+from tests.system.daemon_promparse import parse, value
 
 pytestmark = pytest.mark.system
 
@@ -70,8 +73,29 @@ def test_simultaneous_calls_with_barge_in_context_equals_what_each_client_heard(
             if bad:
                 failures[res["call_id"]] = bad
         assert not failures, failures
+        check_call_metrics(d, n_calls)
         if smart_turn:
             assert all(r["stats"]["turn"]["analyses"] >= 2 for r in records.values() if r["call_id"] in want)
             assert sum(r["stats"]["turn"]["analyses_failed"] for r in records.values() if r["call_id"] in want) == 0
     finally:
         d.close()
+
+
+def check_call_metrics(d: Daemon, n_calls: int) -> None:
+    """The agents report their telemetry with their pongs: /metrics catches up within a second."""
+    fams: dict = {}
+
+    def scraped(_snap: dict) -> bool:
+        nonlocal fams
+        status, text = d.metrics_text()
+        fams = parse(text) if status == 200 else {}
+        return bool(fams) and sum(v for (n, _), v in fams["brisvox_calls_ended_total"]["samples"].items()) >= n_calls
+
+    d.wait_for(scraped, 15, "the ended calls on /metrics")
+    assert fams["brisvox_turn_latency_seconds"]["type"] == "histogram"
+    turns = value(fams, "brisvox_turn_latency_seconds_count")
+    assert turns >= 2 * n_calls  # both user turns of every call were answered
+    assert value(fams, "brisvox_turn_latency_seconds_bucket", le="+Inf") == turns
+    assert 0 < value(fams, "brisvox_turn_latency_seconds_sum") < 10 * turns
+    assert value(fams, "brisvox_llm_first_token_seconds_count") >= 2 * n_calls
+    assert value(fams, "brisvox_barge_in_stop_seconds_count") >= 1  # every call talked over the bot

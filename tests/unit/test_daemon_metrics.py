@@ -41,7 +41,7 @@ def test_render_parses_strictly_with_the_expected_values():
     assert ("brisvox_child_memory_pss_bytes", (("index", "0"), ("role", "worker"))) not in \
         fams["brisvox_child_memory_pss_bytes"]["samples"]
     for name, fam in fams.items():
-        assert fam["help"] and fam["type"] in ("gauge", "counter")
+        assert fam["help"] and fam["type"] in ("gauge", "counter", "histogram")
         assert (fam["type"] == "counter") == name.endswith("_total")
 
 

@@ -130,6 +130,21 @@ def test_without_a_secondary_a_failed_connect_is_retried_once_on_the_primary() -
     assert n == 2 and st["attempts"] == 2 and st["failures"] == 2
 
 
+def test_failures_and_retries_are_counted_per_provider_for_metrics() -> None:
+    from brisvox.providers.resilience import PROVIDER_STATS
+
+    before = dict(PROVIDER_STATS)
+
+    async def main() -> None:
+        w = ResilientStt(Stt("a", "connect"), pkey="deepgramx|https://x|nova|", resilience=_res())
+        with pytest.raises(ProviderError):
+            await w.connect(SttConfig(), 5.0)
+
+    vrun(main)
+    delta = {k: n - before.get(k, 0) for k, n in PROVIDER_STATS.items() if n != before.get(k, 0)}
+    assert delta == {("stt", "deepgramx", "failures"): 2, ("stt", "deepgramx", "retries"): 1}
+
+
 def test_request_errors_are_not_counted_and_not_retried() -> None:
     async def main() -> tuple[int, int, int, str]:
         res = _res()

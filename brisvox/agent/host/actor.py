@@ -37,7 +37,9 @@ Owns the life of one call's pipeline on the ring architecture:
 * ``hangup(reason)`` sends Stop through the chain (into every running stage
   whose predecessor no longer runs, so a chain with a failed stage stops
   too), waits (bounded) for every stage to finish, ends every remaining task
-  and returns the call record. ``live_tasks()`` is 0 afterwards (tested).
+  and returns the call record. ``live_tasks()`` is 0 afterwards (tested). The record
+  feeds the process's latency histograms (:mod:`~brisvox.agent.host.call_metrics`) and,
+  with ``[tracing]`` on, the call's spans (:mod:`~brisvox.agent.host.tracing`).
 * Stage supervision (:mod:`brisvox.agent.host.supervision`): a task of the
   call that dies of an unexpected exception ends the call on purpose (the
   apology through the TTS stage when the output path works, then
@@ -65,6 +67,8 @@ from typing import Any, TypeVar
 from brisvox.agent.conversation.context import Context
 from brisvox.agent.conversation.playout import PlayoutConfig
 from brisvox.agent.flows.manager import FlowManager
+from brisvox.agent.host import tracing
+from brisvox.agent.host.call_metrics import METRICS
 from brisvox.agent.host.call_record import build_record
 from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
 from brisvox.agent.pipeline.call_context import CallContext
@@ -201,6 +205,7 @@ class CallActor:
         self.transport_ids = dict(transport_ids if transport_ids is not None else self.call_info.transport_ids)
         self.agent = agent
         self.started_wall = time.time()
+        self.started_at = clock.now()  # call-clock time the actor was made (the trace's start)
         self.ended_wall: float | None = None
         self.ended_at: float | None = None  # call-clock time the hang-up finished
         self.end_reason = ""
@@ -286,6 +291,11 @@ class CallActor:
         self.ended_wall = time.time()
         self.ended_at = self.clock.now()
         self.record = build_record(self)
+        try:  # telemetry never holds up nor fails a hang-up
+            METRICS.observe_record(self.record, self.clear_applied_ns)
+            tracing.emit_call(self)
+        except Exception:  # noqa: BLE001
+            log.exception("call %s: telemetry failed", self.call_id)
         self._done.set()
         return self.record
 

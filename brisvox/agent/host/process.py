@@ -44,9 +44,10 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
   :meth:`ProcessLink.to_gateway` which sends Clear with a NOBLOCK send on the
   gateway DEALER, inside the driver's decision step.
 * Once ready, the startup heap is frozen out of the cyclic GC (:func:`gc_freeze`).
-* Every 0.5 s: ``rt.heartbeat()`` and ``rt.report(calls, stats)``. On stop:
-  refuse new calls; with drain, wait for live calls up to the grace period;
-  then hang every call up (records are written) and close.
+* Every 0.5 s: ``rt.heartbeat()`` and ``rt.report(calls, stats)``, with the process's
+  ``telemetry`` (histograms, end reasons: ``call_metrics.py``; ``[tracing]``: ``tracing.py``).
+  On stop: refuse new calls; with drain, wait for live calls up to the grace
+  period; then hang every call up (records are written) and close.
 
 Invariants: at most ``[agents] max_calls`` actors; every actor ends (its
 tasks too) before the process exits; a dead gateway ends its calls (they
@@ -65,8 +66,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from brisvox.agent.host import call_metrics, tracing
 from brisvox.agent.host.actor import CallActor
-from brisvox.agent.host.call_build import call_info_of, open_call
+from brisvox.agent.host.call_build import call_info_of, open_call, recording_of, recordings_default
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.s2s_actor import S2sCallActor
@@ -75,6 +77,7 @@ from brisvox.agent.pipeline.speculation import add_totals as add_spec_totals
 from brisvox.providers import resilience
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.memory import IdleTrim
+from brisvox.runtime.private_files import prune_older
 from ipc.frames import (
     CallAccepted,
     CallEnd,
@@ -318,7 +321,7 @@ class AgentProcess:
             return refuse("no_worker", f"{type(e).__name__}: {e}"[:200])
         link = ProcessLink(self, f.call_id, sender)
         actor_cfg = self.cfg.actor_config(f.tts_rate)
-        registry = telephony = flow = agent_link = None
+        registry = telephony = flow = agent_link = recording = None
         greeting = ""
         if self.cfg.providers == "definitions":
             try:
@@ -333,6 +336,7 @@ class AgentProcess:
             from brisvox.agent.definition import actor_config
 
             actor_cfg = actor_config(agent, base=actor_cfg)
+            recording = recording_of(agent, self._recordings_dir, self.calls_cfg.keep_days)  # [recording]
             greeting = agent.greeting
         else:
             provs = CallProviders(*scripted_providers(self.cfg, f.call_id, f.tts_rate))
@@ -362,7 +366,12 @@ class AgentProcess:
             agent_link.bind(actor)
         actor.start()
         self.counters["calls_started"] += 1
-        self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker), cid)
+        self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker, recording=recording), cid)
+
+    def _recordings_dir(self) -> Path:
+        from brisvox.runtime.paths import state_dir
+
+        return recordings_default(self.calls_cfg.path, state_dir(self.rt.config))
 
     def _stage_failed(self, stage: str) -> None:
         self.stage_failures[stage] = self.stage_failures.get(stage, 0) + 1
@@ -462,10 +471,8 @@ class AgentProcess:
             d.update(self.links.stats())
         if self.workers is not None:
             d.update({f"workers_{k}": v for k, v in self.workers.counters.items()})
-        interrupts = 0
-        for slot in self.calls.values():
-            interrupts += slot.actor.interrupts()
-        d["live_interrupts"] = interrupts
+        d["live_interrupts"] = sum(slot.actor.interrupts() for slot in self.calls.values())
+        d["telemetry"] = call_metrics.METRICS.snapshot()  # the supervisor sums it: daemon/telemetry.py
         d["stage_failures"] = dict(self.stage_failures)
         d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>
         d["breakers_open"] = {k: int(b.state != "closed") for k, b in resilience.DEFAULT.breakers.items()}
@@ -558,18 +565,7 @@ def records_dir(rt: Any, calls: CallsConfig) -> Path | None:
 
 def prune_records(target: Path, keep_days: int) -> int:
     """Delete per-call record files older than ``keep_days`` (directories only)."""
-    if keep_days <= 0 or not target.is_dir():
-        return 0
-    cutoff = time.time() - keep_days * 86400
-    n = 0
-    for p in target.glob("*.json"):
-        try:
-            if p.stat().st_mtime < cutoff:
-                p.unlink()
-                n += 1
-        except OSError:
-            pass
-    return n
+    return prune_older(target, keep_days, "*.json")
 
 
 def main(rt: Any) -> int:
@@ -579,8 +575,8 @@ def main(rt: Any) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
-        cfg = rt.config.section("agents")
-        calls = rt.config.section("calls")
+        cfg, calls = rt.config.section("agents"), rt.config.section("calls")
+        tracing.configure(rt.config.section("tracing"), int(rt.index))
         assert isinstance(cfg, AgentsConfig) and isinstance(calls, CallsConfig)
         target = records_dir(rt, calls)
         if target is not None and target.suffix != ".jsonl":

@@ -53,6 +53,7 @@ class ToolRecord:
     name: str
     outcome: str
     duration_ms: float
+    at: float | None = None  # call-clock time the run ended (the trace's tool span)
 
 
 @dataclass(slots=True)

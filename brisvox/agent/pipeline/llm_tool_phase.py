@@ -93,7 +93,7 @@ class _ToolPhase(_RunnerParts):
                 outcome = "error"
         name = call.name if isinstance(call, ToolCall) else (call.name or "unknown_tool")
         if len(self.tool_records) < 4096:
-            self.tool_records.append(ToolRecord(epoch, call.id, name, outcome, round(dur_ms, 1)))
+            self.tool_records.append(ToolRecord(epoch, call.id, name, outcome, round(dur_ms, 1), self.clock.now()))
         if self.observer is not None:
             self.observer.on_tool_outcome(epoch, call.id, name, outcome)
 

@@ -36,6 +36,7 @@ from typing import Any
 from brisvox.providers.resilience.core import (
     DEFAULT,
     NOT_COUNTED,
+    PROVIDER_STATS,
     STATS,
     Breaker,
     Bucket,
@@ -66,6 +67,6 @@ def unwrap(provider: Any) -> Any:
 
 
 __all__ = [
-    "AudioWindow", "Breaker", "Bucket", "Budget", "DEFAULT", "NOT_COUNTED", "Resilience", "ResilienceConfig",
+    "AudioWindow", "Breaker", "Bucket", "Budget", "DEFAULT", "NOT_COUNTED", "PROVIDER_STATS", "Resilience", "ResilienceConfig",
     "ResilienceStats", "ResilientLlm", "ResilientStt", "ResilientTts", "STATS", "leg_key", "unwrap", "wrap",
 ]

@@ -34,7 +34,9 @@ operation (a connect, a request or a mid-call recovery):
   same way.
 
 Counters: every wrapper has its own :class:`ResilienceStats` (one call) and
-adds the same counts to the process-wide :data:`STATS` as ``<stage>.<name>``.
+adds the same counts to the process-wide :data:`STATS` as ``<stage>.<name>``;
+failures, request errors and retries also go to :data:`PROVIDER_STATS` by
+(stage, provider of the leg, name): ``brisvox_provider_*_total`` on ``/metrics``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import ProviderError
 
 STATS: Counter[str] = Counter()
+# per provider (the leg key's provider name): (stage, provider, "failures" | "retries" | "request_errors")
+PROVIDER_STATS: Counter[tuple[str, str, str]] = Counter()
 NOT_COUNTED = {"bad_request"}
 _EPS = 1e-9
 
@@ -299,6 +303,11 @@ class Legs(Generic[P]):
         setattr(self.st, name, getattr(self.st, name) + n)
         STATS[f"{self.stage}.{name}"] += n
 
+    def count_leg(self, leg: Leg[P], name: str) -> None:
+        """:meth:`count`, and the same per provider (:data:`PROVIDER_STATS`)."""
+        self.count(name)
+        PROVIDER_STATS[(self.stage, leg.key.split("|", 1)[0], name)] += 1
+
     def order(self, failed: int | None) -> list[int]:
         if failed is None:
             return [0, 1] if len(self.legs) == 2 else [0, 0]
@@ -328,7 +337,7 @@ class Legs(Generic[P]):
             return SKIP
         if paid:
             self.budget.take()
-            self.count("retries")
+            self.count_leg(self.legs[i], "retries")
         self.count("attempts")
         return PROBE if probe else OK
 
@@ -387,10 +396,10 @@ class Legs(Generic[P]):
                 if err.kind in NOT_COUNTED:
                     if probe:
                         leg.breaker.release()
-                    self.count("request_errors")
+                    self.count_leg(leg, "request_errors")
                     raise err from None
                 leg.breaker.failure()
-                self.count("failures")
+                self.count_leg(leg, "failures")
                 last = err
                 continue
             leg.breaker.connected(probe)

@@ -158,11 +158,11 @@ class ResilientStream:
                 if ev.kind in NOT_COUNTED:
                     if probe:  # a bad request says nothing of the leg: the next caller probes
                         self._leg.breaker.release()
-                    legs.count("request_errors")
+                    legs.count_leg(self._leg, "request_errors")
                     self._closed = True
                     return ev
                 self._leg.breaker.failure()
-                legs.count("failures")
+                legs.count_leg(self._leg, "failures")
                 self._last = ev
                 continue
             self._leg.breaker.success() if probe else self._leg.breaker.healthy()

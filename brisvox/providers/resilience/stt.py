@@ -322,7 +322,7 @@ class ResilientSttSession:
         leg = legs.legs[self.leg]
         if not self._healthy and self.clock.now() - self._since < self.cfg.healthy_after:
             leg.breaker.failure()
-            legs.count("failures")
+            legs.count_leg(leg, "failures")
         self.recovering = True
         try:
             await close_quietly(self.inner, self.cfg.close_timeout)

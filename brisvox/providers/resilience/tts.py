@@ -492,7 +492,7 @@ class ResilientTtsSession:
         leg = legs.legs[self.leg]
         if not self._healthy and self.clock.now() - self._since < self.cfg.healthy_after:
             leg.breaker.failure()
-            legs.count("failures")
+            legs.count_leg(leg, "failures")
         self.recovering = True
         try:
             old, self.inner = self.inner, None
