@@ -120,7 +120,8 @@ class ChildEvent(Frame):
 @frame("command", to=("control", "gateway"))
 class Command(Frame):
     """CLI -> supervisor. ``name`` is one of status, stop, drain, reload (the gateway's inbox
-    answers its own: stats, calls)."""
+    answers its own: stats, calls, and dial, an outbound SIP call answered once it is
+    answered or failed)."""
 
     name: str
     args: dict[str, Any] | None = None

@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "calls": "brisvox.cli.calls",
     "call": "brisvox.client.call_cli",
     "token": "brisvox.cli.ws_token",
+    "dial": "brisvox.cli.dial",
 }
 
 

@@ -1,4 +1,4 @@
-"""``brisvoxd``: start, stop, inspect and drain the daemon; validate a config offline.
+"""``brisvoxd``: start, stop, inspect and drain the daemon; dial out; validate a config offline.
 
 Owns the command line only. ``start`` loads and validates the config (exit 2
 naming the key when it is wrong), prepares the runtime dir, takes the pid
@@ -6,7 +6,9 @@ lock (a second start on the same runtime dir is refused) and runs the
 supervisor (:class:`brisvox.daemon.arbiter.Arbiter`), in the foreground or
 daemonized (the starting command waits until the daemon is ready or failed
 and exits with its verdict). The other commands talk to the running
-supervisor over its command plane (``control.sock`` in the runtime dir).
+supervisor over its command plane (``control.sock`` in the runtime dir);
+``dial`` asks the gateway itself (its inbox, ``gateway-0.sock``), which owns SIP,
+and waits until the callee answered or the dial failed.
 
 Exit codes: 0 ok; 1 failure; 2 configuration error; 3 (``status``) not running.
 """
@@ -286,6 +288,43 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
+def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0) -> tuple[bool, dict[str, Any], str]:
+    """Ask the gateway at ``inbox`` to place an outbound SIP call: (ok, data, error), once the
+    callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...)."""
+    from ipc.bus import RequestTimeout, request_sync
+    from ipc.frames import Command, CommandReply
+
+    wait = (ring_timeout_s or 600.0) + 40.0  # the ring, then Timer B and the agent's start
+    try:
+        reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent,
+                                                                "ring_timeout_s": ring_timeout_s}), wait)
+    except RequestTimeout:
+        return False, {}, f"the gateway does not answer on {inbox}"
+    if not isinstance(reply, CommandReply):
+        return False, {}, f"unexpected reply {reply.TYPE}"
+    return bool(reply.ok), dict(reply.data or {}), reply.error
+
+
+def cmd_dial(args: argparse.Namespace) -> int:
+    """An outbound SIP call through the running daemon's gateway (its inbox, gateway-0)."""
+    from ipc.bus import endpoint
+
+    rdir = _runtime_dir(args)
+    if not _running_or_explain(rdir):
+        return exitcodes.NOT_RUNNING
+    ok, data, error = dial(endpoint(rdir, "gateway-0"), args.target, args.agent or "", args.ring_timeout or 0.0)
+    if args.json:
+        import orjson
+
+        print(orjson.dumps({"ok": ok, "error": error, **data}).decode())
+    elif ok:
+        print(f"answered: call {data.get('call_id')} (agent {data.get('agent')}, {data.get('codec')})")
+    if not ok:
+        _err(f"dial failed: {error}")
+        return exitcodes.FAILURE
+    return exitcodes.OK
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """A daemon config (and every agent file it names), or one agent file.
 
@@ -361,6 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("reload", help="re-read the config, retry failed children, rescale")
     locate(sp)
     sp.set_defaults(func=cmd_reload)
+
+    sp = sub.add_parser("dial", help="place an outbound SIP call (a sip: URI, or a number through [sip] trunk)")
+    locate(sp)
+    sp.add_argument("target", help="sip:user@ip[:port], or a number dialled as sip:NUMBER@<[sip] trunk>")
+    sp.add_argument("--agent", help="the agent that runs the call (default: [sip] default_agent)")
+    sp.add_argument("--ring-timeout", type=float, help="seconds to ring before CANCEL (default: [sip] dial_ring_timeout_s)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp.set_defaults(func=cmd_dial)
 
     sp = sub.add_parser("check", help="validate a daemon config (with the agent files it names) or an agent file, offline")
     sp.add_argument("file")

@@ -180,6 +180,19 @@ class GatewayConfig:
         return cfg
 
 
+def _trunk(where: str, trunk: str) -> None:
+    """``[sip] trunk``: ``ip:port`` (an IPv6 address in brackets), no DNS name."""
+    host, _, port = trunk.strip().rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        ok = 0 < int(port) < 65536
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ConfigError(where, f"expected \"ip:port\" (e.g. \"192.0.2.10:5060\"), got {trunk[:60]!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class SipConfig:
     """``[sip]``: the SIP user agent (server side, UDP) and its RTP ports."""
@@ -209,6 +222,10 @@ class SipConfig:
     options_rate: tuple[str, ...] = ("20/second",)  # OPTIONS per source address
     # SIP proxies (Kamailio, an SBC) whose second Via names the caller: the rate limits key on it
     trusted_proxies: tuple[str, ...] = ()
+    # outbound calls (brisvoxd dial): "ip:port" every outbound INVITE goes to ("": only sip: URIs
+    # with an IP address, sent there); a number is dialled as sip:NUMBER@trunk
+    trunk: str = ""
+    dial_ring_timeout_s: float = 60.0  # an outbound call not answered by then is cancelled
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "sip") -> SipConfig:
@@ -246,6 +263,10 @@ class SipConfig:
                     parse_rates((rate,))
                 except ValueError as e:
                     raise ConfigError(f"{where}.{key}[{i}]", f"expected e.g. \"10/second\": {e}") from None
+        if cfg.trunk:
+            _trunk(f"{where}.trunk", cfg.trunk)
+        if not 0 < cfg.dial_ring_timeout_s <= 600:
+            raise ConfigError(f"{where}.dial_ring_timeout_s", "must be within (0, 600]")
         if cfg.public_host:
             try:
                 ipaddress.ip_address(cfg.public_host)

@@ -30,6 +30,7 @@ Invariants (of the assembly):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,21 @@ class GatewayCore(AgentLinks):
 
 
     # -- stats --------------------------------------------------------------------
+
+    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None:
+        """The ``dial`` command: an outbound SIP call (:mod:`brisvox.gateway.sip_outbound`)."""
+        ua = self.listeners.get("sip")
+        dial = getattr(ua, "dial", None)
+        target, agent, ring = args.get("target"), args.get("agent") or "", args.get("ring_timeout_s") or 0
+        if dial is None:
+            done(None, "SIP is not enabled")
+        elif not isinstance(target, str) or not isinstance(agent, str) or \
+                not isinstance(ring, (int, float)) or isinstance(ring, bool) or not 0 <= ring <= 600:
+            done(None, "expected target (a string), agent (a string), ring_timeout_s (0..600)")
+        elif self.table.draining:
+            done(None, "refused: draining")
+        else:
+            dial(target, agent, done, float(ring))
 
     def stats(self) -> dict[str, Any]:
         live = [c.stats for c in self.table.calls.values()]

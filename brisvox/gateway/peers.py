@@ -6,7 +6,7 @@ Owns :class:`AgentLinks`, the part of the gateway core that talks ZeroMQ
 dispatch of every frame the gateway receives (:meth:`AgentLinks.frame_handlers`:
 one ``frame class -> handler`` table covering exactly
 ``ipc.codec.received_by("gateway")``), the periodic Playback reports and
-the operators' ``Command`` introspection.
+the operators' ``Command`` introspection (and ``dial``, answered when the outbound call is).
 
 Invariants:
 
@@ -200,6 +200,13 @@ class AgentLinks(CallLifecycle):
             self.apply_resume(call, f.epoch)
 
     def _on_command(self, f: F.Command, sender: str, cid: int | str | None) -> None:
+        if f.name == "dial":  # answered once the call is answered or failed (brisvoxd dial)
+            def done(data: dict[str, Any] | None, error: str) -> None:
+                self.links.reply(sender, F.CommandReply(ok=not error, data=data or {"reason": error},
+                                                        error=error), cid)
+
+            self.dial(f.args or {}, done)
+            return
         self.links.reply(sender, F.CommandReply(ok=True, data=self.command(f.name, f.args or {})), cid)
 
     def _on_mark(self, f: F.Mark, sender: str, cid: int | str | None) -> None:
@@ -259,3 +266,6 @@ class AgentLinks(CallLifecycle):
 
     def stats(self) -> dict[str, Any]:
         raise NotImplementedError  # the core's (it sees the listeners)
+
+    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None:
+        raise NotImplementedError  # the core's (the SIP listener places the call)

@@ -318,6 +318,9 @@ class SipDialogs(SipTransactions):
         """Our side ends the call (agent Hangup, shutdown, RTP timeout, transfer done)."""
         if leg.ended:
             return
+        if leg.state == "outgoing":  # our INVITE is unanswered: CANCEL it (sip_outbound)
+            cast("SipUserAgent", self).cancel_outgoing(leg, reason)
+            return
         tx = leg.invite_tx
         if leg.state == "incoming" and tx is not None and tx.state == "proceeding":
             self._respond(tx, leg.invite, 480, "Temporarily Unavailable", to_tag=leg.dialog.local_tag)

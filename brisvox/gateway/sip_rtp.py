@@ -87,7 +87,7 @@ class SipCall(TransportLeg):
     transport = "sip"
     marks_by_echo = False
 
-    def __init__(self, ua: SipUserAgent, call: Call, invite: SipMessage, tx: ServerInvite,
+    def __init__(self, ua: SipUserAgent, call: Call, invite: SipMessage, tx: ServerInvite | None,
                  dialog: Dialog, offer: sdp.SessionDescription | None, neg: sdp.Negotiated | None) -> None:
         self.ua = ua
         self.call_host = ua.call_host
@@ -98,7 +98,8 @@ class SipCall(TransportLeg):
         self.offer = offer
         self.neg = neg
         self.codec: G711 | None = CODECS[neg.codec] if neg else None
-        self.state = "incoming"  # incoming -> answered -> confirmed -> ended
+        # incoming -> answered -> confirmed -> ended; an outbound call: outgoing -> confirmed -> ended
+        self.state = "incoming"
         self.sdp_session = secrets.randbelow(1 << 31)
         self.sdp_version = 1
         self.rtp: RtpProtocol | None = None

@@ -50,6 +50,7 @@ from brisvox.wire.sip_dialog import make_response
 from brisvox.wire.sip_message import SipMessage
 from brisvox.wire.sip_transaction import (
     Action,
+    ClientInvite,
     ClientNonInvite,
     Deliver,
     Send,
@@ -77,7 +78,7 @@ class SipTransactions(asyncio.DatagramProtocol):
         self._allowed_cache: dict[str, bool] = {}
         self.proxies = TrustedProxies(cfg.trusted_proxies)
         self.server_tx: dict[tuple, Transaction] = {}
-        self.client_tx: dict[tuple, ClientNonInvite] = {}
+        self.client_tx: dict[tuple, ClientNonInvite | ClientInvite] = {}
         self._tx_cb: dict[int, Callable[[Action], None]] = {}
         self.dialogs: dict[tuple[str, str], SipCall] = {}
         self.by_call_id: dict[str, SipCall] = {}
@@ -207,8 +208,9 @@ class SipTransactions(asyncio.DatagramProtocol):
 
     def _forget(self, tx: Transaction) -> None:
         self._tx_cb.pop(id(tx), None)
-        if isinstance(tx, ClientNonInvite):
-            self.client_tx.pop(tx.key, None)
+        if isinstance(tx, (ClientNonInvite, ClientInvite)):
+            if self.client_tx.get(tx.key) is tx:
+                del self.client_tx[tx.key]
         elif self.server_tx.get(tx.key) is tx:
             del self.server_tx[tx.key]
 

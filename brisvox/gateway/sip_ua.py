@@ -6,7 +6,8 @@ method, OPTIONS, the in-dialog requests INFO (dtmf-relay, dtmf) and NOTIFY (for
 our REFER), and REFER (the agent's Transfer). Its parts, each with its
 invariants: :mod:`brisvox.gateway.sip_transactions` (socket, transactions,
 timers), :mod:`brisvox.gateway.sip_dialogs` (INVITE, ACK, re-INVITE,
-CANCEL, BYE, hang-up) and :mod:`brisvox.gateway.sip_rtp` (the call leg and
+CANCEL, BYE, hang-up), :mod:`brisvox.gateway.sip_outbound` (outbound calls:
+``brisvoxd dial``) and :mod:`brisvox.gateway.sip_rtp` (the call leg and
 its RTP).
 
 Behaviour (details in docs/PROTOCOL.md): INVITE with an SDP offer (or none:
@@ -57,7 +58,7 @@ import re
 import traceback
 from collections.abc import Callable
 
-from brisvox.gateway.sip_dialogs import SipDialogs
+from brisvox.gateway.sip_outbound import SipOutbound
 from brisvox.gateway.sip_rtp import FRAME, RATE, Addr, RtpProtocol, SipCall
 from brisvox.gateway.sip_transactions import MAX_CLIENT_TX
 from brisvox.wire import dtmf
@@ -76,7 +77,7 @@ UNAVAILABLE = {"draining": ("Draining", "30"), "full": ("Full", "10")}
 _TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
 
 
-class SipUserAgent(SipDialogs):
+class SipUserAgent(SipOutbound):
     """The SIP endpoint (see the module docstring)."""
 
     # -- receive ---------------------------------------------------------------------------

@@ -14,6 +14,10 @@ Invariants:
   the last we sent, and a fresh branch.
 * A request whose CSeq is below the last one seen from the peer is refused
   (500, 12.2.2).
+* The UAC view (an outbound call, :meth:`Dialog.for_outgoing`, then
+  :meth:`Dialog.answered` with the 2xx): the local tag is our From tag, the
+  remote tag the 2xx's To tag, the remote target its Contact, the route set
+  its Record-Route reversed (12.1.2); our CSeq continues from the INVITE's.
 * :meth:`Dialog.from_invite` raises only ``ValueError`` (a Contact or From
   whose URI is not a SIP URI); the UA builds the dialog before it admits the
   call, so a refused INVITE has taken nothing.
@@ -120,6 +124,36 @@ class Dialog:
             source=source,
             remote_cseq=inv.cseq[0],
         )
+
+    @classmethod
+    def for_outgoing(cls, inv: SipMessage, local_contact: str, dest: Addr) -> Dialog:
+        """The early dialog of an INVITE we send (the UAC view; :meth:`answered` completes it)."""
+        return cls(
+            call_id=inv.call_id,
+            local_tag=inv.from_tag,
+            remote_tag="",
+            local_uri=parse_name_addr(inv.get("from")).uri,
+            remote_uri=parse_name_addr(inv.get("to")).uri,
+            remote_target=inv.uri,
+            route_set=[],
+            local_contact=local_contact,
+            source=dest,
+            local_cseq=inv.cseq[0],
+        )
+
+    def answered(self, resp: SipMessage) -> None:
+        """12.1.2: the 2xx to our INVITE sets the remote tag, the target and the route set."""
+        self.remote_tag = resp.to_tag
+        contact = resp.get("contact")
+        if contact:
+            try:
+                target = parse_name_addr(contact).uri
+                if parse_uri(target).scheme in ("sip", "sips"):
+                    self.remote_target = target
+            except ValueError:
+                pass
+        self.route_set = list(reversed(resp.get_all("record-route")))
+        self.state = "confirmed"
 
     def accept_cseq(self, req: SipMessage) -> bool:
         """12.2.2: a lower CSeq than the last seen is out of order."""

@@ -10,7 +10,10 @@ Timers (UDP): INVITE server: G (final non-2xx retransmit, T1 doubling to
 T2), H (64*T1: no ACK), I (T4 after the ACK), L (64*T1 after a 2xx, absorbing
 INVITE retransmissions, RFC 6026). Non-INVITE server: J (64*T1). Non-INVITE
 client: E (retransmit, T1 doubling to T2; T2 once a 1xx came), F (64*T1:
-timeout), K (T4 after the final response). The UAS core's 2xx retransmission
+timeout), K (T4 after the final response). INVITE client: A (retransmit, T1
+doubling, until a response), B (64*T1: no response), D (64*T1 after a non-2xx
+final, which it ACKs itself), M (64*T1 after a 2xx, RFC 6026: each 2xx
+retransmission is delivered, so the TU repeats its ACK). The UAS core's 2xx retransmission
 (13.3.1.4): T1 doubling to T2 until the ACK, 64*T1 then give up.
 
 Invariants: a transaction never sends after it terminated; every timer it
@@ -228,6 +231,92 @@ class ClientNonInvite(Transaction):
 
     def _arm(self) -> None:
         ds = [d for d in (self.e_at, self.f_at, self.k_at) if d is not None]
+        self.deadline = min(ds) if ds else None
+
+
+class ClientInvite(Transaction):
+    """INVITE client transaction (17.1.1 with the RFC 6026 Accepted state): the outbound call's.
+
+    A non-2xx final is ACKed here (same branch, 17.1.1.3) and delivered once; every 2xx
+    (the first and its retransmissions) is delivered, the ACK for a 2xx is the TU's."""
+
+    __slots__ = ("invite", "request", "a_at", "a_int", "b_at", "end_at", "ack", "final_status")
+
+    def __init__(self, key: tuple, addr: Addr, timers: Timers, request: SipMessage) -> None:
+        super().__init__(key, addr, timers)
+        self.invite = request
+        self.request = request.serialize()
+        self.state = "calling"
+        self.a_at: float | None = None
+        self.a_int = timers.t1
+        self.b_at: float | None = None
+        self.end_at: float | None = None
+        self.ack = b""
+        self.final_status = 0
+
+    def start(self, now: float) -> list[Action]:
+        self.a_at = now + self.a_int
+        self.b_at = now + 64 * self.timers.t1
+        self._arm()
+        return [Send(self.request, self.addr)]
+
+    def on_response(self, msg: SipMessage, now: float) -> list[Action]:
+        st = msg.status
+        if self.state == "terminated":
+            return []
+        if self.state == "completed":  # the non-2xx final again: ACK again, nothing new for the TU
+            return [Send(self.ack, self.addr)] if st >= 300 else []
+        if self.state == "accepted":
+            return [Deliver(msg)] if 200 <= st < 300 else []
+        if st < 200:
+            self.state = "proceeding"
+            self.a_at = self.b_at = None  # a provisional stops retransmission; the TU times the ringing
+            self._arm()
+            return [Deliver(msg)]
+        self.final_status = st
+        self.a_at = self.b_at = None
+        self.end_at = now + 64 * self.timers.t1  # Timer M (2xx) or D (non-2xx)
+        if st < 300:
+            self.state = "accepted"
+            self._arm()
+            return [Deliver(msg)]
+        self.state = "completed"
+        self.ack = self._ack_for(msg).serialize()
+        self._arm()
+        return [Send(self.ack, self.addr), Deliver(msg)]
+
+    def _ack_for(self, resp: SipMessage) -> SipMessage:
+        """17.1.1.3: the ACK of a non-2xx final, in this transaction (the INVITE's branch)."""
+        inv = self.invite
+        ack = SipMessage(method="ACK", uri=inv.uri)
+        h = ack.headers
+        h.append(("via", inv.get("via")))
+        h.append(("max-forwards", "70"))
+        h.append(("from", inv.get("from")))
+        h.append(("to", resp.get("to")))
+        h.append(("call-id", inv.get("call-id")))
+        h.append(("cseq", f"{inv.cseq[0]} ACK"))
+        for r in inv.get_all("route"):
+            h.append(("route", r))
+        return ack
+
+    def on_timer(self, now: float) -> list[Action]:
+        if self.end_at is not None and now >= self.end_at:
+            self._terminate()
+            return []
+        if self.b_at is not None and now >= self.b_at:
+            self._terminate()
+            return [TimedOut("INVITE")]
+        out: list[Action] = []
+        if self.a_at is not None and now >= self.a_at:
+            out.append(Send(self.request, self.addr))
+            self.a_int = 2 * self.a_int
+            self.a_at = now + self.a_int
+        self._arm()
+        return out
+
+    def _arm(self) -> None:
+        ds = [d for d in (self.a_at, self.b_at, self.end_at) if d is not None]
         self.deadline = min(ds) if ds else None
 
 
