@@ -37,12 +37,14 @@ import base64
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 from xml.sax.saxutils import escape
 
-import httpx
 import orjson
+
+if TYPE_CHECKING:  # httpx (~9 MB in the gateway) is imported at the first REST request only
+    import httpx
 
 log = logging.getLogger("brisvox.gateway.twilio")
 
@@ -120,6 +122,8 @@ class TwilioApi:
         self.counters[name] = self.counters.get(name, 0) + 1
 
     def client(self) -> httpx.AsyncClient:
+        import httpx
+
         if self._client is None or self._client.is_closed:
             self._client = httpx.AsyncClient(trust_env=False, follow_redirects=False,
                                              timeout=httpx.Timeout(self.timeout_s),
@@ -157,6 +161,8 @@ class TwilioApi:
 
     async def _attempt(self, url: str, headers: dict[str, str], body: bytes) -> tuple[bool, Outcome]:
         """(retry?, outcome) of one request."""
+        import httpx
+
         try:
             resp = await self.client().post(url, content=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as e:
