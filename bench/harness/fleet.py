@@ -203,9 +203,27 @@ def write_instance_config(inst: Instance, rtp_min: int, proxy: str, drain_timeou
     inst.config.write_text(base + extra)
 
 
+class _Proxy:
+    """What Kamailio and HAProxy share: the log file they write and how they are stopped."""
+
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        _stop_group(self.proc)
+        if hasattr(self, "_log"):
+            self._log.close()
+
+
 # -- Kamailio ----------------------------------------------------------------------------------
 
-class Kamailio:
+class Kamailio(_Proxy):
     """``deploy/kamailio/kamailio.cfg`` on ``host:port`` with a dispatcher list of ``dests``."""
 
     def __init__(self, tmp: Path, host: str, port: int, dests: dict[str, str], ping_interval: int = 1,
@@ -254,21 +272,11 @@ class Kamailio:
     def active(self, uri: str) -> bool:
         return self.dispatcher().get(uri, "").startswith("A")
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def close(self) -> None:
-        _stop_group(self.proc)
-        if hasattr(self, "_log"):
-            self._log.close()
 
 
 # -- HAProxy -----------------------------------------------------------------------------------
 
-class HAProxy:
+class HAProxy(_Proxy):
     """``deploy/haproxy/haproxy.cfg`` on ``host:port`` in front of ``servers`` (name -> host:port)."""
 
     def __init__(self, tmp: Path, host: str, port: int, servers: dict[str, str]) -> None:
@@ -340,16 +348,6 @@ class HAProxy:
     def down(self, name: str) -> bool:
         return self.status().get(name, "").startswith("DOWN")
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def close(self) -> None:
-        _stop_group(self.proc)
-        if hasattr(self, "_log"):
-            self._log.close()
 
 
 # -- the fleet ---------------------------------------------------------------------------------
