@@ -1,7 +1,8 @@
 """Agent definitions: ``configs/agents/*.toml`` parsed, validated and checked offline.
 
-Owns the file format of an agent (its schema is ``agent.schema.json`` next to
-this module, JSON Schema draft 2020-12, checked with jsonschema) and the
+Owns the parsing of an agent file, validated by the one config validator
+(:mod:`brisvox.agent.file_model`, which also generates ``brisvox/config/agent.schema.json``
+for editors), and the
 offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
 
 * Every problem names its position: the dotted key and the LINE of the
@@ -34,7 +35,6 @@ round, and the supervisor reaches it only through a function-level import
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tomllib
@@ -44,11 +44,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jsonschema
-
+from brisvox.agent.file_model import NO_SECRETS, SECRET_KEYS, AgentFile, json_schema
 from brisvox.agent.flows.definition import FlowDef, check_flow, parse_flow
 from brisvox.agent.link.config import LinkConfig, check_link
 from brisvox.config.errors import ConfigError
+from brisvox.config.lines import key_lines, line_of
+from brisvox.config.schema import failures
 from brisvox.providers.registry import (
     KEY_OPTIONAL,
     LOCAL,
@@ -62,22 +63,12 @@ from brisvox.providers.registry import (
 if TYPE_CHECKING:
     from brisvox.agent.host.actor import ActorConfig
 
-# the schema is data of the config package (installed with it: pyproject's package-data)
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "config" / "agent.schema.json"
 __all__ = ["KEY_OPTIONAL", "LOCAL", "PROVIDERS", "ProviderDef", "resolve_key", "AgentDef", "AgentDefError",
            "Problem", "check_agent_file", "check_main", "is_agent_file", "load_agent", "actor_config", "parse",
            "key_lines", "line_of", "schema", "read"]
 
 class AgentDefError(ConfigError):
     """A problem of an agent file: ``key`` dotted path, ``line`` 1-based (0: unknown)."""
-
-    def __init__(self, key: str, message: str, path: str | None = None, line: int = 0) -> None:
-        super().__init__(key, message, path)
-        self.line = line
-
-    def __str__(self) -> str:
-        where = f"{self.path}:{self.line}: " if self.path and self.line else (f"{self.path}: " if self.path else "")
-        return f"{where}{self.key}: {self.message}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,66 +119,8 @@ class AgentDef:
 
 @lru_cache(maxsize=1)
 def schema() -> dict[str, Any]:
-    with open(SCHEMA_PATH, encoding="utf-8") as f:
-        out: dict[str, Any] = json.load(f)
-    return out
-
-
-# -- positions ---------------------------------------------------------------------------------
-
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
-
-
-def _parts(dotted: str) -> list[str]:
-    return [p.strip().strip("\"'") for p in re.findall(r"""[A-Za-z0-9_-]+|"[^"]*"|'[^']*'""", dotted)]
-
-
-def key_lines(text: str) -> dict[str, int]:
-    """Dotted key -> 1-based line of its definition (tables: their header line).
-
-    Array-of-tables entries are numbered (``llm.options.rules.0.match``). Keys
-    inside multi-line strings are skipped; inline tables map to their key's line."""
-    out: dict[str, int] = {}
-    prefix: list[str] = []
-    counts: dict[str, int] = {}
-    in_multi: str | None = None
-    for n, line in enumerate(text.splitlines(), start=1):
-        if in_multi is not None:
-            if line.count(in_multi) % 2 == 1:
-                in_multi = None
-            continue
-        m = _HEADER.match(line)
-        if m and not _KEY.match(line):
-            parts = _parts(m.group(2))
-            if m.group(1) == "[[":
-                base = ".".join(parts)
-                idx = counts.get(base, 0)
-                counts[base] = idx + 1
-                parts = [*parts, str(idx)]
-            prefix = parts
-            for i in range(1, len(parts) + 1):
-                out.setdefault(".".join(parts[:i]), n)
-            continue
-        k = _KEY.match(line)
-        if k:
-            full = ".".join([*prefix, *_parts(k.group(1))])
-            out.setdefault(full, n)
-            rest = line[k.end():]
-            for q in ('"""', "'''"):
-                if rest.count(q) % 2 == 1:
-                    in_multi = q
-    return out
-
-
-def line_of(lines: Mapping[str, int], path: list[Any]) -> int:
-    parts = [str(p) for p in path]
-    while parts:
-        got = lines.get(".".join(parts))
-        if got:
-            return got
-        parts.pop()
-    return 0
+    """The agent file's JSON Schema (generated from :mod:`brisvox.agent.file_model`)."""
+    return json_schema()
 
 
 # -- parsing -------------------------------------------------------------------------------------
@@ -223,49 +156,16 @@ S2S_SETTINGS = ("turn_detection", "g711_passthrough", "max_reconnects", "fallbac
 
 
 S2S_NOT = ("flow", "filler", "window")  # sections of the cascaded pipeline an S2S agent cannot honour
-S2S_OR_CASCADE = ("an agent has [stt] and [llm], or a speech-to-speech [s2s] instead of both (the model hears "
-                  "and answers itself); [tts] in every case")
-SECRET_KEYS = ("api_key", "key", "token", "secret", "password")
-NO_SECRETS = "keys are never read from the file: name the environment variable with api_key_env"
-
-
-def _leaves(err: Any) -> list[Any]:
-    if err.context:
-        return [leaf for c in err.context for leaf in _leaves(c)]
-    return [err]
 
 
 def _schema_problems(data: Any, lines: Mapping[str, int]) -> list[Problem]:
-    v = jsonschema.Draft202012Validator(schema())
-    seen: set[tuple[str, str]] = set()
+    """The file checked against :class:`~brisvox.agent.file_model.AgentFile` (the one validator)."""
     out: list[Problem] = []
-
-    def add(path: list[Any], msg: str) -> None:
-        key = ".".join(map(str, path)) or "(file)"
-        if (key, msg) not in seen:
-            seen.add((key, msg))
-            out.append(Problem("error", key, line_of(lines, path), msg))
-
-    for top in sorted(v.iter_errors(data), key=lambda e: list(map(str, e.absolute_path))):
-        if top.validator == "oneOf" and not top.absolute_path and isinstance(data, dict):
-            add(["s2s"] if "s2s" in data else [], S2S_OR_CASCADE)  # the branches' leaves would mislead
-            continue
-        for err in _leaves(top):
-            path = list(err.absolute_path)
-            if err.validator == "not" and isinstance(err.instance, dict):
-                for k in SECRET_KEYS:
-                    if k in err.instance:
-                        add([*path, k], NO_SECRETS)
-                continue
-            if err.validator == "additionalProperties":
-                for x in re.findall(r"'([^']+)'", err.message):
-                    if x not in SECRET_KEYS:
-                        add([*path, x], "unknown key")
-                continue
-            if err.validator == "enum" and path and path[-1] == "provider":
-                add(path, f"unknown provider {err.instance!r}; known: {', '.join(map(str, err.validator_value))}")
-                continue
-            add(path, err.message)
+    for parts, msg in failures(AgentFile, data)[1]:
+        if msg.startswith("unknown key") and parts and parts[-1] in SECRET_KEYS:
+            msg = NO_SECRETS
+        key = ".".join(map(str, parts)) or "(file)"
+        out.append(Problem("error", key, line_of(lines, parts), msg))
     return out
 
 

@@ -27,69 +27,72 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import Field
+
 from brisvox.config.errors import ConfigError
-from brisvox.config.schema import from_table, opt
+from brisvox.config.lines import key_lines, line_of, split_key
+from brisvox.config.schema import from_table, section
 
 CONFIG_ENV = "BRISVOX_CONFIG"
 SYSTEM_CONFIG = Path("/etc/brisvox/brisvoxd.toml")
 ROLES = ("gateway", "worker", "agent")
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class RestartPolicy:
     """How crashed children come back (``[daemon.restart]``)."""
 
-    backoff_initial_s: float = opt(0.1, min=0.0, max=60.0)
-    backoff_max_s: float = opt(30.0, min=0.0, max=3600.0)
-    backoff_reset_s: float = opt(60.0, min=1.0)
-    boot_failures_max: int = opt(3, min=1, max=1000)
-    storm_restarts: int = opt(10, min=1)
-    storm_window_s: float = opt(60.0, min=1.0)
-    storm_delay_s: float = opt(10.0, min=0.0)
+    backoff_initial_s: float = Field(default=0.1, ge=0.0, le=60.0)
+    backoff_max_s: float = Field(default=30.0, ge=0.0, le=3600.0)
+    backoff_reset_s: float = Field(default=60.0, ge=1.0)
+    boot_failures_max: int = Field(default=3, ge=1, le=1000)
+    storm_restarts: int = Field(default=10, ge=1)
+    storm_window_s: float = Field(default=60.0, ge=1.0)
+    storm_delay_s: float = Field(default=10.0, ge=0.0)
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class HealthPolicy:
     """Handshake and liveness probes (``[daemon.health]``)."""
 
-    init_timeout_s: float = opt(60.0, min=0.5)
-    ping_interval_s: float = opt(1.0, min=0.05, max=60.0)
-    pong_timeout_s: float = opt(5.0, min=0.1)
-    heartbeat_timeout_s: float = opt(10.0, min=0.1)
-    orphan_exit_s: float = opt(5.0, min=0.0)
+    init_timeout_s: float = Field(default=60.0, ge=0.5)
+    ping_interval_s: float = Field(default=1.0, ge=0.05, le=60.0)
+    pong_timeout_s: float = Field(default=5.0, ge=0.1)
+    heartbeat_timeout_s: float = Field(default=10.0, ge=0.1)
+    orphan_exit_s: float = Field(default=5.0, ge=0.0)
 
     def __post_init__(self) -> None:
         if self.pong_timeout_s <= self.ping_interval_s:
             raise ConfigError("pong_timeout_s", "must be longer than ping_interval_s")
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class ShutdownPolicy:
     """Stop and drain timing (``[daemon.shutdown]``)."""
 
-    ack_timeout_s: float = opt(2.0, min=0.05)
-    grace_s: float = opt(10.0, min=0.0)
-    drain_timeout_s: float = opt(900.0, min=0.0)
-    term_timeout_s: float = opt(5.0, min=0.05)
+    ack_timeout_s: float = Field(default=2.0, ge=0.05)
+    grace_s: float = Field(default=10.0, ge=0.0)
+    drain_timeout_s: float = Field(default=900.0, ge=0.0)
+    term_timeout_s: float = Field(default=5.0, ge=0.05)
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class MemoryLimit:
     """PSS thresholds of one role in MiB; 0 disables the threshold."""
 
-    warn_mb: int = opt(0, min=0)
-    limit_mb: int = opt(0, min=0)
+    warn_mb: int = Field(default=0, ge=0)
+    limit_mb: int = Field(default=0, ge=0)
 
     def __post_init__(self) -> None:
         if self.warn_mb and self.limit_mb and self.warn_mb > self.limit_mb:
             raise ConfigError("warn_mb", f"must not exceed limit_mb ({self.limit_mb})")
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class MemoryPolicy:
     """Per-role PSS limits (``[daemon.memory]``): warn, then restart."""
 
-    check_interval_s: float = opt(5.0, min=0.2)
+    check_interval_s: float = Field(default=5.0, ge=0.2)
     gateway: MemoryLimit = field(default_factory=lambda: MemoryLimit(512, 1024))
     worker: MemoryLimit = field(default_factory=lambda: MemoryLimit(2048, 3072))
     agent: MemoryLimit = field(default_factory=lambda: MemoryLimit(1024, 2048))
@@ -99,7 +102,7 @@ class MemoryPolicy:
         return lim
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class MetricsSettings:
     """The supervisor's HTTP endpoint (``[daemon.metrics]``)."""
 
@@ -113,7 +116,7 @@ class MetricsSettings:
         return parse_listen(self.listen, "listen") if self.listen else None
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class LogSettings:
     """Log lines of every process (``[daemon.log]``)."""
 
@@ -121,14 +124,14 @@ class LogSettings:
     format: Literal["auto", "json", "text"] = "auto"  # auto: text on a terminal, else json
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class DaemonSection:
     """``[daemon]``: what the supervisor itself needs."""
 
     runtime_dir: str = ""
     state_dir: str = ""
-    workers: int = opt(2, min=1, max=256)
-    agents: int = opt(1, min=1, max=256)
+    workers: int = Field(default=2, ge=1, le=256)
+    agents: int = Field(default=1, ge=1, le=256)
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     shutdown: ShutdownPolicy = field(default_factory=ShutdownPolicy)
@@ -239,7 +242,10 @@ def load_config(path: str | os.PathLike[str] | None) -> DaemonConfig:
         raise ConfigError("(file)", f"not UTF-8: {e}", str(p)) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("(syntax)", str(e), str(p)) from None
-    return parse_config(data, str(p))
+    try:
+        return parse_config(data, str(p))
+    except ConfigError as e:  # name the line too: <file>:<line>: <key>: <message>
+        raise e.with_path(str(p), line_of(key_lines(raw.decode("utf-8")), split_key(e.key))) from None
 
 
 def find_config(explicit: str | None = None) -> Path | None:

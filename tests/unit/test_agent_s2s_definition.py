@@ -69,7 +69,7 @@ provider = "espeak"
     ('[s2s]\nprovider = "openai_realtime"\n[stt]\nprovider = "deepgram"\n[llm]\nprovider = "openai"\n',
      "2:s2s: an agent has [stt] and [llm], or a speech-to-speech [s2s]"),
     ('[s2s]\nprovider = "openai_realtime"\nturn_detection = "sometimes"\n',
-     "4:s2s.turn_detection: 'sometimes' is not one of"),
+     "4:s2s.turn_detection: expected one of 'provider', 'brisvox', got 'sometimes'"),
     ('[s2s]\nprovider = "deepgram"\n', "3:s2s.provider: unknown provider 'deepgram'"),
     ('[s2s]\nprovider = "gemini_live"\n[s2s.options]\nvadd = 1\n', "5:s2s.options.vadd: unknown option"),
     ('[s2s]\nprovider = "gemini_live"\n[speculation]\nenabled = true\n',

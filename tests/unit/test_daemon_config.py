@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Literal
 
 import pytest
+from pydantic import Field
 
 from brisvox.config.daemon import (
     DaemonConfig,
@@ -16,7 +18,7 @@ from brisvox.config.daemon import (
     parse_listen,
 )
 from brisvox.config.errors import ConfigError
-from brisvox.config.schema import from_table, opt
+from brisvox.config.schema import from_table, problems, section
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,20 +96,20 @@ def test_parse_listen():
         parse_listen("127.0.0.1:70000", "k")
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class _Inner:
     n: int = 1
 
 
-@dataclasses.dataclass(frozen=True)
+@section
 class _Sample:
     name: str
     tags: tuple[str, ...] = ()
     limits: dict[str, int] = dataclasses.field(default_factory=dict)
     maybe: float | None = None
     inner: _Inner = dataclasses.field(default_factory=_Inner)
-    ratio: float = opt(0.5, min=0.0, max=1.0)
-    mode: str = opt("a", choices=("a", "b"))
+    ratio: float = Field(default=0.5, ge=0.0, le=1.0)
+    mode: Literal["a", "b"] = "a"
 
 
 def test_schema_types():
@@ -129,6 +131,41 @@ def test_schema_types():
         from_table(_Sample, {"name": "x", "ratio": 2}, "sec")
     with pytest.raises(ConfigError, match="one of"):
         from_table(_Sample, {"name": "x", "mode": "c"}, "sec")
+    with pytest.raises(ConfigError, match="expected an integer, got True"):  # TOML's bool is never a number
+        from_table(_Sample, {"name": "x", "inner": {"n": True}}, "sec")
+    with pytest.raises(ConfigError, match="expected an integer, got 1.5"):  # nor a float an integer
+        from_table(_Sample, {"name": "x", "inner": {"n": 1.5}}, "sec")
+    assert from_table(_Sample, {"name": "x", "ratio": 1}, "sec").ratio == 1.0  # an integer is a number
+
+
+def test_schema_refuses_dates_and_reports_every_problem():
+    import datetime
+
+    with pytest.raises(ConfigError) as ei:
+        from_table(_Sample, {"name": "x", "tags": ["a", datetime.date(2026, 1, 2)]}, "sec")
+    assert ei.value.key == "sec.tags[1]" and "date" in ei.value.message
+    obj, errs = problems(_Sample, {"name": 3, "ratio": 7, "zz": 1}, "sec")
+    assert obj is None
+    assert {(e.key, e.message.split(" (")[0]) for e in errs} == {
+        ("sec.name", "expected a string, got 3"), ("sec.ratio", "must be <= 1.0, got 7"), ("sec.zz", "unknown key")}
+
+
+def test_a_file_error_names_its_line(tmp_path):
+    p = tmp_path / "b.toml"
+    p.write_text("# brisvoxd\n[daemon]\nworkers = 2\n\n[daemon.restart]\nbackoff_max_s = -1\n\n[sip]\nport = 99999\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert ei.value.key == "daemon.restart.backoff_max_s" and ei.value.line == 6
+    assert str(ei.value) == f"{p}:6: daemon.restart.backoff_max_s: must be >= 0.0, got -1"
+    p.write_text("[sip]\nport = 99999\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert (ei.value.key, ei.value.line) == ("sip.port", 2) and "<= 65535" in ei.value.message
+    p.write_text("[websocket]\nport = 8765\n[[websocket.routes]]\npath = \"/a\"\nprotocol = \"native\"\n"
+                 "[[websocket.routes]]\npath = \"b\"\nprotocol = \"native\"\n")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert (ei.value.key, ei.value.line) == ("websocket.routes[1].path", 7)
 
 
 def _leaf_keys(cls: type, prefix: str) -> list[str]:

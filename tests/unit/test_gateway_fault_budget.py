@@ -108,18 +108,18 @@ def test_config_keys_make_the_budget():
 
 
 @pytest.mark.parametrize(("table", "key", "match"), [
-    ({"fault_max": -1}, "websocket.fault_max", "within 0..10000"),
-    ({"fault_max": 10_001}, "websocket.fault_max", "within 0..10000"),
+    ({"fault_max": -1}, "websocket.fault_max", "must be >= 0"),
+    ({"fault_max": 10_001}, "websocket.fault_max", "must be <= 10000"),
     ({"fault_max": "20"}, "websocket.fault_max", "expected an integer"),
     ({"fault_max": 2.5}, "websocket.fault_max", "expected an integer"),
     ({"fault_max": True}, "websocket.fault_max", "expected an integer"),
     ({"fault_window_s": 0}, "websocket.fault_window_s", "must be > 0"),
     ({"fault_window_s": -3.0}, "websocket.fault_window_s", "must be > 0"),
-    ({"fault_window_s": math.nan}, "websocket.fault_window_s", "must be > 0"),
-    ({"fault_window_s": 7200}, "websocket.fault_window_s", "at most 3600"),
+    ({"fault_window_s": math.nan}, "websocket.fault_window_s", "expected a finite number"),
+    ({"fault_window_s": 7200}, "websocket.fault_window_s", "must be <= 3600"),
     ({"fault_window_s": "10"}, "websocket.fault_window_s", "expected a number"),
-    ({"hangup_on_error": 1}, "websocket.hangup_on_error", "expected true/false"),
-    ({"hangup_on_error": "yes"}, "websocket.hangup_on_error", "expected true/false"),
+    ({"hangup_on_error": 1}, "websocket.hangup_on_error", "expected true or false"),
+    ({"hangup_on_error": "yes"}, "websocket.hangup_on_error", "expected true or false"),
 ])
 def test_config_refuses_bad_values_naming_the_key(table, key, match):
     with pytest.raises(ConfigError, match=match) as ei:

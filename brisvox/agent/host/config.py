@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
 
 from brisvox.config.errors import ConfigError
-from brisvox.config.schema import from_table, opt
+from brisvox.config.schema import from_table, section
 
 if TYPE_CHECKING:
     from brisvox.agent.host.actor import ActorConfig
@@ -26,36 +27,36 @@ BUILTIN_AGENTS = Path(__file__).resolve().parents[3] / "configs" / "agents"  # t
 ECHO = "echo"  # the gateway's built-in line-test agent: no file
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class AgentsConfig:
     """``[agents]``: what every call actor of an agent process runs with."""
 
-    max_calls: int = opt(256, min=1, max=10_000)  # per agent process; CallStart beyond it is refused "full"
-    providers: str = opt("definitions", choices=("definitions", "scripted"))  # agent files | scripted fakes
+    max_calls: int = Field(default=256, ge=1, le=10_000)  # per agent process; CallStart beyond it is refused "full"
+    providers: Literal["definitions", "scripted"] = "definitions"  # agent files | scripted fakes
     default_agent: str = "local"  # definitions: the agent a route or SIP user named "default" gets
     script: str = ""  # scripted providers: a JSON script file ("" = built-in demo lines)
     agents_dir: str = ""  # definitions: where <agent>.toml files live ("" = see agents_path())
     system_prompt: str = "You are a helpful voice assistant on a phone call. Answer briefly."
-    silence_ms: int = opt(450, min=50, max=10_000)  # end of turn after this silence (fixed policy)
+    silence_ms: int = Field(default=450, ge=50, le=10_000)  # end of turn after this silence (fixed policy)
     smart_turn: bool = True  # ask the worker's Smart Turn model at each pause
-    fallback_silence_ms: int = opt(1500, min=100, max=10_000)  # with Smart Turn: end anyway after this
-    smart_turn_timeout_ms: int = opt(1000, min=50, max=10_000)  # a verdict later than this is not waited for
+    fallback_silence_ms: int = Field(default=1500, ge=100, le=10_000)  # with Smart Turn: end anyway after this
+    smart_turn_timeout_ms: int = Field(default=1000, ge=50, le=10_000)  # a verdict later than this is not waited for
     # analyse at the VAD's "falling" event and reuse the verdict at the stop of the same fall
     # (needs the workers' [vad] fall_delay_ms > 0; without falling events it changes nothing)
     early_smart_turn: bool = False
-    interruption: str = opt("recommended", choices=("recommended", "off"))
-    final_wait_ms: int = opt(1500, min=0, max=10_000)  # finals gate: wait this long for owed STT finals
-    response_deadline_s: float = opt(20.0, min=1.0, max=600.0)  # backstop: a turn that never sounds
-    lead_margin_ms: int = opt(100, min=0, max=2000)  # client buffer assumed at a barge-in
-    settle_wait_ms: int = opt(250, min=0, max=2000)  # wait for the final position after a barge-in
-    max_tool_rounds: int = opt(6, min=1, max=32)
-    filler_delay_ms: int = opt(1200, min=0, max=30_000)  # speak a filler when a tool takes longer
-    llm_retries: int = opt(1, min=0, max=5)
-    first_token_timeout_s: float = opt(8.0, min=0.5, max=120.0)
-    idle_timeout_s: float = opt(15.0, min=0.5, max=600.0)
-    max_ahead_ms: int = opt(2000, min=100, max=30_000)  # TTS audio written ahead of playout at most
-    mark_timeout_s: float = opt(10.0, min=0.5, max=120.0)
-    stop_timeout_s: float = opt(3.0, min=0.1, max=60.0)  # hang-up: stages get this long to finish
+    interruption: Literal["recommended", "off"] = "recommended"
+    final_wait_ms: int = Field(default=1500, ge=0, le=10_000)  # finals gate: wait this long for owed STT finals
+    response_deadline_s: float = Field(default=20.0, ge=1.0, le=600.0)  # backstop: a turn that never sounds
+    lead_margin_ms: int = Field(default=100, ge=0, le=2000)  # client buffer assumed at a barge-in
+    settle_wait_ms: int = Field(default=250, ge=0, le=2000)  # wait for the final position after a barge-in
+    max_tool_rounds: int = Field(default=6, ge=1, le=32)
+    filler_delay_ms: int = Field(default=1200, ge=0, le=30_000)  # speak a filler when a tool takes longer
+    llm_retries: int = Field(default=1, ge=0, le=5)
+    first_token_timeout_s: float = Field(default=8.0, ge=0.5, le=120.0)
+    idle_timeout_s: float = Field(default=15.0, ge=0.5, le=600.0)
+    max_ahead_ms: int = Field(default=2000, ge=100, le=30_000)  # TTS audio written ahead of playout at most
+    mark_timeout_s: float = Field(default=10.0, ge=0.5, le=120.0)
+    stop_timeout_s: float = Field(default=3.0, ge=0.1, le=60.0)  # hang-up: stages get this long to finish
 
     def __post_init__(self) -> None:
         if not AGENT_NAME.match(self.default_agent) or self.default_agent in ("default", "echo"):
@@ -122,13 +123,13 @@ class AgentsConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class CallsConfig:
     """``[calls]``: the call records written at hang-up."""
 
     records: bool = True  # write one JSON record per call
     path: str = ""  # a directory (one file per call) or a .jsonl file; "" = <state_dir>/calls
-    keep_days: int = opt(30, min=0, max=3650)  # records older than this are deleted at start (0 = keep)
+    keep_days: int = Field(default=30, ge=0, le=3650)  # records older than this are deleted at start (0 = keep)
 
     @classmethod
     def from_section(cls, table: Mapping[str, Any], where: str) -> CallsConfig:

@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import Field
+
 from brisvox.config.errors import ConfigError
-from brisvox.config.schema import from_table, opt
+from brisvox.config.schema import from_table, section
 
 if TYPE_CHECKING:
     from brisvox.agent.host.actor import CallActor
@@ -47,7 +48,7 @@ _TRACER: Any = None  # None: tracing off (the default)
 _OWN: Any = None  # the TracerProvider configure() made (shut down when replaced)
 
 
-@dataclass(frozen=True, slots=True)
+@section
 class TracingConfig:
     """``[tracing]``: where the agent processes send their call traces."""
 
@@ -55,7 +56,7 @@ class TracingConfig:
     # OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; "" = the SDK's default
     # (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT / OTEL_EXPORTER_OTLP_ENDPOINT, else localhost:4318)
     endpoint: str = ""
-    sample_ratio: float = opt(1.0, min=0.0, max=1.0)  # of the calls (a call's spans go together)
+    sample_ratio: float = Field(default=1.0, ge=0.0, le=1.0)  # of the calls (a call's spans go together)
     service_name: str = "brisvox"
 
     @classmethod
