@@ -74,6 +74,8 @@ class Leg(Protocol):
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None: ...
 
+    def send_call_event(self, name: str, fields: dict[str, Any]) -> bool: ...
+
     def poll(self, now: float) -> None: ...
 
 
@@ -101,6 +103,7 @@ class Call:
         self.transport_ids: dict[str, str] = {}
         self.params: dict[str, str] = {}  # bounded by brisvox.wire.jsontext.checked_params
         self.caller = ""  # the caller's number (SIP From user, a From/caller parameter)
+        self.events = False  # the leg asked for the call's events (CallStart.events; native "events")
         self.called = ""  # the number called (SIP To user, a To/called parameter)
         self.stats = CallStats()
         self.gate = PlayoutGate(self.stats, max_marks=max_marks, pause_max_s=pause_max_s)

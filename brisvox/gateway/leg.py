@@ -12,6 +12,8 @@ supported" here:
   played when its release position passes it; ``send_mark`` is a no-op);
 * outbound DTMF (``send_dtmf`` refuses every digit, ``tick_dtmf`` sends nothing);
 * transfer (``transfer`` answers failure at once);
+* the call's events (``send_call_event``: dropped, False; only a native leg whose
+  client asked for them sends them);
 * the end of a talkspurt on a Pause or underrun (``end_spurt``: nothing to do
   for a peer that does not mark talkspurts);
 * per-tick housekeeping (``poll``).
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -119,6 +122,10 @@ class TransportLeg:
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
         done(False, f"a {self.transport} call cannot be transferred")
+
+    def send_call_event(self, name: str, fields: dict[str, Any]) -> bool:
+        """Show the peer one event of the call (CallEvent); False: not sent (dropped)."""
+        return False
 
     def poll(self, now: float) -> None:
         pass

@@ -168,7 +168,7 @@ class CallLifecycle(PlayoutCommands):
                     call_rate=call.call_rate, tts_rate=call.tts_rate, worker=call.worker,
                     instance=self.instance, started_ns=call.started_ns,
                     transport_ids=dict(call.transport_ids) or None, params=dict(call.params) or None,
-                    caller=call.caller, called=call.called,
+                    caller=call.caller, called=call.called, events=call.events,
                 )
                 try:
                     reply = await self.links.request(proc, frame, self.cfg.agent_timeout_s)

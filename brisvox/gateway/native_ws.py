@@ -38,6 +38,13 @@ Invariants:
 * In ``release`` mark mode (default) the gateway reports a mark as played
   when its release position passes it; in ``echo`` mode the client's echo
   does, as with Twilio.
+* The call's events (``call_event`` messages: transcript lines, turn
+  latencies, tool calls) reach only a client whose ``start`` said
+  ``"events": true`` (the agent is told in ``CallStart.events`` and sends
+  nothing otherwise). One is written like any message, never queued: when the
+  connection cannot take it now (closed, or its unsent bytes beyond half of
+  ``max_send_buffer_bytes``, so events never crowd out the bot's audio) it is
+  dropped and counted (``call_events_dropped``); a call never waits for one.
 """
 
 from __future__ import annotations
@@ -184,6 +191,7 @@ class NativeSession(TransportLeg):
         elif start.params is not None:
             call.params = start.params
         call.caller, call.called = caller_called(call.params)
+        call.events = start.events
         if start.dropped:
             self.host.count("call_params_dropped", start.dropped)
         self.call = call
@@ -238,3 +246,10 @@ class NativeSession(TransportLeg):
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
         ok = self.conn.send_text(native.transfer(target))
         done(ok, "delegated to the client" if ok else "connection closed")
+
+    def send_call_event(self, name: str, fields: dict[str, Any]) -> bool:
+        t = self.conn.transport
+        if self.call is None or not self.call.events or t is None \
+                or t.get_write_buffer_size() > self.conn.max_buffer // 2:
+            return False
+        return self.conn.send_text(native.call_event(name, fields))

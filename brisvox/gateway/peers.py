@@ -17,6 +17,9 @@ Invariants:
   OutUtterance (a worker's announcement may trail the call's end).
 * A Clear, Pause or Resume is applied in the callback that read it (see
   :mod:`brisvox.gateway.playout`).
+* A CallEvent is handed to its call's leg as it is (``send_call_event``; only a native
+  leg whose client asked sends it) or dropped: counted ``call_events_sent`` or
+  ``call_events_dropped``, never queued, never answered; the gateway reads nothing in it.
 * An agent process that is no longer ready ends its calls (``calls_agent_lost``);
   a worker that is no longer ready leaves its calls without a worker until
   their next OutUtterance names the one they were re-attached to.
@@ -156,6 +159,7 @@ class AgentLinks(CallLifecycle):
             F.CallEnded: self._on_call_ended,
             F.SendDtmf: self._on_send_dtmf,
             F.Transfer: self._on_transfer,
+            F.CallEvent: self._on_call_event,
         }
 
     def _on_frame(self, frame: F.Frame, sender: str, cid: int | str | None) -> None:
@@ -234,6 +238,14 @@ class AgentLinks(CallLifecycle):
         if call is not None and call.leg is not None:
             refused = call.leg.send_dtmf(f.digits)
             call.stats.dtmf_out += len(f.digits) - refused
+
+    def _on_call_event(self, f: F.CallEvent, sender: str, cid: int | str | None) -> None:
+        """Forwarded to the leg as it is, or dropped and counted (never queued, never answered)."""
+        call = self._call(f.call_id)
+        if call is None:
+            return
+        sent = call.leg is not None and not call.transport_done and call.leg.send_call_event(f.name, f.data)
+        self.metrics.inc("call_events_sent" if sent else "call_events_dropped")
 
     def _on_transfer(self, f: F.Transfer, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)

@@ -133,6 +133,12 @@ def native_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
     return _secret_or_token(cfg.native_secret, route, _credentials(path, headers))
 
 
+def token_auth(secret: str, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    """The native credential checked against ``secret`` whatever the config says (the
+    playground's key: ``native_secret`` or its own, brisvox/gateway/playground.py)."""
+    return _secret_or_token(secret, route, _credentials(path, headers))
+
+
 def _secret_or_token(secret: str, route: Any, creds: list[str] | None) -> Refusal | Grant:
     """The first of ``creds`` that is ``secret`` itself or a live signed token for the route's agent."""
     if not creds:

@@ -41,7 +41,9 @@ Invariants:
   closes; counted ``ws_healthz``. Its own per-source limit
   (:data:`HEALTHZ_PER_S`, 429 ``ws_refused_healthz_rate`` beyond) takes
   nothing of the handshake allowance of real calls. With ``twiml_path`` set, a
-  ``POST`` is Twilio's call webhook instead (:mod:`brisvox.gateway.twiml_webhook`).
+  ``POST`` is Twilio's call webhook instead (:mod:`brisvox.gateway.twiml_webhook`);
+  under ``/playground`` (when on) a GET, POST or upgrade is the browser playground's
+  (:mod:`brisvox.gateway.playground`), after the source's two limits below.
 * Before any session exists a request is checked in this order, and the
   first failing check refuses it with an HTTP status and a counter: the
   source's handshake rate (``handshakes_per_s``, moving 1 s window: 429
@@ -53,7 +55,7 @@ Invariants:
 * Bad input (a malformed handshake, a refusal, a session that raised) is
   logged through one :class:`~brisvox.runtime.log_limit.LogLimiter`: a line
   per kind per minute at most, never a traceback per message. The
-  websockets library's own log (:class:`LibraryLog`) writes nothing per
+  websockets library's own log (:class:`~brisvox.gateway.ws_log.LibraryLog`) writes nothing per
   connection: its INFO lines (connection open, HTTP response sent,
   connection closed) are dropped -- the counters say it --, its warnings
   and errors go through the same limiter.
@@ -71,7 +73,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sys
 import traceback
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -82,7 +83,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 
-from brisvox.gateway import twilio_rest, twiml_webhook
+from brisvox.gateway import playground, twilio_rest, twiml_webhook
 from brisvox.gateway.config import HEALTHZ_PATH, WebSocketConfig, WsRoute, is_loopback
 from brisvox.gateway.leg import SESSION_LOG
 from brisvox.gateway.proxies import DIRECT, FORWARDED, MALFORMED, TrustedProxies, forwarded_client
@@ -90,6 +91,7 @@ from brisvox.gateway.rate_limits import process_storage
 from brisvox.gateway.transports import TRANSPORTS, transport
 from brisvox.gateway.ws_auth import OPEN as OPEN_GRANT
 from brisvox.gateway.ws_auth import Grant, Refusal, origin_refusal
+from brisvox.gateway.ws_log import LibraryLog
 from brisvox.runtime.log_limit import LogLimiter
 from brisvox.wire import ws_frames
 
@@ -104,29 +106,6 @@ RECV_BUFFER_BYTES = 65536  # the one receive buffer of all connections (a read n
 OPEN = State.OPEN
 HEALTHZ_PER_S = 50  # /healthz requests per source per second (moving window); 429 beyond
 HEALTHZ_RETRY_AFTER = {"draining": "30", "full": "10"}  # as the SIP OPTIONS answer says it
-
-
-class LibraryLog(logging.LoggerAdapter[logging.Logger]):
-    """The logger the websockets library's protocol objects get (see the module invariants):
-    below WARNING nothing (one line per connection otherwise, whatever the peer sends), above
-    it one line per level per minute through ``limiter``, with the exception's type instead of
-    a traceback."""
-
-    def __init__(self, limiter: LogLimiter) -> None:
-        super().__init__(logging.getLogger("websockets.server"), {})
-        self.limiter = limiter
-
-    def isEnabledFor(self, level: int) -> bool:
-        return level >= logging.WARNING
-
-    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
-        if level < logging.WARNING:
-            return
-        exc = sys.exc_info()[1] if kwargs.get("exc_info") else None
-        what = f"{msg}" % args if args else f"{msg}"
-        if exc is not None:
-            what += f": {type(exc).__name__}: {exc}"
-        self.limiter(f"ws_library_{logging.getLevelName(level).lower()}", "websockets: %s", what[:200], level=level)
 
 
 class Session(Protocol):
@@ -163,7 +142,7 @@ class WsConnection(asyncio.BufferedProtocol):
         self._refused = False  # the handshake was refused (and counted once)
         self._fast = False  # frames are split here (set once the handshake is done)
         self._pending = b""  # the start of an incomplete frame (fast mode)
-        self.webhook: twiml_webhook.WebhookRequest | None = None  # a POST read for the TwiML webhook
+        self.webhook: twiml_webhook.WebhookRequest | playground.PostRequest | None = None  # a POST being read
 
     # -- asyncio.Protocol ----------------------------------------------------
 
@@ -341,6 +320,8 @@ class WsConnection(asyncio.BufferedProtocol):
         if not server.connections_allowed(self.source):
             self._reject(503, "too many connections\n", "ws_refused_connections", retry_after=True)
             return
+        if server.playground is not None and playground.owns(req.path):
+            return server.playground.handshake(self, req)  # its page, agents, its own WebSocket checks
         route = cfg.route(req.path)
         if route is None:
             self._reject(404, "no such path\n", "ws_refused_path")
@@ -359,6 +340,11 @@ class WsConnection(asyncio.BufferedProtocol):
         if not route.allowed:
             self._reject(404, "no such agent on this route\n", "ws_refused_agent")
             return
+        self.accept(req, route)
+
+    def accept(self, req: Request, route: WsRoute) -> None:
+        """The checks passed: the 101 answer, and ``route``'s protocol session."""
+        server = self.server
         resp = self.proto.accept(req)
         self.proto.send_response(resp)
         if resp.status_code != 101:
@@ -489,7 +475,9 @@ class WebSocketServer:
         self._healthz_limiter = strategies.MovingWindowRateLimiter(process_storage())
         self.proxies = TrustedProxies(cfg.trusted_proxies)
         self.twilio_api = twilio_rest.from_config(cfg)  # Twilio call control (None without twilio_account_sid)
-        self.webhook = twiml_webhook.Webhook(self) if cfg.twiml_path else None
+        self.playground = playground.Playground(self) if playground.enabled(cfg) else None
+        twiml = twiml_webhook.Webhook(self) if cfg.twiml_path else None  # POSTs: the webhook's, the playground's
+        self.webhook = playground.PostRouter(self.playground, twiml) if self.playground else twiml
         # every read of every connection lands here and is consumed (or copied) at once
         self.rx_view = memoryview(bytearray(RECV_BUFFER_BYTES))
 

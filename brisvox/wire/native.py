@@ -7,13 +7,14 @@ needs no builder):
 * client -> gateway (built by :class:`NativeStream`: the ``brisvox call``
   client, the simulator's caller, the tests; parsed by the gateway with
   :func:`event_name`, :func:`parse_start`, :func:`mark_name`,
-  :func:`parse_dtmf`): ``start`` (rate, params, marks), ``mark`` (echo
+  :func:`parse_dtmf`): ``start`` (rate, params, marks, events), ``mark`` (echo
   mode), ``dtmf`` (digit, duration_ms), ``stop``.
 * gateway -> client (built by the module functions :func:`started`,
   :func:`mark`, :data:`CLEAR`, :func:`dtmf`, :func:`transfer`, :func:`error`,
-  :func:`stop`; parsed by clients with :func:`server_message`): ``started``,
-  ``mark``, ``clear``, ``dtmf`` (digits the agent pressed), ``transfer``,
-  ``error``, ``stop``.
+  :func:`stop`, :func:`call_event`; parsed by clients with :func:`server_message`):
+  ``started``, ``mark``, ``clear``, ``dtmf`` (digits the agent pressed), ``transfer``,
+  ``error``, ``stop``, and ``call_event`` (only to a client whose ``start`` said
+  ``"events": true``: the call's transcript lines, turn latencies and tool calls).
 
 A client's messages are ``str`` (a client library sends a str as a text
 frame); the gateway's are UTF-8 ``bytes`` (it writes its frames itself). The
@@ -26,7 +27,8 @@ Invariants:
   (``close`` is the WebSocket close code, e.g. 1003 for a rate not offered).
   ``code`` is the stable label of the error message and of the counters.
 * :func:`parse_start` accepts only a rate among the offered ``rates``
-  (a subset of :data:`RATES`) and a ``marks`` mode of release or echo, and
+  (a subset of :data:`RATES`), a ``marks`` mode of release or echo, an
+  ``events`` flag that is a boolean when present, and
   bounds the parameters (:func:`brisvox.wire.jsontext.checked_params`: a
   malformed or oversized one is dropped and counted in ``Start.dropped``).
 
@@ -78,10 +80,12 @@ class NativeStream:
     """Builds a client's messages for one call (``marks``: None leaves the gateway's default,
     release; ``params`` None sends none)."""
 
-    def __init__(self, rate: int, params: dict[str, str] | None = None, marks: str | None = None) -> None:
+    def __init__(self, rate: int, params: dict[str, str] | None = None, marks: str | None = None,
+                 events: bool = False) -> None:
         self.rate = rate
         self.params = params
         self.marks = marks
+        self.events = events
 
     def start(self) -> str:
         msg: dict[str, Any] = {"event": "start", "rate": self.rate}
@@ -89,6 +93,8 @@ class NativeStream:
             msg["params"] = self.params
         if self.marks is not None:
             msg["marks"] = self.marks
+        if self.events:
+            msg["events"] = True
         return text(msg)
 
     @staticmethod
@@ -116,6 +122,7 @@ class Start:
     marks_echo: bool  # marks: "echo" (the client echoes each mark) rather than "release"
     params: dict[str, str] | None = None  # None when absent or not an object
     dropped: int = 0  # parameters dropped as malformed or oversized
+    events: bool = False  # the client asked for the call's events (call_event messages)
 
 
 def event_name(msg: Any) -> str:
@@ -133,8 +140,11 @@ def parse_start(msg: dict[str, Any], rates: tuple[int, ...] = RATES) -> Start:
     marks = msg.get("marks", "release")
     if marks not in MARK_MODES:
         raise NativeError("bad_start", "marks must be release or echo")
+    events = msg.get("events", False)
+    if type(events) is not bool:
+        raise NativeError("bad_start", "events must be true or false")
     params, dropped = checked_params(msg.get("params"))
-    return Start(rate, marks == "echo", params, dropped)
+    return Start(rate, marks == "echo", params, dropped, events)
 
 
 def mark_name(msg: dict[str, Any]) -> str:
@@ -184,6 +194,15 @@ def stop(reason: str) -> bytes:
     return data({"event": "stop", "reason": reason})
 
 
+CALL_EVENTS = ("user_turn", "bot_turn", "turn_metrics", "tool_call")  # the names a call_event carries
+
+
+def call_event(name: str, fields: dict[str, Any]) -> bytes:
+    """One event of the call (``name`` one of :data:`CALL_EVENTS`); ``fields`` are flat
+    (the sender bounds them) and never override ``event`` or ``name``."""
+    return data({**fields, "event": "call_event", "name": name})
+
+
 @dataclass(frozen=True, slots=True)
 class ServerMessage:
     """One decoded gateway message; the fields its event does not carry are left empty.
@@ -200,6 +219,7 @@ class ServerMessage:
     code: str = ""  # error
     message: str = ""  # error
     reason: str = ""  # stop
+    fields: dict[str, Any] | None = None  # call_event: the whole message (name among them)
 
 
 def server_message(msg: Any) -> ServerMessage:
@@ -222,6 +242,8 @@ def server_message(msg: Any) -> ServerMessage:
         return ServerMessage(ev, code=str(msg.get("code")), message=str(msg.get("message", "")))
     if ev == "stop":
         return ServerMessage(ev, reason=str(msg.get("reason") or ""))
+    if ev == "call_event":
+        return ServerMessage(ev, name=str(msg.get("name", "")), fields=dict(msg))
     return ServerMessage(ev)
 
 

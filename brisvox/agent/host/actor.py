@@ -52,6 +52,11 @@ Owns the life of one call's pipeline on the ring architecture:
 * ``call_info`` (caller, called, transport ids, parameters: the host builds it
   from CallStart) reaches every tool of the call through its ToolEngine, and
   the record's ``call`` section.
+* ``events`` (a send to the gateway, only when CallStart asked for the call's
+  events): the transcript lines, turn latencies and tool calls go out as
+  CallEvent frames (:mod:`~brisvox.agent.host.call_events`: the runner's observer
+  tapped at ``start``, the latencies looked up by a task of the call every 200 ms);
+  without it nothing of that runs.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from brisvox.agent.conversation.context import Context
 from brisvox.agent.conversation.playout import PlayoutConfig
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host import tracing
+from brisvox.agent.host.call_events import CallEvents
 from brisvox.agent.host.call_metrics import METRICS
 from brisvox.agent.host.call_record import build_record
 from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
@@ -189,6 +195,7 @@ class CallActor:
         s2s: S2sProvider | None = None,
         flow: FlowManager | None = None,
         call_info: CallInfo | None = None,
+        events: Callable[[Any], None] | None = None,
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -238,6 +245,7 @@ class CallActor:
         self.record: dict[str, Any] | None = None
         self.clear_applied_ns: list[int] = []
         self.supervisor = StageSupervisor(self, cfg.supervision)
+        self.events = CallEvents(call_id, events, self) if events is not None else None
 
     def _bind(self, named: dict[str, Stage]) -> None:
         """The stages the host and the pump reach directly (plain attributes: no lookup per tick)."""
@@ -255,6 +263,8 @@ class CallActor:
         if self._started:
             return
         self._started = True
+        if self.events is not None:
+            self.events.install(self)  # after an agent link bound itself: the tap passes it all on
         for s in self.stages:
             s.start()
         self.entry.put_nowait(Start())
@@ -470,6 +480,8 @@ class CallActor:
         d["clears_sent"] = self.ledger.sent
         d["ledger"] = asdict(self.ledger.machine.st)
         d["speculation"] = self.speculation_stats()
+        if self.events is not None:
+            d["events"] = self.events.stats()
         if self.engine is not None:
             snap = self.engine.stats()
             d["tools"] = {k: getattr(snap, k) for k in getattr(snap, "__dataclass_fields__", {})}

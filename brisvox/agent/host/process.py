@@ -353,6 +353,7 @@ class AgentProcess:
             call_rate=f.call_rate,
             tts_rate=f.tts_rate,
             call_info=call_info_of(f),  # transport, ids, caller, called, parameters
+            events=link.to_gateway if f.events else None,  # the call's events (a native "events" start)
             agent=f.agent,
             registry=registry,
             greeting=greeting,
