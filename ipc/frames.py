@@ -148,8 +148,9 @@ class ChildEvent(Frame):
 @frame("command", to=("control", "gateway"))
 class Command(Frame):
     """CLI -> supervisor. ``name`` is one of status, stop, drain, reload (the gateway's inbox
-    answers its own: stats, calls, and dial, an outbound SIP call answered once it is
-    answered or failed)."""
+    answers its own: stats, calls, and dial, an outbound call: over SIP answered once it is
+    answered or failed, with ``via = "twilio"`` once Twilio queued it; an agent process sends
+    it too, for an agent service's dial)."""
 
     name: str
     args: dict[str, Any] | None = None

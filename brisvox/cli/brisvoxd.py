@@ -8,7 +8,8 @@ daemonized (the starting command waits until the daemon is ready or failed
 and exits with its verdict). The other commands talk to the running
 supervisor over its command plane (``control.sock`` in the runtime dir);
 ``dial`` asks the gateway itself (its inbox, ``gateway-0.sock``), which owns SIP,
-and waits until the callee answered or the dial failed.
+and waits until the callee answered or the dial failed (``--via twilio``: until
+Twilio accepted the calls create).
 
 Exit codes: 0 ok; 1 failure; 2 configuration error; 3 (``status``) not running.
 """
@@ -288,15 +289,17 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0) -> tuple[bool, dict[str, Any], str]:
-    """Ask the gateway at ``inbox`` to place an outbound SIP call: (ok, data, error), once the
-    callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...)."""
+def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
+         via: str = "sip") -> tuple[bool, dict[str, Any], str]:
+    """Ask the gateway at ``inbox`` to place an outbound call: (ok, data, error). Over SIP once
+    the callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...);
+    through Twilio once Twilio accepted the calls create (data["call_sid"], "status")."""
     from ipc.bus import RequestTimeout, request_sync
     from ipc.frames import Command, CommandReply
 
-    wait = (ring_timeout_s or 600.0) + 40.0  # the ring, then Timer B and the agent's start
+    wait = (ring_timeout_s or 600.0) + 40.0 if via == "sip" else 20.0  # SIP: the ring, Timer B, the agent
     try:
-        reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent,
+        reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent, "via": via,
                                                                 "ring_timeout_s": ring_timeout_s}), wait)
     except RequestTimeout:
         return False, {}, f"the gateway does not answer on {inbox}"
@@ -306,17 +309,22 @@ def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0) 
 
 
 def cmd_dial(args: argparse.Namespace) -> int:
-    """An outbound SIP call through the running daemon's gateway (its inbox, gateway-0)."""
+    """An outbound call (SIP, or ``--via twilio``) through the running daemon's gateway (its inbox, gateway-0)."""
     from ipc.bus import endpoint
 
     rdir = _runtime_dir(args)
     if not _running_or_explain(rdir):
         return exitcodes.NOT_RUNNING
-    ok, data, error = dial(endpoint(rdir, "gateway-0"), args.target, args.agent or "", args.ring_timeout or 0.0)
+    via = getattr(args, "via", None) or "sip"
+    ok, data, error = dial(endpoint(rdir, "gateway-0"), args.target, args.agent or "", args.ring_timeout or 0.0, via)
     if args.json:
         import orjson
 
         print(orjson.dumps({"ok": ok, "error": error, **data}).decode())
+    elif ok and via == "twilio":
+        agent = f"agent {data['agent']}" if data.get("agent") else "the twilio route's agent"
+        print(f"{data.get('status') or 'queued'}: Twilio call {data.get('call_sid')} to {data.get('target')} "
+              f"({agent} runs it once answered)")
     elif ok:
         print(f"answered: call {data.get('call_id')} (agent {data.get('agent')}, {data.get('codec')})")
     if not ok:
@@ -401,12 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
     locate(sp)
     sp.set_defaults(func=cmd_reload)
 
-    sp = sub.add_parser("dial", help="place an outbound SIP call (a sip: URI, or a number through [sip] trunk)")
+    sp = sub.add_parser("dial", help="place an outbound call: SIP (a sip: URI, or a number through [sip] trunk) "
+                        "or --via twilio (Twilio's REST API)")
     locate(sp)
-    sp.add_argument("target", help="sip:user@ip[:port], or a number dialled as sip:NUMBER@<[sip] trunk>")
-    sp.add_argument("--agent", help="the agent that runs the call (default: [sip] default_agent)")
-    sp.add_argument("--ring-timeout", type=float, help="seconds to ring before CANCEL (default: [sip] dial_ring_timeout_s)")
-    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    from brisvox.cli.dial import add_dial_arguments
+
+    add_dial_arguments(sp)
     sp.set_defaults(func=cmd_dial)
 
     sp = sub.add_parser("check", help="validate a daemon config (with the agent files it names) or an agent file, offline")

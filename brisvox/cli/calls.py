@@ -3,7 +3,8 @@
 Owns argument parsing and output. Records come from ``--path`` (a directory
 or a .jsonl file), else the ``[calls] path`` of the daemon config, else
 ``<state_dir>/calls``. ``list`` prints one line per call (newest last);
-``show`` prints one record as JSON (``--conversation`` only the transcript).
+``show`` prints one record as JSON (``--conversation`` only the transcript), found by its
+call id, a unique prefix of it, or one of its transport ids (a Twilio CallSid).
 Exit codes: 0, 1 when ``show`` finds no such call.
 """
 
@@ -28,7 +29,7 @@ def add_parser(sub: Any) -> None:
     pl = csub.add_parser("list", help="one line per call")
     pl.add_argument("--last", type=int, default=50, help="show the last N calls (0 = all)")
     ps = csub.add_parser("show", help="one call record as JSON")
-    ps.add_argument("call_id", help="the call id (a unique prefix is enough)")
+    ps.add_argument("call_id", help="the call id (a unique prefix is enough), or a transport id (a Twilio CallSid)")
     ps.add_argument("--conversation", action="store_true", help="print only the conversation")
     p.set_defaults(run=run)
 
@@ -74,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     matches = [r for r in records if str(r.get("call_id", "")) == args.call_id]
     if not matches:
         matches = [r for r in records if str(r.get("call_id", "")).startswith(args.call_id)]
+    if not matches:  # a transport's id: a Twilio CallSid (brisvoxd dial --via twilio), a SIP Call-ID
+        matches = [r for r in records if args.call_id in (r.get("transport_ids") or {}).values()]
     if len(matches) != 1:
         print(f"{'no' if not matches else 'more than one'} call {args.call_id!r} in {target}", file=sys.stderr)
         return 1

@@ -1,6 +1,7 @@
-"""``brisvox dial TARGET``: the same outbound SIP call as ``brisvoxd dial`` (see docs/OPERATIONS.md).
+"""``brisvox dial TARGET``: the same outbound call as ``brisvoxd dial`` (SIP, or ``--via twilio``; docs/OPERATIONS.md).
 
-Owns nothing but the subcommand's registration; the command is
+Owns the subcommand's registration and the arguments both CLIs give ``dial``
+(:func:`add_dial_arguments`); the command is
 :func:`brisvox.cli.brisvoxd.cmd_dial` (it asks the running daemon's gateway).
 """
 
@@ -10,12 +11,23 @@ import argparse
 from typing import Any
 
 
+def add_dial_arguments(sp: argparse.ArgumentParser) -> None:
+    """``dial``'s arguments (``brisvoxd dial`` and ``brisvox dial`` alike)."""
+    sp.add_argument("target", help="sip:user@ip[:port], or a number dialled as sip:NUMBER@<[sip] trunk>; "
+                    "with --via twilio an E.164 number or a sip: URI")
+    sp.add_argument("--via", choices=("sip", "twilio"), default="sip",
+                    help="sip: an INVITE from the gateway (default); twilio: a calls create pointing at "
+                    "[websocket] twiml_path")
+    sp.add_argument("--agent", help="the agent that runs the call (default: [sip] default_agent, or the "
+                    "twilio route's)")
+    sp.add_argument("--ring-timeout", type=float, help="seconds to ring (default: [sip] dial_ring_timeout_s; "
+                    "Twilio's 60 s)")
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("dial", help="place an outbound SIP call through the running daemon's gateway")
-    p.add_argument("target", help="sip:user@ip[:port], or a number dialled as sip:NUMBER@<[sip] trunk>")
-    p.add_argument("--agent", help="the agent that runs the call (default: [sip] default_agent)")
-    p.add_argument("--ring-timeout", type=float, help="seconds to ring before CANCEL (default: [sip] dial_ring_timeout_s)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("dial", help="place an outbound call (SIP, or --via twilio) through the running daemon's gateway")
+    add_dial_arguments(p)
     p.add_argument("--config", help="config file (default: $BRISVOX_CONFIG, /etc/brisvox/brisvoxd.toml)")
     p.add_argument("--runtime-dir", help="runtime dir of the daemon to talk to (default: from the config)")
     p.set_defaults(run=run)

@@ -44,6 +44,7 @@ from brisvox.gateway.pacer import FRAME_S, Pacer
 from brisvox.gateway.peers import AgentLinks
 from brisvox.gateway.recorder import Recorder
 from brisvox.gateway.transports import LISTENERS, Listener
+from brisvox.gateway.twilio_dial import dial_twilio
 from brisvox.runtime.memory import IdleTrim
 from ipc.links import Links
 
@@ -170,18 +171,24 @@ class GatewayCore(AgentLinks):
     # -- stats --------------------------------------------------------------------
 
     def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None:
-        """The ``dial`` command: an outbound SIP call (:mod:`brisvox.gateway.sip_outbound`)."""
-        ua = self.listeners.get("sip")
-        dial = getattr(ua, "dial", None)
+        """The ``dial`` command: an outbound SIP call (:mod:`brisvox.gateway.sip_outbound`), or
+        with ``via = "twilio"`` a Twilio calls create (:mod:`brisvox.gateway.twilio_dial`)."""
+        via = args.get("via") or "sip"
+        listener = self.listeners.get("sip" if via == "sip" else "websocket")
+        dial = getattr(listener, "dial", None)
         target, agent, ring = args.get("target"), args.get("agent") or "", args.get("ring_timeout_s") or 0
-        if dial is None:
-            done(None, "SIP is not enabled")
+        if via not in ("sip", "twilio"):
+            done(None, "via must be sip or twilio")
+        elif listener is None or (via == "sip" and dial is None):
+            done(None, "SIP is not enabled" if via == "sip" else "the WebSocket listener is not enabled")
         elif not isinstance(target, str) or not isinstance(agent, str) or \
                 not isinstance(ring, (int, float)) or isinstance(ring, bool) or not 0 <= ring <= 600:
             done(None, "expected target (a string), agent (a string), ring_timeout_s (0..600)")
         elif self.table.draining:
             done(None, "refused: draining")
-        else:
+        elif via == "twilio":
+            dial_twilio(listener, self, target, agent, float(ring), done)
+        elif dial is not None:
             dial(target, agent, done, float(ring))
 
     def stats(self) -> dict[str, Any]:

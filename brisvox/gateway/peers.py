@@ -6,7 +6,8 @@ Owns :class:`AgentLinks`, the part of the gateway core that talks ZeroMQ
 dispatch of every frame the gateway receives (:meth:`AgentLinks.frame_handlers`:
 one ``frame class -> handler`` table covering exactly
 ``ipc.codec.received_by("gateway")``), the periodic Playback reports and
-the operators' ``Command`` introspection (and ``dial``, answered when the outbound call is).
+the operators' ``Command`` introspection (and ``dial``, answered when the outbound call is:
+answered over SIP, queued by Twilio with ``via = "twilio"``).
 
 Invariants:
 
@@ -204,7 +205,7 @@ class AgentLinks(CallLifecycle):
             self.apply_resume(call, f.epoch)
 
     def _on_command(self, f: F.Command, sender: str, cid: int | str | None) -> None:
-        if f.name == "dial":  # answered once the call is answered or failed (brisvoxd dial)
+        if f.name == "dial":  # answered once the call is answered or failed (brisvoxd dial, or queued: Twilio)
             def done(data: dict[str, Any] | None, error: str) -> None:
                 self.links.reply(sender, F.CommandReply(ok=not error, data=data or {"reason": error},
                                                         error=error), cid)

@@ -1,12 +1,16 @@
-"""Twilio call control: the REST API's calls update, for a Twilio Media Streams leg.
+"""Twilio call control: the REST API's calls update and create, for Twilio Media Streams calls.
 
 Owns :class:`TwilioApi`, the gateway's one client of Twilio's Programmable
 Voice REST API (``POST {api_base}/2010-04-01/Accounts/{AccountSid}/Calls/{CallSid}.json``),
 built by the WebSocket server when ``[websocket] twilio_account_sid`` is set
 (:func:`from_config`), and the two updates a Twilio leg makes
 (:mod:`brisvox.gateway.twilio_ws`): a transfer (``Twiml=<Response><Dial>...``,
-:func:`dial_twiml`) and a hang-up (``Status=completed``). The request itself
-is built by :func:`call_request` (pure: the tests check it byte for byte).
+:func:`dial_twiml`) and a hang-up (``Status=completed``); and the calls create
+of an outbound call (``POST .../Calls.json`` with ``To``, ``From``, ``Url``,
+``Method``, optionally ``Timeout`` and ``StatusCallback``:
+:meth:`TwilioApi.create_call`, used by :mod:`brisvox.gateway.twilio_dial`). The
+requests themselves are built by :func:`call_request` (pure: the tests check
+them byte for byte).
 
 Invariants:
 
@@ -17,11 +21,14 @@ Invariants:
 * A request is attempted at most :data:`ATTEMPTS` times: again only after a
   connection error (the request never reached Twilio) or a 5xx answer, after
   :data:`RETRY_DELAY_S`. A 4xx answer (404: the call is gone or not this
-  account's; 401: bad credentials) is final. The gateway may not import the
+  account's; 401: bad credentials) is final. A calls create is attempted
+  again only after a connection error: a 5xx may have created the call, and a
+  second create would ring the callee twice. The gateway may not import the
   providers' resilience layer (the import contracts of ``pyproject.toml``),
   so this bounded loop is the whole retry policy of this client.
 * Every outcome is an :class:`Outcome` (never an exception): ``ok`` for a
-  2xx answer, else a ``detail`` naming the status and Twilio's own message
+  2xx answer (with its JSON object, at most :data:`MAX_RESOURCE` bytes read, as
+  ``data``), else a ``detail`` naming the status and Twilio's own message
   (cut to :data:`MAX_DETAIL` characters) or the transport error.
 * A transfer target is an E.164 number (``+`` and 2..15 digits) or a
   ``sip:``/``sips:`` URI of at most :data:`MAX_TARGET` characters without
@@ -36,7 +43,7 @@ import asyncio
 import base64
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 from xml.sax.saxutils import escape
@@ -54,6 +61,7 @@ RETRY_DELAY_S = 0.2
 MAX_TARGET = 256
 MAX_DETAIL = 200
 MAX_BODY = 8192  # bytes of an error answer parsed for its code and message
+MAX_RESOURCE = 65536  # bytes of a 2xx answer parsed (a call resource is about 2 KiB)
 SID_RE = re.compile(r"^[A-Za-z0-9]{2,64}$")
 E164_RE = re.compile(r"^\+[1-9][0-9]{1,14}$")
 SIP_RE = re.compile(r"^sips?:[^\s<>\"'&]+$", re.I)
@@ -63,6 +71,7 @@ SIP_RE = re.compile(r"^sips?:[^\s<>\"'&]+$", re.I)
 class Outcome:
     ok: bool
     detail: str
+    data: dict[str, Any] | None = field(default=None, compare=False)  # a 2xx answer's JSON object (the call)
 
 
 def dial_twiml(target: str) -> str | None:
@@ -79,26 +88,46 @@ def dial_twiml(target: str) -> str | None:
     return f"<Response><Dial><{noun}>{escape(target)}</{noun}></Dial></Response>"
 
 
-def call_request(api_base: str, account_sid: str, auth_token: str, call_sid: str,
+def call_request(api_base: str, account_sid: str, auth_token: str, call_sid: str | None,
                  fields: dict[str, str]) -> tuple[str, dict[str, str], bytes]:
-    """(url, headers, body) of the calls update of ``call_sid``; ValueError for a bad SID."""
-    if not SID_RE.match(account_sid) or not SID_RE.match(call_sid):
+    """(url, headers, body) of the calls update of ``call_sid`` (None: the calls create);
+    ValueError for a bad SID."""
+    if not SID_RE.match(account_sid) or (call_sid is not None and not SID_RE.match(call_sid)):
         raise ValueError("a Twilio SID is letters and digits")
-    url = f"{api_base.rstrip('/')}/{API_VERSION}/Accounts/{account_sid}/Calls/{call_sid}.json"
+    calls = "Calls" if call_sid is None else f"Calls/{call_sid}"
+    url = f"{api_base.rstrip('/')}/{API_VERSION}/Accounts/{account_sid}/{calls}.json"
     basic = base64.b64encode(f"{account_sid}:{auth_token}".encode()).decode()
     headers = {"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded",
                "Accept": "application/json"}
     return url, headers, urlencode(fields).encode()
 
 
+def create_fields(to: str, from_: str, url: str, timeout_s: int = 0, status_callback: str = "") -> dict[str, str]:
+    """The form of a calls create: Twilio fetches ``url`` (POST) once the callee answers;
+    ``timeout_s`` (1..600) is how long it rings (0: Twilio's default, 60 s). Answering-machine
+    detection (``MachineDetection``) is not asked for (docs/TRANSPORTS.md)."""
+    fields = {"To": to, "From": from_, "Url": url, "Method": "POST"}
+    if timeout_s:
+        fields["Timeout"] = str(max(1, min(600, int(timeout_s))))
+    if status_callback:
+        fields["StatusCallback"] = status_callback
+        fields["StatusCallbackMethod"] = "POST"
+    return fields
+
+
+def _json_object(body: bytes, limit: int = MAX_BODY) -> dict[str, Any] | None:
+    try:
+        doc = orjson.loads(body[:limit]) if body else None
+    except orjson.JSONDecodeError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def _detail(status: int, body: bytes) -> str:
     """``Twilio API <status>``, with the code and message of Twilio's error body if it has them."""
     out = f"Twilio API {status}"
-    try:
-        err = orjson.loads(body[:MAX_BODY]) if body else None
-    except orjson.JSONDecodeError:
-        err = None
-    if isinstance(err, dict):
+    err = _json_object(body)
+    if err is not None:
         if err.get("code") is not None:
             out += f" (code {str(err['code'])[:12]})"
         if isinstance(err.get("message"), str):
@@ -139,8 +168,14 @@ class TwilioApi:
     async def complete(self, call_sid: str) -> Outcome:
         return await self.update(call_sid, {"Status": "completed"}, "hangup")
 
-    async def update(self, call_sid: str, fields: dict[str, str], what: str) -> Outcome:
-        """POST ``fields`` to the call; at most :data:`ATTEMPTS` attempts (module invariants)."""
+    async def create_call(self, to: str, from_: str, url: str, timeout_s: int = 0,
+                          status_callback: str = "") -> Outcome:
+        """The calls create (an outbound call); ``data`` is Twilio's call resource (``sid``, ``status``)."""
+        return await self.update(None, create_fields(to, from_, url, timeout_s, status_callback), "create")
+
+    async def update(self, call_sid: str | None, fields: dict[str, str], what: str) -> Outcome:
+        """POST ``fields`` to the call (None: create one); at most :data:`ATTEMPTS` attempts
+        (module invariants)."""
         try:
             url, headers, body = call_request(self.api_base, self.account_sid, self.auth_token, call_sid, fields)
         except ValueError as e:
@@ -151,15 +186,16 @@ class TwilioApi:
             if attempt:
                 self.count("twilio_api_retries")
                 await asyncio.sleep(RETRY_DELAY_S)
-            again, outcome = await self._attempt(url, headers, body)
+            again, outcome = await self._attempt(url, headers, body, retry_5xx=call_sid is not None)
             if not again:
                 break
         self.count(f"twilio_api_{what}_{'ok' if outcome.ok else 'failed'}")
         if not outcome.ok:
-            log.warning("twilio %s of call %s failed: %s", what, call_sid, outcome.detail)
+            log.warning("twilio %s of call %s failed: %s", what, call_sid or "(new)", outcome.detail)
         return outcome
 
-    async def _attempt(self, url: str, headers: dict[str, str], body: bytes) -> tuple[bool, Outcome]:
+    async def _attempt(self, url: str, headers: dict[str, str], body: bytes,
+                       retry_5xx: bool = True) -> tuple[bool, Outcome]:
         """(retry?, outcome) of one request."""
         import httpx
 
@@ -170,8 +206,8 @@ class TwilioApi:
         except httpx.HTTPError as e:  # sent, the answer lost: another attempt could act twice
             return False, Outcome(False, f"Twilio API error: {type(e).__name__}")
         if 200 <= resp.status_code < 300:
-            return False, Outcome(True, f"Twilio API {resp.status_code}")
-        return resp.status_code >= 500, Outcome(False, _detail(resp.status_code, resp.content))
+            return False, Outcome(True, f"Twilio API {resp.status_code}", _json_object(resp.content, MAX_RESOURCE))
+        return retry_5xx and resp.status_code >= 500, Outcome(False, _detail(resp.status_code, resp.content))
 
     async def aclose(self) -> None:
         if self._client is not None:

@@ -38,7 +38,8 @@ Invariants:
   ``allow_unauthenticated`` (else 403 ``ws_refused_unconfigured``).
 * A request that never completes is dropped by the server's handshake timeout.
 * Every value placed in the TwiML is XML-escaped; the From/To parameters are
-  cut to :data:`MAX_PARAM` characters.
+  cut to :data:`MAX_PARAM` characters. A call whose form says ``Direction=outbound-...``
+  (one :mod:`brisvox.gateway.twilio_dial` placed) also gets ``direction = "outbound"``.
 """
 
 from __future__ import annotations
@@ -142,8 +143,11 @@ class Webhook:
         if url is None:
             return self.refuse(conn, 404, "no such agent", "ws_refused_twiml_agent")
         form_dict = dict(pairs)
+        params = {k: form_dict[k] for k in PASSED if k in form_dict}
+        if form_dict.get("Direction", "").startswith("outbound"):  # a call we placed (twilio_dial)
+            params["direction"] = "outbound"
         server.count("ws_twiml_ok")
-        return _answer(200, render(url, {k: form_dict[k] for k in PASSED if k in form_dict}), "text/xml")
+        return _answer(200, render(url, params), "text/xml")
 
 
 def _plain_host(host: str) -> bool:

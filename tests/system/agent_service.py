@@ -1,7 +1,9 @@
 """A small agent service speaking docs/AGENT_PROTOCOL.md directly (no SDK): the tests' peer.
 
 Run as ``python tests/system/agent_service.py PORT SECRET LOG``: it serves one behaviour per
-URL path (``/main``, ``/narrow``, ``/collide``, ``/cmds``, ``/noop``, ``/drop``), checks the handshake
+URL path (``/main``, ``/narrow``, ``/collide``, ``/cmds``, ``/noop``, ``/drop``, ``/dial``: the
+command frames of the JSON list in ``$AGENT_SERVICE_DIAL``, one every 0.5 s from 1 s after
+``session.ready``), checks the handshake
 signature itself (HTTP 401 otherwise), and appends every frame it receives (and every
 handshake it refused) as one JSON line to LOG, with the path and the session.
 
@@ -16,6 +18,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import sys
 import time
 from http import HTTPStatus
@@ -40,6 +43,7 @@ PATHS = {
     "/cmds": [],
     "/noop": ["noop"],
     "/drop": ["lookup", "book_table"],  # drops the connection at book_table's call, answers it after the re-dial
+    "/dial": [],
 }
 
 
@@ -106,6 +110,10 @@ class Service:
                                               "result": {"booking": "BK-LATE"}}))  # after the link dropped
                 if path == "/narrow":
                     await ws.send(json.dumps({"type": "tools.set", "names": ["lookup", "not_declared"]}))
+                if path == "/dial":
+                    dials = json.loads(os.environ.get("AGENT_SERVICE_DIAL", "[]"))
+                    for i, cmd in enumerate(dials):
+                        later(send_after(1.0 + 0.5 * i, {"type": "command", "name": "dial", **cmd}))
                 if path == "/cmds":
                     later(send_after(3.0, {"type": "command", "id": "k1", "name": "say", "text": "One moment please."}))
                     later(send_after(3.2, {"type": "command", "id": "k0", "name": "say", "text": "x" * 1001}))

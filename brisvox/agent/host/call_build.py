@@ -16,7 +16,7 @@ agent does not record: off by default), the directory ``[recording] path`` or el
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,9 +46,10 @@ def call_info_of(start: Any) -> CallInfo:
 
 
 def from_definition(agent: Any, call_id: str, to_gateway: Callable[[Any], None], channel: Any,
-                    hangup_after_playout: Callable[[str], None]) -> CallBuild:
+                    hangup_after_playout: Callable[[str], None],
+                    request_gateway: Callable[[Any, float], Awaitable[Any]] | None = None) -> CallBuild:
     provs = build_call(agent, CallEnv(call_id, channel=channel))
-    telephony = LinkTelephony(call_id, to_gateway, hangup_hook=hangup_after_playout)
+    telephony = LinkTelephony(call_id, to_gateway, hangup_hook=hangup_after_playout, request=request_gateway)
     registry = build_registry(agent, telephony) if agent.tools or agent.flow is not None else None
     flow = None
     if agent.flow is not None:
@@ -80,10 +81,13 @@ def recording_of(agent: Any, default_dir: Callable[[], Path], keep_days: int) ->
 
 
 async def open_call(agent: Any, start: Any, to_gateway: Callable[[Any], None], channel: Any,
-                    hangup_after_playout: Callable[[str], None]) -> CallBuild:
+                    hangup_after_playout: Callable[[str], None],
+                    request_gateway: Callable[[Any, float], Awaitable[Any]] | None = None) -> CallBuild:
     """:func:`from_definition`, then the agent service's link opened and its tools registered
-    (before the actor is built); with ``required = true`` a refusal raises (the call is refused)."""
-    built = from_definition(agent, start.call_id, to_gateway, channel, hangup_after_playout)
+    (before the actor is built); with ``required = true`` a refusal raises (the call is refused).
+    ``request_gateway`` (a request to the call's gateway, answered or TimeoutError) carries the
+    service's ``dial`` command."""
+    built = from_definition(agent, start.call_id, to_gateway, channel, hangup_after_playout, request_gateway)
     if getattr(agent, "agent_link", None) is not None:
         from brisvox.agent.link.build import open_link
 

@@ -71,6 +71,7 @@ from brisvox.agent.host.actor import CallActor
 from brisvox.agent.host.call_build import call_info_of, open_call, recording_of, recordings_default
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
+from brisvox.agent.host.process_link import ProcessLink
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.pipeline.speculation import add_totals as add_spec_totals
@@ -90,10 +91,7 @@ from ipc.frames import (
     MarkPlayed,
     OutUtterance,
     Playback,
-    SmartTurnResult,
     TransferResult,
-    TtsCut,
-    TtsUtterance,
 )
 from ipc.tick_events import TickEvent
 
@@ -104,46 +102,6 @@ log = logging.getLogger("brisvox.agent.process")
 
 REPORT_S = 0.5
 IN16_RATE = 16000
-
-
-class ProcessLink:
-    """The actor's :class:`~brisvox.agent.pipeline.call_io.CallLink` in the agent process."""
-
-    def __init__(self, proc: AgentProcess, call_id: str, gateway: str) -> None:
-        self.proc = proc
-        self.call_id = call_id
-        self.gateway = gateway
-        self.sent = 0
-        self.dropped = 0
-
-    def to_gateway(self, frame: Frame) -> None:
-        if self.proc.links.send(self.gateway, frame):
-            self.sent += 1
-        else:
-            self.dropped += 1
-
-    def to_worker(self, frame: Frame) -> None:
-        wc = self.proc.workers
-        if wc is None:
-            self.dropped += 1
-            return
-        if isinstance(frame, TtsUtterance):
-            coro = wc.tts_utterance(self.call_id, frame.utterance, frame.epoch, frame.tts_pos)
-        elif isinstance(frame, TtsCut):
-            coro = wc.tts_cut(self.call_id, frame.epoch, frame.tts_pos)
-        else:
-            self.dropped += 1
-            return
-        self.proc.spawn(coro)
-
-    async def smart_turn(self, end_pos: int, timeout: float) -> float | None:  # noqa: ASYNC109
-        wc = self.proc.workers
-        if wc is None:
-            return None
-        reply = await wc.smart_turn(self.call_id, end_pos, timeout)
-        if isinstance(reply, SmartTurnResult):
-            return reply.probability
-        return None
 
 
 class _CallSlot:
@@ -327,7 +285,7 @@ class AgentProcess:
             try:
                 agent = self._agent_def(self.cfg.agent_name(f.agent))
                 built = await open_call(agent, f, link.to_gateway, self.job_channel(),  # [agent_link]: dialled
-                                        functools.partial(self._hangup_later, f.call_id))
+                                        functools.partial(self._hangup_later, f.call_id), link.request)
                 provs, registry, telephony, flow, agent_link = built.providers, built.registry, built.telephony, built.flow, built.agent_link
             except Exception as e:  # a bad definition, a missing key, a tool that is not provided
                 await self._undo_attach(f.call_id, rings)

@@ -24,6 +24,11 @@ Invariants:
 * Nothing the service sends ends the caller's call by itself: a bad frame is answered
   with a typed ``error`` and counted; a command is acked (``ok: false`` when over the
   rate, outside a live call, over its bound, or not allowed).
+* A ``dial`` places a NEW call through the gateway (its ``dial`` command, a request over
+  the call's link, bounded by :data:`DIAL_WAIT`): only with ``[agent_link] allow_dial`` and a
+  target ``dial_targets`` lists (:meth:`~brisvox.agent.link.config.LinkConfig.may_dial`),
+  ``via`` ``sip`` or ``twilio``, one at a time per call; its ack carries the new call's id
+  (SIP, once answered) or Twilio's CallSid (once Twilio queued it), or the gateway's reason.
 * The link's life is the call's: :meth:`bind` watches the actor, sends ``hangup`` (when
   subscribed) after its record is built and closes the socket.
 """
@@ -69,6 +74,7 @@ SEND_TIMEOUT = 2.0
 PING_INTERVAL = 10.0  # ping_timeout 20 s (ws_common): a peer silent for 30 s is down
 TRANSPORT_MAX = 4 * m.MAX_FRAME_BYTES  # beyond the protocol's 1 MiB: answered too_large, not a dropped socket
 REDIAL_DELAYS = (0.2, 0.5, 1.0)
+DIAL_WAIT = {"sip": 100.0, "twilio": 20.0}  # SIP: [sip] dial_ring_timeout_s (60 s) + Timer B + the agent's start
 OUT_QUEUE = 256
 MAX_NOTES = 16
 
@@ -109,7 +115,9 @@ class AgentLink:
         }
         self._commands: dict[str, Callable[[m.Command], None]] = {
             "say": self._say, "note": self._note, "transfer": self._transfer, "end_call": self._end_call,
+            "dial": self._dial_out,
         }
+        self._dialing = False
 
     # -- the handshake --------------------------------------------------------------------
     async def open(self) -> None:
@@ -288,10 +296,10 @@ class AgentLink:
             return self._ack(c, False, "not_live")
         self._commands[c.name](c)
 
-    def _ack(self, c: m.Command, ok: bool, error: str = "") -> None:
+    def _ack(self, c: m.Command, ok: bool, error: str = "", **data: str) -> None:
         if not ok:
             self.stats.commands_refused += 1
-        self._send_soon(m.ack(c.id, ok, error))
+        self._send_soon(m.ack(c.id, ok, error, **data))
 
     def _text(self, c: m.Command) -> str | None:
         text = c.text.strip()
@@ -324,6 +332,31 @@ class AgentLink:
         async def run() -> None:
             ok, detail = await self.telephony.transfer(c.target, 10.0)
             self._ack(c, bool(ok), "" if ok else (detail or "the transfer failed"))
+        self.tasks.spawn(run())
+
+    def _dial_out(self, c: m.Command) -> None:
+        via = c.via or "sip"
+        if via not in m.DIAL_VIA:
+            return self._ack(c, False, "via must be sip or twilio")
+        if not self.cfg.may_dial(c.target):
+            self.stats.dials_refused += 1
+            return self._ack(c, False, "not allowed: [agent_link] allow_dial and dial_targets"
+                             if not self.cfg.allow_dial else "not a dial target ([agent_link] dial_targets)")
+        dial = getattr(self.telephony, "dial", None)
+        if dial is None:
+            return self._ack(c, False, "no telephony")
+        if self._dialing:
+            return self._ack(c, False, "a dial is in progress")
+        self._dialing = True
+        self.stats.calls_dialled += 1
+
+        async def run() -> None:
+            try:
+                ok, data, error = await dial(c.target, c.agent, via, DIAL_WAIT[via])
+            finally:
+                self._dialing = False
+            ids = {k: str(data[k])[:128] for k in ("call_id", "call_sid", "status") if data.get(k)}
+            self._ack(c, bool(ok), "" if ok else (error or "the dial failed")[:200], via=via, **(ids if ok else {}))
         self.tasks.spawn(run())
 
     def _end_call(self, c: m.Command) -> None:

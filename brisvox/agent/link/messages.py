@@ -48,7 +48,8 @@ MAX_SKEW = 300
 COMMAND_RATE = 20.0
 COMMAND_BURST = 40
 EVENTS = frozenset({"user_turn", "bot_turn", "tool_outcome", "hangup"})
-COMMANDS = frozenset({"say", "note", "transfer", "end_call"})
+COMMANDS = frozenset({"say", "note", "transfer", "end_call", "dial"})
+DIAL_VIA = frozenset({"sip", "twilio"})
 ERROR_CODES = frozenset({"bad_message", "too_large", "unknown_type", "unknown_id", "late", "invalid_tool",
                          "rate_limited", "not_live"})
 SIGNATURE_HEADER = "X-Brisvox-Signature"
@@ -110,6 +111,8 @@ class Command:
     text: str = ""
     target: str = ""
     reason: str = ""
+    agent: str = ""  # dial: the agent that runs the new call ("": the gateway's default)
+    via: str = ""  # dial: "sip" (default) or "twilio"
 
 
 Inbound = Accept | Refuse | ToolResult | ToolsSet | Command
@@ -181,7 +184,8 @@ def _command(d: Mapping[str, Any]) -> Command:
     if name not in COMMANDS:
         raise BadFrame("bad_message", f"unknown command {name!r}", cid)
     return Command(cid, name, _str(d, "text", cid, limit=MAX_FRAME_BYTES, default=""),  # bounded by its ack
-                   _str(d, "target", cid, limit=256, default=""), _str(d, "reason", cid, limit=200, default=""))
+                   _str(d, "target", cid, limit=256, default=""), _str(d, "reason", cid, limit=200, default=""),
+                   _str(d, "agent", cid, default=""), _str(d, "via", cid, limit=16, default=""))
 
 
 PARSERS: dict[str, Callable[[Mapping[str, Any]], Inbound]] = {
@@ -300,8 +304,9 @@ def event(name: str, **fields: Any) -> str:
     return encode({"type": "event", "name": name, **fields})
 
 
-def ack(cid: str, ok: bool, error: str = "") -> str:
-    return encode({"type": "command.ack", "id": cid, "ok": ok, **({"error": error} if error else {})})
+def ack(cid: str, ok: bool, error: str = "", **data: str) -> str:
+    """``command.ack``; ``data``: what the command made (a dial's ``call_id`` or ``call_sid``)."""
+    return encode({"type": "command.ack", "id": cid, "ok": ok, **data, **({"error": error} if error else {})})
 
 
 def error(code: str, message: str, ref: str = "") -> str:

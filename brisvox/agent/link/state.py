@@ -63,6 +63,8 @@ class LinkStats:
     events_sent: int = 0
     events_dropped: int = 0
     narrowed: int = 0
+    calls_dialled: int = 0  # the service's dial commands sent to the gateway
+    dials_refused: int = 0  # ... refused here (allow_dial, dial_targets)
 
     def as_dict(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in self.__slots__}

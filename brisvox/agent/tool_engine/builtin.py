@@ -11,7 +11,10 @@ out on the call's transport (SIP BYE / RFC 4733 / REFER, or Twilio's
 WebSocket close / REST).
 
 Per-call state lives in the port (one transfer per call), so a call
-registers these tools on its own registry (:func:`telephony_tools`).
+registers these tools on its own registry (:func:`telephony_tools`). The port
+also carries an agent service's ``dial`` (:meth:`LinkTelephony.dial`: the
+gateway's ``dial`` command as a request, bounded by its wait; no tool of the
+model's dials).
 Arguments are never logged (a phone number is personal data).
 """
 
@@ -19,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from brisvox.agent.tool_engine.registry import Tool, ToolContext, ToolError, ToolKind, ToolSpec
 from ipc.codec import Frame
-from ipc.frames import Hangup, SendDtmf, Transfer, TransferResult
+from ipc.frames import Command, CommandReply, Hangup, SendDtmf, Transfer, TransferResult
 
 BUILTIN_NAMES = ("end_call", "send_dtmf", "transfer_call")
 DTMF = re.compile(r"^[0-9*#A-Da-dwW]{1,32}$")
@@ -79,6 +82,7 @@ class LinkTelephony:
     call_id: str
     to_gateway: Callable[[Frame], None]
     hangup_hook: Callable[[str], None] | None = None
+    request: Callable[[Frame, float], Awaitable[Frame]] | None = None  # a request to the call's gateway
     _pending: asyncio.Future[TransferResult] | None = field(default=None, init=False)
     transfers: int = field(default=0, init=False)
 
@@ -104,6 +108,21 @@ class LinkTelephony:
         except TimeoutError:
             return False, "no answer from the carrier in time; the outcome is unknown"
         return res.ok, res.detail
+
+    async def dial(self, target: str, agent: str, via: str, timeout: float) -> tuple[bool, dict[str, Any], str]:  # noqa: ASYNC109
+        """The gateway's ``dial`` (a new outbound call): ``(ok, data, error)``, at most ``timeout`` s."""
+        if self.request is None:
+            return False, {}, "no gateway to dial through"
+        try:
+            reply = await self.request(Command(name="dial", args={"target": target, "agent": agent, "via": via}),
+                                       timeout)
+        except TimeoutError:
+            return False, {}, "the gateway did not answer the dial in time; the outcome is unknown"
+        except ConnectionError:
+            return False, {}, "the gateway is not reachable"
+        if not isinstance(reply, CommandReply):
+            return False, {}, f"unexpected reply {reply.TYPE}"
+        return bool(reply.ok), dict(reply.data or {}), reply.error
 
     def on_transfer_result(self, res: TransferResult) -> None:
         fut = self._pending

@@ -194,3 +194,43 @@ def test_hangup_handler_runs_before_the_close_and_commands_are_then_refused() ->
                 await sessions[0].say("too late")
 
     run(main)
+
+
+def test_dial_returns_what_the_ack_names_and_a_refusal_raises() -> None:
+    agent = Agent(secret=SECRET, port=0, command_timeout=0.5)
+
+    @agent.tool(kind="side_effect")
+    async def call_back(ctx: ToolContext, via: str) -> Any:
+        """Dial the caller back."""
+        try:
+            d = await ctx.session.dial("+4930123456", agent="callback", via=via, timeout=2.0)
+        except CommandRefused as e:
+            return {"refused": e.error}
+        return {"via": d.via, "call_id": d.call_id, "call_sid": d.call_sid, "status": d.status}
+
+    async def main() -> None:
+        async with agent:
+            fake = FakeBrisvox(agent.url)
+            await fake.offer()
+            await fake.call("r1", "call_back", {"via": "sip"})
+            cmd = await _command(fake)
+            assert {k: cmd[k] for k in ("name", "target", "agent", "via")} == {
+                "name": "dial", "target": "+4930123456", "agent": "callback", "via": "sip"}
+            await fake.send({"type": "command.ack", "id": cmd["id"], "ok": True, "via": "sip", "call_id": "c9"})
+            assert (await fake.expect("tool.result"))["result"] == {"via": "sip", "call_id": "c9", "call_sid": "",
+                                                                    "status": ""}
+            await fake.call("r2", "call_back", {"via": "twilio"})
+            cmd = await _command(fake)
+            await fake.send({"type": "command.ack", "id": cmd["id"], "ok": True, "via": "twilio",
+                             "call_sid": "CA1", "status": "queued"})
+            assert (await fake.expect("tool.result"))["result"] == {"via": "twilio", "call_id": "", "call_sid": "CA1",
+                                                                    "status": "queued"}
+            await fake.call("r3", "call_back", {"via": "sip"})
+            cmd = await _command(fake)
+            await fake.send({"type": "command.ack", "id": cmd["id"], "ok": False, "error": "not a dial target"})
+            assert (await fake.expect("tool.result"))["result"] == {"refused": "not a dial target"}
+            with pytest.raises(CommandError):  # refused before anything is sent
+                await Session(agent, "s", None, resume=False, local_tools=()).dial("+49", via="pigeon")  # type: ignore[arg-type]
+            await fake.close()
+
+    run(main)

@@ -243,7 +243,8 @@ export class Connection {
           this.sendError("bad_message", "command.ack needs a string 'id' and a boolean 'ok'", str(f.id));
           return;
         }
-        session._ack(f.id, f.ok, f.error);
+        const { type: _type, id: _id, ok: _ok, ...ack } = f;
+        session._ack(f.id, f.ok, f.error, ack);
         return;
       }
     }

@@ -3,11 +3,13 @@
  * brisvox dials the service, one WebSocket per call, with a signed handshake.
  */
 export { Agent, type AgentOptions, type ToolSpec } from "./agent.js";
-export { Session, ToolContext } from "./session.js";
+export { DIAL_TIMEOUT_MS, Session, ToolContext } from "./session.js";
 export type {
   CallEvent,
   CallInfo,
   CloseInfo,
+  DialOptions,
+  Dialed,
   HangupEvent,
   ProtocolErrorInfo,
   ReadyInfo,

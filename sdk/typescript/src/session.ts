@@ -67,9 +67,30 @@ export interface SessionLink {
   close(code: number, reason: string): void;
 }
 
+/** A call brisvox placed for the service (`dial`): over SIP the new call's `callId` (answered),
+ * through Twilio its `callSid` and Twilio's `status` (queued). */
+export interface Dialed {
+  via: "sip" | "twilio";
+  callId: string;
+  callSid: string;
+  status: string;
+}
+
+export interface DialOptions {
+  /** The agent that runs the new call (default: brisvox's). */
+  agent?: string;
+  /** `sip` (default) or `twilio`. */
+  via?: "sip" | "twilio";
+  /** How long to wait for the ack (default 110 s: a SIP dial is acked once answered). */
+  timeoutMs?: number;
+}
+
+/** A SIP dial is acked once the callee answered: brisvox waits up to 100 s. */
+export const DIAL_TIMEOUT_MS = 110_000;
+
 interface Pending {
   command: string;
-  resolve: () => void;
+  resolve: (ack: Record<string, unknown>) => void;
   reject: (err: CommandError) => void;
   timer: NodeJS.Timeout;
 }
@@ -127,26 +148,44 @@ export class Session {
     if ([...text].length > this.limits.maxSayChars) {
       return Promise.reject(new CommandError("say", `too_long: over ${this.limits.maxSayChars} characters`));
     }
-    return this.command("say", { text });
+    return this.command("say", { text }).then(() => undefined);
   }
 
   /** Add a system note to the model's context. */
   note(text: string): Promise<void> {
     if (typeof text !== "string" || text.length === 0) return Promise.reject(new CommandError("note", "empty text"));
-    return this.command("note", { text });
+    return this.command("note", { text }).then(() => undefined);
   }
 
   /** Transfer the call to one of the agent file's transfer targets. */
   transfer(target: string): Promise<void> {
     if (typeof target !== "string" || target.length === 0) return Promise.reject(new CommandError("transfer", "empty target"));
     if (target.length > 256) return Promise.reject(new CommandError("transfer", "too_long: a target is at most 256 characters"));
-    return this.command("transfer", { target });
+    return this.command("transfer", { target }).then(() => undefined);
   }
 
   /** End the call. */
   endCall(reason = "done"): Promise<void> {
     if (typeof reason !== "string" || reason.length > 200) return Promise.reject(new CommandError("end_call", "too_long: a reason is at most 200 characters"));
-    return this.command("end_call", { reason });
+    return this.command("end_call", { reason }).then(() => undefined);
+  }
+
+  /**
+   * Have brisvox place a NEW outbound call (the agent file's `[agent_link] allow_dial` and
+   * `dial_targets` must allow the target). Resolves once the callee answered (SIP) or Twilio
+   * queued the call; rejects with CommandRefused and brisvox's reason (`busy`, ...).
+   */
+  async dial(target: string, options: DialOptions = {}): Promise<Dialed> {
+    if (typeof target !== "string" || target.length === 0 || target.length > 256) {
+      throw new CommandError("dial", "the target must be 1..256 characters");
+    }
+    const via = options.via ?? "sip";
+    if (via !== "sip" && via !== "twilio") throw new CommandError("dial", "via must be sip or twilio");
+    const fields: Record<string, unknown> = { target, via };
+    if (options.agent) fields.agent = options.agent;
+    const ack = await this.command("dial", fields, options.timeoutMs ?? DIAL_TIMEOUT_MS);
+    const text = (k: string): string => (typeof ack[k] === "string" ? (ack[k] as string) : "");
+    return { via: text("via") === "twilio" ? "twilio" : via, callId: text("call_id"), callSid: text("call_sid"), status: text("status") };
   }
 
   /**
@@ -174,19 +213,20 @@ export class Session {
     this.link.close(code, reason);
   }
 
-  private async command(name: string, fields: Record<string, unknown>): Promise<void> {
+  private async command(name: string, fields: Record<string, unknown>,
+                        timeoutMs = this.limits.commandTimeoutMs): Promise<Record<string, unknown>> {
     if (this.ended) throw new NotLive(name);
     if (this.pending.size >= this.limits.maxPendingCommands) {
       throw new CommandError(name, `too_many_pending: ${this.pending.size} commands wait for their ack`);
     }
     const started = Date.now();
-    if (this.ready === null) await this.waitReady(name, this.limits.commandTimeoutMs);
-    const left = Math.max(1, this.limits.commandTimeoutMs - (Date.now() - started));
+    if (this.ready === null) await this.waitReady(name, timeoutMs);
+    const left = Math.max(1, timeoutMs - (Date.now() - started));
     const id = `k${++this.seq}`;
-    return new Promise<void>((resolve, reject) => {
+    return new Promise<Record<string, unknown>>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.pending.delete(id);
-        reject(new CommandTimeout(name, `timeout: no command.ack in ${this.limits.commandTimeoutMs} ms`, id));
+        reject(new CommandTimeout(name, `timeout: no command.ack in ${timeoutMs} ms`, id));
       }, left);
       this.pending.set(id, { command: name, resolve, reject, timer });
       if (this.ended || !this.link.send({ type: "command", id, name, ...fields })) {
@@ -238,12 +278,12 @@ export class Session {
   }
 
   /** @internal a `command.ack`; false when no command waits for that id. */
-  _ack(id: string, ok: boolean, error: unknown): boolean {
+  _ack(id: string, ok: boolean, error: unknown, ack: Record<string, unknown> = {}): boolean {
     const p = this.pending.get(id);
     if (!p) return false;
     this.pending.delete(id);
     clearTimeout(p.timer);
-    if (ok) p.resolve();
+    if (ok) p.resolve(ack);
     else p.reject(new CommandRefused(p.command, typeof error === "string" && error ? error : "refused", id));
     return true;
   }
@@ -333,6 +373,9 @@ export class ToolContext {
   }
   endCall(reason?: string): Promise<void> {
     return this.session.endCall(reason);
+  }
+  dial(target: string, options?: DialOptions): Promise<Dialed> {
+    return this.session.dial(target, options);
   }
   setTools(names: readonly string[]): Promise<void> {
     return this.session.setTools(names);

@@ -372,6 +372,38 @@ describe("commands", () => {
     await b.close();
   });
 
+  it("dial resolves with the new call's ids from the ack, rejects with brisvox's reason", async () => {
+    const done = deferred<unknown[]>();
+    const { url } = await serve((a) =>
+      a.tool({ name: "call_back", description: "C.", parameters: { type: "object" }, kind: "side_effect" }, async (_args, ctx) => {
+        const out: unknown[] = [];
+        out.push(await ctx.dial("+4930123456", { agent: "callback" }));
+        out.push(await ctx.dial("+4930123456", { via: "twilio" }));
+        await ctx.dial("+4930999", { timeoutMs: 2000 }).catch((e: CommandError) => out.push([e.error, e instanceof CommandRefused]));
+        await ctx.dial("+49", { via: "pigeon" as "sip" }).catch((e: CommandError) => out.push(e.error));
+        done.resolve(out);
+        return "ok";
+      }),
+    );
+    const { b } = await FakeBrisvox.live(url);
+    b.call("call_back", {});
+    const sip = await b.next("command");
+    assert.deepEqual([sip.name, sip.target, sip.agent, sip.via], ["dial", "+4930123456", "callback", "sip"]);
+    b.send({ type: "command.ack", id: sip.id, ok: true, via: "sip", call_id: "c9" });
+    const tw = await b.next("command");
+    assert.deepEqual([tw.via, tw.agent], ["twilio", undefined]);
+    b.send({ type: "command.ack", id: tw.id, ok: true, via: "twilio", call_sid: "CA1", status: "queued" });
+    const refused = await b.next("command");
+    b.send({ type: "command.ack", id: refused.id, ok: false, error: "not a dial target ([agent_link] dial_targets)" });
+    assert.deepEqual(await done.promise, [
+      { via: "sip", callId: "c9", callSid: "", status: "" },
+      { via: "twilio", callId: "", callSid: "CA1", status: "queued" },
+      ["not a dial target ([agent_link] dial_targets)", true],
+      "via must be sip or twilio",
+    ]);
+    await b.close();
+  });
+
   it("setTools sends tools.set for declared names and refuses others; commands reject once the session ended", async () => {
     const sessions = deferred<Session>();
     const { url } = await serve((a) => {

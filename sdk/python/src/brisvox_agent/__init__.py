@@ -25,7 +25,7 @@ from .errors import (
     Refuse,
     ToolError,
 )
-from .session import EVENTS, MAX_FRAME_BYTES, PROTOCOL_VERSION, Event, Session
+from .session import EVENTS, MAX_FRAME_BYTES, PROTOCOL_VERSION, Dialed, Event, Session
 from .tools import CallInfo, Kind, Tool, ToolContext
 
 __version__ = "0.1.0"
@@ -42,6 +42,7 @@ __all__ = [
     "CommandError",
     "CommandRefused",
     "CommandTimeout",
+    "Dialed",
     "Event",
     "Kind",
     "NotLive",

@@ -37,6 +37,8 @@ MAX_ID_CHARS = 64  # brisvox's bound on ids
 MAX_REASON_CHARS = 200
 MAX_TARGET_CHARS = 256
 MAX_PENDING_COMMANDS = 64
+DIAL_TIMEOUT = 110.0  # a SIP dial is acked once answered: brisvox waits up to 100 s
+DIAL_VIA = ("sip", "twilio")
 EVENT_QUEUE = 256
 ANSWERED_KEPT = 4096  # ids answered, remembered so a result goes once per id
 EVENTS = ("user_turn", "bot_turn", "tool_outcome", "hangup")
@@ -65,6 +67,17 @@ class Event:
         return cls(name=str(frame["name"]), epoch=epoch if type(epoch) is int else None,
                    text=text("text"), call_id=text("call_id"), tool=text("tool"),
                    outcome=text("outcome"), reason=text("reason"), raw=dict(frame))
+
+
+@dataclass(frozen=True)
+class Dialed:
+    """A call brisvox placed for the service (``dial``): over SIP the new call's ``call_id``
+    (answered), through Twilio its ``call_sid`` and Twilio's ``status`` (queued)."""
+
+    via: str
+    call_id: str = ""
+    call_sid: str = ""
+    status: str = ""
 
 
 def _default(value: Any) -> Any:
@@ -115,12 +128,13 @@ class Session:
 
     # -- commands ------------------------------------------------------------------------
 
-    async def command(self, name: str, *, timeout: float | None = None, **fields: Any) -> None:
-        """Send a command and wait for its ``command.ack``; raise a CommandError unless ok."""
+    async def command(self, name: str, *, timeout: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Send a command and wait for its ``command.ack``; raise a CommandError unless ok.
+        Returns the ack's fields besides ``type``, ``id`` and ``ok`` (what a ``dial`` made)."""
         link = self._link
         if link is None or link.closed or self.hung_up:
             raise NotLive(name, "the session is not live")
-        await link.command(name, fields, self.agent.command_timeout if timeout is None else timeout)
+        return await link.command(name, fields, self.agent.command_timeout if timeout is None else timeout)
 
     async def say(self, text: str, *, timeout: float | None = None) -> None:
         """Say a line into the call."""
@@ -146,6 +160,23 @@ class Session:
             raise CommandError("end_call", f"the reason is at most {MAX_REASON_CHARS} characters")
         await self.command("end_call", reason=reason, timeout=timeout)
 
+    async def dial(self, target: str, *, agent: str | None = None, via: str = "sip",
+                   timeout: float | None = None) -> Dialed:
+        """Have brisvox place a NEW outbound call (the agent file's ``[agent_link] allow_dial`` and
+        ``dial_targets`` must allow ``target``); ``agent`` runs it. Over SIP the ack comes once the
+        callee answered (so the default ``timeout`` is :data:`DIAL_TIMEOUT`), through Twilio once
+        Twilio queued the call. Raises CommandRefused with brisvox's reason (``busy``, ...)."""
+        if not isinstance(target, str) or not target or len(target) > MAX_TARGET_CHARS:
+            raise CommandError("dial", f"the target must be 1..{MAX_TARGET_CHARS} characters")
+        if via not in DIAL_VIA:
+            raise CommandError("dial", "via must be sip or twilio")
+        fields: dict[str, Any] = {"target": target, "via": via}
+        if agent:
+            fields["agent"] = agent
+        ack = await self.command("dial", timeout=DIAL_TIMEOUT if timeout is None else timeout, **fields)
+        return Dialed(via=str(ack.get("via") or via), call_id=str(ack.get("call_id") or ""),
+                      call_sid=str(ack.get("call_sid") or ""), status=str(ack.get("status") or ""))
+
     async def set_tools(self, names: Iterable[str]) -> None:
         """Narrow the tools offered to the model from its next response on (``tools.set``)."""
         wanted = list(dict.fromkeys(names))
@@ -168,7 +199,7 @@ class Link:
         self.closed = False
         self.running: dict[str, tuple[asyncio.Task[None], ToolContext, Tool]] = {}
         self.answered: dict[str, None] = {}  # insertion-ordered set, bounded
-        self.pending: dict[str, tuple[str, asyncio.Future[None]]] = {}
+        self.pending: dict[str, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self.events: asyncio.Queue[Event | None] = asyncio.Queue(EVENT_QUEUE)
         self._next_command = 0
 
@@ -184,7 +215,7 @@ class Link:
         with contextlib.suppress(ConnectionClosed):
             await self.send(frame)
 
-    async def command(self, name: str, fields: Mapping[str, Any], timeout: float) -> None:
+    async def command(self, name: str, fields: Mapping[str, Any], timeout: float) -> dict[str, Any]:
         if len(self.pending) >= MAX_PENDING_COMMANDS:
             raise CommandError(name, f"{MAX_PENDING_COMMANDS} commands are waiting for their ack")
         loop = asyncio.get_running_loop()
@@ -196,7 +227,7 @@ class Link:
                 raise CommandTimeout(name, "the session was not ready in time") from None
         self._next_command += 1
         cid = f"k{self._next_command}"
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self.pending[cid] = (name, fut)
         try:
             try:
@@ -204,7 +235,7 @@ class Link:
             except ConnectionClosed:
                 raise NotLive(name, "the connection closed") from None
             try:
-                await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+                return await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
             except TimeoutError:
                 raise CommandTimeout(name, f"no command.ack within {timeout:g} s") from None
         finally:
@@ -380,7 +411,7 @@ class Link:
             return
         name, fut = entry
         if frame.get("ok") is True:
-            fut.set_result(None)
+            fut.set_result({k: v for k, v in frame.items() if k not in ("type", "id", "ok")})
         else:
             err = frame.get("error")
             fut.set_exception(CommandRefused(name, str(err) if err else "refused"))
