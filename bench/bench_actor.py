@@ -98,7 +98,7 @@ def _daemon(n_calls: int) -> dict[str, list[float] | float]:
     import soundfile as sf
 
     from bench.harness.call_daemon import SPEECH, config
-    from bench.harness.daemon import Daemon
+    from bench.harness.daemon import Daemon, ws_port
     from brisvox.agent.host.call_record import read_records
     from brisvox.sim.ws_caller import ANSWER, SECOND, one_call
 
@@ -112,7 +112,7 @@ def _daemon(n_calls: int) -> dict[str, list[float] | float]:
     try:
         d.start()
         snap = d.wait_ready(60)
-        port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(d.child(snap, "gateway-0"))
         pss0 = d.child(snap, "agent-0").get("pss_bytes") or 0
         speech, _ = sf.read(SPEECH, dtype="int16")
         peak: list[int] = []

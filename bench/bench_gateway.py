@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.harness.daemon import ws_port  # noqa: E402
 from brisvox.wire import twilio  # noqa: E402
 from brisvox.wire.g711 import ULAW_SILENCE  # noqa: E402
 from ipc.bus import request_sync  # noqa: E402
@@ -244,7 +245,7 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
     ramp = max(2.0, n * 0.02 + 1.0)
     try:
         if transport == "ws":
-            port = int(info["endpoints"]["websocket"].rsplit(":", 1)[1])
+            port = ws_port(info)
             procs = 2 if n > 60 else 1
             loads = [subprocess.Popen([sys.executable, "-m", "bench.bench_gateway", "--ws-client", str(port),
                                        str(n // procs + (1 if i < n % procs else 0)), str(ramp + window + 1)],

@@ -66,6 +66,25 @@ def write_config(tmp: Path, workers: int = 2, agents: int = 1, extra: str = "") 
     return path
 
 
+def agents_config(agents_dir: Path, records: Path, *, default_agent: str = "", sip: str = "enabled = false",
+                  websocket: str = "", agents: str = "", smart_turn: bool = False) -> str:
+    """The role sections of a daemon that runs agent files from ``agents_dir`` (the ``extra`` of
+    :func:`write_config`): the echo agent off the workers, the WebSocket listener on a free port
+    (``websocket``: more of its lines, e.g. routes), SIP off unless ``sip`` gives its lines,
+    Smart Turn off unless asked (a test of the pipeline, not of the model), records to ``records``."""
+    turn = "" if smart_turn else "\n[smart_turn]\nenabled = false\n"
+    default = f'default_agent = "{default_agent}"\n' if default_agent else ""
+    return (f"\n[gateway]\necho_use_workers = false\n\n[sip]\n{sip}\n\n[websocket]\nport = 0\n{websocket}\n{turn}"
+            f'\n[agents]\nproviders = "definitions"\n{default}agents_dir = "{agents_dir}"\n'
+            f"{'' if smart_turn else 'smart_turn = false'}\n{agents}\n"
+            f'\n[calls]\npath = "{records}"\n')
+
+
+def ws_port(gateway: dict[str, Any]) -> int:
+    """The port the gateway's WebSocket listener took (``[websocket] port = 0``), from its status entry."""
+    return int(gateway["endpoints"]["websocket"].rsplit(":", 1)[1])
+
+
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*BRISVOXD, *args], cwd=ROOT, env=env or child_env(), capture_output=True, text=True,
                           timeout=timeout)

@@ -33,7 +33,7 @@ import orjson
 import pytest
 
 from bench.harness.call_daemon import config
-from bench.harness.daemon import Daemon, wait_dead
+from bench.harness.daemon import Daemon, wait_dead, ws_port
 from ipc.ring import SHM_DIR
 
 pytestmark = pytest.mark.system
@@ -122,7 +122,7 @@ def test_sigkill_of_an_agent_process_leaves_no_call_and_no_mapping_in_the_worker
         snap = d.wait_ready(45)
         inst = d.instance
         gw = d.child(snap, "gateway-0")
-        port = int(gw["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(gw)
         callers = Callers(port, N_CALLS).start()
         snap = d.wait_for(lambda s: d.child(s, "worker-0")["calls"] == N_CALLS
                           and d.child(s, "agent-0")["calls"] == N_CALLS, 15, "every call attached")

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config, ws_port
 from brisvox.agent.host.call_record import read_records
 from brisvox.client.native import NativeTransport
 from brisvox.client.transport import BotEvents
@@ -121,39 +121,14 @@ def env():
              "killed": agent("killed", kport, "/main"), "drop": agent("drop", port, "/drop")}
     for n, text in files.items():
         (agents / f"{n}.toml").write_text(text)
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[websocket]
-port = 0
-[[websocket.routes]]
-path = "/ws"
-protocol = "native"
-agent = "main"
-agents = {json.dumps(list(files))}
-
-[sip]
-enabled = false
-
-[smart_turn]
-enabled = false
-
-[agents]
-providers = "definitions"
-default_agent = "main"
-agents_dir = "{agents}"
-smart_turn = false
-
-[calls]
-path = "{tmp / 'records'}"
-"""
+    routes = f'routes = [{{ path = "/ws", protocol = "native", agent = "main", agents = {json.dumps(list(files))} }}]'
+    extra = agents_config(agents, tmp / "records", default_agent="main", websocket=routes)
     d = Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True,
                env={"AGENT_SECRET": SECRET, "WRONG_SECRET": "not-the-secret"})
     try:
         d.start()
         snap = d.wait_ready(90)
-        ws = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        ws = ws_port(d.child(snap, "gateway-0"))
         yield {"d": d, "tmp": tmp, "ws": ws, "log": log, "klog": klog, "kport": kport}
     finally:
         d.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config, ws_port
 from brisvox.agent.host.call_record import read_records
 from brisvox.client.native import NativeTransport
 from brisvox.client.transport import BotEvents
@@ -109,34 +109,13 @@ def env(request):
     agents = tmp / "agents"
     agents.mkdir()
     (agents / "sdkbook.toml").write_text(agent(port))
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[websocket]
-port = 0
-
-[sip]
-enabled = false
-
-[smart_turn]
-enabled = false
-
-[agents]
-providers = "definitions"
-default_agent = "sdkbook"
-agents_dir = "{agents}"
-smart_turn = false
-
-[calls]
-path = "{tmp / 'records'}"
-"""
+    extra = agents_config(agents, tmp / "records", default_agent="sdkbook")
     d = Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True,
                env={"BRISVOX_AGENT_SECRET": SECRET})
     try:
         d.start()
         snap = d.wait_ready(90)
-        ws = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        ws = ws_port(d.child(snap, "gateway-0"))
         yield {"d": d, "tmp": tmp, "ws": ws, "kind": kind}
     finally:
         d.close()

@@ -31,7 +31,7 @@ import pytest
 import soundfile as sf
 
 from bench.harness.call_daemon import SPEECH, config
-from bench.harness.daemon import Daemon
+from bench.harness.daemon import Daemon, ws_port
 from brisvox.agent.host.call_record import read_records
 from brisvox.sim.ws_caller import ANSWER, RATE, SECOND, judge, one_call
 from tests.system.daemon_promparse import parse, value
@@ -53,7 +53,7 @@ def test_simultaneous_calls_with_barge_in_context_equals_what_each_client_heard(
         d.start()
         snap = d.wait_ready(60)
         gw = d.child(snap, "gateway-0")
-        port = int(gw["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(gw)
 
         async def all_calls():
             async def staggered(i: int):

@@ -20,7 +20,7 @@ import pytest
 import soundfile as sf
 from websockets.exceptions import ConnectionClosed
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config, ws_port
 from brisvox.agent.host.call_record import read_records
 from brisvox.wire.native import NativeStream, server_message
 
@@ -44,29 +44,13 @@ def _models_ok() -> bool:
 def test_a_call_through_local_whisper_and_piper(short_tmp):
     if not _models_ok():
         pytest.skip("local models are not installed (brisvox models install)")
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[sip]
-enabled = false
-
-[websocket]
-port = 0
-routes = [{{ path = "/ws", protocol = "native", agent = "default", agents = ["scripted"] }}]
-
-[agents]
-providers = "definitions"
-agents_dir = "{ROOT / 'configs' / 'agents'}"
-
-[calls]
-path = "{short_tmp / 'records'}"
-"""
+    routes = 'routes = [{ path = "/ws", protocol = "native", agent = "default", agents = ["scripted"] }]'
+    extra = agents_config(ROOT / "configs" / "agents", short_tmp / "records", smart_turn=True, websocket=routes)
     d = Daemon(short_tmp, config=write_config(short_tmp, workers=1, agents=1, extra=extra), real_roles=True)
     try:
         d.start()
         snap = d.wait_ready(120)
-        port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(d.child(snap, "gateway-0"))
         speech, _ = sf.read(SPEECH, dtype="int16")
 
         async def call() -> tuple[str, list[np.ndarray]]:

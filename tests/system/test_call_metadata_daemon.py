@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config
 from brisvox.agent.host.call_record import read_records
 from brisvox.client.native import NativeTransport
 from brisvox.client.sip import SipTransport
@@ -94,30 +94,8 @@ def daemon():
     agents.mkdir()
     (agents / "whoami.toml").write_text(AGENT)
     (agents / "whoami_tool.py").write_text(TOOL)
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[sip]
-port = 0
-rtp_port_min = 47600
-rtp_port_max = 47700
-
-[websocket]
-port = 0
-
-[smart_turn]
-enabled = false
-
-[agents]
-providers = "definitions"
-default_agent = "whoami"
-agents_dir = "{agents}"
-smart_turn = false
-
-[calls]
-path = "{tmp / 'records'}"
-"""
+    extra = agents_config(agents, tmp / "records", default_agent="whoami",
+                          sip="port = 0\nrtp_port_min = 47600\nrtp_port_max = 47700")
     d = Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True)
     try:
         d.start()

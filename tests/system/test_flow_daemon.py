@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config
 from brisvox.agent.host.call_record import read_records
 from brisvox.client.native import NativeTransport
 from brisvox.client.sip import SipTransport
@@ -115,30 +115,8 @@ def daemon():
     agents.mkdir()
     (agents / "flowdemo.toml").write_text(AGENT.replace('name = "{digits}"', 'name = "Ada"'))
     (agents / "slow_booking.py").write_text(SLOW_BOOKING)
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[sip]
-port = 0
-rtp_port_min = 47400
-rtp_port_max = 47500
-
-[websocket]
-port = 0
-
-[smart_turn]
-enabled = false
-
-[agents]
-providers = "definitions"
-default_agent = "flowdemo"
-agents_dir = "{agents}"
-smart_turn = false
-
-[calls]
-path = "{tmp / 'records'}"
-"""
+    extra = agents_config(agents, tmp / "records", default_agent="flowdemo",
+                          sip="port = 0\nrtp_port_min = 47400\nrtp_port_max = 47500")
     d = Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True)
     try:
         d.start()

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, write_config, ws_port
 from brisvox.wire.native import NativeStream, server_message
 from tests.system.daemon_promparse import parse
 
@@ -41,12 +41,12 @@ def test_gateway_role_serves_a_call_and_reports_metrics(short_tmp):
         d.start()
         snap = d.wait_ready(30)
         gw = d.child(snap, "gateway-0")
-        ws_port = int(gw["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(gw)
         assert gw["endpoints"]["sip"].startswith("127.0.0.1:")
 
         async def call() -> int:
             n = 0
-            async with connect(f"ws://127.0.0.1:{ws_port}/ws/echo") as ws:
+            async with connect(f"ws://127.0.0.1:{port}/ws/echo") as ws:
                 await ws.send(NativeStream(8000).start())
                 assert server_message(orjson.loads(await ws.recv())).event == "started"
                 for _ in range(25):

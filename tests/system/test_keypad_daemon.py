@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config
 from brisvox.agent.host.call_record import read_records
 from brisvox.client.native import NativeTransport
 from brisvox.client.sip import SipTransport
@@ -70,30 +70,8 @@ def daemon():
     agents = tmp / "agents"
     agents.mkdir()
     (agents / "keypad.toml").write_text(AGENT)
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[sip]
-port = 0
-rtp_port_min = 47200
-rtp_port_max = 47300
-
-[websocket]
-port = 0
-
-[smart_turn]
-enabled = false
-
-[agents]
-providers = "definitions"
-default_agent = "keypad"
-agents_dir = "{agents}"
-smart_turn = false
-
-[calls]
-path = "{tmp / 'records'}"
-"""
+    extra = agents_config(agents, tmp / "records", default_agent="keypad",
+                          sip="port = 0\nrtp_port_min = 47200\nrtp_port_max = 47300")
     d = Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True)
     try:
         d.start()

@@ -34,7 +34,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from bench.harness.call_daemon import SPEECH
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, write_config, ws_port
 from brisvox.sim.ws_caller import RATE, TTS_RATE
 from brisvox.wire.native import NativeStream, server_message
 from ipc.ring import SHM_DIR
@@ -139,7 +139,7 @@ def test_flood_of_twice_max_calls_admits_exactly_the_limit_in_time_and_refuses_t
     try:
         d.start()
         snap = d.wait_ready(60)
-        port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(d.child(snap, "gateway-0"))
 
         solos = []
         for _ in range(SOLO_CALLS):  # one after the other: the baseline of an idle daemon

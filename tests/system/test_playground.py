@@ -36,7 +36,7 @@ import soundfile as sf
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config, ws_port
 from brisvox.agent.host.call_record import read_records
 from tests.system.chromium import BINARY, Chromium
 
@@ -52,30 +52,14 @@ AUDIO_FLAGS = ("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-st
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, int, Path]]:
     tmp = Path(tmp_path_factory.mktemp("pgd"))
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[sip]
-enabled = false
-
-[websocket]
-port = 0
+    extra = agents_config(ROOT / "configs" / "agents", tmp / "records", smart_turn=True, websocket="""
 handshakes_per_s = 0  # the bad-input tests open many connections at once
-routes = [{{ path = "/ws", protocol = "native", agent = "default", agents = ["scripted"] }}]
-
-[agents]
-providers = "definitions"
-agents_dir = "{ROOT / 'configs' / 'agents'}"
-
-[calls]
-path = "{tmp / 'records'}"
-"""
+routes = [{ path = "/ws", protocol = "native", agent = "default", agents = ["scripted"] }]""")
     d = Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True)
     try:
         d.start()
         snap = d.wait_ready(120)
-        port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(d.child(snap, "gateway-0"))
         yield d, port, tmp
     finally:
         d.close()

@@ -29,7 +29,7 @@ import pytest
 import soundfile as sf
 
 from bench.harness.call_daemon import SPEECH
-from bench.harness.daemon import Daemon, cli, write_config
+from bench.harness.daemon import Daemon, agents_config, cli, write_config, ws_port
 from brisvox.sim.ws_caller import ANSWER, FRAME, RATE, one_call
 from tests.system.gateway_harness import correlate
 
@@ -65,29 +65,7 @@ def _daemon(tmp: Path) -> Daemon:
     agents = tmp / "agents"
     agents.mkdir()
     (agents / "recorded.toml").write_text(AGENT.replace("RECDIR", str(tmp / "rec")))
-    extra = f"""
-[gateway]
-echo_use_workers = false
-
-[sip]
-enabled = false
-
-[websocket]
-port = 0
-
-[smart_turn]
-enabled = false
-
-[agents]
-providers = "definitions"
-default_agent = "recorded"
-agents_dir = "{agents}"
-smart_turn = false
-lead_margin_ms = 0
-
-[calls]
-path = "{tmp / 'records'}"
-"""
+    extra = agents_config(agents, tmp / "records", default_agent="recorded", agents="lead_margin_ms = 0")
     return Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True)
 
 
@@ -99,7 +77,7 @@ def test_a_recorded_call_holds_the_caller_left_and_the_released_bot_audio_right(
         d.start()
         snap = d.wait_ready(90)
         gw = d.child(snap, "gateway-0")
-        port = int(gw["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(gw)
         res = asyncio.run(one_call(port, speech, seed=3))
         call_id = res["call_id"]
         snap = d.wait_for(lambda s: (d.child(s, "gateway-0").get("stats") or {}).get("recordings_written", 0) >= 1,

@@ -23,7 +23,7 @@ import pytest
 import soundfile as sf
 from websockets.exceptions import ConnectionClosed
 
-from bench.harness.daemon import Daemon, write_config
+from bench.harness.daemon import Daemon, agents_config, write_config, ws_port
 from bench.harness.s2s_openai import FakeRealtime, Scripted
 from brisvox.agent.host.call_record import read_records
 from brisvox.wire.native import NativeStream, server_message
@@ -133,30 +133,14 @@ def test_an_s2s_call_through_the_daemon_with_a_barge_in(short_tmp):
     with FakeInThread(FakeRealtime(script=script, user_text="what time do you close", vad_threshold=300.0)) as fake:
         agents = short_tmp / "agents"
         agent_file(agents, fake.port)
-        extra = f"""
-[gateway]
-echo_use_workers = false
-
-[sip]
-enabled = false
-
-[websocket]
-port = 0
-routes = [{{ path = "/ws", protocol = "native", agent = "rt", agents = ["rt"] }}]
-
-[agents]
-providers = "definitions"
-agents_dir = "{agents}"
-
-[calls]
-path = "{short_tmp / 'records'}"
-"""
+        routes = 'routes = [{ path = "/ws", protocol = "native", agent = "rt", agents = ["rt"] }]'
+        extra = agents_config(agents, short_tmp / "records", smart_turn=True, websocket=routes)
         d = Daemon(short_tmp, config=write_config(short_tmp, workers=1, agents=1, extra=extra), real_roles=True,
                    env={"OPENAI_API_KEY": "sk-test"})
         try:
             d.start()
             snap = d.wait_ready(60)
-            port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+            port = ws_port(d.child(snap, "gateway-0"))
             res = asyncio.run(call(port, speech))
             d.wait_for(lambda s: any(r["call_id"] == res["call_id"] for r in read_records(short_tmp / "records")),
                        30, "the call record")

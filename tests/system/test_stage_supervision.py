@@ -26,7 +26,7 @@ import orjson
 import pytest
 
 from bench.harness.call_daemon import config
-from bench.harness.daemon import Daemon
+from bench.harness.daemon import Daemon, ws_port
 from brisvox.agent.host.call_record import read_records
 from brisvox.client.sip import SipTransport
 from brisvox.client.transport import BotEvents
@@ -93,7 +93,7 @@ def test_the_daemon_ends_a_call_whose_stage_failed_with_an_apology_and_1011(shor
     try:
         d.start()
         snap = d.wait_ready(60)
-        port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(d.child(snap, "gateway-0"))
         res = asyncio.run(_twilio_call(port))
         assert res["ended"], "the call was not ended by the server"
         why, _ = res["ended"][0]

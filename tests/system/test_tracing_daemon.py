@@ -20,7 +20,7 @@ import soundfile as sf
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from bench.harness.call_daemon import SPEECH, config
-from bench.harness.daemon import Daemon
+from bench.harness.daemon import Daemon, ws_port
 from brisvox.sim.ws_caller import ANSWER, SECOND, one_call
 
 pytestmark = pytest.mark.system
@@ -73,7 +73,7 @@ def test_a_call_trace_reaches_an_otlp_collector(short_tmp):
     try:
         d.start()
         snap = d.wait_ready(60)
-        port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
+        port = ws_port(d.child(snap, "gateway-0"))
         res = asyncio.run(one_call(port, speech, seed=1))
         deadline = time.monotonic() + 20  # the batch processor exports every 5 s
         while time.monotonic() < deadline and not any(n == "call" for n, *_ in spans()):
