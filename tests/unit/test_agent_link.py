@@ -150,6 +150,18 @@ def test_bad_frames_after_the_handshake_are_answered_and_counted():
     assert link.stats.bad_frames == 1 and link.stats.unknown_ids == 1 and link.stats.errors_sent == 2
 
 
+def test_hangup_is_the_last_event_even_when_a_turn_settles_after_it():
+    link = _link(ToolRegistry())
+    sent: list[str] = []
+    link.st.subscribed = frozenset({"bot_turn", "hangup"})
+    link._send_soon = lambda text: sent.append(text) or True  # type: ignore[method-assign]
+    link._event("bot_turn", epoch=1, text="Hello.")
+    link._event("hangup", reason="caller_hangup")
+    link._event("bot_turn", epoch=2, text="Goodbye.")  # the call's teardown settled one more turn
+    assert [json.loads(t)["name"] for t in sent] == ["bot_turn", "hangup"]
+    assert link.stats.events_sent == 2 and link.stats.events_dropped == 1
+
+
 def test_check_reports_a_bad_url_and_an_unset_secret(tmp_path):
     assert check_link({"url": "ws://h:99999/x", "secret_env": "NOPE"}, {})[0][:2] == ("error", "url")
     assert [p[:2] for p in check_link({"url": "wss://h/x", "secret_env": "NOPE"}, {})] == [("warning", "secret_env")]

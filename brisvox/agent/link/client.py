@@ -30,7 +30,8 @@ Invariants:
   ``via`` ``sip`` or ``twilio``, one at a time per call; its ack carries the new call's id
   (SIP, once answered) or Twilio's CallSid (once Twilio queued it), or the gateway's reason.
 * The link's life is the call's: :meth:`bind` watches the actor, sends ``hangup`` (when
-  subscribed) after its record is built and closes the socket.
+  subscribed) after its record is built and closes the socket. ``hangup`` is the last event:
+  one the call's teardown produces after it (a last turn settled late) is dropped and counted.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class AgentLink:
             "dial": self._dial_out,
         }
         self._dialing = False
+        self._hung_up = False  # the hangup event went out: no event may follow it
 
     # -- the handshake --------------------------------------------------------------------
     async def open(self) -> None:
@@ -398,6 +400,10 @@ class AgentLink:
 
     # -- outbound -----------------------------------------------------------------------------
     def _event(self, name: str, **fields: Any) -> None:
+        if self._hung_up:  # hangup is the last event (docs/AGENT_PROTOCOL.md): a late settle's is dropped
+            self.stats.events_dropped += 1
+            return
+        self._hung_up = name == "hangup"
         if name in self.st.subscribed:
             if self._send_soon(m.event(name, **fields)):
                 self.stats.events_sent += 1
