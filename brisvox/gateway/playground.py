@@ -162,7 +162,7 @@ class Playground:
             self._upgrade(conn, req, path[len(WS_PREFIX):])
             return
         if refusal is not None:
-            conn._reject(refusal.status, refusal.text, refusal.counter)
+            conn.reject(refusal.status, refusal.text, refusal.counter)
             return
         if path == f"{PREFIX}/agents":
             body = orjson.dumps({"agents": self.agents, "rate": RATE, "ttl_s": TTL_S})
@@ -170,7 +170,7 @@ class Playground:
             return
         file = FILES.get(path[len(PREFIX):])
         if file is None:
-            conn._reject(404, "no such path\n", "ws_refused_path")
+            conn.reject(404, "no such path\n", "ws_refused_path")
             return
         self._send(conn, 200, self._file(file[0]), file[1])
 
@@ -186,7 +186,7 @@ class Playground:
             else:
                 conn.grant = verdict
         if refusal is not None:
-            conn._reject(refusal.status, refusal.text, refusal.counter)
+            conn.reject(refusal.status, refusal.text, refusal.counter)
             return
         self.server.count("ws_playground_calls")
         conn.accept(req, route)
@@ -204,8 +204,7 @@ class Playground:
                 del resp.headers[k]
             resp.headers[k] = v
         resp.body = body
-        conn._refused = True  # answered: nothing of it is a handshake (as /healthz)
-        conn.proto.send_response(resp)
+        conn.answer(resp)
 
     # -- POST /playground/token -------------------------------------------------------------
     def token(self, conn: WsConnection, path: str, headers: Headers) -> bytes:

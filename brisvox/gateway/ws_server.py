@@ -279,7 +279,8 @@ class WsConnection(asyncio.BufferedProtocol):
         self.server.bad("ws_bad_handshake", "websocket handshake from %s refused: %s",
                         self.source, f"{type(exc).__name__}: {exc}"[:200], level=logging.INFO)
 
-    def _reject(self, status: int, text: str, counter: str, retry_after: bool = False) -> None:
+    def reject(self, status: int, text: str, counter: str, retry_after: bool = False) -> None:
+        """Refuse the handshake with an HTTP answer (counted, logged, bounded)."""
         self._refused = True
         self.server.count(counter)
         self.server.bad(counter, "websocket handshake from %s refused: %d %s", self.source, status,
@@ -289,12 +290,17 @@ class WsConnection(asyncio.BufferedProtocol):
             resp.headers["Retry-After"] = "1"
         self.proto.send_response(resp)
 
+    def answer(self, resp: Any) -> None:
+        """Answer the request with ``resp`` (a page, a health check): not a handshake, never counted as one."""
+        self._refused = True
+        self.proto.send_response(resp)
+
     def _healthz(self, req: Request) -> None:
         """``GET /healthz`` (module invariants): the answer, then the connection closes."""
         server = self.server
         server.count("ws_healthz")
         if not server.healthz_allowed(self.source):
-            self._reject(429, "too many health checks\n", "ws_refused_healthz_rate", retry_after=True)
+            self.reject(429, "too many health checks\n", "ws_refused_healthz_rate", retry_after=True)
             return
         self._refused = True  # answered: nothing of it is a handshake
         refusal = server.host.refusal()
@@ -315,16 +321,16 @@ class WsConnection(asyncio.BufferedProtocol):
             self._healthz(req)
             return
         if not server.handshake_allowed(self.source):
-            self._reject(429, "too many handshakes\n", "ws_refused_rate", retry_after=True)
+            self.reject(429, "too many handshakes\n", "ws_refused_rate", retry_after=True)
             return
         if not server.connections_allowed(self.source):
-            self._reject(503, "too many connections\n", "ws_refused_connections", retry_after=True)
+            self.reject(503, "too many connections\n", "ws_refused_connections", retry_after=True)
             return
         if server.playground is not None and playground.owns(req.path):
             return server.playground.handshake(self, req)  # its page, agents, its own WebSocket checks
         route = cfg.route(req.path)
         if route is None:
-            self._reject(404, "no such path\n", "ws_refused_path")
+            self.reject(404, "no such path\n", "ws_refused_path")
             return
         refusal: Refusal | None = origin_refusal(cfg, req.headers)
         if refusal is None:
@@ -335,10 +341,10 @@ class WsConnection(asyncio.BufferedProtocol):
             else:
                 self.grant = verdict
         if refusal is not None:
-            self._reject(refusal.status, refusal.text, refusal.counter)
+            self.reject(refusal.status, refusal.text, refusal.counter)
             return
         if not route.allowed:
-            self._reject(404, "no such agent on this route\n", "ws_refused_agent")
+            self.reject(404, "no such agent on this route\n", "ws_refused_agent")
             return
         self.accept(req, route)
 
