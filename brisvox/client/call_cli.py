@@ -79,6 +79,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--token", default="", help="native, Telnyx, Vonage and Exotel: the gateway's native_secret, "
                    "or a signed token for the agent (brisvox token); sent as Authorization: Bearer (Telnyx: as the "
                    "x-telnyx-streaming-auth-token header; Exotel: as the password of Authorization: Basic)")
+    p.add_argument("--events", action="store_true",
+                   help="native protocol: ask for the call's events and print them as they come (what the agent "
+                   "heard, what it said, each turn's latencies, tool calls); --json keeps them under \"events\"")
     p.add_argument("--models-dir", default=None, help="where the local models are (default: brisvox models)")
     p.set_defaults(run=run)
 
@@ -137,7 +140,29 @@ def _transport(protocol: str, address: str, args: argparse.Namespace) -> Any:
         return ExotelTransport(address, params, rate=args.rate, token=args.token)
     from brisvox.client.native import NativeTransport
 
-    return NativeTransport(address, rate=args.rate, params=params, token=args.token)
+    return NativeTransport(address, rate=args.rate, params=params, token=args.token, events=args.events,
+                           on_event=_print_event if args.events else None)
+
+
+def event_line(ev: dict[str, Any]) -> str:
+    """One call event as ``brisvox call --events`` prints it."""
+    name = ev.get("name")
+    if name in ("user_turn", "bot_turn"):
+        return f"  [{'caller' if name == 'user_turn' else 'bot'}, turn {ev.get('epoch')}] {ev.get('text', '')}"
+    if name == "turn_metrics":
+        def ms(key: str) -> str:
+            v = ev.get(key)
+            return "-" if v is None else f"{float(v):.0f} ms"
+        return (f"  [turn {ev.get('epoch')}] voice to voice {ms('voice_to_voice_ms')}, end of turn "
+                f"{ms('end_of_turn_ms')}, LLM first token {ms('llm_first_token_ms')}, TTS first audio "
+                f"{ms('tts_first_audio_ms')}")
+    if name == "tool_call":
+        return f"  [tool, turn {ev.get('epoch')}] {ev.get('tool')} -> {ev.get('outcome')}"
+    return f"  [{name}]"
+
+
+def _print_event(ev: dict[str, Any]) -> None:
+    print(event_line(ev), file=sys.stderr, flush=True)
 
 
 def _lines(args: argparse.Namespace, rate: int) -> tuple[list[Any], str]:
@@ -172,6 +197,9 @@ def run(args: argparse.Namespace) -> int:
     from brisvox.client.transport import TransportError
 
     protocol, address = resolve(args.target, args.protocol, args.agent)
+    if args.events and protocol != "native":
+        print(f"brisvox call: --events needs the native protocol (not {protocol})", file=sys.stderr)
+        return 1
     try:
         transport = _transport(protocol, address, args)
     except ValueError as e:  # an option the protocol cannot take (Vonage, Exotel: --rate)
@@ -212,6 +240,8 @@ def run(args: argparse.Namespace) -> int:
                         end_reason=script.end_reason, duration_s=t_end - st.t0, recording=args.record,
                         turns=turns, bot_dtmf=[d for _, d in script.bot_digits], stats=stats,
                         t0_monotonic=script.t_start)
+    if args.events:
+        res["events"] = list(getattr(transport, "call_events", []))
     print(report.render(res), flush=True)
     if args.json:
         import orjson

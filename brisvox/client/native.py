@@ -4,7 +4,10 @@ Owns one ``brisvox call`` over the native protocol: ``start`` (rate, params,
 ``marks: "release"``), caller audio as binary PCM16 frames, ``dtmf`` events,
 ``stop``; from the gateway ``started`` (the call id), binary bot audio,
 ``clear``, ``dtmf`` (digits the agent pressed), ``error`` (counted, the call
-goes on), ``stop`` and the close. The messages are :mod:`brisvox.wire.native`.
+goes on), ``stop`` and the close; with ``events`` (the start's ``"events": true``) also
+the call's ``call_event`` messages (transcript lines, turn latencies, tool calls), kept in
+:attr:`NativeTransport.call_events` (at most :data:`MAX_EVENTS`) and passed to ``on_event``
+as they arrive. The messages are :mod:`brisvox.wire.native`.
 
 Invariants: ``open`` returns only once ``started`` arrived (or raises
 :class:`TransportError` after ``CONNECT_TIMEOUT_S``); audio is sent only
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,17 +27,22 @@ import orjson
 from brisvox.client.transport import CLOSE_TIMEOUT_S, CONNECT_TIMEOUT_S, BotEvents, TransportError
 from brisvox.wire.native import NativeStream, server_message
 
+MAX_EVENTS = 4000  # call events kept per call (the gateway sends at most 2000)
+
 
 class NativeTransport:
     """See :class:`~brisvox.client.transport.CallTransport`."""
 
     def __init__(self, url: str, rate: int = 16000, params: dict[str, str] | None = None,
-                 token: str = "") -> None:
+                 token: str = "", events: bool = False,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.url = url
         self.rate = rate
         self.params = params or {}
         self.token = token
-        self.stream = NativeStream(rate, self.params, marks="release")
+        self.stream = NativeStream(rate, self.params, marks="release", events=events)
+        self.call_events: list[dict[str, Any]] = []  # each call_event message as it came (no "event" key)
+        self.on_event = on_event
         self.call_id = ""
         self.agent = ""
         self.ids: dict[str, str] = {}
@@ -103,6 +112,8 @@ class NativeTransport:
                     self._events.on_dtmf(msg.digits, now)
                 elif ev == "error":
                     self.errors.append(msg.code)
+                elif ev == "call_event":
+                    self._call_event(msg.fields or {})
                 elif ev == "stop":
                     reason = msg.reason or "stop"
                     if not self._closing:
@@ -111,6 +122,14 @@ class NativeTransport:
             reason = f"connection lost: {type(e).__name__}"
         if not self._closing:
             self._end(reason)
+
+    def _call_event(self, fields: dict[str, Any]) -> None:
+        if len(self.call_events) >= MAX_EVENTS:
+            return
+        ev = {k: v for k, v in fields.items() if k != "event"}
+        self.call_events.append(ev)
+        if self.on_event is not None:
+            self.on_event(ev)
 
     async def send_audio(self, pcm: np.ndarray) -> None:
         if self._ended or self.ws is None:

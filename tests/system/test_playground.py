@@ -247,3 +247,23 @@ def test_a_native_client_with_events_sees_the_tool_call_and_never_its_arguments(
     assert tool == {"event": "call_event", "name": "tool_call", "epoch": tool["epoch"], "tool": "end_call",
                     "outcome": "ok"}  # the name and the outcome, never the arguments ("caller said goodbye")
     assert stop  # the agent hung up
+
+
+def test_brisvox_call_events_prints_what_the_agent_heard_and_did(daemon: tuple[Daemon, int, Path]) -> None:
+    """``brisvox call --events`` (the same call events, for a terminal): printed live, kept in --json."""
+    import subprocess
+    import sys
+
+    _, port, _ = daemon
+    r = subprocess.run([sys.executable, "-m", "brisvox.cli.brisvox", "call", f"ws://127.0.0.1:{port}/ws",
+                        "--agent", "scripted", "--say", "Goodbye.", "--events", "--no-transcribe", "--json", "-",
+                        "--max-duration", "40"], cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert r.returncode in (0, 3), r.stderr  # 3: the agent hung up before a full answer was measured
+    out = orjson.loads(r.stdout[r.stdout.index("{"):])
+    names = [e["name"] for e in out["events"]]
+    assert "user_turn" in names and {"name": "tool_call", "epoch": 1, "tool": "end_call", "outcome": "ok"} in [
+        {k: e[k] for k in ("name", "epoch", "tool", "outcome") if k in e} for e in out["events"]]
+    assert "[caller, turn 1] " in r.stderr and "[tool, turn 1] end_call -> ok" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "brisvox.cli.brisvox", "call", f"ws://127.0.0.1:{port}/twilio",
+                        "--events"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "--events needs the native protocol (not twilio)" in r.stderr
