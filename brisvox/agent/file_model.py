@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, TypeAdapter, field_validator
 from pydantic.json_schema import GenerateJsonSchema
@@ -79,6 +79,7 @@ def _enum(stage: str) -> Any:
 
 @section
 class _Leg:
+    STAGE: ClassVar[str] = ""  # each leg's stage: its provider must be one the registry knows there
     provider: str
     model: str | None = Field(default=None, max_length=200)
     base_url: str | None = Field(default=None, pattern=r"^(https?|wss?)://[^\s]+$")
@@ -90,15 +91,16 @@ class _Leg:
     def _options(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         return v if v is None else _no_secrets(v)
 
-
-@section
-class SttSecondary(_Leg):
-    provider: Annotated[str, _enum("stt")]
-
     @field_validator("provider")
     @classmethod
     def _known(cls, v: str) -> str:
-        return _provider("stt", v)
+        return _provider(cls.STAGE, v)
+
+
+@section
+class SttSecondary(_Leg):
+    STAGE: ClassVar[str] = "stt"
+    provider: Annotated[str, _enum("stt")]
 
 
 @section
@@ -110,12 +112,8 @@ class SttLeg(SttSecondary):
 
 @section
 class LlmSecondary(_Leg):
+    STAGE: ClassVar[str] = "llm"
     provider: Annotated[str, _enum("llm")]
-
-    @field_validator("provider")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return _provider("llm", v)
 
 
 @section
@@ -127,13 +125,9 @@ class LlmLeg(LlmSecondary):
 
 @section
 class TtsSecondary(_Leg):
+    STAGE: ClassVar[str] = "tts"
     provider: Annotated[str, _enum("tts")]
     voice: str | None = Field(default=None, max_length=200)
-
-    @field_validator("provider")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return _provider("tts", v)
 
 
 @section
@@ -147,17 +141,13 @@ class TtsLeg(TtsSecondary):
 class S2sLeg(_Leg):
     """``[s2s]``: a speech-to-speech model replaces ``[stt]`` and ``[llm]`` (docs/S2S.md)."""
 
+    STAGE: ClassVar[str] = "s2s"
     provider: Annotated[str, _enum("s2s")]
     voice: str | None = Field(default=None, max_length=200)
     turn_detection: Literal["provider", "brisvox"] | None = None
     g711_passthrough: bool | None = None
     max_reconnects: int | None = Field(default=None, ge=0, le=10)
     fallback_line: str | None = Field(default=None, max_length=500)
-
-    @field_validator("provider")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        return _provider("s2s", v)
 
 
 # -- the pipeline's sections --------------------------------------------------------------------
@@ -326,7 +316,6 @@ def _unique_items(v: tuple[str, ...] | None) -> tuple[str, ...] | None:
     return v
 
 
-ToolName = Annotated[str, Field(pattern=NAME)]
 ToolModule = Annotated[str, Field(pattern=r"^([A-Za-z_][A-Za-z0-9_.]*|[^:\s]+\.py):[A-Za-z_][A-Za-z0-9_]*$")]
 
 
@@ -341,8 +330,8 @@ class AgentFile:
     language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$")
     voice: str | None = Field(default=None, max_length=200)
     greeting: str | None = Field(default=None, max_length=1000)
-    tools: tuple[ToolName, ...] | None = Field(default=None, max_length=64, json_schema_extra=UNIQUE)
-    confirm_tools: tuple[ToolName, ...] | None = Field(default=None, max_length=64, json_schema_extra=UNIQUE)
+    tools: tuple[Name, ...] | None = Field(default=None, max_length=64, json_schema_extra=UNIQUE)
+    confirm_tools: tuple[Name, ...] | None = Field(default=None, max_length=64, json_schema_extra=UNIQUE)
     tool_modules: tuple[ToolModule, ...] | None = Field(default=None, max_length=16, json_schema_extra=UNIQUE)
     transfer_targets: tuple[TRANSFER_TARGET, ...] | None = Field(default=None, max_length=64)
     stt: SttLeg | None = None

@@ -47,7 +47,6 @@ import hmac
 import logging
 import secrets
 from collections.abc import Generator
-from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -58,6 +57,7 @@ from websockets.http11 import Request, parse_headers, parse_line
 from websockets.streams import StreamReader
 
 from brisvox.gateway.config import AGENT_RE, WsRoute, is_loopback
+from brisvox.gateway.twiml_webhook import http_answer
 from brisvox.gateway.ws_auth import BAD_ORIGIN, Refusal, mint_token, token_auth
 
 if TYPE_CHECKING:
@@ -110,11 +110,8 @@ def _host_name(host: str) -> str:
 
 
 def response(status: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> bytes:
-    """A whole HTTP/1.1 answer that closes the connection."""
-    extra = "".join(f"{k}: {v}\r\n" for k, v in HEADERS.items())
-    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
-    return head.encode() + body
+    """A whole HTTP/1.1 answer with the page's headers; it closes the connection."""
+    return http_answer(status, body, ctype, HEADERS)
 
 
 class Playground:

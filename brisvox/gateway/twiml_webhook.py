@@ -91,9 +91,12 @@ def stream_url(cfg: Any, host: str, agent: str) -> str | None:
     return origin(cfg, host, True) + path
 
 
-def _answer(status: int, body: bytes, ctype: str = "text/plain; charset=utf-8") -> bytes:
+def http_answer(status: int, body: bytes, ctype: str = "text/plain; charset=utf-8",
+                headers: dict[str, str] | None = None) -> bytes:
+    """A whole HTTP/1.1 answer to a POST read off the WebSocket listener; it closes the connection."""
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: {ctype}\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            f"Content-Length: {len(body)}\r\n{extra}Connection: close\r\n\r\n")
     return head.encode() + body
 
 
@@ -112,7 +115,7 @@ class Webhook:
         self.server.count(counter)
         self.server.bad(counter, "twiml webhook from %s refused: %d %s", conn.source, status, text,
                         level=logging.INFO)
-        return _answer(status, f"{text}\n".encode())
+        return http_answer(status, f"{text}\n".encode())
 
     def answer(self, conn: WsConnection, path: str, headers: Headers, form: bytes) -> bytes:
         """The response to a complete request (the checks after the size and type)."""
@@ -147,7 +150,7 @@ class Webhook:
         if form_dict.get("Direction", "").startswith("outbound"):  # a call we placed (twilio_dial)
             params["direction"] = "outbound"
         server.count("ws_twiml_ok")
-        return _answer(200, render(url, params), "text/xml")
+        return http_answer(200, render(url, params), "text/xml")
 
 
 def _plain_host(host: str) -> bool:

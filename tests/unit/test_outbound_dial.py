@@ -24,15 +24,9 @@ from brisvox.gateway.config import WebSocketConfig, WsRoute
 from brisvox.gateway.twilio_dial import dial_twilio, refusal, webhook_url
 from brisvox.gateway.twilio_rest import TwilioApi, call_request, create_fields
 from ipc import frames as F
+from tests.unit.test_twilio_control import ACCOUNT, answering, api_with
 
-ACCOUNT = "AC" + "0123456789abcdef" * 2
 ROUTES = (WsRoute("/twilio", "twilio", "default", ("sales",)),)
-
-
-def api_with(handler: Any) -> TwilioApi:
-    api = TwilioApi(ACCOUNT, "tok", "http://twilio.test")
-    api._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return api
 
 
 def test_the_calls_create_request_is_what_twilio_documents():
@@ -53,18 +47,8 @@ def test_a_create_is_retried_only_when_it_never_reached_twilio(monkeypatch):
     monkeypatch.setattr(twilio_rest, "RETRY_DELAY_S", 0.0)
     seen: list[httpx.Request] = []
 
-    def answers(*statuses: int | Exception) -> Any:
-        it = iter(statuses)
-
-        def handler(req: httpx.Request) -> httpx.Response:
-            seen.append(req)
-            s = next(it)
-            if isinstance(s, Exception):
-                raise s
-            if s == 201:
-                return httpx.Response(201, json={"sid": "CA" + "1" * 32, "status": "queued"})
-            return httpx.Response(s, json={"code": 21211, "message": "Invalid 'To' Phone Number"})
-        return handler
+    answers = answering(seen, lambda s: httpx.Response(201, json={"sid": "CA" + "1" * 32, "status": "queued"})
+                        if s == 201 else httpx.Response(s, json={"code": 21211, "message": "Invalid 'To' Phone Number"}))
 
     async def go() -> None:
         out = await api_with(answers(201)).create_call("+4930123456", "+4930999", "https://gw/twiml")

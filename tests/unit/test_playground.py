@@ -27,20 +27,11 @@ from brisvox.gateway.ws_server import WebSocketServer, WsConnection
 from brisvox.wire import native
 from ipc.codec import decode, encode
 from ipc.frames import CallEvent, CallStart
-from tests.unit.test_gateway_ws_fastpath import Transport, feed
+from tests.unit.test_gateway_ws_fastpath import Transport, feed, loop  # noqa: F401 - loop: its autouse event loop
 from tests.unit.test_gateway_ws_faults import Conn, Host
 
 ROUTES = [{"path": "/ws", "protocol": "native", "agent": "default", "agents": ["sales"]},
           {"path": "/twilio", "protocol": "twilio", "agent": "support"}]
-
-
-@pytest.fixture(autouse=True)
-def loop():
-    lp = asyncio.new_event_loop()
-    asyncio.set_event_loop(lp)
-    yield lp
-    asyncio.set_event_loop(None)
-    lp.close()
 
 
 class _Transport(Transport):
@@ -371,7 +362,7 @@ def test_events_are_bounded_per_call(monkeypatch) -> None:
     assert len(frames[0].data["text"]) == call_events.MAX_TEXT
 
 
-def test_a_task_of_the_call_looks_and_stops_logged_once_a_look_fails(loop, caplog) -> None:
+def test_a_task_of_the_call_looks_and_stops_logged_once_a_look_fails(loop, caplog) -> None:  # noqa: F811 - the fixture
     class Clock:
         async def sleep(self, s: float) -> None:
             assert s == call_events.POLL_S

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 from urllib.parse import parse_qs
 
 import httpx
@@ -78,11 +80,10 @@ def api_with(handler) -> TwilioApi:  # type: ignore[no-untyped-def]
     return api
 
 
-def test_client_outcomes_and_bounded_retries(monkeypatch):
-    monkeypatch.setattr(twilio_rest, "RETRY_DELAY_S", 0.0)
-    seen: list[httpx.Request] = []
-
-    def answers(*statuses: int | Exception):  # type: ignore[no-untyped-def]
+def answering(seen: list[httpx.Request], respond: Callable[[int], httpx.Response]) -> Callable[..., Any]:
+    """``answers(*statuses)``: a handler for :func:`api_with` that records each request in ``seen``
+    and answers it with the next status (``respond(status)``; an exception is raised instead)."""
+    def answers(*statuses: int | Exception) -> Callable[[httpx.Request], httpx.Response]:
         it = iter(statuses)
 
         def handler(req: httpx.Request) -> httpx.Response:
@@ -90,10 +91,18 @@ def test_client_outcomes_and_bounded_retries(monkeypatch):
             s = next(it)
             if isinstance(s, Exception):
                 raise s
-            if s == 404:
-                return httpx.Response(404, json={"code": 20404, "message": "The requested resource was not found"})
-            return httpx.Response(s, json={"sid": "CA1", "status": "in-progress"})
+            return respond(s)
         return handler
+    return answers
+
+
+def test_client_outcomes_and_bounded_retries(monkeypatch):
+    monkeypatch.setattr(twilio_rest, "RETRY_DELAY_S", 0.0)
+    seen: list[httpx.Request] = []
+
+    answers = answering(seen, lambda s: httpx.Response(
+        404, json={"code": 20404, "message": "The requested resource was not found"}) if s == 404 else
+        httpx.Response(s, json={"sid": "CA1", "status": "in-progress"}))
 
     async def go() -> None:
         out = await api_with(answers(200)).transfer("CA1", "+14155550100")
