@@ -405,7 +405,12 @@ class WsConnection(asyncio.BufferedProtocol):
             if chunk:
                 t.write(chunk)
             elif t.can_write_eof():
-                t.write_eof()
+                try:
+                    t.write_eof()
+                except OSError:  # the peer reset first (ENOTCONN): nothing is left to close cleanly
+                    self.server.count("ws_eof_after_reset")
+                    self._abort()
+                    return
         if self.proto.close_expected() and self._timer is None:
             self._timer = self.server.loop.call_later(CLOSE_TIMEOUT_S, self._abort)
 

@@ -171,3 +171,16 @@ def test_scan_classifies_frames() -> None:
     assert ws_frames.scan(cont, 0, len(cont), True, 4096)[0] == ws_frames.OTHER
     assert ws_frames.header(5) == b"\x81\x05"
     assert ws_frames.header(300, ws_frames.BINARY) == b"\x82\x7e\x01\x2c"
+
+
+def test_a_peer_that_reset_before_our_half_close_is_aborted_not_a_session_error() -> None:
+    conn, t, s = connect()
+    aborted: list[bool] = []
+
+    def write_eof() -> None:
+        raise OSError(107, "Transport endpoint is not connected")
+    t.write_eof = write_eof  # type: ignore[method-assign]
+    t.abort = lambda: aborted.append(True)  # type: ignore[method-assign]
+    feed(conn, frame(b"\x03\xe8", 0x88))  # the client's close; our echo and half-close follow
+    assert "ws_session_errors" not in conn.server.counters
+    assert conn.server.counters["ws_eof_after_reset"] == 1 and aborted
