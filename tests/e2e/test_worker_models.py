@@ -134,6 +134,12 @@ class CoreRig:
                 f = decode(self.sub.recv())
                 if isinstance(f, WorkerTick):
                     events.extend(f.events)
+        # the last ticks' frames may still be on their way (the socket is async): take them too,
+        # until nothing more comes for 200 ms (a busy CI core once lost the final stop here)
+        while self.sub.poll(200):
+            f = decode(self.sub.recv())
+            if isinstance(f, WorkerTick):
+                events.extend(f.events)
         return events
 
     def close(self) -> None:
