@@ -248,7 +248,16 @@ class DerivedSpec:
     description: str
 
 
-DERIVED: dict[str, DerivedSpec] = {
+DERIVED: dict[str, DerivedSpec] = {  # in order of preference: the first wins a near tie at boot
+    "smart_turn_f32gelu": DerivedSpec(
+        name="smart_turn_f32gelu",
+        filename="smart-turn-v3.2-cpu.f32gelu.onnx",
+        source="smart_turn",
+        recipe="f32-softmax-gelu/1",  # == workers.smart_turn.GELU_RECIPE
+        derive="workers.smart_turn:derive_f32_gelu",
+        description="the float32-softmax edit plus each erf GELU as one Gelu node (onnxruntime "
+                    "fuses the feed-forward ones with their bias); every Q/DQ and int8 op as in the source",
+    ),
     "smart_turn_f32softmax": DerivedSpec(
         name="smart_turn_f32softmax",
         filename="smart-turn-v3.2-cpu.f32softmax.onnx",

@@ -3,8 +3,9 @@
 Owns the ONNX session of the Smart Turn model, the analysis of one snapshot
 (features with :class:`workers.mel.LogMel`, one inference, the probability:
 the model's output is already a probability, > 0.5 means the turn is
-complete) and the install-time recipe of the model file the worker prefers,
-:func:`derive_f32_softmax`.
+complete) and the install-time recipes of the derived model files the boot
+self-benchmark chooses from: :func:`derive_f32_softmax` and
+:func:`derive_f32_gelu` (the same edit plus one ``Gelu`` node per GELU).
 
 Why a derived file: the model is int8 QDQ. onnxruntime fuses each attention
 layer's ``DequantizeLinear -> Softmax -> QuantizeLinear`` group into a
@@ -23,8 +24,8 @@ self-benchmark, cached per host (:mod:`workers.smart_turn_select`).
 Invariants: one session per :class:`SmartTurnModel`; ``analyze`` may run on
 several job-lane threads at once (onnxruntime's ``run`` is thread-safe, the
 feature buffers are per thread); onnxruntime threads are explicit (1 by
-default). :func:`derive_f32_softmax` is deterministic: the same source bytes
-give the same derived bytes.
+default). The recipes are deterministic: the same source bytes give the same
+derived bytes.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ log = logging.getLogger("brisvox.workers.smart_turn")
 WINDOW_SAMPLES = mel.WINDOW_SAMPLES
 DERIVED_NAME = "smart_turn_f32softmax"  # workers.models.DERIVED key
 RECIPE = "f32-softmax/2"  # bump when derive_f32_softmax changes: installed files are re-derived
+GELU_RECIPE = "f32-softmax-gelu/1"  # derive_f32_gelu: the softmax edit plus one Gelu node per GELU
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,17 +183,64 @@ def derive_f32_softmax(src: Path, dst: Path, source_sha256: str) -> list[str]:
     package (install time only).
     """
     import onnx
-    from onnx import helper, numpy_helper
 
     model = onnx.load(str(src))
-    g = model.graph
+    edited = _f32_softmax(model, src)
+    _save(model, dst, RECIPE, source_sha256, {"brisvox.softmax_nodes": ",".join(edited)})
+    return edited
+
+
+def derive_f32_gelu(src: Path, dst: Path, source_sha256: str) -> list[str]:
+    """:func:`derive_f32_softmax`'s edit, then every erf GELU written as one ``Gelu`` node.
+
+    The exporter spelled each GELU ``x * (0.5 * (1 + erf(x / sqrt(2))))`` in five
+    float32 nodes, and onnxruntime's GELU fusion cannot see it: its QDQ pass gives
+    the ``Div`` and the last ``Mul`` each a copy of the ``DequantizeLinear`` that
+    produces ``x`` (one per consumer), so the two no longer read the same tensor.
+    The edit replaces the five nodes by onnxruntime's ``com.microsoft.Gelu`` (the
+    same exact erf formula) on ``x``; onnxruntime then fuses the bias ``Add``
+    before the four feed-forward ones into ``BiasGelu``. Every Q/DQ node and every
+    int8 op stays. Measured on the real model, 1 thread, interleaved: about 1 ms
+    (4 %) cheaper per inference than the float32-softmax file, outputs within 1e-3.
+
+    Returns the edited Softmax nodes' names followed by the replaced GELUs' last
+    ``Mul`` names; ``ValueError`` when either pattern is absent.
+    """
+    import onnx
+
+    model = onnx.load(str(src))
+    softmaxes = _f32_softmax(model, src)
+    gelus = _fused_gelu(model, src)
+    _save(model, dst, GELU_RECIPE, source_sha256,
+          {"brisvox.softmax_nodes": ",".join(softmaxes), "brisvox.gelu_nodes": ",".join(gelus)})
+    return softmaxes + gelus
+
+
+def _save(model: Any, dst: Path, recipe: str, source_sha256: str, extra: dict[str, str]) -> None:
+    import onnx
+
+    for key, value in (("brisvox.recipe", recipe), ("brisvox.source_sha256", source_sha256), *extra.items()):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(model)
+    dst.write_bytes(model.SerializeToString(deterministic=True))
+
+
+def _graph_maps(g: Any) -> tuple[dict[str, Any], dict[str, list[Any]], set[str], dict[str, Any]]:
     producer = {o: n for n in g.node for o in n.output}
     consumers: dict[str, list[Any]] = {}
     for n in g.node:
         for i in n.input:
             consumers.setdefault(i, []).append(n)
-    graph_outputs = {o.name for o in g.output}
-    inits = {t.name: t for t in g.initializer}
+    return producer, consumers, {o.name for o in g.output}, {t.name: t for t in g.initializer}
+
+
+def _f32_softmax(model: Any, src: Path) -> list[str]:
+    """The softmax edit of :func:`derive_f32_softmax`, in place; the edited nodes' names."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    producer, consumers, graph_outputs, inits = _graph_maps(g)
 
     def only_consumer(tensor: str, node: Any) -> bool:
         return tensor not in graph_outputs and [id(c) for c in consumers.get(tensor, [])] == [id(node)]
@@ -227,10 +276,64 @@ def derive_f32_softmax(src: Path, dst: Path, source_sha256: str) -> list[str]:
         edited.append(sm.name)
     if not edited:
         raise ValueError(f"{src}: no DequantizeLinear -> Softmax -> QuantizeLinear group to edit")
-    for key, value in (("brisvox.recipe", RECIPE), ("brisvox.source_sha256", source_sha256),
-                       ("brisvox.softmax_nodes", ",".join(edited))):
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.checker.check_model(model)
-    dst.write_bytes(model.SerializeToString(deterministic=True))
     return edited
+
+
+def _fused_gelu(model: Any, src: Path) -> list[str]:
+    """The GELU edit of :func:`derive_f32_gelu`, in place: ``Div(x, sqrt 2) -> Erf ->
+    Add(1) -> Mul(0.5) -> Mul(x)`` (each intermediate used once) becomes ``Gelu(x)``."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    producer, consumers, graph_outputs, inits = _graph_maps(g)
+
+    def scalar(name: str) -> float | None:
+        t = inits.get(name)
+        if t is None:
+            p = producer.get(name)
+            if p is None or p.op_type != "Constant" or not p.attribute:
+                return None
+            t = p.attribute[0].t
+        a = numpy_helper.to_array(t)
+        return float(a.reshape(-1)[0]) if a.size == 1 else None
+
+    def sole(tensor: str, op: str) -> Any:
+        c = consumers.get(tensor, [])
+        return c[0] if tensor not in graph_outputs and len(c) == 1 and c[0].op_type == op else None
+
+    def other(node: Any, tensor: str) -> float | None:
+        rest = [i for i in node.input if i != tensor]
+        return scalar(rest[0]) if len(rest) == 1 else None
+
+    replaced: dict[int, Any] = {}  # id(last Mul) -> its Gelu
+    dropped: set[int] = set()
+    for erf in list(g.node):
+        if erf.op_type != "Erf":
+            continue
+        div = producer.get(erf.input[0])
+        if div is None or div.op_type != "Div" or sole(div.output[0], "Erf") is not erf:
+            continue
+        k = scalar(div.input[1])
+        if k is None or abs(k - float(np.sqrt(2.0))) > 1e-5:
+            continue
+        x = div.input[0]
+        add = sole(erf.output[0], "Add")
+        if add is None or other(add, erf.output[0]) != 1.0:
+            continue
+        half = sole(add.output[0], "Mul")
+        if half is None or other(half, add.output[0]) != 0.5:
+            continue
+        last = sole(half.output[0], "Mul")
+        if last is None or sorted(last.input) != sorted([x, half.output[0]]):
+            continue
+        dropped |= {id(div), id(erf), id(add), id(half)}
+        replaced[id(last)] = helper.make_node("Gelu", [x], [last.output[0]], domain="com.microsoft",
+                                              name=f"{last.name or last.output[0]}_gelu")
+    if not replaced:
+        raise ValueError(f"{src}: no erf GELU (Div -> Erf -> Add -> Mul -> Mul) to fuse")
+    nodes = [replaced.get(id(n), n) for n in g.node if id(n) not in dropped]
+    del g.node[:]
+    g.node.extend(nodes)
+    if not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return [n.name for n in replaced.values()]

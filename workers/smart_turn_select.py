@@ -13,7 +13,8 @@ that loads but computes something else is never chosen).
 :func:`choose` times each candidate's session on the same inputs, interleaved
 (one run of each in turn, so a noisy neighbour slows them alike), with the
 thread count the worker will use, and keeps the fastest median; the first
-derived file (today: float32 softmax) wins ties within :data:`TIE_MARGIN`.
+derived file in catalogue order (today: float32 softmax with the GELUs fused)
+wins ties within :data:`TIE_MARGIN`.
 
 Invariants:
 

@@ -7,12 +7,17 @@
   onnxruntime fuses the source's softmax into ``QLinearSoftmax`` and not the
   derived one's, every int8 MatMul stays, the output matches, the bytes are
   deterministic and record the source's sha256.
+* :func:`workers.smart_turn.derive_f32_gelu` on the same model with an erf GELU:
+  one Gelu node where there were five, no Erf left after onnxruntime's
+  optimisation, the int8 ops kept, the output equal to the float32-softmax
+  file's within 1e-5; a model without the pattern is refused.
 * ``models.install`` derives the file next to its source, leaves it alone when
   current and re-derives it when the source or the recipe changes; the worker's
   model loads it when verified and falls back to the source (logging why) when
   it is missing, stale or corrupt.
 * On the real model (skipped only when it is not installed): no QLinearSoftmax
-  after optimisation, all 34 int8 MatMuls kept.
+  after optimisation, all 34 int8 MatMuls kept; the GELU file has all 8 GELUs
+  fused (no Erf, the 4 feed-forward ones as BiasGelu).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import pytest
 
 from workers import mel, models, smart_turn
 from workers.models import CATALOGUE, DERIVED, DerivedSpec, ModelSpec
-from workers.smart_turn import SmartTurnModel, derive_f32_softmax, ort_session
+from workers.smart_turn import SmartTurnModel, derive_f32_gelu, derive_f32_softmax, ort_session
 
 onnx = pytest.importorskip("onnx")
 
@@ -72,8 +77,9 @@ def test_constant_frames_are_exactly_those_inside_the_padding():
 # -- a small QDQ model with the attention pattern ---------------------------------------------------
 
 
-def _qdq_model(seed: int = 0) -> bytes:
-    """input_features [b, 80, 800] -> Q/DQ -> MatMul (int8 weights) -> Q/DQ -> Softmax -> Q/DQ -> MatMul -> logits."""
+def _qdq_model(seed: int = 0, gelu: bool = False) -> bytes:
+    """input_features [b, 80, 800] -> Q/DQ -> MatMul (int8 weights) -> Q/DQ -> Softmax -> Q/DQ -> MatMul -> logits;
+    ``gelu``: the exporter's five-node erf GELU on the last MatMul's dequantized output."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -93,6 +99,9 @@ def _qdq_model(seed: int = 0) -> bytes:
         numpy_helper.from_array(np.array(0.05, np.float32), "o_s"),
         numpy_helper.from_array(np.array(128, np.uint8), "o_z"),
         numpy_helper.from_array(np.array([1, 2], np.int64), "axes"),
+        *([numpy_helper.from_array(np.array(np.sqrt(2.0), np.float32), "sqrt2"),
+           numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+           numpy_helper.from_array(np.array(0.5, np.float32), "half")] if gelu else []),
     ]
     n = helper.make_node
     nodes = [
@@ -109,7 +118,10 @@ def _qdq_model(seed: int = 0) -> bytes:
         n("MatMul", ["pd", "w2"], ["h"]),
         n("QuantizeLinear", ["h", "o_s", "o_z"], ["hq"]),
         n("DequantizeLinear", ["hq", "o_s", "o_z"], ["hd"]),
-        n("ReduceMean", ["hd", "axes"], ["m"], keepdims=0),
+        *([n("Div", ["hd", "sqrt2"], ["g_div"]), n("Erf", ["g_div"], ["g_erf"]),
+           n("Add", ["g_erf", "one"], ["g_add"]), n("Mul", ["half", "g_add"], ["g_half"]),
+           n("Mul", ["hd", "g_half"], ["hg"], name="ffn_gelu")] if gelu else []),
+        n("ReduceMean", ["hg" if gelu else "hd", "axes"], ["m"], keepdims=0),
         n("Sigmoid", ["m"], ["logits"]),
     ]
     g = helper.make_graph(
@@ -158,6 +170,34 @@ def test_derivation_refuses_a_model_without_the_pattern(tmp_path):
     src.write_bytes(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString())
     with pytest.raises(ValueError, match="no DequantizeLinear"):
         derive_f32_softmax(src, tmp_path / "out.onnx", "0" * 64)
+
+
+def test_gelu_derivation_writes_each_erf_gelu_as_one_node_onnxruntime_keeps(tmp_path):
+    src = tmp_path / "src.onnx"
+    src.write_bytes(_qdq_model(gelu=True))
+    sha = hashlib.sha256(src.read_bytes()).hexdigest()
+    dst, again, soft = tmp_path / "dst.onnx", tmp_path / "again.onnx", tmp_path / "soft.onnx"
+    assert derive_f32_gelu(src, dst, sha) == ["attn_softmax", "ffn_gelu_gelu"]
+    derive_f32_gelu(src, again, sha)
+    assert dst.read_bytes() == again.read_bytes()  # deterministic
+    derive_f32_softmax(src, soft, sha)
+    before, after = _fused_ops(soft, tmp_path), _fused_ops(dst, tmp_path)
+    assert before["Erf"] == 1 and after["Erf"] == after["Div"] == 0 and after["Gelu"] + after["BiasGelu"] == 1
+    assert after["QLinearSoftmax"] == 0 and after["QLinearMatMul"] == before["QLinearMatMul"] == 2
+    meta = {p.key: p.value for p in onnx.load(str(dst)).metadata_props}
+    assert meta["brisvox.recipe"] == smart_turn.GELU_RECIPE and meta["brisvox.source_sha256"] == sha
+    assert meta["brisvox.gelu_nodes"] == "ffn_gelu_gelu"
+    x = np.random.default_rng(2).normal(0, 1, (4, 80, 800)).astype(np.float32)
+    a = ort_session(soft).run(None, {"input_features": x})[0]
+    b = ort_session(dst).run(None, {"input_features": x})[0]
+    np.testing.assert_allclose(b, a, atol=1e-5)  # the same erf formula, in one kernel
+
+
+def test_gelu_derivation_refuses_a_model_without_an_erf_gelu(tmp_path):
+    src = tmp_path / "src.onnx"
+    src.write_bytes(_qdq_model())
+    with pytest.raises(ValueError, match="no erf GELU"):
+        derive_f32_gelu(src, tmp_path / "out.onnx", "0" * 64)
 
 
 # -- install, re-derivation, fallback -------------------------------------------------------------
@@ -250,6 +290,10 @@ def test_the_derived_catalogue_matches_the_recipe():
     spec = DERIVED["smart_turn_f32softmax"]
     assert spec.recipe == smart_turn.RECIPE and spec.source == "smart_turn"
     assert spec.derive == "workers.smart_turn:derive_f32_softmax"
+    gelu = DERIVED["smart_turn_f32gelu"]
+    assert gelu.recipe == smart_turn.GELU_RECIPE and gelu.source == "smart_turn"
+    assert gelu.derive == "workers.smart_turn:derive_f32_gelu"
+    assert list(DERIVED)[0] == "smart_turn_f32gelu"  # preferred in a near tie at boot
 
 
 # -- the real model ----------------------------------------------------------------------------------
@@ -264,4 +308,17 @@ def test_real_model_derived_graph_has_no_qlinearsoftmax_and_keeps_its_int8_matmu
     before, after = _fused_ops(st.path, tmp_path), _fused_ops(dst, tmp_path)
     assert before["QLinearSoftmax"] == 4 and after["QLinearSoftmax"] == 0
     assert after["QLinearMatMul"] == before["QLinearMatMul"] == 34 and after["MatMul"] == 0
+    assert after["QGemm"] == before["QGemm"] and after["QLinearConv"] == before["QLinearConv"]
+
+
+def test_real_model_gelu_graph_fuses_all_eight_gelus_and_keeps_its_int8_ops(tmp_path):
+    st = models.check("smart_turn")
+    if st.state != "ok":
+        pytest.skip(f"smart_turn model {st.state}: run `brisvox models install`")
+    dst = tmp_path / "gelu.onnx"
+    names = derive_f32_gelu(st.path, dst, st.spec.sha256)
+    assert len(names) == 4 + 8  # one softmax per attention layer; two conv GELUs and one per feed-forward
+    before, after = _fused_ops(st.path, tmp_path), _fused_ops(dst, tmp_path)
+    assert after["Erf"] == 0 and after["Gelu"] + after["BiasGelu"] == 8 and after["BiasGelu"] >= 4
+    assert after["QLinearSoftmax"] == 0 and after["QLinearMatMul"] == before["QLinearMatMul"] == 34
     assert after["QGemm"] == before["QGemm"] and after["QLinearConv"] == before["QLinearConv"]
