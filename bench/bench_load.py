@@ -85,7 +85,7 @@ STOP_TIMEOUT_S = 20.0
 SERVER_KEYS: dict[str, tuple[str, ...]] = {
     "gateway": ("call_late_frames_total", "call_underruns_total", "tick_late_p99_ms", "clear_latency_p99_ms"),
     "worker": ("jobs_done", "jobs_expired", "tick_max_ms", "jobs_wait_us_total", "jobs_wait_us_max",
-               "jobs_run_us_total", "jobs_run_us_max"),
+               "jobs_run_us_total", "jobs_run_us_max", "jobs_cpu_us_total", "jobs_wait_p95_us", "jobs_cpu_p95_us"),
 }
 
 TARGETS = {
@@ -370,7 +370,7 @@ class BrisvoxDaemon:
             for key in SERVER_KEYS.get(c.get("role", ""), ()):
                 if isinstance(st.get(key), int | float):
                     name = f"{c['role']}.{key}"
-                    agg = max if key.endswith(("_ms", "_max_ms")) else (lambda a, b: a + b)
+                    agg = max if key.endswith(("_ms", "_max_ms", "_p95_us")) else (lambda a, b: a + b)
                     out[name] = agg(out[name], st[key]) if name in out else st[key]
         self.server_stats[self._n] = out
 
@@ -505,6 +505,14 @@ def server_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
                 (f"{p} Smart Turn run time (wall) mean / max",
                  f"{st['worker.jobs_run_us_total'] / started / 1000:.1f} / {st['worker.jobs_run_us_max'] / 1000:.1f}",
                  "ms", ""),
+            ]
+        if started and st.get("worker.jobs_cpu_us_total") is not None:
+            out += [
+                (f"{p} Smart Turn CPU per analysis mean / p95",
+                 f"{st['worker.jobs_cpu_us_total'] / started / 1000:.1f} / "
+                 f"{st.get('worker.jobs_cpu_p95_us', 0) / 1000:.1f}", "ms", "job thread's own CPU"),
+                (f"{p} Smart Turn queue wait p95", round(st.get("worker.jobs_wait_p95_us", 0) / 1000, 1), "ms",
+                 "last 4096 analyses"),
             ]
     return out
 

@@ -233,6 +233,7 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
             "calls_by_subscriber": {sub: len(calls) for sub, calls in self.by_sub.items()},
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},
+            **{f"jobs_{k}": v for k, v in (self.jobs.recent() if self.jobs else {}).items()},
             **{f"{n}_{k}": v for n, lane in self.extra_lanes.items() for k, v in lane.counters.items()},
             **self._smart_turn_stats(),
             "errors": dict(st.errors),

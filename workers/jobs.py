@@ -22,7 +22,10 @@ job's life, so the realtime lane (the tick loop) never waits for a job:
   cannot be pre-empted, so the thread stays busy until the model returns.
 * A job that raises is answered ``job_failed`` (counted); the thread lives on.
 * Every started job's queue wait and run time are summed and their maxima
-  kept (``wait_us_*``, ``run_us_*``: what a busy lane adds to a turn).
+  kept (``wait_us_*``, ``run_us_*``: what a busy lane adds to a turn), and its
+  CPU time (the job thread's own, ``cpu_us_total``: onnxruntime runs on it with
+  one intra-op thread). :meth:`JobLane.recent` gives the p50 / p95 of the queue
+  wait and of the CPU time over the last :data:`RECENT` started jobs.
 * Results are handed to the owner through ``results`` (a deque) plus the
   ``notify`` callback (the core writes a byte to its wake pipe), so only the
   owner's thread touches its ZeroMQ socket.
@@ -46,6 +49,8 @@ from ipc.codec import Frame
 from ipc.frames import ErrorReply
 
 log = logging.getLogger("brisvox.workers.jobs")
+
+RECENT = 4096  # started jobs kept for JobLane.recent (a load bench level has ~1000 analyses)
 
 
 @dataclass(slots=True, eq=False)
@@ -110,7 +115,10 @@ class JobLane:
         self.counters = {"submitted": 0, "refused": 0, "expired": 0, "superseded": 0, "done": 0, "failed": 0,
                          "timeouts": 0, "late_results": 0,
                          # queue wait and run time of started jobs (the turn latency a busy lane adds)
-                         "wait_us_total": 0, "wait_us_max": 0, "run_us_total": 0, "run_us_max": 0}
+                         "wait_us_total": 0, "wait_us_max": 0, "run_us_total": 0, "run_us_max": 0,
+                         "cpu_us_total": 0}
+        self._waits: collections.deque[int] = collections.deque(maxlen=RECENT)  # us, started jobs
+        self._cpus: collections.deque[int] = collections.deque(maxlen=RECENT)  # us, finished jobs
         self._threads = [
             threading.Thread(target=self._loop, name=f"brisvox-{name}-{i}", daemon=True)
             for i in range(max(1, threads))
@@ -127,6 +135,19 @@ class JobLane:
     @property
     def running(self) -> int:
         return len(self._running)
+
+    def recent(self) -> dict[str, int]:
+        """p50 / p95 of the queue wait and of the CPU time per job over the last :data:`RECENT`
+        started jobs, in us (``wait_p50_us``, ``wait_p95_us``, ``cpu_p50_us``, ``cpu_p95_us``;
+        empty before the first job)."""
+        with self._cv:
+            waits, cpus = sorted(self._waits), sorted(self._cpus)
+        out: dict[str, int] = {}
+        for name, xs in (("wait", waits), ("cpu", cpus)):
+            if xs:
+                out[f"{name}_p50_us"] = xs[(len(xs) - 1) // 2]
+                out[f"{name}_p95_us"] = xs[min(len(xs) - 1, (95 * len(xs)) // 100)]
+        return out
 
     def submit(self, job: Job) -> bool:
         """Queue ``job`` (False: refused, the queue is full or the lane stopped).
@@ -237,6 +258,7 @@ class JobLane:
                     c["wait_us_total"] += wait_us
                     if wait_us > c["wait_us_max"]:
                         c["wait_us_max"] = wait_us
+                    self._waits.append(wait_us)
             if expired:
                 job.answered = True
                 self.results.append(JobDone(job, ErrorReply(
@@ -244,6 +266,7 @@ class JobLane:
                     detail=f"{job.kind} waited past its deadline by {(now - job.deadline_ns) // 1000} us")))
                 self.notify()
                 continue
+            cpu0 = time.thread_time_ns()
             try:
                 reply = self.runner(job)
                 ok = not isinstance(reply, ErrorReply)
@@ -252,10 +275,13 @@ class JobLane:
                 reply = ErrorReply(kind="job_failed", call_id=job.call_id, detail=f"{type(e).__name__}: {e}"[:500])
                 ok = False
             run_us = (self.clock_ns() - job.started_ns) // 1000
+            cpu_us = (time.thread_time_ns() - cpu0) // 1000
             with self._cv:
                 c = self.counters
                 c["done" if ok else "failed"] += 1
                 c["run_us_total"] += run_us
+                c["cpu_us_total"] += cpu_us
+                self._cpus.append(cpu_us)
                 if run_us > c["run_us_max"]:
                     c["run_us_max"] = run_us
             self._finish(job, reply)

@@ -150,6 +150,48 @@ def test_queue_wait_and_run_time_are_summed_with_their_maxima():
     lane.lane.stop()
 
 
+def test_cpu_time_is_the_job_threads_own_and_recent_gives_wait_and_cpu_percentiles():
+    """A job that spins ~20 ms of CPU is counted ~20 ms; one that sleeps 20 ms almost nothing;
+    the percentiles of the queue wait come from the jobs that started (injected clock)."""
+    now = [0]
+
+    def runner(j: Job):
+        if j.call_id.startswith("spin"):
+            t_end = time.thread_time_ns() + 20 * MS
+            while time.thread_time_ns() < t_end:
+                pass
+        else:
+            time.sleep(0.02)
+        now[0] += 10 * MS  # each job takes 10 ms on the lane's clock: the k-th waited (k - 1) * 10 ms
+        return result(j)
+
+    lane = Lane(runner, threads=1, clock_ns=lambda: now[0])
+    assert lane.lane.recent() == {}  # nothing started yet
+    gate, started = threading.Event(), threading.Event()
+    orig = lane.lane.runner
+
+    def first(j: Job):  # hold the thread until the other 19 jobs are queued at t = 0
+        if j.call_id == "hold":
+            started.set()
+            gate.wait(5)
+            return result(j)
+        return orig(j)
+
+    lane.lane.runner = first
+    assert lane.lane.submit(Job("smart_turn", "hold", None, 10**12, 0))
+    assert started.wait(5)
+    for i in range(19):
+        assert lane.lane.submit(Job("smart_turn", f"{'spin' if i < 10 else 'sleep'}{i}", None, 10**12, 0))
+    gate.set()
+    assert len(lane.collect(20)) == 20
+    c, r = lane.lane.counters, lane.lane.recent()
+    assert 10 * 20_000 * 0.9 <= c["cpu_us_total"] <= 10 * 20_000 + 9 * 5_000  # the spins, hardly the sleeps
+    assert r["cpu_p95_us"] >= 18_000 and r["cpu_p50_us"] < 5_000 + 18_000  # 10 of 20 spun
+    # waits: hold 0, then the 19 queued at 0 started at 0, 10, ..., 180 ms: the 10th smallest of the 20 is 80
+    assert r["wait_p50_us"] == 80_000 and r["wait_p95_us"] == 180_000
+    lane.lane.stop()
+
+
 def _blocked_lane(ran: list[str]):
     """A one-thread lane whose first job ("blocker") holds the thread until the gate opens."""
     gate = threading.Event()
