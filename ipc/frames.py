@@ -77,6 +77,7 @@ class Hello(Frame):
     ok: bool = True
     error: str = ""
     endpoints: dict[str, str] | None = None  # what the child serves (role-specific)
+    measured: dict[str, float] | None = None  # figures the child measured at boot (role-specific), in its Topology row
 
 
 @frame("ping", to="child")
@@ -108,7 +109,8 @@ class Topology(Frame):
     """Supervisor -> every child, pushed whenever a child changes state.
 
     ``children`` rows: ``{"role", "index", "pid", "state"}`` with state one of
-    starting, ready, stopping, exited, failed. Children use it to stop sending
+    starting, ready, stopping, exited, failed, plus ``"measured"`` when the child's
+    Hello carried figures it measured at boot (role-specific numbers). Children use it to stop sending
     to a dead peer at once (a worker's calls are re-attached by their
     subscriber, see AttachCall) instead of waiting for a timeout.
     """

@@ -186,8 +186,8 @@ class ChildRuntime:
 
     # -- handshake -----------------------------------------------------------
 
-    def ready(self, endpoints: dict[str, str] | None = None) -> None:
-        """Complete the init handshake: the supervisor marks this child ready."""
+    def ready(self, endpoints: dict[str, str] | None = None, measured: dict[str, float] | None = None) -> None:
+        """Complete the init handshake (``measured``: boot figures, shown in the Topology rows)."""
         from ipc.frames import Hello
 
         if self.is_ready:
@@ -195,7 +195,7 @@ class ChildRuntime:
             return
         self.is_ready = True
         self._beat = time.monotonic()
-        self._send(Hello(role=self.role, index=self.index, pid=self.pid, ok=True, endpoints=endpoints))
+        self._send(Hello(role=self.role, index=self.index, pid=self.pid, endpoints=endpoints, measured=measured))
 
     def fail(self, error: str, code: int = exitcodes.BOOT) -> NoReturn:
         """Boot failed: tell the supervisor (Hello ok=False) and exit with ``code``.

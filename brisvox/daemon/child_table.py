@@ -210,7 +210,7 @@ class ChildTable:
             log.error("%s (pid %d) failed to boot: %s", slot.name, slot.pid, slot.error)
             return
         if slot.state is State.STARTING:
-            slot.on_ready(now, f.endpoints)
+            slot.on_ready(now, f.endpoints, f.measured)
             self.topology_dirty = True
             log.info("%s ready (pid %d, boot %.2fs)", slot.name, slot.pid, now - slot.started_at)
         elif slot.state is State.STOPPING:

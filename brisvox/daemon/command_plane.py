@@ -217,7 +217,7 @@ class CommandPlane:
                 "ready": s.state is State.READY, "restarts": s.restarts, "boot_failures": s.boot_failures,
                 "pss_bytes": s.pss, "calls": s.calls, "beat_ms": s.beat_ms, "last_exit": s.last_exit,
                 "error": s.error, "hung": s.hung, "memory_restarts": s.mem_restarts,
-                "events": dict(s.events), "stats": s.stats, "endpoints": s.endpoints,
+                "events": dict(s.events), "stats": s.stats, "endpoints": s.endpoints, "measured": s.measured,
                 "stop_reason": s.stop_reason,
             })
         return {

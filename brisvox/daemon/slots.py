@@ -70,6 +70,7 @@ class Slot:
     last_exit: str = ""
     error: str = ""
     endpoints: dict[str, str] | None = None
+    measured: dict[str, float] = field(default_factory=dict)  # the ready incarnation's Hello.measured
     # health
     ping_seq: int = 0
     last_ping_at: float = 0.0
@@ -111,6 +112,7 @@ class Slot:
         self.next_start_at = None
         self.error = ""
         self.endpoints = None
+        self.measured = {}
         self.last_pong_at = now
         self.last_ping_at = now
         self.beat_ms = -1
@@ -123,16 +125,22 @@ class Slot:
         self.acked = False
         self.termed = False
 
-    def on_ready(self, now: float, endpoints: dict[str, str] | None) -> None:
+    def on_ready(self, now: float, endpoints: dict[str, str] | None,
+                 measured: dict[str, float] | None = None) -> None:
         self.state = State.READY
         self.ready_at = now
         self.last_pong_at = now
         self.boot_failures = 0
         self.endpoints = endpoints
+        self.measured = {k: float(v) for k, v in (measured or {}).items()
+                         if isinstance(v, int | float) and not isinstance(v, bool)}
 
     def row(self) -> dict[str, Any]:
-        """The Topology row of this slot."""
-        return {"role": self.role, "index": self.index, "pid": self.pid, "state": str(self.state)}
+        """The Topology row of this slot (``measured``: what the incarnation measured at boot)."""
+        row: dict[str, Any] = {"role": self.role, "index": self.index, "pid": self.pid, "state": str(self.state)}
+        if self.measured:
+            row["measured"] = dict(self.measured)
+        return row
 
 
 class StormTracker:

@@ -10,12 +10,17 @@ Defaults are loopback only: SIP/UDP on 127.0.0.1:5060, WebSocket on
 127.0.0.1:8765 with Twilio Media Streams at ``/twilio`` and the native
 protocol at ``/ws``. Nothing listens on a public address unless configured.
 
-``[gateway] max_calls`` is ``"auto"`` by default: :data:`AUTO_CALLS_PER_CORE`
-calls per core the daemon may run on (its CPU affinity, read when the section
-is parsed), the capacity measured by the load benchmark (docs/BENCHMARKS.md)
-rounded down, so a default daemon refuses (SIP 503, WebSocket 1013) rather
-than admit a call it cannot serve in real time. An explicit integer within
-1..:data:`MAX_CALLS_LIMIT` replaces it. The parsed value is always an int.
+``[gateway] max_calls`` is ``"auto"`` by default (:meth:`GatewayConfig.call_limit`):
+:data:`AUTO_CALLS_PER_CORE` calls per core the daemon may run on (its CPU
+affinity), the capacity measured by the load benchmark (docs/BENCHMARKS.md)
+rounded down, and fewer on a host where the end-of-turn model is dearer: once
+a worker reports the Smart Turn inference time its boot self-benchmark measured
+(``smart_turn_ms`` in its Topology row), at most
+:data:`AUTO_SMART_TURN_MS_PER_CORE` / ``smart_turn_ms`` calls per core (the
+slowest worker counts). So a default daemon refuses (SIP 503, WebSocket 1013)
+rather than admit a call it cannot serve in real time, on a fast host and on
+a slow one. An explicit integer within 1..:data:`MAX_CALLS_LIMIT` replaces it
+and is never changed. The parsed value is ``"auto"`` or that int.
 """
 
 from __future__ import annotations
@@ -47,6 +52,10 @@ AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # Calls per core of ``max_calls = "auto"``: the load benchmark held 125 calls on 2 cores
 # (with the load generator on the same cores), rounded down to leave headroom.
 AUTO_CALLS_PER_CORE = 60
+# ... and at most this many ms of boot-measured Smart Turn inference per core: the held levels
+# of the load benchmark times the worker's boot figure, per core, were 62.5 x 19.6 = 1225
+# (2026-11-30 sweep) and 50 x 28 = 1400 (2026-12-02, a slower day): 1200 stays under both.
+AUTO_SMART_TURN_MS_PER_CORE = 1200.0
 MAX_CALLS_LIMIT = 100_000
 
 
@@ -58,15 +67,20 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def auto_max_calls(cores: int | None = None) -> int:
-    """``max_calls = "auto"``: :data:`AUTO_CALLS_PER_CORE` per usable core."""
-    return AUTO_CALLS_PER_CORE * (cores if cores is not None else usable_cores())
+def auto_max_calls(cores: int | None = None, smart_turn_ms: float | None = None) -> int:
+    """``max_calls = "auto"``: :data:`AUTO_CALLS_PER_CORE` per usable core, or fewer when a
+    worker measured ``smart_turn_ms`` per inference (:data:`AUTO_SMART_TURN_MS_PER_CORE`); >= 1."""
+    n = cores if cores is not None else usable_cores()
+    per_core = float(AUTO_CALLS_PER_CORE)
+    if smart_turn_ms is not None and smart_turn_ms > 0:
+        per_core = min(per_core, AUTO_SMART_TURN_MS_PER_CORE / smart_turn_ms)
+    return max(1, int(per_core * n))
 
 
-def parse_max_calls(value: Any, key: str, cores: int | None = None) -> int:
-    """``"auto"`` (:func:`auto_max_calls`) or an integer within 1..:data:`MAX_CALLS_LIMIT`."""
+def parse_max_calls(value: Any, key: str) -> int | Literal["auto"]:
+    """``"auto"`` (kept: :meth:`GatewayConfig.call_limit`) or an integer within 1..:data:`MAX_CALLS_LIMIT`."""
     if value == "auto":
-        return auto_max_calls(cores)
+        return "auto"
     if type(value) is not int:
         raise ConfigError(key, f'expected "auto" or an integer, got {value!r}')
     if not 1 <= value <= MAX_CALLS_LIMIT:
@@ -97,7 +111,7 @@ PositiveS = Annotated[float, Field(gt=0)]
 class GatewayConfig:
     """``[gateway]``: the call table, pacing and the echo line-test agent."""
 
-    max_calls: int = field(default_factory=auto_max_calls)  # "auto" in the file: see the module docstring
+    max_calls: int | Literal["auto"] = "auto"  # see the module docstring and call_limit
     position_interval_ms: Positive = 100  # Playback report period per agent
     ring_seconds: float = Field(default=8.0, gt=0, le=60)  # capacity of each call ring (rounded up to a power of two)
     tts_rate: int = Field(default=22050, ge=8000, le=48000)  # rate of the tts ring for pipeline calls
@@ -114,8 +128,15 @@ class GatewayConfig:
 
     @field_validator("max_calls", mode="before")
     @classmethod
-    def _max_calls(cls, value: Any) -> int:
+    def _max_calls(cls, value: Any) -> int | Literal["auto"]:
         return parse_max_calls(value, "")
+
+    def call_limit(self, smart_turn_ms: float | None = None, cores: int | None = None) -> int:
+        """The call table's limit: the explicit ``max_calls``, or "auto" for this host
+        (:func:`auto_max_calls`; ``smart_turn_ms``: the slowest worker's boot figure)."""
+        if self.max_calls == "auto":
+            return auto_max_calls(cores, smart_turn_ms)
+        return self.max_calls
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "gateway") -> GatewayConfig:

@@ -76,7 +76,7 @@ class GatewayCore(AgentLinks):
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.metrics = GatewayMetrics()
-        self.table = CallTable(instance, self.cfg.max_calls, self.cfg.ring_seconds,
+        self.table = CallTable(instance, self.cfg.call_limit(), self.cfg.ring_seconds,
                                max_marks=self.cfg.max_marks, pause_max_s=self.cfg.pause_max_ms / 1000.0)
         self.links = Links(self.ctx, identity, self._on_frame)
         self.pacer = Pacer(
@@ -89,6 +89,7 @@ class GatewayCore(AgentLinks):
         self.agents: dict[str, int] = {}  # ready agent process -> live calls
         self.stopping_agents: set[str] = set()  # no new calls; their live calls go on (a drain)
         self.workers: dict[int, int] = {}  # ready worker index -> live calls it serves (all agents)
+        self.smart_turn_ms: dict[int, float] = {}  # worker index -> its boot-measured Smart Turn ms (auto limit)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listeners: dict[str, Listener] = {}  # config section -> its listener (registry order)
         self.endpoints: dict[str, str] = {}
@@ -194,7 +195,7 @@ class GatewayCore(AgentLinks):
     def stats(self) -> dict[str, Any]:
         live = [c.stats for c in self.table.calls.values()]
         out: dict[str, Any] = {"calls_active": len(self.table), "calls_admitted": self.table.admitted,
-                               "calls_released": self.table.released}
+                               "calls_released": self.table.released, "max_calls": self.table.max_calls}
         out.update(self.metrics.snapshot(live))
         for reason, n in self.table.refused.items():
             out[f"calls_refused_{reason}"] = n

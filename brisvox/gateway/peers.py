@@ -24,10 +24,16 @@ Invariants:
 * An agent process that is no longer ready ends its calls (``calls_agent_lost``);
   a worker that is no longer ready leaves its calls without a worker until
   their next OutUtterance names the one they were re-attached to.
+* ``max_calls = "auto"``: the call table's limit follows the slowest Smart Turn
+  inference time a worker's row reports (``measured.smart_turn_ms``, from its boot
+  self-benchmark; :meth:`GatewayConfig.call_limit`). A figure is kept per worker
+  index until a new incarnation reports another, so a worker that restarts does not
+  raise the limit while it boots; a live call is never ended by a lower limit.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +46,8 @@ from brisvox.gateway.lifecycle import CallLifecycle
 from ipc import frames as F
 from ipc.bus import endpoint as bus_endpoint
 
+log = logging.getLogger("brisvox.gateway")
+
 Handler = Callable[[Any, str, "int | str | None"], None]
 REPLIES = (F.CallAccepted, F.Attached, F.Detached, F.ErrorReply)
 
@@ -51,6 +59,7 @@ class AgentLinks(CallLifecycle):
     ctx: zmq.Context
     runtime_dir: Path | None
     static_peers: dict[str, str]
+    smart_turn_ms: dict[int, float]
     _echo_client: Any
     _echo_actx: Any
     handlers: dict[type[F.Frame], Handler]
@@ -100,6 +109,27 @@ class AgentLinks(CallLifecycle):
 
         if self._echo_client is not None:
             self._echo_client.on_topology(rows)
+        self._follow_measured_capacity(rows)
+
+    def _follow_measured_capacity(self, rows: list[dict[str, Any]]) -> None:
+        """``max_calls = "auto"``: the limit for the slowest worker's boot-measured Smart Turn time."""
+        if self.cfg.max_calls != "auto":
+            return
+        for r in rows:
+            m = r.get("measured")
+            if r.get("role") == "worker" and r.get("state") == "ready" and isinstance(m, dict):
+                ms = m.get("smart_turn_ms")
+                if isinstance(ms, int | float) and not isinstance(ms, bool) and ms > 0:
+                    self.smart_turn_ms[int(r["index"])] = float(ms)
+        listed = {int(r["index"]) for r in rows if r.get("role") == "worker"}
+        for idx in [i for i in self.smart_turn_ms if i not in listed]:  # scaled down: gone for good
+            del self.smart_turn_ms[idx]
+        slowest = max(self.smart_turn_ms.values()) if self.smart_turn_ms else None
+        limit = self.cfg.call_limit(slowest)
+        if limit != self.table.max_calls:
+            log.info("max_calls auto: %d -> %d (Smart Turn %s per inference, measured at the workers' boot)",
+                     self.table.max_calls, limit, f"{slowest:.1f} ms" if slowest is not None else "not reported")
+            self.table.max_calls = limit
 
     async def echo_client(self) -> Any:
         """The echo agent's worker client (subscriber ``<identity>-echo``), or None

@@ -12,6 +12,8 @@ hangs up. Checks, per call, from outside the daemon:
   client got the clear (every frame after it until the second answer starts
   is silence);
 * every record has one interrupt and both user turns;
+* with Smart Turn, the gateway's ``max_calls = "auto"`` is the limit for the Smart Turn
+  time the worker measured at boot (its Topology row's ``measured``);
 * ``/metrics`` has the turn-latency histogram with every call's turns, the
   barge-in histogram and the calls by end reason (summed over the agent processes).
 
@@ -77,8 +79,24 @@ def test_simultaneous_calls_with_barge_in_context_equals_what_each_client_heard(
         if smart_turn:
             assert all(r["stats"]["turn"]["analyses"] >= 2 for r in records.values() if r["call_id"] in want)
             assert sum(r["stats"]["turn"]["analyses_failed"] for r in records.values() if r["call_id"] in want) == 0
+            check_auto_call_limit(d)
     finally:
         d.close()
+
+
+def check_auto_call_limit(d: Daemon) -> None:
+    """``max_calls = "auto"``: the gateway's limit follows the Smart Turn time the worker measured at boot."""
+    from brisvox.gateway.config import GatewayConfig
+
+    def limit_known(snap: dict) -> bool:
+        st = d.child(snap, "gateway-0").get("stats") or {}
+        return "max_calls" in st and bool(d.child(snap, "worker-0").get("measured"))
+
+    snap = d.wait_for(limit_known, 10, "the gateway's call limit and the worker's boot figure")
+    ms = d.child(snap, "worker-0")["measured"]["smart_turn_ms"]
+    assert 0 < ms < 1000
+    want = GatewayConfig().call_limit(ms)
+    d.wait_for(lambda s: d.child(s, "gateway-0")["stats"]["max_calls"] == want, 10, f"max_calls {want} for {ms} ms")
 
 
 def check_call_metrics(d: Daemon, n_calls: int) -> None:

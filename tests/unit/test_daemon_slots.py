@@ -126,6 +126,22 @@ def test_topology_row():
     assert s.name == "worker-3"
 
 
+def test_topology_row_carries_what_the_incarnation_measured_and_a_new_one_starts_clean():
+    from ipc.codec import decode, encode
+    from ipc.frames import Hello
+
+    hello = decode(encode(Hello(role="worker", index=1, pid=7, endpoints={"inbox": "ipc:///x"},
+                                measured={"smart_turn_ms": 27.5})))
+    s = Slot("worker", 1)
+    s.on_spawn(7, 0.0)
+    s.on_ready(1.0, hello.endpoints, {**hello.measured, "bad": "x", "flag": True})  # numbers only
+    assert s.row()["measured"] == {"smart_turn_ms": 27.5}
+    s.on_spawn(8, 2.0)  # the next incarnation has measured nothing yet
+    assert "measured" not in s.row()
+    s.on_ready(3.0, None)
+    assert "measured" not in s.row()
+
+
 def test_a_topology_for_a_closed_loop_reaches_no_one_and_logs_nothing(tmp_path, caplog):
     """A Topology that arrives while a role's loop is closing (its peers are stopping too) is
     dropped quietly; an open loop gets the rows through call_soon_threadsafe."""
