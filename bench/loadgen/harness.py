@@ -283,6 +283,7 @@ def rows(name: str, levels: list[Level], largest: int, wl: Workload,
         out += [
             (f"{p} CPU per call", round(lv.cpu_per_call * 100, 2), "% core", t.get("cpu", "")),
             (f"{p} memory per call", round(lv.mem_per_call_mb, 1), "MB", t.get("mem", "")),
+            (f"{p} idle server PSS (before the calls)", round(lv.pss_idle_mb, 1), "MB", "whole process tree"),
             (f"{p} turn latency p50", s["turn_ms"]["p50"], "ms", ""),
             (f"{p} turn latency p95", s["turn_ms"]["p95"], "ms", t.get("p95", "")),
             (f"{p} turn latency p99", s["turn_ms"]["p99"], "ms", ""),
