@@ -140,10 +140,11 @@ class JobLane:
         """p50 / p95 of the queue wait and of the CPU time per job over the last :data:`RECENT`
         started jobs, in us (``wait_p50_us``, ``wait_p95_us``, ``cpu_p50_us``, ``cpu_p95_us``;
         empty before the first job)."""
-        with self._cv:
-            waits, cpus = sorted(self._waits), sorted(self._cpus)
+        with self._cv:  # copy under the lock, sort outside it (the job threads append)
+            waits, cpus = list(self._waits), list(self._cpus)
         out: dict[str, int] = {}
         for name, xs in (("wait", waits), ("cpu", cpus)):
+            xs.sort()
             if xs:
                 out[f"{name}_p50_us"] = xs[(len(xs) - 1) // 2]
                 out[f"{name}_p95_us"] = xs[min(len(xs) - 1, (95 * len(xs)) // 100)]

@@ -65,10 +65,8 @@ def main(rt: Any) -> int:
         warm["smart_turn_model"] = w.smart.loaded.name
         warm["smart_turn_ms"] = round(w.smart.choice.ms, 2) if w.smart.choice is not None else None
     rt.event("worker_warm", "models loaded and run once", warm)
-    measured: dict[str, float] = {}
-    if w.smart is not None and w.smart.choice is not None and w.smart.choice.ms > 0:
-        measured["smart_turn_ms"] = round(float(w.smart.choice.ms), 3)  # the gateway's max_calls "auto" reads it
-    rt.ready({"inbox": ep}, measured=measured or None)
+    st_ms = warm.get("smart_turn_ms")  # the gateway's max_calls "auto" reads it from the Topology row
+    rt.ready({"inbox": ep}, measured={"smart_turn_ms": st_ms} if st_ms else None)
     stop = threading.Event()
 
     def on_stop() -> None:

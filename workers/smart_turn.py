@@ -203,8 +203,8 @@ def derive_f32_gelu(src: Path, dst: Path, source_sha256: str) -> list[str]:
     int8 op stays. Measured on the real model, 1 thread, interleaved: about 1 ms
     (4 %) cheaper per inference than the float32-softmax file, outputs within 1e-3.
 
-    Returns the edited Softmax nodes' names followed by the replaced GELUs' last
-    ``Mul`` names; ``ValueError`` when either pattern is absent.
+    Returns the edited Softmax nodes' names followed by the new Gelu nodes' names;
+    ``ValueError`` when either pattern is absent.
     """
     import onnx
 
