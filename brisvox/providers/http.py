@@ -24,6 +24,8 @@ on its first request and a ``warm()`` warms a pool the other calls share:
   ``bad_request`` and 401/403 ``auth`` are not retryable; 429
   ``rate_limited`` and 5xx ``server`` are). :func:`transport_error` maps
   httpx exceptions. Error bodies are read bounded and never logged whole.
+  ``Retry-After`` is parsed by :func:`brisvox.runtime.retry.parse_retry_after`
+  (re-exported here as :func:`parse_retry_after`).
 * :func:`post_stream` is the one streamed POST of every adapter: the shared
   client, per-request timeouts, a non-200 status mapped by
   :func:`status_error` (its body read bounded), and every httpx error raised
@@ -51,6 +53,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from brisvox.providers.base import ProviderError
+from brisvox.runtime.retry import parse_retry_after
 
 MAX_CLIENTS = 64
 MAX_ERROR_BODY = 4096
@@ -141,24 +144,6 @@ def pool_entries() -> int:
 def timeout(read: float, connect: float = 5.0, write: float = 5.0) -> httpx.Timeout:
     """Per-request timeouts: ``read`` bounds the wait for each chunk of a stream."""
     return httpx.Timeout(connect=connect, read=read, write=write, pool=connect)
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds of an HTTP ``Retry-After`` (delta seconds or an HTTP date), None if absent or bad."""
-    if not value:
-        return None
-    v = value.strip()
-    if v.isdigit():
-        return float(v)
-    try:
-        from email.utils import parsedate_to_datetime
-
-        when = parsedate_to_datetime(v).timestamp()
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    import time
-
-    return max(0.0, when - (time.time() if now is None else now))
 
 
 def status_error(status: int, body: bytes = b"", retry_after: float | None = None) -> ProviderError:

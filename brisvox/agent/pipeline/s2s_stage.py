@@ -32,7 +32,8 @@ of an epoch the machine cut never enters the tts ring.
   confirmation gate fed by speech starts and user turns); the results go back
   in call order, then one ``create_response``.
 * Failure policy: a session that dies is reconnected (``max_reconnects``
-  per call, ``reconnect_backoff`` apart, each bounded by ``connect_timeout``)
+  per call, ``reconnect_backoff`` apart, each bounded by ``connect_timeout``:
+  :attr:`S2sStageConfig.reconnect_policy`)
   with the conversation so far (or the provider's resumption handle); when
   that fails the fallback line is spoken through the local TTS (when the agent
   has one) and the call is hung up (``s2s_failed``). Every await is bounded.
@@ -80,6 +81,7 @@ from brisvox.providers.s2s.base import (
     S2sSession,
     S2sToolCancelled,
 )
+from brisvox.runtime.retry import RetryPolicy
 from ipc.frames import Hangup
 
 log = logging.getLogger("brisvox.agent.s2s")
@@ -99,6 +101,13 @@ class S2sStageConfig:
     fallback_line: str = DEFAULT_FALLBACK
     fallback_timeout: float = 8.0
     truncate_timeout: float = 1.0
+
+    @property
+    def reconnect_policy(self) -> RetryPolicy:
+        """``max_reconnects`` reconnects per call after the first connect, each
+        ``reconnect_backoff`` (fixed, no jitter) after the failure."""
+        return RetryPolicy(base=self.reconnect_backoff, multiplier=1.0, cap=self.reconnect_backoff,
+                           max_attempts=max(0, self.max_reconnects) + 1)
 
 
 @dataclass(slots=True)
@@ -489,19 +498,19 @@ class S2sStage(Stage):
         return s
 
     async def _session_life(self) -> None:
-        attempts = 0
+        attempts = self.cfg.reconnect_policy.attempts()  # the call's: never refilled
         while not self._stopping:
             try:
                 self.session = await self._connect()
             except (ProviderError, TimeoutError, OSError) as e:
                 self.st.reconnect_failures += 1
                 log.warning("call %s: S2S connect failed: %s", self.call.call_id, e)
-                attempts += 1
-                if attempts > self.cfg.max_reconnects:
+                wait = attempts.next_delay()
+                if wait is None:
                     break
-                await self.clock.sleep(self.cfg.reconnect_backoff)
+                await self.clock.sleep(wait)
                 continue
-            if attempts:
+            if attempts.retries:
                 self.st.reconnects += 1
                 if len(self.ctx) and isinstance(self.ctx[len(self.ctx) - 1], UserMessage):
                     # the turn the dead session owed an answer to is answered by the new one
@@ -517,10 +526,10 @@ class S2sStage(Stage):
                 await asyncio.wait_for(dead.close(0.5), 1.0)
             self._mark_lost()
             await self._feed(M.SessionLost(self.clock.now()), from_reader=True)
-            attempts += 1
-            if attempts > self.cfg.max_reconnects:
+            wait = attempts.next_delay()
+            if wait is None:
                 break
-            await self.clock.sleep(self.cfg.reconnect_backoff)
+            await self.clock.sleep(wait)
         if not self._stopping:
             await self._give_up()
 

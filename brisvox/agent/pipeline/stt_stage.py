@@ -28,10 +28,13 @@ Owns the call's STT session:
   segment since the last UtteranceFinal) first promotes the latest interim to
   a final segment, so the caller's words are not lost.
 * Connect at Start (after a bounded warm-up), reconnect after a failed
-  connect or a death with a fixed backoff counted from the death, at most
-  ``max_reconnects`` consecutive attempts, then degraded until the next
-  UserStartedSpeaking grants a fresh budget. The budget is restored when a
-  session delivers a final segment or lives ``healthy_after`` seconds.
+  connect or a death with a fixed backoff counted from the death
+  (``reconnect_backoff``, 1 s: :attr:`SttStageConfig.reconnect_policy`), at
+  most ``max_reconnects`` (3) consecutive attempts (a
+  :class:`~brisvox.runtime.retry.RetryBudget` without refill), then degraded
+  until the next UserStartedSpeaking grants a fresh budget. The budget is
+  restored when a session delivers a final segment or lives ``healthy_after``
+  seconds.
 
 User side: epoch 0, KeepAll.
 """
@@ -64,6 +67,7 @@ from brisvox.providers.base import (
     SttSession,
     Transcript,
 )
+from brisvox.runtime.retry import RetryBudget, RetryPolicy
 
 log = logging.getLogger("brisvox.agent.stt")
 
@@ -78,6 +82,11 @@ class SttStageConfig:
     healthy_after: float = 10.0
     timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
     stt: SttConfig = field(default_factory=SttConfig)
+
+    @property
+    def reconnect_policy(self) -> RetryPolicy:
+        """A reconnect waits ``reconnect_backoff`` (fixed, no jitter) from the death."""
+        return RetryPolicy(base=self.reconnect_backoff, multiplier=1.0, cap=self.reconnect_backoff)
 
 
 @dataclass(slots=True)
@@ -236,21 +245,23 @@ class SttStage(Stage):
                 await self.provider.warm(min(to.connect, to.warm))
         except (ProviderError, TimeoutError, OSError):
             self.st.warm_failures += 1
-        attempts_left = cfg.max_reconnects
+        policy = cfg.reconnect_policy
+        budget = RetryBudget(max(0, cfg.max_reconnects))  # consecutive reconnects; no refill over time
         died_at: float | None = None
         first = True
         while not self._stopping:
             if not first:
-                if attempts_left <= 0:
+                if not budget.available():
                     self.st.degraded += 1
                     self._grant = False
                     while not self._grant and not self._stopping:
                         await self._idle_without_session(None)
                     if self._stopping:
                         break
-                    attempts_left = cfg.max_reconnects
-                attempts_left -= 1
-                resume = (died_at if died_at is not None else self.clock.now()) + cfg.reconnect_backoff
+                    budget.reset()  # a speech start grants a fresh budget
+                budget.take()  # with no token (max_reconnects 0) the granted attempt is made all the same
+                delay = policy.delay(budget.capacity - budget.level())
+                resume = (died_at if died_at is not None else self.clock.now()) + delay
                 while self.clock.now() < resume and not self._stopping:
                     await self._idle_without_session(resume)
                 if self._stopping:
@@ -264,7 +275,7 @@ class SttStage(Stage):
             healthy = await self._run_session(session)
             died_at = self.clock.now()
             if healthy:
-                attempts_left = cfg.max_reconnects
+                budget.reset()
         await self._answer_queued_synthetically()
 
     async def _idle_without_session(self, until: float | None) -> None:

@@ -30,8 +30,9 @@ Rules:
   refused, failed (``summary_failures``) or timed-out (``summary_timeouts``)
   summary never replaces the current one. After ``breaker_failures`` (3)
   consecutive failures the breaker backs off: no attempt for ``timeout``
-  doubled per failure past the second (16 s, 32 s, then ``backoff_max`` 60 s;
-  ``summary_backoffs`` counts the skipped refreshes); a success closes it.
+  doubled per failure past the second (16 s, 32 s, then ``backoff_max`` 60 s:
+  :attr:`SummaryConfig.backoff`; ``summary_backoffs`` counts the skipped
+  refreshes); a success closes it.
 * A summary is valid only while the context still holds the messages it was
   made against (identity at both ends; a flow reset that replaces them voids it;
   :meth:`Summarizer.reset` drops it and any refresh in flight).
@@ -62,6 +63,7 @@ from brisvox.agent.conversation.request import (
     utf8_prefix,
 )
 from brisvox.providers.base import Done, LlmError, LlmMessage, LlmRequest, ProviderError, TextDelta
+from brisvox.runtime.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -97,6 +99,12 @@ class SummaryConfig:
     max_chunks: int = 4
     breaker_failures: int = 3
     backoff_max: float = 60.0
+
+    @property
+    def backoff(self) -> RetryPolicy:
+        """The open breaker's wait after its n-th failure past the second: ``timeout`` x 2^n
+        (16 s, 32 s), capped at ``backoff_max``; no jitter."""
+        return RetryPolicy(base=2.0 * self.timeout, multiplier=2.0, cap=self.backoff_max)
 
 
 class Summarizer:
@@ -273,7 +281,7 @@ class Summarizer:
             return
         if self.failures == cfg.breaker_failures:
             self.st.summary_degraded += 1
-        wait = min(cfg.backoff_max, cfg.timeout * 2 ** (self.failures - cfg.breaker_failures + 1))
+        wait = cfg.backoff.backoff(self.failures - cfg.breaker_failures + 1)
         self.retry_at = self.clock.now() + wait
         log.warning("summary failed (%s), %d in a row: next attempt in %.0f s", why, self.failures, wait)
 

@@ -19,8 +19,10 @@ Owns the call's TTS session:
 * Interrupt (or a newer epoch without one): cancel every open context of
   older epochs on the provider's priority path, forget them.
 * Faults: the session connects at Start (prewarm, bounded), again when a
-  round finds it dead (after ``reconnect_backoff`` counted from the death,
-  at most ``max_reconnects`` consecutive failures per turn); a session that
+  round finds it dead (after ``reconnect_backoff``, 1 s fixed, counted from
+  the death: :attr:`TtsStageConfig.reconnect_policy`; no connect is tried
+  in a turn after ``max_reconnects`` + 1 (3 + 1) failures in it, a
+  :class:`~brisvox.runtime.retry.RetryBudget` refilled by a new epoch); a session that
   dies marks its open utterances lost in the book and ends their responses;
   a provider silent for ``timeouts.tts_idle`` while it owes events is
   declared dead the same way.
@@ -77,6 +79,7 @@ from brisvox.providers.base import (
     TtsSession,
     TtsWord,
 )
+from brisvox.runtime.retry import RetryBudget, RetryPolicy
 
 log = logging.getLogger("brisvox.agent.tts")
 
@@ -91,6 +94,12 @@ class TtsStageConfig:
     timeouts: ProviderTimeouts = field(default_factory=ProviderTimeouts)
     tts: TtsConfig = field(default_factory=TtsConfig)
     clip_scope: str = ""  # the agent whose clips are shared by its calls ("": this call's own)
+
+    @property
+    def reconnect_policy(self) -> RetryPolicy:
+        """A connect after a death or a failed connect waits ``reconnect_backoff`` (fixed, no
+        jitter) from it."""
+        return RetryPolicy(base=self.reconnect_backoff, multiplier=1.0, cap=self.reconnect_backoff)
 
 
 @dataclass(slots=True)
@@ -139,7 +148,10 @@ class TtsStage(Stage):
         self._reader: asyncio.Task[None] | None = None
         self._connecting: asyncio.Task[None] | None = None
         self._died_at: float | None = None
-        self._failures = 0
+        self._policy = cfg.reconnect_policy
+        # a turn's connects: max_reconnects + 1 failures (a failed connect or a death takes one)
+        # end them until a new epoch refills the budget
+        self._attempts = RetryBudget(max(0, cfg.max_reconnects + 1))
         self._failure_epoch = -1
         self._warmed = False
         self._next_id = 1
@@ -355,8 +367,8 @@ class TtsStage(Stage):
             return
         if epoch != self._failure_epoch:
             self._failure_epoch = epoch
-            self._failures = 0
-        if self._failures > self.cfg.max_reconnects:
+            self._attempts.reset()
+        if not self._attempts.available():
             return
         self._connecting = self.tasks.spawn(self._connect(), "tts-connect")
 
@@ -371,14 +383,15 @@ class TtsStage(Stage):
             except (ProviderError, TimeoutError, OSError):
                 self.st.warm_failures += 1
         if self._died_at is not None:
-            await self.clock.sleep_until(self._died_at + self.cfg.reconnect_backoff)
+            spent = self._attempts.capacity - self._attempts.level()
+            await self.clock.sleep_until(self._died_at + self._policy.delay(spent))
         self.st.connects += 1
         try:
             async with self.clock.timeout(to.connect):
                 session = await self.provider.connect(self.cfg.tts, to.connect)
         except (ProviderError, TimeoutError, OSError) as e:
             self.st.connect_failures += 1
-            self._failures += 1
+            self._attempts.take()
             self._died_at = self.clock.now()
             log.warning("tts connect failed: %s", type(e).__name__)
             return
@@ -405,7 +418,7 @@ class TtsStage(Stage):
         self.session = None
         self.st.deaths += 1
         self._died_at = self.clock.now()
-        self._failures += 1
+        self._attempts.take()
         log.warning("tts session died (%s)", why)
         reader = self._reader
         self._reader = None

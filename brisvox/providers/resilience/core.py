@@ -15,8 +15,11 @@ operation (a connect, a request or a mid-call recovery):
 * Budget: the first attempt of a connect or request is free; every further
   attempt and every attempt of a recovery takes one token from the call's
   bucket (3, one back per 20 s) AND the process bucket (50, one back per
-  100 ms), both on the injected clock. No token: the operation ends with its
-  last error (``budget_refusals``).
+  100 ms), both on the injected clock (:class:`Bucket`: a
+  :class:`brisvox.runtime.retry.RetryBudget`). No token: the operation ends
+  with its last error (``budget_refusals``). Attempts follow one another at
+  once (no backoff); the only wait is a same-leg ``Retry-After``
+  (:attr:`ResilienceConfig.retry`, a :class:`brisvox.runtime.retry.RetryPolicy`).
 * Timeouts: an attempt that another attempt follows, and every recovery
   attempt, runs under ``attempt_timeout`` (2 s); the last attempt of a
   connect runs under what is left of the caller's timeout.
@@ -49,12 +52,12 @@ from typing import Any, Generic, TypeVar
 
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import ProviderError
+from brisvox.runtime.retry import RetryBudget, RetryPolicy
 
 STATS: Counter[str] = Counter()
 # per provider (the leg key's provider name): (stage, provider, "failures" | "retries" | "request_errors")
 PROVIDER_STATS: Counter[tuple[str, str, str]] = Counter()
 NOT_COUNTED = {"bad_request"}
-_EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,46 +83,34 @@ class ResilienceConfig:
     idle_refresh: float = 0.8  # refresh an idle TTS session after this share of its idle_limit (0: never)
     close_timeout: float = 1.0
 
+    @property
+    def retry(self) -> RetryPolicy:
+        """The timing of the layer's attempts: a re-issue or a failover goes at once (no
+        backoff: the legs and the budget bound the attempts); a same-leg ``Retry-After`` is
+        waited when at most ``retry_after_max``, else the operation gives up."""
+        return RetryPolicy(base=0.0, multiplier=1.0, cap=0.0, retry_after_max=self.retry_after_max)
+
 
 class Bucket:
     """``capacity`` tokens, one back every ``refill`` seconds of ``clock`` (the refill
-    clock starts when a token is taken from a full bucket)."""
+    clock starts when a token is taken from a full bucket): a
+    :class:`~brisvox.runtime.retry.RetryBudget` read on ``clock``."""
 
     def __init__(self, capacity: int, refill: float, clock: Clock = CLOCK) -> None:
         self.capacity = capacity
         self.refill = refill
         self.clock = clock
-        self.tokens = capacity
-        self._t: float | None = None
-
-    def _update(self) -> float:
-        now = self.clock.now()
-        if self._t is None or self.tokens >= self.capacity:
-            self._t = now
-        elif now < self._t:  # another loop's clock (tests): a new world
-            self.tokens, self._t = self.capacity, now
-        else:
-            n = int((now - self._t) / self.refill + _EPS)
-            if n:
-                self.tokens = min(self.capacity, self.tokens + n)
-                self._t = now if self.tokens >= self.capacity else self._t + n * self.refill
-        return now
+        self._budget = RetryBudget(capacity, refill)
 
     def level(self) -> int:
         """The tokens there are now."""
-        self._update()
-        return self.tokens
+        return self._budget.level(self.clock.now())
 
     def available(self) -> bool:
-        self._update()
-        return self.tokens >= 1
+        return self._budget.available(self.clock.now())
 
     def take(self) -> bool:
-        self._update()
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
+        return self._budget.take(self.clock.now())
 
 
 class Budget:

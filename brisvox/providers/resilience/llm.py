@@ -13,7 +13,7 @@ Invariants:
   to wait); on the same leg it waits ``Retry-After`` when that is at most
   ``retry_after_max`` (2 s) and then retries, and gives up at once when it is
   longer (the error goes to the caller, whose own rules apply). It never
-  retries earlier than the server asked.
+  retries earlier than the server asked (:attr:`ResilienceConfig.retry`).
 * Request errors (``bad_request``) end the response at once, uncounted; a
   cancelled or closed-early probe releases its breaker permit.
 * The breaker hears a verdict at the first event (success; probation for a
@@ -92,9 +92,10 @@ class ResilientStream:
         while self._pos + 1 < len(self._order):
             self._pos += 1
             i = self._order[self._pos]
-            wait = self._last.retry_after if self._last is not None else None
-            if wait is not None and i == self._i:  # the same leg asked us to come back later
-                if wait > cfg.retry_after_max:
+            asked = self._last.retry_after if self._last is not None else None
+            if asked is not None and i == self._i:  # the same leg asked us to come back later
+                wait = cfg.retry.honour_retry_after(asked)
+                if wait is None:
                     legs.count("retry_after_giveups")
                     return False
                 legs.count("retry_after_waits")
