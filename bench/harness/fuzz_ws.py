@@ -44,7 +44,7 @@ import orjson
 from websockets.frames import apply_mask
 
 from bench.harness.mutations import RandomPicker, mutate_bytes, mutate_json
-from brisvox.gateway.ws_auth import mint_token
+from brisvox.gateway.ws.auth import mint_token
 from brisvox.wire import native, twilio
 
 SOURCES = [f"127.0.0.{i}" for i in range(2, 251)]

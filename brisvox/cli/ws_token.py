@@ -2,7 +2,7 @@
 
 Owns argument parsing and output. The key is ``[websocket] native_secret`` of
 the daemon config (``--config``, else the one ``brisvoxd`` would find); the
-token (:func:`brisvox.gateway.ws_auth.mint_token`) admits one connection
+token (:func:`brisvox.gateway.ws.auth.mint_token`) admits one connection
 handshake to the native route serving ``NAME`` until it expires, with the
 given call parameters fixed. Prints the token (with ``--url``: the URL with
 ``?token=`` appended). Exit codes: 0; 2 when no config or no secret is found,
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from brisvox.config.daemon import find_config, load_config
     from brisvox.config.errors import ConfigError
     from brisvox.gateway.config import AGENT_RE
-    from brisvox.gateway.ws_auth import mint_token
+    from brisvox.gateway.ws.auth import mint_token
 
     if not AGENT_RE.match(args.agent):
         print(f"brisvox token: invalid agent name {args.agent!r}", file=sys.stderr)

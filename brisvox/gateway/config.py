@@ -350,7 +350,7 @@ class WebSocketConfig:
     fault_max: int = Field(default=DEFAULT_MAX_FAULTS, ge=0, le=MAX_FAULTS_LIMIT)
     fault_window_s: float = Field(default=DEFAULT_WINDOW_S, gt=0, le=MAX_WINDOW_S)
     hangup_on_error: bool = False  # the first malformed message of a live call ends it
-    # the browser playground (GET /playground, brisvox/gateway/playground.py): unset = on only when
+    # the browser playground (GET /playground, brisvox/gateway/ws/playground.py): unset = on only when
     # host is a loopback address; true on any other address needs native_secret
     playground: bool | None = None
 
@@ -374,7 +374,7 @@ class WebSocketConfig:
                 raise ConfigError(key, f"required: websocket.host {self.host!r} is not a loopback address and a "
                                   f"route serves {proto} (set websocket.{key}, or websocket.allow_unauthenticated "
                                   "= true for a lab)")
-        for i, r in enumerate(self.routes):  # the playground's paths (brisvox/gateway/playground.py)
+        for i, r in enumerate(self.routes):  # the playground's paths (brisvox/gateway/ws/playground.py)
             if r.path == "/playground" or r.path.startswith("/playground/"):
                 raise ConfigError(f"routes[{i}].path", "/playground is the browser playground's, not a route")
         if self.playground and self.enabled and not is_loopback(self.host) and not self.native_secret:

@@ -23,7 +23,7 @@ from typing import Any
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
+from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.runtime import exitcodes
 
 log = logging.getLogger("brisvox.gateway")

@@ -2,8 +2,8 @@
 
 Owns :func:`process_storage` (the ``limits`` package's ``MemoryStorage``,
 created on first use) and :func:`parse_rates`. The SIP user agent
-(:mod:`brisvox.gateway.sip_guard`: INVITE, OPTIONS) and the WebSocket server
-(:mod:`brisvox.gateway.ws_server`: handshakes) each count in their own
+(:mod:`brisvox.gateway.sip.guard`: INVITE, OPTIONS) and the WebSocket server
+(:mod:`brisvox.gateway.ws.server`: handshakes) each count in their own
 namespace of the same storage, keyed by the source IP address only (the
 port is the sender's choice).
 

@@ -28,7 +28,7 @@ import orjson
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.core import GatewayCore
+from brisvox.gateway.core.gateway_core import GatewayCore
 from ipc.ring import instance_id
 
 

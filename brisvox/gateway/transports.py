@@ -4,7 +4,7 @@ Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
 WebSocket route uses, the handshake check of its routes (``auth``:
-:mod:`brisvox.gateway.ws_auth`), and the capabilities it lacks) and :data:`LISTENERS`
+:mod:`brisvox.gateway.ws.auth`), and the capabilities it lacks) and :data:`LISTENERS`
 (one per config section: the socket server that carries the transports of
 that section). Config validation (the protocols a ``[websocket]`` route may
 name), the WebSocket server's route -> session choice and the core's
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brisvox.gateway.ws_auth import (
+from brisvox.gateway.ws.auth import (
     Grant,
     Refusal,
     exotel_auth,
@@ -41,8 +41,8 @@ from brisvox.gateway.ws_auth import (
 
 if TYPE_CHECKING:
     from brisvox.gateway.config import WsRoute
-    from brisvox.gateway.host import CallHost
-    from brisvox.gateway.ws_server import Session, WsConnection
+    from brisvox.gateway.core.host import CallHost
+    from brisvox.gateway.ws.server import Session, WsConnection
 
 
 # what a transport can do; the conformance suite has one case per capability
@@ -85,56 +85,56 @@ class Transport:
     section: str  # the config section (and endpoint name) of the listener that serves it
     session: SessionFactory | None  # a WebSocket route's session; None: the listener makes its legs
     lacks: Mapping[str, str] = field(default_factory=dict)  # capability -> why this transport has not it
-    auth: AuthCheck | None = None  # a WebSocket route's handshake check (brisvox/gateway/ws_auth.py)
+    auth: AuthCheck | None = None  # a WebSocket route's handshake check (brisvox/gateway/ws/auth.py)
 
     def offers(self, capability: str) -> bool:
         return capability not in self.lacks
 
 
 def _twilio_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
-    from brisvox.gateway.twilio_ws import TwilioSession
+    from brisvox.gateway.carriers.twilio import TwilioSession
 
     return TwilioSession(host, conn, route)
 
 
 def _native_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
-    from brisvox.gateway.native_ws import NativeSession
+    from brisvox.gateway.carriers.native import NativeSession
 
     return NativeSession(host, conn, route)
 
 
 def _plivo_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
-    from brisvox.gateway.plivo_ws import PlivoSession
+    from brisvox.gateway.carriers.plivo import PlivoSession
 
     return PlivoSession(host, conn, route)
 
 
 def _telnyx_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
-    from brisvox.gateway.telnyx_ws import TelnyxSession
+    from brisvox.gateway.carriers.telnyx import TelnyxSession
 
     return TelnyxSession(host, conn, route)
 
 
 def _vonage_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
-    from brisvox.gateway.vonage_ws import VonageSession
+    from brisvox.gateway.carriers.vonage import VonageSession
 
     return VonageSession(host, conn, route)
 
 
 def _exotel_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
-    from brisvox.gateway.exotel_ws import ExotelSession
+    from brisvox.gateway.carriers.exotel import ExotelSession
 
     return ExotelSession(host, conn, route)
 
 
 def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
-    from brisvox.gateway.ws_server import WebSocketServer
+    from brisvox.gateway.ws.server import WebSocketServer
 
     return WebSocketServer(host, cfg)
 
 
 def _sip_listener(host: CallHost, cfg: Any) -> Listener:
-    from brisvox.gateway.sip_ua import SipUserAgent
+    from brisvox.gateway.sip.ua import SipUserAgent
 
     return SipUserAgent(host, cfg)
 

@@ -65,7 +65,7 @@ Where the documentation is silent or contradicts itself, chosen here:
 * 3.2 KB is not 100 ms at 8 kHz (it is 200 ms; 100 ms at 16 kHz): the
   minimum is read as bytes, the stricter of the two. Whether Exotel echoes
   the marks a ``clear`` flushes is not said: echoes after a ``clear`` are
-  swallowed either way (:mod:`brisvox.gateway.carrier_stream`).
+  swallowed either way (:mod:`brisvox.gateway.carriers.carrier_stream`).
 * The Basic credential is its password (:func:`basic_password`); the user
   name is free.
 

@@ -5,7 +5,7 @@ padding skipped), sequence and timestamp arithmetic modulo 2^16 and 2^32, and
 :class:`RtpSender`, the sequence/timestamp/marker bookkeeping of a sent
 stream, which both ends use (the gateway's SIP legs and the ``brisvox call``
 SIP client). The receive side's jitter buffer is the gateway's
-(:mod:`brisvox.gateway.jitter`).
+(:mod:`brisvox.gateway.sip.jitter`).
 
 Invariants (codec): :func:`parse` raises only :class:`RtpError`, whatever the
 bytes; a payload over ``MAX_PAYLOAD`` is refused; :func:`build` masks the

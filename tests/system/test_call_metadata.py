@@ -21,7 +21,7 @@ from brisvox.client.native import NativeTransport
 from brisvox.client.sip import SipTransport
 from brisvox.client.transport import BotEvents
 from brisvox.client.twilio import TwilioTransport
-from brisvox.gateway.ws_auth import mint_token
+from brisvox.gateway.ws.auth import mint_token
 from ipc import frames as F
 from tests.system.gateway_harness import FakeAgent, GatewayProc
 

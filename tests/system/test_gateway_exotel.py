@@ -21,7 +21,7 @@ import pytest
 
 from brisvox.client.exotel import ExotelTransport
 from brisvox.client.transport import BotEvents, TransportError
-from brisvox.gateway.ws_auth import mint_token
+from brisvox.gateway.ws.auth import mint_token
 from brisvox.wire.exotel import MIN_CHUNK_BYTES
 from ipc import frames as F
 from tests.system.gateway_harness import FakeAgent, GatewayProc, correlate

@@ -20,7 +20,7 @@ import pytest
 
 from brisvox.client.telnyx import TelnyxTransport
 from brisvox.client.transport import BotEvents, TransportError
-from brisvox.gateway.ws_auth import mint_token
+from brisvox.gateway.ws.auth import mint_token
 from ipc import frames as F
 from tests.system.gateway_harness import FakeAgent, GatewayProc, correlate
 

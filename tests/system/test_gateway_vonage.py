@@ -21,7 +21,7 @@ import pytest
 
 from brisvox.client.transport import BotEvents, TransportError
 from brisvox.client.vonage import VonageTransport
-from brisvox.gateway.ws_auth import mint_token
+from brisvox.gateway.ws.auth import mint_token
 from ipc import frames as F
 from tests.system.gateway_harness import FakeAgent, GatewayProc, correlate
 from tests.system.test_gateway_telnyx import chirp

@@ -27,7 +27,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from brisvox.gateway.ws_auth import mint_token
+from brisvox.gateway.ws.auth import mint_token
 from brisvox.wire import native, twilio
 from ipc import frames as F
 from tests.system.gateway_harness import FakeAgent, GatewayProc

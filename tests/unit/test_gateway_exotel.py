@@ -1,4 +1,4 @@
-"""The Exotel leg (brisvox.gateway.exotel_ws) and its handshake check, against a recording host.
+"""The Exotel leg (brisvox.gateway.carriers.exotel) and its handshake check, against a recording host.
 
 * ``start`` admits the call at the stream's rate (8, 16 or 24 kHz; the URL's
   ``sample-rate`` when the start does not say), with its metadata (ids,
@@ -31,10 +31,10 @@ import pytest
 from websockets.datastructures import Headers
 
 from brisvox.config.errors import ConfigError
-from brisvox.gateway import ws_auth
+from brisvox.gateway.carriers.exotel import TRANSFER_REASON, ExotelSession
 from brisvox.gateway.config import WebSocketConfig, WsRoute
-from brisvox.gateway.exotel_ws import TRANSFER_REASON, ExotelSession
-from brisvox.gateway.ws_auth import Grant
+from brisvox.gateway.ws import auth as ws_auth
+from brisvox.gateway.ws.auth import Grant
 from brisvox.wire import dtmf, exotel, native
 from brisvox.wire.mediastream import MediaFormat
 from tests.unit.test_gateway_telnyx import (  # the carriers' message set: the same helpers

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.core import GatewayCore
+from brisvox.gateway.core.gateway_core import GatewayCore
 from ipc import frames as F
 
 

@@ -1,4 +1,4 @@
-"""brisvox/gateway/jitter.py (reorder, loss, duplicates, SSRC change, gaps) and the gateway
+"""brisvox/gateway/sip/jitter.py (reorder, loss, duplicates, SSRC change, gaps) and the gateway
 config sections."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewayConfig, SipConfig, WebSocketConfig
-from brisvox.gateway.jitter import JitterBuffer
+from brisvox.gateway.sip.jitter import JitterBuffer
 from brisvox.wire import rtp
 
 

@@ -61,7 +61,7 @@ def test_the_call_table_follows_the_slowest_workers_figure(tmp_path, explicit):
 
 async def _follows(tmp_path: Path, explicit: int | None) -> None:
     from brisvox.gateway.config import GatewaySettings
-    from brisvox.gateway.core import GatewayCore
+    from brisvox.gateway.core.gateway_core import GatewayCore
 
     cfg = GatewayConfig() if explicit is None else GatewayConfig(max_calls=explicit)
     core = GatewayCore(GatewaySettings(gateway=cfg), instance=f"mc{os.getpid()}", runtime_dir=tmp_path)

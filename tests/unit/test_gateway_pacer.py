@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import zmq
 
-from brisvox.gateway.calls import AdmissionError
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
-from brisvox.gateway.pacer import FRAME_S
+from brisvox.gateway.core.calls import AdmissionError
+from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.core.pacer import FRAME_S
 
 
 class FakeLeg:

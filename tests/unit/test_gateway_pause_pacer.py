@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from brisvox.gateway.pacer import FRAME_S
+from brisvox.gateway.core.pacer import FRAME_S
 from brisvox.playout.gate import Kick, PauseIn, ResumeIn
 from tests.unit.test_gateway_pacer import rig, run_ticks  # noqa: F401  (the fixture)
 

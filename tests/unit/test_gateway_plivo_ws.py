@@ -25,10 +25,10 @@ import numpy as np
 import orjson
 import pytest
 
-from brisvox.gateway.calls import AdmissionError
+from brisvox.gateway.carriers.plivo import TRANSFER_REASON, PlivoSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.plivo_ws import TRANSFER_REASON, PlivoSession
-from brisvox.gateway.ws_auth import BAD_PLIVO_SIGNATURE, OPEN, UNCONFIGURED, plivo_auth
+from brisvox.gateway.core.calls import AdmissionError
+from brisvox.gateway.ws.auth import BAD_PLIVO_SIGNATURE, OPEN, UNCONFIGURED, plivo_auth
 from brisvox.wire import plivo
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.plivo import L16, Format

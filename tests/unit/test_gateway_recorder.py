@@ -1,4 +1,4 @@
-"""Call recording (brisvox/gateway/recorder.py): one stereo WAV per call, the caller left, the bot
+"""Call recording (brisvox/gateway/core/recorder.py): one stereo WAV per call, the caller left, the bot
 right as released by the pacer (nothing past a Clear's cut), both on one timeline; a full queue
 drops and counts; a write error is counted, logged once and never reaches the call; files 0600
 in a 0700 directory; the call records' retention; the agent's ``[recording]`` instruction."""
@@ -18,10 +18,10 @@ import zmq
 
 from brisvox.agent.definition import check_agent_file
 from brisvox.agent.host.call_build import recording_of, recordings_default
-from brisvox.gateway import recorder as R
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
-from brisvox.gateway.pacer import FRAME_S
+from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.core import recorder as R
+from brisvox.gateway.core.pacer import FRAME_S
 from ipc import frames as F
 from tests.unit.test_gateway_pacer import Agent, FakeLeg, FakeLoop
 
@@ -177,7 +177,7 @@ def test_a_write_error_is_counted_logged_once_and_never_reaches_the_call(tmp_pat
     clock = Clock()
     rec = R.Recorder(clock=clock)
     calls = [rec.open(f"c{i}", 8000, {"dir": str(tmp_path), "keep_days": 0}) for i in range(2)]
-    with caplog.at_level(logging.ERROR, logger="brisvox.gateway.recorder"):
+    with caplog.at_level(logging.ERROR, logger="brisvox.gateway.core.recorder"):
         for k in range(60):
             clock.t = 100.0 + (k + 1) * FRAME_S
             for h in calls:
@@ -344,7 +344,7 @@ def test_a_killed_gateway_leaves_a_readable_file_up_to_its_last_write(tmp_path):
 
     code = f"""
 import os, numpy as np
-from brisvox.gateway.recorder import Recorder
+from brisvox.gateway.core.recorder import Recorder
 t = [100.0]
 rec = Recorder(clock=lambda: t[0])
 h = rec.open("ck", 8000, {{"dir": {str(tmp_path)!r}, "keep_days": 0}})

@@ -21,9 +21,9 @@ import pytest
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewaySettings, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
-from brisvox.gateway.host import CallHost
-from brisvox.gateway.leg import TransportLeg
+from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.core.host import CallHost
+from brisvox.gateway.core.leg import TransportLeg
 from brisvox.gateway.transports import CAPABILITIES, LISTENERS, TRANSPORTS, websocket_protocols
 from ipc import frames as F
 from ipc.codec import received_by

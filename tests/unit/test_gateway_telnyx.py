@@ -1,4 +1,4 @@
-"""The Telnyx leg (brisvox.gateway.telnyx_ws) and its handshake check, against a recording host.
+"""The Telnyx leg (brisvox.gateway.carriers.telnyx) and its handshake check, against a recording host.
 
 * ``start`` admits the call at the stream's rate, with its metadata (ids,
   parameters or a signed token's, ``from``/``to``), malformed ones dropped
@@ -26,11 +26,11 @@ import pytest
 from websockets.datastructures import Headers
 
 from brisvox.config.errors import ConfigError
-from brisvox.gateway import ws_auth
-from brisvox.gateway.calls import AdmissionError
+from brisvox.gateway.carriers.telnyx import TRANSFER_REASON, TelnyxSession
 from brisvox.gateway.config import WebSocketConfig, WsRoute
-from brisvox.gateway.telnyx_ws import TRANSFER_REASON, TelnyxSession
-from brisvox.gateway.ws_auth import Grant
+from brisvox.gateway.core.calls import AdmissionError
+from brisvox.gateway.ws import auth as ws_auth
+from brisvox.gateway.ws.auth import Grant
 from brisvox.wire import dtmf, native, telnyx
 from brisvox.wire.g711 import PCMA, PCMU
 from tests.unit.test_gateway_ws_faults import BUDGET_REASON, Clock, Conn, Host

@@ -1,4 +1,4 @@
-"""The Vonage leg (brisvox.gateway.vonage_ws) and its handshake check, against a recording host.
+"""The Vonage leg (brisvox.gateway.carriers.vonage) and its handshake check, against a recording host.
 
 The connected events are the examples of Vonage's Voice API guide "WebSockets"
 (developer.vonage.com/en/voice/voice-api/concepts/websockets; the fixtures
@@ -30,10 +30,10 @@ import pytest
 from websockets.datastructures import Headers
 
 from brisvox.config.errors import ConfigError
-from brisvox.gateway import ws_auth
+from brisvox.gateway.carriers.vonage import TRANSFER_REASON, VonageSession
 from brisvox.gateway.config import WebSocketConfig, WsRoute
-from brisvox.gateway.vonage_ws import TRANSFER_REASON, VonageSession
-from brisvox.gateway.ws_auth import Grant
+from brisvox.gateway.ws import auth as ws_auth
+from brisvox.gateway.ws.auth import Grant
 from brisvox.wire import dtmf, native, vonage
 from tests.unit.test_gateway_telnyx import RecordingHost
 from tests.unit.test_gateway_ws_faults import BUDGET_REASON, Clock, Conn

@@ -15,7 +15,7 @@ import asyncio
 import os
 
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.core import GatewayCore
+from brisvox.gateway.core.gateway_core import GatewayCore
 from ipc import frames as F
 
 

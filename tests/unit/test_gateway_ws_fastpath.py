@@ -19,7 +19,7 @@ from websockets.frames import Close, Frame, Opcode, apply_mask
 from websockets.streams import StreamReader
 
 from brisvox.gateway.config import WebSocketConfig
-from brisvox.gateway.ws_server import WebSocketServer, WsConnection
+from brisvox.gateway.ws.server import WebSocketServer, WsConnection
 from brisvox.wire import ws_frames
 
 REQ = (b"GET /twilio HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"

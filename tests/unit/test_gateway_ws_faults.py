@@ -21,10 +21,10 @@ import numpy as np
 import orjson
 import pytest
 
+from brisvox.gateway.carriers.native import FAULT_CLOSE_CODES, NativeSession
+from brisvox.gateway.carriers.twilio import TwilioSession
 from brisvox.gateway.config import GatewaySettings, WebSocketConfig, WsRoute
 from brisvox.gateway.metrics import CallStats
-from brisvox.gateway.native_ws import FAULT_CLOSE_CODES, NativeSession
-from brisvox.gateway.twilio_ws import TwilioSession
 from brisvox.wire import native, twilio
 from brisvox.wire.g711 import PCMU
 

@@ -21,9 +21,11 @@ import logging
 
 import pytest
 
-from brisvox.gateway import native_ws, stream_session
+from brisvox.gateway.carriers import native as native_ws
+
+from brisvox.gateway.carriers import stream_session
 from brisvox.gateway.config import WebSocketConfig
-from brisvox.gateway.ws_server import WebSocketServer, WsConnection
+from brisvox.gateway.ws.server import WebSocketServer, WsConnection
 from brisvox.runtime.log_limit import LogLimiter
 from tests.unit.test_gateway_ws_fastpath import REQ, Session, Transport, feed, frame
 from tests.unit.test_gateway_ws_faults import session

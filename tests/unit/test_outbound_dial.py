@@ -19,10 +19,10 @@ from brisvox.agent.link.config import LinkConfig, check_link
 from brisvox.agent.tool_engine.builtin import LinkTelephony
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.config.errors import ConfigError
-from brisvox.gateway import twilio_rest
 from brisvox.gateway.config import WebSocketConfig, WsRoute
-from brisvox.gateway.twilio_dial import dial_twilio, refusal, webhook_url
-from brisvox.gateway.twilio_rest import TwilioApi, call_request, create_fields
+from brisvox.gateway.control import twilio_rest
+from brisvox.gateway.control.twilio_dial import dial_twilio, refusal, webhook_url
+from brisvox.gateway.control.twilio_rest import TwilioApi, call_request, create_fields
 from ipc import frames as F
 from tests.unit.test_twilio_control import ACCOUNT, answering, api_with
 

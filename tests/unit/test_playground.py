@@ -20,10 +20,10 @@ from brisvox.agent.conversation.timeline import TurnMarks
 from brisvox.agent.host import call_events
 from brisvox.agent.host.call_events import CallEvents
 from brisvox.config.errors import ConfigError
-from brisvox.gateway import playground
+from brisvox.gateway.carriers.native import NativeSession
 from brisvox.gateway.config import WebSocketConfig, WsRoute
-from brisvox.gateway.native_ws import NativeSession
-from brisvox.gateway.ws_server import WebSocketServer, WsConnection
+from brisvox.gateway.ws import playground
+from brisvox.gateway.ws.server import WebSocketServer, WsConnection
 from brisvox.wire import native
 from ipc.codec import decode, encode
 from ipc.frames import CallEvent, CallStart
@@ -247,7 +247,7 @@ def test_the_native_leg_sends_events_only_when_asked_and_never_into_a_backed_up_
 
 
 def test_the_gateway_forwards_or_counts_each_event() -> None:
-    from brisvox.gateway.peers import AgentLinks
+    from brisvox.gateway.core.peers import AgentLinks
 
     sent: list[tuple[str, dict[str, Any]]] = []
     leg = SimpleNamespace(send_call_event=lambda n, d: sent.append((n, d)) or len(sent) < 2)

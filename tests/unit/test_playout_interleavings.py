@@ -32,7 +32,7 @@ import time
 import numpy as np
 import pytest
 
-from brisvox.gateway.pacer import FRAME_S
+from brisvox.gateway.core.pacer import FRAME_S
 from brisvox.playout.ledger import EpochLedger
 from tests.unit.test_gateway_pacer import rig  # noqa: F401  (the fixture)
 

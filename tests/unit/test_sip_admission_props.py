@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
-from brisvox.gateway.sip_rtp import RtpPorts
+from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.sip.rtp import RtpPorts
 from brisvox.wire import sdp
 from brisvox.wire.sip_message import parse
 

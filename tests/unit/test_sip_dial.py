@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
+from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.wire import sdp
 from brisvox.wire.sip_dialog import make_response
 from brisvox.wire.sip_message import SipMessage, parse

@@ -6,7 +6,7 @@ import pytest
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import SipConfig
-from brisvox.gateway.sip_outbound import failure_reason, resolve_target
+from brisvox.gateway.sip.outbound import failure_reason, resolve_target
 from brisvox.wire.sip_dialog import Dialog
 from brisvox.wire.sip_message import SipMessage, parse
 from brisvox.wire.sip_transaction import ClientInvite, Deliver, Send, TimedOut, Timers

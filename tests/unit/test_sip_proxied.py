@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
+from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.wire.sip_message import parse
 from tests.unit.test_sip_admission_props import Wire, sdp_body, segments, settle
 

@@ -24,8 +24,8 @@ import pytest
 
 from brisvox.agent.host import supervision as S
 from brisvox.agent.pipeline.stage import TaskOwner
-from brisvox.gateway import leg
-from brisvox.gateway.sip_dialogs import bye_reason
+from brisvox.gateway.core import leg
+from brisvox.gateway.sip.dialogs import bye_reason
 from ipc import frames as F
 
 

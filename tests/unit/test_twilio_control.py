@@ -15,12 +15,12 @@ import httpx
 import pytest
 
 from brisvox.config.errors import ConfigError
-from brisvox.gateway import twilio_rest
 from brisvox.gateway.config import WebSocketConfig, WsRoute
+from brisvox.gateway.control import twilio_rest
+from brisvox.gateway.control.twilio_rest import TwilioApi, call_request, dial_twiml
+from brisvox.gateway.control.twiml import origin, render, stream_url
 from brisvox.gateway.transports import TRANSPORTS
-from brisvox.gateway.twilio_rest import TwilioApi, call_request, dial_twiml
-from brisvox.gateway.twiml_webhook import origin, render, stream_url
-from brisvox.gateway.ws_auth import twilio_auth, twilio_signed
+from brisvox.gateway.ws.auth import twilio_auth, twilio_signed
 from brisvox.wire import twilio
 
 ACCOUNT = "AC" + "0123456789abcdef" * 2
@@ -204,7 +204,7 @@ def post(path: str, form: dict[str, str] | bytes, signature: str | None = "", ct
 
 
 def exchange(server, data: bytes, chunk: int = 0) -> bytes:  # type: ignore[no-untyped-def]
-    from brisvox.gateway.ws_server import WsConnection
+    from brisvox.gateway.ws.server import WsConnection
     from tests.unit.test_gateway_ws_fastpath import Transport
 
     class Closing(Transport):
@@ -224,7 +224,7 @@ def exchange(server, data: bytes, chunk: int = 0) -> bytes:  # type: ignore[no-u
 
 
 def test_webhook_answers_signed_posts_and_refuses_the_rest():
-    from brisvox.gateway.ws_server import WebSocketServer
+    from brisvox.gateway.ws.server import WebSocketServer
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -286,8 +286,8 @@ class FakeApi:
 
 
 def leg(api: FakeApi | None, call_sid: str = "CA1"):  # type: ignore[no-untyped-def]
+    from brisvox.gateway.carriers.twilio import TwilioSession
     from brisvox.gateway.config import GatewaySettings
-    from brisvox.gateway.twilio_ws import TwilioSession
 
     loop = asyncio.get_running_loop()
     host = SimpleNamespace(settings=GatewaySettings(), call_later=loop.call_later, spawn=loop.create_task,
@@ -349,7 +349,7 @@ def test_the_gateway_imports_httpx_only_for_a_rest_request():
     import subprocess
     import sys
 
-    code = ("import sys, brisvox.gateway.process, brisvox.gateway.ws_server, brisvox.gateway.twilio_ws; "
+    code = ("import sys, brisvox.gateway.process, brisvox.gateway.ws.server, brisvox.gateway.carriers.twilio; "
             "print('httpx' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False", out.stdout + out.stderr

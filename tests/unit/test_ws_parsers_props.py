@@ -12,7 +12,7 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brisvox.gateway.native_ws import FAULT_CLOSE_CODES
+from brisvox.gateway.carriers.native import FAULT_CLOSE_CODES
 from brisvox.wire import native, twilio
 from brisvox.wire.dtmf import DIGITS
 from brisvox.wire.jsontext import MAX_PARAM_NAME, MAX_PARAM_VALUE, MAX_PARAMS

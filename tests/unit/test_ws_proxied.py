@@ -21,8 +21,8 @@ import os
 from typing import Any
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core import GatewayCore
-from brisvox.gateway.ws_server import HEALTHZ_PER_S
+from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.ws.server import HEALTHZ_PER_S
 from tests.unit.test_sip_admission_props import segments, settle
 
 _seq = itertools.count(1)

@@ -17,8 +17,8 @@ import pytest
 from websockets.datastructures import Headers
 
 from brisvox.config.errors import ConfigError
-from brisvox.gateway import ws_auth
 from brisvox.gateway.config import WebSocketConfig, WsRoute, is_loopback
+from brisvox.gateway.ws import auth as ws_auth
 from brisvox.wire import native, twilio, ws_frames
 
 ROUTES = [{"path": "/ws", "protocol": "native", "agent": "default", "agents": ["sales"]}]
@@ -158,7 +158,7 @@ def test_an_unauthenticated_public_listener_is_a_warning_at_start(caplog):
     import asyncio
     import logging
 
-    from brisvox.gateway.ws_server import WebSocketServer
+    from brisvox.gateway.ws.server import WebSocketServer
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
@@ -179,7 +179,7 @@ def test_an_unauthenticated_public_listener_is_a_warning_at_start(caplog):
 def test_refusals_through_the_connection_are_counted_once_and_logged_bounded():
     import asyncio
 
-    from brisvox.gateway.ws_server import WebSocketServer, WsConnection
+    from brisvox.gateway.ws.server import WebSocketServer, WsConnection
     from tests.unit.test_gateway_ws_fastpath import REQ, Transport, feed
 
     loop = asyncio.new_event_loop()

@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brisvox.agent.supervision")
 
-STAGE_FAILED = "stage_failed:"  # the reason prefix; the gateway reads it too (brisvox/gateway/leg.py)
+STAGE_FAILED = "stage_failed:"  # the reason prefix; the gateway reads it too (brisvox/gateway/core/leg.py)
 OUTPUT_PATH = frozenset({"tts", "out"})  # the stages the apology is spoken through
 DEFAULT_APOLOGY = "Sorry, something went wrong on our side. Please call again."
 UNKNOWN_STAGE = "call"  # a failed task no stage spawned

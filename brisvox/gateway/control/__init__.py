@@ -1,0 +1,1 @@
+"""Carrier control planes: the Twilio REST client, the TwiML webhook and outbound dial through Twilio."""

@@ -1,0 +1,1 @@
+"""The gateway core: GatewayCore, the call table, its lifecycle, playout commands, peers, pacer and recorder."""

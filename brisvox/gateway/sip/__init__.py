@@ -1,0 +1,1 @@
+"""SIP over UDP: the user agent, its transactions, dialogs, outbound dialer, RTP sessions, guard and jitter buffer."""

@@ -1,0 +1,333 @@
+"""Outbound SIP calls (the UAC side): ``brisvoxd dial`` places an INVITE, the answered call runs the agent.
+
+Owns :class:`SipOutbound` (a base of the SIP user agent): resolving a dial
+target (a ``sip:`` URI, or a number through ``[sip] trunk``), the outbound
+INVITE with our SDP offer (PCMU/PCMA on a port of the call's own RTP
+allocation) in an INVITE client transaction
+(:class:`~brisvox.wire.sip_transaction.ClientInvite`), the provisional
+responses, the 2xx (our ACK, the answer's negotiation, then the agent side
+started exactly as for an inbound call: :meth:`~brisvox.gateway.core.host.CallHost.start_call`),
+a failure (4xx/5xx/6xx, Timer B, the ring timeout) and CANCEL for a hang-up
+before the answer. Once answered the leg is an ordinary
+:class:`~brisvox.gateway.sip.rtp.SipCall`: BYE either way, RTP, DTMF, REFER.
+
+Invariants:
+
+* A dial is reported exactly once (``done(data, error)``): the call id once
+  the callee answered and the agent side started, else the failure reason
+  (``busy``, ``no answer``, ``declined``, ``not found``, ``incompatible
+  media``, ``cancelled``, ``timeout``, ``agent unavailable: ...``,
+  ``gateway stopped`` or the status line), each counted (``sip_dial_answered``, ``sip_dial_failed_<reason>``).
+* The call is admitted (rings created, capacity taken) before the INVITE
+  goes out, as an inbound call is at its INVITE: a full or draining gateway
+  refuses the dial without sending anything; a dial that fails is released
+  through :meth:`~brisvox.gateway.core.host.CallHost.transport_ended` and
+  :meth:`~brisvox.gateway.core.host.CallHost.abandon`, never left in the table.
+* Only targets inside ``[sip] allow`` are dialled (the callee's responses
+  and RTP would be dropped otherwise); the host must be an IP address (no
+  DNS). A target is a plain SIP URI or number: no spaces, quotes or angle
+  brackets, at most ``MAX_TARGET`` characters.
+* Every 2xx to our INVITE is ACKed (a retransmitted 2xx gets the same ACK
+  again); a 2xx that comes after we cancelled, or whose SDP we cannot use,
+  is ACKed and then ended with BYE.
+* CANCEL is sent only after a provisional response (RFC 3261 9.1); a
+  hang-up before one is remembered and sent with the first.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from brisvox.gateway.config import SipConfig
+from brisvox.gateway.core.calls import AdmissionError
+from brisvox.gateway.core.host import CallHost
+from brisvox.gateway.sip.dialogs import SipDialogs, bye_reason
+from brisvox.gateway.sip.rtp import RATE, Addr, SipCall
+from brisvox.wire import sdp
+from brisvox.wire.jsontext import checked_params, param_text
+from brisvox.wire.sip_dialog import ALLOW, Dialog, is_ip
+from brisvox.wire.sip_message import (
+    SipMessage,
+    new_branch,
+    new_call_id,
+    new_tag,
+    parse_uri,
+    split_hostport,
+    uri_number,
+)
+from brisvox.wire.sip_transaction import Action, ClientInvite, Deliver, TimedOut
+
+if TYPE_CHECKING:
+    from brisvox.gateway.sip.ua import SipUserAgent
+
+MAX_TARGET = 256
+_TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
+_NUMBER_RE = re.compile(r"^\+?[0-9*#]{1,32}$")
+# final status -> the reason the dial reports
+FAILURES = {486: "busy", 600: "busy", 480: "no answer", 408: "no answer", 404: "not found",
+            604: "not found", 484: "not found", 403: "declined", 603: "declined",
+            488: "incompatible media", 606: "incompatible media", 487: "cancelled"}
+Done = Callable[[dict[str, Any] | None, str], None]
+
+
+def resolve_target(target: str, trunk: str) -> tuple[str, Addr]:
+    """(Request-URI, where the INVITE goes) for a ``sip:`` URI or a number; ValueError why not."""
+    t = target.strip()
+    if not t or len(t) > MAX_TARGET or not _TARGET_RE.match(t) or any(c in t for c in '<>"\\,'):
+        raise ValueError("invalid target")
+    dest: Addr | None = split_hostport(trunk) if trunk else None
+    if _NUMBER_RE.match(t):
+        if dest is None:
+            raise ValueError("a number needs [sip] trunk (or dial a sip: URI)")
+        host = f"[{dest[0]}]" if ":" in dest[0] else dest[0]
+        return f"sip:{t}@{host}:{dest[1]}", dest
+    if not t.lower().startswith("sip:"):
+        raise ValueError("expected a sip: URI or a number")
+    uri = parse_uri(t)  # ValueError: a bad URI
+    if dest is None:
+        if not is_ip(uri.host):
+            raise ValueError("the target's host must be an IP address (no DNS), or set [sip] trunk")
+        dest = (uri.host, uri.port or 5060)
+    return t, dest
+
+
+def failure_reason(status: int, reason: str) -> str:
+    return FAILURES.get(status, f"{status} {reason}"[:80])
+
+
+@dataclass(slots=True)
+class Dialing:
+    """One outbound INVITE until its final response (and the 2xx's ACK after it)."""
+
+    leg: SipCall
+    dest: Addr
+    done: Done
+    tx: ClientInvite | None = None
+    provisional: bool = False
+    cancel_reason: str = ""  # a hang-up before the answer asked for CANCEL
+    cancel_sent: bool = False
+    ack: bytes = b""
+    ack_addr: Addr = ("", 0)
+    reported: bool = False
+    ring_timer: Any = None
+
+    def report(self, data: dict[str, Any] | None, error: str) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        if self.ring_timer is not None:
+            self.ring_timer.cancel()
+        self.done(data, error)
+
+
+class SipOutbound(SipDialogs):
+    """Outbound calls (see the module docstring)."""
+
+    def __init__(self, call_host: CallHost, cfg: SipConfig) -> None:
+        super().__init__(call_host, cfg)
+        self.outgoing: dict[str, Dialing] = {}  # SIP Call-ID -> the dial until its final response
+
+    def stop(self) -> None:
+        for d in list(self.outgoing.values()):  # an unanswered dial is over with the gateway
+            d.report(None, "gateway stopped")
+        self.outgoing.clear()
+        super().stop()
+
+    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0) -> None:
+        """Call ``target``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
+        self.count("sip_dial_attempts")
+        try:
+            ruri, dest = resolve_target(target, self.cfg.trunk)
+        except ValueError as e:
+            self._dial_refused("invalid_target", done, str(e)[:120])
+            return
+        if not self.allowed(dest[0]):
+            self._dial_refused("not_allowed", done, f"{dest[0]} is not in [sip] allow")
+            return
+        if self.transport is None:
+            self._dial_refused("not_started", done, "the SIP user agent is not started")
+            return
+        try:
+            call = self.call_host.admit("sip", agent or self.cfg.default_agent, RATE)
+        except AdmissionError as e:
+            self._dial_refused(e.reason, done, f"refused: {e.reason}")
+            return
+        tag = new_tag()
+        inv = SipMessage(method="INVITE", uri=ruri)
+        h = inv.headers
+        h.append(("via", f"SIP/2.0/UDP {self.via_host};branch={new_branch()};rport"))
+        h.append(("max-forwards", "70"))
+        h.append(("from", f"<sip:brisvox@{self.cfg.advertised_host}:{self.port}>;tag={tag}"))
+        h.append(("to", f"<{ruri}>"))
+        h.append(("call-id", new_call_id(self.cfg.advertised_host)))
+        h.append(("cseq", f"{secrets.randbelow(10_000) + 1} INVITE"))
+        h.append(("contact", self.contact))
+        h.append(("allow", ALLOW))
+        h.append(("user-agent", self.cfg.user_agent))
+        dialog = Dialog.for_outgoing(inv, self.contact, dest)
+        leg = SipCall(cast("SipUserAgent", self), call, inv, None, dialog, None, None)
+        leg.state = "outgoing"
+        call.leg = leg  # a hang-up (shutdown, the ring timeout) reaches the leg: CANCEL
+        call.transport_ids = {"sip_call_id": inv.call_id[:128], "direction": "outbound"}
+        params, dropped = checked_params({"from": dialog.local_uri, "to": ruri, "direction": "outbound"})
+        call.params = params or {}
+        call.caller = "brisvox"
+        call.called = param_text(uri_number(ruri)) or ""
+        if dropped:
+            self.count("call_params_dropped", dropped)
+        d = Dialing(leg, dest, done)
+        self.outgoing[inv.call_id] = d
+        self.dialogs[(dialog.call_id, dialog.local_tag)] = leg
+        self.by_call_id[dialog.call_id] = leg
+        timeout = ring_timeout_s if ring_timeout_s > 0 else self.cfg.dial_ring_timeout_s
+        d.ring_timer = self.loop.call_later(timeout, self._ring_timeout, d)
+        self.call_host.spawn(self._place(d))
+
+    def _dial_refused(self, key: str, done: Done, why: str) -> None:
+        self.count(f"sip_dial_refused_{key}")
+        done(None, why)
+
+    def _fail(self, d: Dialing, reason: str) -> None:
+        """The dial failed before an answer: report, end the leg (no BYE), release the call."""
+        self.count(f"sip_dial_failed_{reason.split(':')[0].replace(' ', '_')[:40]}")
+        self.outgoing.pop(d.leg.dialog.call_id, None)
+        d.report(None, reason)
+        leg = d.leg
+        if not leg.ended:
+            self._end_leg(leg, reason, send_bye=False)
+        self.call_host.abandon(leg.call)
+
+    async def _place(self, d: Dialing) -> None:
+        leg = d.leg
+        try:
+            await self.rtp_ports.open(leg, self.loop)
+        except Exception:  # OSError (none free) or anything else: the call must not stay
+            self.count("rtp_no_port")
+            self._fail(d, "no rtp port")
+            return
+        if leg.ended:  # hung up while we opened the socket
+            self._fail(d, d.cancel_reason or "cancelled")
+            return
+        inv = leg.invite
+        inv.headers.append(("content-type", "application/sdp"))
+        inv.body = sdp.build(host=self.cfg.advertised_host, port=leg.rtp_port, session_id=leg.sdp_session,
+                             version=leg.sdp_version, neg=None, codecs=self.cfg.codecs)
+        tx = ClientInvite((inv.top_via.branch, "INVITE"), d.dest, self.timers, inv)
+        d.tx = tx
+        self.client_tx[tx.key] = tx
+        self._tx_cb[id(tx)] = functools.partial(self._invite_event, d)
+        self._perform(tx, tx.start(self.loop.time()))
+        self._schedule(tx)
+
+    def _ring_timeout(self, d: Dialing) -> None:
+        d.ring_timer = None
+        if not d.reported and d.leg.state == "outgoing":
+            self.count("sip_dial_ring_timeouts")
+            d.leg.call.end_reason = d.leg.call.end_reason or "no answer"
+            self.hangup(d.leg, "no answer")
+
+    def cancel_outgoing(self, leg: SipCall, reason: str) -> None:
+        """Our side hangs up an unanswered outbound call: CANCEL (after a provisional)."""
+        d = self.outgoing.get(leg.dialog.call_id)
+        if d is None:
+            self._end_leg(leg, reason, send_bye=False)
+            return
+        d.cancel_reason = d.cancel_reason or reason
+        if d.tx is None:  # not sent yet (opening the RTP socket): _place sees the leg ended
+            self._end_leg(leg, reason, send_bye=False)
+        elif d.provisional:
+            self._send_cancel(d)
+
+    def _send_cancel(self, d: Dialing) -> None:
+        if d.cancel_sent or d.tx is None:
+            return
+        d.cancel_sent = True
+        inv = d.leg.invite
+        req = SipMessage(method="CANCEL", uri=inv.uri)
+        for k in ("via", "max-forwards", "from", "to", "call-id"):
+            req.headers.append((k, inv.get(k)))
+        req.headers.append(("cseq", f"{inv.cseq[0]} CANCEL"))
+        self.count("sip_dial_cancel_sent")
+        self._client_request(None, req, self._cancel_result, addr=d.dest)
+
+    def _cancel_result(self, a: Action) -> None:
+        if isinstance(a, TimedOut):
+            self.count("sip_dial_cancel_timeouts")
+
+    def _invite_event(self, d: Dialing, a: Action) -> None:
+        if isinstance(a, TimedOut):
+            if not d.reported:
+                self._fail(d, d.cancel_reason or "timeout")
+            return
+        if not isinstance(a, Deliver):
+            return
+        resp = a.msg
+        st = resp.status
+        if st < 200:
+            self.count("sip_dial_provisional")
+            d.provisional = True
+            if d.cancel_reason:
+                self._send_cancel(d)
+            return
+        if st >= 300:
+            if not d.reported:
+                self._fail(d, d.cancel_reason if (d.cancel_reason and st == 487) else failure_reason(st, resp.reason))
+            return
+        if d.ack:  # a retransmitted 2xx: the same ACK again
+            self._send(d.ack, d.ack_addr)
+            return
+        self._answered(d, resp)
+
+    def _answered(self, d: Dialing, resp: SipMessage) -> None:
+        leg = d.leg
+        leg.dialog.answered(resp)
+        ack = leg.dialog.request("ACK", self.via_host, cseq=leg.invite.cseq[0])
+        d.ack = ack.serialize()
+        d.ack_addr = leg.dialog.next_hop()
+        self._send(d.ack, d.ack_addr)
+        self.outgoing.pop(leg.dialog.call_id, None)
+        leg.state = "confirmed"
+        leg.last_rx = self.loop.time()
+        if d.cancel_reason or leg.ended or d.reported:  # answered while we cancelled: end it with BYE
+            reason = d.cancel_reason or "cancelled"
+            self.count("sip_dial_answered_after_cancel")
+            bye = leg.dialog.request("BYE", self.via_host, extra=[("reason", bye_reason(reason))])
+            self._client_request(None, bye, self._bye_result, addr=d.ack_addr)
+            if not leg.ended:
+                self._end_leg(leg, reason, send_bye=False)
+            d.report(None, reason)
+            self.call_host.abandon(leg.call)
+            return
+        try:
+            if resp.get("content-type").split(";")[0].strip().lower() != "application/sdp":
+                raise sdp.SdpError("the 2xx carries no SDP answer")
+            neg = self._negotiate(sdp.parse(resp.body))
+        except sdp.SdpError as e:
+            self.count("sip_dial_bad_answer")
+            self._end_leg(leg, "incompatible media", send_bye=True)
+            self.count("sip_dial_failed_incompatible_media")
+            d.report(None, f"incompatible media: {str(e)[:80]}")
+            self.call_host.abandon(leg.call)
+            return
+        leg.offer = None
+        leg.apply_negotiation(neg)
+        self.call_host.start_call(leg.call, leg, functools.partial(self._dial_ready, d))
+
+    def _dial_ready(self, d: Dialing, ok: bool, why: str) -> None:
+        leg = d.leg
+        if not ok:
+            self._end_leg(leg, "agent unavailable", send_bye=True)
+            self.count("sip_dial_failed_agent_unavailable")
+            d.report(None, f"agent unavailable: {why}"[:120])
+            return
+        if leg.ended:  # the callee hung up while the agent side started
+            d.report(None, f"ended: {leg.call.end_reason or 'bye'}")
+            return
+        self.count("sip_dial_answered")
+        d.report({"call_id": leg.call.call_id, "sip_call_id": leg.dialog.call_id, "agent": leg.call.agent,
+                  "target": leg.dialog.remote_uri, "codec": leg.codec.name if leg.codec else ""}, "")

@@ -1,0 +1,362 @@
+"""SIP calls' RTP sessions: the call leg of a SIP call, its RTP socket, and RTP port allocation.
+
+Owns :class:`SipCall` (the :class:`~brisvox.gateway.core.leg.TransportLeg` of one
+SIP call: the negotiated codec, RTP in through the jitter buffer into the
+core's :meth:`~brisvox.gateway.core.host.CallHost.audio_in`, RFC 4733 DTMF both
+ways, RTP out for the pacer, the RTP timeout), :class:`RtpProtocol` (the
+call's RTP socket) and :class:`RtpPorts` (which even port of ``[sip]
+rtp_port_min..rtp_port_max`` the next call gets). The signalling around the
+leg (dialog, transactions) is :mod:`brisvox.gateway.sip.dialogs`.
+
+Invariants:
+
+* RTP from a source outside ``[sip] allow`` is dropped before parsing, a
+  malformed packet costs one parse and two counters; neither touches
+  another call. The jitter buffer holds at most ``max_buffered_packets``.
+* Strict RTP (``[sip] rtp_latch``): a call takes RTP from one source only,
+  its latch; a packet from any other address or port is dropped before
+  parsing and counted (``rtp_foreign_dropped``, per call and in total).
+  ``"sdp"``: the latch is the connection address and port of the last SDP
+  that named one (a hold's ``0.0.0.0`` keeps the previous one); nothing is
+  taken before an SDP named one. ``"first"`` (NAT): the first source after
+  the answer, which also becomes where our RTP goes; an SDP naming a new
+  address re-arms the latch; packets before the answer are dropped
+  (``rtp_early_dropped``).
+* Outbound RTP is built in one reused buffer per call (header + payload, no
+  allocation per frame); a frame beyond that buffer is refused.
+* A leg sends audio only while answered or confirmed, with a negotiated
+  codec and a remote address (``can_send``); a Clear or a Pause ends the
+  talkspurt (the next packet carries the marker bit).
+* RTP ports are even (RTCP would take the odd one above) and handed out in
+  random order (a uniformly random free port, ``secrets.SystemRandom``), so
+  a call's port cannot be guessed from the previous one; a port is in at
+  most one call's hands: it returns to the free list only when that call's
+  socket is closed, and a port another process holds is skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import secrets
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from brisvox.gateway.config import SipConfig
+from brisvox.gateway.core.calls import Call
+from brisvox.gateway.core.leg import TransportLeg
+from brisvox.gateway.sip.jitter import JitterBuffer
+from brisvox.wire import dtmf, rtp, sdp
+from brisvox.wire.g711 import BY_PT, CODECS, G711
+from brisvox.wire.sip_dialog import Dialog
+from brisvox.wire.sip_message import SipMessage
+from brisvox.wire.sip_transaction import Retransmit2xx, ServerInvite
+
+if TYPE_CHECKING:
+    from brisvox.gateway.sip.ua import SipUserAgent
+
+Addr = tuple[str, int]
+RATE = 8000
+FRAME = 160
+
+
+class RtpProtocol(asyncio.DatagramProtocol):
+    __slots__ = ("leg", "transport")
+
+    def __init__(self, leg: SipCall) -> None:
+        self.leg = leg
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Addr) -> None:
+        self.leg.on_rtp(data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        self.leg.ua.count("rtp_socket_errors")
+
+
+class SipCall(TransportLeg):
+    """One SIP call: dialog, INVITE transaction, RTP in/out. The call leg of the core."""
+
+    transport = "sip"
+    marks_by_echo = False
+
+    def __init__(self, ua: SipUserAgent, call: Call, invite: SipMessage, tx: ServerInvite | None,
+                 dialog: Dialog, offer: sdp.SessionDescription | None, neg: sdp.Negotiated | None) -> None:
+        self.ua = ua
+        self.call_host = ua.call_host
+        self.call = call
+        self.invite = invite
+        self.invite_tx: ServerInvite | None = tx
+        self.dialog = dialog
+        self.offer = offer
+        self.neg = neg
+        self.codec: G711 | None = CODECS[neg.codec] if neg else None
+        # incoming -> answered -> confirmed -> ended; an outbound call: outgoing -> confirmed -> ended
+        self.state = "incoming"
+        self.sdp_session = secrets.randbelow(1 << 31)
+        self.sdp_version = 1
+        self.rtp: RtpProtocol | None = None
+        self.rtp_port = 0
+        self.remote: Addr | None = (neg.remote_host, neg.remote_port) if neg and neg.we_send else None
+        self.latch_first = ua.cfg.rtp_latch == "first"
+        self.latch: Addr | None = None  # the one source RTP is taken from
+        self._sdp_addr: Addr | None = None
+        if neg is not None:
+            self._relatch(neg)
+        self.ok_retx: Retransmit2xx | None = None
+        self.jb = JitterFor(ua.cfg)
+        self.dtmf_rx = dtmf.EventReceiver()
+        self.dtmf_tx = dtmf.EventSender(max_queue=ua.call_host.settings.gateway.max_dtmf_queue)
+        self.sender = rtp.RtpSender()
+        self._buf = bytearray(12 + 4096)
+        self._payload = np.frombuffer(self._buf, dtype=np.uint8, offset=12)
+        self.last_rx = 0.0
+        self.client_tx = 0
+        self.bye_after_ack = False
+        self.transfer_done: Callable[[bool, str], None] | None = None
+        self._polls = 0
+        self.ended = False
+
+    # -- leg: state -----------------------------------------------------------
+
+    @property
+    def can_send(self) -> bool:
+        return self.remote is not None and self.state in ("answered", "confirmed") and self.codec is not None
+
+    def apply_negotiation(self, neg: sdp.Negotiated) -> None:
+        self.neg = neg
+        self.codec = CODECS[neg.codec]
+        self._relatch(neg)
+        if neg.we_send:
+            self.remote = self.latch if self.latch_first and self.latch is not None else \
+                (neg.remote_host, neg.remote_port)
+        else:
+            self.remote = None
+            self.sender.end_spurt()
+
+    def _relatch(self, neg: sdp.Negotiated) -> None:
+        """The latch after an SDP (see the module invariants)."""
+        if neg.remote_host in ("0.0.0.0", "::") or not neg.remote_port:
+            return  # hold: the previous latch stands
+        addr = (neg.remote_host, neg.remote_port)
+        if self.latch_first:
+            if addr != self._sdp_addr:
+                self.latch = None  # a new address: the next source after the answer
+        else:
+            self.latch = addr
+        self._sdp_addr = addr
+
+    def answer_sdp(self) -> bytes:
+        return sdp.build(host=self.ua.cfg.advertised_host, port=self.rtp_port, session_id=self.sdp_session,
+                         version=self.sdp_version, neg=self.neg, offer=self.offer, codecs=self.ua.cfg.codecs)
+
+    # -- RTP in ------------------------------------------------------------------
+
+    def on_rtp(self, data: bytes, addr: Addr) -> None:
+        ua = self.ua
+        if not ua.allowed(addr[0]):
+            ua.count("rtp_refused_allowlist")
+            return
+        if self.ended:
+            return
+        src = (addr[0], addr[1])
+        latch = self.latch
+        if latch is None and self.latch_first:
+            if self.state not in ("answered", "confirmed"):
+                ua.count("rtp_early_dropped")
+                return
+            self.latch = latch = src
+            if self.remote is not None:
+                self.remote = src  # symmetric RTP: answer where the caller sends from
+        if src != latch:
+            ua.count("rtp_foreign_dropped")
+            self.call.stats.rtp_foreign_dropped += 1
+            ua.guard.log_limit("rtp_foreign", "RTP for call %s from %s:%s dropped (latched to %s)",
+                               self.call.call_id, addr[0], addr[1], latch, level=logging.WARNING)
+            return
+        try:
+            pkt = rtp.parse(data)
+        except rtp.RtpError as e:
+            ua.count("rtp_malformed")
+            ua.guard.log_limit("rtp_malformed", "malformed RTP for call %s from %s: %s",
+                               self.call.call_id, addr[0], e, level=logging.INFO)
+            self.call_host.protocol_error(self.call, "")
+            return
+        self.call_host.packet_in(self.call, len(data))
+        now = ua.loop.time()
+        self.last_rx = now
+        out = self.jb.push(pkt, now)
+        if out:
+            self._play(out)
+
+    def _play(self, out: list[tuple[int, rtp.RtpPacket]]) -> None:
+        neg = self.neg
+        call = self.call
+        host = self.call_host
+        for gap, pkt in out:
+            pt = pkt.payload_type
+            if neg is not None and pt == neg.payload_type:
+                codec = self.codec
+                assert codec is not None
+                host.audio_in(call, codec.decode(pkt.payload), RATE, -1, gap)
+            elif neg is not None and pt == neg.dtmf_pt:
+                ev = self.dtmf_rx.on_packet(pkt.timestamp, pkt.payload)
+                if ev is not None:
+                    host.dtmf_in(call, ev.digit, ev.duration_ms)
+            elif pt in BY_PT:  # the peer switched to the other G.711 law it offered
+                host.audio_in(call, BY_PT[pt].decode(pkt.payload), RATE, -1, gap)
+            elif pt != 13:  # 13 = comfort noise: nothing to play
+                self.ua.count("rtp_unexpected_payload_type")
+
+    # -- leg: out (called by the pacer) ------------------------------------------
+
+    def send_audio(self, samples: np.ndarray, now: float) -> bool:
+        rtp_t = self.rtp
+        codec = self.codec
+        if rtp_t is None or rtp_t.transport is None or self.remote is None or codec is None:
+            return False
+        n = len(samples)
+        if n > 4096:
+            return False
+        self._buf[:12] = self.sender.next_header(codec.payload_type, n, now)
+        codec.encode(samples, out=self._payload[:n])
+        rtp_t.transport.sendto(memoryview(self._buf)[: 12 + n], self.remote)
+        self.call.stats.packets_out += 1
+        return True
+
+    def end_spurt(self) -> None:
+        self.sender.end_spurt()
+
+    def send_clear(self) -> None:
+        self.sender.end_spurt()  # stop RTP audio now; the next audio starts a new talkspurt
+
+    def send_dtmf(self, digits: str) -> int:
+        if self.neg is None or self.neg.dtmf_pt < 0:
+            self.ua.count("dtmf_out_unsupported")
+            return len(digits)
+        return self.dtmf_tx.add(digits)
+
+    def tick_dtmf(self, now: float) -> bool:
+        tx = self.dtmf_tx
+        if not tx.active:
+            return False
+        rtp_t = self.rtp
+        if rtp_t is None or rtp_t.transport is None or self.remote is None or self.neg is None:
+            tx.queue.clear()
+            return False
+        got = tx.next_packet(self.sender.timestamp_at(now))
+        if got is not None:
+            payload, marker, ts = got
+            hdr = self.sender.event_header(self.neg.dtmf_pt, marker, ts)
+            rtp_t.transport.sendto(hdr + payload, self.remote)
+            self.call.stats.packets_out += 1
+        return True
+
+    def poll(self, now: float) -> None:
+        if self.jb.held:
+            out = self.jb.poll(now)
+            if out:
+                self._play(out)
+        self._polls += 1
+        if self._polls % 25 == 0:
+            self.sync_stats()
+            timeout = self.ua.cfg.rtp_timeout_s
+            if timeout and self.state == "confirmed" and self.neg is not None and not self.neg.on_hold \
+                    and self.last_rx and now - self.last_rx > timeout:
+                self.ua.count("rtp_timeouts")
+                self.call_host.hangup(self.call, "rtp timeout")
+
+    def sync_stats(self) -> None:
+        js = self.jb.stats
+        st = self.call.stats
+        st.lost = js.lost
+        st.late_packets = js.late
+        st.reordered = js.reordered
+        st.duplicates = js.duplicate
+        st.ssrc_changes = js.ssrc_changes
+        st.jitter_ms = js.jitter_samples / 8.0
+
+    # -- leg: control --------------------------------------------------------------
+
+    def hangup(self, reason: str) -> None:
+        self.ua.hangup(self, reason)
+
+    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+        self.ua.refer(self, target, done)
+
+
+def _same(proto: RtpProtocol) -> RtpProtocol:
+    return proto
+
+
+def JitterFor(cfg: SipConfig) -> JitterBuffer:
+    return JitterBuffer(depth=cfg.max_buffered_packets, max_wait=cfg.jitter_ms / 1000.0,
+                        max_gap=RATE, clock_rate=RATE)
+
+
+
+class RtpPorts:
+    """The RTP port allocator of the SIP user agent (see the module docstring)."""
+
+    def __init__(self, cfg: SipConfig) -> None:
+        self.cfg = cfg
+        lo = cfg.rtp_port_min + (cfg.rtp_port_min & 1)
+        self._free: list[int] = list(range(lo, cfg.rtp_port_max, 2))  # p and p+1 within the range
+        self._rng = secrets.SystemRandom()
+        self._rng.shuffle(self._free)
+        self.in_use: set[int] = set()
+
+    def _take(self) -> int:
+        """A uniformly random free port, removed from the free list (O(1))."""
+        free = self._free
+        i = self._rng.randrange(len(free))
+        free[i], free[-1] = free[-1], free[i]
+        return free.pop()
+
+    async def open(self, leg: SipCall, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind a random free even port of the range for ``leg`` (OSError: none free)."""
+        family = socket.AF_INET6 if ":" in self.cfg.host else socket.AF_INET
+        busy: list[int] = []  # held by another process now: back to the free list afterwards
+        try:
+            for _ in range(min(len(self._free), 64)):
+                port = self._take()
+                sock = socket.socket(family, socket.SOCK_DGRAM)
+                try:
+                    sock.bind((self.cfg.host, port))
+                except OSError:
+                    sock.close()
+                    busy.append(port)
+                    continue
+                sock.setblocking(False)
+                self.in_use.add(port)
+                proto = RtpProtocol(leg)
+                try:
+                    await loop.create_datagram_endpoint(functools.partial(_same, proto), sock=sock)
+                except BaseException:
+                    sock.close()
+                    self.in_use.discard(port)
+                    self._free.append(port)
+                    raise
+                leg.rtp = proto
+                leg.rtp_port = port
+                return
+        finally:
+            self._free.extend(busy)
+        raise OSError("no free RTP port in range")
+
+    def close(self, leg: SipCall) -> None:
+        """Close ``leg``'s RTP socket and give its port back (idempotent)."""
+        if leg.rtp is not None and leg.rtp.transport is not None:
+            leg.rtp.transport.close()
+        leg.rtp = None
+        port = leg.rtp_port
+        if port in self.in_use:
+            self.in_use.discard(port)
+            self._free.append(port)

@@ -1,0 +1,1 @@
+"""The WebSocket listener: the server, handshake auth, trusted proxies, the connection log and the playground."""

@@ -1,0 +1,607 @@
+"""The WebSocket server: TCP connections, the opening handshake, routing, auth.
+
+Owns WebSocket connections (the websockets library's Sans-I/O protocol
+driven from an ``asyncio.BufferedProtocol``: no task per connection, and
+sends are plain synchronous writes the pacer can make from its tick), the
+route of a request path to a protocol (a WebSocket transport of the registry,
+:mod:`brisvox.gateway.transports`: Twilio Media Streams or native) and an
+agent, and the handshake check the protocol's registry row declares
+(``Transport.auth``, :mod:`brisvox.gateway.ws.auth`).
+
+The hot path (50 messages a second each way per call) stays out of the
+library where it costs most: every read lands in ONE receive buffer shared by
+all connections (``recv_into``; a plain ``asyncio.Protocol`` makes asyncio
+allocate a fresh 256 KiB bytes object per read, about 17 us each); once the
+handshake is done, complete unfragmented data frames are split and unmasked
+here (:mod:`brisvox.wire.ws_frames`, unmasked by the library's C
+``apply_mask``), control frames go to the library
+whole, and anything unusual hands the rest of the stream to the library for
+good; outbound data frames are written with a prebuilt header while the
+connection is open.
+
+Invariants:
+
+* A message larger than ``max_message_bytes`` fails the connection with
+  close code 1009 before it is buffered (the frame header is enough); a
+  handshake that does not finish in ``HANDSHAKE_TIMEOUT_S`` is dropped.
+* A request's source (the key of every per-source limit) is its TCP peer's
+  address, or, when the peer is one of ``trusted_proxies`` and the request
+  has ``X-Forwarded-For``, the client that header names
+  (:func:`brisvox.gateway.ws.proxies.forwarded_client`: counted
+  ``ws_forwarded``; from any other peer the header is ignored,
+  ``ws_forwarded_ignored``; one that names no IP address leaves the peer,
+  ``ws_forwarded_malformed``). It is fixed before any check below, and a
+  connection's open-connection count moves with it: ``released`` takes back
+  exactly the count ``opened`` (or the move) gave.
+* ``GET /healthz`` (any query, upgrade or not; ``HEAD`` gets the headers only)
+  is the load balancer's health check, answered before the checks below (no
+  credential): 200 ``ok``, or 503 ``draining`` / ``full`` with Retry-After
+  whenever a new call would be refused now
+  (:meth:`~brisvox.gateway.core.host.CallHost.refusal`), then the connection
+  closes; counted ``ws_healthz``. Its own per-source limit
+  (:data:`HEALTHZ_PER_S`, 429 ``ws_refused_healthz_rate`` beyond) takes
+  nothing of the handshake allowance of real calls. With ``twiml_path`` set, a
+  ``POST`` is Twilio's call webhook instead (:mod:`brisvox.gateway.control.twiml`);
+  under ``/playground`` (when on) a GET, POST or upgrade is the browser playground's
+  (:mod:`brisvox.gateway.ws.playground`), after the source's two limits below.
+* Before any session exists a request is checked in this order, and the
+  first failing check refuses it with an HTTP status and a counter: the
+  source's handshake rate (``handshakes_per_s``, moving 1 s window: 429
+  ``ws_refused_rate``), its open connections (``max_connections_per_source``:
+  503 ``ws_refused_connections``), the path (404 ``ws_refused_path``), the
+  ``Origin`` (403 ``ws_refused_origin``), the protocol's credential (401
+  native, 403 Twilio: :mod:`brisvox.gateway.ws.auth`), the route's agent
+  list (404 ``ws_refused_agent``; the body does not list the agents).
+* Bad input (a malformed handshake, a refusal, a session that raised) is
+  logged through one :class:`~brisvox.runtime.log_limit.LogLimiter`: a line
+  per kind per minute at most, never a traceback per message. The
+  websockets library's own log (:class:`~brisvox.gateway.ws.log.LibraryLog`) writes nothing per
+  connection: its INFO lines (connection open, HTTP response sent,
+  connection closed) are dropped -- the counters say it --, its warnings
+  and errors go through the same limiter.
+* Every close frame's reason is cut to 123 bytes of UTF-8 at a character
+  boundary (:func:`brisvox.wire.ws_frames.close_reason`), so a close never
+  raises whatever the reason holds.
+* Outbound data beyond ``max_send_buffer_bytes`` of unsent bytes is not
+  queued (the send returns False and the caller counts a drop): a slow
+  reader can never make the gateway buffer without bound.
+* One connection's failure (exception in its session) closes that
+  connection with 1011 and touches nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from typing import TYPE_CHECKING, Any, Protocol
+
+from limits import RateLimitItemPerSecond, strategies
+from websockets.exceptions import InvalidState
+from websockets.frames import Opcode, apply_mask
+from websockets.http11 import Request
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+
+from brisvox.gateway.config import HEALTHZ_PATH, WebSocketConfig, WsRoute, is_loopback
+from brisvox.gateway.control import twilio_rest
+from brisvox.gateway.control import twiml as twiml_webhook
+from brisvox.gateway.core.leg import SESSION_LOG
+from brisvox.gateway.rate_limits import process_storage
+from brisvox.gateway.transports import TRANSPORTS, transport
+from brisvox.gateway.ws import playground
+from brisvox.gateway.ws.auth import OPEN as OPEN_GRANT
+from brisvox.gateway.ws.auth import Grant, Refusal, origin_refusal
+from brisvox.gateway.ws.log import LibraryLog
+from brisvox.gateway.ws.proxies import (
+    DIRECT,
+    FORWARDED,
+    MALFORMED,
+    TrustedProxies,
+    forwarded_client,
+)
+from brisvox.runtime.log_limit import LogLimiter
+from brisvox.wire import ws_frames
+
+if TYPE_CHECKING:
+    from brisvox.gateway.core.host import CallHost
+
+log = logging.getLogger("brisvox.gateway.ws")
+
+HANDSHAKE_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 2.0
+RECV_BUFFER_BYTES = 65536  # the one receive buffer of all connections (a read never exceeds it)
+OPEN = State.OPEN
+HEALTHZ_PER_S = 50  # /healthz requests per source per second (moving window); 429 beyond
+HEALTHZ_RETRY_AFTER = {"draining": "30", "full": "10"}  # as the SIP OPTIONS answer says it
+
+
+class Session(Protocol):
+    def on_text(self, data: bytes) -> None: ...
+
+    def on_binary(self, data: bytes) -> None: ...
+
+    def on_closed(self, code: int, reason: str) -> None: ...
+
+
+class WsConnection(asyncio.BufferedProtocol):
+    """One WebSocket connection (see module invariants)."""
+
+    def __init__(self, server: WebSocketServer) -> None:
+        self.server = server
+        self.proto = ServerProtocol(max_size=server.cfg.max_message_bytes, logger=server.library_log)
+        self.transport: asyncio.Transport | None = None
+        self.session: Session | None = None
+        self.route: WsRoute | None = None
+        self.request: Request | None = None
+        self.peer: tuple[str, int] = ("", 0)
+        self.source = ""  # the client's IP (the peer's, or the one a trusted proxy forwarded): the limits' key
+        self.counted_as = ""  # the key of the server's open-connection count this connection holds
+        self.grant: Grant = OPEN_GRANT  # what the handshake's credential fixes (a signed token's params)
+        self.closed = False
+        self._frag_op: Opcode | None = None
+        self._frag: list[bytes] = []
+        self._frag_size = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._close_code = 1006
+        self._close_reason = ""
+        self.max_buffer = server.cfg.max_send_buffer_bytes
+        self.max_size = server.cfg.max_message_bytes
+        self._refused = False  # the handshake was refused (and counted once)
+        self._fast = False  # frames are split here (set once the handshake is done)
+        self._pending = b""  # the start of an incomplete frame (fast mode)
+        self.webhook: twiml_webhook.WebhookRequest | playground.PostRequest | None = None  # a POST being read
+
+    # -- asyncio.Protocol ----------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
+        self.peer = transport.get_extra_info("peername") or ("", 0)
+        self.source = str(self.peer[0]) if self.peer else ""
+        self.server.opened(self)
+        self._timer = self.server.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.server.rx_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        view = self.server.rx_view
+        if not self._fast:
+            self.data_received(bytes(view[:nbytes]))
+            return
+        if self._pending:
+            data: bytes | memoryview = self._pending + view[:nbytes]
+            self._pending = b""
+            self._receive_frames(data, len(data))
+        else:
+            self._receive_frames(view, nbytes)
+
+    def data_received(self, data: bytes) -> None:
+        """The library's path: the handshake, and the stream after anything unusual."""
+        if self.webhook is not None or (data[:5] == b"POST " and self.session is None and self.server.webhook):
+            self.webhook = self.webhook or self.server.webhook.request(self)  # type: ignore[union-attr]
+            self.webhook.feed(data)
+            return
+        proto = self.proto
+        proto.receive_data(data)
+        shaking = self.session is None
+        self._events()
+        if shaking and self.session is None and proto.handshake_exc is not None and not self._refused:
+            self._bad_handshake(proto.handshake_exc)
+        if shaking and self.session is not None and proto.state is OPEN \
+                and data.endswith(b"\r\n\r\n") and not proto.reader.buffer:
+            # the handshake ended exactly at the end of this read: the library's parser
+            # waits at a frame boundary, so the frames that follow can be split here
+            self._fast = True
+        self._flush()
+
+    def _events(self) -> None:
+        try:
+            for ev in self.proto.events_received():
+                if isinstance(ev, Request):
+                    self._handshake(ev)
+                else:
+                    self._frame(ev)
+        except Exception as e:  # noqa: BLE001 - one connection's failure closes that connection
+            self._session_error(e)
+
+    def _receive_frames(self, data: bytes | memoryview, end: int) -> None:
+        """Fast mode: deliver the complete data frames of ``data[:end]`` (see ws_frames)."""
+        proto = self.proto
+        scan = ws_frames.scan
+        max_size = self.max_size
+        pos = 0
+        try:
+            while pos < end:
+                kind, h, n = scan(data, pos, end, True, max_size)
+                if kind == ws_frames.DATA:
+                    start = pos + h
+                    # websockets' C apply_mask takes any buffer (no copy of the view); its stub says bytes
+                    payload = apply_mask(data[start:start + n], data[start - 4:start])  # type: ignore[arg-type]
+                    first = data[pos]
+                    pos = start + n
+                    s = self.session
+                    if s is not None:
+                        if first == ws_frames.TEXT:
+                            s.on_text(payload)
+                        else:
+                            s.on_binary(payload)
+                elif kind == ws_frames.CONTROL:
+                    proto.receive_data(bytes(data[pos:pos + h + n]))
+                    pos += h + n
+                    self._events()
+                    self._flush()  # a pong or close echo goes out before anything sent after it
+                elif kind == ws_frames.MORE:
+                    self._pending = bytes(data[pos:end])
+                    return
+                else:
+                    break
+                if proto.state is not OPEN or self.closed:
+                    break
+            else:
+                return
+        except Exception as e:  # noqa: BLE001 - one connection's failure closes that connection
+            self._session_error(e)
+        # closing, or a frame this path does not handle: the library takes the rest for good
+        self._fast = False
+        if pos < end and not self.closed:
+            proto.receive_data(bytes(data[pos:end]))
+            self._events()
+        self._flush()
+
+    def _session_error(self, e: Exception) -> None:
+        self.server.count("ws_session_errors")
+        self.server.bad("ws_session_error", "websocket session of %s failed: %s",
+                        self.source, traceback.format_exc(limit=6).rstrip(), level=logging.ERROR)
+        self.close(1011, "internal error")
+
+    def eof_received(self) -> bool | None:
+        self.proto.receive_eof()
+        self._flush()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self.server.released(self)
+        if self.proto.close_rcvd is not None:
+            self._close_code = self.proto.close_rcvd.code
+            self._close_reason = self.proto.close_rcvd.reason
+        if self.session is not None:
+            s, self.session = self.session, None
+            s.on_closed(self._close_code, self._close_reason)
+
+    # -- handshake ----------------------------------------------------------------
+
+    def _handshake_timeout(self) -> None:
+        if self.session is None and not self.closed:
+            self.server.count("ws_handshake_timeouts")
+            self._abort()
+
+    def _bad_handshake(self, exc: BaseException) -> None:
+        """The library refused the request itself (not HTTP, no upgrade, a bad key): it
+        answered 400 or 426; counted and logged, bounded."""
+        self._refused = True
+        self.server.count("ws_refused_handshake")
+        self.server.bad("ws_bad_handshake", "websocket handshake from %s refused: %s",
+                        self.source, f"{type(exc).__name__}: {exc}"[:200], level=logging.INFO)
+
+    def reject(self, status: int, text: str, counter: str, retry_after: bool = False) -> None:
+        """Refuse the handshake with an HTTP answer (counted, logged, bounded)."""
+        self._refused = True
+        self.server.count(counter)
+        self.server.bad(counter, "websocket handshake from %s refused: %d %s", self.source, status,
+                        text.strip(), level=logging.INFO)
+        resp = self.proto.reject(status, text)
+        if retry_after:
+            resp.headers["Retry-After"] = "1"
+        self.proto.send_response(resp)
+
+    def answer(self, resp: Any) -> None:
+        """Answer the request with ``resp`` (a page, a health check): not a handshake, never counted as one."""
+        self._refused = True
+        self.proto.send_response(resp)
+
+    def _healthz(self, req: Request) -> None:
+        """``GET /healthz`` (module invariants): the answer, then the connection closes."""
+        server = self.server
+        server.count("ws_healthz")
+        if not server.healthz_allowed(self.source):
+            self.reject(429, "too many health checks\n", "ws_refused_healthz_rate", retry_after=True)
+            return
+        self._refused = True  # answered: nothing of it is a handshake
+        refusal = server.host.refusal()
+        resp = self.proto.reject(503 if refusal else 200, f"{refusal}\n" if refusal else "ok\n")
+        if refusal:
+            server.count("ws_healthz_unavailable")
+            resp.headers["Retry-After"] = HEALTHZ_RETRY_AFTER.get(refusal, "10")
+        if req.method == "HEAD":
+            resp.body = b""  # the headers of the GET answer (Content-Length included), no body
+        self.proto.send_response(resp)
+
+    def _handshake(self, req: Request) -> None:
+        """The checks of the module invariants, in order; the first failing one answers."""
+        server = self.server
+        cfg = server.cfg
+        server.resolve_source(self, req)
+        if req.path.split("?", 1)[0] == HEALTHZ_PATH:
+            self._healthz(req)
+            return
+        if not server.handshake_allowed(self.source):
+            self.reject(429, "too many handshakes\n", "ws_refused_rate", retry_after=True)
+            return
+        if not server.connections_allowed(self.source):
+            self.reject(503, "too many connections\n", "ws_refused_connections", retry_after=True)
+            return
+        if server.playground is not None and playground.owns(req.path):
+            return server.playground.handshake(self, req)  # its page, agents, its own WebSocket checks
+        route = cfg.route(req.path)
+        if route is None:
+            self.reject(404, "no such path\n", "ws_refused_path")
+            return
+        refusal: Refusal | None = origin_refusal(cfg, req.headers)
+        if refusal is None:
+            auth = transport(route.protocol).auth  # the protocol's own check (registry row)
+            verdict = auth(cfg, route, req.path, req.headers) if auth is not None else OPEN_GRANT
+            if isinstance(verdict, Refusal):
+                refusal = verdict
+            else:
+                self.grant = verdict
+        if refusal is not None:
+            self.reject(refusal.status, refusal.text, refusal.counter)
+            return
+        if not route.allowed:
+            self.reject(404, "no such agent on this route\n", "ws_refused_agent")
+            return
+        self.accept(req, route)
+
+    def accept(self, req: Request, route: WsRoute) -> None:
+        """The checks passed: the 101 answer, and ``route``'s protocol session."""
+        server = self.server
+        resp = self.proto.accept(req)
+        self.proto.send_response(resp)
+        if resp.status_code != 101:
+            self._bad_handshake(self.proto.handshake_exc or ValueError(f"status {resp.status_code}"))
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.route = route
+        self.request = req
+        self.session = server.make_session(self, route, req)
+
+    # -- frames -----------------------------------------------------------------
+
+    def _frame(self, frame: Any) -> None:
+        op = frame.opcode
+        if op is Opcode.TEXT or op is Opcode.BINARY:
+            if frame.fin:
+                self._message(op, frame.data)
+            else:
+                self._frag_op = op
+                self._frag = [frame.data]
+        elif op is Opcode.CONT:
+            if self._frag_op is None:
+                return
+            self._frag.append(frame.data)
+            if frame.fin:
+                op2, parts = self._frag_op, self._frag
+                self._frag_op, self._frag = None, []
+                self._message(op2, b"".join(parts))
+        elif op is Opcode.CLOSE:
+            if self.proto.close_rcvd is not None:
+                self._close_code = self.proto.close_rcvd.code
+                self._close_reason = self.proto.close_rcvd.reason
+
+    def _message(self, op: Opcode, data: bytes) -> None:
+        s = self.session
+        if s is None:
+            return
+        if op is Opcode.TEXT:
+            s.on_text(data)
+        else:
+            s.on_binary(data)
+
+    # -- sending --------------------------------------------------------------------
+
+    def _flush(self) -> None:
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        for chunk in self.proto.data_to_send():
+            if chunk:
+                t.write(chunk)
+            elif t.can_write_eof():
+                try:
+                    t.write_eof()
+                except OSError:  # the peer reset first (ENOTCONN): nothing is left to close cleanly
+                    self.server.count("ws_eof_after_reset")
+                    self._abort()
+                    return
+        if self.proto.close_expected() and self._timer is None:
+            self._timer = self.server.loop.call_later(CLOSE_TIMEOUT_S, self._abort)
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def can_send(self) -> bool:
+        t = self.transport
+        return t is not None and not self.closed and t.get_write_buffer_size() <= self.max_buffer
+
+    def send_text(self, data: bytes) -> bool:
+        """Send a text message (``data`` is UTF-8). False if dropped (closed or backed up)."""
+        return self._send(data, ws_frames.TEXT)
+
+    def send_binary(self, data: bytes) -> bool:
+        return self._send(data, ws_frames.BINARY)
+
+    def _send(self, data: bytes, first: int) -> bool:
+        if not self.can_send():
+            return False
+        proto = self.proto
+        if proto.state is OPEN:
+            # a whole data frame: nothing of the library's state depends on it (its output
+            # buffer is always flushed, so nothing it queued can be overtaken)
+            self.transport.write(ws_frames.header(len(data), first) + data)  # type: ignore[union-attr]
+            return True
+        try:
+            if first == ws_frames.TEXT:
+                proto.send_text(data)
+            else:
+                proto.send_binary(data)
+        except InvalidState:
+            return False
+        self._flush()
+        return True
+
+    def close(self, code: int = 1000, reason: str = "") -> None:
+        """Start the closing handshake (the TCP close follows, bounded by a timer)."""
+        if self.closed:
+            return
+        reason = ws_frames.close_reason(reason)
+        self._close_code = code
+        self._close_reason = reason
+        try:
+            self.proto.send_close(code, reason)
+        except InvalidState:
+            pass
+        except Exception as e:  # noqa: BLE001 - e.g. a close code the library refuses: drop the connection
+            self.server.bad("ws_close_error", "websocket close %d failed: %s", code, e, level=logging.ERROR)
+            self._abort()
+            return
+        self._flush()
+
+
+class WebSocketServer:
+    """Listens on the configured address and hands connections to sessions."""
+
+    def __init__(self, host: CallHost, cfg: WebSocketConfig) -> None:
+        self.host = host
+        self.cfg = cfg
+        self.loop = asyncio.get_event_loop()
+        self.server: asyncio.base_events.Server | None = None
+        self.connections: set[WsConnection] = set()
+        self.counters: dict[str, int] = {}
+        self.per_source: dict[str, int] = {}  # source IP -> open connections
+        self.bad = LogLimiter(log)
+        self.library_log = LibraryLog(self.bad)
+        # per-source handshake rate: limits' moving window in the process's one storage
+        self._rate = RateLimitItemPerSecond(cfg.handshakes_per_s) if cfg.handshakes_per_s > 0 else None
+        self._limiter = strategies.MovingWindowRateLimiter(process_storage()) if self._rate else None
+        self._healthz_rate = RateLimitItemPerSecond(HEALTHZ_PER_S)
+        self._healthz_limiter = strategies.MovingWindowRateLimiter(process_storage())
+        self.proxies = TrustedProxies(cfg.trusted_proxies)
+        self.twilio_api = twilio_rest.from_config(cfg)  # Twilio call control (None without twilio_account_sid)
+        self.playground = playground.Playground(self) if playground.enabled(cfg) else None
+        twiml = twiml_webhook.Webhook(self) if cfg.twiml_path else None  # POSTs: the webhook's, the playground's
+        self.webhook = playground.PostRouter(self.playground, twiml) if self.playground else twiml
+        # every read of every connection lands here and is consumed (or copied) at once
+        self.rx_view = memoryview(bytearray(RECV_BUFFER_BYTES))
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def opened(self, conn: WsConnection) -> None:
+        self.connections.add(conn)
+        conn.counted_as = conn.source
+        self.per_source[conn.source] = self.per_source.get(conn.source, 0) + 1
+
+    def _uncount(self, key: str) -> None:
+        n = self.per_source.get(key, 0) - 1
+        if n > 0:
+            self.per_source[key] = n
+        else:
+            self.per_source.pop(key, None)
+
+    def released(self, conn: WsConnection) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            self._uncount(conn.counted_as)  # the key it was counted under, whatever source says now
+
+    def resolve_source(self, conn: WsConnection, req: Request) -> None:
+        """``conn.source`` := the client behind a trusted proxy (module invariants); its
+        open-connection count moves to that key."""
+        peer = str(conn.peer[0]) if conn.peer else ""
+        client, how = forwarded_client(self.proxies, peer, req.headers.get_all("X-Forwarded-For"))
+        if how == DIRECT:
+            return
+        self.count("ws_forwarded" if how == FORWARDED else f"ws_forwarded_{how}")
+        if how == MALFORMED:
+            self.bad("ws_forwarded_malformed", "X-Forwarded-For from trusted proxy %s names no IP address: "
+                     "limited as the proxy's own", peer, level=logging.INFO)
+        if client != conn.source:
+            conn.source = client
+            if conn in self.connections:
+                self._uncount(conn.counted_as)
+                conn.counted_as = client
+                self.per_source[client] = self.per_source.get(client, 0) + 1
+
+    def handshake_allowed(self, source: str) -> bool:
+        """Counts one handshake of ``source``; False beyond ``handshakes_per_s``."""
+        if self._limiter is None or self._rate is None:
+            return True
+        return self._limiter.hit(self._rate, "ws_handshake", source)
+
+    def healthz_allowed(self, source: str) -> bool:
+        """Counts one ``/healthz`` of ``source`` (its own window, not the handshakes');
+        False beyond :data:`HEALTHZ_PER_S`."""
+        return self._healthz_limiter.hit(self._healthz_rate, "ws_healthz", source)
+
+    def connections_allowed(self, source: str) -> bool:
+        """``source``'s open connections (this one included) are within the cap."""
+        cap = self.cfg.max_connections_per_source
+        return cap <= 0 or self.per_source.get(source, 0) <= cap
+
+    def _warn_unauthenticated(self) -> None:
+        missing = self.cfg.missing_credentials()
+        if not missing:
+            return
+        keys = ", ".join(f"{k} ({p} routes)" for k, p in missing)
+        if is_loopback(self.cfg.host):
+            log.info("websocket: no %s: unauthenticated on loopback %s (a request with an Origin header "
+                     "gets 403 unless allowed_origins lets it in)", keys, self.cfg.host)
+        else:
+            log.warning("websocket: allow_unauthenticated: anyone who reaches %s:%d can place calls "
+                        "(no %s)", self.cfg.host, self.cfg.port, keys)
+
+    async def start(self) -> tuple[str, int]:
+        self.loop = asyncio.get_running_loop()
+        self._warn_unauthenticated()
+        self.server = await self.loop.create_server(lambda: WsConnection(self), self.cfg.host, self.cfg.port,
+                                                    reuse_address=True, backlog=512)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def shutdown(self) -> None:
+        await self.stop()
+        if self.twilio_api is not None:
+            await self.twilio_api.aclose()
+
+    async def stop(self) -> None:
+        for c in list(self.connections):
+            c.close(1001, "going away")
+        if self.server is not None:
+            self.server.close()
+            try:
+                async with asyncio.timeout(1.0):
+                    await self.server.wait_closed()
+            except TimeoutError:
+                pass
+        for c in list(self.connections):
+            c._abort()
+
+    def make_session(self, conn: WsConnection, route: WsRoute, req: Request) -> Session:
+        """The session of ``route``'s protocol (the transport registry's factory)."""
+        self.count(f"ws_connections_{route.protocol}")
+        make = TRANSPORTS[route.protocol].session
+        assert make is not None  # config validation admits only WebSocket transports
+        return make(self.host, conn, route)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.counters, **(self.twilio_api.counters if self.twilio_api else {}))
+        out["ws_connections_open"] = len(self.connections)
+        out["ws_log_suppressed"] = sum(self.bad.suppressed.values()) + sum(SESSION_LOG.suppressed.values())
+        return out
+
