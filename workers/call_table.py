@@ -1,8 +1,12 @@
-"""The inference worker's call table: per-call state, attach and detach.
+"""The inference worker's attached calls: per-call state, attach, detach and retirement.
 
 Owns :class:`Call` (one attached call: its four rings, the converters, the
-VAD state and its window grid) and :class:`CallTable`, the attach and detach
-of calls (mixed into :class:`workers.core.Worker`).
+VAD state and its window grid) and :class:`AttachedCalls`, the calls attached
+to this worker (held by :class:`workers.core.Worker`; the realtime lane and
+the request dispatch are handed the same object). Named for what it is:
+the calls AttachCall gave this worker, with their Silero slots and their
+subscribers; the gateway's call table (``brisvox/gateway/calls.py``) admits
+the calls and owns their rings.
 
 * AttachCall maps a call's four rings (in, in16, tts, out) and gives it a
   Silero state slot; DetachCall unmaps them. The rings belong to the gateway;
@@ -19,16 +23,20 @@ Invariants:
 * A call is attached only with all four rings mapped at their expected rates
   and a free Silero slot; otherwise nothing is kept (rings closed) and the
   request gets a typed error (``bad_rate``, ``bad_params``, ``bad_ring``,
-  ``full``).
+  ``full``). Nothing attaches before :meth:`AttachedCalls.load` (no slots).
 * A re-attach after a worker died during speech starts with a synthesized
   stop (``reason`` ``worker_lost``) where the in16 ring ends.
-* Detach closes the call's rings, frees its slot and runs every detach hook
-  (:data:`workers.jobs.DETACH_HOOKS`); a call is in ``calls`` and in exactly
-  one subscriber's ``by_sub`` list, or in neither.
+* Detach closes the call's rings, frees its slot and then calls ``on_detach``
+  with the call id (the worker runs :data:`workers.jobs.DETACH_HOOKS`); a call
+  is in ``calls`` and in exactly one subscriber's ``by_sub`` list, or in
+  neither.
+* ``calls`` and ``by_sub`` are created once and never rebound (others hold
+  them: the realtime lane reads them every tick); ``free_slots`` holds every
+  slot no attached call has.
 * Each call remembers the incarnation of the subscriber process that
   attached it. A SubscriberHello (or an AttachCall) naming a non-empty
   incarnation retires, at once, every call of that subscriber identity
-  attached by another incarnation (:meth:`CallTable.retire`: detached and
+  attached by another incarnation (:meth:`AttachedCalls.retire`: detached and
   unmapped, counted in ``retired_calls``, logged once per retirement): a
   restarted agent keeps its identity, so the orphan timeout alone never
   fires for its dead predecessor's calls. The worker never unlinks a
@@ -41,21 +49,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import numpy as np
 
 from ipc.codec import Frame
-from ipc.frames import AttachCall, Attached, ErrorReply
+from ipc.frames import AttachCall, Attached
 from ipc.ring import Ring, RingError, ring_name
 from ipc.tick_events import SpeechStop, TickEvent
 from workers.config import VadConfig, WorkersConfig
-from workers.jobs import DETACH_HOOKS
 from workers.resample import RATE16, InputChain, OutputChain, resume_in_pos
+from workers.stats import TickStats
 from workers.vad import RATE8, WINDOW, WINDOW8, SileroBatch, VadHealth, VadParams, VadStream
-
-if TYPE_CHECKING:
-    from workers.realtime import TickStats
 
 PEND_S = 2  # seconds of audio waiting for the VAD, per call, at most
 HOLDBACK16 = 4  # in16 samples soxr QQ may hold back (measured: 4 from 8 kHz, <= 2 from higher rates)
@@ -153,21 +158,26 @@ class _RateMismatch(Exception):
     pass
 
 
-class CallTable:
-    """Attach and detach (state set by ``Worker.__init__``)."""
+class AttachedCalls:
+    """The calls attached to worker ``index`` (see the module's invariants)."""
 
-    index: int
-    cfg: WorkersConfig
-    vad_cfg: VadConfig
-    params: VadParams
-    silero: SileroBatch | None
-    calls: dict[str, Call]
-    by_sub: dict[str, list[Call]]
-    free_slots: list[int]
-    stats: TickStats
+    def __init__(self, index: int, cfg: WorkersConfig, vad: VadConfig, stats: TickStats,
+                 on_detach: Callable[[str], None]) -> None:
+        self.index = index
+        self.cfg = cfg
+        self.vad_cfg = vad
+        self.params = vad.params()
+        self.stats = stats
+        self._on_detach = on_detach
+        self.silero: SileroBatch | None = None
+        self.calls: dict[str, Call] = {}
+        self.by_sub: dict[str, list[Call]] = {}
+        self.free_slots: list[int] = []
 
-    if TYPE_CHECKING:  # from the other parts of the worker
-        def _error(self, kind: str, detail: str, call_id: str = "") -> ErrorReply: ...
+    def load(self, silero: SileroBatch, capacity: int) -> None:
+        """The loaded VAD model: its ``capacity`` state slots are free (before any attach)."""
+        self.silero = silero
+        self.free_slots = list(range(capacity - 1, -1, -1))
 
     def retire(self, subscriber: str, incarnation: str) -> int:
         """Detach every call of ``subscriber`` attached by an incarnation other than
@@ -199,13 +209,13 @@ class CallTable:
             return Attached(call_id=f.call_id, worker=self.index, in16_pos=existing.inp.out_pos)
         for name, rate in (("call_rate", f.call_rate), ("tts_rate", f.tts_rate)):
             if not 1000 <= rate <= MAX_RATE:
-                return self._error("bad_rate", f"{name} {rate} out of range", f.call_id)
+                return self.stats.error("bad_rate", f"{name} {rate} out of range", f.call_id)
         try:
             params = self.params.merged(f.vad)
         except ValueError as e:
-            return self._error("bad_params", str(e), f.call_id)
+            return self.stats.error("bad_params", str(e), f.call_id)
         if not self.free_slots:
-            return self._error("full", f"worker-{self.index} serves {len(self.calls)} calls (max_calls)", f.call_id)
+            return self.stats.error("full", f"worker-{self.index} serves {len(self.calls)} calls (max_calls)", f.call_id)
         rings: dict[str, Ring] = {}
         try:
             for kind, rate in (("in", f.call_rate), ("in16", RATE16), ("tts", f.tts_rate), ("out", f.call_rate)):
@@ -216,7 +226,7 @@ class CallTable:
         except (RingError, _RateMismatch) as e:
             for r in rings.values():
                 r.close()
-            return self._error("bad_rate" if isinstance(e, _RateMismatch) else "bad_ring", str(e), f.call_id)
+            return self.stats.error("bad_rate" if isinstance(e, _RateMismatch) else "bad_ring", str(e), f.call_id)
         slot = self.free_slots.pop()
         assert self.silero is not None
         self.silero.reset(slot)
@@ -252,6 +262,12 @@ class CallTable:
         self._unindex(c)
         self.free_slots.append(c.slot)
         c.close()
-        for hook in DETACH_HOOKS:
-            hook(self, call_id)
+        self._on_detach(call_id)
         return True
+
+    def close(self) -> None:
+        """Unmap every call's rings and forget them (worker shutdown: no detach hooks)."""
+        for c in list(self.calls.values()):
+            c.close()
+        self.calls.clear()
+        self.by_sub.clear()

@@ -1,25 +1,34 @@
-"""The inference worker: call table, realtime lane (tick loop) and the control inbox.
+"""The inference worker: its state and lifecycle, holding the attached calls, the realtime lane and the dispatch.
 
 Owns everything a worker process does for the calls attached to it
 (the inference workers of the process map, docs/ARCHITECTURE.md: resampling,
-batched VAD, Smart Turn, local model jobs). :class:`Worker` holds the state
-and the lifecycle (load and warm the models, bind, the serve loop ``run``,
-close, the stats it reports) and mixes in its parts, each of which states its
-invariants:
+batched VAD, Smart Turn, local model jobs). :class:`Worker` owns the state
+they share (the models, the counters, the socket and its wake pipe, the job
+lanes) and the lifecycle (load and warm the models, bind, the serve loop
+``run``, close, the stats it reports), and HOLDS three collaborators, each
+handed explicitly what it needs and each stating its invariants:
 
-* :mod:`workers.call_table`: the **call table**, per-call state
-  (:class:`~workers.call_table.Call`), attach and detach;
-* :mod:`workers.realtime`: the **realtime lane**, one tick every ``tick_ms``
-  with ONE batched Silero over every call with a full window, the first audio
-  of an utterance converted outside the tick, VAD fail-open and gaps;
-* :mod:`workers.dispatch`: the **request dispatch**, the control inbox, typed
-  errors, and the **job lane** (:class:`workers.jobs.JobLane`: Smart Turn and
-  the local STT/TTS/LLM jobs of :mod:`workers.local_jobs`) that the tick
-  never waits for.
+* ``attached``, :class:`workers.call_table.AttachedCalls`: the calls attached
+  here (per-call state, :class:`~workers.call_table.Call`), attach, detach,
+  retirement;
+* ``realtime``, :class:`workers.realtime.RealtimeLane`: one tick every
+  ``tick_ms`` with ONE batched Silero over every call with a full window, the
+  first audio of an utterance converted outside the tick, VAD fail-open and
+  gaps;
+* ``dispatch``, :class:`workers.dispatch.RequestDispatch`: the control inbox
+  and its one dispatch table, typed errors, and the requests of the **job
+  lane** (:class:`workers.jobs.JobLane`: Smart Turn, and the local
+  STT/TTS/LLM jobs of :mod:`workers.local_jobs`) that the tick never waits
+  for.
 
-Runs standalone (its own ZeroMQ context and ROUTER inbox: tests and the
-benchmark drive it directly) or inside brisvoxd via :mod:`workers.process`.
-Only the thread that runs :meth:`Worker.run` touches the socket.
+Invariants:
+
+* The collaborators are built once, in ``__init__``, and given the models at
+  :meth:`Worker.load`; ``calls`` is the attached calls' own dict.
+* Runs standalone (its own ZeroMQ context and ROUTER inbox: tests and the
+  benchmark drive it directly) or inside brisvoxd via :mod:`workers.process`.
+* Only the thread that runs :meth:`Worker.run` touches the socket
+  (:meth:`Worker.send` never blocks; a failed send is counted).
 """
 
 from __future__ import annotations
@@ -29,23 +38,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import zmq
 
 from brisvox.runtime.memory import ThreadIdleTrim
 from ipc.bus import bind, endpoint_path, make_socket
-from ipc.codec import DecodeGuard, Frame
+from ipc.codec import DecodeGuard
 from workers import local_jobs as _local_jobs  # noqa: F401 - registers the local STT/TTS/LLM job frames
-from workers.call_table import Call, CallTable
+from workers.call_table import AttachedCalls, Call
 from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
 from workers.dispatch import RequestDispatch
-from workers.jobs import CLOSE_HOOKS, Job, JobLane
-from workers.realtime import RealtimeLane, TickStats
+from workers.jobs import CLOSE_HOOKS, DETACH_HOOKS, FRAME_HANDLERS, JobLane
+from workers.realtime import RealtimeLane
 from workers.smart_turn import SmartTurnModel
-from workers.vad import WINDOW, WINDOW8, SileroBatch
+from workers.stats import TickStats
+from workers.vad import SileroBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +64,7 @@ class WorkerModels:
     smart_turn: Path | None
 
 
-class Worker(CallTable, RealtimeLane, RequestDispatch):
+class Worker:
     """A standalone inference worker serving a ROUTER inbox at ``endpoint``."""
 
     def __init__(
@@ -74,35 +84,26 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
         self.cfg = settings or WorkersConfig()
         self.vad_cfg = vad or VadConfig()
         self.st_cfg = smart_turn or SmartTurnConfig()
-        self.params = self.vad_cfg.params()
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self._silero_factory = silero_factory or (lambda p, cap, th: SileroBatch(p, cap, th))
         self.silero: SileroBatch | None = None
         self.smart: SmartTurnModel | None = None
-        self.calls: dict[str, Call] = {}
         self._idle_trim = ThreadIdleTrim()
-        self.by_sub: dict[str, list[Call]] = {}
-        self.free_slots: list[int] = []
         self.stats = TickStats()
         self.guard = DecodeGuard(f"worker-{index} inbox")
-        self.seq = 0
         self.sock: Any = None
         self.jobs: JobLane | None = None
         self.extra_lanes: dict[str, JobLane] = {}  # lanes of other job kinds (workers/local_jobs.py)
-        # job kind -> handler run on a job-lane thread (returns the reply frame)
-        self.job_handlers: dict[str, Callable[[Job], Frame]] = {"smart_turn": self._smart_turn_job}
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._unroutable: dict[str, int] = {}
-        self.tick_s = self.cfg.tick_ms / 1000.0
-        self.fresh_ns = self.cfg.fresh_ms * 1_000_000
-        self.keepalive_ns = 100 * 1_000_000
-        self._last_pub: dict[str, int] = {}
-        # call_id -> deadline (monotonic ns): an announced utterance waits for its first audio
-        self._hot: dict[str, int] = {}
         self.warm_report: dict[str, float] = {}
-        # batch scratch per VAD window width (16 kHz, native 8 kHz), sized for max_calls at load()
-        self._scratch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.attached = AttachedCalls(index, self.cfg, self.vad_cfg, self.stats, self._on_detach)
+        self.calls: dict[str, Call] = self.attached.calls
+        self.realtime = RealtimeLane(index, self.cfg, self.vad_cfg, self.attached, self.stats, self.send)
+        # the frames other modules serve (workers/local_jobs.py) take the worker: bound to it here
+        self.dispatch = RequestDispatch(index, self.cfg, self.stats, self.guard, self.attached, self.realtime,
+                                        self.send, self.extra_lanes,
+                                        {t: partial(h, self) for t, h in FRAME_HANDLERS.items()})
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -112,17 +113,17 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
         cap = self.cfg.max_calls
         self.silero = self._silero_factory(self.models.silero, cap, self.cfg.vad_threads)
         self.silero.warm()
-        self.free_slots = list(range(cap - 1, -1, -1))
-        self._scratch = {w: (np.zeros(cap, dtype=np.intp), np.zeros((cap, w), dtype=np.int16),
-                             np.zeros((cap, w), dtype=np.float32)) for w in (WINDOW, WINDOW8)}
+        self.attached.load(self.silero, cap)
+        self.realtime.load(self.silero, cap)
         t1 = time.perf_counter()
         self.warm_report["silero_s"] = t1 - t0
         if self.st_cfg.enabled and self.models.smart_turn is not None:
             self.smart = SmartTurnModel(self.models.smart_turn, self.st_cfg.threads, select=self.st_cfg.select)
             self.smart.warm()
             self.warm_report["smart_turn_s"] = time.perf_counter() - t1
-        self.jobs = JobLane("jobs", self._run_job, self._notify, threads=self.cfg.job_threads,
+        self.jobs = JobLane("jobs", self.dispatch.run_job, self.notify, threads=self.cfg.job_threads,
                             capacity=self.cfg.job_queue * self.cfg.job_threads)
+        self.dispatch.load(self.smart, self.jobs)
         self.jobs.start()
 
     def bind(self) -> None:
@@ -141,10 +142,7 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
             lane.stop()
         for hook in CLOSE_HOOKS:
             hook(self)
-        for c in list(self.calls.values()):
-            c.close()
-        self.calls.clear()
-        self.by_sub.clear()
+        self.attached.close()
         if self.sock is not None:
             self.sock.close(0)
             self.sock = None
@@ -159,38 +157,53 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
         if self._own_ctx:
             self.ctx.term()
 
-    def _notify(self) -> None:
+    def send(self, ident: bytes, payload: bytes) -> bool:
+        """Send to ``ident`` without blocking (False: not sent, counted in ``send_failed``)."""
+        try:
+            self.sock.send_multipart([ident, payload], zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            self.stats.send_failed += 1
+            return False
+
+    def notify(self) -> None:
+        """Wake the serve loop (any thread: a job lane has a result)."""
         try:
             os.write(self._wake_w, b"\0")
         except (BlockingIOError, OSError):
             pass
 
+    def _on_detach(self, call_id: str) -> None:
+        for hook in DETACH_HOOKS:
+            hook(self, call_id)
+
     def run(self, stop: threading.Event, heartbeat: Callable[[], None] | None = None,
             report: Callable[[int, dict[str, Any]], None] | None = None) -> None:
         """Serve until ``stop`` is set: control frames as they come, a tick every ``tick_ms``."""
+        lane, dispatch, sock = self.realtime, self.dispatch, self.sock
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN)
+        poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        interval = self.tick_s
+        interval = lane.tick_s
         next_tick = time.monotonic() + interval
         last_report = 0.0
         while not stop.is_set():
             now = time.monotonic()
             wait_ms = max(0, int((next_tick - now) * 1000 + 0.999))
-            if self._hot and wait_ms > 1:
+            if lane.hot and wait_ms > 1:
                 wait_ms = 1  # an utterance's first audio is due any moment
             events = dict(poller.poll(wait_ms)) if wait_ms > 0 else {}
-            if self.sock in events:
-                self._drain_inbox()
+            if sock in events:
+                dispatch.drain_inbox(sock)
             if self._wake_r in events:
                 try:
                     while os.read(self._wake_r, 4096):
                         pass
                 except (BlockingIOError, OSError):
                     pass
-            self._send_job_results()
-            if self._hot:
-                self._serve_hot()
+            dispatch.send_job_results()
+            if lane.hot:
+                lane.serve_hot()
             now = time.monotonic()
             if now >= next_tick:
                 late = now - next_tick
@@ -199,8 +212,8 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
                     next_tick = now + interval
                 else:
                     next_tick += interval
-                self._drain_inbox()
-                self.tick()
+                dispatch.drain_inbox(sock)
+                lane.tick()
                 if heartbeat is not None:
                     heartbeat()
                 if now - last_report >= 0.5:
@@ -230,7 +243,7 @@ class Worker(CallTable, RealtimeLane, RequestDispatch):
             "tick_cpu_ms": st.tick_cpu_ns / 1e6, "tick_max_ms": st.tick_max_ns / 1e6,
             "out_nudges": st.out_nudges, "orphan_detaches": st.orphan_detaches,
             "retired_calls": st.retired_calls, "retirements": st.retirements,
-            "calls_by_subscriber": {sub: len(calls) for sub, calls in self.by_sub.items()},
+            "calls_by_subscriber": {sub: len(calls) for sub, calls in self.attached.by_sub.items()},
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},
             **{f"jobs_{k}": v for k, v in (self.jobs.recent() if self.jobs else {}).items()},

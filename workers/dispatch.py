@@ -1,16 +1,26 @@
-"""The inference worker's request dispatch: the control inbox and the job lane's requests.
+"""The inference worker's request dispatch: the control inbox, its one table, the job lane's requests.
 
-Owns :class:`RequestDispatch` (mixed into :class:`workers.core.Worker`): the
+Owns :class:`RequestDispatch` (held by :class:`workers.core.Worker`): the
 ROUTER inbox (decode, one reply per request), the dispatch of each control
-frame to its handler through ONE table, :data:`workers.jobs.FRAME_HANDLERS`
-(frame class -> ``handler(worker, ident, cid, frame)``: attach, detach,
-TtsUtterance/TtsCut, SubscriberHello and Smart Turn registered here, the local STT/TTS/LLM job
-frames by :mod:`workers.local_jobs`), the submission of jobs to the job lane
+frame to its handler through ONE table, :attr:`RequestDispatch.handlers`
+(frame class -> ``handler(ident, cid, frame)``: attach, detach,
+TtsUtterance/TtsCut, SubscriberHello and Smart Turn are its own; the worker
+adds, bound to itself, the frames other modules registered in
+:data:`workers.jobs.FRAME_HANDLERS`, the local STT/TTS/LLM job frames of
+:mod:`workers.local_jobs`), the submission of Smart Turn jobs to the job lane
 (:class:`workers.jobs.JobLane`: Smart Turn analyses read the last 8 s straight
 from the call's in16 ring on their own thread; the tick never waits for them;
 they are queued by when their turn ended, earliest first, and a newer request
-for the same call supersedes a queued older one) and the sending of their
-results.
+for the same call supersedes a queued older one) and the sending of every
+lane's results.
+
+It is handed what it works on explicitly: the attached calls
+(:class:`workers.call_table.AttachedCalls`: attach, detach, retire), the
+realtime lane (:meth:`workers.realtime.RealtimeLane.announce` for a
+TtsUtterance), the worker's counters, decode guard and non-blocking ``send``,
+the worker's other job lanes (``extra_lanes``, filled by
+:mod:`workers.local_jobs`) and, at :meth:`RequestDispatch.load`, the Smart
+Turn model and the job lane.
 
 Invariants:
 
@@ -18,20 +28,22 @@ Invariants:
   the worker serves on; a bug handling one frame is answered ``internal``,
   never stops the worker. A frame without a handler is answered
   ``unsupported`` (and counted as ``unexpected_type``, logged once per type).
+* The table is complete when the dispatch is built (every handler module is
+  imported by :mod:`workers.core` first) and never changes afterwards.
 * A request answered now carries the request's correlation id; a job's final
   result carries it too (its partial results do not).
 * Only the thread that runs :meth:`workers.core.Worker.run` touches the
   socket; sends never block (a failed send is counted in ``send_failed``).
-* ``_run_job`` and the job handlers run on a job-lane thread;
-  ``_smart_turn_job`` reads the in16 ring by name, never the call table.
+* :meth:`RequestDispatch.run_job` and the job handlers run on a job-lane
+  thread; ``_smart_turn_job`` reads the in16 ring by name, never the calls.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import zmq
 
@@ -48,42 +60,58 @@ from ipc.frames import (
     TtsUtterance,
 )
 from ipc.ring import Ring
-from workers.call_table import Call
+from workers.call_table import AttachedCalls
 from workers.config import RATE, WorkersConfig
-from workers.jobs import FRAME_HANDLERS, Job, JobDone, JobLane
-from workers.realtime import TickStats
+from workers.jobs import Job, JobDone, JobLane
+from workers.realtime import RealtimeLane
 from workers.smart_turn import WINDOW_SAMPLES, SmartTurnModel
+from workers.stats import TickStats
 
 log = logging.getLogger("brisvox.workers")
 
+# a request frame's handler: (sender identity, correlation id, frame) -> the reply (None: none)
+Handler = Callable[[bytes, int | str | None, Any], Frame | None]
+
 
 class RequestDispatch:
-    """The control inbox and the job lane (state set by ``Worker.__init__``)."""
+    """The control inbox and the Smart Turn job lane of worker ``index`` (see the module's invariants)."""
 
-    index: int
-    cfg: WorkersConfig
-    sock: Any
-    guard: DecodeGuard
-    stats: TickStats
-    calls: dict[str, Call]
-    smart: SmartTurnModel | None
-    jobs: JobLane | None
-    extra_lanes: dict[str, JobLane]
-    job_handlers: dict[str, Callable[[Job], Frame]]
-    tick_s: float
-    _hot: dict[str, int]
+    def __init__(self, index: int, cfg: WorkersConfig, stats: TickStats, guard: DecodeGuard,
+                 attached: AttachedCalls, realtime: RealtimeLane, send: Callable[[bytes, bytes], bool],
+                 extra_lanes: dict[str, JobLane], handlers: Mapping[type, Handler]) -> None:
+        self.index = index
+        self.cfg = cfg
+        self.stats = stats
+        self.guard = guard
+        self.attached = attached
+        self.calls = attached.calls
+        self.realtime = realtime
+        self._send = send
+        self.extra_lanes = extra_lanes
+        self.smart: SmartTurnModel | None = None
+        self.jobs: JobLane | None = None
+        # job kind -> handler run on a job-lane thread (returns the reply frame)
+        self.job_handlers: dict[str, Callable[[Job], Frame]] = {"smart_turn": self._smart_turn_job}
+        self.handlers: dict[type, Handler] = {
+            **handlers,
+            AttachCall: self._on_attach,
+            DetachCall: self._on_detach,
+            SubscriberHello: self._on_hello,
+            SmartTurnRequest: self.smart_turn,
+            TtsUtterance: self._on_tts_utterance,
+            TtsCut: self._on_tts_cut,
+        }
 
-    if TYPE_CHECKING:  # from the other parts of the worker
-        def attach(self, f: AttachCall) -> Frame: ...
-        def detach(self, call_id: str) -> bool: ...
-        def retire(self, subscriber: str, incarnation: str) -> int: ...
-        def _serve_hot(self) -> None: ...
-        def _send_out_utterance(self, c: Call, utterance: int, epoch: int, out_pos: int) -> None: ...
+    def load(self, smart: SmartTurnModel | None, jobs: JobLane) -> None:
+        """The Smart Turn model (None: disabled) and the job lane its analyses run on."""
+        self.smart = smart
+        self.jobs = jobs
 
-    def _drain_inbox(self) -> None:
+    def drain_inbox(self, sock: Any) -> None:
+        """Handle what waits in the inbox ``sock`` (at most 1000 frames), answering each request."""
         for _ in range(1000):
             try:
-                parts = self.sock.recv_multipart(zmq.NOBLOCK)
+                parts = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
             if len(parts) != 2:
@@ -101,54 +129,37 @@ class RequestDispatch:
             if reply is not None:
                 self._send(parts[0], encode(reply, cid=cid))
 
-    def _send(self, ident: bytes, payload: bytes) -> bool:
-        try:
-            self.sock.send_multipart([ident, payload], zmq.NOBLOCK)
-            return True
-        except zmq.ZMQError:
-            self.stats.send_failed += 1
-            return False
-
-    def _error(self, kind: str, detail: str, call_id: str = "") -> ErrorReply:
-        self.stats.errors[kind] = self.stats.errors.get(kind, 0) + 1
-        return ErrorReply(kind=kind, detail=detail, call_id=call_id)
-
     def handle(self, ident: bytes, frame: Frame, cid: int | str | None = None) -> Frame | None:
         """One control frame -> its reply (None: nothing to answer)."""
-        handler = FRAME_HANDLERS.get(type(frame))
+        handler = self.handlers.get(type(frame))
         if handler is None:
             self.guard.unexpected(frame)
-            return self._error("unsupported", f"worker does not serve {frame.TYPE}")
-        return handler(self, ident, cid, frame)
+            return self.stats.error("unsupported", f"worker does not serve {frame.TYPE}")
+        return handler(ident, cid, frame)
 
     def _on_attach(self, ident: bytes, cid: int | str | None, f: AttachCall) -> Frame | None:
-        return self.attach(f)
+        return self.attached.attach(f)
 
     def _on_detach(self, ident: bytes, cid: int | str | None, f: DetachCall) -> Frame | None:
-        self.detach(f.call_id)
+        self.attached.detach(f.call_id)
         return Detached(call_id=f.call_id)
 
     def _on_hello(self, ident: bytes, cid: int | str | None, f: SubscriberHello) -> Frame | None:
         """The sender's identity is now ``f.incarnation``: its other incarnations' calls go."""
-        self.retire(ident.decode("utf-8", "replace"), f.incarnation)
+        self.attached.retire(ident.decode("utf-8", "replace"), f.incarnation)
         return None
 
     def _on_tts_utterance(self, ident: bytes, cid: int | str | None, f: TtsUtterance) -> Frame | None:
         c = self.calls.get(f.call_id)
         if c is None:
-            return self._error("unknown_call", "tts_utterance for a call not attached here", f.call_id)
-        placed = c.out.announce(f.utterance, f.epoch, f.tts_pos)
-        if placed is not None:  # its audio was already converted
-            self._send_out_utterance(c, placed.utterance, placed.epoch, placed.out_pos)
-        elif c.out.next_start() >= 0:
-            self._hot[c.call_id] = time.monotonic_ns() + int(self.tick_s * 1e9)
-            self._serve_hot()
+            return self.stats.error("unknown_call", "tts_utterance for a call not attached here", f.call_id)
+        self.realtime.announce(c, f.utterance, f.epoch, f.tts_pos)
         return None
 
     def _on_tts_cut(self, ident: bytes, cid: int | str | None, f: TtsCut) -> Frame | None:
         c = self.calls.get(f.call_id)
         if c is None:
-            return self._error("unknown_call", "tts_cut for a call not attached here", f.call_id)
+            return self.stats.error("unknown_call", "tts_cut for a call not attached here", f.call_id)
         c.out.cut(f.epoch, f.tts_pos)
         return None
 
@@ -157,17 +168,17 @@ class RequestDispatch:
     def smart_turn(self, ident: bytes, cid: int | str | None, f: SmartTurnRequest) -> Frame | None:
         c = self.calls.get(f.call_id)
         if c is None:
-            return self._error("unknown_call", "smart_turn for a call not attached here", f.call_id)
+            return self.stats.error("unknown_call", "smart_turn for a call not attached here", f.call_id)
         w = c.inp.out_pos
         cap = c.rings["in16"].capacity
         if f.end_pos <= 0 or f.end_pos > w or f.end_pos < w - cap:
-            return self._error("bad_range", f"end_pos {f.end_pos} outside the in16 ring's "
-                               f"[{max(0, w - cap)}, {w}]", f.call_id)
+            return self.stats.error("bad_range", f"end_pos {f.end_pos} outside the in16 ring's "
+                                    f"[{max(0, w - cap)}, {w}]", f.call_id)
         now = time.monotonic_ns()
         if f.deadline_ns <= now:
-            return self._error("expired", "deadline already passed", f.call_id)
+            return self.stats.error("expired", "deadline already passed", f.call_id)
         if self.smart is None or self.jobs is None:
-            return self._error("unsupported", "smart turn is disabled on this worker", f.call_id)
+            return self.stats.error("unsupported", "smart turn is disabled on this worker", f.call_id)
         # queue order: when the turn ended (the in16 sample end_pos, dated back from the ring's
         # write position); a newer request for the same call supersedes a queued older one
         turn_end_ns = now - (w - f.end_pos) * 1_000_000_000 // RATE
@@ -175,10 +186,10 @@ class RequestDispatch:
                   self.cfg.job_timeout_ms * 1_000_000, {"ring": c.in16_name, "end_pos": f.end_pos},
                   received_ns=now, order_ns=max(1, turn_end_ns), supersede=("smart_turn", ident, f.call_id))
         if not self.jobs.submit(job):
-            return self._error("busy", f"job queue full ({self.jobs.capacity})", f.call_id)
+            return self.stats.error("busy", f"job queue full ({self.jobs.capacity})", f.call_id)
         return None
 
-    def _run_job(self, job: Job) -> Frame:
+    def run_job(self, job: Job) -> Frame:
         """Job-lane thread: dispatch on the job's kind (local STT/TTS/LLM jobs register here)."""
         handler = self.job_handlers.get(job.kind)
         if handler is None:
@@ -199,7 +210,8 @@ class RequestDispatch:
                                queued_us=(job.started_ns - job.received_ns) // 1000,
                                took_us=v.features_us + v.inference_us)
 
-    def _send_job_results(self) -> None:
+    def send_job_results(self) -> None:
+        """Send what every job lane finished (and answer the jobs that ran over their timeout)."""
         done: list[JobDone] = []
         for jobs in (self.jobs, *self.extra_lanes.values()):
             if jobs is None:
@@ -212,13 +224,3 @@ class RequestDispatch:
             if isinstance(d.reply, ErrorReply):
                 self.stats.errors[d.reply.kind] = self.stats.errors.get(d.reply.kind, 0) + 1
             self._send(ident, encode(d.reply, cid=cid) if d.final else encode(d.reply))
-
-
-FRAME_HANDLERS.update({
-    AttachCall: RequestDispatch._on_attach,
-    DetachCall: RequestDispatch._on_detach,
-    SubscriberHello: RequestDispatch._on_hello,
-    SmartTurnRequest: RequestDispatch.smart_turn,
-    TtsUtterance: RequestDispatch._on_tts_utterance,
-    TtsCut: RequestDispatch._on_tts_cut,
-})

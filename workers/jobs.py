@@ -78,11 +78,12 @@ class JobDone:
     final: bool = True  # False: a streamed frame (JobLane.emit), sent without the correlation id
 
 
-# -- the worker's dispatch table, and hooks for job kinds served by other modules ------------
-# FRAME_HANDLERS: the worker's ONE dispatch table, a request frame type ->
-# ``handler(worker, ident, cid, frame) -> Frame | None`` (called on the worker's main thread by
-# Worker.handle; filled by workers/dispatch.py and workers/local_jobs.py). DETACH_HOOKS run with
-# ``(worker, call_id)`` when a call is detached, CLOSE_HOOKS with ``(worker,)`` at close.
+# -- request frames and hooks of job kinds served by other modules -------------------------
+# FRAME_HANDLERS: a request frame type -> ``handler(worker, ident, cid, frame) -> Frame | None``
+# for the frames another module serves (filled by workers/local_jobs.py at import); a Worker
+# binds each to itself into its dispatch's ONE table (RequestDispatch.handlers, workers/
+# dispatch.py), called on the worker's main thread. DETACH_HOOKS run with ``(worker, call_id)``
+# when a call is detached, CLOSE_HOOKS with ``(worker,)`` at close.
 FRAME_HANDLERS: dict[type, Callable[..., Frame | None]] = {}
 DETACH_HOOKS: list[Callable[..., None]] = []
 CLOSE_HOOKS: list[Callable[..., None]] = []

@@ -92,7 +92,7 @@ def _local(worker: Any) -> _Local:
 def _lane(worker: Any, kind: str) -> JobLane:
     lane: JobLane | None = worker.extra_lanes.get(kind)
     if lane is None:
-        lane = JobLane(kind, lambda job: _RUNNERS[job.kind](worker, job), worker._notify, threads=1,
+        lane = JobLane(kind, lambda job: _RUNNERS[job.kind](worker, job), worker.notify, threads=1,
                        capacity=LANE_CAPACITY)
         lane.start()
         worker.extra_lanes[kind] = lane
@@ -118,7 +118,7 @@ def _model_paths(st: _Local, kind: str, llm: str = "") -> dict[str, Path] | str:
 
 
 def _err(worker: Any, kind: str, detail: str, call_id: str) -> ErrorReply:
-    return worker._error(kind, detail, call_id)
+    return worker.stats.error(kind, detail, call_id)
 
 
 # -- request handlers (worker main thread) ------------------------------------------------------

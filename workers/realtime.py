@@ -1,7 +1,13 @@
 """The inference worker's realtime lane: the tick loop with batched VAD, and hot output.
 
-Owns :class:`RealtimeLane` (mixed into :class:`workers.core.Worker`) and its
-counters (:class:`TickStats`):
+Owns :class:`RealtimeLane` (held by :class:`workers.core.Worker`): the
+tick's own state (the hot set, the VAD batch scratch, the tick sequence, when
+each subscriber last heard from the worker). It is handed what it works on
+explicitly: the attached calls (:class:`workers.call_table.AttachedCalls`:
+their ``calls`` and ``by_sub``, read every tick, and ``detach`` for orphans),
+the worker's counters (:class:`workers.stats.TickStats`), the worker's
+non-blocking ``send`` and, at :meth:`RealtimeLane.load`, the Silero model.
+It runs:
 
 * the **tick**, one every ``tick_ms`` on the main thread: convert ``in`` ->
   ``in16`` (:class:`workers.resample.InputChain`) for every call whose next
@@ -38,14 +44,16 @@ Invariants (failure behaviour):
 * Every subscriber hears from the worker at least every 100 ms (an empty tick
   as a keepalive); one that stays unreachable for ``orphan_timeout_s`` has its
   calls detached.
+* No tick before :meth:`RealtimeLane.load` (the batch scratch is sized for
+  ``max_calls`` there, once: the tick allocates no batch buffers).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -60,66 +68,47 @@ from ipc.tick_events import (
     VadRecovered,
     to_wire,
 )
-from workers.call_table import Call
+from workers.call_table import AttachedCalls, Call
 from workers.config import VadConfig, WorkersConfig
-from workers.vad import WINDOW, SileroBatch, VadEvent, VadStream, refine_start, refine_stop
+from workers.stats import TickStats
+from workers.vad import WINDOW, WINDOW8, SileroBatch, VadEvent, VadStream, refine_start, refine_stop
 
 log = logging.getLogger("brisvox.workers")
 
 SCALE = np.float32(1.0 / 32768.0)
 
 
-@dataclass
-class TickStats:
-    """Counters of the realtime lane (exported with each pong and read by the bench)."""
-
-    ticks: int = 0
-    overruns: int = 0  # ticks that started more than one interval late
-    vad_runs: int = 0
-    vad_rows: int = 0
-    vad_failures: int = 0
-    failed_open: int = 0
-    recoveries: int = 0
-    gaps: int = 0
-    pend_overflows: int = 0
-    events: int = 0
-    send_failed: int = 0
-    orphan_detaches: int = 0
-    retired_calls: int = 0  # calls detached because their subscriber came back as a new process
-    retirements: int = 0  # how many times that happened (one log line each)
-    tick_ns: int = 0  # wall time inside ticks
-    tick_cpu_ns: int = 0  # CPU time of the tick thread inside ticks, and per phase:
-    input_ns: int = 0
-    vad_ns: int = 0
-    output_ns: int = 0
-    send_ns: int = 0
-    tick_max_ns: int = 0
-    out_nudges: int = 0  # utterance starts converted and announced outside a tick
-    nudge_ns: int = 0  # CPU time of those conversions
-    errors: dict[str, int] = field(default_factory=dict)
-
-
 class RealtimeLane:
-    """The tick and the hot-output path (state set by ``Worker.__init__``)."""
+    """The tick and the hot-output path of worker ``index`` (see the module's invariants)."""
 
-    index: int
-    cfg: WorkersConfig
-    vad_cfg: VadConfig
-    silero: SileroBatch | None
-    calls: dict[str, Call]
-    by_sub: dict[str, list[Call]]
-    stats: TickStats
-    seq: int
-    fresh_ns: int
-    keepalive_ns: int
-    _hot: dict[str, int]
-    _last_pub: dict[str, int]
-    _unroutable: dict[str, int]
-    _scratch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]
+    def __init__(self, index: int, cfg: WorkersConfig, vad: VadConfig, attached: AttachedCalls,
+                 stats: TickStats, send: Callable[[bytes, bytes], bool]) -> None:
+        self.index = index
+        self.cfg = cfg
+        self.vad_cfg = vad
+        self.calls = attached.calls  # the same dicts as the attached calls' (never rebound)
+        self.by_sub = attached.by_sub
+        self._detach = attached.detach
+        self.stats = stats
+        self._send = send
+        self.silero: SileroBatch | None = None
+        self.seq = 0
+        self.tick_s = cfg.tick_ms / 1000.0
+        self.fresh_ns = cfg.fresh_ms * 1_000_000
+        self.keepalive_ns = 100 * 1_000_000
+        self._last_pub: dict[str, int] = {}
+        self._unroutable: dict[str, int] = {}
+        # call_id -> deadline (monotonic ns): an announced utterance waits for its first audio
+        # (read by the worker's loop: while any, it polls every millisecond)
+        self.hot: dict[str, int] = {}
+        # batch scratch per VAD window width (16 kHz, native 8 kHz), sized for max_calls at load()
+        self._scratch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    if TYPE_CHECKING:  # from the other parts of the worker
-        def _send(self, ident: bytes, payload: bytes) -> bool: ...
-        def detach(self, call_id: str) -> bool: ...
+    def load(self, silero: SileroBatch, capacity: int) -> None:
+        """The loaded VAD model, and batch scratch for ``capacity`` calls."""
+        self.silero = silero
+        self._scratch = {w: (np.zeros(capacity, dtype=np.intp), np.zeros((capacity, w), dtype=np.int16),
+                             np.zeros((capacity, w), dtype=np.float32)) for w in (WINDOW, WINDOW8)}
 
     def tick(self) -> None:
         st = self.stats
@@ -148,8 +137,8 @@ class RealtimeLane:
             if out.src.write_pos > out.tts_pos:  # new tts audio (most calls are silent most ticks)
                 for u in out.step():
                     self._send_out_utterance(c, u.utterance, u.epoch, u.out_pos)
-        if self._hot:
-            self._hot = {k: v for k, v in self._hot.items() if k in self.calls and self.calls[k].out.next_start() >= 0}
+        if self.hot:
+            self.hot = {k: v for k, v in self.hot.items() if k in self.calls and self.calls[k].out.next_start() >= 0}
         c3 = cpu()
         self._publish()
         c4 = cpu()
@@ -354,14 +343,24 @@ class RealtimeLane:
         elif was_probe:
             log.info("call %s: VAD recovery probe failed", c.call_id)
 
-    def _serve_hot(self) -> None:
+    def announce(self, c: Call, utterance: int, epoch: int, tts_pos: int) -> None:
+        """A TtsUtterance for ``c``: announced at once when its audio was already converted,
+        else the call turns hot until its first audio lands (at most one tick)."""
+        placed = c.out.announce(utterance, epoch, tts_pos)
+        if placed is not None:  # its audio was already converted
+            self._send_out_utterance(c, placed.utterance, placed.epoch, placed.out_pos)
+        elif c.out.next_start() >= 0:
+            self.hot[c.call_id] = time.monotonic_ns() + int(self.tick_s * 1e9)
+            self.serve_hot()
+
+    def serve_hot(self) -> None:
         """Convert the output of calls whose announced utterance got its first audio, now
         (outside the tick), and announce it. A call leaves the hot set once its start is
         placed, when it is gone, or after one tick (the tick converts it anyway)."""
         now = time.monotonic_ns()
         cpu0 = time.thread_time_ns()
         done: list[str] = []
-        for call_id, deadline in self._hot.items():
+        for call_id, deadline in self.hot.items():
             c = self.calls.get(call_id)
             b = c.out.next_start() if c is not None else -1
             if c is None or b < 0:
@@ -377,7 +376,7 @@ class RealtimeLane:
             elif now >= deadline:
                 done.append(call_id)
         for call_id in done:
-            self._hot.pop(call_id, None)
+            self.hot.pop(call_id, None)
         self.stats.nudge_ns += time.thread_time_ns() - cpu0
 
     def _send_out_utterance(self, c: Call, utterance: int, epoch: int, out_pos: int) -> None:
@@ -418,5 +417,5 @@ class RealtimeLane:
             for c in list(self.by_sub.get(sub, [])):
                 log.warning("detaching call %s: subscriber %s unreachable", c.call_id, sub)
                 self.stats.orphan_detaches += 1
-                self.detach(c.call_id)
+                self._detach(c.call_id)
             self._unroutable.pop(sub, None)

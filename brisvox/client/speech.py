@@ -7,7 +7,7 @@ last loud sample, not from the end of the file):
 * a WAV (any rate, mono or the first channel) is read with soundfile and
   resampled with soxr (VHQ: offline, quality over delay);
 * a text is synthesized by the Piper joe voice through the worker's Piper
-  host (:class:`workers.local_tts.PiperRunner`, a subprocess: piper-tts is
+  host (:class:`workers.api.PiperRunner`, a subprocess: piper-tts is
   GPL and stays out of this process), or by espeak-ng run as a subprocess
   when Piper or its model is not installed (or ``voice="espeak"``).
 
@@ -131,8 +131,7 @@ class Voice:
 
     def _piper_runner(self) -> Any:
         if self._piper is None:
-            from workers.local_tts import PiperRunner
-            from workers.models import locate
+            from workers.api import PiperRunner, locate
 
             self._piper = PiperRunner(locate("piper_joe", self.models_dir),
                                       locate("piper_joe_config", self.models_dir))

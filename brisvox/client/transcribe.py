@@ -1,7 +1,7 @@
 """Turn the bot's (or a recorded caller's) audio back into text, locally: Whisper tiny.en.
 
 Owns the client's use of the worker's Whisper runner
-(:class:`workers.local_stt.WhisperRunner`: faster-whisper, int8, one thread,
+(:class:`workers.api.WhisperRunner`: faster-whisper, int8, one thread,
 loaded once on first use): audio at any rate is resampled to 16 kHz and cut
 into pieces of at most ``PIECE_S`` seconds (Whisper's window is 30 s), each
 transcribed and the texts joined. The runner trims each piece to its voiced
@@ -36,8 +36,7 @@ class Transcriber:
                 import faster_whisper  # noqa: F401
             except ImportError:
                 raise TranscribeError("faster-whisper is not installed: pip install -e '.[local]'") from None
-            from workers.local_stt import WhisperRunner
-            from workers.models import ModelError, locate
+            from workers.api import ModelError, WhisperRunner, locate
 
             try:
                 path = locate("whisper_tiny_en", self.models_dir)

@@ -112,8 +112,8 @@ class CoreRig:
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             self.w.sock.poll(50)
-            self.w._drain_inbox()
-            self.w._send_job_results()
+            self.w.dispatch.drain_inbox(self.w.sock)
+            self.w.dispatch.send_job_results()
             if self.sub.poll(20):
                 f = decode(self.sub.recv())
                 if not isinstance(f, WorkerTick):
@@ -129,7 +129,7 @@ class CoreRig:
         events = []
         for k in range(0, len(x) - step + 1, step):
             self.rings["in"].write(x[k : k + step])
-            self.w.tick()
+            self.w.realtime.tick()
             while self.sub.poll(0):
                 f = decode(self.sub.recv())
                 if isinstance(f, WorkerTick):

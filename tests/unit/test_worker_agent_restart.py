@@ -1,7 +1,7 @@
 """A restarted agent process keeps its identity (``agent-0``) but not its incarnation:
 the worker retires the dead incarnation's calls at once.
 
-* On the worker's call table and dispatch (no sockets): a second incarnation's
+* On the worker's attached calls and dispatch (no sockets): a second incarnation's
   SubscriberHello (or AttachCall) detaches every call the first attached and
   unmaps its rings (which the gateway already unlinked: they would otherwise
   stay mapped as deleted segments); the same incarnation's hello again (a
@@ -55,7 +55,7 @@ def table(shm_clean):
 
     def attach(call_id: str, sub: str, inc: str) -> None:
         made[call_id] = create_call_rings(shm_clean, call_id, 8000, 16000, seconds=1.0)
-        r = w.attach(AttachCall(call_id=call_id, subscriber=sub, instance=shm_clean, call_rate=8000,
+        r = w.attached.attach(AttachCall(call_id=call_id, subscriber=sub, instance=shm_clean, call_rate=8000,
                                 tts_rate=16000, incarnation=inc))
         assert isinstance(r, Attached), r
 
@@ -77,20 +77,20 @@ def test_a_new_incarnations_hello_retires_the_old_ones_calls_and_unmaps_their_ri
     for c in ("a1", "a2", "b1"):
         release(c)  # the gateway ended the calls (the agent died) and unlinked the rings
     assert mapped(old) == old  # only the worker maps them now: deleted segments, still mapped
-    assert w.handle(b"agent-0", SubscriberHello(incarnation="inc-1")) is None  # a reconnect
+    assert w.dispatch.handle(b"agent-0", SubscriberHello(incarnation="inc-1")) is None  # a reconnect
     assert set(w.calls) == {"a1", "a2", "b1"}
     with caplog.at_level(logging.WARNING, logger="brisvox.workers"):
-        w.handle(b"agent-0", SubscriberHello(incarnation="inc-2"))  # the restarted process
-    assert set(w.calls) == {"b1"} and set(w.by_sub) == {"agent-1"}
+        w.dispatch.handle(b"agent-0", SubscriberHello(incarnation="inc-2"))  # the restarted process
+    assert set(w.calls) == {"b1"} and set(w.attached.by_sub) == {"agent-1"}
     assert mapped(old) == set()
     assert mapped(ring_names(inst, "b1")) == ring_names(inst, "b1")  # other agents untouched
-    assert len(w.free_slots) == 7
+    assert len(w.attached.free_slots) == 7
     assert (w.stats.retired_calls, w.stats.retirements) == (2, 1)
     lines = [r.getMessage() for r in caplog.records if "previous incarnation" in r.getMessage()]
     assert len(lines) == 1 and "detached the 2 calls" in lines[0] and "agent-0" in lines[0]
     assert w.report_stats()["calls_by_subscriber"] == {"agent-1": 1}
-    w.handle(b"agent-0", SubscriberHello(incarnation="inc-2"))  # nothing left to retire
-    w.handle(b"agent-1", SubscriberHello(incarnation=""))  # says nothing: retires nothing
+    w.dispatch.handle(b"agent-0", SubscriberHello(incarnation="inc-2"))  # nothing left to retire
+    w.dispatch.handle(b"agent-1", SubscriberHello(incarnation=""))  # says nothing: retires nothing
     assert set(w.calls) == {"b1"} and w.stats.retirements == 1
 
 

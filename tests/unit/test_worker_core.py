@@ -112,13 +112,13 @@ class Rig:
         self.cid += 1
         self.sub.send(encode(frame, cid=self.cid))
         assert self.w.sock.poll(2000)
-        self.w._drain_inbox()
+        self.w.dispatch.drain_inbox(self.w.sock)
         return self.recv(lambda f: not isinstance(f, WorkerTick))
 
     def send(self, frame) -> None:
         self.sub.send(encode(frame))
         assert self.w.sock.poll(2000)
-        self.w._drain_inbox()
+        self.w.dispatch.drain_inbox(self.w.sock)
 
     def recv(self, want=lambda f: True, timeout_ms: int = 2000):
         deadline = time.monotonic() + timeout_ms / 1000
@@ -141,7 +141,7 @@ class Rig:
     def tick(self) -> Tick:
         """One worker tick: what its WorkerTicks carried, events typed (ticks go out only
         with news: an empty tick here means nothing was sent)."""
-        self.w.tick()
+        self.w.realtime.tick()
         t = Tick()
         while self.sub.poll(5):
             f = decode(self.sub.recv())
@@ -283,7 +283,7 @@ def test_bad_requests_get_typed_errors_and_the_worker_keeps_serving(rig):
     rig.sub.send(b'{"type": "attach_call", "call_id": 5}')
     assert rig.w.sock.poll(2000)
     time.sleep(0.05)
-    rig.w._drain_inbox()
+    rig.w.dispatch.drain_inbox(rig.w.sock)
     assert rig.w.guard.dropped == 2
     # still serving: the good call keeps getting VAD events
     evs = rig.run({"ok": speech(0, 400, 400)})
@@ -370,9 +370,9 @@ def test_detach_stops_serving_and_unmaps(rig):
     rig.attach("a")
     rep = rig.request(DetachCall(call_id="a"))
     assert isinstance(rep, Detached) and "a" not in rig.w.calls
-    assert rig.w.free_slots.count(0) == 1 or len(rig.w.free_slots) == 8
-    rig.w.tick()
-    assert rig.w.by_sub == {}
+    assert rig.w.attached.free_slots.count(0) == 1 or len(rig.w.attached.free_slots) == 8
+    rig.w.realtime.tick()
+    assert rig.w.attached.by_sub == {}
 
 
 def test_attach_is_idempotent(rig):
@@ -388,7 +388,7 @@ def test_calls_of_an_unreachable_subscriber_are_detached(rig):
     assert isinstance(r, Attached)
     deadline = time.monotonic() + 3
     while "a" in rig.w.calls and time.monotonic() < deadline:
-        rig.w.tick()
+        rig.w.realtime.tick()
         time.sleep(0.02)
     assert "a" not in rig.w.calls and rig.w.stats.orphan_detaches == 1
 
@@ -413,20 +413,20 @@ def test_tts_utterances_are_placed_on_the_out_ring_and_reported(rig):
     rig.send(TtsUtterance(call_id="a", utterance=1, epoch=1, tts_pos=0))
     assert _no_out_utterance(rig)
     tts.write(np.full(3200, 1000, dtype=np.int16))
-    rig.w.tick()
+    rig.w.realtime.tick()
     got = rig.recv(lambda f: isinstance(f, OutUtterance))
     assert (got.utterance, got.out_pos) == (1, 0)
     rig.recv(lambda f: isinstance(f, OutUtterance))  # the gateway copy
     rig.send(TtsUtterance(call_id="a", utterance=2, epoch=1, tts_pos=3200))
     tts.write(np.full(1600, 1000, dtype=np.int16))
-    rig.w.tick()
+    rig.w.realtime.tick()
     got = rig.recv(lambda f: isinstance(f, OutUtterance))
     assert (got.utterance, got.out_pos) == (2, 1600)
     rig.recv(lambda f: isinstance(f, OutUtterance))  # the gateway copy
     rig.send(TtsCut(call_id="a", epoch=1, tts_pos=tts.write_pos))
     out_w = out.write_pos
     tts.write(np.full(1600, 1000, dtype=np.int16))
-    rig.w.tick()
+    rig.w.realtime.tick()
     assert out.write_pos - out_w == pytest.approx(800, abs=4)
     r = rig.request(TtsCut(call_id="zzz", epoch=1, tts_pos=0))
     assert isinstance(r, ErrorReply) and r.kind == "unknown_call"
@@ -460,7 +460,7 @@ def test_an_utterance_announced_before_its_audio_goes_out_as_soon_as_the_audio_l
     import threading
 
     _attach_with_gateway(rig)
-    rig.w.tick_s = 0.3  # a tick far away: only the loop's watch can announce in time
+    rig.w.realtime.tick_s = 0.3  # a tick far away: only the loop's watch can announce in time
     tts, out = rig.rings["a"]["tts"], rig.rings["a"]["out"]
     stop = threading.Event()
     loop = threading.Thread(target=rig.w.run, args=(stop,), daemon=True)
@@ -500,8 +500,8 @@ def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_qu
     a newer request for the same call replaces its queued older one (answered ``superseded``)."""
     from workers.jobs import JobLane
 
-    lane = JobLane("jobs", rig.w._run_job, rig.w._notify, threads=1, capacity=8)  # not started: jobs stay queued
-    rig.w.jobs, rig.w.smart = lane, object()  # type: ignore[assignment]
+    lane = JobLane("jobs", rig.w.dispatch.run_job, rig.w.notify, threads=1, capacity=8)  # not started: jobs stay queued
+    rig.w.dispatch.jobs, rig.w.dispatch.smart = lane, object()  # type: ignore[assignment]
     for c in ("a", "b"):
         rig.call(c)
         assert isinstance(rig.attach(c), Attached)
@@ -511,12 +511,12 @@ def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_qu
         rig.cid += 1
         rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=far), cid=rig.cid))
         assert rig.w.sock.poll(2000)
-        rig.w._drain_inbox()
+        rig.w.dispatch.drain_inbox(rig.w.sock)
     queued = sorted(lane._queue)
     assert [(j.call_id, j.args["end_pos"]) for _, _, j in queued] == [("b", 800), ("a", 6400)]
     assert queued[0][0] < queued[1][0]  # b's turn ended 350 ms before a's newer request's
-    rig.w._send_job_results()
+    rig.w.dispatch.send_job_results()
     r = rig.recv(lambda f: isinstance(f, ErrorReply))
     assert r.kind == "superseded" and r.call_id == "a" and lane.counters["superseded"] == 1
     assert rig.w.stats.errors.get("superseded") == 1
-    rig.w.jobs = None
+    rig.w.dispatch.jobs = None
