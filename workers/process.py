@@ -21,6 +21,8 @@ import sys
 import threading
 from typing import Any
 
+from brisvox.runtime.child_runtime import ChildRuntime
+
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -40,7 +42,7 @@ def _models(models_dir: str | None, smart_turn: bool) -> Any:
     return WorkerModels(silero=silero, smart_turn=st)
 
 
-def main(rt: Any) -> int:
+def main(rt: ChildRuntime) -> int:
     """Role main under brisvoxd (``brisvox/daemon/roles.py``)."""
     from brisvox.runtime import exitcodes
     from workers.core import Worker

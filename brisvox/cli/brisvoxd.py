@@ -106,13 +106,19 @@ def _wait_gone(rdir: Path, timeout: float) -> bool:
 
 def cmd_start(args: argparse.Namespace) -> int:
     from brisvox.daemon.arbiter import Arbiter
-    from brisvox.runtime.paths import AlreadyRunning, PidLock, prepare_dirs, restrict_umask
+    from brisvox.runtime.paths import (
+        AlreadyRunning,
+        PathError,
+        PidLock,
+        prepare_dirs,
+        restrict_umask,
+    )
 
     restrict_umask()  # first: the runtime dir, pid file, log file and every child's files are owner-only
     try:
         cfg = _load(args).with_counts(args.workers, args.agents)
         rdir, sdir = prepare_dirs(cfg)
-    except ConfigError as e:
+    except (ConfigError, PathError) as e:
         _err(f"configuration error: {e}")
         return exitcodes.CONFIG
     lock = PidLock(rdir)
@@ -344,7 +350,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from brisvox.agent.host.config import check_referenced_agents
     from brisvox.config.audit import audit
     from brisvox.config.secrets import deferred
-    from brisvox.runtime.paths import check_endpoint_lengths, runtime_dir
+    from brisvox.runtime.paths import PathError, check_endpoint_lengths, runtime_dir
 
     if is_agent_file(args.file):
         return check_main(args.file)
@@ -352,7 +358,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         with deferred() as unresolved:  # offline: the service's env and credentials are not here
             cfg = load_config(args.file)
         check_endpoint_lengths(runtime_dir(cfg), cfg)
-    except ConfigError as e:
+    except (ConfigError, PathError) as e:
         _err(f"configuration error: {e}")
         return exitcodes.CONFIG
     errors, warnings = check_referenced_agents(cfg)

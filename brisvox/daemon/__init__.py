@@ -1,11 +1,14 @@
 """The brisvoxd supervisor and what its children share with it.
 
-Modules, in the order a reader meets them: ``arbiter`` (the master loop) and
-its parts ``child_table`` (spawn, reap, the child channel), ``health`` (the
-timers: pings, hung children, restarts, memory), ``shutdown`` (the phased
-stop) and ``command_plane`` (commands, reload, status and HTTP views),
-``slots`` (process table and restart policy, pure), ``child`` (fork, child
-setup, :class:`~brisvox.daemon.child.ChildRuntime`), ``roles`` (role -> main),
+Modules, in the order a reader meets them: ``arbiter`` (the master loop, the
+daemon's state, commands, reload) and the collaborators it holds:
+``child_table`` (the slots, spawn, reap, the child channel), ``health``
+(pings, hung children, handshake timeouts, memory), ``shutdown`` (the phased
+stop) and ``command_plane`` (control.sock, the config reload); ``views``
+(status line, status rows, ``/healthz``, pure), ``slots`` (process table and
+restart policy, pure), ``child`` (fork, child setup,
+:class:`~brisvox.daemon.child.ForkedChildRuntime`, the implementation of
+:class:`~brisvox.runtime.child_runtime.ChildRuntime`), ``roles`` (role -> main),
 ``minimal`` (the placeholder role main), ``logs`` (JSON lines, forwarding),
 ``sdnotify``, ``httpd`` and ``metrics`` (``/metrics``, ``/healthz``),
 ``procutil`` (prctl, fds, PSS). The exit codes and the runtime paths (runtime

@@ -1,9 +1,11 @@
-"""The child side of the supervisor: fork, process setup, and :class:`ChildRuntime`.
+"""The child side of the supervisor: fork, process setup, and :class:`ForkedChildRuntime`.
 
 Owns everything a child process of brisvoxd does that is not its role's work:
 the fork itself (:func:`spawn`), making the forked process clean and safe
 (:func:`_child_entry`), the control channel to the supervisor (a DEALER
-served by one control thread), and the API a role main sees::
+served by one control thread), and the API a role main sees, the
+:class:`~brisvox.runtime.child_runtime.ChildRuntime` protocol, which
+:class:`ForkedChildRuntime` implements::
 
     def main(rt: ChildRuntime) -> int: ...   # registered in brisvox/daemon/roles.py
 
@@ -15,7 +17,7 @@ installed, and closes every inherited file descriptor except 0, 1, 2 (``/proc/se
 supervisor's Python objects stay referenced on the forked stack until ``os._exit``, so they are
 never finalised in the child; pyzmq's own objects are inert in a process whose pid differs from
 their creator's (their close/term are no-ops there). The child then makes its own context
-(:meth:`ChildRuntime.zmq_context`). It never returns into the supervisor's code: it always
+(:meth:`ForkedChildRuntime.zmq_context`). It never returns into the supervisor's code: it always
 leaves through ``os._exit``.
 
 Control channel. The runtime's DEALER (identity ``<role>-<index>:<pid>``) connects to the
@@ -55,6 +57,7 @@ from typing import Any, NoReturn
 from brisvox.config.daemon import DaemonConfig
 from brisvox.config.errors import ConfigError
 from brisvox.runtime import exitcodes
+from brisvox.runtime.child_runtime import ChildRuntime
 
 log = logging.getLogger("brisvox.child")
 
@@ -115,11 +118,13 @@ class ChildSpec:
 
 
 class ChildExit(SystemExit):
-    """Raised by :meth:`ChildRuntime.fail`; carries the exit code out of a role main."""
+    """Raised by :meth:`ForkedChildRuntime.fail`; carries the exit code out of a role main."""
 
 
-class ChildRuntime:
-    """What a role main gets. Create through :func:`spawn` (or directly in tests).
+class ForkedChildRuntime:
+    """What a role main gets in a forked child of brisvoxd (a
+    :class:`~brisvox.runtime.child_runtime.ChildRuntime`). Create through
+    :func:`spawn` (or directly in tests).
 
     Attributes: ``role``, ``index``, ``name`` (``worker-1``), ``pid``,
     ``config`` (:class:`DaemonConfig`), ``runtime_dir`` (Path), ``instance``
@@ -509,7 +514,7 @@ class ChildRuntime:
 
 # -- process setup -------------------------------------------------------------
 
-_RUNTIME: ChildRuntime | None = None
+_RUNTIME: ForkedChildRuntime | None = None
 
 
 def _hard_exit(code: int) -> NoReturn:
@@ -571,7 +576,7 @@ def _child_entry(spec: ChildSpec) -> NoReturn:
         # through the supervisor's pipe always JSON: it renders text for a terminal itself
         setup_logging(spec.role, spec.name, lg.level, "json" if spec.log_fd >= 0 else lg.format)
         faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
-        rt = ChildRuntime(spec)
+        rt = ForkedChildRuntime(spec)
         _RUNTIME = rt
         rt.start()
         log.debug("child started (main %s)", spec.main_ref)

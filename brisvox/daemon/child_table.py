@@ -1,14 +1,22 @@
-"""The supervisor's child table: spawn, reap, the child channel (a part of the arbiter).
+"""The supervisor's child table: the slots, spawn, reap, the child channel.
 
-Owns what the master loop does to and hears from its children
-(:class:`ChildTable`, mixed into :class:`~brisvox.daemon.arbiter.Arbiter`):
-forking a slot's next incarnation with its log pipe, reaping exits with
-``waitpid(WNOHANG)`` and applying the restart decision of
-:func:`brisvox.daemon.slots.on_exit`, signals to a child, and the child
-channel (ROUTER ``supervisor.sock``): frames out (``send_to``, Topology)
-and in (Hello, Pong, ShutdownAck, ChildEvent: one dispatch table,
-:meth:`ChildTable.child_frame_handlers`; any other frame is counted as
+:class:`ChildTable` is held by :class:`~brisvox.daemon.arbiter.Arbiter`. It
+owns the process table (the :class:`~brisvox.daemon.slots.Slot` list, in
+role order), what the master loop does to and hears from its children
+(forking a slot's next incarnation with its log pipe, forwarding the log
+lines, reaping exits with ``waitpid(WNOHANG)`` and applying the restart
+decision of :func:`brisvox.daemon.slots.on_exit`, signals to a child), and
+the child channel (ROUTER ``supervisor.sock``, attached as :attr:`chan` once
+the first children are forked): frames out (:meth:`send_to`, Topology) and in
+(Hello, Pong, ShutdownAck, ChildEvent: one dispatch table,
+:meth:`child_frame_handlers`; any other frame is counted as
 ``unexpected_type`` and logged once per type).
+
+Its interface: the configuration through a getter (it changes on reload),
+the runtime dir and the daemon's pid at construction, :attr:`instance` set
+before the first spawn. It never stops the daemon itself: :meth:`reap`
+yields the error of each exit with the configuration-error code, and the
+owner stops the daemon before the next exit is reaped.
 
 Invariants:
 
@@ -18,10 +26,12 @@ Invariants:
   not a live incarnation is dropped and counted (``unknown_peer``), so a late
   frame of a dead incarnation never touches its successor.
 * A signal goes only to a live incarnation's pid (never to a reaped pid).
-* An exit with the configuration-error code stops the daemon (``fatal``); a
-  slot marked ``remove`` (scaled down) leaves the table when it exits.
-* A spawn, an exit or a handshake marks the topology dirty; the loop then
-  pushes one Topology frame (numbered) to every ready or stopping child.
+* A slot marked ``remove`` (scaled down) leaves the table when it exits, or at
+  once when it is not live.
+* The slots stay sorted by role (:data:`ROLE_ORDER`), then index.
+* A spawn, an exit, a handshake or a rescale marks the topology dirty
+  (:attr:`topology_dirty`); the owner then pushes one Topology frame
+  (numbered) to every ready or stopping child (:meth:`push_topology`).
 """
 
 from __future__ import annotations
@@ -30,62 +40,70 @@ import collections
 import logging
 import os
 import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brisvox.config.daemon import DaemonConfig
 from brisvox.daemon.child import ChildSpec, resolve_main, spawn
 from brisvox.daemon.logs import LineForwarder
 from brisvox.daemon.slots import Slot, State, StormTracker, on_exit
-from brisvox.runtime import exitcodes
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ipc.codec import DecodeGuard
-
-    ChildFrameHandler = Callable[[Slot, Any, float], None]
+from ipc.codec import DecodeGuard
 
 log = logging.getLogger("brisvox.supervisor")
 
 ROLE_ORDER = ("gateway", "worker", "agent")
 
+ChildFrameHandler = Callable[[Slot, Any, float], None]
+
 
 class ChildTable:
-    """Spawn, reap and talk to children (state set by ``Arbiter.__init__``)."""
+    """The slots and the children that fill them: spawn, reap, signal, talk."""
 
-    config: DaemonConfig
-    rdir: Path
-    instance: str
-    pid: int
-    slots: list[Slot]
-    storm: StormTracker
-    forwarders: dict[int, LineForwarder]
-    log_lines: collections.Counter[str]
-    chan: Any
-    chan_guard: DecodeGuard
-    send_failed: int
-    topology_seq: int
-    topology_dirty: bool
-    child_handlers: dict[type, ChildFrameHandler]
+    def __init__(self, config: Callable[[], DaemonConfig], runtime_dir: Path, parent_pid: int) -> None:
+        self.config = config
+        self.rdir = Path(runtime_dir)
+        self.parent_pid = parent_pid
+        self.instance = ""  # the ring instance tag, set by the owner before the first spawn
+        cfg = config()
+        self.slots: list[Slot] = [Slot(role, i) for role in ROLE_ORDER for i in range(cfg.count(role))]
+        self.storm = StormTracker()
+        self.forwarders: dict[int, LineForwarder] = {}
+        self.log_lines: collections.Counter[str] = collections.Counter()
+        self.chan: Any = None
+        self.chan_guard = DecodeGuard("supervisor")
+        self.send_failed = 0
+        self.topology_seq = 0
+        self.topology_dirty = False
+        self.child_handlers = self.child_frame_handlers()
 
-    if TYPE_CHECKING:  # from the other parts of the arbiter
-        def fatal(self, code: int, message: str) -> None: ...
+    # -- spawn, logs, reap, signals ----------------------------------------------
 
     def spawn(self, slot: Slot, now: float) -> None:
+        cfg = self.config()
         r, w = os.pipe2(os.O_CLOEXEC)
         spec = ChildSpec(
-            role=slot.role, index=slot.index, config=self.config, runtime_dir=self.rdir,
-            instance=self.instance, parent_pid=self.pid, main_ref=resolve_main(slot.role, slot.index), log_fd=w,
+            role=slot.role, index=slot.index, config=cfg, runtime_dir=self.rdir,
+            instance=self.instance, parent_pid=self.parent_pid, main_ref=resolve_main(slot.role, slot.index),
+            log_fd=w,
         )
         try:
             pid = spawn(spec)
         finally:
             os.close(w)
         slot.on_spawn(pid, now)
-        self.forwarders[r] = LineForwarder(r, slot.role, slot.name, pid, self.config.daemon.log.format)
+        self.forwarders[r] = LineForwarder(r, slot.role, slot.name, pid, cfg.daemon.log.format)
         self.topology_dirty = True
         log.debug("%s spawned (pid %d)", slot.name, pid)
+
+    def pump_logs(self, ready: dict[Any, int]) -> None:
+        """Forward the lines of every log pipe that ``ready`` (a poll result) marks readable."""
+        for fd in [fd for fd in self.forwarders if ready.get(fd)]:
+            fwd = self.forwarders[fd]
+            before = fwd.lines
+            if not fwd.pump():
+                self.close_forwarder(fd)
+            self.log_lines[fwd.role] += fwd.lines - before
 
     def close_forwarder(self, fd: int) -> None:
         fwd = self.forwarders.pop(fd, None)
@@ -94,7 +112,18 @@ class ChildTable:
             fwd.close()
             self.log_lines[fwd.role] += fwd.lines - before
 
-    def reap(self, now: float) -> None:
+    def close_logs(self) -> None:
+        for fwd in list(self.forwarders.values()):
+            fwd.close()
+        self.forwarders.clear()
+
+    def reap(self, now: float) -> Iterator[str]:
+        """Reap every exited child; yields the error of each configuration-error exit.
+
+        Lazy: each exit is applied when the caller asks for the next one, so a
+        caller that stops the daemon on a yielded error does so before the
+        next exit is applied. Consume it whole.
+        """
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -105,21 +134,24 @@ class ChildTable:
             code = os.waitstatus_to_exitcode(status)
             slot = next((s for s in self.slots if s.pid == pid and s.live), None)
             if slot is not None:
-                self.on_child_exit(slot, code, now)
+                error = self.on_child_exit(slot, code, now)
+                if error is not None:
+                    yield error
 
-    def on_child_exit(self, slot: Slot, code: int, now: float) -> None:
+    def on_child_exit(self, slot: Slot, code: int, now: float) -> str | None:
+        """Apply one exit; returns the error when it is a configuration error (the daemon stops)."""
         for fd, fwd in list(self.forwarders.items()):
             if fwd.pid == slot.pid:
                 self.close_forwarder(fd)
         was = slot.state
         stopping = was is State.STOPPING
         reason = slot.stop_reason
-        decision = on_exit(slot, code, now, self.config.daemon.restart, self.storm)
+        decision = on_exit(slot, code, now, self.config().daemon.restart, self.storm)
         self.topology_dirty = True
+        error = None
         if decision.action == "config_error":
-            msg = slot.error or f"{slot.name} exited with the configuration-error code"
-            log.critical("%s: %s; stopping the daemon", slot.name, msg)
-            self.fatal(exitcodes.CONFIG, msg)
+            error = slot.error or f"{slot.name} exited with the configuration-error code"
+            log.critical("%s: %s; stopping the daemon", slot.name, error)
         elif decision.action == "retired":
             (log.info if code in (0, -signal.SIGTERM) or stopping else log.warning)(
                 "%s (pid %d) exited: %s", slot.name, slot.pid, slot.last_exit)
@@ -133,13 +165,49 @@ class ChildTable:
                         what, f": {slot.error}" if slot.error else "", decision.delay_s)
         if slot.remove:
             self.slots.remove(slot)
+        return error
 
-    def _kill(self, slot: Slot, sig: int) -> None:
+    def kill(self, slot: Slot, sig: int) -> None:
         if slot.pid and slot.live:
             try:
                 os.kill(slot.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def rescale(self, cfg: DaemonConfig, now: float) -> tuple[int, list[Slot]]:
+        """After a reload: retry failed slots, add and drop slots to ``cfg``'s counts.
+
+        Returns (slots retried, live slots to drain and remove): the caller
+        stops those; a dropped slot that is not live leaves at once.
+        """
+        retried = 0
+        for s in self.slots:
+            if s.state is State.FAILED:
+                s.state = State.EXITED
+                s.boot_failures = 0
+                s.backoff_s = 0.0
+                s.next_start_at = now
+                retried += 1
+        to_stop: list[Slot] = []
+        for role in ("worker", "agent"):
+            want = cfg.count(role)
+            have = [s for s in self.slots if s.role == role and not s.remove]
+            for i in range(len(have), want):
+                slot = Slot(role, i)
+                slot.next_start_at = now
+                self.slots.append(slot)
+            for s in have[want:]:
+                s.remove = True
+                s.retired = True
+                if s.state in (State.STARTING, State.READY):
+                    to_stop.append(s)
+                elif not s.live:
+                    self.slots.remove(s)
+        self.slots.sort(key=lambda s: (ROLE_ORDER.index(s.role), s.index))
+        self.topology_dirty = True
+        return retried, to_stop
+
+    # -- the child channel -------------------------------------------------------------
 
     def send_to(self, slot: Slot, frame: Any) -> bool:
         import zmq

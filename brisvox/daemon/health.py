@@ -1,16 +1,20 @@
-"""The supervisor's timers: health, hung detection, restarts, memory (a part of the arbiter).
+"""The supervisor's health checks: pings, hung detection, handshake timeouts, memory.
 
-Owns what the master loop does each turn when no frame asked for it
-(:class:`HealthPolicy`, mixed into :class:`~brisvox.daemon.arbiter.Arbiter`):
-pings, hung detection (pong and heartbeat timeouts), handshake timeouts,
-stop escalation, restarts after backoff, memory checks (PSS), the ready
-transition and sd_notify (status, watchdog).
+:class:`HealthPolicy` is held by :class:`~brisvox.daemon.arbiter.Arbiter`,
+which calls it from its per-turn timers (``Arbiter.tick``): once per turn
+:meth:`HealthPolicy.note_turn` (stall detection), per slot :meth:`probe`
+(a ready child: ping, hung detection) or :meth:`check_handshake` (a starting
+child), and :meth:`check_memory`, which returns the children to restart for
+memory rather than stopping them (the owner stops them). It acts on children
+only through the :class:`~brisvox.daemon.child_table.ChildTable` it holds
+(send a Ping, send a signal, mark the topology dirty); the configuration
+comes through a getter (it changes on reload).
 
 Invariants:
 
-* Runs on the master loop only, once per turn (``tick``); the loop's poll
-  wakes for its deadlines (``Arbiter.next_wait``) and at least every
-  ``MAX_LOOP_WAIT_S``.
+* Runs on the master loop only, once per turn; the loop's poll wakes for its
+  deadlines (``Arbiter.next_wait``, :attr:`next_memory_check`) and at least
+  every ``MAX_LOOP_WAIT_S``.
 * After a stall of the master loop itself (SIGSTOP, host suspend, swap
   storm) longer than half the pong timeout, missing pongs do not count
   against the children for that turn.
@@ -19,8 +23,6 @@ Invariants:
   ``init_timeout_s`` is killed once (not every turn).
 * A memory restart is a drained stop, at most one per role at a time, and
   only while the daemon is running.
-* READY=1 is sent once, when every child is ready or failed; the status pipe
-  of ``brisvoxd start`` is answered then.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
 from brisvox.config.daemon import DaemonConfig
+from brisvox.daemon.child_table import ChildTable
 from brisvox.daemon.procutil import pss_bytes
-from brisvox.daemon.sdnotify import Notifier
 from brisvox.daemon.slots import Slot, State, hung_reason, memory_verdict
 
 log = logging.getLogger("brisvox.supervisor")
@@ -41,101 +43,76 @@ HUNG_KILL_DELAY_S = 0.5  # between the SIGUSR2 stack dump and SIGKILL
 
 
 class HealthPolicy:
-    """The per-turn timers of the master loop."""
+    """Liveness and memory checks of the children, and the daemon's own PSS."""
 
-    config: DaemonConfig
-    pid: int
-    state: str
-    slots: list[Slot]
-    ready_sent: bool
-    last_tick_at: float
-    next_memory_check: float
-    next_status_notify: float
-    pss: int | None
-    notifier: Notifier
-    topology_dirty: bool
+    def __init__(self, table: ChildTable, config: Callable[[], DaemonConfig], pid: int) -> None:
+        self.table = table
+        self.config = config
+        self.pid = pid
+        self.last_tick_at = time.monotonic()
+        self.next_memory_check = 0.0
+        self.pss: int | None = None  # the supervisor's own, at the last memory check
 
-    if TYPE_CHECKING:  # from the other parts of the arbiter
-        def spawn(self, slot: Slot, now: float) -> None: ...
-        def _kill(self, slot: Slot, sig: int) -> None: ...
-        def send_to(self, slot: Slot, frame: Any) -> bool: ...
-        def push_topology(self) -> None: ...
-        def may_restart(self, role: str) -> bool: ...
-        def stop_child(self, slot: Slot, reason: str, drain: bool, grace_s: float, now: float) -> None: ...
-        def escalate(self, slot: Slot, now: float) -> None: ...
-        def advance_stop(self, now: float) -> None: ...
-        def status_line(self) -> str: ...
-        def report_status_pipe(self, ready: bool = False) -> None: ...
+    def restart_clock(self, now: float) -> None:
+        """The loop starts (or resumes) now: the time before is no stall."""
+        self.last_tick_at = now
 
-    def tick(self, now: float) -> None:
-        from ipc.frames import Ping
-
-        d = self.config.daemon
-        h = d.health
+    def note_turn(self, now: float) -> None:
+        """Start of a turn: after a stall of the loop itself, forgive this turn's missing pongs."""
+        h = self.config().daemon.health
         stalled = now - self.last_tick_at
         self.last_tick_at = now
         if stalled > h.pong_timeout_s / 2:
             # the supervisor itself was not running (SIGSTOP, host suspend, swap storm):
             # missing pongs say nothing about the children this turn
             log.warning("master loop stalled for %.1fs; not judging children's pongs this turn", stalled)
-            for slot in self.slots:
+            for slot in self.table.slots:
                 slot.last_pong_at = max(slot.last_pong_at, now)
-        for slot in list(self.slots):
-            if slot.state is State.READY:
-                if now - slot.last_ping_at >= h.ping_interval_s:
-                    slot.ping_seq += 1
-                    slot.last_ping_at = now
-                    self.send_to(slot, Ping(seq=slot.ping_seq, sent_ns=time.monotonic_ns()))
-                reason = hung_reason(slot, now, h.pong_timeout_s, h.heartbeat_timeout_s)
-                if reason:
-                    self.kill_hung(slot, reason, now)
-            elif slot.state is State.STARTING:
-                if now - slot.started_at > h.init_timeout_s:
-                    slot.error = f"no handshake within {h.init_timeout_s:g}s (daemon.health.init_timeout_s)"
-                    log.error("%s (pid %d): %s; killing it", slot.name, slot.pid, slot.error)
-                    self._kill(slot, signal.SIGKILL)
-                    slot.started_at = now  # do not repeat the kill every turn
-            elif slot.state is State.STOPPING:
-                self.escalate(slot, now)
-            elif slot.state is State.EXITED and slot.next_start_at is not None and now >= slot.next_start_at:
-                if not slot.retired and self.may_restart(slot.role):
-                    self.spawn(slot, now)
-        if now >= self.next_memory_check:
-            self.next_memory_check = now + d.memory.check_interval_s
-            self.check_memory(now)
-        if self.state in ("draining", "stopping"):
-            self.advance_stop(now)
-        if self.topology_dirty:
-            self.push_topology()
-        if not self.ready_sent and self.state == "starting" and all(
-            s.state in (State.READY, State.FAILED) for s in self.slots
-        ):
-            self.ready_sent = True
-            self.state = "running"
-            status = self.status_line()
-            self.notifier.ready(status)
-            log.info("ready: %s", status)
-            self.report_status_pipe(ready=True)
-        if now >= self.next_status_notify and self.state != "starting":
-            self.next_status_notify = now + 1.0
-            self.notifier.status(self.status_line())
-        self.notifier.watchdog(now)
+
+    def probe(self, slot: Slot, now: float) -> None:
+        """A ready child: ping it when due; kill it when hung."""
+        from ipc.frames import Ping
+
+        h = self.config().daemon.health
+        if now - slot.last_ping_at >= h.ping_interval_s:
+            slot.ping_seq += 1
+            slot.last_ping_at = now
+            self.table.send_to(slot, Ping(seq=slot.ping_seq, sent_ns=time.monotonic_ns()))
+        reason = hung_reason(slot, now, h.pong_timeout_s, h.heartbeat_timeout_s)
+        if reason:
+            self.kill_hung(slot, reason, now)
+
+    def check_handshake(self, slot: Slot, now: float) -> None:
+        """A starting child: kill it once when its handshake is overdue."""
+        h = self.config().daemon.health
+        if now - slot.started_at > h.init_timeout_s:
+            slot.error = f"no handshake within {h.init_timeout_s:g}s (daemon.health.init_timeout_s)"
+            log.error("%s (pid %d): %s; killing it", slot.name, slot.pid, slot.error)
+            self.table.kill(slot, signal.SIGKILL)
+            slot.started_at = now  # do not repeat the kill every turn
 
     def kill_hung(self, slot: Slot, reason: str, now: float) -> None:
         slot.hung += 1
         log.error("%s (pid %d) is hung: %s; dumping its stacks and killing it", slot.name, slot.pid, reason)
-        self._kill(slot, signal.SIGUSR2)
+        self.table.kill(slot, signal.SIGUSR2)
         slot.state = State.STOPPING
         slot.stop_reason = f"hung: {reason}"
         slot.termed = True
         slot.kill_at = now + HUNG_KILL_DELAY_S
-        self.topology_dirty = True
+        self.table.topology_dirty = True
 
-    def check_memory(self, now: float) -> None:
-        mem = self.config.daemon.memory
+    def check_memory(self, now: float, running: bool) -> list[Slot]:
+        """When due: read every PSS, warn, and return the ready children over their limit
+        that the owner restarts (a drained stop, reason ``memory limit``) while ``running``."""
+        if now < self.next_memory_check:
+            return []
+        mem = self.config().daemon.memory
+        self.next_memory_check = now + mem.check_interval_s
         self.pss = pss_bytes(self.pid)
-        restarting = {s.role for s in self.slots if s.state is State.STOPPING and s.stop_reason == "memory limit"}
-        for slot in self.slots:
+        slots = self.table.slots
+        restarting = {s.role for s in slots if s.state is State.STOPPING and s.stop_reason == "memory limit"}
+        over: list[Slot] = []
+        for slot in slots:
             if slot.state not in (State.READY, State.STARTING):
                 continue
             slot.pss = pss_bytes(slot.pid)
@@ -148,10 +125,10 @@ class HealthPolicy:
                 slot.mem_warned = True
                 log.warning("%s (pid %d) uses %.0f MiB PSS (warn at %d MiB, restart at %d MiB)",
                             slot.name, slot.pid, mb, lim.warn_mb, lim.limit_mb)
-            elif verdict == "limit" and slot.state is State.READY and self.state == "running" \
-                    and slot.role not in restarting:
+            elif verdict == "limit" and slot.state is State.READY and running and slot.role not in restarting:
                 slot.mem_restarts += 1
                 restarting.add(slot.role)
                 log.error("%s (pid %d) uses %.0f MiB PSS, over its %d MiB limit; restarting it",
                           slot.name, slot.pid, mb, lim.limit_mb)
-                self.stop_child(slot, "memory limit", True, self.config.daemon.shutdown.drain_timeout_s, now)
+                over.append(slot)
+        return over

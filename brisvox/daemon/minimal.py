@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zmq
 
-from brisvox.daemon.child import ChildRuntime
+from brisvox.runtime.child_runtime import ChildRuntime
 from ipc.bus import bind, endpoint_path, make_socket
 from ipc.codec import DecodeGuard, encode
 from ipc.frames import ErrorReply

@@ -25,6 +25,7 @@ from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.runtime import exitcodes
+from brisvox.runtime.child_runtime import ChildRuntime
 
 log = logging.getLogger("brisvox.gateway")
 
@@ -83,7 +84,7 @@ async def run(rt: Any, settings: GatewaySettings) -> int:
     return exitcodes.OK
 
 
-def main(rt: Any) -> int:
+def main(rt: ChildRuntime) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:

@@ -13,8 +13,9 @@ Owns directory resolution, the daemon's umask, and the pid lock:
   there, it must be owned by us and not writable by group or others
   (:func:`private_dir_problem`; a shared /tmp must not let another user
   pre-create it or swap our sockets), else the start is refused with a
-  :class:`ConfigError` naming the path and the fix. The state dir (logs,
-  call records) is created 0700.
+  :class:`PathError` naming the key, the path and the fix (``brisvoxd``
+  reports it as a configuration error). The state dir (logs, call records)
+  is created 0700.
 * :func:`loose_mode_problem` is the softer test ``brisvoxd check`` warns with:
   any access at all for group or others.
 * :class:`PidLock`: ``<runtime>/brisvoxd.pid`` held with ``flock`` for the
@@ -29,13 +30,50 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
-
-from brisvox.config.daemon import DaemonConfig
-from brisvox.config.errors import ConfigError
+from typing import Protocol
 
 PID_FILE = "brisvoxd.pid"
 DAEMON_UMASK = 0o077  # every file the daemon and its children create is owner-only
 LONGEST_ENDPOINT = "supervisor"
+
+
+class DaemonDirs(Protocol):
+    """The keys of ``[daemon]`` read here (``brisvox.config.daemon.DaemonSection``)."""
+
+    @property
+    def runtime_dir(self) -> str: ...
+    @property
+    def state_dir(self) -> str: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def agents(self) -> int: ...
+
+
+class InstanceSettings(Protocol):
+    """What of a daemon configuration is read here (``brisvox.config.daemon.DaemonConfig``)."""
+
+    @property
+    def daemon(self) -> DaemonDirs: ...
+    @property
+    def path(self) -> str | None: ...
+
+
+class PathError(ValueError):
+    """A runtime or state dir that cannot be used; ``key`` names the setting to change.
+
+    Reads like the configuration error it is: ``<file>: <key>: <message>``
+    (``<key>: <message>`` without a file); callers report it as one.
+    """
+
+    def __init__(self, key: str, message: str, path: str | None = None) -> None:
+        super().__init__(key, message, path)
+        self.key = key
+        self.message = message
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.key}: {self.message}" if self.path else f"{self.key}: {self.message}"
 
 
 def restrict_umask() -> int:
@@ -48,7 +86,7 @@ def restrict_umask() -> int:
     return os.umask(DAEMON_UMASK)
 
 
-def runtime_dir(cfg: DaemonConfig) -> Path:
+def runtime_dir(cfg: InstanceSettings) -> Path:
     if cfg.daemon.runtime_dir:
         return Path(cfg.daemon.runtime_dir).expanduser()
     env = os.environ.get("RUNTIME_DIRECTORY", "")
@@ -59,7 +97,7 @@ def runtime_dir(cfg: DaemonConfig) -> Path:
     return Path(f"/tmp/brisvox-{os.getuid()}")
 
 
-def state_dir(cfg: DaemonConfig) -> Path:
+def state_dir(cfg: InstanceSettings) -> Path:
     if cfg.daemon.state_dir:
         return Path(cfg.daemon.state_dir).expanduser()
     env = os.environ.get("STATE_DIRECTORY", "")
@@ -70,8 +108,8 @@ def state_dir(cfg: DaemonConfig) -> Path:
     return Path.home() / ".local" / "state" / "brisvox"
 
 
-def check_endpoint_lengths(rdir: Path, cfg: DaemonConfig) -> None:
-    """Every endpoint this daemon will bind fits the ipc path limit, else ConfigError."""
+def check_endpoint_lengths(rdir: Path, cfg: InstanceSettings) -> None:
+    """Every endpoint this daemon will bind fits the ipc path limit, else PathError."""
     from ipc.bus import BusError, endpoint
 
     names = [LONGEST_ENDPOINT, "control", f"worker-{cfg.daemon.workers}", f"agent-{cfg.daemon.agents}"]
@@ -79,7 +117,7 @@ def check_endpoint_lengths(rdir: Path, cfg: DaemonConfig) -> None:
         try:
             endpoint(rdir, name)
         except BusError as e:
-            raise ConfigError("daemon.runtime_dir", str(e), cfg.path) from None
+            raise PathError("daemon.runtime_dir", str(e), cfg.path) from None
 
 
 def _owner(uid: int) -> str:
@@ -114,21 +152,21 @@ def loose_mode_problem(path: Path) -> str:
     return ""
 
 
-def prepare_dirs(cfg: DaemonConfig) -> tuple[Path, Path]:
-    """Create and check the runtime and state dirs; ConfigError names the key on failure."""
+def prepare_dirs(cfg: InstanceSettings) -> tuple[Path, Path]:
+    """Create and check the runtime and state dirs; PathError names the key on failure."""
     rdir, sdir = runtime_dir(cfg), state_dir(cfg)
     check_endpoint_lengths(rdir, cfg)
     try:
         rdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError("daemon.runtime_dir", f"cannot create {rdir}: {e.strerror}", cfg.path) from None
+        raise PathError("daemon.runtime_dir", f"cannot create {rdir}: {e.strerror}", cfg.path) from None
     problem = private_dir_problem(rdir, os.stat(rdir))
     if problem:
-        raise ConfigError("daemon.runtime_dir", problem, cfg.path)
+        raise PathError("daemon.runtime_dir", problem, cfg.path)
     try:
         sdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as e:
-        raise ConfigError("daemon.state_dir", f"cannot create {sdir}: {e.strerror}", cfg.path) from None
+        raise PathError("daemon.state_dir", f"cannot create {sdir}: {e.strerror}", cfg.path) from None
     return rdir, sdir
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from brisvox.config.errors import ConfigError
-from brisvox.daemon.child import ChildRuntime
 from brisvox.daemon.minimal import main as minimal_main
+from brisvox.runtime.child_runtime import ChildRuntime
 
 
 def crash_at_boot(rt: ChildRuntime) -> int:

@@ -18,8 +18,13 @@ import pytest
 
 from brisvox.agent.host.call_record import write_record
 from brisvox.config.daemon import parse_config
-from brisvox.config.errors import ConfigError
-from brisvox.runtime.paths import DAEMON_UMASK, prepare_dirs, private_dir_problem, restrict_umask
+from brisvox.runtime.paths import (
+    DAEMON_UMASK,
+    PathError,
+    prepare_dirs,
+    private_dir_problem,
+    restrict_umask,
+)
 from ipc.ring import SHM_DIR, Ring, ring_name, sweep_decision, sweep_segments
 
 RECORD = {"call_id": "c1", "started": "2025-01-01T00:00:00.000+00:00", "conversation": [{"role": "tool",
@@ -65,7 +70,7 @@ def _dirs(tmp: Path) -> object:
 def test_group_writable_runtime_dir_refuses_start(short_tmp):
     (short_tmp / "r").mkdir()
     os.chmod(short_tmp / "r", 0o770)
-    with pytest.raises(ConfigError) as ei:
+    with pytest.raises(PathError) as ei:
         prepare_dirs(_dirs(short_tmp))
     assert ei.value.key == "daemon.runtime_dir"
     assert f"{short_tmp / 'r'} is writable by group or others (mode 0770)" in ei.value.message
@@ -92,7 +97,7 @@ def test_private_dir_decision_with_injected_stat(tmp_path):
 def test_foreign_owned_runtime_dir_refuses_start(short_tmp):
     (short_tmp / "r").mkdir(mode=0o700)
     os.chown(short_tmp / "r", 65534, 65534)
-    with pytest.raises(ConfigError, match="is owned by uid 65534"):
+    with pytest.raises(PathError, match="is owned by uid 65534"):
         prepare_dirs(_dirs(short_tmp))
 
 

@@ -29,8 +29,8 @@ def test_healthz_is_503_while_the_daemon_drains(tmp_path):
     arb = Arbiter(DaemonConfig(), tmp_path, tmp_path, PidLock(tmp_path))
     arb.notifier = Notifier(env={})
     ctx = zmq.Context()
-    arb.chan = ctx.socket(zmq.ROUTER)
-    arb.chan.bind(f"inproc://healthz-{id(arb)}")
+    arb.table.chan = ctx.socket(zmq.ROUTER)
+    arb.table.chan.bind(f"inproc://healthz-{id(arb)}")
     try:
         assert healthz(arb)[0] == 503  # starting
         arb.state = "running"
@@ -50,5 +50,5 @@ def test_healthz_is_503_while_the_daemon_drains(tmp_path):
         code, body = healthz(arb)
         assert (code, body["status"]) == (503, "stopping")
     finally:
-        arb.chan.close(0)
+        arb.table.chan.close(0)
         ctx.term()

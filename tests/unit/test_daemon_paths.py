@@ -7,9 +7,9 @@ import os
 import pytest
 
 from brisvox.config.daemon import parse_config
-from brisvox.config.errors import ConfigError
 from brisvox.runtime.paths import (
     AlreadyRunning,
+    PathError,
     PidLock,
     is_locked,
     prepare_dirs,
@@ -33,7 +33,7 @@ def test_directory_resolution(monkeypatch):
 
 def test_too_long_runtime_dir_names_the_key(short_tmp):
     c = parse_config({"daemon": {"runtime_dir": str(short_tmp / ("x" * 100)), "state_dir": str(short_tmp / "s")}})
-    with pytest.raises(ConfigError) as ei:
+    with pytest.raises(PathError) as ei:
         prepare_dirs(c)
     assert ei.value.key == "daemon.runtime_dir" and "107" in ei.value.message
 

@@ -149,9 +149,9 @@ def test_a_topology_for_a_closed_loop_reaches_no_one_and_logs_nothing(tmp_path, 
     import os
 
     from brisvox.config.daemon import DaemonConfig
-    from brisvox.daemon.child import ChildRuntime, ChildSpec
+    from brisvox.daemon.child import ChildSpec, ForkedChildRuntime
 
-    rt = ChildRuntime(ChildSpec(role="gateway", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
+    rt = ForkedChildRuntime(ChildSpec(role="gateway", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
                                 instance="t", parent_pid=os.getpid(), main_ref="x:y"))
     got: list[list[dict]] = []
     loop = asyncio.new_event_loop()
@@ -178,9 +178,9 @@ def test_a_socket_left_open_on_a_shadow_context_cannot_hold_the_exit(tmp_path, c
     import zmq.asyncio
 
     from brisvox.config.daemon import DaemonConfig
-    from brisvox.daemon.child import ChildRuntime, ChildSpec
+    from brisvox.daemon.child import ChildSpec, ForkedChildRuntime
 
-    rt = ChildRuntime(ChildSpec(role="agent", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
+    rt = ForkedChildRuntime(ChildSpec(role="agent", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
                                 instance="t", parent_pid=os.getpid(), main_ref="x:y"))
     shadow = zmq.asyncio.Context.shadow(rt.zmq_context().underlying)
     leaked = shadow.socket(zmq.DEALER)  # never closed
@@ -202,10 +202,10 @@ def test_a_topology_pushed_before_the_callback_is_registered_is_replayed(tmp_pat
     from types import SimpleNamespace
 
     from brisvox.config.daemon import DaemonConfig
-    from brisvox.daemon.child import ChildRuntime, ChildSpec
+    from brisvox.daemon.child import ChildSpec, ForkedChildRuntime
     from ipc import frames
 
-    rt = ChildRuntime(ChildSpec(role="agent", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
+    rt = ForkedChildRuntime(ChildSpec(role="agent", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
                                 instance="t", parent_pid=os.getpid(), main_ref="x:y"))
     push = rt.control_frame_handlers()[frames.Topology]
     sock = SimpleNamespace(send=lambda data, flags=0: None)

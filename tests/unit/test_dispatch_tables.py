@@ -75,10 +75,14 @@ def test_the_agent_counts_frames_without_a_handler_and_of_unknown_calls(caplog):
 
 
 def test_every_frame_the_worker_receives_has_a_handler():
-    import workers.core  # noqa: F401 - what a worker process imports: every handler registered
-    from workers.jobs import FRAME_HANDLERS
+    # what a worker process imports (every handler registered); the table needs no model
+    from workers.core import Worker, WorkerModels
 
-    assert set(FRAME_HANDLERS) == received_by("worker")
+    w = Worker(0, "ipc:///nonexistent", WorkerModels(silero=Path("x"), smart_turn=None))
+    try:
+        assert set(w.dispatch.handlers) == received_by("worker")
+    finally:
+        w.close()
 
 
 # -- the worker client (every subscriber) -----------------------------------------------
@@ -110,22 +114,25 @@ class FakeRouter:
         self.sent.append(parts)
 
 
-def test_every_frame_the_supervisor_receives_from_children_has_a_handler():
+def _child_table(tmp_path: Path) -> Any:
+    from brisvox.config.daemon import DaemonConfig
     from brisvox.daemon.child_table import ChildTable
 
-    assert set(ChildTable().child_frame_handlers()) == received_by("supervisor")
+    cfg = DaemonConfig()
+    return ChildTable(lambda: cfg, tmp_path, os.getpid())
 
 
-def test_the_child_channel_dispatches_and_counts_frames_without_a_handler(caplog):
-    from brisvox.daemon.child_table import ChildTable
+def test_every_frame_the_supervisor_receives_from_children_has_a_handler(tmp_path):
+    assert set(_child_table(tmp_path).child_frame_handlers()) == received_by("supervisor")
+
+
+def test_the_child_channel_dispatches_and_counts_frames_without_a_handler(caplog, tmp_path):
     from brisvox.daemon.slots import Slot
 
-    t = ChildTable()
+    t = _child_table(tmp_path)
     slot = Slot("worker", 0)
     slot.on_spawn(4242, 0.0)
     t.slots = [slot]
-    t.chan_guard = DecodeGuard("supervisor")
-    t.child_handlers = t.child_frame_handlers()
     ident = b"worker-0:4242"
     t.chan = FakeRouter([
         (ident, encode(frames.Pong(seq=1, sent_ns=0, calls=3, beat_ms=12))),
@@ -144,16 +151,13 @@ def test_the_child_channel_dispatches_and_counts_frames_without_a_handler(caplog
 def test_every_frame_the_command_plane_receives_has_a_handler():
     from brisvox.daemon.command_plane import CommandPlane
 
-    assert set(CommandPlane().control_frame_handlers()) == received_by("control")
+    assert set(CommandPlane(lambda name, args: None).control_frame_handlers()) == received_by("control")
 
 
 def test_the_command_plane_answers_every_frame_and_counts_the_unexpected():
     from brisvox.daemon.command_plane import CommandPlane
 
-    cp = CommandPlane()
-    cp.control_guard = DecodeGuard("control")
-    cp.control_handlers = cp.control_frame_handlers()
-    cp.run_command = lambda name, args: frames.CommandReply(ok=True, data={"name": name})  # type: ignore[method-assign]
+    cp = CommandPlane(lambda name, args: frames.CommandReply(ok=True, data={"name": name}))
     cp.control = FakeRouter([(b"cli", encode(frames.Command(name="status"), cid=1)),
                              (b"cli", encode(frames.Ping(seq=1, sent_ns=0), cid=2))])
     cp.recv_control(0.0)
@@ -169,9 +173,9 @@ def test_the_command_plane_answers_every_frame_and_counts_the_unexpected():
 @pytest.fixture
 def child_rt(tmp_path: Path) -> Any:
     from brisvox.config.daemon import DaemonConfig
-    from brisvox.daemon.child import ChildRuntime, ChildSpec
+    from brisvox.daemon.child import ChildSpec, ForkedChildRuntime
 
-    rt = ChildRuntime(ChildSpec(role="worker", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
+    rt = ForkedChildRuntime(ChildSpec(role="worker", index=0, config=DaemonConfig(), runtime_dir=tmp_path,
                                 instance="t", parent_pid=os.getppid(), main_ref="x:main"))
     yield rt
     rt.close()

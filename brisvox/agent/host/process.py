@@ -77,6 +77,7 @@ from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.pipeline.speculation import add_totals as add_spec_totals
 from brisvox.providers import resilience
 from brisvox.providers.registry import CallProviders
+from brisvox.runtime.child_runtime import ChildRuntime
 from brisvox.runtime.memory import IdleTrim
 from brisvox.runtime.private_files import prune_older
 from ipc.frames import (
@@ -527,7 +528,7 @@ def prune_records(target: Path, keep_days: int) -> int:
     return prune_older(target, keep_days, "*.json")
 
 
-def main(rt: Any) -> int:
+def main(rt: ChildRuntime) -> int:
     from brisvox.config.errors import ConfigError
     from brisvox.runtime import exitcodes
 
