@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import orjson
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import SystemMessage
 from brisvox.agent.flows.definition import parse_flow
-from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine.registry import ToolKind, ToolRegistry, ToolSpec
 from brisvox.providers.seeded_fakes import Call, LlmScript, Say
 from brisvox.sim.harness import SimCall, simulate

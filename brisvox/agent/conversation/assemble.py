@@ -36,8 +36,8 @@ from typing import Any
 
 import orjson
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import AssistantMessage, Context, ToolCall, ToolMessage
-from brisvox.agent.tool_engine import errors as te
 
 DEFAULT_MAX_BYTES = 256 * 1024
 DEFAULT_MAX_CALLS = 32

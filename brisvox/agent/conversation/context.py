@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.conversation import tool_errors as te
 
 _CALL_ID = re.compile(r"t(0|[1-9][0-9]{0,17})\.(0|[1-9][0-9]{0,17})\Z")
 

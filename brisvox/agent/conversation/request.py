@@ -1,6 +1,7 @@
 """RequestBuilder: the single seam from the call's Context to a provider LlmRequest.
 
-Owns the conversion of the agent's Context/Message/ToolSpec to the
+Owns the conversion of the agent's Context/Message and the offered tools
+(:class:`OfferedTool`, which the tool engine's ``ToolSpec`` is) to the
 providers' types and the budgeted request window (docs/TOOLS.md, "The
 request window"):
 
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -47,12 +48,25 @@ from brisvox.agent.conversation.context import (
     ToolMessage,
     UserMessage,
 )
-from brisvox.agent.tool_engine.registry import ToolSpec
 from brisvox.providers.base import LlmMessage, LlmRequest, LlmTool, LlmToolCall
 
 SUMMARY_PREFIX = "Summary of the earlier conversation: "
 MIN_FLOOR_TOKENS = 48  # the clip marker alone costs about 35 tokens
 CLIP_NOTE = "tool result clipped to fit the request window"
+
+
+class OfferedTool(Protocol):
+    """What a request tells the model of a tool (the tool engine's ``ToolSpec``
+    is one): the conversation does not depend on the tool engine."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def parameters(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,7 +400,7 @@ def convert(msgs: Sequence[Message], names: dict[str, str]) -> list[LlmMessage]:
     return out
 
 
-def request_of(window: Window, tools: Sequence[ToolSpec], cfg: RequestConfig) -> LlmRequest:
+def request_of(window: Window, tools: Sequence[OfferedTool], cfg: RequestConfig) -> LlmRequest:
     specs = sorted(tools, key=lambda s: s.name)
     return LlmRequest(
         messages=tuple(convert(window.messages, {})),
@@ -396,6 +410,6 @@ def request_of(window: Window, tools: Sequence[ToolSpec], cfg: RequestConfig) ->
     )
 
 
-def build_request(ctx: Context, tools: Sequence[ToolSpec], cfg: RequestConfig,
+def build_request(ctx: Context, tools: Sequence[OfferedTool], cfg: RequestConfig,
                   summary: WindowSummary | None = None) -> LlmRequest:
     return request_of(build_window(ctx, cfg.window, summary), tools, cfg)

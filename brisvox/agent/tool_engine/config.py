@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.assemble import DEFAULT_MAX_CALLS
-from brisvox.agent.tool_engine import errors as te
 
 MAILBOX_CAPACITY = 64
 TRUNCATION_MARKER = "...[truncated]"

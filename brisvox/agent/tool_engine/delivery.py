@@ -1,9 +1,12 @@
 """Delivery of a run's answers and late notes into the conversation.
 
 Owns the :class:`Execution` (the answers of one response) with its Delivery
-guard, the record of what a run did (:class:`_RunRecord`), and the mailbox of
-late SideEffect results (:class:`_LateNote`): how answers and notes reach the
-context, and what happens when they do not (a barge-in, a dropped execute).
+guard, the record of what a run did (:class:`_RunRecord`), and
+:class:`Delivery`, the mailbox of late SideEffect results (:class:`_LateNote`):
+how answers and notes reach the context, and what happens when they do not (a
+barge-in, a dropped execute). The engine holds one :class:`Delivery`; the
+runner and the SideEffect runs report to it, each :class:`Execution` points
+back to it for its guard.
 
 Invariants:
 
@@ -24,7 +27,7 @@ Caller obligations: push the assistant message before ``execute``;
 ``append_to`` each Execution (or ``discard()`` it) before the next message of
 the turn; after a dropped execute or a discarded speculation close the open
 calls with ``Context.interrupt_pending_tool_calls()``; take the mailbox's notes
-(:meth:`_Delivery.take_late_notes`) only when no call is open in the context.
+(:meth:`Delivery.take_late_notes`) only when no call is open in the context.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ from brisvox.agent.conversation.context import (
 )
 from brisvox.agent.tool_engine import events as ev
 from brisvox.agent.tool_engine.config import MAILBOX_CAPACITY
-from brisvox.agent.tool_engine.recent import NoteState, RecentCall, RunState
+from brisvox.agent.tool_engine.recent import NoteState, RecentCall, RecentCalls, RunState
 from brisvox.agent.tool_engine.registry import IdempotencyKey
-from brisvox.agent.tool_engine.state import _EngineState, _Item
+from brisvox.agent.tool_engine.state import _Item
+from brisvox.clock import Clock
 
 
 @dataclass(slots=True, eq=False)
@@ -77,13 +81,13 @@ class Execution:
     calls orphans and puts the late notes it took back in the mailbox.
     """
 
-    __slots__ = ("results", "budget_exhausted", "_engine", "_record", "__weakref__")
+    __slots__ = ("results", "budget_exhausted", "_delivery", "_record", "__weakref__")
 
-    def __init__(self, results: list[ToolMessage], budget_exhausted: bool, engine: _Delivery,
+    def __init__(self, results: list[ToolMessage], budget_exhausted: bool, delivery: Delivery,
                  record: _RunRecord) -> None:
         self.results = results
         self.budget_exhausted = budget_exhausted
-        self._engine = engine
+        self._delivery = delivery
         self._record = record
 
     @property
@@ -100,33 +104,50 @@ class Execution:
             raise RuntimeError(f"the execution was already {self._record.state}")
         ctx.extend(self.results)
         ctx.extend(self.late_notes)
-        self._engine._deliver(self._record)
+        self._delivery.deliver(self._record)
 
     def mark_delivered(self) -> None:
         """For a caller that wrote ``results`` and ``late_notes`` itself."""
         if self._record.state == "open":
-            self._engine._deliver(self._record)
+            self._delivery.deliver(self._record)
 
     def discard(self) -> None:
         """The execution never reaches the model (barge-in): see the class doc."""
         if self._record.state == "open":
-            self._engine._abandon(self._record)
+            self._delivery.abandon(self._record)
 
     def __del__(self) -> None:
         try:
             if self._record.state == "open":
-                self._engine._abandon(self._record)
+                self._delivery.abandon(self._record)
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
 
 
-class _Delivery(_EngineState):
-    """The mailbox and the Delivery guard (a part of :class:`ToolEngine`)."""
+class Delivery:
+    """The mailbox of late notes and the Delivery guard of one engine's executions
+    (the invariants are the module's). Marks the recent calls it is given
+    (orphans, note states) and adds a delivered replay to them."""
 
-    _mailbox: deque[_LateNote]
-    _dropped_notes: int
+    __slots__ = ("_session", "_clock", "_recent", "_stats", "_mailbox", "_dropped", "_late_outcomes")
 
-    late_outcomes: list[tuple[str, bool]] = []  # (tool, is_error) of the notes the last take returned
+    def __init__(self, session: str, clock: Clock, recent: RecentCalls, stats: ev.ToolStats) -> None:
+        self._session = session
+        self._clock = clock
+        self._recent = recent
+        self._stats = stats
+        self._mailbox: deque[_LateNote] = deque()
+        self._dropped = 0
+        self._late_outcomes: list[tuple[str, bool]] = []
+
+    def dropped_notes(self) -> int:
+        """Late notes dropped on a full mailbox."""
+        return self._dropped
+
+    @property
+    def late_outcomes(self) -> list[tuple[str, bool]]:
+        """(tool, is_error) of each note the last :meth:`take_late_notes` returned."""
+        return self._late_outcomes
 
     def take_late_notes(self) -> list[SystemMessage]:
         """Late notes waiting in the mailbox (call only when no call is open in
@@ -142,10 +163,11 @@ class _Delivery(_EngineState):
                 n.recent.note = NoteState.REPORTED
             out.append(n.message)
             outcomes.append((n.tool, n.recent.is_error if n.recent is not None else True))
-        self.late_outcomes = outcomes
+        self._late_outcomes = outcomes
         return out
 
-    def _finish(self, items: list[_Item], exhausted: bool, record: _RunRecord) -> Execution:
+    def finish(self, items: list[_Item], exhausted: bool, record: _RunRecord) -> Execution:
+        """The Execution of a run's items (each answered), carrying the mailbox's notes."""
         results = [it.msg for it in items if it.msg is not None]
         assert len(results) == len(items)
         replayed = {id(rc) for rc, _, _ in record.replays}
@@ -164,15 +186,22 @@ class _Delivery(_EngineState):
                 n.recent.note = NoteState.TAKEN
         return Execution(results, exhausted, self, record)
 
-    def _push_note(self, call_id: str, tool: str, msg: ToolMessage, rc: RecentCall | None, front: bool = False) -> None:
+    def report_late(self, call_id: str, tool: str, msg: ToolMessage, rc: RecentCall | None, epoch: int,
+                    retries: int = 0) -> None:
+        """A SideEffect result that missed its slot: a late note (counted, traced)."""
+        self._push_note(call_id, tool, msg, rc)
+        self._stats.side_effect_late_results += 1
+        ev.emit("late_result", self._session, epoch, call_id, tool, ev.LATE_RESULT, 0, retries)
+
+    def _push_note(self, call_id: str, tool: str, msg: ToolMessage, rc: RecentCall | None) -> None:
         if rc is not None and rc.consumed:
             return
         note = _LateNote(call_id, tool, late_tool_result_note(call_id, tool, msg.content, msg.is_error), rc)
-        self._enqueue(note, front)
+        self._enqueue(note)
 
     def _enqueue(self, note: _LateNote, front: bool = False) -> None:
         if len(self._mailbox) >= MAILBOX_CAPACITY:
-            self._dropped_notes += 1
+            self._dropped += 1
             if note.recent is not None:
                 note.recent.note = NoteState.DROPPED
             return
@@ -183,13 +212,14 @@ class _Delivery(_EngineState):
         else:
             self._mailbox.append(note)
 
-    def _orphan(self, rc: RecentCall | None) -> None:
+    def orphan(self, rc: RecentCall | None) -> None:
+        """``rc``'s result can no longer reach the model as its own tool result."""
         if rc is not None and not rc.orphan:
             rc.orphan = True
-            rc.orphan_at = self.clock.now()
+            rc.orphan_at = self._clock.now()
 
     # ------------------------------------------------------------------ delivery guard
-    def _deliver(self, record: _RunRecord) -> None:
+    def deliver(self, record: _RunRecord) -> None:
         record.state = "delivered"
         for rc, _msg, _ in record.replays:
             rc.replays.discard(record.run)
@@ -201,23 +231,21 @@ class _Delivery(_EngineState):
         # it in a later response of the same turn is already_done.
         for rc, msg, epoch in record.replays:
             if not msg.is_error:
-                self._recent.add(RecentCall(IdempotencyKey(self.session, epoch, msg.call_id), rc.tool,
-                                            rc.digest, epoch, record.run, self.clock.now(),
+                self._recent.add(RecentCall(IdempotencyKey(self._session, epoch, msg.call_id), rc.tool,
+                                            rc.digest, epoch, record.run, self._clock.now(),
                                             RunState.DONE, msg.content, msg.is_error))
         record.withheld.clear()
 
-    def _abandon(self, record: _RunRecord) -> None:
+    def abandon(self, record: _RunRecord) -> None:
         """An execution (or a run) that never reaches the model."""
         if record.state != "open":
             return
         record.state = "discarded"
         for rc, msg, tool, epoch in record.fresh:
-            self._orphan(rc)
-            self._push_note(msg.call_id, tool, msg, rc)
-            self._stats.side_effect_late_results += 1
-            ev.emit("late_result", self.session, epoch, msg.call_id, tool, ev.LATE_RESULT, 0, 0)
+            self.orphan(rc)
+            self.report_late(msg.call_id, tool, msg, rc, epoch)
         for rc in record.running:
-            self._orphan(rc)
+            self.orphan(rc)
         for rc, _, _ in record.replays:
             rc.replays.discard(record.run)
         # Notes this execution took go back, in order, ahead of newer ones.

@@ -1,15 +1,19 @@
-"""The tool engine of one call: the :class:`ToolEngine` facade (docs/TOOLS.md).
+"""The tool engine of one call: :class:`ToolEngine` (docs/TOOLS.md).
 
-Owns the engine's public surface and its lifecycle: the entry points
-(:meth:`~ToolEngine.execute` a committed response, :meth:`~ToolEngine.speculate`
-one, :meth:`~ToolEngine.commit` a speculation), the queries the runner and the
-metrics read, the confirmation gate's notes from the runner, and ``close``.
-It composes the parts (each states the invariants it owns):
-:mod:`.planning` (validation, speculation, admission, retry budget),
-:mod:`.running` (parallel runs in issue order, ReadOnly calls),
-:mod:`.side_effects` (at most once per idempotency key, orphans, repeats,
-confirmation) and :mod:`.delivery` (exactly once to the model, the Delivery
-guard of an :class:`Execution`, late notes).
+Owns the engine's public surface, its lifecycle and the state the parts share
+(the registry, the idempotency store, the recent calls, the confirmation gate,
+the counters): the entry points (:meth:`~ToolEngine.execute` a committed
+response, :meth:`~ToolEngine.speculate` one, :meth:`~ToolEngine.commit` a
+speculation), the queries the runner and the metrics read, the confirmation
+gate's notes from the runner, and ``close``. It holds its parts, each built
+here with what it needs (each states the invariants it owns):
+:class:`~.planning.Planner` (validation, speculation; pure),
+:class:`~.admission.TurnBudget` (stale turns, the retry budget),
+:class:`~.running.Runner` (parallel runs in issue order, ReadOnly calls),
+:class:`~.side_effects.SideEffects` (at most once per idempotency key,
+orphans, repeats, confirmation), :class:`~.delivery.Delivery` (exactly once
+to the model, the Delivery guard of an :class:`Execution`, late notes) and
+:class:`~.trace.CallTrace`.
 
 Invariants:
 
@@ -26,32 +30,30 @@ The engine never reads the context; the caller obligations are in
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Sequence
 
 from brisvox.agent.conversation.assemble import InvalidCall
-from brisvox.agent.conversation.context import ToolCall
-from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.conversation.context import SystemMessage, ToolCall
 from brisvox.agent.tool_engine import events as ev
+from brisvox.agent.tool_engine.admission import TurnBudget
 from brisvox.agent.tool_engine.call_info import NO_CALL, CallInfo
-from brisvox.agent.tool_engine.config import D_BUDGET, D_STALE, EngineConfig
+from brisvox.agent.tool_engine.config import EngineConfig
 from brisvox.agent.tool_engine.confirm import Confirmations
-from brisvox.agent.tool_engine.delivery import Execution, _LateNote
+from brisvox.agent.tool_engine.delivery import Delivery, Execution
 from brisvox.agent.tool_engine.idempotency import IdempotencyStore, IdempotencyUsage
-from brisvox.agent.tool_engine.planning import Speculation, _Planning
+from brisvox.agent.tool_engine.planning import Planner, Speculation
 from brisvox.agent.tool_engine.recent import RecentCalls
 from brisvox.agent.tool_engine.registry import CancelToken, ToolRegistry, ToolSpec
-from brisvox.agent.tool_engine.running import _Running
-from brisvox.agent.tool_engine.side_effects import _Mutations
+from brisvox.agent.tool_engine.running import Runner
+from brisvox.agent.tool_engine.side_effects import SideEffects, _Mutations
+from brisvox.agent.tool_engine.state import _Item
+from brisvox.agent.tool_engine.trace import CallTrace
 from brisvox.clock import CLOCK, Clock, LoopClock
 
 
-class ToolEngine(_Planning, _Running):
+class ToolEngine:
     """One call's tool engine. Use it on one event loop; ``close()`` it at the end
-    of the session (aborts running SideEffect calls, recorded lost).
-
-    Besides the methods below it offers ``take_late_notes`` (from
-    :class:`~brisvox.agent.tool_engine.delivery._Delivery`)."""
+    of the session (aborts running SideEffect calls, recorded lost)."""
 
     def __init__(self, registry: ToolRegistry, session_id: str, clock: Clock | None = None,
                  config: EngineConfig | None = None, *, call_info: CallInfo = NO_CALL,
@@ -66,36 +68,39 @@ class ToolEngine(_Planning, _Running):
             # must be the clock's time.
             raise TypeError("the tool engine needs a loop clock (brisvox.clock.CLOCK)")
         self.config = cfg
-        self._max_calls = max(1, cfg.max_calls)
+        self.confirmations = Confirmations(cfg.confirm_ttl)
         self._store = IdempotencyStore(max(1, cfg.idempotency_capacity),
                                        max(cfg.idempotency_max_bytes, cfg.max_result_bytes))
-        self._recent = RecentCalls()
-        self._mailbox: deque[_LateNote] = deque()
-        self._dropped_notes = 0
-        self._newest: int | None = None
-        self._invalid: dict[int, int] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._runs = 0
         self._stats = ev.ToolStats()
-        self._mut = _mutations or _Mutations()
-        self.confirmations = Confirmations(cfg.confirm_ttl)
+        recent = RecentCalls()
+        self._trace = CallTrace(session_id, self.clock)
+        self._planner = Planner(registry, cfg.max_calls, cfg.max_argument_bytes)
+        self._turns = TurnBudget(cfg.max_invalid_rounds)
+        self._delivery = Delivery(session_id, self.clock, recent, self._stats)
+        self._side_effects = SideEffects(
+            session=session_id, call_info=call_info, clock=self.clock, config=cfg, registry=registry,
+            store=self._store, recent=recent, confirmations=self.confirmations, stats=self._stats,
+            delivery=self._delivery, mutations=_mutations or _Mutations())
+        self._runner = Runner(
+            session=session_id, call_info=call_info, clock=self.clock, max_result_bytes=cfg.max_result_bytes,
+            side_effects=self._side_effects, delivery=self._delivery, trace=self._trace, stats=self._stats)
         self._closed = False
 
     # ------------------------------------------------------------------ public queries
     def invalid_rounds(self, epoch: int) -> int:
-        return self._invalid.get(epoch, 0)
+        return self._turns.invalid_rounds(epoch)
 
     def idempotency_usage(self) -> IdempotencyUsage:
         return self._store.usage()
 
     def late_notes_dropped(self) -> int:
-        return self._dropped_notes
+        return self._delivery.dropped_notes()
 
     def stats(self) -> ev.ToolStatsSnapshot:
         return self._stats.snapshot()
 
     def running_side_effects(self) -> int:
-        return sum(1 for t in self._tasks if not t.done())
+        return len(self._side_effects.running())
 
     def call_specs(self, calls: Sequence[ToolCall | InvalidCall]) -> list[ToolSpec | None]:
         """The spec of each call (None for an invalid or unknown one): for the filler policy."""
@@ -103,6 +108,18 @@ class ToolEngine(_Planning, _Running):
         for c in calls:
             out.append(self.registry.spec(c.name) if isinstance(c, ToolCall) else None)
         return out
+
+    # late notes (docs/TOOLS.md, "Late notes")
+    def take_late_notes(self) -> list[SystemMessage]:
+        """Late notes waiting in the mailbox; call only when no call is open in the
+        context (:meth:`Delivery.take_late_notes
+        <brisvox.agent.tool_engine.delivery.Delivery.take_late_notes>`)."""
+        return self._delivery.take_late_notes()
+
+    @property
+    def late_outcomes(self) -> list[tuple[str, bool]]:
+        """(tool, is_error) of each note the last :meth:`take_late_notes` returned."""
+        return self._delivery.late_outcomes
 
     # confirmation gate, reported by the runner
     def note_user_turn(self) -> None:
@@ -120,66 +137,49 @@ class ToolEngine(_Planning, _Running):
         """Run a committed response's calls; one result per call, in issue order."""
         self._check_open()
         token = cancel if cancel is not None else CancelToken()
-        items, malformed = self._plan(calls, hold_side_effects=False)
-        exhausted = self._admit(items, epoch, malformed, spend=True)
-        record = await self._run(items, epoch, token)
-        return self._finish(items, exhausted, record)
+        items, malformed = self._planner.plan(calls, hold_side_effects=False)
+        exhausted = self._admit(items, epoch, malformed)
+        record = await self._runner.run(items, epoch, token)
+        return self._delivery.finish(items, exhausted, record)
 
     async def speculate(self, calls: Sequence[ToolCall | InvalidCall], epoch: int,
                         cancel: CancelToken | None = None) -> Speculation:
         """Run ReadOnly calls, answer malformed ones, hold SideEffect calls."""
         self._check_open()
         token = cancel if cancel is not None else CancelToken()
-        items, malformed = self._plan(calls, hold_side_effects=True)
-        exhausted = self._admit(items, epoch, malformed, spend=True)
-        for it in items:
-            if it.held:
-                ev.emit("tool call held", self.session, epoch, it.call_id, it.tool, ev.HELD, 0, it.retries)
-        await self._run([it for it in items if not it.held], epoch, token)
+        items, malformed = self._planner.plan(calls, hold_side_effects=True)
+        exhausted = self._admit(items, epoch, malformed)
+        self._trace.held(epoch, items)
+        await self._runner.run([it for it in items if not it.held], epoch, token)
         return Speculation(epoch, items, exhausted)
 
     async def commit(self, speculation: Speculation, cancel: CancelToken | None = None) -> Execution:
         """Run a speculation's held calls; the whole response in issue order. Spends no budget."""
         self._check_open()
-        if speculation._state != "open":
-            raise RuntimeError(f"the speculation was already {speculation._state}")
-        speculation._state = "committed"
+        epoch, items, held = speculation.claim()
         token = cancel if cancel is not None else CancelToken()
-        epoch = speculation._epoch
-        items = speculation._items
-        held = [it for it in items if it.held]
-        for it in held:
-            it.held = False
-        stale = self._newest is not None and epoch < self._newest
-        if not stale and (self._newest is None or epoch > self._newest):
-            self._new_turn(epoch)
-        exhausted = speculation.budget_exhausted
-        for it in held:
-            it.retries = self._invalid.get(epoch, 0)
-            if stale:
-                it.error(te.STALE_TURN, D_STALE, ev.STALE_TURN)
-            elif self._invalid.get(epoch, 0) > self.config.max_invalid_rounds:
-                exhausted = True
-                it.error(te.BUDGET_EXHAUSTED, D_BUDGET, ev.BUDGET_EXHAUSTED)
-        for it in held:
-            if it.msg is not None:
-                self._settled(epoch, it)
-        record = await self._run(held, epoch, token)
-        return self._finish(items, exhausted, record)
+        exhausted = self._turns.admit_held(held, epoch) or speculation.budget_exhausted
+        self._trace.answered(epoch, held)
+        record = await self._runner.run(held, epoch, token)
+        return self._delivery.finish(items, exhausted, record)
+
+    def _admit(self, items: list[_Item], epoch: int, malformed: bool) -> bool:
+        exhausted = self._turns.admit(items, epoch, malformed)
+        self._trace.answered(epoch, items)
+        return exhausted
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
         """End of the session: abort every running SideEffect call (each is
         recorded lost at its next await point)."""
         self._closed = True
-        for t in list(self._tasks):
-            t.cancel()
+        self._side_effects.abort()
 
     async def aclose(self, timeout: float | None = None) -> int:  # noqa: ASYNC109
         """:meth:`close`, then wait for the aborted runs to end, at most ``timeout`` seconds
         (a body that swallows its cancellation is left running). Returns how many did not end."""
         self.close()
-        tasks = [t for t in self._tasks if not t.done()]
+        tasks = self._side_effects.running()
         if not tasks:
             return 0
         _, pending = await asyncio.wait(tasks, timeout=timeout)  # never cancels what it waits for

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields
 
-from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.tool_engine.registry import IdempotencyKey
 
 LOG = logging.getLogger("brisvox.tools")

@@ -1,27 +1,22 @@
-"""Planning and admission of a response's tool calls (steps 1 and 2 of a run).
+"""Planning of a response's tool calls (step 1 of a run), and the speculation.
 
-Owns the validation of a response's calls in one synchronous step, before
-anything runs (:meth:`_Planning._plan`: unparsable calls, unknown tools, the
-``max_calls`` cap, the argument size before the schema, the schema), the
-holding of SideEffect calls for a :class:`Speculation`, and admission
-(:meth:`_Planning._admit`): calls of a superseded turn and the per-turn retry
-budget.
+Owns :class:`Planner`, the validation of a response's calls in one synchronous
+step, before anything runs (unparsable calls, unknown tools, the ``max_calls``
+cap, the argument size before the schema, the schema), with the holding of
+SideEffect calls for a speculation; and :class:`Speculation`, a speculative
+response until its commit. Admission (stale turns, the retry budget) is
+:mod:`.admission`.
 
 Invariants:
 
-* Planning runs nothing and never awaits; each refused call is answered with
-  its typed error result (docs/TOOLS.md, "Error results").
+* Planning is pure: calls in, plan items out (each refused call answered with
+  its typed error result, docs/TOOLS.md "Error results"); it runs nothing,
+  never awaits and changes no state of the engine.
 * Arguments over ``max_argument_bytes`` (serialized) are refused before the
   schema is read; a tool only ever receives arguments that match its schema.
-* A response with malformed calls spends one round of its turn's budget; once
-  a turn has spent more than ``max_invalid_rounds``, nothing runs for the rest
-  of that turn (``budget_exhausted``). The budget is kept for the newest 16
-  turns.
-* A call of a turn older than the newest one is answered ``stale_turn`` and
-  never runs.
 * A speculation's held SideEffect calls run only through
-  :meth:`ToolEngine.commit <brisvox.agent.tool_engine.engine.ToolEngine.commit>`;
-  a speculation dropped or discarded runs nothing.
+  :meth:`ToolEngine.commit <brisvox.agent.tool_engine.engine.ToolEngine.commit>`,
+  which claims it once; a speculation dropped or discarded runs nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +25,13 @@ from collections.abc import Sequence
 
 import orjson
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.assemble import InvalidCall
 from brisvox.agent.conversation.context import ToolCall, ToolMessage
-from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine import events as ev
-from brisvox.agent.tool_engine.config import D_BUDGET, D_STALE, D_TOO_MANY
-from brisvox.agent.tool_engine.state import _EngineState, _Item
+from brisvox.agent.tool_engine.config import D_TOO_MANY
+from brisvox.agent.tool_engine.registry import ToolRegistry
+from brisvox.agent.tool_engine.state import _Item
 
 
 class Speculation:
@@ -63,19 +59,38 @@ class Speculation:
     def discard(self) -> None:
         self._state = "discarded"
 
+    def claim(self) -> tuple[int, list[_Item], list[_Item]]:
+        """For :meth:`ToolEngine.commit`: the epoch, every item and the held ones,
+        released (no longer held). Raises ``RuntimeError`` unless the speculation
+        is open; it is committed from now on."""
+        if self._state != "open":
+            raise RuntimeError(f"the speculation was already {self._state}")
+        self._state = "committed"
+        held = [it for it in self._items if it.held]
+        for it in held:
+            it.held = False
+        return self._epoch, self._items, held
 
-class _Planning(_EngineState):
-    """Steps 1 and 2 of a run: plan, admit (a part of :class:`ToolEngine`)."""
 
-    _max_calls: int
-    _newest: int | None
-    _invalid: dict[int, int]
+class Planner:
+    """Step 1 of a run: a response's calls into plan items (pure; see the module doc).
+
+    Reads the registry it was given (its tools as registered when ``plan`` runs)."""
+
+    __slots__ = ("_registry", "_max_calls", "_max_args")
+
+    def __init__(self, registry: ToolRegistry, max_calls: int, max_argument_bytes: int) -> None:
+        self._registry = registry
+        self._max_calls = max(1, max_calls)
+        self._max_args = max_argument_bytes
 
     # ------------------------------------------------------------------ step 1: plan
-    def _plan(self, calls: Sequence[ToolCall | InvalidCall], hold_side_effects: bool) -> tuple[list[_Item], bool]:
+    def plan(self, calls: Sequence[ToolCall | InvalidCall], hold_side_effects: bool) -> tuple[list[_Item], bool]:
+        """The items of ``calls`` in issue order, and whether any is malformed.
+        With ``hold_side_effects`` the valid SideEffect calls are held."""
         items: list[_Item] = []
         malformed = False
-        max_args = self.config.max_argument_bytes
+        max_args = self._max_args
         for pos, c in enumerate(calls):
             if isinstance(c, InvalidCall):
                 it = _Item(c.id, c.name or "", None, None)
@@ -87,7 +102,7 @@ class _Planning(_EngineState):
                 items.append(it)
                 continue
             name = c.name if isinstance(c.name, str) else ""
-            entry = self.registry.get(name)
+            entry = self._registry.get(name)
             it = _Item(c.id, name, c, entry)
             items.append(it)
             if pos >= self._max_calls:
@@ -128,33 +143,3 @@ class _Planning(_EngineState):
             if hold_side_effects and entry.spec.side_effect:
                 it.held = True
         return items, malformed
-
-    # ------------------------------------------------------------------ step 2: admit
-    def _new_turn(self, epoch: int) -> None:
-        self._newest = epoch
-        self._invalid.setdefault(epoch, 0)
-        while len(self._invalid) > 16:
-            del self._invalid[next(iter(self._invalid))]
-
-    def _admit(self, items: list[_Item], epoch: int, malformed: bool, spend: bool) -> bool:
-        """Stale / budget admission; returns whether the round is exhausted."""
-        if self._newest is not None and epoch < self._newest:
-            for it in items:
-                it.held = False
-                it.error(te.STALE_TURN, D_STALE, ev.STALE_TURN)
-                self._settled(epoch, it)
-            return False
-        if self._newest is None or epoch > self._newest:
-            self._new_turn(epoch)
-        before = self._invalid.get(epoch, 0)
-        count = before + 1 if (malformed and spend) else before
-        self._invalid[epoch] = count
-        exhausted = count > self.config.max_invalid_rounds
-        for it in items:
-            it.retries = before
-            if exhausted:
-                it.held = False
-                it.error(te.BUDGET_EXHAUSTED, D_BUDGET, ev.BUDGET_EXHAUSTED)
-            if it.msg is not None:
-                self._settled(epoch, it)
-        return exhausted

@@ -1,9 +1,11 @@
 """One run of a response's admitted calls, and the ReadOnly path (step 3 of a run).
 
-Owns :meth:`_Running._run`: every admitted call starts in issue order
-(SideEffect calls synchronously, before the first await), all run in
-parallel, and a dropped run is abandoned; and :meth:`_Running._run_read_only`,
-one ReadOnly call under its timeout and the turn's token.
+Owns :class:`Runner`, which the engine holds: :meth:`Runner.run`, where every
+admitted call starts in issue order (SideEffect calls synchronously, before
+the first await, through :class:`~brisvox.agent.tool_engine.side_effects.SideEffects`),
+all run in parallel, each traced when it settles, and a dropped run is
+abandoned; and the ReadOnly path, one ReadOnly call under its timeout and the
+turn's token.
 
 Invariants:
 
@@ -15,9 +17,10 @@ Invariants:
   ``result_too_large``.
 * No exception escapes a run except the caller's own cancellation
   (``asyncio.CancelledError``); then nothing of the run reaches the context:
-  its record is abandoned (:meth:`_Delivery._abandon
-  <brisvox.agent.tool_engine.delivery._Delivery._abandon>`), SideEffect results
+  its record is abandoned (:meth:`Delivery.abandon
+  <brisvox.agent.tool_engine.delivery.Delivery.abandon>`), SideEffect results
   it carried become late notes.
+* Runs are numbered in order (a record's ``run``), one engine's runs by one runner.
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ import asyncio
 
 import orjson
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import ToolMessage
-from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine import events as ev
+from brisvox.agent.tool_engine.call_info import CallInfo
 from brisvox.agent.tool_engine.config import (
     D_INTERRUPTED,
     D_NOT_STARTED,
@@ -37,23 +41,41 @@ from brisvox.agent.tool_engine.config import (
     _nbytes,
     _serialize,
 )
-from brisvox.agent.tool_engine.delivery import _RunRecord
+from brisvox.agent.tool_engine.delivery import Delivery, _RunRecord
 from brisvox.agent.tool_engine.registry import CancelToken, ToolContext, ToolError
 from brisvox.agent.tool_engine.scope import _Expired, _Interrupted, _Scope
-from brisvox.agent.tool_engine.side_effects import _SideEffects
+from brisvox.agent.tool_engine.side_effects import SideEffects
 from brisvox.agent.tool_engine.state import _Item
+from brisvox.agent.tool_engine.trace import CallTrace
+from brisvox.clock import Clock
 
 
-class _Running(_SideEffects):
-    """Step 3 of a run (a part of :class:`ToolEngine`)."""
+class Runner:
+    """Step 3 of a run (the invariants are the module's): runs the items it is
+    given that are neither answered nor held."""
 
-    _runs: int
+    __slots__ = ("_session", "_call_info", "_clock", "_max_result_bytes", "_side_effects", "_delivery",
+                 "_trace", "_stats", "_runs")
+
+    def __init__(self, *, session: str, call_info: CallInfo, clock: Clock, max_result_bytes: int,
+                 side_effects: SideEffects, delivery: Delivery, trace: CallTrace,
+                 stats: ev.ToolStats) -> None:
+        self._session = session
+        self._call_info = call_info
+        self._clock = clock
+        self._max_result_bytes = max_result_bytes
+        self._side_effects = side_effects
+        self._delivery = delivery
+        self._trace = trace
+        self._stats = stats
+        self._runs = 0
 
     # ------------------------------------------------------------------ step 3: run
-    async def _run(self, items: list[_Item], epoch: int, token: CancelToken) -> _RunRecord:
+    async def run(self, items: list[_Item], epoch: int, token: CancelToken) -> _RunRecord:
+        """Run ``items`` (answers in their slots); the record of what the run did."""
         self._runs += 1
         record = _RunRecord(self._runs)
-        now = self.clock.now()
+        now = self._clock.now()
         waits = []
         seen_se: set[str] = set()
         for it in items:
@@ -62,11 +84,11 @@ class _Running(_SideEffects):
             it.t0 = now
             assert it.entry is not None and it.call is not None
             if it.entry.spec.side_effect:
-                self._start_side_effect(it, epoch, token, record, seen_se)
+                self._side_effects.start(it, epoch, token, record, seen_se)
                 if it.msg is not None:
-                    self._settled(epoch, it)
+                    self._trace.settled(epoch, it)
                     continue
-                waits.append(self._await_side_effect(it, epoch, token, record))
+                waits.append(self._side_effect_slot(it, epoch, token, record))
             else:
                 waits.append(self._run_read_only(it, epoch, token))
         try:
@@ -76,9 +98,16 @@ class _Running(_SideEffects):
                 await asyncio.gather(*waits)
         except asyncio.CancelledError:
             # The execute future was dropped: nothing of this run reaches the context.
-            self._abandon(record)
+            self._delivery.abandon(record)
             raise
         return record
+
+    async def _side_effect_slot(self, it: _Item, epoch: int, token: CancelToken, record: _RunRecord) -> None:
+        try:
+            await self._side_effects.wait(it, epoch, token, record)
+        finally:
+            if it.msg is not None:
+                self._trace.settled(epoch, it)
 
     # -- ReadOnly
     async def _run_read_only(self, it: _Item, epoch: int, token: CancelToken) -> None:
@@ -87,9 +116,9 @@ class _Running(_SideEffects):
         if token.cancelled:
             self._stats.not_started_cancelled += 1
             it.error(te.INTERRUPTED, D_NOT_STARTED, ev.NOT_STARTED)
-            self._settled(epoch, it)
+            self._trace.settled(epoch, it)
             return
-        ctx = ToolContext(self.session, epoch, it.call_id, token, it.tool, self.call_info)
+        ctx = ToolContext(self._session, epoch, it.call_id, token, it.tool, self._call_info)
         try:
             try:
                 async with _Scope(token, spec.timeout):
@@ -119,7 +148,7 @@ class _Running(_SideEffects):
             except (TypeError, orjson.JSONEncodeError):
                 it.error(te.TOOL_FAILED, "the tool returned a value that is not JSON", ev.FAILED)
                 return
-            limit = self.config.max_result_bytes
+            limit = self._max_result_bytes
             n = _nbytes(text) if len(text) * 4 > limit else len(text)
             if n > limit:
                 it.error(te.RESULT_TOO_LARGE, f"the result is {n} bytes, over the limit of {limit} bytes",
@@ -128,4 +157,4 @@ class _Running(_SideEffects):
             it.answer(ToolMessage(it.call_id, text, False), ev.OK)
         finally:
             if it.msg is not None:
-                self._settled(epoch, it)
+                self._trace.settled(epoch, it)

@@ -14,7 +14,7 @@ Invariants:
 * Schemas within the common subset run on the compiled fast path of
   :mod:`brisvox.agent.tool_engine.fastschema` (same verdicts); any other schema runs
   on jsonschema.
-* A report has at most :data:`~brisvox.agent.tool_engine.errors.MAX_ISSUES` issues
+* A report has at most :data:`~brisvox.agent.conversation.tool_errors.MAX_ISSUES` issues
   ``{path, reason}`` with bounded fields, plus ``truncated`` when more exist.
 * No exception escapes :meth:`CompiledSchema.check`: a validator failure on a
   pathological value (recursion) is reported as an issue.
@@ -31,7 +31,7 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.tool_engine.fastschema import Check, Errors, canon, compile_fast
 
 

@@ -1,10 +1,12 @@
 """SideEffect runs: at most once, on their own task, recorded (never twice).
 
-Owns the start of a SideEffect call (in issue order, synchronously) with its
+Owns :class:`SideEffects`, which the engine holds and its runner calls: the
+start of a SideEffect call (in issue order, synchronously) with its
 idempotency check, the confirmation gate, the orphan and regeneration checks
 and the repeat rule (``already_done``); the task that owns the tool's future;
-the slot's wait for it (timeout, barge-in, a dropped execute); and the
-recording of the outcome in the idempotency store.
+the slot's wait for it (timeout, barge-in, a dropped execute); the recording
+of the outcome in the idempotency store; and the running tasks themselves
+(counted, aborted at the end of the session).
 
 Invariants:
 
@@ -37,9 +39,10 @@ from typing import Any
 
 import orjson
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import ToolMessage
-from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine import events as ev
+from brisvox.agent.tool_engine.call_info import CallInfo
 from brisvox.agent.tool_engine.config import (
     D_ALREADY_DONE,
     D_ALREADY_REPORTED,
@@ -52,6 +55,7 @@ from brisvox.agent.tool_engine.config import (
     D_STORE_FULL,
     D_TIMEOUT_SE,
     D_UNKNOWN,
+    EngineConfig,
     _cut_with_marker,
     _nbytes,
     _serialize,
@@ -62,9 +66,15 @@ from brisvox.agent.tool_engine.confirm import (
     PendingRequest,
     Refusal,
 )
-from brisvox.agent.tool_engine.delivery import _Delivery, _RunRecord
+from brisvox.agent.tool_engine.delivery import Delivery, _RunRecord
 from brisvox.agent.tool_engine.idempotency import Begin, IdempotencyStore
-from brisvox.agent.tool_engine.recent import NoteState, RecentCall, RunState, call_digest
+from brisvox.agent.tool_engine.recent import (
+    NoteState,
+    RecentCall,
+    RecentCalls,
+    RunState,
+    call_digest,
+)
 from brisvox.agent.tool_engine.registry import (
     CONFIRM_TOOL_NAME,
     CancelToken,
@@ -72,9 +82,11 @@ from brisvox.agent.tool_engine.registry import (
     RegisteredTool,
     ToolContext,
     ToolError,
+    ToolRegistry,
 )
 from brisvox.agent.tool_engine.scope import _Expired, _Interrupted, _Scope
 from brisvox.agent.tool_engine.state import _Flight, _Item
+from brisvox.clock import Clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +99,50 @@ class _Mutations:
     failures_count_as_success: bool = False
 
 
-class _SideEffects(_Delivery):
-    """SideEffect start, task, wait and record (a part of :class:`ToolEngine`)."""
+class SideEffects:
+    """SideEffect start, task, wait and record (the invariants are the module's).
 
-    _store: IdempotencyStore
-    _tasks: set[asyncio.Task[None]]
-    _mut: _Mutations
-    confirmations: Confirmations
+    Holds what the engine shares with it: the idempotency store, the recent
+    calls, the confirmation gate, the counters, and the :class:`Delivery` that
+    takes a result that missed its slot. Owns the running tasks."""
+
+    __slots__ = ("_session", "_call_info", "_clock", "_config", "_registry", "_store", "_recent",
+                 "_confirmations", "_stats", "_delivery", "_mut", "_tasks")
+
+    def __init__(self, *, session: str, call_info: CallInfo, clock: Clock, config: EngineConfig,
+                 registry: ToolRegistry, store: IdempotencyStore, recent: RecentCalls,
+                 confirmations: Confirmations, stats: ev.ToolStats, delivery: Delivery,
+                 mutations: _Mutations) -> None:
+        self._session = session
+        self._call_info = call_info
+        self._clock = clock
+        self._config = config
+        self._registry = registry
+        self._store = store
+        self._recent = recent
+        self._confirmations = confirmations
+        self._stats = stats
+        self._delivery = delivery
+        self._mut = mutations
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- the running tasks
+    def running(self) -> list[asyncio.Task[None]]:
+        """The SideEffect tasks not yet ended."""
+        return [t for t in self._tasks if not t.done()]
+
+    def abort(self) -> None:
+        """Cancel every SideEffect task (each records its key lost at its next await point)."""
+        for t in list(self._tasks):
+            t.cancel()
 
     # -- SideEffect: synchronous start (issue order)
-    def _start_side_effect(self, it: _Item, epoch: int, token: CancelToken, record: _RunRecord,
-                           seen: set[str]) -> None:
+    def start(self, it: _Item, epoch: int, token: CancelToken, record: _RunRecord, seen: set[str]) -> None:
+        """Start ``it`` (issue order, no await): on its own task, or answered at once
+        (replay, refusal, the confirmation gate) with ``it.msg`` set."""
         assert it.entry is not None and it.call is not None
         spec = it.entry.spec
-        key = IdempotencyKey(self.session, epoch, it.call_id)
+        key = IdempotencyKey(self._session, epoch, it.call_id)
         if it.call_id in seen:
             it.error(te.DUPLICATE_CALL, D_DUPLICATE, ev.DUPLICATE)
             return
@@ -118,14 +160,14 @@ class _SideEffects(_Delivery):
         tool_name = it.tool
         confirms: PendingRequest | None = None
         if tool_name == CONFIRM_TOOL_NAME:
-            taken = self.confirmations.take(str(args.get("call_id", "")), epoch, self.clock.now())
+            taken = self._confirmations.take(str(args.get("call_id", "")), epoch, self._clock.now())
             if isinstance(taken, Refusal):
                 self._stats.confirmations_refused += 1
                 kind = te.STALE_TURN if taken is Refusal.STALE else te.CONFIRMATION_REFUSED
                 it.error(kind, taken.value, ev.CONFIRMATION_REFUSED)
                 return
             confirms = taken
-            target = self.registry.get(taken.tool)
+            target = self._registry.get(taken.tool)
             if target is None:
                 it.error(te.UNKNOWN_TOOL, f"there is no tool named {taken.tool!r}", ev.UNKNOWN_TOOL)
                 return
@@ -133,7 +175,7 @@ class _SideEffects(_Delivery):
         else:
             digest = call_digest(tool_name, args)
             if spec.confirm:
-                self.confirmations.request(it.call_id, tool_name, args, digest, epoch, self.clock.now())
+                self._confirmations.request(it.call_id, tool_name, args, digest, epoch, self._clock.now())
                 self._stats.confirmations_requested += 1
                 body = orjson.dumps({"status": "confirmation_required", "tool": te.bound(tool_name, te.MAX_TOOL_BYTES),
                                      "call_id": it.call_id, "message": CONFIRM_MESSAGE}).decode()
@@ -160,21 +202,21 @@ class _SideEffects(_Delivery):
             return
         recent = None
         if confirms is None:
-            recent = RecentCall(key, tool_name, digest, epoch, record.run, self.clock.now())
+            recent = RecentCall(key, tool_name, digest, epoch, record.run, self._clock.now())
             self._recent.add(recent)
             record.running.append(recent)
         it.recent = recent
         flight = _Flight(key, run_entry.spec.name, it.call_id, epoch, recent, run_entry.spec.timeout)
         it.flight = flight
         if confirms is not None:
-            tool_ctx = ToolContext(self.session, confirms.epoch, confirms.call_id, token, confirms.tool,
-                                   self.call_info)
+            tool_ctx = ToolContext(self._session, confirms.epoch, confirms.call_id, token, confirms.tool,
+                                   self._call_info)
             self._stats.confirmations_run += 1
         else:
-            tool_ctx = ToolContext(self.session, epoch, it.call_id, token, tool_name, self.call_info)
-        ev.log_side_effect(self.session, run_entry.spec.name, epoch, key,
+            tool_ctx = ToolContext(self._session, epoch, it.call_id, token, tool_name, self._call_info)
+        ev.log_side_effect(self._session, run_entry.spec.name, epoch, key,
                            confirms.call_id if confirms else None)
-        backstop = max(self.config.max_side_effect_runtime, run_entry.spec.timeout)
+        backstop = max(self._config.max_side_effect_runtime, run_entry.spec.timeout)
         task = asyncio.get_running_loop().create_task(
             self._side_effect_task(flight, run_entry, run_args, tool_ctx, backstop))
         flight.task = task
@@ -192,7 +234,7 @@ class _SideEffects(_Delivery):
         return True
 
     def _answer_orphan(self, it: _Item, tool: str, digest: bytes, epoch: int, record: _RunRecord) -> bool:
-        rc = self._recent.find_orphan(tool, digest, record.run, self.clock.now(), self.config.orphan_window)
+        rc = self._recent.find_orphan(tool, digest, record.run, self._clock.now(), self._config.orphan_window)
         if rc is None:
             return False
         if rc.state is RunState.RUNNING:
@@ -240,7 +282,7 @@ class _SideEffects(_Delivery):
                     content, is_error, outcome = te.error_body(
                         te.TOOL_FAILED, flight.tool, "the tool returned a value that is not JSON"), True, ev.FAILED
                 else:
-                    limit = self.config.max_result_bytes
+                    limit = self._config.max_result_bytes
                     if len(content) * 4 > limit and _nbytes(content) > limit:
                         content, outcome = _cut_with_marker(content, limit), ev.OK_TRUNCATED
         finally:
@@ -259,51 +301,44 @@ class _SideEffects(_Delivery):
         if not flight.closed and not flight.waiter.done():
             flight.waiter.set_result((msg, outcome))
             return
-        self._push_note(flight.call_id, flight.tool, msg, rc)
-        self._stats.side_effect_late_results += 1
-        ev.emit("late_result", self.session, flight.epoch, flight.call_id, flight.tool, ev.LATE_RESULT, 0, 0)
+        self._delivery.report_late(flight.call_id, flight.tool, msg, rc, flight.epoch)
 
     # -- SideEffect: the slot's wait
-    async def _await_side_effect(self, it: _Item, epoch: int, token: CancelToken, record: _RunRecord) -> None:
+    async def wait(self, it: _Item, epoch: int, token: CancelToken, record: _RunRecord) -> None:
+        """The slot of a started call: answered with its result, at its timeout or at
+        the barge-in (the call keeps running; its result becomes a late note)."""
         assert it.flight is not None and it.entry is not None
         flight = it.flight
         timeout = flight.timeout
         try:
-            try:
-                async with _Scope(token, timeout):
-                    msg, outcome = await flight.waiter
-            except _Expired:
-                if self._take_arrived(it, flight):
-                    return
-                flight.closed = True
-                self._orphan(flight.recent)
-                it.error(te.TIMEOUT, D_TIMEOUT_SE.format(t=timeout), ev.TIMED_OUT_RUNNING)
+            async with _Scope(token, timeout):
+                msg, outcome = await flight.waiter
+        except _Expired:
+            if self._take_arrived(it, flight):
                 return
-            except _Interrupted:
-                if self._take_arrived(it, flight):
-                    return
-                flight.closed = True
-                self._orphan(flight.recent)
-                self._stats.side_effect_interrupted += 1
-                it.error(te.INTERRUPTED, D_INTERRUPTED_RUNNING, ev.INTERRUPTED_RUNNING)
+            flight.closed = True
+            self._delivery.orphan(flight.recent)
+            it.error(te.TIMEOUT, D_TIMEOUT_SE.format(t=timeout), ev.TIMED_OUT_RUNNING)
+            return
+        except _Interrupted:
+            if self._take_arrived(it, flight):
                 return
-            except asyncio.CancelledError:
-                # The execute future was dropped. A result that arrived but was not
-                # read becomes a note; a later one is noted by the task.
-                flight.closed = True
-                self._orphan(flight.recent)
-                if flight.waiter.done() and not flight.waiter.cancelled():
-                    m, _ = flight.waiter.result()
-                    self._push_note(flight.call_id, flight.tool, m, flight.recent)
-                    self._stats.side_effect_late_results += 1
-                    ev.emit("late_result", self.session, epoch, flight.call_id, flight.tool, ev.LATE_RESULT, 0,
-                            it.retries)
-                raise
-            it.answer(msg, outcome)
-            record.fresh.append((flight.recent, msg, flight.tool, flight.epoch))
-        finally:
-            if it.msg is not None:
-                self._settled(epoch, it)
+            flight.closed = True
+            self._delivery.orphan(flight.recent)
+            self._stats.side_effect_interrupted += 1
+            it.error(te.INTERRUPTED, D_INTERRUPTED_RUNNING, ev.INTERRUPTED_RUNNING)
+            return
+        except asyncio.CancelledError:
+            # The execute future was dropped. A result that arrived but was not
+            # read becomes a note; a later one is noted by the task.
+            flight.closed = True
+            self._delivery.orphan(flight.recent)
+            if flight.waiter.done() and not flight.waiter.cancelled():
+                m, _ = flight.waiter.result()
+                self._delivery.report_late(flight.call_id, flight.tool, m, flight.recent, epoch, it.retries)
+            raise
+        it.answer(msg, outcome)
+        record.fresh.append((flight.recent, msg, flight.tool, flight.epoch))
 
     def _take_arrived(self, it: _Item, flight: _Flight) -> bool:
         w = flight.waiter

@@ -1,17 +1,15 @@
-"""What the tool engine holds while it handles calls, and the trace of settled calls.
+"""What the tool engine holds while it handles calls.
 
-Owns :class:`_Item` (one call of a response, from planning to its answer),
-:class:`_Flight` (one running SideEffect call: the task and the slot waiting for
-it), :class:`_EngineState` (the state every part of the engine shares, declared
-here once and set by :class:`~brisvox.agent.tool_engine.engine.ToolEngine`;
-each part declares the state only it uses) and :meth:`_EngineState._settled`,
-the trace.
+Owns :class:`_Item` (one call of a response, from planning to its answer) and
+:class:`_Flight` (one running SideEffect call: the task and the slot waiting
+for it). The parts of the engine pass them to each other; none of them keeps
+an item past the run it belongs to, except a :class:`Speculation
+<brisvox.agent.tool_engine.planning.Speculation>` until its commit.
 
 Invariants:
 
-* Each settled call emits one DEBUG event on the ``brisvox.tools`` logger
-  (session, epoch, call id, tool, outcome, duration, retries).
-* Arguments are never logged (nor results).
+* An item whose ``msg`` is set is answered: it never runs. Only admission
+  (``stale_turn``, ``budget_exhausted``) replaces an answer, before anything runs.
 * Run on one event loop: nothing here is thread-safe.
 """
 
@@ -20,14 +18,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import ToolCall, ToolMessage
-from brisvox.agent.tool_engine import errors as te
-from brisvox.agent.tool_engine import events as ev
-from brisvox.agent.tool_engine.call_info import CallInfo
-from brisvox.agent.tool_engine.config import EngineConfig
-from brisvox.agent.tool_engine.recent import RecentCall, RecentCalls
-from brisvox.agent.tool_engine.registry import IdempotencyKey, RegisteredTool, ToolRegistry
-from brisvox.clock import Clock
+from brisvox.agent.tool_engine.recent import RecentCall
+from brisvox.agent.tool_engine.registry import IdempotencyKey, RegisteredTool
 
 
 class _Item:
@@ -71,23 +65,3 @@ class _Flight:
         self.waiter: asyncio.Future[tuple[ToolMessage, str]] = asyncio.get_running_loop().create_future()
         self.closed = False
         self.task: asyncio.Task[None] | None = None
-
-
-class _EngineState:
-    """The state shared by the engine's parts (set in ``ToolEngine.__init__``)."""
-
-    registry: ToolRegistry
-    session: str
-    call_info: CallInfo
-    clock: Clock
-    config: EngineConfig
-    _recent: RecentCalls
-    _stats: ev.ToolStats
-
-    # ------------------------------------------------------------------ trace
-    def _settled(self, epoch: int, it: _Item) -> None:
-        dur = 0
-        if it.t0 is not None:
-            dur = int(round((self.clock.now() - it.t0) * 1e6))
-        ev.emit("tool call settled", self.session, epoch, it.call_id, it.tool, it.outcome, dur, it.retries)
-

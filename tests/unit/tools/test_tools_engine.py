@@ -9,8 +9,8 @@ import gc
 
 import pytest
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import SystemMessage, ToolCall, UserMessage
-from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine.config import MAILBOX_CAPACITY, TRUNCATION_MARKER
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import CancelToken, IdempotencyKey, ToolContext

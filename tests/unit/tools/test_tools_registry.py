@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.tool_engine.registry import (
     CONFIRM_TOOL_NAME,
     RegistryError,

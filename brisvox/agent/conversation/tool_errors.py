@@ -1,7 +1,10 @@
-"""Error results of the tool layer: kinds, bounded fields, JSON bodies (docs/TOOLS.md).
+"""Error results of tool calls: kinds, bounded fields, JSON bodies (docs/TOOLS.md).
 
 Owns the spelling of every error kind the LLM can read and the byte bounds of
-the fields of an error body. Every refusal or failure of a tool call is a tool
+the fields of an error body. It lives with the conversation because the
+conversation writes error results itself (the assembler's ``invalid tool
+call``, the context's ``interrupted`` for calls left open); the tool engine,
+above the conversation, writes the rest. Every refusal or failure of a tool call is a tool
 message with ``is_error=True`` whose content is the JSON object
 ``{"error": kind, "tool": name, "detail": text}`` (invalid arguments add
 ``"issues"`` and ``"truncated"``).
