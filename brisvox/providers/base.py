@@ -86,8 +86,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 class ProviderError(Exception):
     """A provider operation failed. ``kind`` is a stable counter label; ``retryable``
-    tells the runner's retry rule (one retry, only before anything was sent)
-    whether trying again could help (HTTP 400/404/413/422 are not retryable).
+    says whether trying again could help (HTTP 400/404/413/422 are not retryable;
+    the resilience layer never re-issues ``bad_request``, the LLM runner nothing).
     ``retry_after``: seconds the server asked to wait before a retry (an HTTP
     ``Retry-After`` on a 429/503), None when it said nothing."""
 

@@ -9,7 +9,8 @@ counters the checks read. ``docs/TESTING.md`` says what each one checks.
 * s03 three consecutive turns without barge-in (each must reach the wire)
 * s04 resume: a pause shorter than the end-of-turn silence is one turn
 * s05 STT session dies mid-utterance (synthetic final, promoted interim), recovers
-* s06 LLM failure (both attempts), no invented speech; the next turn is answered
+* s06 LLM failure (the request; the simulator's LLM has no resilience layer, the runner
+  no retry), no invented speech; the next turn is answered
 * s07 a non-word sound (cough) is an empty turn: no request; then a real turn
 * s08 a tool turn: text, ReadOnly tool, text
 * s09 a backchannel while the bot speaks: vetoed, the answer plays whole
@@ -94,7 +95,7 @@ def s05() -> tuple[SimCall, SimTools | None]:
 def s06() -> tuple[SimCall, SimTools | None]:
     return SimCall(
         steps=[Utter("tell me something", at=0.5), Utter("are you there", after=4.0)],
-        llm=[LlmScript((Fail("server"),)), LlmScript((Fail("server"),)), LlmScript((Say("Yes, I am here."),))],
+        llm=[LlmScript((Fail("server"),)), LlmScript((Say("Yes, I am here."),))],
     ), None
 
 

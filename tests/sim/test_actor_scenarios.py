@@ -111,7 +111,8 @@ def test_s06_llm_failure_invents_no_speech(results):
     msgs = list(res.actor.context)
     assert isinstance(msgs[1], UserMessage) and isinstance(msgs[2], UserMessage)
     assert texts(res) == ["Yes, I am here."]
-    assert res.actor.runner.st.retries == 1 and res.actor.runner.st.silent_turns == 1
+    assert res.actor.runner.st.errors == 1 and res.actor.runner.st.silent_turns == 1
+    assert len(res.llm.probe.request_times) == 2  # one request per turn: the runner does not retry
 
 
 def test_s07_a_cough_is_an_empty_turn(results):

@@ -1,15 +1,14 @@
 """Bad provider input through the LLM runner: a counted error and the documented fallback, never a hang.
 
-The runner (``brisvox/agent/pipeline/llm_runner.py``) retries once only while nothing of the
-response was sent, keeps the partial text of a failed response in the
-context, invents no speech, and ends the turn (LlmResponseEnded; a turn with
-no speech sends BotEnded "silent" upstream). Over the OpenAI-compatible
-adapter against the loopback fake:
+The runner (``brisvox/agent/pipeline/llm_runner.py``) makes one request per round and never
+retries it (the resilience layer does, and it is not used here), keeps the partial text of a
+failed response in the context, invents no speech, and ends the turn (LlmResponseEnded; a
+turn with no speech sends BotEnded "silent" upstream). Over the OpenAI-compatible adapter
+against the loopback fake:
 
-* garbage: both attempts fail ``protocol``; two requests, two counted errors,
-  the turn ends silent;
-* an oversized response after some text: ``oversized``, no retry (text was
-  sent), the partial text stays in the context;
+* garbage: ``protocol``; one request, one counted error, the turn ends silent;
+* an oversized response after some text: ``oversized``, the partial text stays in
+  the context;
 * a never-ending stream (keep-alive comments after some text): the runner's
   idle timeout ends it; a silent server: the first-token timeout (counted);
 * a stream cut mid-way: ``closed``, the partial text kept.
@@ -70,9 +69,8 @@ def partial(rig: Rig) -> list[str]:
 def test_garbage() -> None:
     before = STATS["error.protocol"]
     rig, sv, spoken, _ = run(Reply(200, [b"data: {{{{ garbage\n\n"]))
-    # a stream the adapter cannot parse is a protocol error, not retryable (the same server
-    # would send the same bytes again): the runner does not retry it
-    assert len(sv.bodies) == 1 and rig.runner.st.errors == 1 and rig.runner.st.retries == 0
+    # a stream the adapter cannot parse is a protocol error: the runner does not retry (nothing)
+    assert len(sv.bodies) == 1 and rig.runner.st.errors == 1
     assert spoken == "" and silent_turn(rig)
     assert STATS["error.protocol"] == before + 1
 
@@ -80,7 +78,7 @@ def test_garbage() -> None:
 def test_oversized_after_text() -> None:
     big = reply_for("openai", Resp(text=["Hello there. "] + ["x" * 1000] * 3000)).chunks
     rig, sv, spoken, _ = run(Reply(200, big))
-    assert len(sv.bodies) == 1 and rig.runner.st.errors == 1 and rig.runner.st.retries == 0
+    assert len(sv.bodies) == 1 and rig.runner.st.errors == 1
     assert spoken.startswith("Hello there.")
     assert partial(rig) and partial(rig)[0].startswith("Hello there.")
 
@@ -97,7 +95,7 @@ def test_silent_server_hits_the_first_token_timeout() -> None:
     r = reply_for("openai", Resp(text=["late"]))
     r.first_byte_delay = 5.0
     rig, sv, spoken, took = run(r)
-    assert rig.runner.st.first_token_timeouts == 2 and len(sv.bodies) == 2  # one retry, nothing was sent
+    assert rig.runner.st.first_token_timeouts == 1 and len(sv.bodies) == 1  # no retry in the runner
     assert spoken == "" and silent_turn(rig) and took < 4.0
 
 

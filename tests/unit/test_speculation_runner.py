@@ -3,7 +3,8 @@
 Hit and buffering, identical frames and request, miss, withdrawal, replacement, drops
 (new turn, barge-in, stop, another epoch), off, tools (SideEffect held then run once,
 discarded unrun, ReadOnly ahead and used, ReadOnly cancelled), a late note makes a miss,
-expiry, retry, failure after output, back-pressure, barge-in after the commit, no leaked
+expiry, a failed speculative stream (final for the round; re-issued by the resilience layer
+inside the helper), failure after output, back-pressure, barge-in after the commit, no leaked
 tasks, the helper's first-token and idle timeouts, and a provider streaming forever.
 """
 
@@ -38,6 +39,7 @@ from brisvox.providers.base import (
     ToolCallDelta,
     Usage,
 )
+from brisvox.providers.resilience import Resilience, ResilientLlm
 from brisvox.sim.vloop import run_virtual
 from tests.providers_fakes.runner_rig import Rig, ToolLog, scenario_registry
 
@@ -307,16 +309,33 @@ def test_a_late_note_between_candidate_and_turn_end_is_a_context_change():
 # -- failures ----------------------------------------------------------------------------------
 
 
-def test_a_failed_speculative_stream_is_the_first_attempt_and_is_retried_fresh():
+def test_a_failed_speculative_stream_is_the_rounds_final_failure():
+    """The round does not retry (the resilience layer does, inside the helper: below): the
+    turn ends silent, one request, one counted error."""
     async def main():
         llm = Llm(script=lambda r, n: [LlmError("server", "503")] if n == 0 else echo(r, n))
         async with Rig(llm, ToolRegistry(), speculation=ON) as rig:
             offer(rig, 1, "hello")
             await settle(0.5)
             text = await rig.turn(1, "hello")
-            assert text == "You said hello."
-            assert rig.runner.st.retries == 1 and rig.runner.st.requests == 2 and len(llm.requests) == 2
+            assert text == "" and rig.runner.st.silent_turns == 1
+            assert rig.runner.st.errors == 1 and rig.runner.st.requests == 1 and len(llm.requests) == 1
             assert rig.runner.spec.st.hits == 1 and rig.runner.spec.st.failures == 1
+    run(main)
+
+
+def test_a_speculative_request_that_failed_before_output_is_reissued_by_the_resilience_layer():
+    async def main():
+        llm = Llm(script=lambda r, n: [LlmError("server", "503")] if n == 0 else echo(r, n))
+        wrapped = ResilientLlm(llm, resilience=Resilience())
+        async with Rig(wrapped, ToolRegistry(), speculation=ON) as rig:
+            offer(rig, 1, "hello")
+            await settle(0.5)
+            text = await rig.turn(1, "hello")
+            assert text == "You said hello."
+            assert rig.runner.st.errors == 0 and rig.runner.st.requests == 1 and len(llm.requests) == 2
+            assert wrapped.stats()["retries"] == 1
+            assert rig.runner.spec.st.hits == 1 and rig.runner.spec.st.failures == 0
     run(main)
 
 
@@ -327,12 +346,12 @@ def test_a_failure_after_output_keeps_the_partial_text_without_a_retry():
             offer(rig, 1, "hello")
             await settle(0.5)
             text = await rig.turn(1, "hello")
-            assert text == "Well, the" and rig.runner.st.retries == 0 and len(llm.requests) == 1
+            assert text == "Well, the" and rig.runner.st.errors == 1 and len(llm.requests) == 1
             assert rig.runner.ctx[-1].text == "Well, the"
     run(main)
 
 
-def test_the_helpers_first_token_timeout_fails_the_committed_round_which_retries():
+def test_the_helpers_first_token_timeout_fails_the_committed_round():
     async def main():
         llm = Llm(script=lambda r, n: [("sleep", 100.0)] if n == 0 else echo(r, n))
         async with Rig(llm, ToolRegistry(), speculation=ON,
@@ -341,8 +360,9 @@ def test_the_helpers_first_token_timeout_fails_the_committed_round_which_retries
             offer(rig, 1, "hello")
             await settle(0.2)
             text = await rig.turn(1, "hello")
-            assert text == "You said hello."
-            assert rig.runner.st.first_token_timeouts == 1 and llm.times[1] - t0 == pytest.approx(1.0)  # at the helper's timeout
+            assert text == "" and len(llm.requests) == 1  # no retry in the round
+            assert rig.runner.st.first_token_timeouts == 1 and rig.runner.st.silent_turns == 1
+            assert CLOCK.now() - t0 == pytest.approx(1.0, abs=0.05)  # at the helper's timeout
     run(main)
 
 

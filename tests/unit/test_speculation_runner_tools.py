@@ -156,7 +156,7 @@ def _new_turn_during_the_tool_phase(spec: SpeculationConfig, end_it: bool) -> tu
             if end_it:  # the new turn ends while the call still runs: round 1 is halted
                 rig.start_turn(2, "never mind")
             await settle(2.0)
-            task = rig.runner._task
+            task = rig.runner._round_task
             return list(rig.runner.ctx.messages), log, task is not None and task.done()
     return run(main)
 

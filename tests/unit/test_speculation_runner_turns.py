@@ -95,7 +95,7 @@ def _new_turn_while_answering(spec: SpeculationConfig) -> tuple[list[Any], bool,
             rig.watch.bump(2)  # a new turn without a barge-in (the driver's response backstop)
             rig.runner.inbox.put_nowait(UserTurnStarted(2))
             await settle(3.0)
-            task = rig.runner._task
+            task = rig.runner._round_task
             return list(rig.runner.ctx.messages), task is not None and task.done(), rig.runner.spec.st.hits
     return run(main)
 

@@ -116,7 +116,6 @@ max_calls = 150
 first_token_timeout_s = 2.0
 idle_timeout_s = 5.0
 mark_timeout_s = 3.0
-llm_retries = 1
 
 [calls]
 path = "{tmp / 'records'}"

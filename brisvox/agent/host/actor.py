@@ -77,6 +77,7 @@ from brisvox.agent.host.call_events import CallEvents
 from brisvox.agent.host.call_metrics import METRICS
 from brisvox.agent.host.call_record import build_record
 from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
+from brisvox.agent.pipeline.call_config import QueueConfig
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.call_io import AudioSink, AudioSource, CallLink
 from brisvox.agent.pipeline.chain import CHAIN, CallParts, StageSpec, assemble
@@ -123,17 +124,11 @@ IN16_RATE = 16000
 
 
 @dataclass(frozen=True, slots=True)
-class QueueConfig:
-    input: int = 8
-    user: int = 8
-    bot: int = 32
-    sink: int = 4
-    system: int = 32
-    dtmf: int = 64  # caller digits waiting for room in the turn driver's inbox (beyond: refused)
-
-
-@dataclass(frozen=True, slots=True)
 class ActorConfig:
+    """One call actor's configuration: a :class:`~brisvox.agent.pipeline.call_config.ChainConfig`
+    (the inboxes and every stage's config) plus what the actor itself uses (the playout
+    book, stage supervision, the hang-up bound)."""
+
     queues: QueueConfig = field(default_factory=QueueConfig)
     stt: SttStageConfig = field(default_factory=SttStageConfig)
     turn: TurnDriverConfig = field(default_factory=TurnDriverConfig)

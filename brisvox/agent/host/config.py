@@ -51,7 +51,6 @@ class AgentsConfig:
     settle_wait_ms: int = Field(default=250, ge=0, le=2000)  # wait for the final position after a barge-in
     max_tool_rounds: int = Field(default=6, ge=1, le=32)
     filler_delay_ms: int = Field(default=1200, ge=0, le=30_000)  # speak a filler when a tool takes longer
-    llm_retries: int = Field(default=1, ge=0, le=5)
     first_token_timeout_s: float = Field(default=8.0, ge=0.5, le=120.0)
     idle_timeout_s: float = Field(default=15.0, ge=0.5, le=600.0)
     max_ahead_ms: int = Field(default=2000, ge=100, le=30_000)  # TTS audio written ahead of playout at most
@@ -110,7 +109,6 @@ class AgentsConfig:
             llm=replace(
                 base.llm,
                 system_prompt=self.system_prompt,
-                retries=self.llm_retries,
                 max_tool_rounds=self.max_tool_rounds,
                 filler=FillerConfig(enabled=self.filler_delay_ms > 0, delay=self.filler_delay_ms / 1000),
                 timeouts=to,

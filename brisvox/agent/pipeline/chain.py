@@ -8,11 +8,12 @@ simulator harness, ``bench/bench_actor.py`` through the harness):
 
 Each :class:`StageSpec` names the stage (its inbox and its key in the stats
 and the call record), its class, the selector of its config from the
-:class:`~brisvox.agent.host.actor.ActorConfig`, its inbox shape, what is truly
+:class:`~brisvox.agent.pipeline.call_config.ChainConfig` (the call actor's
+:class:`~brisvox.agent.host.actor.ActorConfig` is one), its inbox shape, what is truly
 its own (:class:`CallParts`: a provider, the tool engine, a starting
 context) and the upstream frames routed to it by type.
 
-* Inbox shapes (:class:`~brisvox.agent.host.actor.QueueConfig`): input 8 data
+* Inbox shapes (:class:`~brisvox.agent.pipeline.call_config.QueueConfig`): input 8 data
   frames (lossy, drop-oldest), user 8 (lossless), bot 32, sink 4; system
   lanes 32.
 * Upstream: BotStarted and BotEnded go to the turn driver (the sole epoch
@@ -27,10 +28,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brisvox.agent.conversation.context import Context
 from brisvox.agent.flows.manager import FlowManager
+from brisvox.agent.pipeline.call_config import ChainConfig, QueueConfig
 from brisvox.agent.pipeline.call_context import CallContext
 from brisvox.agent.pipeline.frames import BotEnded, BotStarted, PipelineFrame
 from brisvox.agent.pipeline.llm_runner import LlmRunner
@@ -44,9 +46,6 @@ from brisvox.agent.pipeline.turn_driver import TurnDriver
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
 from brisvox.providers.s2s.base import S2sProvider
-
-if TYPE_CHECKING:
-    from brisvox.agent.host.actor import ActorConfig, QueueConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,13 +87,13 @@ def _nothing(parts: CallParts) -> dict[str, Any]:
 class StageSpec:
     name: str
     cls: Callable[..., Stage]
-    config: Callable[[ActorConfig, CallContext], object]
+    config: Callable[[ChainConfig, CallContext], object]
     inbox: InboxShape
     own: Callable[[CallParts], dict[str, Any]] = _nothing
     upstream: tuple[type[PipelineFrame], ...] = ()
 
 
-def tts_config(cfg: ActorConfig, call: CallContext) -> TtsStageConfig:
+def tts_config(cfg: ChainConfig, call: CallContext) -> TtsStageConfig:
     """The TTS stage converts to the call's tts ring rate."""
     t = cfg.tts
     return t if t.ring_rate == call.tts_rate else replace(t, ring_rate=call.tts_rate)
@@ -136,7 +135,7 @@ def with_stage(chain: Sequence[StageSpec], name: str, cls: Callable[..., Stage])
     return tuple(replace(s, cls=cls) if s.name == name else s for s in chain)
 
 
-def assemble(chain: Sequence[StageSpec], call: CallContext, cfg: ActorConfig, parts: CallParts) -> list[Stage]:
+def assemble(chain: Sequence[StageSpec], call: CallContext, cfg: ChainConfig, parts: CallParts) -> list[Stage]:
     """Every stage of ``chain``, in order, routed upstream and piped into the next."""
     stages: list[Stage] = []
     for spec in chain:

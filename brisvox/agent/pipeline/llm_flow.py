@@ -1,30 +1,38 @@
-"""The LLM runner driving a flow (a mixin of :class:`LlmRunner`; docs/FLOWS.md).
+"""The LLM runner's offer of tools and its side of a flow (docs/FLOWS.md).
 
-Owns the runner's side of :class:`~brisvox.agent.flows.manager.FlowManager`:
+Owns :class:`FlowHook` (one per runner, with or without a
+:class:`~brisvox.agent.flows.manager.FlowManager`) and :class:`FlowHost`, the little it
+needs of the runner while it enters a transition or runs actions:
 
 * The request of every round offers the current node's tools and functions
-  (:meth:`_round_tools`); a call of anything else is answered ``unknown_tool`` in its slot
-  (:meth:`_flow_screen`: an :class:`InvalidCall`, never run), so the model cannot reach a
+  (:meth:`FlowHook.tools`); a call of anything else is answered ``unknown_tool`` in its slot
+  (:meth:`FlowHook.screen`: an :class:`InvalidCall`, never run), so the model cannot reach a
   later node's tools early.
-* After a round's results are in the context, :meth:`_flow_after` asks the manager for the
-  transition they make and enters it: the old node's post-actions, the new context (a copy
-  the manager built: append / reset / reset with the collected data) swapped in and the
-  playout book's rounds marked applied (nothing cuts the old context any more), then the
-  new node's pre-actions; the turn goes on with the new node's prompt and tools. Past
+* After a round's results are in the context, :meth:`FlowHook.after` asks the manager for
+  the transition they make and enters it: the old node's post-actions, the new context (a
+  copy the manager built from the context as it was when the transition began: append /
+  reset / reset with the collected data) handed to :meth:`FlowHost.swap_context` (the
+  runner swaps it in and marks the playout book's rounds applied, so nothing cuts the old
+  context any more; ``reset``: the summary was of the replaced conversation), then the new
+  node's pre-actions; the turn goes on with the new node's prompt and tools. Past
   ``max_transitions`` the flow's fallback line is said and the call ends.
 * A round with no calls at a node with no transitions ends the node: its post-actions run
-  (:meth:`_flow_final`: the goodbye node's ``end_call``).
-* The start node's pre-actions are said at the call's first turn (the greeting's, or the
-  caller's first); a keypad entry matching the node's ``on_keypad`` moves the flow at the
-  start of the entry's own turn (:meth:`keypad_turn`), then the model answers from there;
-  so does the late result of a ``next_on`` tool a barge-in cut (:meth:`flow_late`).
-* Actions: ``say`` is a fixed line (its own round, into the context, played from its
-  pre-rendered clip after its first rendering: the TTS stage's clip cache); ``end_call``,
-  ``transfer`` and ``tool`` run the registry's tool once (``end_call``, ``transfer_call``
-  or the named one) with its own timeout; a missing tool is counted and logged.
+  (:meth:`FlowHook.final`: the goodbye node's ``end_call``).
+* The start node's pre-actions (taken from the manager at construction) are said at the
+  call's first turn (the greeting's, or the caller's first: :meth:`FlowHook.start_turn`,
+  once); a keypad entry matching the node's ``on_keypad`` moves the flow at the start of
+  the entry's own turn (:meth:`FlowHook.keypad`), then the model answers from there; so
+  does the late result of a ``next_on`` tool a barge-in cut (:meth:`FlowHook.late`).
+* Actions: ``say`` is a fixed line (:meth:`FlowHost.speak`: its own round, into the
+  context, played from its pre-rendered clip after its first rendering: the TTS stage's
+  clip cache); ``end_call``, ``transfer`` and ``tool`` run the registry's tool once
+  (``end_call``, ``transfer_call`` or the named one) with its own timeout; a missing or
+  failing tool is counted (``action_failures``) and logged, and the call goes on. Every
+  action stops at a halted turn.
 * Without a flow, the runner's observer (the agent link, :mod:`.observer`) shapes the offer:
-  :meth:`_round_tools` offers what it says, and a call of a tool it screens (narrowed away by
-  ``tools.set``) is answered ``unknown_tool`` in its slot, never run (:class:`_Unoffered`).
+  :meth:`FlowHook.tools` offers what it says, and a call of a tool it screens (narrowed
+  away by ``tools.set``) is answered ``unknown_tool`` in its slot, never run
+  (:class:`_Unoffered`). Without either, the offer is the runner's tools, unscreened.
 * A runner with a flow skips speculation (``skipped_flow``): a transition would change the
   context behind a speculative request.
 """
@@ -35,15 +43,16 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.assemble import CallError, InvalidCall
-from brisvox.agent.conversation.context import ToolCall, ToolMessage
+from brisvox.agent.conversation.context import Context, ToolCall, ToolMessage
 from brisvox.agent.flows.definition import FlowAction
 from brisvox.agent.flows.manager import FlowCapReached, FlowManager
-from brisvox.agent.pipeline.llm_round import _RunnerParts, _Turn
-from brisvox.agent.tool_engine import errors as te
-from brisvox.agent.tool_engine.call_info import NO_CALL
+from brisvox.agent.pipeline.llm_turn import Turn
+from brisvox.agent.pipeline.observer import CallObserver
+from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import ToolContext, ToolSpec
 
 log = logging.getLogger("brisvox.agent.flow")
@@ -57,26 +66,45 @@ class _Unoffered(InvalidCall):
         return ToolMessage(self.id, te.error_body(te.UNKNOWN_TOOL, self.name or "", self.error.detail), True)
 
 
-class _FlowHook(_RunnerParts):
-    flow: FlowManager | None
-    _flow_pre: tuple[FlowAction, ...] = ()  # the start node's pre-actions, said at the first turn
-    _flow_keypad: str | None = None  # the node a keypad entry or a late result moves to, at a turn's start
-    flow_actions = 0
-    flow_action_failures = 0
+class FlowHost(Protocol):
+    """What the flow hook needs of the runner (the owner of the context and the voice)."""
 
-    def _round_tools(self) -> list[ToolSpec]:
+    @property
+    def ctx(self) -> Context: ...
+
+    async def speak(self, turn: Turn, text: str, clip: bool) -> None:
+        """A fixed line as its own round, into the context."""
+
+    def swap_context(self, ctx: Context, reset: bool) -> None:
+        """The transition's new context replaces the old one."""
+
+
+class FlowHook:
+    """The runner's offer and its flow (see the module docstring)."""
+
+    def __init__(self, flow: FlowManager | None, engine: ToolEngine | None, ctx: Context) -> None:
+        self.flow = flow
+        self.engine = engine
+        self._pre: tuple[FlowAction, ...] = flow.start(ctx) if flow is not None else ()  # said at the first turn
+        self._keypad: str | None = None  # the node a keypad entry or a late result moves to, at a turn's start
+        self.actions = 0
+        self.action_failures = 0
+
+    # -- the offer -------------------------------------------------------------------------
+    def tools(self, tools: list[ToolSpec], observer: CallObserver | None) -> list[ToolSpec]:
+        """What the next request offers (``tools``: the runner's own)."""
         if self.flow is not None:
             return self.flow.tool_specs()
-        return self.tools if self.observer is None else self.observer.offered(self.tools)
+        return tools if observer is None else observer.offered(tools)
 
-    def _flow_screen(self, calls: Sequence[Any]) -> list[Any]:
-        """Calls of tools the current node does not offer become unknown_tool answers."""
-        flow, obs = self.flow, self.observer
-        if flow is None and obs is None:
+    def screen(self, calls: Sequence[Any], observer: CallObserver | None) -> list[Any]:
+        """Calls of tools the current node (or the observer) does not offer become unknown_tool answers."""
+        flow = self.flow
+        if flow is None and observer is None:
             return list(calls)
         out: list[Any] = []
         for c in calls:
-            if isinstance(c, ToolCall) and flow is None and obs is not None and obs.screened(c.name):
+            if isinstance(c, ToolCall) and flow is None and observer is not None and observer.screened(c.name):
                 out.append(_Unoffered(c.id, c.name, "", CallError("unknown_tool", f"{c.name!r} is not offered now"),
                                       c.provider_id))
             elif isinstance(c, ToolCall) and flow is not None and not flow.offered(c.name):
@@ -86,73 +114,73 @@ class _FlowHook(_RunnerParts):
                 out.append(c)
         return out
 
-    async def _flow_after(self, turn: _Turn, calls: Sequence[Any], results: Sequence[ToolMessage]) -> bool:
+    # -- transitions -----------------------------------------------------------------------
+    async def after(self, turn: Turn, calls: Sequence[Any], results: Sequence[ToolMessage], host: FlowHost) -> bool:
         """Enter the transition the round's results make; True: the call ends (no more rounds)."""
         flow = self.flow
         if flow is None:
             return False
         target = flow.decide(calls, results)
-        return False if target is None else await self._flow_enter(turn, target)
+        return False if target is None else await self._enter(turn, target, host)
 
-    async def _flow_start_turn(self, turn: _Turn) -> bool:
+    async def start_turn(self, turn: Turn, host: FlowHost) -> bool:
         """At a turn's start: the start node's pre-actions (once per call), then a transition a
-        keypad entry decided (:meth:`keypad_turn`). True: the call ends."""
-        pre, self._flow_pre = self._flow_pre, ()
-        if pre and await self._flow_run(turn, pre):
+        keypad entry decided (:meth:`keypad`). True: the call ends."""
+        if self.flow is None:
+            return False
+        pre, self._pre = self._pre, ()
+        if pre and await self._run(turn, pre, host):
             return True
-        target, self._flow_keypad = self._flow_keypad, None
-        return target is not None and await self._flow_enter(turn, target)
+        target, self._keypad = self._keypad, None
+        return target is not None and await self._enter(turn, target, host)
 
-    def flow_late(self, outcomes: Sequence[tuple[str, bool]]) -> None:
+    def late(self, outcomes: Sequence[tuple[str, bool]]) -> None:
         """Late tool results (a booking a barge-in cut, finished later): a ``next_on`` tool
         of the current node that succeeded moves the flow at the next turn's start."""
         flow = self.flow
-        if flow is None or self._flow_keypad is not None:
+        if flow is None or self._keypad is not None:
             return
         for tool, is_error in outcomes:
             target = flow.node.next_on.get(tool)
             if target and not is_error:
-                self._flow_keypad = target
+                self._keypad = target
                 return
 
-    def keypad_turn(self, digits: str) -> None:
+    def keypad(self, digits: str) -> None:
         """A keypad entry: the transition it makes at the current node is entered when its turn starts."""
         if self.flow is not None:
-            self._flow_keypad = self.flow.keypad(digits)
+            self._keypad = self.flow.keypad(digits)
 
-    async def _flow_enter(self, turn: _Turn, target: str) -> bool:
-        flow = self.flow
-        assert flow is not None
-        try:
-            t = flow.enter(target, self.ctx)
-        except FlowCapReached:
-            log.warning("flow: max_transitions reached; the fallback line, then the call ends")
-            await self._speak_line(turn, flow.flow.fallback_line or "Goodbye.", into_context=True)
-            await self._flow_run(turn, (FlowAction(end_call=True),))
-            return True
-        await self._flow_run(turn, t.post_actions)
-        self.ctx = t.context
-        self.book.forget_unapplied()
-        if flow.node.context != "append":
-            self.summarizer.reset()  # its summary was of the conversation the reset replaced
-        self._check()
-        return await self._flow_run(turn, t.pre_actions)
-
-    async def _flow_final(self, turn: _Turn) -> None:
+    async def final(self, turn: Turn, host: FlowHost) -> None:
         """A round without calls at a node without transitions: the node's post-actions."""
         flow = self.flow
         if flow is not None and not flow.node.targets():
-            await self._flow_run(turn, flow.node.post_actions)
+            await self._run(turn, flow.node.post_actions, host)
 
-    async def _flow_run(self, turn: _Turn, actions: Sequence[FlowAction]) -> bool:
+    async def _enter(self, turn: Turn, target: str, host: FlowHost) -> bool:
+        flow = self.flow
+        assert flow is not None
+        try:
+            t = flow.enter(target, host.ctx)
+        except FlowCapReached:
+            log.warning("flow: max_transitions reached; the fallback line, then the call ends")
+            await host.speak(turn, flow.flow.fallback_line or "Goodbye.", clip=False)
+            await self._run(turn, (FlowAction(end_call=True),), host)
+            return True
+        await self._run(turn, t.post_actions, host)
+        host.swap_context(t.context, reset=flow.node.context != "append")
+        return await self._run(turn, t.pre_actions, host)
+
+    # -- actions ---------------------------------------------------------------------------
+    async def _run(self, turn: Turn, actions: Sequence[FlowAction], host: FlowHost) -> bool:
         """Run ``actions`` in order; True when one of them ends the call."""
         ends = False
         for a in actions:
             if turn.token.cancelled:
                 return ends
-            self.flow_actions += 1
+            self.actions += 1
             if a.say:
-                await self._speak_line(turn, a.say, into_context=True, clip=True)  # pre-rendered after its first use
+                await host.speak(turn, a.say, clip=True)  # pre-rendered after its first use
                 continue
             if a.end_call:
                 name, args = "end_call", {"reason": "flow"}
@@ -161,20 +189,19 @@ class _FlowHook(_RunnerParts):
             else:
                 name, args = a.tool, dict(a.args)
             ends = ends or a.exits
-            await self._flow_tool(turn, name, args)
+            await self._tool(turn, name, args)
         return ends
 
-    async def _flow_tool(self, turn: _Turn, name: str, args: dict[str, Any]) -> None:
-        rt = self.engine.registry.get(name) if self.engine is not None else None
-        if rt is None:
-            self.flow_action_failures += 1
+    async def _tool(self, turn: Turn, name: str, args: dict[str, Any]) -> None:
+        engine = self.engine
+        rt = engine.registry.get(name) if engine is not None else None
+        if engine is None or rt is None:
+            self.action_failures += 1
             log.error("flow action: tool %r is not in the call's registry", name)
             return
-        ctx = ToolContext(self.engine.session if self.engine is not None else "", turn.epoch,
-                          f"flow.{self.flow_actions}", tool=name,
-                          call_info=self.engine.call_info if self.engine is not None else NO_CALL)
+        ctx = ToolContext(engine.session, turn.epoch, f"flow.{self.actions}", tool=name, call_info=engine.call_info)
         try:
             await asyncio.wait_for(rt.tool(args, ctx), rt.spec.timeout)
         except Exception as e:  # noqa: BLE001 - an action's failure is counted, the call goes on
-            self.flow_action_failures += 1
+            self.action_failures += 1
             log.warning("flow action %s failed: %s", name, type(e).__name__)

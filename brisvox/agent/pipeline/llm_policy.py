@@ -1,20 +1,24 @@
-"""The LLM runner's policy: its configuration, its counters, the tool record and the retry rule.
+"""The LLM runner's policy: its configuration, its counters, the tool record and the tool-round bound.
 
 Owns what :mod:`brisvox.agent.pipeline.llm_runner` is configured with and
 reports, apart from how it runs a turn: :class:`LlmRunnerConfig` (bounds,
-timeouts, retries), :class:`RunnerStats`, :class:`ToolRecord` (one tool call
-for the call record, never its arguments), the fixed fallback line, and
-:func:`retry_wait`, the retry rule: a failed request is retried (at most
-``retries`` times, only while nothing of the response was sent: the runner
-checks that; a failed speculative stream counts as the first attempt) unless it is a request error (``retryable`` False: HTTP
-400/401/403/404/413/422), after ``retry_delay`` or the server's
-``Retry-After`` when longer; a ``Retry-After`` over ``retry_after_max`` is
-not waited for mid-turn: the turn ends without a retry.
+timeouts), :class:`RunnerStats`, :class:`ToolRecord` (one tool call for the
+call record, never its arguments), the fixed fallback line, and
+:class:`ToolRounds`, the tool loop's bound for one turn: at most
+``max_tool_rounds`` rounds execute tools; the next response's calls are
+answered ``tool_round_limit`` unrun (and the runner speaks the fallback line);
+without a tool engine a round's calls are answered ``unknown_tool`` and the
+round still counts toward the bound.
+
+The runner never retries a failed model request: the resilience layer around
+every call's LLM does (:mod:`brisvox.providers.resilience.llm`; the bound is in
+docs/PROVIDERS.md, "How often one vendor is contacted").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from brisvox.agent.conversation.request import RequestConfig
 from brisvox.agent.pipeline.speculation import SpeculationConfig
@@ -29,9 +33,6 @@ TOOL_ROUND_LIMIT = "tool_round_limit"
 @dataclass(frozen=True, slots=True)
 class LlmRunnerConfig:
     system_prompt: str = "You are a helpful voice assistant. Answer briefly."
-    retries: int = 1
-    retry_delay: float = 0.2
-    retry_after_max: float = 2.0  # a longer Retry-After is not waited for: the turn ends
     max_tool_rounds: int = 6
     join_timeout: float = 1.0
     analysis_job: float = 1.0  # bound of the whole played-text pass
@@ -60,7 +61,6 @@ class ToolRecord:
 class RunnerStats:
     turns: int = 0
     requests: int = 0
-    retries: int = 0
     errors: int = 0
     first_token_timeouts: int = 0
     idle_timeouts: int = 0
@@ -102,10 +102,28 @@ class RunnerStats:
     summaries_discarded: int = 0  # made for a conversation that was reset meanwhile
 
 
+class ToolAction(Enum):
+    RUN = "run"  # execute the calls (the round counts)
+    UNOFFERED = "unoffered"  # no tool engine: answer them unknown_tool (the round counts)
+    LIMIT = "limit"  # the bound is reached: answer them tool_round_limit, speak the fallback line
 
-def retry_wait(retryable: bool, retry_after: float | None, cfg: LlmRunnerConfig) -> float | None:
-    """How long to wait before the retry; None: no retry (a request error, or a Retry-After
-    longer than a caller should wait mid-turn, ``retry_after_max``)."""
-    if not retryable or (retry_after is not None and retry_after > cfg.retry_after_max):
-        return None
-    return max(cfg.retry_delay, retry_after or 0.0)
+
+class ToolRounds:
+    """The tool loop's bound for one turn (a new one per turn).
+
+    Invariants: :meth:`next` returns RUN or UNOFFERED at most ``limit`` times, then LIMIT
+    for good; ``used`` is the rounds that counted."""
+
+    __slots__ = ("limit", "can_run", "used")
+
+    def __init__(self, limit: int, can_run: bool) -> None:
+        self.limit = limit
+        self.can_run = can_run  # the runner has a tool engine
+        self.used = 0
+
+    def next(self) -> ToolAction:
+        """What to do with the calls of the response that just ended."""
+        if self.used >= self.limit:
+            return ToolAction.LIMIT
+        self.used += 1
+        return ToolAction.RUN if self.can_run else ToolAction.UNOFFERED

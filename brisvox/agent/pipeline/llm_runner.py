@@ -1,8 +1,18 @@
 """LlmRunner: the call's Context, one round task per user turn, the tool loop.
 
-The model round (stream, timeouts, retries) is :mod:`.llm_round`'s mixin, the tool
-phase (execute, filler, records) :mod:`.llm_tool_phase`'s; the rules below are the
-runner's as a whole.
+One object owning the runner's state (the context, the turn and its round task, the
+zombies, the counters) that HOLDS its collaborators, each in its own module with its
+invariants: the model round (:class:`~brisvox.agent.pipeline.llm_round.ModelRound`: one
+request, its stream and timeouts), the tool phase
+(:class:`~brisvox.agent.pipeline.llm_tool_phase.ToolPhase`: execute, filler, records; only
+with a tool engine), the flow hook (:class:`~brisvox.agent.pipeline.llm_flow.FlowHook`: the
+offer of tools, a flow's transitions and actions), the policy
+(:mod:`~brisvox.agent.pipeline.llm_policy`: the config, the counters, the tool-round bound
+:class:`~brisvox.agent.pipeline.llm_policy.ToolRounds` of each turn), the speculator and the
+summarizer (the request builder). The collaborators get what they need per call; where
+they must call back they see the runner through a small Protocol (``RoundOutput.say``,
+``FillerVoice.speak_filler``, ``FlowHost``: ``ctx``, ``speak``, ``swap_context``). The
+rules below are the runner's as a whole.
 
 Owns (the tool loop and its UX: docs/TOOLS.md):
 
@@ -30,16 +40,16 @@ Owns (the tool loop and its UX: docs/TOOLS.md):
   Results in issue order (Execution.append_to), late notes only after them.
   At most ``max_tool_rounds`` rounds execute tools; the next response's calls
   are answered ``tool_round_limit`` unrun and a fixed fallback line is
-  spoken (also when the retry budget is exhausted).
-* Errors: ``retries`` bounded retries, only while nothing of the response was
-  sent, never of a request error (``retryable`` False: 400/401/403/404/413/422),
-  after a ``Retry-After`` of at most ``retry_after_max``; after the last failure the partial text is kept and the turn ends
-  without invented speech. A turn that produced no speech sends BotEnded
-  upstream itself (non-blocking). A crash in the round task is contained:
-  the turn is closed like a failed one.
+  spoken (also when the tool engine's retry budget is exhausted).
+* Errors: the runner never retries a model request (one request per round; the
+  resilience layer around every call's LLM re-issues a request that failed before its
+  first event: docs/PROVIDERS.md, "How often one vendor is contacted"). After a failed
+  round the partial text is kept and the turn ends without invented speech. A turn
+  that produced no speech sends BotEnded upstream itself (non-blocking). A crash in
+  the round task is contained: the turn is closed like a failed one.
 * Speculation (default off; :mod:`brisvox.agent.pipeline.speculation_helper`): a
   SpeculationCandidate settles as the turn end would (minus the user message) and starts
-  a helper on a copy; a hit at UserTurnEnded hands its buffer to round 0 (``_Turn.claimed``:
+  a helper on a copy; a hit at UserTurnEnded hands its buffer to round 0 (``Turn.claimed``:
   replayed through the same code as a fresh stream; its tool phase commits the helper's
   ToolEngine speculation). UserTurnStarted, Interrupt, Greeting, Stop, a newer epoch drop it.
 * Greeting(epoch, text): the bot turn of the agent's greeting is one fixed
@@ -56,10 +66,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
-from brisvox.agent.conversation.assemble import (
-    InvalidCall,
-)
+from brisvox.agent.conversation import tool_errors as te
+from brisvox.agent.conversation.assemble import InvalidCall
 from brisvox.agent.conversation.context import (
     AssistantMessage,
     Context,
@@ -86,30 +96,31 @@ from brisvox.agent.pipeline.frames import (
     UserTurnEnded,
     UserTurnStarted,
 )
-from brisvox.agent.pipeline.llm_flow import _FlowHook
+from brisvox.agent.pipeline.llm_flow import FlowHook
 from brisvox.agent.pipeline.llm_policy import (
     TOOL_ROUND_LIMIT,
     LlmRunnerConfig,
     RunnerStats,
+    ToolAction,
     ToolRecord,
+    ToolRounds,
 )
-from brisvox.agent.pipeline.llm_round import _ModelRound, _Turn
-from brisvox.agent.pipeline.llm_tool_phase import _ToolPhase
+from brisvox.agent.pipeline.llm_round import ModelRound
+from brisvox.agent.pipeline.llm_tool_phase import ToolPhase, unrun_answers
+from brisvox.agent.pipeline.llm_turn import Turn
+from brisvox.agent.pipeline.observer import CallObserver
 from brisvox.agent.pipeline.speculation_helper import Helper, Speculator
 from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.pipeline.summarizer import Summarizer
-from brisvox.agent.tool_engine import errors as te
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerPolicy
 from brisvox.agent.tool_engine.registry import CancelToken, ToolSpec
-from brisvox.providers.base import (
-    LlmProvider,
-    ProviderError,
-)
+from brisvox.providers.base import LlmProvider, LlmRequest, ProviderError
 
 log = logging.getLogger("brisvox.agent.llm")
 
-class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
+
+class LlmRunner(Stage):
     DROP_STALE = True
 
     def __init__(
@@ -135,23 +146,30 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         self.tools = list(tools or (engine.registry.specs() if engine is not None else []))
         self.ctx = context if context is not None else Context([SystemMessage(cfg.system_prompt)])
         self.flow = flow
-        self._flow_pre = flow.start(self.ctx) if flow is not None else ()  # said at the first turn
-        self._flow_keypad = None
-        policy = FillerPolicy.from_config(cfg.filler)
-        if cfg.filler_phrases:
-            policy.with_phrases(list(cfg.filler_phrases))
-        self.filler = policy
+        self.observer: CallObserver | None = None  # the agent link's seam (pipeline/observer.py), set after construction
+        self.flow_hook = FlowHook(flow, engine, self.ctx)  # the start node's pre-actions are said at the first turn
         self.st = RunnerStats()
         # the request window and its background summarizer ("agent": the agent's own LLM)
         self.summarizer = Summarizer(cfg.summary, cfg.request, self.st, self.clock, summary_llm or (
             provider if cfg.summary.provider == "agent" else None))
-        self.tool_records: list[ToolRecord] = []
-        self._turn: _Turn | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.model_round = ModelRound(provider, cfg.timeouts, clock=self.clock, timeline=self.timeline, st=self.st)
+        self.tool_phase: ToolPhase | None = None
+        if engine is not None:
+            filler = FillerPolicy.from_config(cfg.filler)
+            if cfg.filler_phrases:
+                filler.with_phrases(list(cfg.filler_phrases))
+            self.tool_phase = ToolPhase(engine, filler, clips=cfg.filler.clips, clock=self.clock, st=self.st)
+        self._turn: Turn | None = None
+        self._round_task: asyncio.Task[None] | None = None  # the turn's round task (the stage's own: ``task``)
         self._zombies: list[asyncio.Task[None]] = []
         self.spec = Speculator(cfg.speculation, clock=self.clock, tasks=self.tasks, provider=provider,
                                engine=engine, tools=self.tools, request_cfg=cfg.request, timeouts=cfg.timeouts,
                                join_timeout=cfg.join_timeout)
+
+    @property
+    def tool_records(self) -> list[ToolRecord]:
+        """Every tool call's outcome (the call record's ``tools``)."""
+        return self.tool_phase.records if self.tool_phase is not None else []
 
     # -- frames ---------------------------------------------------------------------
     async def process(self, frame: PipelineFrame) -> None:
@@ -182,9 +200,9 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
             self.spec.drop()
             await self._halt()
             self.st.greetings += 1
-            turn = _Turn(frame.epoch, CancelToken(), started_at=self.clock.now())
+            turn = Turn(frame.epoch, CancelToken(), started_at=self.clock.now())
             self._turn = turn
-            self._task = self.tasks.spawn(self._run_greeting(turn, frame.text), f"llm-greeting-{frame.epoch}")
+            self._round_task = self.tasks.spawn(self._run_greeting(turn, frame.text), f"llm-greeting-{frame.epoch}")
             return
         if isinstance(frame, DtmfFrame):
             self.st.dtmf += 1
@@ -193,7 +211,7 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
             self.spec.drop()
             await self._halt()
             await self._settle()
-            self.keypad_turn(frame.digits)  # a flow node's on_keypad, entered when the turn starts
+            self.flow_hook.keypad(frame.digits)  # a flow node's on_keypad, entered when the turn starts
             self._user_turn(UserTurnEnded(frame.epoch, frame.text or frame.digits, frame.at))
             return
         if isinstance(frame, Start):
@@ -228,7 +246,7 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         if self.flow is not None:
             self.spec.skip("flow")  # a transition would change the context behind the request
             return
-        if self._turn is not None and self._task is not None and not self._task.done():
+        if self._turn is not None and self._round_task is not None and not self._round_task.done():
             self.spec.skip("busy")  # still answering the previous turn
             return
         await self._halt()
@@ -247,17 +265,25 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         if self.engine is not None:
             self.engine.note_user_turn()
         self._check()
-        turn = _Turn(f.epoch, CancelToken(), started_at=self.clock.now(), claimed=claimed)
+        turn = Turn(f.epoch, CancelToken(), started_at=self.clock.now(), claimed=claimed)
         self._turn = turn
-        self._task = self.tasks.spawn(self._run_turn(turn), f"llm-turn-{f.epoch}")
+        self._round_task = self.tasks.spawn(self._run_turn(turn), f"llm-turn-{f.epoch}")
 
     def _check(self) -> None:
         self.ctx.validate()
 
+    # -- the offer ----------------------------------------------------------------------
+    def _round_tools(self) -> list[ToolSpec]:
+        return self.flow_hook.tools(self.tools, self.observer)
+
+    def _request(self) -> LlmRequest:
+        """The next round's request: the window of the context, the tools offered now."""
+        return self.summarizer.build(self.ctx, self._round_tools())
+
     # -- halting and settling -----------------------------------------------------------
     async def _halt(self) -> None:
         turn = self._turn
-        task = self._task
+        task = self._round_task
         # zombies of earlier halts are joined again before the context is touched
         for z in list(self._zombies):
             z.cancel()
@@ -267,7 +293,7 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         if turn is None:
             return
         self._turn = None
-        self._task = None
+        self._round_task = None
         turn.token.cancel()
         if task is not None and not task.done():
             self.st.halts += 1
@@ -279,9 +305,8 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
                 self.st.mutations_skipped += 1
                 return
         # the task has ended: the context is ours
-        if turn.streaming and turn.raw.strip():
-            self._push_assistant(turn, turn.cur_round, AssistantMessage(turn.raw))
-            self.st.partial_messages += 1
+        if turn.streaming:
+            self._keep_partial(turn, turn.cur_round)
         n = self.ctx.interrupt_pending_tool_calls()
         self.st.interrupted_calls += n
         self._enter_filler(turn)
@@ -307,17 +332,50 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         if notes:
             self.st.late_notes += len(notes)
             self.ctx.extend(notes)
-            self.flow_late(self.engine.late_outcomes)
+            self.flow_hook.late(self.engine.late_outcomes)
 
-    def _push_assistant(self, turn: _Turn, rnd: int, msg: AssistantMessage) -> int:
+    # -- the context --------------------------------------------------------------------
+    def _push_assistant(self, turn: Turn, rnd: int, msg: AssistantMessage) -> int:
         self._enter_filler(turn)  # a spoken filler goes in before the next assistant message
         self.ctx.push(msg)
         idx = len(self.ctx) - 1
         self.book.set_msg_index(turn.epoch, rnd, idx)
         return idx
 
-    # -- the round task -----------------------------------------------------------------
-    async def _start_round(self, turn: _Turn) -> int:
+    def _keep_partial(self, turn: Turn, rnd: int) -> None:
+        """The text a failed or halted model round received so far becomes its message."""
+        if turn.raw.strip():
+            self._push_assistant(turn, rnd, AssistantMessage(turn.raw))
+            self.st.partial_messages += 1
+
+    def _enter_filler(self, turn: Turn) -> None:
+        """A spoken filler enters the context once no call is open, and only right before the
+        next assistant message (``_push_assistant``) or when the turn is settled (its end, a
+        halt): never right after the tool results, where the next request would end on it
+        (an assistant prefill, which Anthropic rejects). Its ``msg_index`` is set then, so
+        the played-text cut reaches it like any round."""
+        if turn.filler is None or self.ctx.has_open_tool_calls():
+            return
+        rnd, text = turn.filler
+        turn.filler = None
+        self._push_assistant(turn, rnd, AssistantMessage(text))
+
+    def _answer_unrun(self, calls: list[Any], kind: str) -> None:
+        for m in unrun_answers(calls, kind):
+            self.ctx.push(m)
+        self._check()
+
+    def swap_context(self, ctx: Context, reset: bool) -> None:
+        """A flow transition's new context (:class:`FlowHost`): nothing cuts the old one any
+        more; ``reset``: the summary was of the conversation it replaced."""
+        self.ctx = ctx
+        self.book.forget_unapplied()
+        if reset:
+            self.summarizer.reset()
+        self._check()
+
+    # -- speaking -----------------------------------------------------------------------
+    async def _start_round(self, turn: Turn) -> int:
         rnd = turn.ordinal
         turn.ordinal += 1
         turn.cur_round = rnd
@@ -325,17 +383,26 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
         await self.guarded_send(LlmResponseStarted(turn.epoch, rnd))
         return rnd
 
-    async def _say(self, turn: _Turn, rnd: int, text: str) -> None:
+    async def say(self, turn: Turn, rnd: int, text: str) -> None:
+        """A model round's text (:class:`RoundOutput`)."""
         turn.spoke = True
         turn.unflushed = True
         await self.guarded_send(LlmText(turn.epoch, rnd, text))
 
-    async def _flush(self, turn: _Turn, rnd: int) -> None:
+    async def _flush(self, turn: Turn, rnd: int) -> None:
         if turn.unflushed:
             turn.unflushed = False
             await self.guarded_send(Flush(turn.epoch, rnd))
 
-    async def _speak_line(self, turn: _Turn, text: str, into_context: bool, clip: bool = False) -> int:
+    async def speak(self, turn: Turn, text: str, clip: bool) -> None:
+        """A fixed line into the context (:class:`FlowHost`: a flow's ``say``, its fallback)."""
+        await self._speak_line(turn, text, into_context=True, clip=clip)
+
+    async def speak_filler(self, turn: Turn, text: str, clip: bool) -> None:
+        """The tool phase's filler (:class:`FillerVoice`), pending until it may enter the context."""
+        await self._speak_line(turn, text, into_context=False, clip=clip)
+
+    async def _speak_line(self, turn: Turn, text: str, into_context: bool, clip: bool = False) -> int:
         """A fixed line (filler, fallback) as its own round. ``into_context`` False: the
         turn's filler, pending until it may enter the context (``_enter_filler``: once no
         call is open, before the next assistant message or when the turn is settled),
@@ -350,13 +417,18 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
             turn.unflushed = True
             await self.guarded_send(LlmText(turn.epoch, rnd, text, clip=True))
         else:
-            await self._say(turn, rnd, text)
+            await self.say(turn, rnd, text)
         await self._flush(turn, rnd)
         if into_context and not turn.token.cancelled:
             self._push_assistant(turn, rnd, AssistantMessage(text))
         return rnd
 
-    async def _run_turn(self, turn: _Turn) -> None:
+    async def _fallback(self, turn: Turn) -> None:
+        self.st.fallbacks += 1
+        await self._speak_line(turn, self.cfg.fallback_line, into_context=True)
+
+    # -- the round task -----------------------------------------------------------------
+    async def _run_turn(self, turn: Turn) -> None:
         try:
             await self._turn_rounds(turn)
         except asyncio.CancelledError:
@@ -373,64 +445,61 @@ class LlmRunner(_FlowHook, _ToolPhase, _ModelRound, Stage):
             self.st.silent_turns += 1
             self.upstream.send(BotEnded(turn.epoch, "silent"))
 
-    async def _run_greeting(self, turn: _Turn, text: str) -> None:
+    async def _run_greeting(self, turn: Turn, text: str) -> None:
         if text.strip():
             await self._speak_line(turn, text.strip(), into_context=True)
         if self.flow is not None and not turn.token.cancelled:
-            await self._flow_start_turn(turn)
+            await self.flow_hook.start_turn(turn, self)
         if turn.token.cancelled:
             return
         await self.guarded_send(LlmResponseEnded(turn.epoch))
         if not turn.spoke:
             self.upstream.send(BotEnded(turn.epoch, "silent"))
 
-    async def _turn_rounds(self, turn: _Turn) -> None:
-        tool_rounds = 0
-        if self.flow is not None and await self._flow_start_turn(turn):
+    async def _turn_rounds(self, turn: Turn) -> None:
+        bound = ToolRounds(self.cfg.max_tool_rounds, can_run=self.tool_phase is not None)
+        if self.flow is not None and await self.flow_hook.start_turn(turn, self):
             return
         while True:
             rnd = await self._start_round(turn)
-            response = await self._model_round(turn, rnd)
+            response = await self.model_round.run(turn, rnd, self.ctx, self._request, self)
             if turn.token.cancelled:
                 return
             turn.streaming = False
-            if response is None:
-                return  # failed: the partial text (if any) was pushed
+            if response is None:  # failed: the text so far is kept, the turn ends (no retry here)
+                self._keep_partial(turn, rnd)
+                return
             calls = list(response.calls)
             msg = response.assistant_message()
             if msg is not None:
                 self._push_assistant(turn, rnd, msg)
             self._check()
             if not calls:
-                await self._flow_final(turn)
+                await self.flow_hook.final(turn, self)
                 return
-            calls = self._flow_screen(calls)
-            if tool_rounds >= self.cfg.max_tool_rounds or self.engine is None:
-                at_limit = tool_rounds >= self.cfg.max_tool_rounds
-                self._answer_unrun(calls, TOOL_ROUND_LIMIT if at_limit else te.UNKNOWN_TOOL)
-                if at_limit:
+            calls = self.flow_hook.screen(calls, self.observer)
+            action = bound.next()
+            if action is not ToolAction.RUN:
+                self._answer_unrun(calls, TOOL_ROUND_LIMIT if action is ToolAction.LIMIT else te.UNKNOWN_TOOL)
+                if action is ToolAction.LIMIT:
                     self.st.round_limits += 1
-                    self.st.fallbacks += 1
-                    await self._speak_line(turn, self.cfg.fallback_line, into_context=True)
+                    await self._fallback(turn)
                     return
-                tool_rounds += 1  # no tools offered: the refused round still counts toward the limit
-                continue
-            tool_rounds += 1
+                continue  # no tools offered: the refused round still counts toward the limit
+            assert self.tool_phase is not None
             self.st.tool_rounds += 1
-            execution = await self._execute(turn, rnd, calls)
+            await self._flush(turn, rnd)
+            execution = await self.tool_phase.execute(turn, calls, self, self.observer)
             if turn.token.cancelled:
-                if execution is not None:
-                    execution.discard()
+                execution.discard()
                 return
-            assert execution is not None
             execution.append_to(self.ctx)  # a filler waits for the next assistant message: no prefill
             self._take_late_notes()
             self._check()
-            if await self._flow_after(turn, calls, execution.results):
+            if await self.flow_hook.after(turn, calls, execution.results, self):
                 return  # the flow ended the call
             if execution.budget_exhausted:
-                self.st.fallbacks += 1
-                await self._speak_line(turn, self.cfg.fallback_line, into_context=True)
+                await self._fallback(turn)
                 return
 
     async def on_stop(self) -> None:

@@ -1,57 +1,77 @@
-"""The tool phase of an LLM runner's turn (a mixin of :class:`LlmRunner`).
+"""The tool phase of an LLM runner's turn: how a round's calls are run and answered.
 
-Owns how a round's calls are run and answered: ``_execute`` flushes the round's text, runs
-the calls through the ToolEngine (or a committed speculation's held ones) raced against the
-filler delay, speaks one filler as its own round when the tools are slow (a clip round: the
-TTS stage plays its pre-rendered audio once it has it), and records every call's outcome
-(``_record_tool``: the call record's ``tools``); ``_answer_unrun`` answers calls that will not
-run (the tool-round limit) with a structured error; ``_enter_filler`` puts a spoken filler
-into the context once no call is open, before the next assistant message or when the turn
-is settled. The runner's module docstring states the tool loop's rules.
+Owns :class:`ToolPhase` (one per runner with a tool engine) and :func:`unrun_answers`.
+The runner's module docstring states the tool loop's rules; here:
+
+* :meth:`ToolPhase.execute` runs a round's calls through the ToolEngine (or a committed
+  speculation's held ones: ``turn.tools_from``, taken once) raced against the filler
+  delay of the :class:`~brisvox.agent.tool_engine.filler.FillerPolicy`; when the tools are
+  slow it has ONE filler spoken through the :class:`FillerVoice` (its own round, a clip
+  round when ``clips``: the TTS stage plays its pre-rendered audio once it has it). The
+  caller flushed the round's text before. A cancelled phase discards a finished
+  execution undelivered (its SideEffect results become late notes) or cancels the
+  running one, records every call ``interrupted`` and re-raises.
+* Every call's outcome is recorded once (:attr:`ToolPhase.records`, the call record's
+  ``tools``: at most 4096, never the arguments) and told to the observer, if any.
+* :func:`unrun_answers`: the structured error results of calls that will not run (the
+  tool-round limit, no tool engine), in issue order.
+* Counts into the runner's :class:`~brisvox.agent.pipeline.llm_policy.RunnerStats`:
+  ``fillers``, ``tool_calls``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import orjson
 
-from brisvox.agent.conversation.context import AssistantMessage, ToolCall, ToolMessage
-from brisvox.agent.pipeline.llm_policy import ToolRecord
-from brisvox.agent.pipeline.llm_round import _RunnerParts, _Turn
-from brisvox.agent.tool_engine import errors as te
+from brisvox.agent.conversation import tool_errors as te
+from brisvox.agent.conversation.context import ToolCall, ToolMessage
+from brisvox.agent.pipeline.llm_policy import RunnerStats, ToolRecord
+from brisvox.agent.pipeline.llm_turn import Turn
+from brisvox.agent.pipeline.observer import CallObserver
 from brisvox.agent.tool_engine.delivery import Execution
+from brisvox.agent.tool_engine.engine import ToolEngine
+from brisvox.agent.tool_engine.filler import FillerPolicy
+from brisvox.clock import Clock
+
+MAX_RECORDS = 4096
 
 
-class _ToolPhase(_RunnerParts):
-    @property
-    def filler_clips(self) -> bool:
-        """Fillers are clip rounds (played from memory once rendered): ``FillerConfig.clips``."""
-        return self.cfg.filler.clips
+class FillerVoice(Protocol):
+    """Speaks a filler while the tools run (the runner: its own round, pending for the context)."""
 
-    def _enter_filler(self, turn: _Turn) -> None:
-        """A spoken filler enters the context once no call is open, and only right before the
-        next assistant message (``_push_assistant``) or when the turn is settled (its end, a
-        halt): never right after the tool results, where the next request would end on it
-        (an assistant prefill, which Anthropic rejects). Its ``msg_index`` is set then, so
-        the played-text cut reaches it like any round."""
-        if turn.filler is None or self.ctx.has_open_tool_calls():
-            return
-        rnd, text = turn.filler
-        turn.filler = None
-        self._push_assistant(turn, rnd, AssistantMessage(text))
+    async def speak_filler(self, turn: Turn, text: str, clip: bool) -> None: ...
 
-    def _answer_unrun(self, calls: list[Any], kind: str) -> None:
-        for c in calls:
-            name = c.name if isinstance(c, ToolCall) else (c.name or "unknown_tool")
-            self.ctx.push(ToolMessage(c.id, te.error_body(kind, name, "no more tool calls run in this turn"), True))
-        self._check()
 
-    async def _execute(self, turn: _Turn, rnd: int, calls: list[Any]) -> Execution | None:
+def call_name(call: Any) -> str:
+    """A call's tool name for its answer and its record (an invalid call may have none)."""
+    return call.name if isinstance(call, ToolCall) else (call.name or "unknown_tool")
+
+
+def unrun_answers(calls: Sequence[Any], kind: str) -> list[ToolMessage]:
+    """The error results of ``calls`` that will not run in this turn, in issue order."""
+    return [ToolMessage(c.id, te.error_body(kind, call_name(c), "no more tool calls run in this turn"), True)
+            for c in calls]
+
+
+class ToolPhase:
+    """Runs and records a round's calls (see the module docstring)."""
+
+    def __init__(self, engine: ToolEngine, filler: FillerPolicy, *, clips: bool, clock: Clock,
+                 st: RunnerStats) -> None:
+        self.engine = engine
+        self.filler = filler
+        self.clips = clips  # fillers are clip rounds (FillerConfig.clips)
+        self.clock = clock
+        self.st = st
+        self.records: list[ToolRecord] = []
+
+    async def execute(self, turn: Turn, calls: list[Any], voice: FillerVoice,
+                      observer: CallObserver | None) -> Execution:
         engine = self.engine
-        assert engine is not None
-        await self._flush(turn, rnd)
         t0 = self.clock.now()
         spec, turn.tools_from = turn.tools_from, None
         exec_task = asyncio.ensure_future(spec.execute(engine, calls, turn.epoch, turn.token) if spec is not None
@@ -64,7 +84,7 @@ class _ToolPhase(_RunnerParts):
                     choice = self.filler.choose(plan.tool)
                     if choice is not None:
                         self.st.fillers += 1
-                        await self._speak_line(turn, choice.text, into_context=False, clip=self.filler_clips)
+                        await voice.speak_filler(turn, choice.text, self.clips)
             execution = await exec_task
         except asyncio.CancelledError:
             if exec_task.done() and not exec_task.cancelled() and exec_task.exception() is None:
@@ -73,15 +93,16 @@ class _ToolPhase(_RunnerParts):
                 exec_task.cancel()
             dur = (self.clock.now() - t0) * 1000.0
             for c in calls:
-                self._record_tool(turn.epoch, c, None, dur)
+                self._record(turn.epoch, c, None, dur, observer)
             raise
         dur = (self.clock.now() - t0) * 1000.0
         self.st.tool_calls += len(calls)
         for c, res in zip(calls, execution.results, strict=False):
-            self._record_tool(turn.epoch, c, res, dur)
+            self._record(turn.epoch, c, res, dur, observer)
         return execution
 
-    def _record_tool(self, epoch: int, call: Any, res: ToolMessage | None, dur_ms: float) -> None:
+    def _record(self, epoch: int, call: Any, res: ToolMessage | None, dur_ms: float,
+                observer: CallObserver | None) -> None:
         outcome = "ok"
         if res is None:
             outcome = "interrupted"
@@ -91,9 +112,8 @@ class _ToolPhase(_RunnerParts):
                 outcome = str(body.get("error", "error")) if isinstance(body, dict) else "error"
             except orjson.JSONDecodeError:
                 outcome = "error"
-        name = call.name if isinstance(call, ToolCall) else (call.name or "unknown_tool")
-        if len(self.tool_records) < 4096:
-            self.tool_records.append(ToolRecord(epoch, call.id, name, outcome, round(dur_ms, 1), self.clock.now()))
-        if self.observer is not None:
-            self.observer.on_tool_outcome(epoch, call.id, name, outcome)
-
+        name = call_name(call)
+        if len(self.records) < MAX_RECORDS:
+            self.records.append(ToolRecord(epoch, call.id, name, outcome, round(dur_ms, 1), self.clock.now()))
+        if observer is not None:
+            observer.on_tool_outcome(epoch, call.id, name, outcome)

@@ -162,7 +162,7 @@ class SpeculationStats:
     new request; the turn driver never repeats a standing candidate, so behind it this
     stays 0). skipped_busy: the previous turn's round still ran; skipped_unsafe: the
     context could not be settled (a round task that did not end). failures: the
-    speculative stream failed (a committed one counts as the round's first attempt).
+    speculative stream failed (a committed one is the round's failure: no fresh request).
     wasted_*: tokens of discarded speculations (output: provider-reported, else 4 bytes
     per token). head_start_ms: over the hits, how long before the turn end the request
     left."""
