@@ -44,10 +44,15 @@ from brisvox.gateway.fault_budget import (
     FaultBudget,
 )
 from brisvox.gateway.rate_limits import parse_rates
-from brisvox.gateway.transports import websocket_protocols
 from brisvox.wire.native import RATES as NATIVE_RATES
 
 AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+# The protocols a ``[[websocket.routes]]`` entry may name. The transport registry
+# (brisvox/gateway/transports.py) has one WebSocket row per name and refuses to load if the two
+# disagree; this module names them itself so that the configuration, at the bottom of the
+# gateway, imports no transport (the registry sits on top and imports every leg).
+WEBSOCKET_PROTOCOLS = ("twilio", "native", "plivo", "telnyx", "vonage", "exotel")
 
 # Calls per core of ``max_calls = "auto"``: the load benchmark held 125 calls on 2 cores
 # (with the load generator on the same cores), rounded down to leave headroom.
@@ -226,7 +231,7 @@ class SipConfig:
 @dataclass(frozen=True, slots=True)
 class WsRoute:
     """One WebSocket path: ``protocol`` (a WebSocket transport of
-    :data:`brisvox.gateway.transports.TRANSPORTS`: twilio | native) and the agent it serves.
+    :data:`WEBSOCKET_PROTOCOLS`, each a row of :data:`brisvox.gateway.transports.TRANSPORTS`) and the agent it serves.
 
     ``agents`` are the agents ``<path>/<name>`` may pick besides ``agent`` (the
     path itself always serves ``agent``); nothing else in ``agents_dir`` is
@@ -271,8 +276,8 @@ class _RouteTable:
     def __post_init__(self) -> None:
         if self.path.rstrip("/") == HEALTHZ_PATH:
             raise ConfigError("path", f"{HEALTHZ_PATH} is the listener's health check, not a route")
-        if self.protocol not in websocket_protocols():
-            raise ConfigError("protocol", f"expected one of {', '.join(websocket_protocols())}, got {self.protocol!r}")
+        if self.protocol not in WEBSOCKET_PROTOCOLS:
+            raise ConfigError("protocol", f"expected one of {', '.join(WEBSOCKET_PROTOCOLS)}, got {self.protocol!r}")
         _agent("agent", self.agent)
         for j, name in enumerate(self.agents):
             _agent(f"agents[{j}]", name)

@@ -23,7 +23,7 @@ from typing import Any
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.transports import assemble
 from brisvox.runtime import exitcodes
 from brisvox.runtime.child_runtime import ChildRuntime
 
@@ -44,7 +44,7 @@ def settings_from(rt: Any) -> GatewaySettings:
 async def run(rt: Any, settings: GatewaySettings) -> int:
     loop = asyncio.get_running_loop()
     ctx = rt.zmq_context()
-    core = GatewayCore(settings, instance=rt.instance, identity=f"gateway-{rt.index}",
+    core = assemble(settings, instance=rt.instance, identity=f"gateway-{rt.index}",
                        inbox_endpoint=rt.inbox_endpoint("gateway", rt.index), runtime_dir=rt.runtime_dir, ctx=ctx)
     try:
         endpoints = await core.start()

@@ -28,7 +28,7 @@ import orjson
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.transports import assemble
 from ipc.ring import instance_id
 
 
@@ -46,7 +46,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace, settings: GatewaySettings) -> int:
     peers = dict(p.split("=", 1) for p in args.peer)
-    core = GatewayCore(settings, instance=args.instance or instance_id(), identity=args.identity,
+    core = assemble(settings, instance=args.instance or instance_id(), identity=args.identity,
                        inbox_endpoint=args.inbox or None, static_peers=peers)
     endpoints = await core.start()
     loop = asyncio.get_running_loop()

@@ -13,9 +13,13 @@ here plus its module.
 
 Invariants:
 
-* This module imports no transport at import time (factories import
-  lazily; the handshake checks are plain functions), so ``brisvox.gateway.config`` can validate against it without a
-  cycle.
+* The registry is the top of the gateway: it imports every leg (lazily, in its
+  factories) and nothing below imports it. The core receives :data:`LISTENERS` and
+  :data:`DIALERS` (:func:`assemble`), the WebSocket server receives :data:`TRANSPORTS`,
+  and ``brisvox.gateway.config`` names the WebSocket protocols itself
+  (``WEBSOCKET_PROTOCOLS``): this module refuses to load when its rows disagree with it.
+* A dial names a ``via`` of :data:`DIALERS`: the listener section that places it and
+  the function that does, given that listener and the call host.
 * Every capability in :data:`CAPABILITIES` is either offered by a transport
   or named in its ``lacks`` with the reason; the conformance suite
   (``tests/system/test_transport_conformance.py``) runs every offered one
@@ -24,13 +28,13 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from brisvox.gateway.config import WEBSOCKET_PROTOCOLS
+from brisvox.gateway.core.host import DialDone, Dialer, Listener, ListenerFactory
 from brisvox.gateway.ws.auth import (
-    Grant,
-    Refusal,
     exotel_auth,
     native_auth,
     plivo_auth,
@@ -40,9 +44,10 @@ from brisvox.gateway.ws.auth import (
 )
 
 if TYPE_CHECKING:
-    from brisvox.gateway.config import WsRoute
+    from brisvox.gateway.config import GatewaySettings, WsRoute
+    from brisvox.gateway.core.gateway_core import GatewayCore
     from brisvox.gateway.core.host import CallHost
-    from brisvox.gateway.ws.server import Session, WsConnection
+    from brisvox.gateway.ws.server import AuthCheck, Session, SessionFactory, WsConnection
 
 
 # what a transport can do; the conformance suite has one case per capability
@@ -62,19 +67,6 @@ CAPABILITIES = (
 )
 
 
-class Listener(Protocol):
-    """A socket server that carries the transports of one config section."""
-
-    async def start(self) -> tuple[str, int]: ...
-
-    async def shutdown(self) -> None: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-
-AuthCheck = Callable[[Any, "WsRoute", str, Mapping[str, str]], Refusal | Grant]  # cfg, route, path, headers
-SessionFactory = Callable[["CallHost", "WsConnection", "WsRoute"], "Session"]
-ListenerFactory = Callable[["CallHost", Any], Listener]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +122,7 @@ def _exotel_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Sessi
 def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
     from brisvox.gateway.ws.server import WebSocketServer
 
-    return WebSocketServer(host, cfg)
+    return WebSocketServer(host, cfg, TRANSPORTS)
 
 
 def _sip_listener(host: CallHost, cfg: Any) -> Listener:
@@ -191,3 +183,33 @@ def served_by(section: str) -> tuple[str, ...]:
 def websocket_protocols() -> tuple[str, ...]:
     """The protocols a ``[websocket]`` route may name."""
     return tuple(t.name for t in TRANSPORTS.values() if t.section == "websocket" and t.session is not None)
+
+
+if websocket_protocols() != WEBSOCKET_PROTOCOLS:  # the config's list and the rows, in one order
+    raise RuntimeError(f"brisvox.gateway.config.WEBSOCKET_PROTOCOLS {WEBSOCKET_PROTOCOLS} != the registry's "
+                       f"WebSocket rows {websocket_protocols()}")
+
+
+def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone) -> None:
+    listener.dial(target, agent, done, ring_s)
+
+
+def _twilio_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone) -> None:
+    from brisvox.gateway.control.twilio_dial import dial_twilio
+
+    dial_twilio(listener, host, target, agent, ring_s, done)
+
+
+# via -> how it is dialled
+DIALERS: dict[str, Dialer] = {
+    "sip": Dialer("sip", _sip_dial, "SIP is not enabled"),
+    "twilio": Dialer("websocket", _twilio_dial, "the WebSocket listener is not enabled"),
+}
+
+
+def assemble(settings: GatewaySettings, **kwargs: Any) -> GatewayCore:
+    """The gateway core with every listener and dialer of this registry (the process,
+    the standalone gateway and the tests build it this way)."""
+    from brisvox.gateway.core.gateway_core import GatewayCore
+
+    return GatewayCore(settings, listeners=LISTENERS, dialers=DIALERS, **kwargs)

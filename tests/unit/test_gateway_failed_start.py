@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.transports import assemble
 from ipc import frames as F
 
 
@@ -32,7 +32,7 @@ def segments(instance: str) -> list[str]:
 
 async def _start(reply: object, close_in_on_ready: bool) -> tuple[int, list[str], dict[str, int]]:
     instance = f"fs{os.getpid()}"
-    core = GatewayCore(GatewaySettings(), instance=instance)
+    core = assemble(GatewaySettings(), instance=instance)
     core.loop = asyncio.get_running_loop()
     core.agents = {"agent-1": 0}
     core.workers = {0: 0}

@@ -61,10 +61,10 @@ def test_the_call_table_follows_the_slowest_workers_figure(tmp_path, explicit):
 
 async def _follows(tmp_path: Path, explicit: int | None) -> None:
     from brisvox.gateway.config import GatewaySettings
-    from brisvox.gateway.core.gateway_core import GatewayCore
+    from brisvox.gateway.transports import assemble
 
     cfg = GatewayConfig() if explicit is None else GatewayConfig(max_calls=explicit)
-    core = GatewayCore(GatewaySettings(gateway=cfg), instance=f"mc{os.getpid()}", runtime_dir=tmp_path)
+    core = assemble(GatewaySettings(gateway=cfg), instance=f"mc{os.getpid()}", runtime_dir=tmp_path)
     core.links.start(asyncio.get_running_loop(), None)
     try:
         cores = gc.usable_cores()

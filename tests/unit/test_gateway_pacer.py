@@ -10,8 +10,8 @@ import zmq
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core.calls import AdmissionError
-from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.gateway.core.pacer import FRAME_S
+from brisvox.gateway.transports import assemble
 
 
 class FakeLeg:
@@ -78,7 +78,7 @@ def rig(shm_clean):
     ctx = zmq.Context()
     settings = GatewaySettings(GatewayConfig(max_calls=2, ring_seconds=2.0), SipConfig(enabled=False),
                                WebSocketConfig(enabled=False))
-    core = GatewayCore(settings, instance=shm_clean, ctx=ctx)
+    core = assemble(settings, instance=shm_clean, ctx=ctx)
     made = []
 
     def make(echo_marks: bool = False):

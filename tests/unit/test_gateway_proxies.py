@@ -1,4 +1,4 @@
-"""brisvox/gateway/ws/proxies.py, pure, and the ``trusted_proxies`` keys of the config.
+"""brisvox/gateway/proxies.py, pure, and the ``trusted_proxies`` keys of the config.
 
 * :func:`canonical`: one spelling per address (ports and brackets dropped, IPv4-mapped
   IPv6 as IPv4); names, garbage, scoped and over-long text are not addresses;
@@ -18,7 +18,7 @@ import pytest
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import SipConfig, WebSocketConfig
-from brisvox.gateway.ws.proxies import (
+from brisvox.gateway.proxies import (
     DIRECT,
     FORWARDED,
     IGNORED,

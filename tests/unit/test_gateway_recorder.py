@@ -19,9 +19,9 @@ import zmq
 from brisvox.agent.definition import check_agent_file
 from brisvox.agent.host.call_build import recording_of, recordings_default
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
-from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.gateway.core import recorder as R
 from brisvox.gateway.core.pacer import FRAME_S
+from brisvox.gateway.transports import assemble
 from ipc import frames as F
 from tests.unit.test_gateway_pacer import Agent, FakeLeg, FakeLoop
 
@@ -118,7 +118,7 @@ def rig(shm_clean, tmp_path):
     ctx = zmq.Context()
     settings = GatewaySettings(GatewayConfig(max_calls=2, ring_seconds=2.0), SipConfig(enabled=False),
                                WebSocketConfig(enabled=False))
-    core = GatewayCore(settings, instance=shm_clean, ctx=ctx)
+    core = assemble(settings, instance=shm_clean, ctx=ctx)
     loop = FakeLoop(10.0)
     core.pacer._loop = loop
     core.recorder.clock = loop.time
@@ -303,7 +303,7 @@ def test_call_accepted_with_a_recording_opens_it_and_the_transports_end_closes_i
     ctx = zmq.Context()
     settings = GatewaySettings(GatewayConfig(max_calls=2, ring_seconds=2.0), SipConfig(enabled=False),
                                WebSocketConfig(enabled=False))
-    core = GatewayCore(settings, instance=shm_clean, ctx=ctx)
+    core = assemble(settings, instance=shm_clean, ctx=ctx)
     sent: list = []
 
     async def request(proc, frame, timeout):

@@ -21,17 +21,22 @@ import pytest
 
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewaySettings, WebSocketConfig
-from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.gateway.core.host import CallHost
 from brisvox.gateway.core.leg import TransportLeg
-from brisvox.gateway.transports import CAPABILITIES, LISTENERS, TRANSPORTS, websocket_protocols
+from brisvox.gateway.transports import (
+    CAPABILITIES,
+    LISTENERS,
+    TRANSPORTS,
+    assemble,
+    websocket_protocols,
+)
 from ipc import frames as F
 from ipc.codec import received_by
 
 
 @pytest.fixture
 def core():
-    c = GatewayCore(GatewaySettings(), instance=f"seam{os.getpid()}")
+    c = assemble(GatewaySettings(), instance=f"seam{os.getpid()}")
     yield c
     for call in list(c.table.calls.values()):
         c.table.release(call)

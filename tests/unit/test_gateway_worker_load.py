@@ -16,6 +16,7 @@ import os
 
 from brisvox.gateway.config import GatewaySettings
 from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.transports import assemble
 from ipc import frames as F
 
 
@@ -30,7 +31,7 @@ class Leg:
 
 def make_core(taken_by: dict[int, int] | None = None) -> tuple[GatewayCore, list[F.CallStart]]:
     """``taken_by``: request number -> the worker that took that call instead of the hinted one."""
-    core = GatewayCore(GatewaySettings(), instance=f"wl{os.getpid()}")
+    core = assemble(GatewaySettings(), instance=f"wl{os.getpid()}")
     core.loop = asyncio.get_running_loop()
     core.agents = {"agent-0": 0, "agent-1": 0}
     core.workers = {0: 0, 1: 0}

@@ -19,6 +19,7 @@ from websockets.frames import Close, Frame, Opcode, apply_mask
 from websockets.streams import StreamReader
 
 from brisvox.gateway.config import WebSocketConfig
+from brisvox.gateway.transports import TRANSPORTS
 from brisvox.gateway.ws.server import WebSocketServer, WsConnection
 from brisvox.wire import ws_frames
 
@@ -101,7 +102,7 @@ def loop():
 def connect(max_size: int = 4096) -> tuple[WsConnection, Transport, Session]:
     # no handshake rate: the property tests open hundreds of connections a second from one address
     # (the limit's storage is one per process), and the framing is what these tests are about
-    server = WebSocketServer(None, WebSocketConfig(max_message_bytes=max_size, handshakes_per_s=0))  # type: ignore[arg-type]
+    server = WebSocketServer(None, WebSocketConfig(max_message_bytes=max_size, handshakes_per_s=0), TRANSPORTS)  # type: ignore[arg-type]
     session = Session()
     server.make_session = lambda conn, route, req: session  # type: ignore[method-assign]
     conn = WsConnection(server)

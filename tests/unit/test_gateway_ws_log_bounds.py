@@ -22,9 +22,9 @@ import logging
 import pytest
 
 from brisvox.gateway.carriers import native as native_ws
-
 from brisvox.gateway.carriers import stream_session
 from brisvox.gateway.config import WebSocketConfig
+from brisvox.gateway.transports import TRANSPORTS
 from brisvox.gateway.ws.server import WebSocketServer, WsConnection
 from brisvox.runtime.log_limit import LogLimiter
 from tests.unit.test_gateway_ws_fastpath import REQ, Session, Transport, feed, frame
@@ -59,7 +59,7 @@ def _conn(server: WebSocketServer, request: bytes) -> tuple[WsConnection, Transp
 
 
 def test_connections_opened_refused_and_closed_write_no_line_each(caplog) -> None:
-    server = WebSocketServer(None, WebSocketConfig(handshakes_per_s=0))  # type: ignore[arg-type]
+    server = WebSocketServer(None, WebSocketConfig(handshakes_per_s=0), TRANSPORTS)  # type: ignore[arg-type]
     server.make_session = lambda conn, route, req: Session()  # type: ignore[method-assign]
     caplog.set_level(logging.DEBUG)
     for _ in range(N):
@@ -75,7 +75,7 @@ def test_connections_opened_refused_and_closed_write_no_line_each(caplog) -> Non
 
 
 def test_library_errors_are_bounded_and_name_the_exception(caplog) -> None:
-    server = WebSocketServer(None, WebSocketConfig())  # type: ignore[arg-type]
+    server = WebSocketServer(None, WebSocketConfig(), TRANSPORTS)  # type: ignore[arg-type]
     caplog.set_level(logging.DEBUG)
     for _ in range(N):
         try:

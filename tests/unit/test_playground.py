@@ -22,6 +22,7 @@ from brisvox.agent.host.call_events import CallEvents
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.carriers.native import NativeSession
 from brisvox.gateway.config import WebSocketConfig, WsRoute
+from brisvox.gateway.transports import TRANSPORTS
 from brisvox.gateway.ws import playground
 from brisvox.gateway.ws.server import WebSocketServer, WsConnection
 from brisvox.wire import native
@@ -45,7 +46,7 @@ class _Transport(Transport):
 
 def _server(**ws: Any) -> WebSocketServer:
     cfg = WebSocketConfig.from_section({"routes": ROUTES, "handshakes_per_s": 0, **ws})
-    return WebSocketServer(SimpleNamespace(), cfg)  # type: ignore[arg-type]
+    return WebSocketServer(SimpleNamespace(), cfg, TRANSPORTS)  # type: ignore[arg-type]
 
 
 def _send(server: WebSocketServer, raw: bytes) -> tuple[int, bytes, _Transport]:

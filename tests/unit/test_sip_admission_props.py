@@ -17,6 +17,7 @@ import pytest
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core.gateway_core import GatewayCore
 from brisvox.gateway.sip.rtp import RtpPorts
+from brisvox.gateway.transports import assemble
 from brisvox.wire import sdp
 from brisvox.wire.sip_message import parse
 
@@ -88,7 +89,7 @@ async def started(sip: dict[str, Any], **gw: Any) -> tuple[GatewayCore, Any, Wir
         GatewayConfig(echo_use_workers=False, max_calls=8, **gw),
         SipConfig(port=0, rtp_port_min=lo, rtp_port_max=lo + 200, **sip),
         WebSocketConfig(enabled=False))
-    core = GatewayCore(settings, instance=f"sa{os.getpid()}x{next(_seq)}")
+    core = assemble(settings, instance=f"sa{os.getpid()}x{next(_seq)}")
     await core.start()
     ua = core.listeners["sip"]
     wire = Wire()

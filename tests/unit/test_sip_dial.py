@@ -18,6 +18,7 @@ from typing import Any
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.transports import assemble
 from brisvox.wire import sdp
 from brisvox.wire.sip_dialog import make_response
 from brisvox.wire.sip_message import SipMessage, parse
@@ -33,7 +34,7 @@ async def started(**sip: Any) -> tuple[GatewayCore, Any, Wire]:
         GatewayConfig(echo_use_workers=False, max_calls=4),
         SipConfig(port=0, rtp_port_min=lo, rtp_port_max=lo + 200, **sip),
         WebSocketConfig(enabled=False))
-    core = GatewayCore(settings, instance=f"sd{os.getpid()}x{next(_seq)}")
+    core = assemble(settings, instance=f"sd{os.getpid()}x{next(_seq)}")
     await core.start()
     ua = core.listeners["sip"]
     wire = Wire()

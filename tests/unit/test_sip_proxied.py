@@ -22,6 +22,7 @@ from typing import Any
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.transports import assemble
 from brisvox.wire.sip_message import parse
 from tests.unit.test_sip_admission_props import Wire, sdp_body, segments, settle
 
@@ -67,7 +68,7 @@ async def started(sip: dict[str, Any], max_calls: int = 8) -> tuple[GatewayCore,
         GatewayConfig(echo_use_workers=False, max_calls=max_calls),
         SipConfig(port=0, rtp_port_min=lo, rtp_port_max=lo + 200, **sip),
         WebSocketConfig(enabled=False))
-    core = GatewayCore(settings, instance=f"sp{os.getpid()}x{next(_seq)}")
+    core = assemble(settings, instance=f"sp{os.getpid()}x{next(_seq)}")
     await core.start()
     ua = core.listeners["sip"]
     wire = Wire()

@@ -231,7 +231,7 @@ def test_webhook_answers_signed_posts_and_refuses_the_rest():
     try:
         cfg = WebSocketConfig.from_section({"twiml_path": "/twiml", "twilio_auth_token": "tok", "handshakes_per_s": 0,
                                             "public_url": "https://gw.example.com", "routes": TWIML_ROUTES})
-        server = WebSocketServer(None, cfg)  # type: ignore[arg-type]
+        server = WebSocketServer(None, cfg, TRANSPORTS)  # type: ignore[arg-type]
         out = exchange(server, post("/twiml?agent=sales", FORM), chunk=7)
         head, _, body = out.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Type: text/xml" in head
@@ -260,7 +260,7 @@ def test_webhook_answers_signed_posts_and_refuses_the_rest():
         assert c["ws_twiml"] == 13 and c["ws_twiml_ok"] == 2
         assert c["ws_refused_twiml_type"] == 1 and c["ws_refused_twiml_size"] == 3
         # without twiml_path a POST is the library's (refused as a handshake with a body), as before
-        plain = WebSocketServer(None, WebSocketConfig.from_section({"twilio_auth_token": "tok"}))  # type: ignore[arg-type]
+        plain = WebSocketServer(None, WebSocketConfig.from_section({"twilio_auth_token": "tok"}), TRANSPORTS)  # type: ignore[arg-type]
         assert b"200 OK" not in exchange(plain, post("/twiml", FORM))
         assert "ws_twiml" not in plain.counters and plain.counters["ws_refused_handshake"] == 1
     finally:

@@ -22,6 +22,7 @@ from typing import Any
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core.gateway_core import GatewayCore
+from brisvox.gateway.transports import assemble
 from brisvox.gateway.ws.server import HEALTHZ_PER_S
 from tests.unit.test_sip_admission_props import segments, settle
 
@@ -93,7 +94,7 @@ async def raw(port: int, source: str, data: bytes) -> bytes:
 async def started(max_calls: int = 8, **ws: Any) -> tuple[GatewayCore, Any, int]:
     settings = GatewaySettings(GatewayConfig(echo_use_workers=False, max_calls=max_calls),
                                SipConfig(enabled=False), WebSocketConfig(port=0, **ws))
-    core = GatewayCore(settings, instance=f"wp{os.getpid()}x{next(_seq)}")
+    core = assemble(settings, instance=f"wp{os.getpid()}x{next(_seq)}")
     eps = await core.start()
     return core, core.listeners["websocket"], int(eps["websocket"].rsplit(":", 1)[1])
 

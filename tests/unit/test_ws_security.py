@@ -158,15 +158,16 @@ def test_an_unauthenticated_public_listener_is_a_warning_at_start(caplog):
     import asyncio
     import logging
 
+    from brisvox.gateway.transports import TRANSPORTS
     from brisvox.gateway.ws.server import WebSocketServer
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
         with caplog.at_level(logging.INFO, logger="brisvox.gateway.ws"):
-            WebSocketServer(None, cfg(host="0.0.0.0", allow_unauthenticated=True))._warn_unauthenticated()  # type: ignore[arg-type]
-            WebSocketServer(None, cfg())._warn_unauthenticated()  # type: ignore[arg-type]
-            WebSocketServer(None, cfg(native_secret="s", twilio_auth_token="t"))._warn_unauthenticated()  # type: ignore[arg-type]
+            WebSocketServer(None, cfg(host="0.0.0.0", allow_unauthenticated=True), TRANSPORTS)._warn_unauthenticated()  # type: ignore[arg-type]
+            WebSocketServer(None, cfg(), TRANSPORTS)._warn_unauthenticated()  # type: ignore[arg-type]
+            WebSocketServer(None, cfg(native_secret="s", twilio_auth_token="t"), TRANSPORTS)._warn_unauthenticated()  # type: ignore[arg-type]
     finally:
         asyncio.set_event_loop(None)
         loop.close()
@@ -179,13 +180,14 @@ def test_an_unauthenticated_public_listener_is_a_warning_at_start(caplog):
 def test_refusals_through_the_connection_are_counted_once_and_logged_bounded():
     import asyncio
 
+    from brisvox.gateway.transports import TRANSPORTS
     from brisvox.gateway.ws.server import WebSocketServer, WsConnection
     from tests.unit.test_gateway_ws_fastpath import REQ, Transport, feed
 
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     try:
-        server = WebSocketServer(None, cfg(handshakes_per_s=1))  # type: ignore[arg-type]
+        server = WebSocketServer(None, cfg(handshakes_per_s=1), TRANSPORTS)  # type: ignore[arg-type]
         outs = []
         for req in [b"NOT HTTP AT ALL\r\n\r\n"] * 30 + [REQ.replace(b"Host: x\r\n", b"Origin: https://e.x\r\n"),
                                                         REQ, REQ]:

@@ -30,21 +30,20 @@ Invariants (of the assembly):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import zmq
 
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.control.twilio_dial import dial_twilio
 from brisvox.gateway.core.calls import CallTable
+from brisvox.gateway.core.host import Dialer, Listener, ListenerFactory
 from brisvox.gateway.core.lifecycle import ECHO, ECHO_TTS_RATE
 from brisvox.gateway.core.pacer import FRAME_S, Pacer
 from brisvox.gateway.core.peers import AgentLinks
 from brisvox.gateway.core.recorder import Recorder
 from brisvox.gateway.metrics import GatewayMetrics
-from brisvox.gateway.transports import LISTENERS, Listener
 from brisvox.runtime.memory import IdleTrim
 from ipc.links import Links
 
@@ -66,8 +65,12 @@ class GatewayCore(AgentLinks):
         runtime_dir: Path | None = None,
         ctx: zmq.Context | None = None,
         static_peers: dict[str, str] | None = None,
+        listeners: Mapping[str, ListenerFactory],
+        dialers: Mapping[str, Dialer],
     ) -> None:
         self.settings = settings
+        self.listener_factories = listeners  # config section -> its listener's factory (the registry's)
+        self.dialers = dialers  # a dial's via -> how it is placed (the registry's)
         self.cfg = settings.gateway
         self.instance = instance
         self.identity = identity
@@ -116,7 +119,7 @@ class GatewayCore(AgentLinks):
                 self.agents.setdefault(name, 0)
             elif name.startswith("worker-"):
                 self.workers.setdefault(int(name.split("-", 1)[1]), 0)
-        for section, make in LISTENERS.items():
+        for section, make in self.listener_factories.items():
             cfg = getattr(self.settings, section)
             if not cfg.enabled:
                 continue
@@ -172,25 +175,23 @@ class GatewayCore(AgentLinks):
     # -- stats --------------------------------------------------------------------
 
     def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None:
-        """The ``dial`` command: an outbound SIP call (:mod:`brisvox.gateway.sip.outbound`), or
-        with ``via = "twilio"`` a Twilio calls create (:mod:`brisvox.gateway.control.twilio_dial`)."""
+        """The ``dial`` command: placed by the dialer its ``via`` names (default ``sip``: an outbound
+        SIP call; ``twilio``: a Twilio calls create), through that dialer's listener."""
         via = args.get("via") or "sip"
-        listener = self.listeners.get("sip" if via == "sip" else "websocket")
-        dial = getattr(listener, "dial", None)
+        dialer = self.dialers.get(via) if isinstance(via, str) else None
+        listener = self.listeners.get(dialer.section) if dialer is not None else None
         target, agent, ring = args.get("target"), args.get("agent") or "", args.get("ring_timeout_s") or 0
-        if via not in ("sip", "twilio"):
-            done(None, "via must be sip or twilio")
-        elif listener is None or (via == "sip" and dial is None):
-            done(None, "SIP is not enabled" if via == "sip" else "the WebSocket listener is not enabled")
+        if dialer is None:
+            done(None, f"via must be {' or '.join(self.dialers)}")
+        elif listener is None:
+            done(None, dialer.disabled)
         elif not isinstance(target, str) or not isinstance(agent, str) or \
                 not isinstance(ring, (int, float)) or isinstance(ring, bool) or not 0 <= ring <= 600:
             done(None, "expected target (a string), agent (a string), ring_timeout_s (0..600)")
         elif self.table.draining:
             done(None, "refused: draining")
-        elif via == "twilio":
-            dial_twilio(listener, self, target, agent, float(ring), done)
-        elif dial is not None:
-            dial(target, agent, done, float(ring))
+        else:
+            dialer.dial(listener, self, target, agent, float(ring), done)
 
     def stats(self) -> dict[str, Any]:
         live = [c.stats for c in self.table.calls.values()]

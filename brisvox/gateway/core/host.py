@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -111,3 +112,29 @@ class CallHost(Protocol):
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle: ...
+
+
+class Listener(Protocol):
+    """A socket server that carries the transports of one config section (the registry's
+    :data:`~brisvox.gateway.transports.LISTENERS` make them; the core starts and stops them)."""
+
+    async def start(self) -> tuple[str, int]: ...
+
+    async def shutdown(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+ListenerFactory = Callable[[CallHost, Any], Listener]  # (the core, its config section) -> the listener
+DialDone = Callable[[dict[str, Any] | None, str], None]
+DialFn = Callable[[Any, CallHost, str, str, float, DialDone], None]  # listener, host, target, agent, ring, done
+
+
+@dataclass(frozen=True, slots=True)
+class Dialer:
+    """How a ``dial`` command with one ``via`` is placed: by ``dial`` on the listener of
+    ``section``; ``disabled`` is the refusal when that listener is not enabled."""
+
+    section: str
+    dial: DialFn
+    disabled: str

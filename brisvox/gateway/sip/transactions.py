@@ -21,7 +21,7 @@ Invariants:
 * The per-source limits key on the caller's address
   (:meth:`SipTransactions.caller_host`): the packet's source, or, when that
   source is one of ``[sip] trusted_proxies``, the caller the proxy's Vias
-  name (:func:`brisvox.gateway.ws.proxies.via_client`); from any other source a
+  name (:func:`brisvox.gateway.proxies.via_client`); from any other source a
   Via is never believed.
 * The server transaction table holds at most ``[sip] max_transactions``; a
   new request beyond it, or over its source's rate limit
@@ -45,7 +45,7 @@ from brisvox.gateway.config import SipConfig
 from brisvox.gateway.core.host import CallHost
 from brisvox.gateway.sip.guard import SipGuard
 from brisvox.gateway.sip.rtp import Addr, RtpPorts, SipCall
-from brisvox.gateway.ws.proxies import FORWARDED, MALFORMED, TrustedProxies, via_client
+from brisvox.gateway.proxies import FORWARDED, MALFORMED, TrustedProxies, via_client
 from brisvox.wire.sip_dialog import make_response
 from brisvox.wire.sip_message import SipMessage
 from brisvox.wire.sip_transaction import (

@@ -66,6 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from brisvox.gateway.config import is_loopback
 from brisvox.wire import exotel, native, plivo, telnyx, twilio
 
 
@@ -162,8 +163,6 @@ def _secret_or_token(secret: str, route: Any, creds: list[str] | None) -> Refusa
 
 def telnyx_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.native_secret:
-        from brisvox.gateway.config import is_loopback  # lazy, as in plivo_auth
-
         return OPEN if is_loopback(cfg.host) or cfg.allow_unauthenticated else UNCONFIGURED
     header = _one(headers, telnyx.AUTH_HEADER)
     if header is None:
@@ -209,9 +208,6 @@ def twilio_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
 def unconfigured(cfg: Any) -> Refusal | Grant:
     """The check of a route whose credential is not configured: open on a loopback listener
     or with ``allow_unauthenticated``, else every request refused."""
-    # lazy: brisvox.gateway.config imports the registry, which imports this module
-    from brisvox.gateway.config import is_loopback
-
     return OPEN if is_loopback(cfg.host) or cfg.allow_unauthenticated else UNCONFIGURED
 
 

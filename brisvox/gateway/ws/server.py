@@ -27,7 +27,7 @@ Invariants:
 * A request's source (the key of every per-source limit) is its TCP peer's
   address, or, when the peer is one of ``trusted_proxies`` and the request
   has ``X-Forwarded-For``, the client that header names
-  (:func:`brisvox.gateway.ws.proxies.forwarded_client`: counted
+  (:func:`brisvox.gateway.proxies.forwarded_client`: counted
   ``ws_forwarded``; from any other peer the header is ignored,
   ``ws_forwarded_ignored``; one that names no IP address leaves the peer,
   ``ws_forwarded_malformed``). It is fixed before any check below, and a
@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import traceback
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from limits import RateLimitItemPerSecond, strategies
@@ -87,19 +88,18 @@ from brisvox.gateway.config import HEALTHZ_PATH, WebSocketConfig, WsRoute, is_lo
 from brisvox.gateway.control import twilio_rest
 from brisvox.gateway.control import twiml as twiml_webhook
 from brisvox.gateway.core.leg import SESSION_LOG
-from brisvox.gateway.rate_limits import process_storage
-from brisvox.gateway.transports import TRANSPORTS, transport
-from brisvox.gateway.ws import playground
-from brisvox.gateway.ws.auth import OPEN as OPEN_GRANT
-from brisvox.gateway.ws.auth import Grant, Refusal, origin_refusal
-from brisvox.gateway.ws.log import LibraryLog
-from brisvox.gateway.ws.proxies import (
+from brisvox.gateway.proxies import (
     DIRECT,
     FORWARDED,
     MALFORMED,
     TrustedProxies,
     forwarded_client,
 )
+from brisvox.gateway.rate_limits import process_storage
+from brisvox.gateway.ws import playground
+from brisvox.gateway.ws.auth import OPEN as OPEN_GRANT
+from brisvox.gateway.ws.auth import Grant, Refusal, origin_refusal
+from brisvox.gateway.ws.log import LibraryLog
 from brisvox.runtime.log_limit import LogLimiter
 from brisvox.wire import ws_frames
 
@@ -122,6 +122,21 @@ class Session(Protocol):
     def on_binary(self, data: bytes) -> None: ...
 
     def on_closed(self, code: int, reason: str) -> None: ...
+
+
+AuthCheck = Callable[[Any, WsRoute, str, Mapping[str, str]], "Refusal | Grant"]  # cfg, route, path, headers
+SessionFactory = Callable[["CallHost", "WsConnection", WsRoute], Session]
+
+
+class RouteTransport(Protocol):
+    """What the server needs of a route's transport (a row of the registry,
+    :data:`brisvox.gateway.transports.TRANSPORTS`, which the registry passes in)."""
+
+    @property
+    def session(self) -> SessionFactory | None: ...
+
+    @property
+    def auth(self) -> AuthCheck | None: ...
 
 
 class WsConnection(asyncio.BufferedProtocol):
@@ -342,7 +357,7 @@ class WsConnection(asyncio.BufferedProtocol):
             return
         refusal: Refusal | None = origin_refusal(cfg, req.headers)
         if refusal is None:
-            auth = transport(route.protocol).auth  # the protocol's own check (registry row)
+            auth = server.transports[route.protocol].auth  # the protocol's own check (registry row)
             verdict = auth(cfg, route, req.path, req.headers) if auth is not None else OPEN_GRANT
             if isinstance(verdict, Refusal):
                 refusal = verdict
@@ -477,9 +492,10 @@ class WsConnection(asyncio.BufferedProtocol):
 class WebSocketServer:
     """Listens on the configured address and hands connections to sessions."""
 
-    def __init__(self, host: CallHost, cfg: WebSocketConfig) -> None:
+    def __init__(self, host: CallHost, cfg: WebSocketConfig, transports: Mapping[str, RouteTransport]) -> None:
         self.host = host
         self.cfg = cfg
+        self.transports = transports  # protocol -> its registry row (brisvox/gateway/transports.py)
         self.loop = asyncio.get_event_loop()
         self.server: asyncio.base_events.Server | None = None
         self.connections: set[WsConnection] = set()
@@ -595,7 +611,7 @@ class WebSocketServer:
     def make_session(self, conn: WsConnection, route: WsRoute, req: Request) -> Session:
         """The session of ``route``'s protocol (the transport registry's factory)."""
         self.count(f"ws_connections_{route.protocol}")
-        make = TRANSPORTS[route.protocol].session
+        make = self.transports[route.protocol].session
         assert make is not None  # config validation admits only WebSocket transports
         return make(self.host, conn, route)
 
