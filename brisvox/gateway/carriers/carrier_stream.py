@@ -4,7 +4,7 @@ Owns :class:`CarrierStreamSession`, what :mod:`brisvox.gateway.carriers.twilio`
 and :mod:`brisvox.gateway.carriers.telnyx` share on top of the vendor-stream base
 (:class:`~brisvox.gateway.carriers.stream_session.StreamSession`: start timeout,
 fault budget, admission, end of the call) and the in-band DTMF
-(:class:`~brisvox.gateway.core.leg.InbandDtmfLeg`): what each inbound message
+(:class:`~brisvox.gateway.core.leg.InbandTones`, held): what each inbound message
 does (``connected``, ``start``, ``media``, ``mark`` echoes, ``dtmf``,
 ``stop``; the carriers' shared parsers are :mod:`brisvox.wire.mediastream`)
 and how the outbound ones go (``media``, ``mark``, ``clear``, from the
@@ -52,7 +52,7 @@ import numpy as np
 
 from brisvox.gateway.carriers.stream_session import StreamSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.core.leg import InbandDtmfLeg
+from brisvox.gateway.core.leg import InbandTones, send_tones
 from brisvox.wire.mediastream import (
     MEDIA_SUFFIX,
     PCMU_8K,
@@ -89,7 +89,7 @@ class Opening(NamedTuple):
     out: BotMessages
 
 
-class CarrierStreamSession(StreamSession, InbandDtmfLeg):
+class CarrierStreamSession(StreamSession):
     """One carrier media stream of Twilio's message set (see the module docstring)."""
 
     refusal = StreamError
@@ -97,6 +97,7 @@ class CarrierStreamSession(StreamSession, InbandDtmfLeg):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
+        self.tones = InbandTones()  # SendDtmf as in-band tones (the protocol has no DTMF message)
         self._out: BotMessages | None = None
         self._prefix = b""  # the stream's media prefix, on self for the per-frame send
         self._use(PCMU_8K)
@@ -183,8 +184,14 @@ class CarrierStreamSession(StreamSession, InbandDtmfLeg):
             self.call.stats.packets_out += 1
         return ok
 
+    def send_dtmf(self, digits: str) -> int:
+        return self.tones.queue(digits, self.rate)
+
+    def tick_dtmf(self, now: float) -> bool:
+        return send_tones(self, self.tones, self.rate, now)
+
     def send_clear(self) -> None:
-        self.drop_tones()
+        self.tones.drop()
         if self._out is not None:
             self.conn.send_text(self._out.clear)
 

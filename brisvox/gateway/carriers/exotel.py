@@ -111,9 +111,9 @@ class ExotelSession(CarrierStreamSession):
             self.flush()
 
     def tick_dtmf(self, now: float) -> bool:
-        playing = self._tones is not None
+        playing = self.tones.playing
         busy = super().tick_dtmf(now)
-        if playing and self._tones is None:
+        if playing and not self.tones.playing:
             self.flush()  # the last tone: nothing follows it in this chunk
         return busy
 

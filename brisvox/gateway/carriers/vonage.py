@@ -60,7 +60,7 @@ import numpy as np
 
 from brisvox.gateway.carriers.stream_session import StreamSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.core.leg import InbandDtmfLeg
+from brisvox.gateway.core.leg import InbandTones, send_tones
 from brisvox.wire.mediastream import L16LE
 from brisvox.wire.vonage import (
     CLEAR,
@@ -85,7 +85,7 @@ TRANSFER_REASON = ("a Vonage WebSocket cannot transfer; use the Voice API (PUT /
                    "with a transfer action)")
 
 
-class VonageSession(StreamSession, InbandDtmfLeg):
+class VonageSession(StreamSession):
     """One Vonage WebSocket: protocol handler and call leg."""
 
     transport = "vonage"
@@ -93,6 +93,7 @@ class VonageSession(StreamSession, InbandDtmfLeg):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
+        self.tones = InbandTones()  # SendDtmf as in-band tones (the protocol has no DTMF message)
         self._use(Format())
 
     def _use(self, fmt: Format) -> None:
@@ -159,8 +160,14 @@ class VonageSession(StreamSession, InbandDtmfLeg):
             self.call.stats.packets_out += sent
         return ok
 
+    def send_dtmf(self, digits: str) -> int:
+        return self.tones.queue(digits, self.rate)
+
+    def tick_dtmf(self, now: float) -> bool:
+        return send_tones(self, self.tones, self.rate, now)
+
     def send_clear(self) -> None:
-        self.drop_tones()
+        self.tones.drop()
         self.conn.send_text(CLEAR)
 
     def send_mark(self, name: str) -> None:

@@ -1,8 +1,9 @@
 """The base class of every call leg: the required sends and defaults for optional capabilities.
 
 Owns :class:`TransportLeg`, which the Twilio, Telnyx, native and SIP legs subclass,
-and :class:`InbandDtmfLeg`, the outbound DTMF of a peer that has no DTMF
-message (Twilio, Telnyx): the digits played as tones through the media channel.
+and :class:`InbandTones`, the outbound DTMF of a peer that has no DTMF
+message (Twilio, Telnyx, Exotel, Vonage), which such a leg holds: the digits played as
+tones through the media channel.
 It satisfies the :class:`~brisvox.gateway.core.calls.Leg` protocol the pacer and
 the core drive. A subclass must implement ``can_send``, ``send_audio``,
 ``send_clear`` and ``hangup``; the optional capabilities default to "not
@@ -131,36 +132,59 @@ class TransportLeg:
         pass
 
 
-class InbandDtmfLeg(TransportLeg):
-    """SendDtmf as in-band tones: the digits' tones (:func:`brisvox.wire.dtmf.tone_sequence`
-    at the leg's ``rate``) go out through ``send_audio`` 20 ms a tick, paced like audio and
-    holding the out ring meanwhile; digits queued while tones play follow them. A Clear
-    drops the tones (``drop_tones``)."""
+class InbandTones:
+    """SendDtmf as in-band tones, held by a leg whose peer has no DTMF message.
 
-    rate = 8000  # the leg's audio rate (a leg whose rate is per stream sets it on the instance)
-    _tones: np.ndarray | None = None
-    _tone_pos = 0
+    :meth:`queue` turns digits into their tones (:func:`brisvox.wire.dtmf.tone_sequence` at
+    the leg's rate); :meth:`next_frame` hands out 20 ms of them a tick, which the leg sends
+    through its ``send_audio``, paced like audio and holding the out ring meanwhile. Digits
+    queued while tones play follow them; :meth:`drop` (a Clear) ends them.
 
-    def send_dtmf(self, digits: str) -> int:
+    Invariants: ``playing`` is True from a queue of at least one valid digit until the frame
+    that holds the last sample was handed out or :meth:`drop`; a frame is never longer than
+    20 ms at the rate it was asked for."""
+
+    __slots__ = ("_tones", "_pos")
+
+    def __init__(self) -> None:
+        self._tones: np.ndarray | None = None
+        self._pos = 0
+
+    @property
+    def playing(self) -> bool:
+        return self._tones is not None
+
+    def queue(self, digits: str, rate: int) -> int:
+        """Queue ``digits``; returns how many were refused (not DTMF digits)."""
         valid = "".join(d for d in digits if d.upper() in dtmf.DIGITS)
-        tones = dtmf.tone_sequence(valid, self.rate)
+        tones = dtmf.tone_sequence(valid, rate)
         if self._tones is not None:
-            tones = np.concatenate([self._tones[self._tone_pos:], tones])
-        self._tones, self._tone_pos = tones, 0
+            tones = np.concatenate([self._tones[self._pos:], tones])
+        self._tones, self._pos = tones, 0
         return len(digits) - len(valid)
 
-    def tick_dtmf(self, now: float) -> bool:
+    def next_frame(self, rate: int) -> np.ndarray | None:
+        """The next 20 ms of tones (possibly empty at the very end); None when none play."""
         t = self._tones
         if t is None:
-            return False
-        frame = self.rate // 50
-        chunk = t[self._tone_pos:self._tone_pos + frame]
-        self._tone_pos += frame
-        if self._tone_pos >= len(t):
+            return None
+        frame = rate // 50
+        chunk = t[self._pos:self._pos + frame]
+        self._pos += frame
+        if self._pos >= len(t):
             self._tones = None
-        if len(chunk):
-            self.send_audio(chunk, now)
-        return True
+        return chunk
 
-    def drop_tones(self) -> None:
+    def drop(self) -> None:
         self._tones = None
+
+
+def send_tones(leg: TransportLeg, tones: InbandTones, rate: int, now: float) -> bool:
+    """A leg's ``tick_dtmf`` over its :class:`InbandTones`: send the next frame through the
+    leg's ``send_audio``; True while tones hold the audio."""
+    chunk = tones.next_frame(rate)
+    if chunk is None:
+        return False
+    if len(chunk):
+        leg.send_audio(chunk, now)
+    return True
