@@ -233,7 +233,7 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
 
 def _check_dtmf(agent: AgentDef, lines: Mapping[str, int]) -> list[Problem]:
     """``[dtmf]`` builds (its ``text`` formats); an S2S agent gets no keypad entries yet."""
-    from brisvox.agent.pipeline.dtmf import KeypadConfig
+    from brisvox.agent.pipeline.cascade.dtmf import KeypadConfig
 
     if not agent.dtmf:
         return []
@@ -250,7 +250,7 @@ def _check_dtmf(agent: AgentDef, lines: Mapping[str, int]) -> list[Problem]:
 
 def _check_speculation(agent: AgentDef, lines: Mapping[str, int]) -> list[Problem]:
     """Speculation needs a streaming LLM on every leg (a secondary may answer the request)."""
-    from brisvox.agent.pipeline.speculation import SpeculationConfig
+    from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 
     try:
         cfg = SpeculationConfig.from_table(agent.speculation)
@@ -382,9 +382,9 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
     from dataclasses import fields, replace
 
     from brisvox.agent.host.actor import ActorConfig
-    from brisvox.agent.pipeline.dtmf import KeypadConfig
-    from brisvox.agent.pipeline.speculation import SpeculationConfig
-    from brisvox.agent.pipeline.turn_machine import InterruptionConfig, TurnConfig
+    from brisvox.agent.pipeline.cascade.dtmf import KeypadConfig
+    from brisvox.agent.pipeline.cascade.turn_machine import InterruptionConfig, TurnConfig
+    from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
     from brisvox.agent.tool_engine.filler import FillerConfig
 
     cfg = base or ActorConfig()
@@ -438,7 +438,7 @@ def _s2s_config(agent: AgentDef, cfg: ActorConfig, turn: Any) -> Any:
     """The S2S stage's config: the session (model, voice, instructions) and its turn policy."""
     from dataclasses import replace
 
-    from brisvox.agent.pipeline.s2s_machine import S2sTurnConfig
+    from brisvox.agent.pipeline.s2s.machine import S2sTurnConfig
     from brisvox.providers.s2s.base import S2sConfig
 
     leg, st = agent.s2s, agent.s2s_settings

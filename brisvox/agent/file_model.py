@@ -237,7 +237,7 @@ class Recording:
 
 @section
 class Dtmf:
-    """``[dtmf]``: keypad entries (brisvox/agent/pipeline/dtmf.py)."""
+    """``[dtmf]``: keypad entries (brisvox/agent/pipeline/cascade/dtmf.py)."""
 
     inter_digit_timeout: float | None = Field(default=None, ge=0.05, le=30)
     terminator: Literal["", "#", "*", "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "A", "B", "C", "D"] | None = None

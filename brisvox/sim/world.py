@@ -293,7 +293,7 @@ class WorldConfig:
 
 
 class SimPlatform:
-    """Implements :class:`~brisvox.agent.pipeline.call_io.CallLink` for one actor and runs
+    """Implements :class:`~brisvox.agent.pipeline.stage.call_io.CallLink` for one actor and runs
     the worker and gateway ticks. Build it, give it the actor, ``start()``."""
 
     def __init__(self, vocab: Vocab, caller: Caller, cfg: WorldConfig | None = None) -> None:

@@ -266,8 +266,11 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
     from the in16 ring as the pump does (AudioFrame + VAD events), the stage's Finalize
     answered by a Whisper job (span estimated by the session: the stage reports none), and
     a response spoken by Piper jobs through the TTS stage (AudioOut, then TtsEnded)."""
-    from brisvox.agent.pipeline.call_context import CallContext
-    from brisvox.agent.pipeline.frames import (
+    from brisvox.agent.pipeline.cascade.stt_stage import SttStage, SttStageConfig
+    from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
+    from brisvox.agent.pipeline.stage.base import Inbox, Stage
+    from brisvox.agent.pipeline.stage.call_context import CallContext
+    from brisvox.agent.pipeline.stage.frames import (
         AudioFrame,
         AudioOut,
         Flush,
@@ -283,9 +286,6 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
         UserTranscript,
         UtteranceFinal,
     )
-    from brisvox.agent.pipeline.stage import Inbox, Stage
-    from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig
-    from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
     from brisvox.clock import CLOCK
 
     why = _have_local()

@@ -12,8 +12,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.llm.policy import LlmRunnerConfig
+from brisvox.agent.pipeline.llm.runner import LlmRunner
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     BotEnded,
     BotStarted,
     Interrupt,
@@ -24,10 +28,6 @@ from brisvox.agent.pipeline.frames import (
     Stop,
     UserTurnEnded,
 )
-from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
-from brisvox.agent.pipeline.llm_runner import LlmRunner
-from brisvox.agent.pipeline.speculation import SpeculationConfig
-from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerConfig
 from brisvox.agent.tool_engine.registry import ToolContext, ToolKind, ToolRegistry, ToolSpec

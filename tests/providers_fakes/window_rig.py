@@ -29,12 +29,12 @@ from brisvox.agent.conversation.context import (
     UserMessage,
 )
 from brisvox.agent.conversation.request import RequestConfig, WindowConfig, request_tokens
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import BotEnded, BotStarted, Stop, UserTurnEnded
-from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
-from brisvox.agent.pipeline.llm_runner import LlmRunner
-from brisvox.agent.pipeline.stage import Inbox
-from brisvox.agent.pipeline.summarizer import SummaryConfig
+from brisvox.agent.pipeline.llm.policy import LlmRunnerConfig
+from brisvox.agent.pipeline.llm.runner import LlmRunner
+from brisvox.agent.pipeline.llm.summarizer import SummaryConfig
+from brisvox.agent.pipeline.stage.base import Inbox
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import BotEnded, BotStarted, Stop, UserTurnEnded
 from brisvox.agent.tool_engine.config import EngineConfig
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from brisvox.agent.conversation.context import AssistantMessage, ToolMessage, UserMessage
-from brisvox.agent.pipeline.llm_policy import FALLBACK_LINE
+from brisvox.agent.pipeline.llm.policy import FALLBACK_LINE
 from brisvox.providers.seeded_fakes import Call, Crash, LlmScript, Say, TtsFault
 from brisvox.sim.fakes import SttFault
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
@@ -146,7 +146,7 @@ def test_dtmf_is_retagged_and_reaches_the_runner():
 
 def test_guards_off_interrupts_a_backchannel():
     cfg = default_actor_config()
-    from brisvox.agent.pipeline.turn_machine import InterruptionConfig
+    from brisvox.agent.pipeline.cascade.turn_machine import InterruptionConfig
 
     cfg = replace(cfg, turn=replace(cfg.turn, turn=replace(cfg.turn.turn, interruption=InterruptionConfig.off())))
     res = sim(

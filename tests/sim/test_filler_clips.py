@@ -21,7 +21,7 @@ from dataclasses import replace
 import pytest
 
 from brisvox.agent.conversation.context import AssistantMessage
-from brisvox.agent.pipeline.tts_clips import forget_shared
+from brisvox.agent.pipeline.cascade.tts_clips import forget_shared
 from brisvox.providers.seeded_fakes import Call, LlmScript, Say
 from brisvox.sim.harness import (
     SimCall,

@@ -18,7 +18,7 @@ import logging
 from dataclasses import replace
 
 from brisvox.agent.conversation.context import UserMessage
-from brisvox.agent.pipeline.dtmf import KeypadConfig
+from brisvox.agent.pipeline.cascade.dtmf import KeypadConfig
 from brisvox.providers.seeded_fakes import LlmScript, Say
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import LONG

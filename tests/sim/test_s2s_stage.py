@@ -7,8 +7,8 @@ from orjson import loads as orjson_loads
 from brisvox.agent.conversation.context import AssistantMessage, UserMessage
 from brisvox.agent.conversation.playout import PlayoutConfig
 from brisvox.agent.host.actor import ActorConfig
-from brisvox.agent.pipeline.s2s_machine import S2sTurnConfig
-from brisvox.agent.pipeline.s2s_stage import S2sStageConfig
+from brisvox.agent.pipeline.s2s.machine import S2sTurnConfig
+from brisvox.agent.pipeline.s2s.stage import S2sStageConfig
 from brisvox.providers.s2s.scripted import S2sCall, S2sReply, ScriptedS2s
 from brisvox.sim.harness import SimCall, oracle_mismatches, simulate
 from brisvox.sim.sim_tools import SimTools

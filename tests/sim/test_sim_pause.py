@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from brisvox.agent.pipeline.turn_machine import InterruptionConfig
+from brisvox.agent.pipeline.cascade.turn_machine import InterruptionConfig
 from brisvox.providers.seeded_fakes import LlmScript, Say
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import LONG

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from brisvox.agent.pipeline.speculation import SpeculationConfig
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 from brisvox.providers.base import LlmRequest
 from brisvox.providers.seeded_fakes import FakeLlm, FakeLlmStream, Responder
 from brisvox.sim import harness

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from brisvox.agent.conversation.context import UserMessage
-from brisvox.agent.pipeline.turn_machine import TurnConfig
+from brisvox.agent.pipeline.cascade.turn_machine import TurnConfig
 from brisvox.providers.seeded_fakes import LlmScript, Say
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import SCENARIOS

@@ -1,6 +1,6 @@
 """Bad provider input through the LLM runner: a counted error and the documented fallback, never a hang.
 
-The runner (``brisvox/agent/pipeline/llm_runner.py``) makes one request per round and never
+The runner (``brisvox/agent/pipeline/llm/runner.py``) makes one request per round and never
 retries it (the resilience layer does, and it is not used here), keeps the partial text of a
 failed response in the context, invents no speech, and ends the turn (LlmResponseEnded; a
 turn with no speech sends BotEnded "silent" upstream). Over the OpenAI-compatible adapter
@@ -24,7 +24,7 @@ import pytest
 from bench.harness.http_server import FakeHttpServer, Reply
 from bench.harness.llm_wire import Resp, ScriptedVendor, reply_for
 from brisvox.agent.conversation.context import AssistantMessage
-from brisvox.agent.pipeline.frames import BotEnded
+from brisvox.agent.pipeline.stage.frames import BotEnded
 from brisvox.providers.base import ProviderTimeouts
 from brisvox.providers.http import close_all
 from brisvox.providers.llm_stream import STATS

@@ -35,8 +35,11 @@ import pytest
 from bench.harness.http_server import FakeHttpServer, Reply, json_reply
 from bench.harness.ws_vendors import FakeCartesia, FakeDeepgram, FakeElevenLabs
 from brisvox.agent.conversation.playout import PlayoutBook
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.cascade.stt_stage import SttStage, SttStageConfig
+from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     AudioFrame,
     AudioOut,
     Flush,
@@ -51,9 +54,6 @@ from brisvox.agent.pipeline.frames import (
     UserStoppedSpeaking,
     UtteranceFinal,
 )
-from brisvox.agent.pipeline.stage import Inbox, Stage
-from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig
-from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
 from brisvox.clock import CLOCK
 from brisvox.providers.base import (
     ProviderError,

@@ -29,17 +29,17 @@ import pytest
 
 from bench.harness import s2s_gemini as G
 from bench.harness import s2s_openai as O
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.s2s.machine import S2sTurnConfig
+from brisvox.agent.pipeline.s2s.stage import S2sStage, S2sStageConfig
+from brisvox.agent.pipeline.stage.base import Inbox
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     AudioFrame,
     Start,
     Stop,
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
-from brisvox.agent.pipeline.s2s_machine import S2sTurnConfig
-from brisvox.agent.pipeline.s2s_stage import S2sStage, S2sStageConfig
-from brisvox.agent.pipeline.stage import Inbox
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.providers.s2s.gemini_live import GeminiLive
 from brisvox.providers.s2s.openai_realtime import OpenAiRealtime

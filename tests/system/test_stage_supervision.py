@@ -47,8 +47,8 @@ def agent_main(rt: Any) -> int:
     """The agent process's own main, with the STT stage's frame handler failing once
     ``FAIL_AFTER_FRAMES`` frames of a call went through it (test role main)."""
     from brisvox.agent.host import process
-    from brisvox.agent.pipeline.frames import AudioFrame
-    from brisvox.agent.pipeline.stt_stage import SttStage
+    from brisvox.agent.pipeline.cascade.stt_stage import SttStage
+    from brisvox.agent.pipeline.stage.frames import AudioFrame
 
     original = SttStage.process
 

@@ -11,8 +11,8 @@ import asyncio
 
 import numpy as np
 
-from brisvox.agent.pipeline.frames import AudioFrame, Stop
-from brisvox.agent.pipeline.stage import Inbox
+from brisvox.agent.pipeline.stage.base import Inbox
+from brisvox.agent.pipeline.stage.frames import AudioFrame, Stop
 from brisvox.sim.vloop import run_virtual
 
 

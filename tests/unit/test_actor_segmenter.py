@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from brisvox.agent.conversation.context import AssistantMessage, Context, SystemMessage
 from brisvox.agent.conversation.truncation import Truncation, apply_truncation
-from brisvox.agent.pipeline.segmenter import Segmenter, SegmenterConfig
+from brisvox.agent.pipeline.cascade.segmenter import Segmenter, SegmenterConfig
 
 
 def run(text_parts: list[str], cfg: SegmenterConfig | None = None) -> list[str]:

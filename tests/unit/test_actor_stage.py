@@ -6,9 +6,15 @@ import asyncio
 
 import numpy as np
 
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import AudioFrame, Interrupt, LlmText, Stop, UserStartedSpeaking
-from brisvox.agent.pipeline.stage import EpochWatch, Inbox, Stage, TaskOwner
+from brisvox.agent.pipeline.stage.base import EpochWatch, Inbox, Stage, TaskOwner
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
+    AudioFrame,
+    Interrupt,
+    LlmText,
+    Stop,
+    UserStartedSpeaking,
+)
 from brisvox.clock import CLOCK
 from brisvox.sim.vloop import run_virtual
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from brisvox.agent.pipeline import turn_machine as tm
+from brisvox.agent.pipeline.cascade import turn_machine as tm
 
 EARLY = tm.TurnConfig(smart_turn=True, early_analysis=True, fallback_silence=1.5)
 

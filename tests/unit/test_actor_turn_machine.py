@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from brisvox.agent.pipeline.turn_machine import (
+from brisvox.agent.pipeline.cascade.turn_machine import (
     ArmTimer,
     BotAudioEnded,
     BotAudioStarted,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from brisvox.agent.pipeline.turn_machine import (
+from brisvox.agent.pipeline.cascade.turn_machine import (
     ArmTimer,
     BotAudioEnded,
     BotAudioStarted,

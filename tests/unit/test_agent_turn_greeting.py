@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from brisvox.agent.pipeline import turn_machine as tm
+from brisvox.agent.pipeline.cascade import turn_machine as tm
 
 
 def test_bot_turn_from_idle_opens_a_bot_turn_and_a_barge_in_interrupts_it():

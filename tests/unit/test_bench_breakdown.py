@@ -90,7 +90,7 @@ def test_speculation_counters_are_summed_over_the_records():
 def test_bench_agents_get_the_speculation_and_interim_lag_asked_for(tmp_path, monkeypatch):
     from bench import bench_load
     from brisvox.agent.definition import load_agent
-    from brisvox.agent.pipeline.speculation import SpeculationConfig
+    from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 
     root = Path(__file__).resolve().parents[2]
     src = root / "configs" / "brisvoxd.bench.toml"

@@ -1,4 +1,4 @@
-"""Keypad input: the aggregator (brisvox/agent/pipeline/dtmf.py), the turn machine's Keypad
+"""Keypad input: the aggregator (brisvox/agent/pipeline/cascade/dtmf.py), the turn machine's Keypad
 input, and the agent file's ``[dtmf]`` table (mapped onto the driver, checked offline)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from brisvox.agent.definition import actor_config, check_agent_file, load_agent
-from brisvox.agent.pipeline import turn_machine as tm
-from brisvox.agent.pipeline.dtmf import (
+from brisvox.agent.pipeline.cascade import turn_machine as tm
+from brisvox.agent.pipeline.cascade.dtmf import (
     LIMIT,
     Close,
     Entry,

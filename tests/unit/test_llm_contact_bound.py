@@ -6,7 +6,7 @@ a long ``Retry-After``, request errors), on virtual time.
 The documented bound, per model request: a single vendor at most 2 contacts (the first
 attempt and one re-issue by the layer), a primary with a secondary at most 1 each; the runner
 itself never retries (one request per round), so a turn makes at most that many contacts per
-model request it makes (one without tools). Before issue 30 the runner's own retry re-issued
+model request it makes (one without tools). Before, the runner's own retry re-issued
 the whole layered request: 4 contacts of a single vendor, 2 of each leg.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from brisvox.agent.pipeline.frames import BotEnded
+from brisvox.agent.pipeline.stage.frames import BotEnded
 from brisvox.providers.resilience import Resilience, ResilientLlm
 from brisvox.sim.vloop import run_virtual
 from tests.providers_fakes.failing_llm import ANSWER, FailingLlm

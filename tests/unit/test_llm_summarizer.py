@@ -1,4 +1,4 @@
-"""The runner's background summarizer on virtual time (brisvox/agent/pipeline/summarizer.py).
+"""The runner's background summarizer on virtual time (brisvox/agent/pipeline/llm/summarizer.py).
 
 A slow (1 s), a hanging and a failing summarizer never delay a request (every request
 leaves at the instant it leaves without a summarizer); the breaker bounds the attempts of a
@@ -17,7 +17,7 @@ import pytest
 
 from brisvox.agent.conversation.context import SystemMessage
 from brisvox.agent.conversation.request import SUMMARY_PREFIX, WINDOW_ESTIMATOR, WindowConfig
-from brisvox.agent.pipeline.summarizer import SummaryConfig
+from brisvox.agent.pipeline.llm.summarizer import SummaryConfig
 from brisvox.clock import CLOCK
 from brisvox.providers.base import LlmRequest
 from brisvox.sim.vloop import run_virtual

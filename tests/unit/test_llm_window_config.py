@@ -10,7 +10,7 @@ import pytest
 
 from brisvox.agent.conversation.request import WindowConfig
 from brisvox.agent.definition import actor_config, load_agent
-from brisvox.agent.pipeline.summarizer import SummaryConfig
+from brisvox.agent.pipeline.llm.summarizer import SummaryConfig
 from brisvox.cli.brisvoxd import main as brisvoxd
 
 ROOT = Path(__file__).resolve().parents[2]

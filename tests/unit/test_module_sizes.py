@@ -160,7 +160,7 @@ def test_no_production_class_borrows_state_from_a_sibling_mixin() -> None:
 
 
 def test_the_checker_catches_the_pattern_it_forbids() -> None:
-    """The three rules each fire on a small example of what main had before issue 30."""
+    """The four rules each fire on a small example of the pattern the tree had before."""
     parts = '''
 from typing import TYPE_CHECKING, cast
 class CallTable:

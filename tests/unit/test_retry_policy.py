@@ -238,10 +238,10 @@ def test_retry_call_sleeps_through_the_injected_sleep() -> None:
 
 
 def test_the_adopters_keep_their_numbers() -> None:
-    from brisvox.agent.pipeline.s2s_stage import S2sStageConfig
-    from brisvox.agent.pipeline.stt_stage import SttStageConfig
-    from brisvox.agent.pipeline.summarizer import SummaryConfig
-    from brisvox.agent.pipeline.tts_stage import TtsStageConfig
+    from brisvox.agent.pipeline.cascade.stt_stage import SttStageConfig
+    from brisvox.agent.pipeline.cascade.tts_stage import TtsStageConfig
+    from brisvox.agent.pipeline.llm.summarizer import SummaryConfig
+    from brisvox.agent.pipeline.s2s.stage import S2sStageConfig
     from brisvox.providers.resilience import ResilienceConfig
 
     assert [SttStageConfig().reconnect_policy.delay(n) for n in (1, 2, 3)] == [1.0, 1.0, 1.0]

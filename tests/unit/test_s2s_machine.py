@@ -1,8 +1,8 @@
-"""The S2S machine's rules, input by input (brisvox/agent/pipeline/s2s_machine.py)."""
+"""The S2S machine's rules, input by input (brisvox/agent/pipeline/s2s/machine.py)."""
 
 from __future__ import annotations
 
-from brisvox.agent.pipeline import s2s_machine as M
+from brisvox.agent.pipeline.s2s import machine as M
 from brisvox.providers.s2s import base as s2
 
 

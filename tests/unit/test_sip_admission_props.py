@@ -93,7 +93,7 @@ async def started(sip: dict[str, Any], **gw: Any) -> tuple[GatewayCore, Any, Wir
     await core.start()
     ua = core.listeners["sip"]
     wire = Wire()
-    ua.transport = wire
+    ua.transactions.transport = wire
     return core, ua, wire
 
 
@@ -116,7 +116,7 @@ def test_bad_invites_take_nothing_and_a_valid_one_after_is_answered():
         try:
             bad = [m for _ in range(6) for m in hostile()]
             for data in bad:
-                ua.datagram_received(data, PEER)
+                ua.transactions.datagram_received(data, PEER)
             await asyncio.sleep(0.2)
             finals = [s for s in wire.statuses() if s >= 200]
             assert len(finals) == len(bad), finals
@@ -127,7 +127,7 @@ def test_bad_invites_take_nothing_and_a_valid_one_after_is_answered():
             assert st["sip_refused_malformed"] and st["sip_refused_sdp"] and st["sip_refused_too_large"]
             assert "sip_internal_errors" not in st
             wire.sent.clear()
-            ua.datagram_received(invite(), PEER)
+            ua.transactions.datagram_received(invite(), PEER)
             assert await settle(lambda: 200 in wire.statuses())
             assert len(core.table) == 1 and len(ua.rtp_ports.in_use) == 1
         finally:
@@ -141,13 +141,13 @@ def test_a_bye_reason_with_crlf_never_becomes_a_header():
     async def run() -> None:
         core, ua, wire = await started({"invite_rate": ()})
         try:
-            ua.datagram_received(invite(call_id="esc@t"), PEER)
+            ua.transactions.datagram_received(invite(call_id="esc@t"), PEER)
             assert await settle(lambda: 200 in wire.statuses())
             ok = next(parse(d) for d, _ in wire.sent if d.startswith(b"SIP/2.0 200"))
             ack = (f"ACK sip:brisvox@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5099;branch=z9hG4bKack\r\n"
                    f"From: <sip:t@127.0.0.1>;tag=abc\r\nTo: {ok.get('to')}\r\nCall-ID: esc@t\r\n"
                    "CSeq: 1 ACK\r\nContent-Length: 0\r\n\r\n").encode()
-            ua.datagram_received(ack, PEER)
+            ua.transactions.datagram_received(ack, PEER)
             call = next(iter(core.table.calls.values()))
             evil = 'done"\r\nX-Evil: injected\r\n\r\nBYE sip:x SIP/2.0\x00' + "\u2028" + "z" * 300
             core.hangup(call, evil)
@@ -175,7 +175,7 @@ def test_rate_limits_and_the_transaction_cap_answer_503_before_any_state():
         src = f"127.0.{os.getpid() % 250}.{next(_seq) % 250 + 1}"
         try:
             for _ in range(8):
-                ua.datagram_received(invite().replace(b"INVITE sip:echo", b"OPTIONS sip:echo")
+                ua.transactions.datagram_received(invite().replace(b"INVITE sip:echo", b"OPTIONS sip:echo")
                                      .replace(b"1 INVITE", b"1 OPTIONS"), (src, 5099))
             assert wire.statuses() == [200] * 4 + [503] * 4
             limited = parse(wire.sent[-1][0])
@@ -183,15 +183,15 @@ def test_rate_limits_and_the_transaction_cap_answer_503_before_any_state():
             assert ua.stats()["sip_refused_rate_limit"] == 4
             wire.sent.clear()
             for _ in range(5):
-                ua.datagram_received(invite(), (src, 5099))
+                ua.transactions.datagram_received(invite(), (src, 5099))
             assert await settle(lambda: wire.statuses().count(200) == 3)
             assert wire.statuses().count(503) == 2 and len(core.table) == 3
             # the table: 4 OPTIONS + 3 INVITEs live; fill it from other sources
             wire.sent.clear()
             for i in range(20):
                 opt = invite().replace(b"INVITE sip:echo", b"OPTIONS sip:echo").replace(b"1 INVITE", b"1 OPTIONS")
-                ua.datagram_received(opt, (f"127.1.{next(_seq) % 250}.{i + 1}", 5099))
-            assert len(ua.server_tx) == 16
+                ua.transactions.datagram_received(opt, (f"127.1.{next(_seq) % 250}.{i + 1}", 5099))
+            assert len(ua.transactions.server_tx) == 16
             assert ua.stats()["sip_refused_tx_table_full"] == 11
             assert wire.statuses().count(503) == 11
         finally:

@@ -38,7 +38,7 @@ async def started(**sip: Any) -> tuple[GatewayCore, Any, Wire]:
     await core.start()
     ua = core.listeners["sip"]
     wire = Wire()
-    ua.transport = wire
+    ua.transactions.transport = wire
     return core, ua, wire
 
 
@@ -47,7 +47,7 @@ def sent(wire: Wire, method: str) -> list[tuple[SipMessage, Any]]:
 
 
 def answer(ua: Any, inv: SipMessage, status: int, **kw: Any) -> None:
-    ua.datagram_received(make_response(inv, status, to_tag="callee1", **kw).serialize(), CALLEE)
+    ua.transactions.datagram_received(make_response(inv, status, to_tag="callee1", **kw).serialize(), CALLEE)
 
 
 class Result:
@@ -84,10 +84,10 @@ def test_answered_dial_acks_starts_the_agent_and_the_callees_bye_ends_it():
             answer(ua, inv, 200, contact="<sip:bob@127.0.0.1:5098>", body=body, content_type="application/sdp")
             assert len(sent(wire, "ACK")) == 2  # a retransmitted 200: the same ACK again
             assert len(res.got) == 1
-            bye = (f"BYE sip:brisvox@127.0.0.1:{ua.port} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5098;branch=z9hG4bKb1\r\n"
+            bye = (f"BYE sip:brisvox@127.0.0.1:{ua.transactions.port} SIP/2.0\r\nVia: SIP/2.0/UDP 127.0.0.1:5098;branch=z9hG4bKb1\r\n"
                    f"From: <sip:bob@127.0.0.1:5099>;tag=callee1\r\nTo: {inv.get('from')}\r\n"
                    f"Call-ID: {inv.call_id}\r\nCSeq: 2 BYE\r\nContent-Length: 0\r\n\r\n").encode()
-            ua.datagram_received(bye, ("127.0.0.1", 5098))
+            ua.transactions.datagram_received(bye, ("127.0.0.1", 5098))
             assert await settle(lambda: len(core.table) == 0)
             assert ua.stats()["sip_dial_answered"] == 1 and ua.stats()["rtp_ports_in_use"] == 0
         finally:
@@ -133,7 +133,7 @@ def test_ring_timeout_cancels_after_the_provisional_and_reports_no_answer():
             (cancel, to), = sent(wire, "CANCEL")
             assert to == CALLEE and cancel.cseq == (inv.cseq[0], "CANCEL")
             assert cancel.top_via.branch == inv.top_via.branch
-            ua.datagram_received(make_response(cancel, 200).serialize(), CALLEE)
+            ua.transactions.datagram_received(make_response(cancel, 200).serialize(), CALLEE)
             answer(ua, inv, 487)
             assert res.got == [(None, "no answer")]
             assert await settle(lambda: len(core.table) == 0)

@@ -72,7 +72,7 @@ async def started(sip: dict[str, Any], max_calls: int = 8) -> tuple[GatewayCore,
     await core.start()
     ua = core.listeners["sip"]
     wire = Wire()
-    ua.transport = wire
+    ua.transactions.transport = wire
     return core, ua, wire
 
 
@@ -94,12 +94,12 @@ def test_options_is_503_full_then_draining_and_asking_takes_nothing():
         try:
             def options() -> Any:
                 wire.sent.clear()
-                ua.datagram_received(request("OPTIONS", vias=[via(src[0])]), src)
+                ua.transactions.datagram_received(request("OPTIONS", vias=[via(src[0])]), src)
                 (resp,) = finals(wire, "OPTIONS")
                 return resp
 
             assert options().status == 200
-            ua.datagram_received(proxied_invite(src[0], None), src)
+            ua.transactions.datagram_received(proxied_invite(src[0], None), src)
             assert await settle(lambda: len(core.table) == 1 and bool(finals(wire, "INVITE")))
             assert finals(wire, "INVITE")[0].status == 200
             for _ in range(3):
@@ -117,7 +117,7 @@ def test_options_is_503_full_then_draining_and_asking_takes_nothing():
             assert (draining.status, draining.reason, draining.get("retry-after")) == (503, "Draining", "30")
             assert ua.stats()["sip_options_draining"] == 1
             late = f"late{os.getpid()}@t"
-            ua.datagram_received(proxied_invite(src[0], None, call_id=late), src)  # a new INVITE while draining
+            ua.transactions.datagram_received(proxied_invite(src[0], None, call_id=late), src)  # a new INVITE while draining
             assert statuses_of(wire, late) == [100, 503]
             refused = next(r for r in finals(wire, "INVITE") if r.call_id == late)
             assert refused.get("retry-after") == "30" and core.table.refused == {"draining": 1}
@@ -138,7 +138,7 @@ def test_behind_a_trusted_proxy_the_rate_limits_key_on_the_caller_it_names():
             # six callers through one proxy: each has its own window
             callers = [addr(6) for _ in range(6)]
             for c in callers:
-                ua.datagram_received(proxied_invite(proxy, c), (proxy, 5060))
+                ua.transactions.datagram_received(proxied_invite(proxy, c), (proxy, 5060))
             assert await settle(lambda: len(finals(wire, "INVITE")) == 6)
             assert [r.status for r in finals(wire, "INVITE")] == [200] * 6 and len(core.table) == 6
             assert {a for _, a in wire.sent} == {(proxy, 5060)}  # every answer goes back to the proxy
@@ -147,7 +147,7 @@ def test_behind_a_trusted_proxy_the_rate_limits_key_on_the_caller_it_names():
             wire.sent.clear()
             one = addr(6)
             for _ in range(4):
-                ua.datagram_received(proxied_invite(proxy, one), (proxy, 5060))
+                ua.transactions.datagram_received(proxied_invite(proxy, one), (proxy, 5060))
             assert await settle(lambda: len(finals(wire, "INVITE")) == 4)
             assert len(core.table) == 8
             limited = [r for r in finals(wire, "INVITE") if r.status == 503]
@@ -156,7 +156,7 @@ def test_behind_a_trusted_proxy_the_rate_limits_key_on_the_caller_it_names():
             # the proxy's own OPTIONS (one Via): the proxy's window, not a caller's
             wire.sent.clear()
             for _ in range(3):
-                ua.datagram_received(request("OPTIONS", vias=[via(proxy)]), (proxy, 5060))
+                ua.transactions.datagram_received(request("OPTIONS", vias=[via(proxy)]), (proxy, 5060))
             # full (8 calls) twice, then over the proxy's own 2 a second
             assert [(r.status, r.reason) for r in finals(wire, "OPTIONS")] == [(503, "Full")] * 2 + [
                 (503, "Rate Limited")]
@@ -164,12 +164,12 @@ def test_behind_a_trusted_proxy_the_rate_limits_key_on_the_caller_it_names():
             wire.sent.clear()
             for _ in range(3):
                 forged = request("OPTIONS", vias=[via(stranger), via("10.0.0.1", 5060, f";received={addr(7)}")])
-                ua.datagram_received(forged, (stranger, 5060))
+                ua.transactions.datagram_received(forged, (stranger, 5060))
             assert [r.reason for r in finals(wire, "OPTIONS")] == ["Full", "Full", "Rate Limited"]
             # a Via that names no address: the proxy's own window (already spent: limited)
             wire.sent.clear()
             bad = request("OPTIONS", vias=[via(proxy), via("10.0.0.1", 5060, ";received=nowhere")])
-            ua.datagram_received(bad, (proxy, 5060))
+            ua.transactions.datagram_received(bad, (proxy, 5060))
             assert [r.reason for r in finals(wire, "OPTIONS")] == ["Rate Limited"]
             assert ua.stats()["sip_proxied_bad_via"] == 1
             assert ua.stats()["sip_proxied_requests"] == 6 + 4
@@ -189,11 +189,11 @@ def test_two_record_routes_make_the_bye_go_to_the_first_with_both_routes():
         try:
             inv = proxied_invite(proxy, addr(9), call_id=f"rr{os.getpid()}@t",
                                  extra="".join(f"Record-Route: {r}\r\n" for r in routes))
-            ua.datagram_received(inv, (proxy, 5060))
+            ua.transactions.datagram_received(inv, (proxy, 5060))
             assert await settle(lambda: any(r.status == 200 for r in finals(wire, "INVITE")))
             ok = next(r for r in finals(wire, "INVITE") if r.status == 200)
             assert ok.get_all("record-route") == routes
-            ua.datagram_received(request("ACK", vias=[via(proxy)], to_tag=ok.to_tag, call_id=ok.call_id),
+            ua.transactions.datagram_received(request("ACK", vias=[via(proxy)], to_tag=ok.to_tag, call_id=ok.call_id),
                                  (proxy, 5060))
             call = next(iter(core.table.calls.values()))
             wire.sent.clear()

@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 
 from brisvox.agent.conversation.context import AssistantMessage, Context, SystemMessage, UserMessage
-from brisvox.agent.pipeline import turn_machine as tm
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.cascade import turn_machine as tm
+from brisvox.agent.pipeline.cascade.turn_driver import TurnDriver, TurnDriverConfig
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig, fingerprint, normalize
+from brisvox.agent.pipeline.stage.base import Inbox
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     SpeculationCandidate,
     Start,
     Stop,
@@ -22,9 +25,6 @@ from brisvox.agent.pipeline.frames import (
     UserTurnEnded,
     UtteranceFinal,
 )
-from brisvox.agent.pipeline.speculation import SpeculationConfig, fingerprint, normalize
-from brisvox.agent.pipeline.stage import Inbox
-from brisvox.agent.pipeline.turn_driver import TurnDriver, TurnDriverConfig
 from brisvox.clock import CLOCK
 from brisvox.sim.vloop import run_virtual
 from tests.providers_fakes.runner_rig import Sink

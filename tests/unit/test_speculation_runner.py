@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from brisvox.agent.conversation.context import SystemMessage, UserMessage
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
+from brisvox.agent.pipeline.stage.frames import (
     Interrupt,
     LlmResponseStarted,
     LlmText,
@@ -27,7 +28,6 @@ from brisvox.agent.pipeline.frames import (
     UserTurnEnded,
     UserTurnStarted,
 )
-from brisvox.agent.pipeline.speculation import SpeculationConfig
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK
 from brisvox.providers.base import (

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from brisvox.agent.conversation.context import AssistantMessage, ToolMessage
-from brisvox.agent.pipeline.frames import UserTurnStarted
-from brisvox.agent.pipeline.speculation import SpeculationConfig
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
+from brisvox.agent.pipeline.stage.frames import UserTurnStarted
 from brisvox.agent.tool_engine.filler import FillerConfig
 from brisvox.clock import CLOCK
 from brisvox.providers.base import Done, LlmRequest, ProviderTimeouts, TextDelta

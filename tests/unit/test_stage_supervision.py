@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from brisvox.agent.host import supervision as S
-from brisvox.agent.pipeline.stage import TaskOwner
+from brisvox.agent.pipeline.stage.base import TaskOwner
 from brisvox.gateway.core import leg
 from brisvox.gateway.sip.dialogs import bye_reason
 from ipc import frames as F

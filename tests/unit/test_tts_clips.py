@@ -11,21 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
-    AudioOut,
-    Flush,
-    Interrupt,
-    LlmResponseEnded,
-    LlmResponseStarted,
-    PipelineFrame,
-    Start,
-    Stop,
-    TextChunk,
-    TtsEnded,
-)
-from brisvox.agent.pipeline.stage import Inbox, Stage
-from brisvox.agent.pipeline.tts_clips import (
+from brisvox.agent.pipeline.cascade.tts_clips import (
     MAX_CACHE_BYTES,
     MAX_CLIP_SECONDS,
     MAX_CLIPS,
@@ -37,7 +23,21 @@ from brisvox.agent.pipeline.tts_clips import (
     forget_shared,
     voice_key,
 )
-from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
+    AudioOut,
+    Flush,
+    Interrupt,
+    LlmResponseEnded,
+    LlmResponseStarted,
+    PipelineFrame,
+    Start,
+    Stop,
+    TextChunk,
+    TtsEnded,
+)
 from brisvox.clock import CLOCK
 from brisvox.providers.base import TtsAudio, TtsClosed, TtsConfig, TtsFlushed, TtsWord
 from brisvox.providers.scripted_session import EventQueue

@@ -7,7 +7,7 @@ Owns the life of one call's pipeline on the ring architecture:
 * The chain is declared once, as data (:data:`brisvox.agent.pipeline.chain.CHAIN`:
   names, classes, config selectors, inbox shapes, upstream routes); the actor
   assembles it (``chain=``: another declaration, e.g. a test's with one class
-  replaced) over ONE :class:`~brisvox.agent.pipeline.call_context.CallContext` built
+  replaced) over ONE :class:`~brisvox.agent.pipeline.stage.call_context.CallContext` built
   per call: clock, epoch watch, task owner, the PlayoutBook (shared by the
   TTS stage, TtsRingWriter, the runner, the inbound path and the clear hook),
   the LedgerLink (the epoch ledger, shared by the clear hook and TtsRingWriter), the timeline,
@@ -78,10 +78,21 @@ from brisvox.agent.host.call_metrics import METRICS
 from brisvox.agent.host.call_record import build_record
 from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
 from brisvox.agent.pipeline.call_config import QueueConfig
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.call_io import AudioSink, AudioSource, CallLink
+from brisvox.agent.pipeline.cascade.segmenter import SegmenterConfig, SegmenterStage
+from brisvox.agent.pipeline.cascade.stt_stage import SttStage, SttStageConfig
+from brisvox.agent.pipeline.cascade.tts_ring_writer import TtsRingWriter, TtsRingWriterConfig
+from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.pipeline.cascade.turn_driver import TurnDriver, TurnDriverConfig
+from brisvox.agent.pipeline.cascade.turn_machine import Phase
 from brisvox.agent.pipeline.chain import CHAIN, CallParts, StageSpec, assemble
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.llm.policy import LlmRunnerConfig
+from brisvox.agent.pipeline.llm.runner import LlmRunner
+from brisvox.agent.pipeline.s2s.stage import S2sStageConfig
+from brisvox.agent.pipeline.speculation.policy import snapshot as spec_snapshot
+from brisvox.agent.pipeline.stage.base import Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.call_io import AudioSink, AudioSource, CallLink
+from brisvox.agent.pipeline.stage.frames import (
     AudioFrame,
     DtmfFrame,
     Greet,
@@ -91,17 +102,6 @@ from brisvox.agent.pipeline.frames import (
     UserStartedSpeaking,
     UserStoppedSpeaking,
 )
-from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
-from brisvox.agent.pipeline.llm_runner import LlmRunner
-from brisvox.agent.pipeline.s2s_stage import S2sStageConfig
-from brisvox.agent.pipeline.segmenter import SegmenterConfig, SegmenterStage
-from brisvox.agent.pipeline.speculation import snapshot as spec_snapshot
-from brisvox.agent.pipeline.stage import Stage
-from brisvox.agent.pipeline.stt_stage import SttStage, SttStageConfig
-from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriter, TtsRingWriterConfig
-from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
-from brisvox.agent.pipeline.turn_driver import TurnDriver, TurnDriverConfig
-from brisvox.agent.pipeline.turn_machine import Phase
 from brisvox.agent.tool_engine.call_info import CallInfo
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import ToolRegistry

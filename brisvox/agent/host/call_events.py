@@ -8,7 +8,7 @@ call's link (a NOBLOCK send: a full socket drops the frame, and the link counts
 it), which forwards each as a ``call_event`` message. The events:
 
 * ``user_turn`` ``{epoch, text}``: the caller's final transcript of a turn, when the
-  runner pushes it (the observer seam, :mod:`brisvox.agent.pipeline.observer`);
+  runner pushes it (the observer seam, :mod:`brisvox.agent.pipeline.llm.observer`);
 * ``bot_turn`` ``{epoch, text}``: what the caller heard of the bot's answer: at the
   first look (every :data:`POLL_S`) that finds the call idle again with no barge-in since the last
   one (the answer played whole, no tool call open: all of it was heard), else when the turn settles (the played-text
@@ -42,7 +42,7 @@ from ipc.frames import CallEvent, Frame
 
 if TYPE_CHECKING:
     from brisvox.agent.conversation.context import Context, Message
-    from brisvox.agent.pipeline.observer import CallObserver
+    from brisvox.agent.pipeline.llm.observer import CallObserver
     from brisvox.agent.tool_engine.registry import ToolSpec
 
 log = logging.getLogger("brisvox.agent.call_events")
@@ -126,7 +126,7 @@ class CallEvents:
 
 
 class _Tap:
-    """A :class:`~brisvox.agent.pipeline.observer.CallObserver` that passes every call to
+    """A :class:`~brisvox.agent.pipeline.llm.observer.CallObserver` that passes every call to
     ``inner`` (the agent link's, or none: then the runner's defaults) and emits the events."""
 
     def __init__(self, inner: CallObserver | None, events: CallEvents) -> None:

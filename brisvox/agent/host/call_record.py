@@ -26,7 +26,7 @@ Owns the record format (one JSON object per call) and its storage:
   (the one every process shares; about 0 on the daemon's stdlib loop), the
   clock the load generator stamps its own times with;
 * ``speculation``: the speculative-start counters (runner and turn driver) and the hit
-  rate (``brisvox/agent/pipeline/speculation.py``); with a committed speculation the
+  rate (``brisvox/agent/pipeline/speculation/policy.py``); with a committed speculation the
   turn's request mark is when the speculative request left (a negative ``request_ms``:
   the head start);
 * ``stats``: every stage's counters.

@@ -86,8 +86,8 @@ class AgentsConfig:
 
         from brisvox.agent.conversation.playout import PlayoutConfig
         from brisvox.agent.host.actor import ActorConfig
-        from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriterConfig
-        from brisvox.agent.pipeline.turn_machine import InterruptionConfig, TurnConfig
+        from brisvox.agent.pipeline.cascade.tts_ring_writer import TtsRingWriterConfig
+        from brisvox.agent.pipeline.cascade.turn_machine import InterruptionConfig, TurnConfig
         from brisvox.agent.tool_engine.filler import FillerConfig
 
         base = ActorConfig()

@@ -74,7 +74,7 @@ from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_reference
 from brisvox.agent.host.process_link import ProcessLink
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
-from brisvox.agent.pipeline.speculation import add_totals as add_spec_totals
+from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_totals
 from brisvox.providers import resilience
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime

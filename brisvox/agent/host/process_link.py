@@ -1,6 +1,6 @@
 """The actor's link in the agent process: its frames to the call's gateway and worker.
 
-Owns :class:`ProcessLink`, the :class:`~brisvox.agent.pipeline.call_io.CallLink` of one call
+Owns :class:`ProcessLink`, the :class:`~brisvox.agent.pipeline.stage.call_io.CallLink` of one call
 in :mod:`brisvox.agent.host.process`: pushes to the gateway that sent the call's CallStart
 (non-blocking, counted when dropped), the TTS frames through the worker client, the Smart
 Turn job, and :meth:`ProcessLink.request`, a request to that gateway answered with the same
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 class ProcessLink:
-    """The actor's :class:`~brisvox.agent.pipeline.call_io.CallLink` in the agent process."""
+    """The actor's :class:`~brisvox.agent.pipeline.stage.call_io.CallLink` in the agent process."""
 
     def __init__(self, proc: AgentProcess, call_id: str, gateway: str) -> None:
         self.proc = proc

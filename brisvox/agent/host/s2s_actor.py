@@ -22,10 +22,10 @@ from typing import Any
 
 from brisvox.agent.conversation.context import Context
 from brisvox.agent.host.actor import CallActor, _stage
+from brisvox.agent.pipeline.cascade.tts_ring_writer import TtsRingWriter
 from brisvox.agent.pipeline.chain import S2S_CHAIN
-from brisvox.agent.pipeline.s2s_stage import S2sStage
-from brisvox.agent.pipeline.stage import Stage
-from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriter
+from brisvox.agent.pipeline.s2s.stage import S2sStage
+from brisvox.agent.pipeline.stage.base import Stage
 
 
 class S2sCallActor(CallActor):

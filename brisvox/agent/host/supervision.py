@@ -2,7 +2,7 @@
 
 Owns what happens to a call when one of its tasks fails: a stage's own task,
 or a helper spawned through the call's
-:class:`~brisvox.agent.pipeline.stage.TaskOwner` from inside a stage (the
+:class:`~brisvox.agent.pipeline.stage.base.TaskOwner` from inside a stage (the
 TaskOwner attributes every task to the stage that spawned it). Without this
 a failed stage leaves a silent call: the caller hears nothing until they
 hang up.
@@ -47,7 +47,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.stage.base import Inbox
+from brisvox.agent.pipeline.stage.frames import (
     BotEnded,
     BotStarted,
     Interrupt,
@@ -55,7 +56,6 @@ from brisvox.agent.pipeline.frames import (
     LlmResponseStarted,
     TextChunk,
 )
-from brisvox.agent.pipeline.stage import Inbox
 
 if TYPE_CHECKING:
     from brisvox.agent.host.actor import CallActor

@@ -6,7 +6,7 @@ exchange (:data:`~brisvox.agent.link.messages.OFFER_TIMEOUT`), the registration 
 accepted declaration as an ordinary tool of the call's registry whose body is the RPC
 (``tool.call`` -> ``tool.result``), ``session.ready``; then the reader (one dispatch
 table: message class -> handler), the bounded writer queue (events, acks, errors,
-cancels), the re-dials, and the runner's observer seam (:mod:`brisvox.agent.pipeline.observer`).
+cancels), the re-dials, and the runner's observer seam (:mod:`brisvox.agent.pipeline.llm.observer`).
 
 Invariants:
 
@@ -311,7 +311,7 @@ class AgentLink:
         return text
 
     def _say(self, c: m.Command) -> None:
-        from brisvox.agent.pipeline.frames import Greet
+        from brisvox.agent.pipeline.stage.frames import Greet
 
         text = self._text(c)
         if text is None:
@@ -478,7 +478,7 @@ class AgentLink:
                 self._give_up_call()
 
     def _give_up_call(self) -> None:
-        from brisvox.agent.pipeline.frames import Greet
+        from brisvox.agent.pipeline.stage.frames import Greet
 
         a = self.actor
         if a is None or a.hung_up:

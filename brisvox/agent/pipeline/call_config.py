@@ -9,7 +9,7 @@ daemon's ``[agents]`` section and the simulator) is one; the pipeline never impo
 host.
 
 Invariants: capacities are positive; a system lane holds ``system`` frames (Stop and
-Interrupt are never dropped: :class:`~brisvox.agent.pipeline.stage.Inbox`).
+Interrupt are never dropped: :class:`~brisvox.agent.pipeline.stage.base.Inbox`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from brisvox.agent.pipeline.llm_policy import LlmRunnerConfig
-from brisvox.agent.pipeline.s2s_stage import S2sStageConfig
-from brisvox.agent.pipeline.segmenter import SegmenterConfig
-from brisvox.agent.pipeline.stt_stage import SttStageConfig
-from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriterConfig
-from brisvox.agent.pipeline.tts_stage import TtsStageConfig
-from brisvox.agent.pipeline.turn_driver import TurnDriverConfig
+from brisvox.agent.pipeline.cascade.segmenter import SegmenterConfig
+from brisvox.agent.pipeline.cascade.stt_stage import SttStageConfig
+from brisvox.agent.pipeline.cascade.tts_ring_writer import TtsRingWriterConfig
+from brisvox.agent.pipeline.cascade.tts_stage import TtsStageConfig
+from brisvox.agent.pipeline.cascade.turn_driver import TurnDriverConfig
+from brisvox.agent.pipeline.llm.policy import LlmRunnerConfig
+from brisvox.agent.pipeline.s2s.stage import S2sStageConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ context) and the upstream frames routed to it by type.
   lanes 32.
 * Upstream: BotStarted and BotEnded go to the turn driver (the sole epoch
   authority), from TtsRingWriter and the LLM runner, through the call's
-  :class:`~brisvox.agent.pipeline.call_context.UpstreamRouter`.
+  :class:`~brisvox.agent.pipeline.stage.call_context.UpstreamRouter`.
 * :func:`assemble` builds every stage as ``cls(call, config, inbox, **own)``
   in chain order, binds the upstream routes and pipes each stage into the
   next. A test replaces one stage's class with :func:`with_stage`.
@@ -33,16 +33,16 @@ from typing import Any
 from brisvox.agent.conversation.context import Context
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.pipeline.call_config import ChainConfig, QueueConfig
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import BotEnded, BotStarted, PipelineFrame
-from brisvox.agent.pipeline.llm_runner import LlmRunner
-from brisvox.agent.pipeline.s2s_stage import S2sStage
-from brisvox.agent.pipeline.segmenter import SegmenterStage
-from brisvox.agent.pipeline.stage import Inbox, Stage
-from brisvox.agent.pipeline.stt_stage import SttStage
-from brisvox.agent.pipeline.tts_ring_writer import TtsRingWriter
-from brisvox.agent.pipeline.tts_stage import TtsStage, TtsStageConfig
-from brisvox.agent.pipeline.turn_driver import TurnDriver
+from brisvox.agent.pipeline.cascade.segmenter import SegmenterStage
+from brisvox.agent.pipeline.cascade.stt_stage import SttStage
+from brisvox.agent.pipeline.cascade.tts_ring_writer import TtsRingWriter
+from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
+from brisvox.agent.pipeline.cascade.turn_driver import TurnDriver
+from brisvox.agent.pipeline.llm.runner import LlmRunner
+from brisvox.agent.pipeline.s2s.stage import S2sStage
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import BotEnded, BotStarted, PipelineFrame
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
 from brisvox.providers.s2s.base import S2sProvider

@@ -4,7 +4,7 @@ Owns the decision only; the call actor plays the phrase as its own round.
 With ``FillerConfig.clips`` (the default) that round is a clip round: the TTS
 stage renders each phrase once per agent, voice and rate (on first use) and
 plays it from memory afterwards, with no TTS request
-(:mod:`brisvox.agent.pipeline.tts_clips`).
+(:mod:`brisvox.agent.pipeline.cascade.tts_clips`).
 
 * Delay: measured on the injected clock from the start of the tool round.
   The default is ONE fixed delay (1.2 s) for every tool that has a filler; a

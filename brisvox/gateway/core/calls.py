@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from brisvox.gateway.core.call_machine import CallMachine
 from brisvox.gateway.metrics import CallStats
 from brisvox.playout.gate import PlayoutGate
 from ipc.ring import Ring, RingError, RingReader, ring_name
@@ -80,12 +81,15 @@ class Leg(Protocol):
 
 
 class Call:
-    """One live call: its rings, leg, agent, pacing state and its playout gate (the epoch
-    ledger, Pause hold, marks and release position: :class:`~brisvox.playout.gate.PlayoutGate`)."""
+    """One live call: its rings, leg, agent, pacing state, its playout gate (the epoch
+    ledger, Pause hold, marks and release position: :class:`~brisvox.playout.gate.PlayoutGate`)
+    and its lifecycle machine (the phase, which side is done, why it ended:
+    :class:`~brisvox.gateway.core.call_machine.CallMachine`; ``state``, ``transport_done``,
+    ``agent_done`` and ``end_reason`` read it)."""
 
     def __init__(self, call_id: str, transport: str, agent: str, call_rate: int, tts_rate: int,
                  rings: dict[str, Ring], started_ns: int, frame: int, *, max_marks: int = 64,
-                 pause_max_s: float = 2.5) -> None:
+                 pause_max_s: float = 2.5, detach_timeout_s: float = 5.0) -> None:
         self.call_id = call_id
         self.transport = transport
         self.agent = agent
@@ -99,7 +103,7 @@ class Call:
         self.out_reader: RingReader = self.out_ring.reader(0)
         self.started_ns = started_ns
         self.leg: Leg | None = None
-        self.state = "starting"  # starting -> active -> ending -> ended
+        self.machine = CallMachine(detach_timeout_s)  # the lifecycle: only the core feeds it
         self.transport_ids: dict[str, str] = {}
         self.params: dict[str, str] = {}  # bounded by brisvox.wire.jsontext.checked_params
         self.caller = ""  # the caller's number (SIP From user, a From/caller parameter)
@@ -117,11 +121,30 @@ class Call:
         self.partial_wait = False
         self.last_send = -1.0
         self.last_on_grid = False
-        # lifetime
-        self.transport_done = False
-        self.agent_done = False
-        self.end_reason = ""
-        self.end_deadline = 0.0
+
+    # -- the lifecycle, as the machine has it ---------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """starting -> active -> ending -> ended."""
+        return self.machine.state
+
+    @property
+    def transport_done(self) -> bool:
+        return self.machine.transport_done
+
+    @property
+    def agent_done(self) -> bool:
+        return self.machine.agent_done
+
+    @property
+    def end_reason(self) -> str:
+        return self.machine.end_reason
+
+    @end_reason.setter
+    def end_reason(self, reason: str) -> None:
+        """A transport may name the reason before it reports the end (SIP's ring timeout)."""
+        self.machine.end_reason = reason
 
     @property
     def release_pos(self) -> int:
@@ -144,10 +167,11 @@ class CallTable:
     """All calls of the gateway (see module invariants)."""
 
     def __init__(self, instance: str, max_calls: int, ring_seconds: float, frame_ms: int = 20, *,
-                 max_marks: int = 64, pause_max_s: float = 2.5) -> None:
+                 max_marks: int = 64, pause_max_s: float = 2.5, detach_timeout_s: float = 5.0) -> None:
         self.instance = instance
         self.max_marks = max_marks
         self.pause_max_s = pause_max_s
+        self.detach_timeout_s = detach_timeout_s
         self.max_calls = max_calls
         self.ring_seconds = ring_seconds
         self.frame_ms = frame_ms
@@ -193,7 +217,8 @@ class CallTable:
             self._refuse("rings", str(e))
         frame = call_rate * self.frame_ms // 1000
         call = Call(call_id, transport, agent, call_rate, tts_rate, rings, time.monotonic_ns(), frame,
-                    max_marks=self.max_marks, pause_max_s=self.pause_max_s)
+                    max_marks=self.max_marks, pause_max_s=self.pause_max_s,
+                    detach_timeout_s=self.detach_timeout_s)
         self.calls[call_id] = call
         self.admitted += 1
         return call
@@ -206,12 +231,12 @@ class CallTable:
         return self.calls.get(call_id)
 
     def release(self, call: Call) -> bool:
-        """Forget the call and unlink its rings (once). Returns False if already released."""
+        """Forget the call and unlink its rings (once). Returns False if already released.
+        (When is the call's machine's to say: :mod:`brisvox.gateway.core.lifecycle` asks.)"""
         if self.calls.pop(call.call_id, None) is None:
             return False
         for r in call.rings.values():
             r.unlink()
             r.close()
-        call.state = "ended"
         self.released += 1
         return True

@@ -2,7 +2,7 @@
 
 A speech-to-speech model (OpenAI Realtime, Gemini Live) replaces STT, turn
 driver, LLM runner, segmenter and TTS with one session per call. The stage
-(:mod:`brisvox.agent.pipeline.s2s_stage`) only ever sees these types; an
+(:mod:`brisvox.agent.pipeline.s2s.stage`) only ever sees these types; an
 adapter translates its vendor's event protocol into them. Events are frozen
 dataclasses; sessions and providers are :class:`typing.Protocol` classes.
 

@@ -1,9 +1,9 @@
 """The runner's side of speculative generation: the helper task, its buffer, the commit.
 
-Owns :class:`Speculator` (one per :class:`~brisvox.agent.pipeline.llm_runner.LlmRunner`:
+Owns :class:`Speculator` (one per :class:`~brisvox.agent.pipeline.llm.runner.LlmRunner`:
 the one live speculation, the hit rule at the turn end, the counters) and
 :class:`Helper` (one task per speculation). The rule and the config are in
-:mod:`brisvox.agent.pipeline.speculation`.
+:mod:`brisvox.agent.pipeline.speculation.policy`.
 
 * Start. The runner has settled the context as the turn end would, minus the user
   message (halt, played-text cut, open calls closed, late notes in). The helper builds
@@ -52,14 +52,14 @@ from typing import TYPE_CHECKING, Any
 from brisvox.agent.conversation.assemble import AssembleError, InvalidCall, ResponseAssembler
 from brisvox.agent.conversation.context import Context, ToolCall, UserMessage
 from brisvox.agent.conversation.request import RequestConfig, build_request
-from brisvox.agent.pipeline.frames import SpeculationCandidate, UserTurnEnded
-from brisvox.agent.pipeline.speculation import (
+from brisvox.agent.pipeline.speculation.policy import (
     MAX_BUFFERED_EVENTS_LIMIT,
     SpeculationConfig,
     SpeculationStats,
     fingerprint,
     normalize,
 )
+from brisvox.agent.pipeline.stage.frames import SpeculationCandidate, UserTurnEnded
 from brisvox.agent.tool_engine.delivery import Execution
 from brisvox.agent.tool_engine.planning import Speculation
 from brisvox.agent.tool_engine.registry import CancelToken, ToolSpec
@@ -74,7 +74,7 @@ from brisvox.providers.base import (
 )
 
 if TYPE_CHECKING:
-    from brisvox.agent.pipeline.stage import TaskOwner
+    from brisvox.agent.pipeline.stage.base import TaskOwner
     from brisvox.agent.tool_engine.engine import ToolEngine
     from brisvox.clock import Clock
 

@@ -1,13 +1,13 @@
 """Speculative LLM start: its configuration, the hit rule and its counters (docs/LATENCY.md).
 
 At a candidate end of turn the runner starts the model on the transcript so far and
-buffers its output (:mod:`brisvox.agent.pipeline.speculation_helper`); when the turn
+buffers its output (:mod:`brisvox.agent.pipeline.speculation.speculator`); when the turn
 really ends with the same words the buffer is released at once, so the model's time to
 first token is paid while the turn machine still waits (silence timer, Smart Turn, the
 finals gate). Otherwise the run is dropped and the turn runs as without speculation:
 the conversation, the frames and the words on the wire are the same either way, only
 the latency differs. The candidates are the turn driver's
-(:mod:`brisvox.agent.pipeline.speculation_offers`).
+(:mod:`brisvox.agent.pipeline.speculation.offers`).
 
 Owns what both sides share:
 

@@ -20,7 +20,7 @@ the tts ring, the worker converts it, the gateway paces the out ring):
   count (``stale_dropped``, ``stale_control``); the floor is the newest of its
   own Clear epoch and the last Interrupt. Before the first audio of any epoch
   above ``tx_epoch`` it sends Clear{epoch} (idempotent through the shared
-  :class:`~brisvox.agent.pipeline.call_context.LedgerLink`; on an idle transport it cuts nothing; without it the
+  :class:`~brisvox.agent.pipeline.stage.call_context.LedgerLink`; on an idle transport it cuts nothing; without it the
   second turn's audio would be refused by the gateway), marked ``lazy`` so
   the gateway can tell it from a barge-in when it races the new response's
   first frame (see ``ipc.frames.Clear``).
@@ -40,8 +40,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     AudioOut,
     BotEnded,
     BotStarted,
@@ -50,7 +51,6 @@ from brisvox.agent.pipeline.frames import (
     Stop,
     TtsEnded,
 )
-from brisvox.agent.pipeline.stage import Inbox, Stage
 from ipc.frames import Mark, TtsUtterance
 
 log = logging.getLogger("brisvox.agent.out")

@@ -1,6 +1,6 @@
 """The runner's observer seam: what an outside party (the agent link) hears and shapes.
 
-Owns :class:`CallObserver`, the only hook :class:`~brisvox.agent.pipeline.llm_runner.LlmRunner`
+Owns :class:`CallObserver`, the only hook :class:`~brisvox.agent.pipeline.llm.runner.LlmRunner`
 calls out through (``runner.observer``, None by default: nothing is called). The runner calls
 it synchronously at fixed points and never awaits it:
 

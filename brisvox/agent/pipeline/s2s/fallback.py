@@ -14,12 +14,12 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING
 
-from brisvox.agent.pipeline.frames import AudioOut, Interrupt, TtsEnded
-from brisvox.agent.pipeline.s2s_audio import OutputConverter
+from brisvox.agent.pipeline.s2s.audio import OutputConverter
+from brisvox.agent.pipeline.stage.frames import AudioOut, Interrupt, TtsEnded
 from brisvox.providers.base import TtsAudio, TtsClosed, TtsConfig, TtsFlushed, TtsProvider
 
 if TYPE_CHECKING:
-    from brisvox.agent.pipeline.s2s_stage import S2sStage
+    from brisvox.agent.pipeline.s2s.stage import S2sStage
 
 CONTEXT = 1
 

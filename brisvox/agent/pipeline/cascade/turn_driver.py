@@ -2,7 +2,7 @@
 
 Owns:
 
-* The :class:`~brisvox.agent.pipeline.turn_machine.TurnMachine` and the execution of
+* The :class:`~brisvox.agent.pipeline.cascade.turn_machine.TurnMachine` and the execution of
   its actions. One timer slot for the machine plus the driver's own
   deadlines (finals gate, response backstop, analysis deferral), all
   level-triggered on the stage deadline: on any wake every deadline is
@@ -51,7 +51,7 @@ Owns:
   synthetic BotAudioEnded unless the epoch's first audio (BotStarted) or its
   end (BotEnded) arrives first.
 * Speculation candidates (default off; the rules are
-  :mod:`brisvox.agent.pipeline.speculation_offers`): the ``_spec_*`` methods offer a
+  :mod:`brisvox.agent.pipeline.speculation.offers`): the ``_spec_*`` methods offer a
   SpeculationCandidate downstream at a stop's final (and, with ``on_partial``, at the
   VAD stop) while the machine is paused in the open turn, and withdraw it on a resume.
 * DTMF is re-tagged with the machine's epoch and passed on, and feeds the keypad
@@ -72,11 +72,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from brisvox.agent.pipeline import dtmf
-from brisvox.agent.pipeline import turn_machine as tm
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.call_io import WorkerLink
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.cascade import dtmf
+from brisvox.agent.pipeline.cascade import turn_machine as tm
+from brisvox.agent.pipeline.speculation.offers import CandidateOffers
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.call_io import WorkerLink
+from brisvox.agent.pipeline.stage.frames import (
     AudioFrame,
     BotEnded,
     BotStarted,
@@ -96,9 +99,6 @@ from brisvox.agent.pipeline.frames import (
     UtteranceFinal,
     Wake,
 )
-from brisvox.agent.pipeline.speculation import SpeculationConfig
-from brisvox.agent.pipeline.speculation_offers import CandidateOffers
-from brisvox.agent.pipeline.stage import Inbox, Stage
 
 log = logging.getLogger("brisvox.agent.turn")
 

@@ -69,8 +69,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from brisvox.agent.conversation.context import Context
-    from brisvox.agent.pipeline.llm_policy import RunnerStats
-    from brisvox.agent.pipeline.stage import TaskOwner
+    from brisvox.agent.pipeline.llm.policy import RunnerStats
+    from brisvox.agent.pipeline.stage.base import TaskOwner
     from brisvox.agent.tool_engine.registry import ToolSpec
     from brisvox.clock import Clock
     from brisvox.providers.base import LlmProvider

@@ -52,8 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.cascade.tts_clips import Capture, Clip, ClipCache, cache_for, voice_key
+from brisvox.agent.pipeline.stage.base import Inbox, Stage, cancel_and_join
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     AudioOut,
     Flush,
     Interrupt,
@@ -65,8 +67,6 @@ from brisvox.agent.pipeline.frames import (
     TextChunk,
     TtsEnded,
 )
-from brisvox.agent.pipeline.stage import Inbox, Stage, cancel_and_join
-from brisvox.agent.pipeline.tts_clips import Capture, Clip, ClipCache, cache_for, voice_key
 from brisvox.providers.base import (
     ProviderError,
     ProviderTimeouts,

@@ -26,8 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     Flush,
     Interrupt,
     LlmResponseEnded,
@@ -36,7 +37,6 @@ from brisvox.agent.pipeline.frames import (
     PipelineFrame,
     TextChunk,
 )
-from brisvox.agent.pipeline.stage import Inbox, Stage
 
 _WORD = re.compile(r"\S+")
 _SENTENCE_END = ".!?…。"

@@ -50,8 +50,8 @@ from brisvox.agent.conversation.assemble import CallError, InvalidCall
 from brisvox.agent.conversation.context import Context, ToolCall, ToolMessage
 from brisvox.agent.flows.definition import FlowAction
 from brisvox.agent.flows.manager import FlowCapReached, FlowManager
-from brisvox.agent.pipeline.llm_turn import Turn
-from brisvox.agent.pipeline.observer import CallObserver
+from brisvox.agent.pipeline.llm.observer import CallObserver
+from brisvox.agent.pipeline.llm.turn import Turn
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import ToolContext, ToolSpec
 

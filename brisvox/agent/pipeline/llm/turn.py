@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from brisvox.agent.pipeline.speculation_helper import Helper
+from brisvox.agent.pipeline.speculation.speculator import Helper
 from brisvox.agent.tool_engine.registry import CancelToken
 
 

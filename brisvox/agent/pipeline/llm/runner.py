@@ -2,13 +2,13 @@
 
 One object owning the runner's state (the context, the turn and its round task, the
 zombies, the counters) that HOLDS its collaborators, each in its own module with its
-invariants: the model round (:class:`~brisvox.agent.pipeline.llm_round.ModelRound`: one
+invariants: the model round (:class:`~brisvox.agent.pipeline.llm.round.ModelRound`: one
 request, its stream and timeouts), the tool phase
-(:class:`~brisvox.agent.pipeline.llm_tool_phase.ToolPhase`: execute, filler, records; only
-with a tool engine), the flow hook (:class:`~brisvox.agent.pipeline.llm_flow.FlowHook`: the
+(:class:`~brisvox.agent.pipeline.llm.tool_phase.ToolPhase`: execute, filler, records; only
+with a tool engine), the flow hook (:class:`~brisvox.agent.pipeline.llm.flow.FlowHook`: the
 offer of tools, a flow's transitions and actions), the policy
-(:mod:`~brisvox.agent.pipeline.llm_policy`: the config, the counters, the tool-round bound
-:class:`~brisvox.agent.pipeline.llm_policy.ToolRounds` of each turn), the speculator and the
+(:mod:`~brisvox.agent.pipeline.llm.policy`: the config, the counters, the tool-round bound
+:class:`~brisvox.agent.pipeline.llm.policy.ToolRounds` of each turn), the speculator and the
 summarizer (the request builder). The collaborators get what they need per call; where
 they must call back they see the runner through a small Protocol (``RoundOutput.say``,
 ``FillerVoice.speak_filler``, ``FlowHost``: ``ctx``, ``speak``, ``swap_context``). The
@@ -47,7 +47,7 @@ Owns (the tool loop and its UX: docs/TOOLS.md):
   round the partial text is kept and the turn ends without invented speech. A turn
   that produced no speech sends BotEnded upstream itself (non-blocking). A crash in
   the round task is contained: the turn is closed like a failed one.
-* Speculation (default off; :mod:`brisvox.agent.pipeline.speculation_helper`): a
+* Speculation (default off; :mod:`brisvox.agent.pipeline.speculation.speculator`): a
   SpeculationCandidate settles as the turn end would (minus the user message) and starts
   a helper on a copy; a hit at UserTurnEnded hands its buffer to round 0 (``Turn.claimed``:
   replayed through the same code as a fresh stream; its tool phase commits the helper's
@@ -77,8 +77,24 @@ from brisvox.agent.conversation.context import (
     UserMessage,
 )
 from brisvox.agent.flows.manager import FlowManager
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.llm.flow import FlowHook
+from brisvox.agent.pipeline.llm.observer import CallObserver
+from brisvox.agent.pipeline.llm.policy import (
+    TOOL_ROUND_LIMIT,
+    LlmRunnerConfig,
+    RunnerStats,
+    ToolAction,
+    ToolRecord,
+    ToolRounds,
+)
+from brisvox.agent.pipeline.llm.round import ModelRound
+from brisvox.agent.pipeline.llm.summarizer import Summarizer
+from brisvox.agent.pipeline.llm.tool_phase import ToolPhase, unrun_answers
+from brisvox.agent.pipeline.llm.turn import Turn
+from brisvox.agent.pipeline.speculation.speculator import Helper, Speculator
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     BotEnded,
     DtmfFrame,
     Flush,
@@ -96,22 +112,6 @@ from brisvox.agent.pipeline.frames import (
     UserTurnEnded,
     UserTurnStarted,
 )
-from brisvox.agent.pipeline.llm_flow import FlowHook
-from brisvox.agent.pipeline.llm_policy import (
-    TOOL_ROUND_LIMIT,
-    LlmRunnerConfig,
-    RunnerStats,
-    ToolAction,
-    ToolRecord,
-    ToolRounds,
-)
-from brisvox.agent.pipeline.llm_round import ModelRound
-from brisvox.agent.pipeline.llm_tool_phase import ToolPhase, unrun_answers
-from brisvox.agent.pipeline.llm_turn import Turn
-from brisvox.agent.pipeline.observer import CallObserver
-from brisvox.agent.pipeline.speculation_helper import Helper, Speculator
-from brisvox.agent.pipeline.stage import Inbox, Stage
-from brisvox.agent.pipeline.summarizer import Summarizer
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerPolicy
 from brisvox.agent.tool_engine.registry import CancelToken, ToolSpec

@@ -9,7 +9,7 @@ Owns how frames move between the stages of one call:
   sender wait (back-pressure). Every drop is counted, never silent.
 * :class:`Stage`: one task per stage running ``process`` for each frame,
   constructed as ``Stage(call, cfg, inbox, *own)`` (the call's shared
-  :class:`~brisvox.agent.pipeline.call_context.CallContext`, the stage's config, its
+  :class:`~brisvox.agent.pipeline.stage.call_context.CallContext`, the stage's config, its
   inbox, then only what is truly its own) and named after its inbox,
   system frames first, plus a single level-triggered deadline
   (``self.deadline``; ``on_deadline(now)`` runs when it passes). A DropStale
@@ -38,10 +38,17 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from brisvox.agent.pipeline.frames import DATA, SYSTEM, UPSTREAM, Interrupt, PipelineFrame, Stop
+from brisvox.agent.pipeline.stage.frames import (
+    DATA,
+    SYSTEM,
+    UPSTREAM,
+    Interrupt,
+    PipelineFrame,
+    Stop,
+)
 
 if TYPE_CHECKING:
-    from brisvox.agent.pipeline.call_context import CallContext
+    from brisvox.agent.pipeline.stage.call_context import CallContext
 
 log = logging.getLogger("brisvox.agent")
 

@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from brisvox.agent.pipeline.turn_machine import (  # the same VAD inputs
+from brisvox.agent.pipeline.cascade.turn_machine import (  # the same VAD inputs
     InterruptionConfig,
     VadStart,
     VadStop,

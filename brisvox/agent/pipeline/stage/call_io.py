@@ -17,7 +17,7 @@ gateway/worker on virtual time.
   non-blocking fire-and-forget sends (a full socket is counted by the
   implementation, never awaited); ``smart_turn`` (worker) is the one
   request/reply (job lane), bounded by ``timeout``. The stages see the two
-  halves separately (:class:`~brisvox.agent.pipeline.call_context.CallContext`);
+  halves separately (:class:`~brisvox.agent.pipeline.stage.call_context.CallContext`);
   :class:`CallLink` is both, what a host hands the actor.
 
 Frames INTO the actor (worker ticks, OutUtterance, Playback, Cleared,

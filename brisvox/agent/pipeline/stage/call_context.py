@@ -4,8 +4,8 @@ Owns the per-call parts the stages of a call actor have in common, so that
 every stage is constructed the same way, ``Stage(call, cfg, inbox, *own)``
 (``own``: only what is truly the stage's own, e.g. its provider):
 
-* the call clock, the :class:`~brisvox.agent.pipeline.stage.EpochWatch` (the newest
-  epoch the turn driver decided) and the :class:`~brisvox.agent.pipeline.stage.TaskOwner`
+* the call clock, the :class:`~brisvox.agent.pipeline.stage.base.EpochWatch` (the newest
+  epoch the turn driver decided) and the :class:`~brisvox.agent.pipeline.stage.base.TaskOwner`
   every task of the call is spawned through;
 * the :class:`~brisvox.agent.conversation.playout.PlayoutBook`, the :class:`LedgerLink` (the pure
   :class:`~brisvox.playout.ledger.EpochLedger` and the links it sends on)
@@ -16,7 +16,7 @@ every stage is constructed the same way, ``Stage(call, cfg, inbox, *own)``
 * the :class:`UpstreamRouter`: frames against the flow (BotStarted,
   BotEnded) are delivered by their type to the inbox of the stage the chain
   declares for them (``brisvox/agent/pipeline/chain.py``), always ``put_nowait`` (the
-  upstream rule of ``brisvox/agent/pipeline/stage.py``: a bidirectional chain cannot
+  upstream rule of ``brisvox/agent/pipeline/stage/base.py``: a bidirectional chain cannot
   deadlock).
 
 The barge-in fast path lives here too, because it only touches these parts:
@@ -40,9 +40,9 @@ import numpy as np
 
 from brisvox.agent.conversation.playout import PlayoutBook, PlayoutConfig
 from brisvox.agent.conversation.timeline import Timeline
-from brisvox.agent.pipeline.call_io import AudioSink, GatewayLink, WorkerLink
-from brisvox.agent.pipeline.frames import PipelineFrame
-from brisvox.agent.pipeline.stage import EpochWatch, Inbox, TaskOwner
+from brisvox.agent.pipeline.stage.base import EpochWatch, Inbox, TaskOwner
+from brisvox.agent.pipeline.stage.call_io import AudioSink, GatewayLink, WorkerLink
+from brisvox.agent.pipeline.stage.frames import PipelineFrame
 from brisvox.clock import CLOCK, Clock
 from brisvox.playout import ledger as L
 from brisvox.playout.ledger import EpochLedger

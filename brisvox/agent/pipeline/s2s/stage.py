@@ -7,7 +7,7 @@ The chain of an S2S call (``brisvox/agent/pipeline/chain.py``, :data:`S2S_CHAIN`
 It replaces STT, turn driver, LLM runner, segmenter and TTS; it keeps the
 epochs, the clear and pause hooks (:class:`CallContext`), the playout book,
 the tool engine and the bounds. The decisions are the pure
-:class:`~brisvox.agent.pipeline.s2s_machine.S2sMachine`'s; this stage does the
+:class:`~brisvox.agent.pipeline.s2s.machine.S2sMachine`'s; this stage does the
 I/O. Two tasks feed the machine, one at a time on the call's loop: the stage
 loop (caller audio, brisvox's VAD events, the playout reports, the timer) and
 the session's reader (the provider's events; it wakes the loop when the
@@ -48,9 +48,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from brisvox.agent.conversation.context import AssistantMessage, Context, UserMessage
-from brisvox.agent.pipeline import s2s_machine as M
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.s2s import machine as M
+from brisvox.agent.pipeline.s2s.audio import InputConverter, OutputConverter
+from brisvox.agent.pipeline.s2s.tools import S2sTools, history_items
+from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     AudioFrame,
     AudioOut,
     BotEnded,
@@ -65,9 +68,6 @@ from brisvox.agent.pipeline.frames import (
     UserStoppedSpeaking,
     Wake,
 )
-from brisvox.agent.pipeline.s2s_audio import InputConverter, OutputConverter
-from brisvox.agent.pipeline.s2s_tools import S2sTools, history_items
-from brisvox.agent.pipeline.stage import Inbox, Stage
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.providers import s2s as _s2s  # noqa: F401 - the package of the contract
 from brisvox.providers.base import ProviderError, TtsProvider
@@ -568,7 +568,7 @@ class S2sStage(Stage):
         log.error("call %s: the S2S session could not be restored; ending the call", self.call.call_id)
         await self.tools.stop()
         if self.fallback_tts is not None and self.cfg.fallback_line.strip():
-            from brisvox.agent.pipeline.s2s_fallback import speak_line
+            from brisvox.agent.pipeline.s2s.fallback import speak_line
 
             try:
                 async with asyncio.timeout(self.cfg.fallback_timeout):

@@ -46,8 +46,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from brisvox.agent.pipeline.call_context import CallContext
-from brisvox.agent.pipeline.frames import (
+from brisvox.agent.pipeline.stage.base import Inbox, Stage, cancel_and_join
+from brisvox.agent.pipeline.stage.call_context import CallContext
+from brisvox.agent.pipeline.stage.frames import (
     AudioFrame,
     PipelineFrame,
     Start,
@@ -57,7 +58,6 @@ from brisvox.agent.pipeline.frames import (
     UserTranscript,
     UtteranceFinal,
 )
-from brisvox.agent.pipeline.stage import Inbox, Stage, cancel_and_join
 from brisvox.providers.base import (
     ProviderError,
     ProviderTimeouts,

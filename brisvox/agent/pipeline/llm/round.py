@@ -23,7 +23,7 @@ Invariants:
   received: the runner keeps it as the partial message and ends the turn (no invented
   speech). A cancelled turn returns None and leaves ``turn.streaming`` set (the halt keeps
   the partial text). The stream is always closed; a broken adapter's close is ignored.
-* Counts into the runner's :class:`~brisvox.agent.pipeline.llm_policy.RunnerStats`:
+* Counts into the runner's :class:`~brisvox.agent.pipeline.llm.policy.RunnerStats`:
   ``requests``, ``errors``, ``first_token_timeouts``, ``idle_timeouts``,
   ``assemble_errors``, ``input_tokens``, ``output_tokens``.
 """
@@ -36,9 +36,9 @@ from typing import Any, Protocol
 from brisvox.agent.conversation.assemble import AssembleError, Response, ResponseAssembler
 from brisvox.agent.conversation.context import Context
 from brisvox.agent.conversation.timeline import Timeline
-from brisvox.agent.pipeline.llm_policy import RunnerStats
-from brisvox.agent.pipeline.llm_turn import Turn
-from brisvox.agent.pipeline.speculation_helper import Helper
+from brisvox.agent.pipeline.llm.policy import RunnerStats
+from brisvox.agent.pipeline.llm.turn import Turn
+from brisvox.agent.pipeline.speculation.speculator import Helper
 from brisvox.clock import Clock
 from brisvox.providers.base import (
     Done,

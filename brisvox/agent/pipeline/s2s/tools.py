@@ -45,14 +45,14 @@ from brisvox.agent.conversation.context import (
     ToolMessage,
     UserMessage,
 )
-from brisvox.agent.pipeline import s2s_machine as M
+from brisvox.agent.pipeline.s2s import machine as M
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.registry import CancelToken
 from brisvox.providers.base import ProviderError
 from brisvox.providers.s2s.base import S2sItem, S2sTool, S2sToolResult
 
 if TYPE_CHECKING:
-    from brisvox.agent.pipeline.s2s_stage import S2sStage
+    from brisvox.agent.pipeline.s2s.stage import S2sStage
 
 log = logging.getLogger("brisvox.agent.s2s")
 

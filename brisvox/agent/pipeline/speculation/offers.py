@@ -1,11 +1,11 @@
 """The turn driver's side of speculative generation: when a candidate end of turn is offered.
 
 Owns :class:`CandidateOffers`, the bookkeeping the
-:class:`~brisvox.agent.pipeline.turn_driver.TurnDriver` consults at its few hook points
-(its ``_spec_*`` methods) and the :class:`~brisvox.agent.pipeline.frames.SpeculationCandidate`
+:class:`~brisvox.agent.pipeline.cascade.turn_driver.TurnDriver` consults at its few hook points
+(its ``_spec_*`` methods) and the :class:`~brisvox.agent.pipeline.stage.frames.SpeculationCandidate`
 frames it sends downstream to the runner. Pure: no I/O, no clock of its own (the
 driver passes ``now``); the rule itself (what counts as equal text) is
-:func:`brisvox.agent.pipeline.speculation.normalize`.
+:func:`brisvox.agent.pipeline.speculation.policy.normalize`.
 
 Candidates:
 
@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from brisvox.agent.pipeline.frames import SpeculationCandidate
-from brisvox.agent.pipeline.speculation import OfferStats, SpeculationConfig, normalize
+from brisvox.agent.pipeline.speculation.policy import OfferStats, SpeculationConfig, normalize
+from brisvox.agent.pipeline.stage.frames import SpeculationCandidate
 
 
 @dataclass(slots=True)

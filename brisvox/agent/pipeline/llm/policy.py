@@ -1,6 +1,6 @@
 """The LLM runner's policy: its configuration, its counters, the tool record and the tool-round bound.
 
-Owns what :mod:`brisvox.agent.pipeline.llm_runner` is configured with and
+Owns what :mod:`brisvox.agent.pipeline.llm.runner` is configured with and
 reports, apart from how it runs a turn: :class:`LlmRunnerConfig` (bounds,
 timeouts), :class:`RunnerStats`, :class:`ToolRecord` (one tool call for the
 call record, never its arguments), the fixed fallback line, and
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from brisvox.agent.conversation.request import RequestConfig
-from brisvox.agent.pipeline.speculation import SpeculationConfig
-from brisvox.agent.pipeline.summarizer import SummaryConfig
+from brisvox.agent.pipeline.llm.summarizer import SummaryConfig
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 from brisvox.agent.tool_engine.filler import FillerConfig
 from brisvox.providers.base import ProviderTimeouts
 
@@ -85,7 +85,7 @@ class RunnerStats:
     greetings: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    # the request window and the summarizer (brisvox/agent/pipeline/summarizer.py)
+    # the request window and the summarizer (brisvox/agent/pipeline/llm/summarizer.py)
     requests_trimmed: int = 0  # requests that left older turns out
     requests_clipped: int = 0  # requests whose latest turn had its tool results clipped
     results_clipped: int = 0

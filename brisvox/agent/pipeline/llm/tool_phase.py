@@ -15,7 +15,7 @@ The runner's module docstring states the tool loop's rules; here:
   ``tools``: at most 4096, never the arguments) and told to the observer, if any.
 * :func:`unrun_answers`: the structured error results of calls that will not run (the
   tool-round limit, no tool engine), in issue order.
-* Counts into the runner's :class:`~brisvox.agent.pipeline.llm_policy.RunnerStats`:
+* Counts into the runner's :class:`~brisvox.agent.pipeline.llm.policy.RunnerStats`:
   ``fillers``, ``tool_calls``.
 """
 
@@ -29,9 +29,9 @@ import orjson
 
 from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import ToolCall, ToolMessage
-from brisvox.agent.pipeline.llm_policy import RunnerStats, ToolRecord
-from brisvox.agent.pipeline.llm_turn import Turn
-from brisvox.agent.pipeline.observer import CallObserver
+from brisvox.agent.pipeline.llm.observer import CallObserver
+from brisvox.agent.pipeline.llm.policy import RunnerStats, ToolRecord
+from brisvox.agent.pipeline.llm.turn import Turn
 from brisvox.agent.tool_engine.delivery import Execution
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerPolicy

@@ -1,0 +1,1 @@
+"""The speech-to-speech chain: its stage, machine, audio, tools and cascaded fallback."""
