@@ -103,7 +103,7 @@ class AttachError(Exception):
 
 
 @dataclass
-class CallLink:
+class CallAttachment:
     call_id: str
     instance: str
     call_rate: int
@@ -118,7 +118,7 @@ class CallLink:
 
 
 @dataclass
-class WorkerLink:
+class WorkerConnection:
     index: int
     endpoint: str
     sock: Any
@@ -164,8 +164,8 @@ class WorkerClient:
         self.on_job_frame = on_job_frame  # streamed local-job output (LlmJobDelta, TtsJobAudio)
         self.on_out_utterance = on_out_utterance
         self.request_timeout = request_timeout
-        self.workers: dict[int, WorkerLink] = {}
-        self.calls: dict[str, CallLink] = {}
+        self.workers: dict[int, WorkerConnection] = {}
+        self.calls: dict[str, CallAttachment] = {}
         self.counters = {"ticks": 0, "stale_ticks": 0, "reattaches": 0, "local_stops": 0,
                          "attach_failures": 0, "bad_events": 0, "unexpected_type": 0,
                          "hellos": 0, "hello_failed": 0}
@@ -186,20 +186,20 @@ class WorkerClient:
         for index, ep in self.endpoints.items():
             self._link(index, ep)
 
-    def _link(self, index: int, ep: str, hello: bool = True) -> WorkerLink:
+    def _link(self, index: int, ep: str, hello: bool = True) -> WorkerConnection:
         sock = make_socket(self.ctx, zmq.DEALER, identity=self.identity.encode())
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
         sock.connect(ep)
         req = AsyncRequester(sock, f"{self.identity}<-worker-{index}", on_frame=self._on_frame)
         req.start()
-        link = WorkerLink(index, ep, sock, req)
+        link = WorkerConnection(index, ep, sock, req)
         self.workers[index] = link
         if hello:
             self._hello(link)
         return link
 
-    def _hello(self, link: WorkerLink) -> None:
+    def _hello(self, link: WorkerConnection) -> None:
         """Say which incarnation this identity is (never waits: a full or broken link is
         counted, and the next AttachCall, which carries the incarnation too, says it)."""
         try:
@@ -282,7 +282,7 @@ class WorkerClient:
         worker: int | None = None,
         vad: dict[str, Any] | None = None,
         gateway: str = "",
-    ) -> CallLink:
+    ) -> CallAttachment:
         """Attach a call, preferring ``worker``; falls over to other ready workers.
 
         With no worker ready it waits up to ``READY_WAIT_S`` for one. Raises
@@ -290,7 +290,7 @@ class WorkerClient:
         A refusal that is about the call itself (bad_ring, bad_rate,
         bad_params) is not retried elsewhere.
         """
-        link = CallLink(call_id, instance, call_rate, tts_rate, vad, gateway)
+        link = CallAttachment(call_id, instance, call_rate, tts_rate, vad, gateway)
         self.calls[call_id] = link
         order = self._pick()
         if not order:  # the gateway may have seen a worker turn ready a moment before this process
@@ -308,7 +308,7 @@ class WorkerClient:
             raise
         return link
 
-    async def _attach_to(self, link: CallLink, order: list[int]) -> None:
+    async def _attach_to(self, link: CallAttachment, order: list[int]) -> None:
         last = "no ready worker"
         for index in order:
             frame = AttachCall(call_id=link.call_id, subscriber=self.identity, instance=link.instance,
@@ -434,7 +434,7 @@ class WorkerClient:
 
         await asyncio.gather(*(move(c) for c in sorted(w.calls)))
 
-    async def _reattach(self, link: CallLink, exclude: set[int]) -> None:
+    async def _reattach(self, link: CallAttachment, exclude: set[int]) -> None:
         order = self._pick(exclude)
         try:
             if not order:

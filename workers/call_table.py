@@ -1,6 +1,6 @@
 """The inference worker's attached calls: per-call state, attach, detach and retirement.
 
-Owns :class:`Call` (one attached call: its four rings, the converters, the
+Owns :class:`AttachedCall` (one attached call: its four rings, the converters, the
 VAD state and its window grid) and :class:`AttachedCalls`, the calls attached
 to this worker (held by :class:`workers.core.Worker`; the realtime lane and
 the request dispatch are handed the same object). Named for what it is:
@@ -75,7 +75,7 @@ MAX_RATE = 192_000
 log = logging.getLogger("brisvox.workers")
 
 
-class Call:
+class AttachedCall:
     """One attached call: rings, converters, VAD state. Owned by the tick thread."""
 
     __slots__ = ("call_id", "subscriber", "incarnation", "gateway", "slot", "rings", "inp", "out", "params", "stream",
@@ -170,8 +170,8 @@ class AttachedCalls:
         self.stats = stats
         self._on_detach = on_detach
         self.silero: SileroBatch | None = None
-        self.calls: dict[str, Call] = {}
-        self.by_sub: dict[str, list[Call]] = {}
+        self.calls: dict[str, AttachedCall] = {}
+        self.by_sub: dict[str, list[AttachedCall]] = {}
         self.free_slots: list[int] = []
 
     def load(self, silero: SileroBatch, capacity: int) -> None:
@@ -234,7 +234,7 @@ class AttachedCalls:
         out = OutputChain(rings["tts"], rings["out"], f.tts_rate, f.call_rate, self.cfg.max_read_ms / 1000.0)
         health = VadHealth(self.vad_cfg.max_consecutive_failures, self.vad_cfg.failure_window,
                            self.vad_cfg.recovery_interval)
-        c = Call(f.call_id, f.subscriber, f.gateway, slot, rings, inp, out, params, health,
+        c = AttachedCall(f.call_id, f.subscriber, f.gateway, slot, rings, inp, out, params, health,
                  native8=self.vad_cfg.native_8k, incarnation=f.incarnation)
         if f.speaking_since >= 0:
             # the previous worker died during speech: close it where its in16 ended
@@ -245,7 +245,7 @@ class AttachedCalls:
         self.by_sub.setdefault(f.subscriber, []).append(c)
         return Attached(call_id=f.call_id, worker=self.index, in16_pos=inp.out_pos)
 
-    def _unindex(self, c: Call) -> None:
+    def _unindex(self, c: AttachedCall) -> None:
         lst = self.by_sub.get(c.subscriber)
         if lst is not None:
             try:

@@ -9,7 +9,7 @@ lanes) and the lifecycle (load and warm the models, bind, the serve loop
 handed explicitly what it needs and each stating its invariants:
 
 * ``attached``, :class:`workers.call_table.AttachedCalls`: the calls attached
-  here (per-call state, :class:`~workers.call_table.Call`), attach, detach,
+  here (per-call state, :class:`~workers.call_table.AttachedCall`), attach, detach,
   retirement;
 * ``realtime``, :class:`workers.realtime.RealtimeLane`: one tick every
   ``tick_ms`` with ONE batched Silero over every call with a full window, the
@@ -48,7 +48,7 @@ from brisvox.runtime.memory import ThreadIdleTrim
 from ipc.bus import bind, endpoint_path, make_socket
 from ipc.codec import DecodeGuard
 from workers import local_jobs as _local_jobs  # noqa: F401 - registers the local STT/TTS/LLM job frames
-from workers.call_table import AttachedCalls, Call
+from workers.call_table import AttachedCall, AttachedCalls
 from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
 from workers.dispatch import RequestDispatch
 from workers.jobs import CLOSE_HOOKS, DETACH_HOOKS, FRAME_HANDLERS, JobLane
@@ -98,7 +98,7 @@ class Worker:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.warm_report: dict[str, float] = {}
         self.attached = AttachedCalls(index, self.cfg, self.vad_cfg, self.stats, self._on_detach)
-        self.calls: dict[str, Call] = self.attached.calls
+        self.calls: dict[str, AttachedCall] = self.attached.calls
         self.realtime = RealtimeLane(index, self.cfg, self.vad_cfg, self.attached, self.stats, self.send)
         # the frames other modules serve (workers/local_jobs.py) take the worker: bound to it here
         self.dispatch = RequestDispatch(index, self.cfg, self.stats, self.guard, self.attached, self.realtime,

@@ -68,7 +68,7 @@ from ipc.tick_events import (
     VadRecovered,
     to_wire,
 )
-from workers.call_table import AttachedCalls, Call
+from workers.call_table import AttachedCall, AttachedCalls
 from workers.config import VadConfig, WorkersConfig
 from workers.stats import TickStats
 from workers.vad import WINDOW, WINDOW8, SileroBatch, VadEvent, VadStream, refine_start, refine_stop
@@ -118,7 +118,7 @@ class RealtimeLane:
         calls = list(self.calls.values())
         now = time.monotonic_ns()
         fresh = self.fresh_ns
-        active: list[Call] = []
+        active: list[AttachedCall] = []
         for c in calls:  # convert a call's input when its next VAD window is complete
             w = c.inp.src.write_pos
             if w > c.inp.in_pos and (w >= c.need_in or now - c.conv_ns >= fresh):
@@ -153,7 +153,7 @@ class RealtimeLane:
         if t4 - t0 > st.tick_max_ns:
             st.tick_max_ns = t4 - t0
 
-    def _input(self, c: Call) -> None:
+    def _input(self, c: AttachedCall) -> None:
         inp = c.inp
         try:
             n = inp.step()
@@ -189,7 +189,7 @@ class RealtimeLane:
         pend[m : m + n] = fresh
         c.pend_n = m + n
 
-    def _close_stream(self, c: Call, at: int, reason: str) -> None:
+    def _close_stream(self, c: AttachedCall, at: int, reason: str) -> None:
         """End the call's VAD stream (gap, failure): stop dated to the last speech, fresh state."""
         ev = c.stream.finish(at)
         if ev is not None:
@@ -198,7 +198,7 @@ class RealtimeLane:
         assert self.silero is not None
         self.silero.reset(c.slot)
 
-    def _emit(self, c: Call, ev: VadEvent, reason: str = "") -> None:
+    def _emit(self, c: AttachedCall, ev: VadEvent, reason: str = "") -> None:
         pos = ev.pos
         if ev.kind == "start":
             c.fall_ref = (-1, -1)
@@ -219,7 +219,7 @@ class RealtimeLane:
             c.events.append(SpeechFalling(call_id=c.call_id, pos=pos, at=ev.at, ns=ns))
         self.stats.events += 1
 
-    def _refine(self, c: Call, ev: VadEvent) -> int:
+    def _refine(self, c: AttachedCall, ev: VadEvent) -> int:
         ring = c.rings["in16"]
         try:
             if ev.kind == "start":
@@ -234,15 +234,15 @@ class RealtimeLane:
         except Exception:  # refinement is an improvement, never a reason to lose an event
             return ev.pos
 
-    def _vad(self, calls: list[Call]) -> None:
+    def _vad(self, calls: list[AttachedCall]) -> None:
         """One batched Silero run per VAD rate over every call with a full window; more
         runs only for calls that are more than one window behind (a stall, a re-attach)."""
         silero = self.silero
         assert silero is not None
         todo = calls
         for _ in range(self.cfg.max_vad_rounds):
-            batches: dict[int, list[Call]] = {}
-            behind: list[Call] = []
+            batches: dict[int, list[AttachedCall]] = {}
+            behind: list[AttachedCall] = []
             for c in todo:
                 off = c.pend_off
                 have = c.pend_n - off
@@ -276,7 +276,7 @@ class RealtimeLane:
                 break
             todo = behind
 
-    def _vad_run(self, w: int, batch: list[Call]) -> None:
+    def _vad_run(self, w: int, batch: list[AttachedCall]) -> None:
         """Score the windows gathered in the ``w``-wide scratch rows and feed each call's stream."""
         silero = self.silero
         assert silero is not None
@@ -311,7 +311,7 @@ class RealtimeLane:
             if ev is not None:
                 self._emit(c, ev)
 
-    def _isolate(self, batch: list[Call], win: np.ndarray, err: Exception) -> list[float]:
+    def _isolate(self, batch: list[AttachedCall], win: np.ndarray, err: Exception) -> list[float]:
         """The batched run failed: run each row alone so one bad call cannot fail the rest."""
         silero = self.silero
         assert silero is not None
@@ -324,7 +324,7 @@ class RealtimeLane:
                 pass
         return probs
 
-    def _vad_failure(self, c: Call, end: int) -> None:
+    def _vad_failure(self, c: AttachedCall, end: int) -> None:
         st = self.stats
         st.vad_failures += 1
         was_probe = c.probe
@@ -343,7 +343,7 @@ class RealtimeLane:
         elif was_probe:
             log.info("call %s: VAD recovery probe failed", c.call_id)
 
-    def announce(self, c: Call, utterance: int, epoch: int, tts_pos: int) -> None:
+    def announce(self, c: AttachedCall, utterance: int, epoch: int, tts_pos: int) -> None:
         """A TtsUtterance for ``c``: announced at once when its audio was already converted,
         else the call turns hot until its first audio lands (at most one tick)."""
         placed = c.out.announce(utterance, epoch, tts_pos)
@@ -379,7 +379,7 @@ class RealtimeLane:
             self.hot.pop(call_id, None)
         self.stats.nudge_ns += time.thread_time_ns() - cpu0
 
-    def _send_out_utterance(self, c: Call, utterance: int, epoch: int, out_pos: int) -> None:
+    def _send_out_utterance(self, c: AttachedCall, utterance: int, epoch: int, out_pos: int) -> None:
         payload = encode(OutUtterance(call_id=c.call_id, utterance=utterance, epoch=epoch, out_pos=out_pos))
         self._send(c.subscriber.encode(), payload)
         if c.gateway:

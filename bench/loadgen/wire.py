@@ -35,7 +35,7 @@ import os
 
 from websockets.frames import apply_mask
 
-from brisvox.wire import ws_frames
+from brisvox.wire import ws_framing
 from brisvox.wire.twilio import MEDIA_HEAD, TwilioStream
 
 
@@ -85,5 +85,5 @@ class WireStream(TwilioStream):
         key = self.key
         o1 = len(head)
         o2 = o1 + payload.size
-        return (ws_frames.header(o2 + self._tail_size, ws_frames.TEXT, key)
+        return (ws_framing.header(o2 + self._tail_size, ws_framing.TEXT, key)
                 + apply_mask(head, key) + payload.masked[o1 & 3] + self._tail[o2 & 3])

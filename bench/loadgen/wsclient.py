@@ -9,7 +9,7 @@ generator runs on the same cores as the server it measures:
 * reads land in ONE buffer shared by every connection of the run
   (``asyncio.BufferedProtocol``: a plain ``Protocol`` makes asyncio allocate a
   256 KiB bytes object per read), and complete unfragmented data frames are
-  split here (:mod:`brisvox.wire.ws_frames`) and handed to ``on_message``
+  split here (:mod:`brisvox.wire.ws_framing`) and handed to ``on_message``
   with the read's arrival time (``time.monotonic``), in order;
 * :meth:`WsClient.write` puts a pre-encoded masked frame on the socket
   (:mod:`bench.loadgen.wire`); :meth:`WsClient.send_text` lets the library
@@ -38,7 +38,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from brisvox.wire import ws_frames
+from brisvox.wire import ws_framing
 
 OPEN = State.OPEN
 RECV_BUFFER_BYTES = 65536
@@ -129,22 +129,22 @@ class WsClient(asyncio.BufferedProtocol):
     def _frames(self, data: bytes | memoryview, end: int, now: float) -> None:
         proto = self.proto
         assert proto is not None
-        scan = ws_frames.scan
+        scan = ws_framing.scan
         pos = 0
         while pos < end:
             kind, h, n = scan(data, pos, end, False, self.max_size)
-            if kind == ws_frames.DATA:
+            if kind == ws_framing.DATA:
                 start = pos + h
                 pos = start + n
                 self.on_message(bytes(data[start:pos]), now)
-            elif kind == ws_frames.CONTROL:
+            elif kind == ws_framing.CONTROL:
                 proto.receive_data(bytes(data[pos:pos + h + n]))
                 pos += h + n
                 proto.events_received()  # ping -> pong queued; close -> echo queued
                 self._flush()
                 if proto.state is not OPEN:
                     break
-            elif kind == ws_frames.MORE:
+            elif kind == ws_framing.MORE:
                 self._pending = bytes(data[pos:end])
                 return
             else:

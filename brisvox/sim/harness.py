@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from brisvox.agent.conversation.context import AssistantMessage
-from brisvox.agent.conversation.playout import PlayoutConfig
+from brisvox.agent.conversation.playout_book import PlayoutConfig
 from brisvox.agent.flows.definition import FlowDef
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host.actor import ActorConfig, CallActor

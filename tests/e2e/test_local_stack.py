@@ -270,7 +270,7 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
     from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
     from brisvox.agent.pipeline.stage.base import Inbox, Stage
     from brisvox.agent.pipeline.stage.call_context import CallContext
-    from brisvox.agent.pipeline.stage.frames import (
+    from brisvox.agent.pipeline.stage.pipeline_frames import (
         AudioFrame,
         AudioOut,
         Flush,

@@ -17,7 +17,7 @@ from brisvox.agent.pipeline.llm.runner import LlmRunner
 from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 from brisvox.agent.pipeline.stage.base import Inbox, Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     BotEnded,
     BotStarted,
     Interrupt,

@@ -34,7 +34,7 @@ from brisvox.agent.pipeline.llm.runner import LlmRunner
 from brisvox.agent.pipeline.llm.summarizer import SummaryConfig
 from brisvox.agent.pipeline.stage.base import Inbox
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import BotEnded, BotStarted, Stop, UserTurnEnded
+from brisvox.agent.pipeline.stage.pipeline_frames import BotEnded, BotStarted, Stop, UserTurnEnded
 from brisvox.agent.tool_engine.config import EngineConfig
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.agent.tool_engine.filler import FillerConfig

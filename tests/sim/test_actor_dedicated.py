@@ -13,7 +13,7 @@ from brisvox.agent.conversation.context import (
 from brisvox.agent.pipeline.cascade.stt_stage import SttStage
 from brisvox.agent.pipeline.cascade.turn_machine import TurnConfig
 from brisvox.agent.pipeline.chain import CHAIN, with_stage
-from brisvox.agent.pipeline.stage.frames import AudioFrame
+from brisvox.agent.pipeline.stage.pipeline_frames import AudioFrame
 from brisvox.providers.seeded_fakes import Call, LlmScript, Say, Stall
 from brisvox.sim.harness import SimCall, default_actor_config, oracle_mismatches, simulate
 from brisvox.sim.scenarios import LONG

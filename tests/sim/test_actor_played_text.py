@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from brisvox.agent.conversation.context import AssistantMessage
-from brisvox.agent.conversation.playout import PlayoutBook
+from brisvox.agent.conversation.playout_book import PlayoutBook
 from brisvox.sim.harness import oracle_mismatches, simulate
 from brisvox.sim.scenarios import played_text_case
 from brisvox.sim.vloop import run_virtual

@@ -17,7 +17,7 @@ import pytest
 import brisvox.sim.harness as harness
 from brisvox.agent.conversation.context import AssistantMessage, UserMessage
 from brisvox.agent.host.actor import CallActor
-from brisvox.agent.pipeline.stage.frames import AudioFrame, UserStoppedSpeaking
+from brisvox.agent.pipeline.stage.pipeline_frames import AudioFrame, UserStoppedSpeaking
 from brisvox.providers.seeded_fakes import FakeLlm, FakeTts
 from brisvox.providers.word_codec import Vocab
 from brisvox.sim.fakes import FakeStt

@@ -5,7 +5,7 @@ from __future__ import annotations
 from orjson import loads as orjson_loads
 
 from brisvox.agent.conversation.context import AssistantMessage, UserMessage
-from brisvox.agent.conversation.playout import PlayoutConfig
+from brisvox.agent.conversation.playout_book import PlayoutConfig
 from brisvox.agent.host.actor import ActorConfig
 from brisvox.agent.pipeline.s2s.machine import S2sTurnConfig
 from brisvox.agent.pipeline.s2s.stage import S2sStageConfig

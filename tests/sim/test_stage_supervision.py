@@ -31,7 +31,7 @@ import pytest
 
 from brisvox.agent.host.supervision import SupervisionConfig
 from brisvox.agent.pipeline.chain import CHAIN, with_stage
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     AudioOut,
     BotStarted,

@@ -24,7 +24,7 @@ import pytest
 from bench.harness.http_server import FakeHttpServer, Reply
 from bench.harness.llm_wire import Resp, ScriptedVendor, reply_for
 from brisvox.agent.conversation.context import AssistantMessage
-from brisvox.agent.pipeline.stage.frames import BotEnded
+from brisvox.agent.pipeline.stage.pipeline_frames import BotEnded
 from brisvox.providers.base import ProviderTimeouts
 from brisvox.providers.http import close_all
 from brisvox.providers.llm_stream import STATS

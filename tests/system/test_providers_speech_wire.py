@@ -34,12 +34,12 @@ import pytest
 
 from bench.harness.http_server import FakeHttpServer, Reply, json_reply
 from bench.harness.ws_vendors import FakeCartesia, FakeDeepgram, FakeElevenLabs
-from brisvox.agent.conversation.playout import PlayoutBook
+from brisvox.agent.conversation.playout_book import PlayoutBook
 from brisvox.agent.pipeline.cascade.stt_stage import SttStage, SttStageConfig
 from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
 from brisvox.agent.pipeline.stage.base import Inbox, Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     AudioOut,
     Flush,

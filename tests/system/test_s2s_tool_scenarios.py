@@ -33,7 +33,7 @@ from brisvox.agent.pipeline.s2s.machine import S2sTurnConfig
 from brisvox.agent.pipeline.s2s.stage import S2sStage, S2sStageConfig
 from brisvox.agent.pipeline.stage.base import Inbox
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     Start,
     Stop,

@@ -48,7 +48,7 @@ def agent_main(rt: Any) -> int:
     ``FAIL_AFTER_FRAMES`` frames of a call went through it (test role main)."""
     from brisvox.agent.host import process
     from brisvox.agent.pipeline.cascade.stt_stage import SttStage
-    from brisvox.agent.pipeline.stage.frames import AudioFrame
+    from brisvox.agent.pipeline.stage.pipeline_frames import AudioFrame
 
     original = SttStage.process
 

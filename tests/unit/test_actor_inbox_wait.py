@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 
 from brisvox.agent.pipeline.stage.base import Inbox
-from brisvox.agent.pipeline.stage.frames import AudioFrame, Stop
+from brisvox.agent.pipeline.stage.pipeline_frames import AudioFrame, Stop
 from brisvox.sim.vloop import run_virtual
 
 

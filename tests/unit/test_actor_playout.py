@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from brisvox.agent.conversation.context import AssistantMessage, Context, SystemMessage, UserMessage
-from brisvox.agent.conversation.playout import PlayoutBook, PlayoutConfig, heard_prefix
+from brisvox.agent.conversation.playout_book import PlayoutBook, PlayoutConfig, heard_prefix
 from brisvox.sim.vloop import run_virtual
 
 WORDS = [("Hello,", 0.0, 0.4), ("big", 0.4, 0.7), ("world.", 0.7, 1.1)]

@@ -8,7 +8,7 @@ import numpy as np
 
 from brisvox.agent.pipeline.stage.base import EpochWatch, Inbox, Stage, TaskOwner
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     Interrupt,
     LlmText,

@@ -1,4 +1,4 @@
-"""The WebSocket server's fast path (ws_server + brisvox.wire.ws_frames) delivers what the library would.
+"""The WebSocket server's fast path (ws_server + brisvox.wire.ws_framing) delivers what the library would.
 
 A connection with a fake transport and a recording session: after the
 handshake, masked data frames arriving whole, several per read, or split at
@@ -21,7 +21,7 @@ from websockets.streams import StreamReader
 from brisvox.gateway.config import WebSocketConfig
 from brisvox.gateway.transports import TRANSPORTS
 from brisvox.gateway.ws.server import WebSocketServer, WsConnection
-from brisvox.wire import ws_frames
+from brisvox.wire import ws_framing
 
 REQ = (b"GET /twilio HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
@@ -161,17 +161,17 @@ def test_unmasked_and_oversized_frames_close_with_the_library_codes() -> None:
 
 def test_scan_classifies_frames() -> None:
     big = frame(b"z" * 300)
-    assert ws_frames.scan(big, 0, len(big), True, 4096) == (ws_frames.DATA, 8, 300)
-    assert ws_frames.scan(big, 0, len(big) - 1, True, 4096)[0] == ws_frames.MORE
-    assert ws_frames.scan(big, 0, 3, True, 4096)[0] == ws_frames.MORE
-    assert ws_frames.scan(big, 0, len(big), True, 100)[0] == ws_frames.OTHER  # too large
-    assert ws_frames.scan(big, 0, len(big), False, 4096)[0] == ws_frames.OTHER  # masked, server side
+    assert ws_framing.scan(big, 0, len(big), True, 4096) == (ws_framing.DATA, 8, 300)
+    assert ws_framing.scan(big, 0, len(big) - 1, True, 4096)[0] == ws_framing.MORE
+    assert ws_framing.scan(big, 0, 3, True, 4096)[0] == ws_framing.MORE
+    assert ws_framing.scan(big, 0, len(big), True, 100)[0] == ws_framing.OTHER  # too large
+    assert ws_framing.scan(big, 0, len(big), False, 4096)[0] == ws_framing.OTHER  # masked, server side
     close = frame(b"\x03\xe8", 0x88)
-    assert ws_frames.scan(close, 0, len(close), True, 4096) == (ws_frames.CONTROL, 6, 2)
+    assert ws_framing.scan(close, 0, len(close), True, 4096) == (ws_framing.CONTROL, 6, 2)
     cont = frame(b"x", 0x00)
-    assert ws_frames.scan(cont, 0, len(cont), True, 4096)[0] == ws_frames.OTHER
-    assert ws_frames.header(5) == b"\x81\x05"
-    assert ws_frames.header(300, ws_frames.BINARY) == b"\x82\x7e\x01\x2c"
+    assert ws_framing.scan(cont, 0, len(cont), True, 4096)[0] == ws_framing.OTHER
+    assert ws_framing.header(5) == b"\x81\x05"
+    assert ws_framing.header(300, ws_framing.BINARY) == b"\x82\x7e\x01\x2c"
 
 
 def test_a_peer_that_reset_before_our_half_close_is_aborted_not_a_session_error() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from brisvox.agent.pipeline.stage.frames import BotEnded
+from brisvox.agent.pipeline.stage.pipeline_frames import BotEnded
 from brisvox.providers.resilience import Resilience, ResilientLlm
 from brisvox.sim.vloop import run_virtual
 from tests.providers_fakes.failing_llm import ANSWER, FailingLlm

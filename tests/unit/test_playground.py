@@ -248,7 +248,7 @@ def test_the_native_leg_sends_events_only_when_asked_and_never_into_a_backed_up_
 
 
 def test_the_gateway_forwards_or_counts_each_event() -> None:
-    from brisvox.gateway.core.peers import AgentLinks
+    from brisvox.gateway.core.peers import PeerRouter
 
     sent: list[tuple[str, dict[str, Any]]] = []
     leg = SimpleNamespace(send_call_event=lambda n, d: sent.append((n, d)) or len(sent) < 2)
@@ -256,8 +256,8 @@ def test_the_gateway_forwards_or_counts_each_event() -> None:
     counts: dict[str, int] = {}
     core = SimpleNamespace(table=SimpleNamespace(get=lambda cid: call if cid == "c1" else None),
                            metrics=SimpleNamespace(inc=lambda k: counts.__setitem__(k, counts.get(k, 0) + 1)))
-    core._call = lambda cid: AgentLinks._call(core, cid)  # type: ignore[arg-type]
-    handle = AgentLinks._on_call_event
+    core._call = lambda cid: PeerRouter._call(core, cid)  # type: ignore[arg-type]
+    handle = PeerRouter._on_call_event
     for cid in ("c1", "c1", "gone"):
         handle(core, CallEvent(call_id=cid, name="bot_turn", data={"text": "x"}), "agent-0", None)  # type: ignore[arg-type]
     call.transport_done = True

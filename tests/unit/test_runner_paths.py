@@ -24,7 +24,7 @@ import pytest
 from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.context import AssistantMessage, ToolMessage, UserMessage
 from brisvox.agent.pipeline.llm.policy import FALLBACK_LINE
-from brisvox.agent.pipeline.stage.frames import LlmText, UserTurnStarted
+from brisvox.agent.pipeline.stage.pipeline_frames import LlmText, UserTurnStarted
 from brisvox.agent.tool_engine.config import D_BUDGET
 from brisvox.agent.tool_engine.confirm import Refusal
 from brisvox.agent.tool_engine.filler import FillerConfig

@@ -15,7 +15,7 @@ from brisvox.agent.pipeline.cascade.turn_driver import TurnDriver, TurnDriverCon
 from brisvox.agent.pipeline.speculation.policy import SpeculationConfig, fingerprint, normalize
 from brisvox.agent.pipeline.stage.base import Inbox
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     SpeculationCandidate,
     Start,
     Stop,

@@ -19,7 +19,7 @@ import pytest
 
 from brisvox.agent.conversation.context import SystemMessage, UserMessage
 from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     Interrupt,
     LlmResponseStarted,
     LlmText,

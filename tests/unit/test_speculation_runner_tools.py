@@ -16,7 +16,7 @@ import pytest
 
 from brisvox.agent.conversation.context import AssistantMessage, ToolMessage
 from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
-from brisvox.agent.pipeline.stage.frames import UserTurnStarted
+from brisvox.agent.pipeline.stage.pipeline_frames import UserTurnStarted
 from brisvox.agent.tool_engine.filler import FillerConfig
 from brisvox.clock import CLOCK
 from brisvox.providers.base import Done, LlmRequest, ProviderTimeouts, TextDelta

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
-from brisvox.agent.pipeline.stage.frames import UserTurnEnded, UserTurnStarted
+from brisvox.agent.pipeline.stage.pipeline_frames import UserTurnEnded, UserTurnStarted
 from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK
 from brisvox.providers.base import Done, LlmRequest, TextDelta

@@ -26,7 +26,7 @@ from brisvox.agent.pipeline.cascade.tts_clips import (
 from brisvox.agent.pipeline.cascade.tts_stage import TtsStage, TtsStageConfig
 from brisvox.agent.pipeline.stage.base import Inbox, Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioOut,
     Flush,
     Interrupt,

@@ -1,4 +1,4 @@
-"""Property: the WebSocket frame splitter (``brisvox.wire.ws_frames.scan``) returns one of its
+"""Property: the WebSocket frame splitter (``brisvox.wire.ws_framing.scan``) returns one of its
 four verdicts for any bytes at any offset (arbitrary, and mutations of valid frame streams),
 never reads past ``end``, and a DATA or CONTROL verdict describes exactly the frame the
 websockets library parses there. The gateway's connection fed the same bytes after its
@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 from websockets.frames import Frame
 from websockets.streams import StreamReader
 
-from brisvox.wire import ws_frames
+from brisvox.wire import ws_framing
 from tests.unit.test_gateway_ws_fastpath import connect, feed, frame, server_frames
 
 PROPS = settings(max_examples=300, deadline=None)
 MAX = 4096
-KINDS = (ws_frames.DATA, ws_frames.CONTROL, ws_frames.MORE, ws_frames.OTHER)
+KINDS = (ws_framing.DATA, ws_framing.CONTROL, ws_framing.MORE, ws_framing.OTHER)
 
 
 def valid_stream(draw: Any) -> bytes:
@@ -70,14 +70,14 @@ def test_scan_verdicts(data: bytes, masked: bool, pos: int) -> None:
     pos = min(pos, len(data))
     end = len(data)
     padded = memoryview(data + b"\xff" * 16)  # bytes beyond end must not change the verdict
-    kind, h, n = ws_frames.scan(padded, pos, end, masked, MAX)
-    assert (kind, h, n) == ws_frames.scan(data, pos, end, masked, MAX)
+    kind, h, n = ws_framing.scan(padded, pos, end, masked, MAX)
+    assert (kind, h, n) == ws_framing.scan(data, pos, end, masked, MAX)
     assert kind in KINDS
-    if kind in (ws_frames.DATA, ws_frames.CONTROL):
+    if kind in (ws_framing.DATA, ws_framing.CONTROL):
         assert h in ((6, 8) if masked else (2, 4)) and pos + h + n <= end
         f = library_frame(data[pos:pos + h + n], masked)
         assert f is not None and f.fin and len(f.data) == n
-        assert (kind == ws_frames.DATA) == (data[pos] in (ws_frames.TEXT, ws_frames.BINARY))
+        assert (kind == ws_framing.DATA) == (data[pos] in (ws_framing.TEXT, ws_framing.BINARY))
     else:
         assert (h, n) == (0, 0)
 

@@ -19,7 +19,7 @@ from websockets.datastructures import Headers
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import WebSocketConfig, WsRoute, is_loopback
 from brisvox.gateway.ws import auth as ws_auth
-from brisvox.wire import native, twilio, ws_frames
+from brisvox.wire import native, twilio, ws_framing
 
 ROUTES = [{"path": "/ws", "protocol": "native", "agent": "default", "agents": ["sales"]}]
 
@@ -144,7 +144,7 @@ def test_twilio_signature_missing_bad_and_good():
 @pytest.mark.parametrize("reason", ["é" * 200, "a" * 200, "日本語" * 70, "😀" * 50, "ok", "", "\ud800 lone",
                                     "x" * 122 + "é"])
 def test_close_reason_is_cut_by_bytes_at_a_character_boundary(reason):
-    out = ws_frames.close_reason(reason)
+    out = ws_framing.close_reason(reason)
     raw = out.encode("utf-8")  # encodable: no lone surrogate left
     assert len(raw) <= 123
     assert reason.encode("utf-8", "replace").startswith(raw)

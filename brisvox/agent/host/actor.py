@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 from brisvox.agent.conversation.context import Context
-from brisvox.agent.conversation.playout import PlayoutConfig
+from brisvox.agent.conversation.playout_book import PlayoutConfig
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host import tracing
 from brisvox.agent.host.call_events import CallEvents
@@ -92,7 +92,7 @@ from brisvox.agent.pipeline.speculation.policy import snapshot as spec_snapshot
 from brisvox.agent.pipeline.stage.base import Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
 from brisvox.agent.pipeline.stage.call_io import AudioSink, AudioSource, CallLink
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     DtmfFrame,
     Greet,

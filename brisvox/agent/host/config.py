@@ -84,7 +84,7 @@ class AgentsConfig:
     def actor_config(self, tts_rate: int = 24000) -> ActorConfig:
         from dataclasses import replace
 
-        from brisvox.agent.conversation.playout import PlayoutConfig
+        from brisvox.agent.conversation.playout_book import PlayoutConfig
         from brisvox.agent.host.actor import ActorConfig
         from brisvox.agent.pipeline.cascade.tts_ring_writer import TtsRingWriterConfig
         from brisvox.agent.pipeline.cascade.turn_machine import InterruptionConfig, TurnConfig

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.pipeline.stage.base import Inbox
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     BotEnded,
     BotStarted,
     Interrupt,

@@ -311,7 +311,7 @@ class AgentLink:
         return text
 
     def _say(self, c: m.Command) -> None:
-        from brisvox.agent.pipeline.stage.frames import Greet
+        from brisvox.agent.pipeline.stage.pipeline_frames import Greet
 
         text = self._text(c)
         if text is None:
@@ -478,7 +478,7 @@ class AgentLink:
                 self._give_up_call()
 
     def _give_up_call(self) -> None:
-        from brisvox.agent.pipeline.stage.frames import Greet
+        from brisvox.agent.pipeline.stage.pipeline_frames import Greet
 
         a = self.actor
         if a is None or a.hung_up:

@@ -42,7 +42,7 @@ from brisvox.agent.pipeline.llm.runner import LlmRunner
 from brisvox.agent.pipeline.s2s.stage import S2sStage
 from brisvox.agent.pipeline.stage.base import Inbox, Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import BotEnded, BotStarted, PipelineFrame
+from brisvox.agent.pipeline.stage.pipeline_frames import BotEnded, BotStarted, PipelineFrame
 from brisvox.agent.tool_engine.engine import ToolEngine
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
 from brisvox.providers.s2s.base import S2sProvider

@@ -13,7 +13,7 @@ library where it costs most: every read lands in ONE receive buffer shared by
 all connections (``recv_into``; a plain ``asyncio.Protocol`` makes asyncio
 allocate a fresh 256 KiB bytes object per read, about 17 us each); once the
 handshake is done, complete unfragmented data frames are split and unmasked
-here (:mod:`brisvox.wire.ws_frames`, unmasked by the library's C
+here (:mod:`brisvox.wire.ws_framing`, unmasked by the library's C
 ``apply_mask``), control frames go to the library
 whole, and anything unusual hands the rest of the stream to the library for
 good; outbound data frames are written with a prebuilt header while the
@@ -60,7 +60,7 @@ Invariants:
   connection closed) are dropped -- the counters say it --, its warnings
   and errors go through the same limiter.
 * Every close frame's reason is cut to 123 bytes of UTF-8 at a character
-  boundary (:func:`brisvox.wire.ws_frames.close_reason`), so a close never
+  boundary (:func:`brisvox.wire.ws_framing.close_reason`), so a close never
   raises whatever the reason holds.
 * Outbound data beyond ``max_send_buffer_bytes`` of unsent bytes is not
   queued (the send returns False and the caller counts a drop): a slow
@@ -101,7 +101,7 @@ from brisvox.gateway.ws.auth import OPEN as OPEN_GRANT
 from brisvox.gateway.ws.auth import Grant, Refusal, origin_refusal
 from brisvox.gateway.ws.log import LibraryLog
 from brisvox.runtime.log_limit import LogLimiter
-from brisvox.wire import ws_frames
+from brisvox.wire import ws_framing
 
 if TYPE_CHECKING:
     from brisvox.gateway.core.host import CallHost
@@ -221,15 +221,15 @@ class WsConnection(asyncio.BufferedProtocol):
             self._session_error(e)
 
     def _receive_frames(self, data: bytes | memoryview, end: int) -> None:
-        """Fast mode: deliver the complete data frames of ``data[:end]`` (see ws_frames)."""
+        """Fast mode: deliver the complete data frames of ``data[:end]`` (see ws_framing)."""
         proto = self.proto
-        scan = ws_frames.scan
+        scan = ws_framing.scan
         max_size = self.max_size
         pos = 0
         try:
             while pos < end:
                 kind, h, n = scan(data, pos, end, True, max_size)
-                if kind == ws_frames.DATA:
+                if kind == ws_framing.DATA:
                     start = pos + h
                     # websockets' C apply_mask takes any buffer (no copy of the view); its stub says bytes
                     payload = apply_mask(data[start:start + n], data[start - 4:start])  # type: ignore[arg-type]
@@ -237,16 +237,16 @@ class WsConnection(asyncio.BufferedProtocol):
                     pos = start + n
                     s = self.session
                     if s is not None:
-                        if first == ws_frames.TEXT:
+                        if first == ws_framing.TEXT:
                             s.on_text(payload)
                         else:
                             s.on_binary(payload)
-                elif kind == ws_frames.CONTROL:
+                elif kind == ws_framing.CONTROL:
                     proto.receive_data(bytes(data[pos:pos + h + n]))
                     pos += h + n
                     self._events()
                     self._flush()  # a pong or close echo goes out before anything sent after it
-                elif kind == ws_frames.MORE:
+                elif kind == ws_framing.MORE:
                     self._pending = bytes(data[pos:end])
                     return
                 else:
@@ -447,10 +447,10 @@ class WsConnection(asyncio.BufferedProtocol):
 
     def send_text(self, data: bytes) -> bool:
         """Send a text message (``data`` is UTF-8). False if dropped (closed or backed up)."""
-        return self._send(data, ws_frames.TEXT)
+        return self._send(data, ws_framing.TEXT)
 
     def send_binary(self, data: bytes) -> bool:
-        return self._send(data, ws_frames.BINARY)
+        return self._send(data, ws_framing.BINARY)
 
     def _send(self, data: bytes, first: int) -> bool:
         if not self.can_send():
@@ -459,10 +459,10 @@ class WsConnection(asyncio.BufferedProtocol):
         if proto.state is OPEN:
             # a whole data frame: nothing of the library's state depends on it (its output
             # buffer is always flushed, so nothing it queued can be overtaken)
-            self.transport.write(ws_frames.header(len(data), first) + data)  # type: ignore[union-attr]
+            self.transport.write(ws_framing.header(len(data), first) + data)  # type: ignore[union-attr]
             return True
         try:
-            if first == ws_frames.TEXT:
+            if first == ws_framing.TEXT:
                 proto.send_text(data)
             else:
                 proto.send_binary(data)
@@ -475,7 +475,7 @@ class WsConnection(asyncio.BufferedProtocol):
         """Start the closing handshake (the TCP close follows, bounded by a timer)."""
         if self.closed:
             return
-        reason = ws_frames.close_reason(reason)
+        reason = ws_framing.close_reason(reason)
         self._close_code = code
         self._close_reason = reason
         try:

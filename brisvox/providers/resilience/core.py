@@ -266,7 +266,7 @@ T = TypeVar("T")
 
 
 @dataclass(slots=True)
-class Leg(Generic[P]):
+class VendorLeg(Generic[P]):
     provider: P
     breaker: Breaker
     key: str
@@ -284,9 +284,9 @@ class Legs(Generic[P]):
         self.res = resilience
         self.cfg = config
         self.clock = resilience.clock
-        self.legs: list[Leg[P]] = [Leg(primary, resilience.breaker(f"{stage}:{pkey}"), pkey)]
+        self.legs: list[VendorLeg[P]] = [VendorLeg(primary, resilience.breaker(f"{stage}:{pkey}"), pkey)]
         if secondary is not None:
-            self.legs.append(Leg(secondary, resilience.breaker(f"{stage}:{skey}"), skey))
+            self.legs.append(VendorLeg(secondary, resilience.breaker(f"{stage}:{skey}"), skey))
         self.budget = resilience.budget(config)
         self.st = ResilienceStats()
 
@@ -294,7 +294,7 @@ class Legs(Generic[P]):
         setattr(self.st, name, getattr(self.st, name) + n)
         STATS[f"{self.stage}.{name}"] += n
 
-    def count_leg(self, leg: Leg[P], name: str) -> None:
+    def count_leg(self, leg: VendorLeg[P], name: str) -> None:
         """:meth:`count`, and the same per provider (:data:`PROVIDER_STATS`)."""
         self.count(name)
         PROVIDER_STATS[(self.stage, leg.key.split("|", 1)[0], name)] += 1

@@ -34,10 +34,10 @@ from brisvox.providers.resilience.core import (
     PROBE,
     SKIP,
     STOP,
-    Leg,
     Legs,
     Resilience,
     ResilienceConfig,
+    VendorLeg,
 )
 
 
@@ -73,7 +73,7 @@ class ResilientStream:
         self._pos = -1
         self._tried = 0
         self._cur: Any = None
-        self._leg: Leg[LlmProvider] | None = None
+        self._leg: VendorLeg[LlmProvider] | None = None
         self._i = -1
         self._probe = False  # this stream holds its breaker's half-open permit, no verdict yet
         self._content = False

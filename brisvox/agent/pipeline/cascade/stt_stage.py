@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 from brisvox.agent.pipeline.stage.base import Inbox, Stage, cancel_and_join
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     PipelineFrame,
     Start,

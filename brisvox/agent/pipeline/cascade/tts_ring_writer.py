@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from brisvox.agent.pipeline.stage.base import Inbox, Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioOut,
     BotEnded,
     BotStarted,

@@ -55,7 +55,7 @@ import numpy as np
 from brisvox.agent.pipeline.cascade.tts_clips import Capture, Clip, ClipCache, cache_for, voice_key
 from brisvox.agent.pipeline.stage.base import Inbox, Stage, cancel_and_join
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioOut,
     Flush,
     Interrupt,

@@ -94,7 +94,7 @@ from brisvox.agent.pipeline.llm.turn import Turn
 from brisvox.agent.pipeline.speculation.speculator import Helper, Speculator
 from brisvox.agent.pipeline.stage.base import Inbox, Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     BotEnded,
     DtmfFrame,
     Flush,

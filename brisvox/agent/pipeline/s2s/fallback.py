@@ -15,7 +15,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from brisvox.agent.pipeline.s2s.audio import OutputConverter
-from brisvox.agent.pipeline.stage.frames import AudioOut, Interrupt, TtsEnded
+from brisvox.agent.pipeline.stage.pipeline_frames import AudioOut, Interrupt, TtsEnded
 from brisvox.providers.base import TtsAudio, TtsClosed, TtsConfig, TtsFlushed, TtsProvider
 
 if TYPE_CHECKING:

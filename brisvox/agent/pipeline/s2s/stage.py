@@ -53,7 +53,7 @@ from brisvox.agent.pipeline.s2s.audio import InputConverter, OutputConverter
 from brisvox.agent.pipeline.s2s.tools import S2sTools, history_items
 from brisvox.agent.pipeline.stage.base import Inbox, Stage
 from brisvox.agent.pipeline.stage.call_context import CallContext
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     AudioOut,
     BotEnded,

@@ -2,7 +2,7 @@
 
 Owns :class:`CandidateOffers`, the bookkeeping the
 :class:`~brisvox.agent.pipeline.cascade.turn_driver.TurnDriver` consults at its few hook points
-(its ``_spec_*`` methods) and the :class:`~brisvox.agent.pipeline.stage.frames.SpeculationCandidate`
+(its ``_spec_*`` methods) and the :class:`~brisvox.agent.pipeline.stage.pipeline_frames.SpeculationCandidate`
 frames it sends downstream to the runner. Pure: no I/O, no clock of its own (the
 driver passes ``now``); the rule itself (what counts as equal text) is
 :func:`brisvox.agent.pipeline.speculation.policy.normalize`.
@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from brisvox.agent.pipeline.speculation.policy import OfferStats, SpeculationConfig, normalize
-from brisvox.agent.pipeline.stage.frames import SpeculationCandidate
+from brisvox.agent.pipeline.stage.pipeline_frames import SpeculationCandidate
 
 
 @dataclass(slots=True)

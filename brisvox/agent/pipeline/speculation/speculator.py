@@ -59,7 +59,7 @@ from brisvox.agent.pipeline.speculation.policy import (
     fingerprint,
     normalize,
 )
-from brisvox.agent.pipeline.stage.frames import SpeculationCandidate, UserTurnEnded
+from brisvox.agent.pipeline.stage.pipeline_frames import SpeculationCandidate, UserTurnEnded
 from brisvox.agent.tool_engine.delivery import Execution
 from brisvox.agent.tool_engine.planning import Speculation
 from brisvox.agent.tool_engine.registry import CancelToken, ToolSpec

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from brisvox.agent.pipeline.stage.frames import (
+from brisvox.agent.pipeline.stage.pipeline_frames import (
     DATA,
     SYSTEM,
     UPSTREAM,

@@ -7,7 +7,7 @@ every stage is constructed the same way, ``Stage(call, cfg, inbox, *own)``
 * the call clock, the :class:`~brisvox.agent.pipeline.stage.base.EpochWatch` (the newest
   epoch the turn driver decided) and the :class:`~brisvox.agent.pipeline.stage.base.TaskOwner`
   every task of the call is spawned through;
-* the :class:`~brisvox.agent.conversation.playout.PlayoutBook`, the :class:`LedgerLink` (the pure
+* the :class:`~brisvox.agent.conversation.playout_book.PlayoutBook`, the :class:`LedgerLink` (the pure
   :class:`~brisvox.playout.ledger.EpochLedger` and the links it sends on)
   and the :class:`~brisvox.agent.conversation.timeline.Timeline`;
 * the links out of the actor as two small interfaces (``gateway``:
@@ -38,11 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from brisvox.agent.conversation.playout import PlayoutBook, PlayoutConfig
+from brisvox.agent.conversation.playout_book import PlayoutBook, PlayoutConfig
 from brisvox.agent.conversation.timeline import Timeline
 from brisvox.agent.pipeline.stage.base import EpochWatch, Inbox, TaskOwner
 from brisvox.agent.pipeline.stage.call_io import AudioSink, GatewayLink, WorkerLink
-from brisvox.agent.pipeline.stage.frames import PipelineFrame
+from brisvox.agent.pipeline.stage.pipeline_frames import PipelineFrame
 from brisvox.clock import CLOCK, Clock
 from brisvox.playout import ledger as L
 from brisvox.playout.ledger import EpochLedger
