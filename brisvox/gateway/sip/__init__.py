@@ -1,1 +1,1 @@
-"""SIP over UDP: the user agent, its transactions, dialogs, outbound dialer, RTP sessions, guard and jitter buffer."""
+"""SIP over UDP: the user agent and the parts it holds (transactions, dialogs, outbound dialer, RTP sessions, guard, counters, jitter buffer)."""

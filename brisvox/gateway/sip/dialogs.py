@@ -1,11 +1,16 @@
-"""SIP dialogs: the INVITE server transaction of a call, its answer, re-INVITE, CANCEL and the end.
+"""The SIP dialog layer: inbound INVITE -> call, and every request inside a dialog.
 
-Owns :class:`SipDialogs` (a base of the SIP user agent): the dialog-creating
-INVITE (admission, the SDP offer/answer, the call's RTP socket, 100/180/200,
-488/503/420/415/482 refusals), the 2xx retransmission until the ACK (or the
-late offer's answer in it), re-INVITE (hold/unhold, new address: answered
-with the mirrored direction), CANCEL (200 + 487) and ending a dialog from
-either side (BYE in, BYE out, 480 before the answer).
+Owns :class:`SipDialogs`, the call-facing half of the SIP user agent: the
+dialog table (every leg, inbound or outbound, by Call-ID and local tag),
+the dialog-creating INVITE (admission, the SDP offer/answer, the call's RTP
+socket, 100/180/200, 488/503/420/415/482 refusals), the 2xx retransmission
+until the ACK (or the late offer's answer in it), re-INVITE (hold/unhold,
+new address: answered with the mirrored direction), CANCEL (200 + 487), BYE,
+INFO (a key press: dtmf-relay, dtmf), NOTIFY (for our REFER), REFER (the
+agent's Transfer) and ending a dialog from either side (BYE in, BYE out, 480
+before the answer). It sends and times nothing itself: every message goes
+through the :class:`~brisvox.gateway.sip.transactions.TransactionLayer` it
+is given.
 
 Invariants:
 
@@ -27,39 +32,47 @@ Invariants:
 * The call's metadata: the Call-ID as its transport id, the From and To
   users as the caller and the called number, both URIs as the parameters
   ``from`` and ``to`` (a URI over the parameter bound is dropped and counted).
-* A leg ends once (``SipCall.ended``): RTP closed, dialog forgotten,
-  :meth:`~brisvox.gateway.core.host.CallHost.transport_ended` called.
+* A leg ends once (``SipCall.ended``, :meth:`SipDialogs.end`): RTP closed,
+  dialog forgotten, :meth:`~brisvox.gateway.core.host.CallHost.transport_ended` called.
 * A re-INVITE while the previous INVITE is unfinished is answered 491; a
-  CSeq out of order 500.
+  CSeq out of order 500; a request naming no dialog of ours 481.
+* Per dialog at most ``MAX_CLIENT_TX`` client transactions (BYE, REFER) are pending.
+* Every header value we build from what a model or a caller said is escaped
+  (:func:`~brisvox.wire.sip_message.quoted_string`) or refused (a transfer
+  target that is not a plain SIP/tel URI).
+* A REFER's outcome is reported once: its final response (failure), or the
+  NOTIFY that reports the transfer's final status (success hangs the call
+  up, "transferred").
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from socket import AF_INET6
-from typing import TYPE_CHECKING, cast
+import re
+from collections.abc import Callable
 
+from brisvox.gateway.config import SipConfig
 from brisvox.gateway.core.calls import AdmissionError, Call
 from brisvox.gateway.core.leg import REASON_TEXT_MAX, q850_cause, reason_text
-from brisvox.gateway.sip.rtp import RATE, Addr, SipCall
-from brisvox.gateway.sip.transactions import SipTransactions
-from brisvox.wire import sdp
+from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
+from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
+from brisvox.wire import dtmf, sdp
 from brisvox.wire.jsontext import checked_params, param_text
-from brisvox.wire.sip_dialog import Dialog, make_response
-from brisvox.wire.sip_message import SipMessage, new_tag, parse_uri, quoted_string, uri_number
-from brisvox.wire.sip_transaction import (
-    Action,
-    Retransmit2xx,
-    ServerInvite,
-    ServerNonInvite,
-    TimedOut,
+from brisvox.wire.sip_dialog import Dialog
+from brisvox.wire.sip_message import (
+    SipMessage,
+    is_digits,
+    new_tag,
+    parse_uri,
+    quoted_string,
+    uri_number,
 )
+from brisvox.wire.sip_transaction import Action, Deliver, ServerInvite, ServerNonInvite, TimedOut
 
-if TYPE_CHECKING:
-    from brisvox.gateway.sip.ua import SipUserAgent
-
-log = logging.getLogger("brisvox.gateway.sip")
+MAX_CLIENT_TX = 8
+MAX_TARGET = 256
+_TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
 
 
 def bye_reason(reason: str) -> str:
@@ -74,74 +87,114 @@ def warning(text: str) -> list[tuple[str, str]]:
     return [("warning", f'305 brisvox "{quoted_string(text, 80)}"')]
 
 
-class SipDialogs(SipTransactions):
-    """INVITE, ACK, re-INVITE, CANCEL, BYE and hang-up (see the module docstring)."""
+def negotiate(offer: sdp.SessionDescription, cfg: SipConfig) -> sdp.Negotiated:
+    """Offer/answer, and an address our RTP socket can send to (SdpError -> 488)."""
+    neg = sdp.negotiate(offer, cfg.codecs)
+    v6 = ":" in cfg.host  # the RTP sockets' family is the listener's
+    if neg.remote_host not in ("0.0.0.0", "::") and (":" in neg.remote_host) != v6:
+        raise sdp.SdpError(f"connection address {neg.remote_host} is not of our RTP socket's family")
+    return neg
+
+
+class SipDialogs:
+    """Dialogs and the requests inside them (see the module docstring)."""
+
+    def __init__(self, ctx: SipContext, transactions: TransactionLayer, rtp_ports: RtpPorts) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.call_host = ctx.call_host
+        self.counters = ctx.counters
+        self.transactions = transactions
+        self.rtp_ports = rtp_ports
+        self.dialogs: dict[tuple[str, str], SipCall] = {}
+        self.by_call_id: dict[str, SipCall] = {}
+        self._bye_result = timeout_counter(self.counters, "sip_bye_timeouts")
+        self._invite_tx_event = timeout_counter(self.counters, "sip_ack_timeouts")  # no ACK for our non-2xx
+
+    def add(self, leg: SipCall) -> None:
+        """Put ``leg`` in the dialog table (in-dialog requests reach it from now on)."""
+        self.dialogs[(leg.dialog.call_id, leg.dialog.local_tag)] = leg
+        self.by_call_id[leg.dialog.call_id] = leg
+
+    def close(self) -> None:
+        """The user agent stops: every leg's RTP socket is closed."""
+        for leg in list(self.by_call_id.values()):
+            self.rtp_ports.close(leg)
+
+    def stats(self) -> dict[str, int]:
+        return {"sip_dialogs": len(self.dialogs)}
+
+    def _dialog_for(self, req: SipMessage) -> SipCall | None:
+        tag = req.to_tag
+        if not tag:
+            return None
+        return self.dialogs.get((req.call_id, tag))
 
     # -- INVITE ------------------------------------------------------------------------------------
 
-    def _on_invite(self, req: SipMessage, addr: Addr, tx: ServerInvite) -> None:
+    def on_invite(self, req: SipMessage, addr: Addr, tx: ServerInvite) -> None:
         if req.to_tag:
             leg = self._dialog_for(req)
             if leg is None:
-                self._respond(tx, req, 481)
+                self.transactions.respond(tx, req, 481)
             else:
                 self._on_reinvite(leg, req, tx)
             return
-        self._respond(tx, req, 100)
+        respond = self.transactions.respond
+        respond(tx, req, 100)
         if self.call_host.draining:
             self.call_host.note_refused("draining")
-            self._respond(tx, req, 503, extra=[("retry-after", "30")])
+            respond(tx, req, 503, extra=[("retry-after", "30")])
             return
         require = req.get("require")
         if require:
-            self.refuse("extension", "Require %s", require[:40])
-            self._respond(tx, req, 420, extra=[("unsupported", require)])
+            self.counters.refuse("extension", "Require %s", require[:40])
+            respond(tx, req, 420, extra=[("unsupported", require)])
             return
         try:
-            dialog = Dialog.from_invite(req, new_tag(), self.contact, addr)
+            dialog = Dialog.from_invite(req, new_tag(), self.transactions.contact, addr)
         except ValueError as e:
-            self.refuse("malformed", "INVITE from %s: %s", addr[0], str(e)[:80])
-            self._respond(tx, req, 400, "Bad Contact or From")
+            self.counters.refuse("malformed", "INVITE from %s: %s", addr[0], str(e)[:80])
+            respond(tx, req, 400, "Bad Contact or From")
             return
         offer: sdp.SessionDescription | None = None
         neg: sdp.Negotiated | None = None
         if req.body:
             ctype = req.get("content-type").split(";")[0].strip().lower()
             if ctype != "application/sdp":
-                self.refuse("media_type", "Content-Type %s", ctype[:40])
-                self._respond(tx, req, 415, extra=[("accept", "application/sdp")])
+                self.counters.refuse("media_type", "Content-Type %s", ctype[:40])
+                respond(tx, req, 415, extra=[("accept", "application/sdp")])
                 return
             try:
                 offer = sdp.parse(req.body)
-                neg = self._negotiate(offer)
+                neg = negotiate(offer, self.cfg)
             except sdp.SdpError as e:
-                self.count("sip_invite_488")
-                self.refuse("sdp", "INVITE from %s: %s", addr[0], str(e)[:80])
-                self._respond(tx, req, 488, extra=warning(str(e)))
+                self.counters.count("sip_invite_488")
+                self.counters.refuse("sdp", "INVITE from %s: %s", addr[0], str(e)[:80])
+                respond(tx, req, 488, extra=warning(str(e)))
                 return
         if req.call_id in self.by_call_id:
-            self.refuse("loop", "Call-ID already in a call")
-            self._respond(tx, req, 482)
+            self.counters.refuse("loop", "Call-ID already in a call")
+            respond(tx, req, 482)
             return
         agent = self._agent_for(req)
         try:
             call = self.call_host.admit("sip", agent, RATE)
         except AdmissionError as e:
-            self.count(f"sip_invite_503_{e.reason}")
-            self._respond(tx, req, 503, extra=[("retry-after", "10")])
+            self.counters.count(f"sip_invite_503_{e.reason}")
+            respond(tx, req, 503, extra=[("retry-after", "10")])
             return
         try:
-            leg = SipCall(cast("SipUserAgent", self), call, req, tx, dialog, offer, neg)
+            leg = SipCall(self.ctx, call, req, tx, dialog, offer, neg)
         except Exception:
             self.call_host.transport_ended(call, "internal error")
             self.call_host.abandon(call)
-            self._respond(tx, req, 500)
+            respond(tx, req, 500)
             raise
         call.transport_ids = {"sip_call_id": req.call_id[:128]}
         self._call_metadata(call, dialog)
-        self.dialogs[(dialog.call_id, dialog.local_tag)] = leg
-        self.by_call_id[dialog.call_id] = leg
-        self._track(tx, functools.partial(self._invite_tx_event, leg))
+        self.add(leg)
+        self.transactions.watch(tx, self._invite_tx_event)
         self.call_host.spawn(self._setup(leg))
 
     def _call_metadata(self, call: Call, dialog: Dialog) -> None:
@@ -153,26 +206,20 @@ class SipDialogs(SipTransactions):
         call.caller = param_text(uri_number(dialog.remote_uri)) or ""
         call.called = param_text(uri_number(dialog.local_uri)) or ""
         if dropped:
-            self.count("call_params_dropped", dropped)
-
-    def _negotiate(self, offer: sdp.SessionDescription) -> sdp.Negotiated:
-        """Offer/answer, and an address our RTP socket can send to (SdpError -> 488)."""
-        neg = sdp.negotiate(offer, self.cfg.codecs)
-        if neg.remote_host not in ("0.0.0.0", "::") and (":" in neg.remote_host) != (self.rtp_family == AF_INET6):
-            raise sdp.SdpError(f"connection address {neg.remote_host} is not of our RTP socket's family")
-        return neg
+            self.counters.count("call_params_dropped", dropped)
 
     async def _setup(self, leg: SipCall) -> None:
         """Open the call's RTP socket, then start the agent side (answer in _call_ready)."""
         try:
-            await self.rtp_ports.open(leg, self.loop)
+            await self.rtp_ports.open(leg, self.ctx.loop)
         except Exception as e:  # OSError (none free) or anything else: the call must not stay
-            self.guard.log_limit("rtp_no_port", "no RTP port for %s: %s", leg.call.call_id, e, level=logging.ERROR)
-            self.count("rtp_no_port")
+            self.counters.log_limit("rtp_no_port", "no RTP port for %s: %s", leg.call.call_id, e,
+                                    level=logging.ERROR)
+            self.counters.count("rtp_no_port")
             tx = leg.invite_tx
             if tx is not None and tx.state == "proceeding":
-                self._respond(tx, leg.invite, 503, to_tag=leg.dialog.local_tag, extra=[("retry-after", "10")])
-            self._end_leg(leg, "no rtp port")
+                self.transactions.respond(tx, leg.invite, 503, to_tag=leg.dialog.local_tag, extra=[("retry-after", "10")])
+            self.end(leg, "no rtp port")
             self.call_host.abandon(leg.call)
             return
         if leg.ended:  # cancelled while we opened the socket
@@ -193,13 +240,13 @@ class SipDialogs(SipTransactions):
         if tx is None or tx.state != "proceeding" or leg.ended:
             return
         if not ok:
-            self._respond(tx, leg.invite, 503, reason_text(why, 60) or "Service Unavailable", to_tag=leg.dialog.local_tag,
-                          extra=[("retry-after", "10")])
-            self._end_leg(leg, "agent unavailable", send_bye=False)
+            self.transactions.respond(tx, leg.invite, 503, reason_text(why, 60) or "Service Unavailable",
+                            to_tag=leg.dialog.local_tag, extra=[("retry-after", "10")])
+            self.end(leg, "agent unavailable", send_bye=False)
             return
         if self.cfg.ring_ms > 0:
-            self._respond(tx, leg.invite, 180, to_tag=leg.dialog.local_tag, contact=self.contact)
-            self.loop.call_later(self.cfg.ring_ms / 1000, self._answer, leg)
+            self.transactions.respond(tx, leg.invite, 180, to_tag=leg.dialog.local_tag, contact=self.transactions.contact)
+            self.ctx.loop.call_later(self.cfg.ring_ms / 1000, self._answer, leg)
         else:
             self._answer(leg)
 
@@ -208,78 +255,63 @@ class SipDialogs(SipTransactions):
         if tx is None or tx.state != "proceeding" or leg.ended:
             return
         body = leg.answer_sdp()
-        resp = make_response(leg.invite, 200, to_tag=leg.dialog.local_tag, contact=self.contact,
-                             server=self.cfg.user_agent, body=body, content_type="application/sdp")
-        data = resp.serialize()
-        now = self.loop.time()
-        self._perform(tx, tx.respond(resp, now))
-        self._schedule(tx)
+        leg.ok_retx = self.transactions.accept(tx, leg.invite, functools.partial(self._ack_timeout, leg),
+                                     to_tag=leg.dialog.local_tag, contact=self.transactions.contact, body=body,
+                                     content_type="application/sdp")
         leg.state = "answered"
-        leg.last_rx = now
-        retx = Retransmit2xx(("2xx", leg.dialog.call_id, leg.invite.cseq[0]), tx.addr, self.timers, data, now)
-        leg.ok_retx = retx
-        self._track(retx, functools.partial(self._ack_timeout, leg))
-
-    def _invite_tx_event(self, leg: SipCall, a: Action) -> None:
-        if isinstance(a, TimedOut):  # no ACK for our non-2xx final: nothing more to do
-            self.count("sip_ack_timeouts")
+        leg.last_rx = self.ctx.loop.time()
 
     def _ack_timeout(self, leg: SipCall, a: Action) -> None:
         if isinstance(a, TimedOut) and not leg.ended:
-            self.count("sip_2xx_ack_timeouts")
+            self.counters.count("sip_2xx_ack_timeouts")
             leg.state = "confirmed"  # RFC 3261 13.3.1.4: give up and end the session with a BYE
-            self._end_leg(leg, "no ack", send_bye=True)
+            self.end(leg, "no ack", send_bye=True)
 
-    def _on_ack(self, req: SipMessage, addr: Addr) -> None:
-        if req.to_tag:
-            leg = self._dialog_for(req)
-            if leg is not None:
-                if leg.ok_retx is not None and not leg.ok_retx.done:
-                    leg.ok_retx.acked()
-                    self._forget(leg.ok_retx)
-                if leg.state == "answered":
-                    leg.state = "confirmed"
-                    leg.dialog.state = "confirmed"
-                if req.body and leg.neg is None:  # late offer: the ACK carries the answer
-                    try:
-                        ans = sdp.parse(req.body)
-                        leg.offer = None
-                        leg.apply_negotiation(self._negotiate(ans))
-                    except sdp.SdpError:
-                        self.count("sip_bad_ack_sdp")
-                        self._end_leg(leg, "bad sdp in ack", send_bye=True)
-                        return
-                if leg.bye_after_ack:  # the hang-up's own reason (transport_ended kept it)
-                    self._end_leg(leg, leg.call.end_reason or "hangup", send_bye=True)
-                return
-        # ACK for a non-2xx final: same branch as the INVITE
-        tx = self.server_tx.get(self._tx_key(req, "INVITE"))
-        if isinstance(tx, ServerInvite):
-            tx.on_ack(self.loop.time())
-            self._schedule(tx)
+    def on_ack(self, req: SipMessage, addr: Addr) -> bool:
+        """The ACK of a 2xx in one of our dialogs (True); anything else is the transactions'."""
+        leg = self._dialog_for(req)
+        if leg is None:
+            return False
+        if leg.ok_retx is not None and not leg.ok_retx.done:
+            self.transactions.acked(leg.ok_retx)
+        if leg.state == "answered":
+            leg.state = "confirmed"
+            leg.dialog.state = "confirmed"
+        if req.body and leg.neg is None:  # late offer: the ACK carries the answer
+            try:
+                ans = sdp.parse(req.body)
+                leg.offer = None
+                leg.apply_negotiation(negotiate(ans, self.cfg))
+            except sdp.SdpError:
+                self.counters.count("sip_bad_ack_sdp")
+                self.end(leg, "bad sdp in ack", send_bye=True)
+                return True
+        if leg.bye_after_ack:  # the hang-up's own reason (transport_ended kept it)
+            self.end(leg, leg.call.end_reason or "hangup", send_bye=True)
+        return True
 
     def _on_reinvite(self, leg: SipCall, req: SipMessage, tx: ServerInvite) -> None:
         if not leg.dialog.accept_cseq(req):
-            self._respond(tx, req, 500, "CSeq out of order")
+            self.transactions.respond(tx, req, 500, "CSeq out of order")
             return
         if (leg.invite_tx is not None and leg.invite_tx.state == "proceeding") or \
                 (leg.ok_retx is not None and not leg.ok_retx.done):
-            self._respond(tx, req, 491)
+            self.transactions.respond(tx, req, 491)
             return
         offer = None
         if req.body:
             try:
                 offer = sdp.parse(req.body)
-                neg = self._negotiate(offer)
+                neg = negotiate(offer, self.cfg)
             except sdp.SdpError as e:
-                self.refuse("sdp", "re-INVITE: %s", str(e)[:80])
-                self._respond(tx, req, 488, extra=warning(str(e)))
+                self.counters.refuse("sdp", "re-INVITE: %s", str(e)[:80])
+                self.transactions.respond(tx, req, 488, extra=warning(str(e)))
                 return
             leg.offer = offer
             was_hold = leg.neg.on_hold if leg.neg else False
             leg.apply_negotiation(neg)
-            self.count("sip_hold" if neg.on_hold and not was_hold else
-                       "sip_unhold" if was_hold and not neg.on_hold else "sip_reinvite")
+            self.counters.count("sip_hold" if neg.on_hold and not was_hold else
+                                "sip_unhold" if was_hold and not neg.on_hold else "sip_reinvite")
         leg.dialog.refresh_target(req)
         leg.sdp_version += 1
         if offer is None:  # no offer: we offer in the 200, the ACK answers
@@ -289,53 +321,142 @@ class SipDialogs(SipTransactions):
             body = leg.answer_sdp()
         leg.invite = req
         leg.invite_tx = tx
-        resp = make_response(req, 200, to_tag=leg.dialog.local_tag, contact=self.contact,
-                             server=self.cfg.user_agent, body=body, content_type="application/sdp")
-        now = self.loop.time()
-        self._perform(tx, tx.respond(resp, now))
-        self._schedule(tx)
-        retx = Retransmit2xx(("2xx", leg.dialog.call_id, req.cseq[0]), tx.addr, self.timers, resp.serialize(), now)
-        leg.ok_retx = retx
-        self._track(retx, functools.partial(self._ack_timeout, leg))
+        leg.ok_retx = self.transactions.accept(tx, req, functools.partial(self._ack_timeout, leg),
+                                     to_tag=leg.dialog.local_tag, contact=self.transactions.contact, body=body,
+                                     content_type="application/sdp")
 
-    def _on_cancel(self, req: SipMessage, tx: ServerNonInvite) -> None:
-        inv = self.server_tx.get(self._tx_key(req, "INVITE"))
-        if not isinstance(inv, ServerInvite):
-            self._respond(tx, req, 481)
+    def on_cancel(self, req: SipMessage, tx: ServerNonInvite, inv: ServerInvite | None) -> None:
+        """A CANCEL (``inv``: the INVITE server transaction it names, if any)."""
+        if inv is None:
+            self.transactions.respond(tx, req, 481)
             return
-        self._respond(tx, req, 200)
+        self.transactions.respond(tx, req, 200)
         if inv.state != "proceeding":
             return  # the INVITE already has its final response: CANCEL has no effect
         leg = self.by_call_id.get(req.call_id)
         if leg is not None and leg.invite_tx is inv:
-            self._respond(inv, leg.invite, 487, to_tag=leg.dialog.local_tag)
-            self.count("sip_cancelled")
-            self._end_leg(leg, "cancel", send_bye=False)
+            self.transactions.respond(inv, leg.invite, 487, to_tag=leg.dialog.local_tag)
+            self.counters.count("sip_cancelled")
+            self.end(leg, "cancel", send_bye=False)
+
+    # -- in-dialog requests ------------------------------------------------------------------------
+
+    def on_in_dialog(self, req: SipMessage, tx: ServerNonInvite) -> None:
+        """BYE, INFO or NOTIFY: in one of our dialogs (else 481), in CSeq order (else 500)."""
+        leg = self._dialog_for(req)
+        if leg is None:
+            self.transactions.respond(tx, req, 481)
+        elif not leg.dialog.accept_cseq(req):
+            self.transactions.respond(tx, req, 500, "CSeq out of order")
+        elif req.method == "BYE":
+            self.transactions.respond(tx, req, 200)
+            self.end(leg, "bye")
+        elif req.method == "INFO":
+            self._on_info(leg, req, tx)
+        else:
+            self._on_notify(leg, req, tx)
+
+    def _on_info(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
+        """A key press as INFO: ``application/dtmf-relay`` (``Signal=5``) or ``application/dtmf``
+        (the key alone); a bad body is 400; any other INFO (no key in it) is answered 200."""
+        ctype = req.get("content-type").split(";")[0].strip().lower()
+        if ctype in ("application/dtmf-relay", "application/dtmf"):
+            kind = ctype.split("/")[1]
+            try:
+                digit, dur = dtmf.parse_dtmf_relay(req.body) if kind == "dtmf-relay" else (
+                    dtmf.parse_dtmf_body(req.body), 0)
+            except dtmf.DtmfError:
+                self.counters.refuse("malformed", "bad %s body from %s", kind, leg.dialog.source[0])
+                self.transactions.respond(tx, req, 400, f"Bad {kind} body")
+                return
+            self.call_host.dtmf_in(leg.call, digit, dur)
+        self.transactions.respond(tx, req, 200)
+
+    def _on_notify(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
+        self.transactions.respond(tx, req, 200)
+        if not req.get("event").lower().startswith("refer"):
+            return
+        frag = req.body.decode("utf-8", "replace").strip().split("\r\n")[0].split("\n")[0]
+        parts = frag.split(" ", 2)
+        if len(parts) >= 2 and parts[0] == "SIP/2.0" and len(parts[1]) == 3 and is_digits(parts[1]):
+            status = int(parts[1])
+            if status >= 200:
+                self.counters.count("sip_refer_notify_final")
+                if status < 300:
+                    self.call_host.hangup(leg.call, "transferred")
+                elif leg.transfer_done is not None:
+                    leg.transfer_done(False, f"transfer failed: {frag[8:60]}")
+                    leg.transfer_done = None
+
+    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None]) -> None:
+        """The agent's Transfer: REFER in ``leg``'s dialog; ``done(ok, why)`` once (see the invariants)."""
+        if leg.state != "confirmed" or leg.ended:
+            done(False, "call not confirmed")
+            return
+        if leg.client_tx >= MAX_CLIENT_TX:
+            done(False, "too many pending requests")
+            return
+        target = target.strip()
+        if not target or len(target) > MAX_TARGET or not _TARGET_RE.match(target) or \
+                any(c in target for c in '<>"\\'):
+            done(False, "invalid target")
+            return
+        if ":" not in target.split("@")[0] and not target.startswith(("sip:", "sips:", "tel:")):
+            host = leg.dialog.next_hop()[0]
+            target = f"sip:{target}@{host}"
+        try:
+            parse_uri(target)
+        except ValueError:
+            done(False, "invalid target")
+            return
+        req = leg.dialog.request("REFER", self.transactions.via_host, extra=[
+            ("refer-to", f"<{target}>"), ("referred-by", f"<{leg.dialog.local_uri}>")])
+
+        def on_action(a: Action) -> None:
+            if isinstance(a, Deliver) and a.msg.status >= 200:
+                if a.msg.status < 300:
+                    leg.transfer_done = done  # a failing NOTIFY later reports through it
+                    done(True, f"{a.msg.status} {a.msg.reason}")
+                else:
+                    done(False, f"{a.msg.status} {a.msg.reason}")
+            elif isinstance(a, TimedOut):
+                done(False, "REFER timed out")
+
+        self._client_request(leg, req, on_action)
+
+    def _client_request(self, leg: SipCall, req: SipMessage, cb: Callable[[Action], None]) -> None:
+        """A request in ``leg``'s dialog, counted in its pending client transactions until final."""
+
+        def counted(a: Action) -> None:
+            if isinstance(a, TimedOut) or (isinstance(a, Deliver) and a.msg.status >= 200):
+                leg.client_tx = max(0, leg.client_tx - 1)
+            cb(a)
+
+        self.transactions.request(req, leg.dialog.next_hop(), counted)
+        leg.client_tx += 1
 
     # -- ending -------------------------------------------------------------------------------------
 
     def hangup(self, leg: SipCall, reason: str) -> None:
-        """Our side ends the call (agent Hangup, shutdown, RTP timeout, transfer done)."""
+        """Our side ends an inbound call, or an answered outbound one (agent Hangup, shutdown,
+        RTP timeout, transfer done); an unanswered outbound call is the dialer's."""
         if leg.ended:
-            return
-        if leg.state == "outgoing":  # our INVITE is unanswered: CANCEL it (sip_outbound)
-            cast("SipUserAgent", self).cancel_outgoing(leg, reason)
             return
         tx = leg.invite_tx
         if leg.state == "incoming" and tx is not None and tx.state == "proceeding":
-            self._respond(tx, leg.invite, 480, "Temporarily Unavailable", to_tag=leg.dialog.local_tag)
-            self._end_leg(leg, reason, send_bye=False)
+            self.transactions.respond(tx, leg.invite, 480, "Temporarily Unavailable", to_tag=leg.dialog.local_tag)
+            self.end(leg, reason, send_bye=False)
         elif leg.state == "answered" and leg.ok_retx is not None and not leg.ok_retx.done:
             leg.bye_after_ack = True  # RFC 3261 15: the UAS sends BYE only once the ACK came (or timed out)
             self.call_host.transport_ended(leg.call, reason)
         else:
-            self._end_leg(leg, reason, send_bye=True)
+            self.end(leg, reason, send_bye=True)
 
-    def _end_leg(self, leg: SipCall, reason: str, send_bye: bool = False) -> None:
+    def end(self, leg: SipCall, reason: str, send_bye: bool = False) -> None:
+        """End ``leg`` once (BYE first when asked and the dialog is answered or confirmed)."""
         if send_bye and leg.state in ("answered", "confirmed") and not leg.ended:
-            req = leg.dialog.request("BYE", self.via_host,
-                                     extra=[("reason", bye_reason(reason))])
-            self.count("sip_bye_sent")
+            req = leg.dialog.request("BYE", self.transactions.via_host, extra=[("reason", bye_reason(reason))])
+            self.counters.count("sip_bye_sent")
             self._client_request(leg, req, self._bye_result)
         if leg.ended:
             return
@@ -344,13 +465,8 @@ class SipDialogs(SipTransactions):
         leg.dialog.state = "terminated"
         leg.sync_stats()
         if leg.ok_retx is not None and not leg.ok_retx.done:
-            leg.ok_retx.acked()
-            self._forget(leg.ok_retx)
+            self.transactions.acked(leg.ok_retx)
         self.rtp_ports.close(leg)
         self.dialogs.pop((leg.dialog.call_id, leg.dialog.local_tag), None)
         self.by_call_id.pop(leg.dialog.call_id, None)
         self.call_host.transport_ended(leg.call, reason)
-
-    def _bye_result(self, a: Action) -> None:
-        if isinstance(a, TimedOut):
-            self.count("sip_bye_timeouts")

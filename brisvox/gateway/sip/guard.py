@@ -1,13 +1,16 @@
-"""The SIP user agent's guard against hostile sources: per-source rate limits and bounded logs.
+"""The SIP user agent's guard against hostile sources: the allow-list and per-source rate limits.
 
-Owns :class:`SipGuard`: the per-source-address moving-window rate limits of
-new INVITEs and OPTIONS (``[sip] invite_rate``, ``options_rate``; the
-``limits`` package), the Retry-After a refused request is given, and the
-user agent's :class:`~brisvox.runtime.log_limit.LogLimiter` (one line per
-site per minute for bad datagrams, never a traceback per datagram).
+Owns :class:`SipGuard`: the source allow-list (``[sip] allow``, for SIP and
+RTP alike), the per-source-address moving-window rate limits of new INVITEs
+and OPTIONS (``[sip] invite_rate``, ``options_rate``; the ``limits``
+package) and the Retry-After a refused request is given. Its bounded log is
+the user agent's :class:`~brisvox.gateway.sip.counters.SipCounters`.
 
 Invariants:
 
+* :meth:`SipGuard.allowed` is true only for an IP address inside one of the
+  allowed networks (a name, or anything that is no address, is refused); its
+  answers are cached for at most 4096 sources.
 * The rate-limit storage is one per process
   (:func:`brisvox.gateway.rate_limits.process_storage`): every
   listener of the gateway that limits by source address shares it, each in
@@ -18,35 +21,49 @@ Invariants:
   transaction or a call; the limits of one method are checked in order and
   the first one refused stops the check (later windows are not charged).
 * The key is an IP address only (the port is the attacker's choice): the
-  packet's source, or the caller a trusted proxy's Vias name (the user
-  agent chooses it: :meth:`~brisvox.gateway.sip.transactions.SipTransactions.caller_host`).
+  packet's source, or the caller a trusted proxy's Vias name (the transaction
+  layer chooses it: :meth:`~brisvox.gateway.sip.transactions.SipTransactions.caller_host`).
 * Memory is bounded by the storage's expiry: a window's entries live at
   most the window's length.
 """
 
 from __future__ import annotations
 
-import logging
+import ipaddress
 import math
 import time
 
 from limits import RateLimitItem, strategies
 
 from brisvox.gateway.rate_limits import parse_rates, process_storage
-from brisvox.runtime.log_limit import LogLimiter
+
+MAX_CACHED = 4096
 
 
 class SipGuard:
-    """Rate limits and bounded logging of one SIP user agent (see the module docstring)."""
+    """Allow-list and rate limits of one SIP user agent (see the module docstring)."""
 
-    def __init__(self, invite_rate: tuple[str, ...], options_rate: tuple[str, ...],
-                 log: logging.Logger) -> None:
+    def __init__(self, allow: tuple[str, ...], invite_rate: tuple[str, ...], options_rate: tuple[str, ...]) -> None:
+        self.nets = [ipaddress.ip_network(n, strict=False) for n in allow]
+        self._allowed_cache: dict[str, bool] = {}
         self.limiter = strategies.MovingWindowRateLimiter(process_storage())
         self.rates: dict[str, tuple[RateLimitItem, ...]] = {
             "INVITE": parse_rates(invite_rate),
             "OPTIONS": parse_rates(options_rate),
         }
-        self.log_limit = LogLimiter(log)
+
+    def allowed(self, host: str) -> bool:
+        """Whether SIP or RTP from ``host`` (an IP address) is taken at all."""
+        ok = self._allowed_cache.get(host)
+        if ok is None:
+            try:
+                ip = ipaddress.ip_address(host)
+                ok = any(ip in n for n in self.nets)
+            except ValueError:
+                ok = False
+            if len(self._allowed_cache) < MAX_CACHED:
+                self._allowed_cache[host] = ok
+        return ok
 
     def admit(self, method: str, source: str) -> int:
         """0 when ``source`` may send this ``method`` now; else the Retry-After (s) to answer."""
@@ -62,7 +79,3 @@ class SipGuard:
                 except Exception:  # noqa: BLE001 - the refusal stands without an exact time
                     return 1
         return 0
-
-    def suppressed(self) -> dict[str, int]:
-        """Log lines not written, by site (exported as ``log_suppressed_<site>``)."""
-        return dict(self.log_limit.suppressed)

@@ -1,6 +1,6 @@
 """Outbound SIP calls (the UAC side): ``brisvoxd dial`` places an INVITE, the answered call runs the agent.
 
-Owns :class:`SipOutbound` (a base of the SIP user agent): resolving a dial
+Owns :class:`SipDialer` (the user agent's outbound dialer): resolving a dial
 target (a ``sip:`` URI, or a number through ``[sip] trunk``), the outbound
 INVITE with our SDP offer (PCMU/PCMA on a port of the call's own RTP
 allocation) in an INVITE client transaction
@@ -9,7 +9,10 @@ responses, the 2xx (our ACK, the answer's negotiation, then the agent side
 started exactly as for an inbound call: :meth:`~brisvox.gateway.core.host.CallHost.start_call`),
 a failure (4xx/5xx/6xx, Timer B, the ring timeout) and CANCEL for a hang-up
 before the answer. Once answered the leg is an ordinary
-:class:`~brisvox.gateway.sip.rtp.SipCall`: BYE either way, RTP, DTMF, REFER.
+:class:`~brisvox.gateway.sip.rtp.SipCall` of the dialog layer: BYE either
+way, RTP, DTMF, REFER. The dialer sends through the
+:class:`~brisvox.gateway.sip.transactions.TransactionLayer` and reaches the
+dialog layer only through :class:`DialogTable` (enter a leg, end one).
 
 Invariants:
 
@@ -32,6 +35,9 @@ Invariants:
   is ACKed and then ended with BYE.
 * CANCEL is sent only after a provisional response (RFC 3261 9.1); a
   hang-up before one is remembered and sent with the first.
+* The dial's leg is in the dialog table from the INVITE on (so the callee's
+  BYE or INFO finds it); a dial is in :attr:`SipDialer.outgoing` only until
+  its final response.
 """
 
 from __future__ import annotations
@@ -41,13 +47,12 @@ import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol
 
-from brisvox.gateway.config import SipConfig
 from brisvox.gateway.core.calls import AdmissionError
-from brisvox.gateway.core.host import CallHost
-from brisvox.gateway.sip.dialogs import SipDialogs, bye_reason
-from brisvox.gateway.sip.rtp import RATE, Addr, SipCall
+from brisvox.gateway.sip.dialogs import bye_reason, negotiate
+from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
+from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
 from brisvox.wire import sdp
 from brisvox.wire.jsontext import checked_params, param_text
 from brisvox.wire.sip_dialog import ALLOW, Dialog, is_ip
@@ -61,9 +66,6 @@ from brisvox.wire.sip_message import (
     uri_number,
 )
 from brisvox.wire.sip_transaction import Action, ClientInvite, Deliver, TimedOut
-
-if TYPE_CHECKING:
-    from brisvox.gateway.sip.ua import SipUserAgent
 
 MAX_TARGET = 256
 _TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
@@ -100,6 +102,14 @@ def failure_reason(status: int, reason: str) -> str:
     return FAILURES.get(status, f"{status} {reason}"[:80])
 
 
+class DialogTable(Protocol):
+    """What the dialer asks of the dialog layer (:class:`~brisvox.gateway.sip.dialogs.SipDialogs`)."""
+
+    def add(self, leg: SipCall) -> None: ...
+
+    def end(self, leg: SipCall, reason: str, send_bye: bool = False) -> None: ...
+
+
 @dataclass(slots=True)
 class Dialing:
     """One outbound INVITE until its final response (and the 2xx's ACK after it)."""
@@ -125,31 +135,39 @@ class Dialing:
         self.done(data, error)
 
 
-class SipOutbound(SipDialogs):
+class SipDialer:
     """Outbound calls (see the module docstring)."""
 
-    def __init__(self, call_host: CallHost, cfg: SipConfig) -> None:
-        super().__init__(call_host, cfg)
+    def __init__(self, ctx: SipContext, transactions: TransactionLayer, dialogs: DialogTable,
+                 rtp_ports: RtpPorts) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.call_host = ctx.call_host
+        self.counters = ctx.counters
+        self.transactions = transactions
+        self.dialogs = dialogs
+        self.rtp_ports = rtp_ports
         self.outgoing: dict[str, Dialing] = {}  # SIP Call-ID -> the dial until its final response
+        self._bye_result = timeout_counter(self.counters, "sip_bye_timeouts")
+        self._cancel_result = timeout_counter(self.counters, "sip_dial_cancel_timeouts")
 
-    def stop(self) -> None:
+    def close(self) -> None:
         for d in list(self.outgoing.values()):  # an unanswered dial is over with the gateway
             d.report(None, "gateway stopped")
         self.outgoing.clear()
-        super().stop()
 
     def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0) -> None:
         """Call ``target``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
-        self.count("sip_dial_attempts")
+        self.counters.count("sip_dial_attempts")
         try:
             ruri, dest = resolve_target(target, self.cfg.trunk)
         except ValueError as e:
             self._dial_refused("invalid_target", done, str(e)[:120])
             return
-        if not self.allowed(dest[0]):
+        if not self.ctx.allowed(dest[0]):
             self._dial_refused("not_allowed", done, f"{dest[0]} is not in [sip] allow")
             return
-        if self.transport is None:
+        if not self.transactions.started:
             self._dial_refused("not_started", done, "the SIP user agent is not started")
             return
         try:
@@ -158,19 +176,20 @@ class SipOutbound(SipDialogs):
             self._dial_refused(e.reason, done, f"refused: {e.reason}")
             return
         tag = new_tag()
+        contact = self.transactions.contact
         inv = SipMessage(method="INVITE", uri=ruri)
         h = inv.headers
-        h.append(("via", f"SIP/2.0/UDP {self.via_host};branch={new_branch()};rport"))
+        h.append(("via", f"SIP/2.0/UDP {self.transactions.via_host};branch={new_branch()};rport"))
         h.append(("max-forwards", "70"))
-        h.append(("from", f"<sip:brisvox@{self.cfg.advertised_host}:{self.port}>;tag={tag}"))
+        h.append(("from", f"{contact};tag={tag}"))  # our address of record is our contact
         h.append(("to", f"<{ruri}>"))
         h.append(("call-id", new_call_id(self.cfg.advertised_host)))
         h.append(("cseq", f"{secrets.randbelow(10_000) + 1} INVITE"))
-        h.append(("contact", self.contact))
+        h.append(("contact", contact))
         h.append(("allow", ALLOW))
         h.append(("user-agent", self.cfg.user_agent))
-        dialog = Dialog.for_outgoing(inv, self.contact, dest)
-        leg = SipCall(cast("SipUserAgent", self), call, inv, None, dialog, None, None)
+        dialog = Dialog.for_outgoing(inv, contact, dest)
+        leg = SipCall(self.ctx, call, inv, None, dialog, None, None)
         leg.state = "outgoing"
         call.leg = leg  # a hang-up (shutdown, the ring timeout) reaches the leg: CANCEL
         call.transport_ids = {"sip_call_id": inv.call_id[:128], "direction": "outbound"}
@@ -179,35 +198,34 @@ class SipOutbound(SipDialogs):
         call.caller = "brisvox"
         call.called = param_text(uri_number(ruri)) or ""
         if dropped:
-            self.count("call_params_dropped", dropped)
+            self.counters.count("call_params_dropped", dropped)
         d = Dialing(leg, dest, done)
         self.outgoing[inv.call_id] = d
-        self.dialogs[(dialog.call_id, dialog.local_tag)] = leg
-        self.by_call_id[dialog.call_id] = leg
+        self.dialogs.add(leg)
         timeout = ring_timeout_s if ring_timeout_s > 0 else self.cfg.dial_ring_timeout_s
-        d.ring_timer = self.loop.call_later(timeout, self._ring_timeout, d)
+        d.ring_timer = self.ctx.loop.call_later(timeout, self._ring_timeout, d)
         self.call_host.spawn(self._place(d))
 
     def _dial_refused(self, key: str, done: Done, why: str) -> None:
-        self.count(f"sip_dial_refused_{key}")
+        self.counters.count(f"sip_dial_refused_{key}")
         done(None, why)
 
     def _fail(self, d: Dialing, reason: str) -> None:
         """The dial failed before an answer: report, end the leg (no BYE), release the call."""
-        self.count(f"sip_dial_failed_{reason.split(':')[0].replace(' ', '_')[:40]}")
+        self.counters.count(f"sip_dial_failed_{reason.split(':')[0].replace(' ', '_')[:40]}")
         self.outgoing.pop(d.leg.dialog.call_id, None)
         d.report(None, reason)
         leg = d.leg
         if not leg.ended:
-            self._end_leg(leg, reason, send_bye=False)
+            self.dialogs.end(leg, reason, send_bye=False)
         self.call_host.abandon(leg.call)
 
     async def _place(self, d: Dialing) -> None:
         leg = d.leg
         try:
-            await self.rtp_ports.open(leg, self.loop)
+            await self.rtp_ports.open(leg, self.ctx.loop)
         except Exception:  # OSError (none free) or anything else: the call must not stay
-            self.count("rtp_no_port")
+            self.counters.count("rtp_no_port")
             self._fail(d, "no rtp port")
             return
         if leg.ended:  # hung up while we opened the socket
@@ -217,29 +235,24 @@ class SipOutbound(SipDialogs):
         inv.headers.append(("content-type", "application/sdp"))
         inv.body = sdp.build(host=self.cfg.advertised_host, port=leg.rtp_port, session_id=leg.sdp_session,
                              version=leg.sdp_version, neg=None, codecs=self.cfg.codecs)
-        tx = ClientInvite((inv.top_via.branch, "INVITE"), d.dest, self.timers, inv)
-        d.tx = tx
-        self.client_tx[tx.key] = tx
-        self._tx_cb[id(tx)] = functools.partial(self._invite_event, d)
-        self._perform(tx, tx.start(self.loop.time()))
-        self._schedule(tx)
+        d.tx = self.transactions.invite(inv, d.dest, functools.partial(self._invite_event, d))
 
     def _ring_timeout(self, d: Dialing) -> None:
         d.ring_timer = None
         if not d.reported and d.leg.state == "outgoing":
-            self.count("sip_dial_ring_timeouts")
+            self.counters.count("sip_dial_ring_timeouts")
             d.leg.call.end_reason = d.leg.call.end_reason or "no answer"
-            self.hangup(d.leg, "no answer")
+            self.cancel(d.leg, "no answer")
 
-    def cancel_outgoing(self, leg: SipCall, reason: str) -> None:
+    def cancel(self, leg: SipCall, reason: str) -> None:
         """Our side hangs up an unanswered outbound call: CANCEL (after a provisional)."""
         d = self.outgoing.get(leg.dialog.call_id)
         if d is None:
-            self._end_leg(leg, reason, send_bye=False)
+            self.dialogs.end(leg, reason, send_bye=False)
             return
         d.cancel_reason = d.cancel_reason or reason
         if d.tx is None:  # not sent yet (opening the RTP socket): _place sees the leg ended
-            self._end_leg(leg, reason, send_bye=False)
+            self.dialogs.end(leg, reason, send_bye=False)
         elif d.provisional:
             self._send_cancel(d)
 
@@ -252,12 +265,8 @@ class SipOutbound(SipDialogs):
         for k in ("via", "max-forwards", "from", "to", "call-id"):
             req.headers.append((k, inv.get(k)))
         req.headers.append(("cseq", f"{inv.cseq[0]} CANCEL"))
-        self.count("sip_dial_cancel_sent")
-        self._client_request(None, req, self._cancel_result, addr=d.dest)
-
-    def _cancel_result(self, a: Action) -> None:
-        if isinstance(a, TimedOut):
-            self.count("sip_dial_cancel_timeouts")
+        self.counters.count("sip_dial_cancel_sent")
+        self.transactions.request(req, d.dest, self._cancel_result)
 
     def _invite_event(self, d: Dialing, a: Action) -> None:
         if isinstance(a, TimedOut):
@@ -269,7 +278,7 @@ class SipOutbound(SipDialogs):
         resp = a.msg
         st = resp.status
         if st < 200:
-            self.count("sip_dial_provisional")
+            self.counters.count("sip_dial_provisional")
             d.provisional = True
             if d.cancel_reason:
                 self._send_cancel(d)
@@ -279,38 +288,38 @@ class SipOutbound(SipDialogs):
                 self._fail(d, d.cancel_reason if (d.cancel_reason and st == 487) else failure_reason(st, resp.reason))
             return
         if d.ack:  # a retransmitted 2xx: the same ACK again
-            self._send(d.ack, d.ack_addr)
+            self.transactions.send(d.ack, d.ack_addr)
             return
         self._answered(d, resp)
 
     def _answered(self, d: Dialing, resp: SipMessage) -> None:
         leg = d.leg
         leg.dialog.answered(resp)
-        ack = leg.dialog.request("ACK", self.via_host, cseq=leg.invite.cseq[0])
+        ack = leg.dialog.request("ACK", self.transactions.via_host, cseq=leg.invite.cseq[0])
         d.ack = ack.serialize()
         d.ack_addr = leg.dialog.next_hop()
-        self._send(d.ack, d.ack_addr)
+        self.transactions.send(d.ack, d.ack_addr)
         self.outgoing.pop(leg.dialog.call_id, None)
         leg.state = "confirmed"
-        leg.last_rx = self.loop.time()
+        leg.last_rx = self.ctx.loop.time()
         if d.cancel_reason or leg.ended or d.reported:  # answered while we cancelled: end it with BYE
             reason = d.cancel_reason or "cancelled"
-            self.count("sip_dial_answered_after_cancel")
-            bye = leg.dialog.request("BYE", self.via_host, extra=[("reason", bye_reason(reason))])
-            self._client_request(None, bye, self._bye_result, addr=d.ack_addr)
+            self.counters.count("sip_dial_answered_after_cancel")
+            bye = leg.dialog.request("BYE", self.transactions.via_host, extra=[("reason", bye_reason(reason))])
+            self.transactions.request(bye, d.ack_addr, self._bye_result)
             if not leg.ended:
-                self._end_leg(leg, reason, send_bye=False)
+                self.dialogs.end(leg, reason, send_bye=False)
             d.report(None, reason)
             self.call_host.abandon(leg.call)
             return
         try:
             if resp.get("content-type").split(";")[0].strip().lower() != "application/sdp":
                 raise sdp.SdpError("the 2xx carries no SDP answer")
-            neg = self._negotiate(sdp.parse(resp.body))
+            neg = negotiate(sdp.parse(resp.body), self.cfg)
         except sdp.SdpError as e:
-            self.count("sip_dial_bad_answer")
-            self._end_leg(leg, "incompatible media", send_bye=True)
-            self.count("sip_dial_failed_incompatible_media")
+            self.counters.count("sip_dial_bad_answer")
+            self.dialogs.end(leg, "incompatible media", send_bye=True)
+            self.counters.count("sip_dial_failed_incompatible_media")
             d.report(None, f"incompatible media: {str(e)[:80]}")
             self.call_host.abandon(leg.call)
             return
@@ -321,13 +330,13 @@ class SipOutbound(SipDialogs):
     def _dial_ready(self, d: Dialing, ok: bool, why: str) -> None:
         leg = d.leg
         if not ok:
-            self._end_leg(leg, "agent unavailable", send_bye=True)
-            self.count("sip_dial_failed_agent_unavailable")
+            self.dialogs.end(leg, "agent unavailable", send_bye=True)
+            self.counters.count("sip_dial_failed_agent_unavailable")
             d.report(None, f"agent unavailable: {why}"[:120])
             return
         if leg.ended:  # the callee hung up while the agent side started
             d.report(None, f"ended: {leg.call.end_reason or 'bye'}")
             return
-        self.count("sip_dial_answered")
+        self.counters.count("sip_dial_answered")
         d.report({"call_id": leg.call.call_id, "sip_call_id": leg.dialog.call_id, "agent": leg.call.agent,
                   "target": leg.dialog.remote_uri, "codec": leg.codec.name if leg.codec else ""}, "")

@@ -4,9 +4,13 @@ Owns :class:`SipCall` (the :class:`~brisvox.gateway.core.leg.TransportLeg` of on
 SIP call: the negotiated codec, RTP in through the jitter buffer into the
 core's :meth:`~brisvox.gateway.core.host.CallHost.audio_in`, RFC 4733 DTMF both
 ways, RTP out for the pacer, the RTP timeout), :class:`RtpProtocol` (the
-call's RTP socket) and :class:`RtpPorts` (which even port of ``[sip]
-rtp_port_min..rtp_port_max`` the next call gets). The signalling around the
-leg (dialog, transactions) is :mod:`brisvox.gateway.sip.dialogs`.
+call's RTP socket), :class:`RtpPorts` (which even port of ``[sip]
+rtp_port_min..rtp_port_max`` the next call gets) and :class:`SipContext`
+(what a leg is given: the config, the call host, the counters, the loop, the
+allow-list and its :class:`LegSignalling`). The signalling around the leg
+(dialog, transactions) is :mod:`brisvox.gateway.sip.dialogs` and
+:mod:`brisvox.gateway.sip.outbound`; a leg reaches it only through
+:class:`LegSignalling` (hang up, transfer).
 
 Invariants:
 
@@ -42,13 +46,16 @@ import logging
 import secrets
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from brisvox.gateway.config import SipConfig
 from brisvox.gateway.core.calls import Call
+from brisvox.gateway.core.host import CallHost
 from brisvox.gateway.core.leg import TransportLeg
+from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.jitter import JitterBuffer
 from brisvox.wire import dtmf, rtp, sdp
 from brisvox.wire.g711 import BY_PT, CODECS, G711
@@ -56,12 +63,29 @@ from brisvox.wire.sip_dialog import Dialog
 from brisvox.wire.sip_message import SipMessage
 from brisvox.wire.sip_transaction import Retransmit2xx, ServerInvite
 
-if TYPE_CHECKING:
-    from brisvox.gateway.sip.ua import SipUserAgent
-
 Addr = tuple[str, int]
 RATE = 8000
 FRAME = 160
+
+
+class LegSignalling(Protocol):
+    """What a leg asks of the signalling (the user agent routes it to the dialog or the dialer)."""
+
+    def hangup(self, leg: SipCall, reason: str) -> None: ...
+
+    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SipContext:
+    """What every part of one user agent shares, fixed when it is built."""
+
+    cfg: SipConfig
+    call_host: CallHost
+    counters: SipCounters
+    loop: asyncio.AbstractEventLoop
+    allowed: Callable[[str], bool]  # the [sip] allow check (SipGuard.allowed)
+    signalling: LegSignalling
 
 
 class RtpProtocol(asyncio.DatagramProtocol):
@@ -78,7 +102,7 @@ class RtpProtocol(asyncio.DatagramProtocol):
         self.leg.on_rtp(data, addr)
 
     def error_received(self, exc: Exception) -> None:
-        self.leg.ua.count("rtp_socket_errors")
+        self.leg.ctx.counters.count("rtp_socket_errors")
 
 
 class SipCall(TransportLeg):
@@ -87,10 +111,10 @@ class SipCall(TransportLeg):
     transport = "sip"
     marks_by_echo = False
 
-    def __init__(self, ua: SipUserAgent, call: Call, invite: SipMessage, tx: ServerInvite | None,
+    def __init__(self, ctx: SipContext, call: Call, invite: SipMessage, tx: ServerInvite | None,
                  dialog: Dialog, offer: sdp.SessionDescription | None, neg: sdp.Negotiated | None) -> None:
-        self.ua = ua
-        self.call_host = ua.call_host
+        self.ctx = ctx
+        self.call_host = ctx.call_host
         self.call = call
         self.invite = invite
         self.invite_tx: ServerInvite | None = tx
@@ -105,15 +129,15 @@ class SipCall(TransportLeg):
         self.rtp: RtpProtocol | None = None
         self.rtp_port = 0
         self.remote: Addr | None = (neg.remote_host, neg.remote_port) if neg and neg.we_send else None
-        self.latch_first = ua.cfg.rtp_latch == "first"
+        self.latch_first = ctx.cfg.rtp_latch == "first"
         self.latch: Addr | None = None  # the one source RTP is taken from
         self._sdp_addr: Addr | None = None
         if neg is not None:
             self._relatch(neg)
         self.ok_retx: Retransmit2xx | None = None
-        self.jb = JitterFor(ua.cfg)
+        self.jb = JitterFor(ctx.cfg)
         self.dtmf_rx = dtmf.EventReceiver()
-        self.dtmf_tx = dtmf.EventSender(max_queue=ua.call_host.settings.gateway.max_dtmf_queue)
+        self.dtmf_tx = dtmf.EventSender(max_queue=ctx.call_host.settings.gateway.max_dtmf_queue)
         self.sender = rtp.RtpSender()
         self._buf = bytearray(12 + 4096)
         self._payload = np.frombuffer(self._buf, dtype=np.uint8, offset=12)
@@ -154,15 +178,17 @@ class SipCall(TransportLeg):
         self._sdp_addr = addr
 
     def answer_sdp(self) -> bytes:
-        return sdp.build(host=self.ua.cfg.advertised_host, port=self.rtp_port, session_id=self.sdp_session,
-                         version=self.sdp_version, neg=self.neg, offer=self.offer, codecs=self.ua.cfg.codecs)
+        cfg = self.ctx.cfg
+        return sdp.build(host=cfg.advertised_host, port=self.rtp_port, session_id=self.sdp_session,
+                         version=self.sdp_version, neg=self.neg, offer=self.offer, codecs=cfg.codecs)
 
     # -- RTP in ------------------------------------------------------------------
 
     def on_rtp(self, data: bytes, addr: Addr) -> None:
-        ua = self.ua
-        if not ua.allowed(addr[0]):
-            ua.count("rtp_refused_allowlist")
+        ctx = self.ctx
+        count = ctx.counters.count
+        if not ctx.allowed(addr[0]):
+            count("rtp_refused_allowlist")
             return
         if self.ended:
             return
@@ -170,27 +196,27 @@ class SipCall(TransportLeg):
         latch = self.latch
         if latch is None and self.latch_first:
             if self.state not in ("answered", "confirmed"):
-                ua.count("rtp_early_dropped")
+                count("rtp_early_dropped")
                 return
             self.latch = latch = src
             if self.remote is not None:
                 self.remote = src  # symmetric RTP: answer where the caller sends from
         if src != latch:
-            ua.count("rtp_foreign_dropped")
+            count("rtp_foreign_dropped")
             self.call.stats.rtp_foreign_dropped += 1
-            ua.guard.log_limit("rtp_foreign", "RTP for call %s from %s:%s dropped (latched to %s)",
-                               self.call.call_id, addr[0], addr[1], latch, level=logging.WARNING)
+            ctx.counters.log_limit("rtp_foreign", "RTP for call %s from %s:%s dropped (latched to %s)",
+                                   self.call.call_id, addr[0], addr[1], latch, level=logging.WARNING)
             return
         try:
             pkt = rtp.parse(data)
         except rtp.RtpError as e:
-            ua.count("rtp_malformed")
-            ua.guard.log_limit("rtp_malformed", "malformed RTP for call %s from %s: %s",
-                               self.call.call_id, addr[0], e, level=logging.INFO)
+            count("rtp_malformed")
+            ctx.counters.log_limit("rtp_malformed", "malformed RTP for call %s from %s: %s",
+                                   self.call.call_id, addr[0], e, level=logging.INFO)
             self.call_host.protocol_error(self.call, "")
             return
         self.call_host.packet_in(self.call, len(data))
-        now = ua.loop.time()
+        now = ctx.loop.time()
         self.last_rx = now
         out = self.jb.push(pkt, now)
         if out:
@@ -213,7 +239,7 @@ class SipCall(TransportLeg):
             elif pt in BY_PT:  # the peer switched to the other G.711 law it offered
                 host.audio_in(call, BY_PT[pt].decode(pkt.payload), RATE, -1, gap)
             elif pt != 13:  # 13 = comfort noise: nothing to play
-                self.ua.count("rtp_unexpected_payload_type")
+                self.ctx.counters.count("rtp_unexpected_payload_type")
 
     # -- leg: out (called by the pacer) ------------------------------------------
 
@@ -239,7 +265,7 @@ class SipCall(TransportLeg):
 
     def send_dtmf(self, digits: str) -> int:
         if self.neg is None or self.neg.dtmf_pt < 0:
-            self.ua.count("dtmf_out_unsupported")
+            self.ctx.counters.count("dtmf_out_unsupported")
             return len(digits)
         return self.dtmf_tx.add(digits)
 
@@ -267,10 +293,10 @@ class SipCall(TransportLeg):
         self._polls += 1
         if self._polls % 25 == 0:
             self.sync_stats()
-            timeout = self.ua.cfg.rtp_timeout_s
+            timeout = self.ctx.cfg.rtp_timeout_s
             if timeout and self.state == "confirmed" and self.neg is not None and not self.neg.on_hold \
                     and self.last_rx and now - self.last_rx > timeout:
-                self.ua.count("rtp_timeouts")
+                self.ctx.counters.count("rtp_timeouts")
                 self.call_host.hangup(self.call, "rtp timeout")
 
     def sync_stats(self) -> None:
@@ -286,10 +312,10 @@ class SipCall(TransportLeg):
     # -- leg: control --------------------------------------------------------------
 
     def hangup(self, reason: str) -> None:
-        self.ua.hangup(self, reason)
+        self.ctx.signalling.hangup(self, reason)
 
     def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
-        self.ua.refer(self, target, done)
+        self.ctx.signalling.refer(self, target, done)
 
 
 def _same(proto: RtpProtocol) -> RtpProtocol:

@@ -1,58 +1,74 @@
-"""The SIP user agent's socket and transactions: timers, responses, client requests.
+"""The SIP transaction layer (RFC 3261 section 17 over UDP): the socket, transactions, timers, limits.
 
-Owns :class:`SipTransactions`, the base of the SIP user agent
-(:class:`~brisvox.gateway.sip.ua.SipUserAgent`): the UDP socket, the source
-allow-list, the server and client transaction tables (the state machines are
-:mod:`brisvox.wire.sip_transaction`) and their timers, sending a response in
-its transaction (:meth:`SipTransactions._respond`), starting a client
-request (:meth:`SipTransactions._client_request`) and matching responses to
-it, the dialog table and the counters.
+Owns :class:`SipTransactions`, the transport-facing half of the SIP user
+agent (:class:`~brisvox.gateway.sip.ua.SipUserAgent`): the UDP endpoint,
+every datagram's allow-list check and parse (malformed ones answered 400 or
+513 statelessly), the server and client transaction tables (the state
+machines are :mod:`brisvox.wire.sip_transaction`) and their one timer, the
+rate limits and the table bound that refuse a new request before it costs
+a transaction, and matching responses to client transactions. Above it is
+the transaction user (:class:`TransactionUser`, the user agent), which gets
+each new request with its server transaction; the call-facing side (the
+dialog layer, the dialer) sees it only as :class:`TransactionLayer`, and it
+knows nothing of calls or dialogs (the seam: the user agent's docstring).
 
 Invariants:
 
-* Every transaction timer is on the loop clock, and the UA has ONE pending
-  loop timer for all transactions (a heap of deadlines; a stale heap entry
-  is skipped, not removed).
-* A finished transaction is forgotten at once (tables and callbacks), so
-  the tables hold only live transactions; per dialog at most
-  ``MAX_CLIENT_TX`` client transactions are pending.
-* Responses go where RFC 3261 18.2.2 (with RFC 3581 ``rport``) says: to the
-  sender of the request, a trusted proxy included (its Via is the top one).
+* Sources outside ``[sip] allow`` are dropped before parsing and counted
+  (``sip_refused_allowlist``).
+* A malformed datagram costs one parse, a counter and at most one log line
+  per kind per minute (no traceback); it never reaches the transaction
+  user. Answerable ones get 400 (513 when over ``max_message_bytes``),
+  statelessly, counted ``sip_refused_malformed`` / ``sip_refused_too_large``.
+* An exception while the transaction user handles one message is counted
+  (``sip_internal_errors``) and logged bounded, with its type and place
+  instead of a traceback; it ends nothing else.
+* A retransmitted request is absorbed by its live transaction (the last
+  response again) and never reaches the transaction user twice; an ACK
+  goes to the transaction user first (a 2xx's ACK is end to end), then,
+  unclaimed, to the INVITE transaction of the same branch (a non-2xx's).
+* New INVITEs (no To tag) and OPTIONS over their source's rate limit, and
+  any new request while the server transaction table holds ``[sip]
+  max_transactions``, get 503 with Retry-After statelessly (no transaction,
+  no call), counted ``sip_refused_<reason>``; a request whose Max-Forwards
+  is 0 gets 483 in its transaction (OPTIONS excepted).
 * The per-source limits key on the caller's address
   (:meth:`SipTransactions.caller_host`): the packet's source, or, when that
   source is one of ``[sip] trusted_proxies``, the caller the proxy's Vias
   name (:func:`brisvox.gateway.proxies.via_client`); from any other source a
   Via is never believed.
-* The server transaction table holds at most ``[sip] max_transactions``; a
-  new request beyond it, or over its source's rate limit
-  (:class:`~brisvox.gateway.sip.guard.SipGuard`), is answered 503 with
-  Retry-After statelessly (:meth:`SipTransactions._stateless`: no
-  transaction, no call) and counted (``sip_refused_<reason>``).
+* Responses go where RFC 3261 18.2.2 (with RFC 3581 ``rport``) says: to the
+  sender of the request, a trusted proxy included (its Via is the top one).
+* Every transaction timer is on the loop clock, and the layer has ONE pending
+  loop timer for all transactions (a heap of deadlines; a stale heap entry
+  is skipped, not removed).
+* A finished transaction is forgotten at once (tables and callbacks), so
+  the tables hold only live transactions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import ipaddress
 import itertools
 import logging
 import socket
+import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from brisvox.gateway.config import SipConfig
-from brisvox.gateway.core.host import CallHost
-from brisvox.gateway.sip.guard import SipGuard
-from brisvox.gateway.sip.rtp import Addr, RtpPorts, SipCall
 from brisvox.gateway.proxies import FORWARDED, MALFORMED, TrustedProxies, via_client
+from brisvox.gateway.sip.counters import SipCounters
+from brisvox.gateway.sip.guard import SipGuard
 from brisvox.wire.sip_dialog import make_response
-from brisvox.wire.sip_message import SipMessage
+from brisvox.wire.sip_message import SipMessage, SipParseError, parse
 from brisvox.wire.sip_transaction import (
     Action,
+    Addr,
     ClientInvite,
     ClientNonInvite,
-    Deliver,
+    Retransmit2xx,
     Send,
     ServerInvite,
     ServerNonInvite,
@@ -61,43 +77,95 @@ from brisvox.wire.sip_transaction import (
     Transaction,
 )
 
-MAX_CLIENT_TX = 8
 log = logging.getLogger("brisvox.gateway.sip")
+
+_COUNTED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY", "REFER"}
+Callback = Callable[[Action], None]
+
+
+class TransactionUser(Protocol):
+    """What the transaction layer hands up: new requests, each with its server transaction."""
+
+    def on_invite(self, req: SipMessage, addr: Addr, tx: ServerInvite) -> None: ...
+
+    def on_request(self, req: SipMessage, tx: ServerNonInvite) -> None:
+        """A new non-INVITE request (not ACK): answer it in ``tx``."""
+
+    def on_ack(self, req: SipMessage, addr: Addr) -> bool:
+        """An ACK: True when it was a dialog's (a 2xx's); else it is the non-2xx's of its INVITE."""
+
+
+class TransactionLayer(Protocol):
+    """What the call-facing side (dialogs, the dialer) may ask of the transaction layer."""
+
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def via_host(self) -> str:
+        """``host:port`` for the Via of a request we send."""
+
+    @property
+    def contact(self) -> str:
+        """Our Contact (name-addr)."""
+
+    def respond(self, tx: ServerInvite | ServerNonInvite, req: SipMessage, status: int, reason: str = "",
+                **kw: Any) -> None: ...
+
+    def accept(self, tx: ServerInvite, req: SipMessage, cb: Callback, **kw: Any) -> Retransmit2xx:
+        """Answer ``tx`` 200 and retransmit that until :meth:`acked` (``cb`` gets the TimedOut)."""
+
+    def acked(self, retx: Retransmit2xx) -> None: ...
+
+    def watch(self, tx: Transaction, cb: Callback) -> None:
+        """Hand ``tx``'s events (Deliver, TimedOut) to ``cb`` from now on."""
+
+    def request(self, req: SipMessage, hop: Addr, cb: Callback) -> None:
+        """Send a non-INVITE request in a new client transaction; ``cb`` gets its events."""
+
+    def invite(self, req: SipMessage, dest: Addr, cb: Callback) -> ClientInvite:
+        """Send an INVITE in a new client transaction; ``cb`` gets every response, Timer B."""
+
+    def send(self, data: bytes, addr: Addr) -> None:
+        """One datagram outside any transaction (the ACK of a 2xx)."""
+
+
+def timeout_counter(counters: SipCounters, name: str) -> Callback:
+    """A transaction callback that only counts ``name`` when the transaction times out."""
+
+    def on_action(a: Action) -> None:
+        if isinstance(a, TimedOut):
+            counters.count(name)
+
+    return on_action
 
 
 class SipTransactions(asyncio.DatagramProtocol):
-    """Socket, transactions and timers of the SIP user agent (see the module docstring)."""
+    """The UDP endpoint, transactions and timers of the SIP user agent (see the module docstring)."""
 
-    def __init__(self, call_host: CallHost, cfg: SipConfig) -> None:
-        self.call_host = call_host
+    def __init__(self, cfg: SipConfig, guard: SipGuard, counters: SipCounters, tu: TransactionUser,
+                 loop: asyncio.AbstractEventLoop) -> None:
         self.cfg = cfg
-        self.loop = asyncio.get_event_loop()
+        self.guard = guard
+        self.counters = counters
+        self.tu = tu
+        self.loop = loop
         self.timers = Timers(cfg.t1_ms / 1000, cfg.t2_ms / 1000, cfg.t4_ms / 1000)
         self.transport: asyncio.DatagramTransport | None = None
-        self.nets = [ipaddress.ip_network(n, strict=False) for n in cfg.allow]
-        self._allowed_cache: dict[str, bool] = {}
         self.proxies = TrustedProxies(cfg.trusted_proxies)
         self.server_tx: dict[tuple, Transaction] = {}
         self.client_tx: dict[tuple, ClientNonInvite | ClientInvite] = {}
-        self._tx_cb: dict[int, Callable[[Action], None]] = {}
-        self.dialogs: dict[tuple[str, str], SipCall] = {}
-        self.by_call_id: dict[str, SipCall] = {}
+        self._tx_cb: dict[int, Callback] = {}
         self._heap: list[tuple[float, int, Transaction]] = []
         self._seq = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self.rtp_ports = RtpPorts(cfg)
-        self.guard = SipGuard(cfg.invite_rate, cfg.options_rate, log)
-        self.rtp_family = socket.AF_INET6 if ":" in cfg.host else socket.AF_INET
-        self.counters: dict[str, int] = {}
         self.host = cfg.host
         self.port = cfg.port
-
 
     # -- setup -----------------------------------------------------------------------
 
     async def start(self) -> tuple[str, int]:
-        self.loop = asyncio.get_running_loop()
         transport, _ = await self.loop.create_datagram_endpoint(lambda: self, local_addr=(self.cfg.host, self.cfg.port))
         self.transport = transport
         self.host, self.port = transport.get_extra_info("sockname")[:2]
@@ -110,34 +178,121 @@ class SipTransactions(asyncio.DatagramProtocol):
                     pass
         return self.host, self.port
 
-    async def shutdown(self) -> None:
-        self.stop()
-
-    def stop(self) -> None:
+    def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        for leg in list(self.by_call_id.values()):
-            self.rtp_ports.close(leg)
         if self.transport is not None:
             self.transport.close()
+
+    @property
+    def started(self) -> bool:
+        return self.transport is not None
+
+    @property
+    def via_host(self) -> str:
+        return f"{self.cfg.advertised_host}:{self.port}"
+
+    @property
+    def contact(self) -> str:
+        return f"<sip:brisvox@{self.cfg.advertised_host}:{self.port}>"
+
+    def stats(self) -> dict[str, int]:
+        return {"sip_server_transactions": len(self.server_tx), "sip_client_transactions": len(self.client_tx)}
+
+    # -- receive ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def count(self, name: str, n: int = 1) -> None:
-        self.counters[name] = self.counters.get(name, 0) + n
+    def error_received(self, exc: Exception) -> None:
+        self.counters.count("sip_socket_errors")
 
-    def allowed(self, host: str) -> bool:
-        ok = self._allowed_cache.get(host)
-        if ok is None:
-            try:
-                ip = ipaddress.ip_address(host)
-                ok = any(ip in n for n in self.nets)
-            except ValueError:
-                ok = False
-            if len(self._allowed_cache) < 4096:
-                self._allowed_cache[host] = ok
-        return ok
+    def datagram_received(self, data: bytes, addr: Addr) -> None:
+        count = self.counters.count
+        if not self.guard.allowed(addr[0]):
+            count("sip_refused_allowlist")
+            self.counters.log_limit("sip_allowlist", "SIP from %s dropped: not in [sip] allow", addr[0],
+                                    level=logging.INFO)
+            return
+        if not data.strip():
+            return  # CRLF keep-alive
+        try:
+            msg = parse(data, self.cfg.max_message_bytes)
+        except SipParseError as e:
+            count(f"sip_malformed_{e.kind}")
+            self.counters.log_limit(f"sip_malformed_{e.kind}", "malformed SIP from %s: %s", addr[0],
+                                    e.detail[:120], level=logging.INFO)
+            if e.can_reply and e.msg is not None and e.msg.method != "ACK":
+                too_large = e.kind == "oversized"
+                count("sip_refused_too_large" if too_large else "sip_refused_malformed")
+                self._stateless(e.msg, 513 if too_large else 400, self._reply_addr(e.msg, addr),
+                                "" if too_large else e.detail[:60])
+            return
+        try:
+            if msg.is_request:
+                count(f"sip_requests_{msg.method if msg.method in _COUNTED else 'other'}")
+                self._on_request(msg, addr)
+            else:
+                self._on_response(msg, addr)
+        except Exception as e:
+            count("sip_internal_errors")
+            frames = traceback.extract_tb(e.__traceback__)
+            where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
+            self.counters.log_limit("sip_internal", "SIP %s from %s failed: %s: %s (at %s)",
+                                    msg.method or msg.status, addr[0], type(e).__name__, str(e)[:200], where,
+                                    level=logging.ERROR)
+
+    def _on_request(self, req: SipMessage, addr: Addr) -> None:
+        method = req.method
+        if method == "ACK":
+            if not self.tu.on_ack(req, addr):
+                inv = self.invite_for(req)  # the ACK of a non-2xx final: same branch as the INVITE
+                if inv is not None:
+                    inv.on_ack(self.loop.time())
+                    self._schedule(inv)
+            return
+        key = self._tx_key(req)
+        old = self.server_tx.get(key)
+        if old is not None:
+            self.counters.count("sip_retransmissions_in")
+            self._perform(old, old.on_retransmit(self.loop.time()))  # type: ignore[attr-defined]
+            return
+        reply_to = self._reply_addr(req, addr)
+        if method == "OPTIONS" or (method == "INVITE" and not req.to_tag):
+            caller = self.caller_host(req, addr[0])  # behind a trusted proxy: the caller it names
+            retry = self.guard.admit(method, caller)
+            if retry:
+                self.counters.refuse("rate_limit", "%s from %s over its rate limit", method, caller)
+                self._stateless(req, 503, reply_to, "Rate Limited", extra=[("retry-after", str(retry))])
+                return
+        if len(self.server_tx) >= self.cfg.max_transactions:
+            self.counters.refuse("tx_table_full", "%s from %s: %d transactions", method, addr[0], len(self.server_tx))
+            self._stateless(req, 503, reply_to, extra=[("retry-after", "5")])
+            return
+        tx: ServerInvite | ServerNonInvite
+        tx = ServerInvite(key, reply_to, self.timers) if method == "INVITE" else ServerNonInvite(key, reply_to, self.timers)
+        self.server_tx[key] = tx
+        self._track(tx)
+        if req.get("max-forwards") == "0" and method != "OPTIONS":
+            self.respond(tx, req, 483)
+        elif isinstance(tx, ServerInvite):
+            self.tu.on_invite(req, addr, tx)
+        else:
+            self.tu.on_request(req, tx)
+
+    def _on_response(self, resp: SipMessage, addr: Addr) -> None:
+        try:
+            via = resp.top_via
+            _, method = resp.cseq
+        except ValueError:
+            self.counters.count("sip_malformed_response")
+            return
+        tx = self.client_tx.get((via.branch, method))
+        if tx is None:
+            self.counters.count("sip_stray_responses")
+            return
+        self._perform(tx, tx.on_response(resp, self.loop.time()))
+        self._schedule(tx)
 
     def caller_host(self, req: SipMessage, src: str) -> str:
         """The caller's address, the key of the per-source limits: ``src`` (the packet's
@@ -148,24 +303,98 @@ class SipTransactions(asyncio.DatagramProtocol):
             return src
         host, how = via_client(self.proxies, src, req.get_all("via"))
         if how == FORWARDED:
-            self.count("sip_proxied_requests")
+            self.counters.count("sip_proxied_requests")
         elif how == MALFORMED:
-            self.count("sip_proxied_bad_via")
-            self.guard.log_limit("sip_proxied_bad_via", "SIP %s from trusted proxy %s: no caller address "
-                                 "in its Vias, limited as the proxy's own", req.method, src, level=logging.INFO)
+            self.counters.count("sip_proxied_bad_via")
+            self.counters.log_limit("sip_proxied_bad_via", "SIP %s from trusted proxy %s: no caller address "
+                                    "in its Vias, limited as the proxy's own", req.method, src, level=logging.INFO)
         return host
 
-    @property
-    def via_host(self) -> str:
-        return f"{self.cfg.advertised_host}:{self.port}"
+    def invite_for(self, req: SipMessage) -> ServerInvite | None:
+        """The INVITE server transaction a CANCEL or an ACK names (its branch), if live."""
+        tx = self.server_tx.get(self._tx_key(req, "INVITE"))
+        return tx if isinstance(tx, ServerInvite) else None
 
-    @property
-    def contact(self) -> str:
-        return f"<sip:brisvox@{self.cfg.advertised_host}:{self.port}>"
+    def _reply_addr(self, req: SipMessage, src: Addr) -> Addr:
+        """18.2.2 with RFC 3581: answer where the request came from when rport is asked or the
+        sent-by is not an address we can use; else to sent-by."""
+        try:
+            via = req.top_via
+        except ValueError:
+            return src
+        if "rport" in via.params or via.host != src[0]:
+            return src
+        return via.host, via.port or 5060
+
+    def _tx_key(self, req: SipMessage, method: str | None = None) -> tuple:
+        via = req.top_via
+        m = method or req.method
+        if m == "ACK":
+            m = "INVITE"
+        if via.branch.startswith("z9hG4bK"):
+            return (via.branch, via.host, via.port, m)
+        return (req.call_id, req.from_tag, req.cseq[0], via.host, via.port, m)
+
+    # -- server side -------------------------------------------------------------------------
+
+    def respond(self, tx: ServerInvite | ServerNonInvite, req: SipMessage, status: int, reason: str = "",
+                **kw: Any) -> None:
+        """Send a response in ``tx`` (retransmitted, absorbed and timed by it)."""
+        resp = make_response(req, status, reason, server=self.cfg.user_agent, **kw)
+        self._perform(tx, tx.respond(resp, self.loop.time()))
+        self._schedule(tx)
+        if tx.done:
+            self._forget(tx)
+
+    def accept(self, tx: ServerInvite, req: SipMessage, cb: Callback, **kw: Any) -> Retransmit2xx:
+        """Answer ``tx`` 200 (``kw``: its headers and body) and retransmit the 200 as the UAS
+        core does (13.3.1.4) until :meth:`acked`; ``cb`` gets its TimedOut (no ACK)."""
+        resp = make_response(req, 200, server=self.cfg.user_agent, **kw)
+        data = resp.serialize()
+        now = self.loop.time()
+        self._perform(tx, tx.respond(resp, now))
+        self._schedule(tx)
+        retx = Retransmit2xx(("2xx", req.call_id, req.cseq[0]), tx.addr, self.timers, data, now)
+        self._track(retx, cb)
+        return retx
+
+    def acked(self, retx: Retransmit2xx) -> None:
+        """Stop retransmitting a 2xx (its ACK came, or the dialog is over)."""
+        retx.acked()
+        self._forget(retx)
+
+    def watch(self, tx: Transaction, cb: Callback) -> None:
+        self._track(tx, cb)
+
+    def _stateless(self, req: SipMessage, status: int, addr: Addr, reason: str = "",
+                   extra: list[tuple[str, str]] | None = None) -> None:
+        """A response outside any transaction (refusals that must cost no state)."""
+        self.send(make_response(req, status, reason, server=self.cfg.user_agent, extra=extra).serialize(), addr)
+
+    # -- client side -------------------------------------------------------------------------
+
+    def request(self, req: SipMessage, hop: Addr, cb: Callback) -> None:
+        tx = ClientNonInvite((req.top_via.branch, req.method), hop, self.timers, req)
+        self._start_client(tx, cb)
+
+    def invite(self, req: SipMessage, dest: Addr, cb: Callback) -> ClientInvite:
+        tx = ClientInvite((req.top_via.branch, "INVITE"), dest, self.timers, req)
+        self._start_client(tx, cb)
+        return tx
+
+    def _start_client(self, tx: ClientNonInvite | ClientInvite, cb: Callback) -> None:
+        self.client_tx[tx.key] = tx
+        self._tx_cb[id(tx)] = cb
+        self._perform(tx, tx.start(self.loop.time()))
+        self._schedule(tx)
+
+    def send(self, data: bytes, addr: Addr) -> None:
+        if self.transport is not None:
+            self.transport.sendto(data, addr)
 
     # -- timers and actions ------------------------------------------------------------
 
-    def _track(self, tx: Transaction, cb: Callable[[Action], None] | None = None) -> None:
+    def _track(self, tx: Transaction, cb: Callback | None = None) -> None:
         if cb is not None:
             self._tx_cb[id(tx)] = cb
         self._schedule(tx)
@@ -200,7 +429,7 @@ class SipTransactions(asyncio.DatagramProtocol):
     def _perform(self, tx: Transaction, actions: list[Action]) -> None:
         for a in actions:
             if isinstance(a, Send):
-                self._send(a.data, a.addr)
+                self.send(a.data, a.addr)
             else:
                 cb = self._tx_cb.get(id(tx))
                 if cb is not None:
@@ -213,102 +442,3 @@ class SipTransactions(asyncio.DatagramProtocol):
                 del self.client_tx[tx.key]
         elif self.server_tx.get(tx.key) is tx:
             del self.server_tx[tx.key]
-
-    def _send(self, data: bytes, addr: Addr) -> None:
-        if self.transport is not None:
-            self.transport.sendto(data, addr)
-
-    def error_received(self, exc: Exception) -> None:
-        self.count("sip_socket_errors")
-
-    def _reply_addr(self, req: SipMessage, src: Addr) -> Addr:
-        """18.2.2 with RFC 3581: answer where the request came from when rport is asked or the
-        sent-by is not an address we can use; else to sent-by."""
-        try:
-            via = req.top_via
-        except ValueError:
-            return src
-        if "rport" in via.params or via.host != src[0]:
-            return src
-        return via.host, via.port or 5060
-
-    def _tx_key(self, req: SipMessage, method: str | None = None) -> tuple:
-        via = req.top_via
-        m = method or req.method
-        if m == "ACK":
-            m = "INVITE"
-        if via.branch.startswith("z9hG4bK"):
-            return (via.branch, via.host, via.port, m)
-        return (req.call_id, req.from_tag, req.cseq[0], via.host, via.port, m)
-
-    def _respond(self, tx: ServerInvite | ServerNonInvite, req: SipMessage, status: int, reason: str = "",
-                 **kw: Any) -> None:
-        resp = make_response(req, status, reason, server=self.cfg.user_agent, **kw)
-        self._perform(tx, tx.respond(resp, self.loop.time()))
-        self._schedule(tx)
-        if tx.done:
-            self._forget(tx)
-
-    def _stateless(self, req: SipMessage, status: int, addr: Addr, reason: str = "",
-                   extra: list[tuple[str, str]] | None = None) -> None:
-        """A response outside any transaction (refusals that must cost no state)."""
-        self._send(make_response(req, status, reason, server=self.cfg.user_agent, extra=extra).serialize(), addr)
-
-    def refuse(self, reason: str, detail: str, *args: object) -> None:
-        """Count ``sip_refused_<reason>`` and log it, bounded (one line per reason per minute)."""
-        self.count(f"sip_refused_{reason}")
-        self.guard.log_limit(f"sip_refused_{reason}", f"SIP refused ({reason}): {detail}", *args,
-                             level=logging.INFO)
-
-    def _dialog_for(self, req: SipMessage) -> SipCall | None:
-        tag = req.to_tag
-        if not tag:
-            return None
-        return self.dialogs.get((req.call_id, tag))
-
-    # -- client transactions ---------------------------------------------------------------
-
-    def _client_request(self, leg: SipCall | None, req: SipMessage, cb: Callable[[Action], None],
-                        addr: Addr | None = None) -> None:
-        via = req.top_via
-        key = (via.branch, req.method)
-        hop = addr or (leg.dialog.next_hop() if leg else ("127.0.0.1", 5060))
-        tx = ClientNonInvite(key, hop, self.timers, req)
-        self.client_tx[key] = tx
-        if leg is not None:
-            leg.client_tx += 1
-
-        def wrapped(a: Action) -> None:
-            if leg is not None and (isinstance(a, TimedOut) or (isinstance(a, Deliver) and a.msg.status >= 200)):
-                leg.client_tx = max(0, leg.client_tx - 1)
-            cb(a)
-
-        self._tx_cb[id(tx)] = wrapped
-        self._perform(tx, tx.start(self.loop.time()))
-        self._schedule(tx)
-
-    def _on_response(self, resp: SipMessage, addr: Addr) -> None:
-        try:
-            via = resp.top_via
-            _, method = resp.cseq
-        except ValueError:
-            self.count("sip_malformed_response")
-            return
-        tx = self.client_tx.get((via.branch, method))
-        if tx is None:
-            self.count("sip_stray_responses")
-            return
-        self._perform(tx, tx.on_response(resp, self.loop.time()))
-        self._schedule(tx)
-
-    # -- stats -----------------------------------------------------------------------------------------
-
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.counters)
-        out["sip_dialogs"] = len(self.dialogs)
-        out["sip_server_transactions"] = len(self.server_tx)
-        out["sip_client_transactions"] = len(self.client_tx)
-        out["rtp_ports_in_use"] = len(self.rtp_ports.in_use)
-        for site, n in self.guard.suppressed().items():
-            out[f"log_suppressed_{site}"] = n
-        return out

@@ -1,256 +1,180 @@
-"""The SIP user agent (server side, UDP): receiving, request dispatch, in-dialog requests, REFER.
+"""The SIP user agent (UDP): the ``[sip]`` listener, built from its layers.
 
 Owns :class:`SipUserAgent`, the SIP listener of the transport registry
-(section ``[sip]``): every datagram's parse and the request dispatch by
-method, OPTIONS, the in-dialog requests INFO (dtmf-relay, dtmf) and NOTIFY (for
-our REFER), and REFER (the agent's Transfer). Its parts, each with its
-invariants: :mod:`brisvox.gateway.sip.transactions` (socket, transactions,
-timers), :mod:`brisvox.gateway.sip.dialogs` (INVITE, ACK, re-INVITE,
-CANCEL, BYE, hang-up), :mod:`brisvox.gateway.sip.outbound` (outbound calls:
-``brisvoxd dial``) and :mod:`brisvox.gateway.sip.rtp` (the call leg and
-its RTP).
+(section ``[sip]``): what the gateway core starts (:meth:`~SipUserAgent.start`,
+:meth:`~SipUserAgent.shutdown`, :meth:`~SipUserAgent.stats`) and asks to
+dial (:meth:`~SipUserAgent.dial`, ``brisvoxd dial``). It holds its parts and
+routes between them; each part owns its state and is handed what it needs:
 
-Behaviour (details in docs/PROTOCOL.md): INVITE with an SDP offer (or none:
-we offer in the 200 and take the answer from the ACK) -> 100, optional 180,
-200 with the answer; 488 when no PCMU/PCMA; 503 when full or draining; 420 for
-a required extension; re-INVITE (hold/unhold, new address) answered with the
-mirrored direction; BYE both ways; CANCEL -> 200 + 487; OPTIONS -> 200, or 503
-"Draining" (Retry-After 30) / "Full" (Retry-After 10) whenever a new INVITE
-would be refused now (the call host's admission rule,
-:meth:`~brisvox.gateway.core.host.CallHost.refusal`), so a dispatcher in front
-(Kamailio) stops sending calls; INFO dtmf-relay and dtmf (a key press);
-NOTIFY for our REFER; other known methods 405, unknown ones 501; malformed
-requests 400 when they can be answered, else
-dropped. All of it counted.
+* the transaction layer, :class:`~brisvox.gateway.sip.transactions.SipTransactions`
+  (transport-facing): the UDP endpoint, the allow-list and the per-source
+  rate limits (:class:`~brisvox.gateway.sip.guard.SipGuard`), every
+  datagram's parse, the server and client transactions of RFC 3261 section
+  17 with their retransmissions and timers;
+* the dialog layer, :class:`~brisvox.gateway.sip.dialogs.SipDialogs`
+  (call-facing): inbound INVITE -> call, and ACK, BYE, CANCEL, re-INVITE,
+  INFO, NOTIFY and REFER in a dialog, the dialog table;
+* the outbound dialer, :class:`~brisvox.gateway.sip.outbound.SipDialer`: the
+  UAC INVITE, CANCEL, the ring timeout;
+* the RTP sessions, :mod:`brisvox.gateway.sip.rtp`: each call's leg
+  (:class:`~brisvox.gateway.sip.rtp.SipCall`) and the port allocator;
+* the counters and their bounded log, :class:`~brisvox.gateway.sip.counters.SipCounters`.
 
-Invariants:
+The seam between the transaction layer and the dialog layer (RFC 3261's
+transaction user): upward, the transaction layer hands the user agent
+(:class:`~brisvox.gateway.sip.transactions.TransactionUser`) only requests
+that survived the allow-list, the parse, retransmission absorption, the rate
+limits and the table bound, each with its fresh server transaction
+(``on_invite``, ``on_request``) or, for an ACK, asks whether a dialog claims
+it (``on_ack``); responses go to the callback of their client transaction.
+Downward, the dialog layer and the dialer see only
+:class:`~brisvox.gateway.sip.transactions.TransactionLayer`: respond in a
+server transaction, answer 200 with its retransmission until the ACK, send a
+request or an INVITE in a new client transaction, send one datagram, and our
+Via host and Contact. Nothing below the seam knows of calls, legs or
+dialogs (it keys transactions by branch, answers 400/483/503 itself and
+times retransmissions); above it nothing opens a socket, matches a message
+to a transaction or runs an RFC 3261 section 17 timer (the dialog layer's
+own timers are the ring delay and the dial's ring timeout, on the loop).
+Where the next pieces go: another transport (TCP, TLS) below the seam, in
+the transaction layer, which then also says the Via's transport (written
+``UDP`` today by the dialer and :meth:`~brisvox.wire.sip_dialog.Dialog.request`);
+digest authentication of incoming requests in the user agent's routing,
+before a request reaches the dialog layer, and of our own requests (a 401/407
+to an INVITE or REGISTER) in the client that sent them; REGISTER as another
+client beside the dialer; session timers in the dialog layer.
 
-* Sources outside ``[sip] allow`` are dropped before parsing (SIP and RTP)
-  and counted.
-* A malformed datagram costs one parse, a counter and at most one log line
-  per kind per minute (no traceback); it never touches another call and
-  never admits one. Answerable ones get 400 (513 when over
-  ``max_message_bytes``), statelessly, counted ``sip_refused_malformed`` /
-  ``sip_refused_too_large``. Per call, everything buffered is bounded:
-  jitter buffer slots, pending client transactions (``MAX_CLIENT_TX``),
-  marks and DTMF (core), and the call's rings.
-* New INVITEs (no To tag) and OPTIONS over their source's rate limit, and
-  any new request while the transaction table is full, get 503 with
-  Retry-After before a transaction exists (retransmissions of a live
-  transaction are absorbed first and cost no rate). The source is the
-  caller's address: the packet's, or the one a trusted proxy's Vias name
-  (:meth:`~brisvox.gateway.sip.transactions.SipTransactions.caller_host`).
-* An exception while handling one message is counted
-  (``sip_internal_errors``) and logged bounded, with its type and place
-  instead of a traceback; it ends nothing else.
-* Every header value we build from what a model or a caller said is escaped
-  (:func:`~brisvox.wire.sip_message.quoted_string`) or refused (a transfer
-  target that is not a plain SIP/tel URI).
-* A REFER's outcome is reported once: its final response (failure), or the
-  NOTIFY that reports the transfer's final status (success hangs the call
-  up, "transferred").
+Routing here: an INVITE, an ACK, a CANCEL and BYE/INFO/NOTIFY go to the
+dialog layer; OPTIONS is answered here, 200, or 503 "Draining" (Retry-After
+30) / "Full" (Retry-After 10) whenever a new INVITE would be refused now (the
+call host's admission rule,
+:meth:`~brisvox.gateway.core.host.CallHost.refusal`), so a dispatcher in
+front (Kamailio) stops sending calls; other known methods 405, unknown ones
+501. A leg's hang-up goes to the dialer while the outbound INVITE is
+unanswered, else to the dialog layer; its transfer to the dialog layer.
+Behaviour in detail: docs/PROTOCOL.md.
+
+Invariants (each part states its own):
+
+* Built inside the event loop that runs it (the core builds its listeners
+  in its start); every part shares that loop and one set of counters.
+* Stopping reports every unanswered dial ``gateway stopped``, closes every
+  leg's RTP socket, then the SIP socket and its timer.
+* Per call, everything buffered is bounded: jitter buffer slots, pending
+  client transactions (:data:`~brisvox.gateway.sip.dialogs.MAX_CLIENT_TX`),
+  marks and DTMF (core), and the call's rings; the server transaction
+  table holds at most ``[sip] max_transactions``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import re
-import traceback
 from collections.abc import Callable
+from typing import Any
 
-from brisvox.gateway.sip.outbound import SipOutbound
-from brisvox.gateway.sip.rtp import FRAME, RATE, Addr, RtpProtocol, SipCall
-from brisvox.gateway.sip.transactions import MAX_CLIENT_TX
-from brisvox.wire import dtmf
-from brisvox.wire.sip_message import SipMessage, SipParseError, is_digits, parse, parse_uri
-from brisvox.wire.sip_transaction import Action, Deliver, ServerInvite, ServerNonInvite, TimedOut
+from brisvox.gateway.config import SipConfig
+from brisvox.gateway.core.host import CallHost
+from brisvox.gateway.sip.counters import SipCounters
+from brisvox.gateway.sip.dialogs import SipDialogs
+from brisvox.gateway.sip.guard import SipGuard
+from brisvox.gateway.sip.outbound import Done, SipDialer
+from brisvox.gateway.sip.rtp import Addr, RtpPorts, SipCall, SipContext
+from brisvox.gateway.sip.transactions import SipTransactions
+from brisvox.wire.sip_message import SipMessage
+from brisvox.wire.sip_transaction import ServerInvite, ServerNonInvite
 
-__all__ = ["FRAME", "MAX_CLIENT_TX", "RATE", "RtpProtocol", "SipCall", "SipUserAgent"]
+__all__ = ["SipUserAgent"]
 
 log = logging.getLogger("brisvox.gateway.sip")
 
 KNOWN_METHODS = {"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "UPDATE", "PRACK", "REFER"}
-_COUNTED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY", "REFER"}
-MAX_TARGET = 256
 # OPTIONS while a new call would be refused: the reason phrase and Retry-After (s) per refusal
 UNAVAILABLE = {"draining": ("Draining", "30"), "full": ("Full", "10")}
-_TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
 
 
-class SipUserAgent(SipOutbound):
+class SipUserAgent:
     """The SIP endpoint (see the module docstring)."""
 
-    # -- receive ---------------------------------------------------------------------------
+    def __init__(self, call_host: CallHost, cfg: SipConfig) -> None:
+        self.call_host = call_host
+        self.cfg = cfg
+        loop = asyncio.get_event_loop()
+        self.counters = SipCounters(log)
+        self.guard = SipGuard(cfg.allow, cfg.invite_rate, cfg.options_rate)
+        self.transactions = SipTransactions(cfg, self.guard, self.counters, self, loop)
+        self.rtp_ports = RtpPorts(cfg)
+        ctx = SipContext(cfg, call_host, self.counters, loop, self.guard.allowed, self)
+        self.dialogs = SipDialogs(ctx, self.transactions, self.rtp_ports)
+        self.dialer = SipDialer(ctx, self.transactions, self.dialogs, self.rtp_ports)
 
-    def datagram_received(self, data: bytes, addr: Addr) -> None:
-        if not self.allowed(addr[0]):
-            self.count("sip_refused_allowlist")
-            self.guard.log_limit("sip_allowlist", "SIP from %s dropped: not in [sip] allow", addr[0],
-                                 level=logging.INFO)
-            return
-        if not data.strip():
-            return  # CRLF keep-alive
-        try:
-            msg = parse(data, self.cfg.max_message_bytes)
-        except SipParseError as e:
-            self.count(f"sip_malformed_{e.kind}")
-            self.guard.log_limit(f"sip_malformed_{e.kind}", "malformed SIP from %s: %s", addr[0],
-                                 e.detail[:120], level=logging.INFO)
-            if e.can_reply and e.msg is not None and e.msg.method != "ACK":
-                too_large = e.kind == "oversized"
-                self.count("sip_refused_too_large" if too_large else "sip_refused_malformed")
-                self._stateless(e.msg, 513 if too_large else 400, self._reply_addr(e.msg, addr),
-                                "" if too_large else e.detail[:60])
-            return
-        try:
-            if msg.is_request:
-                self.count(f"sip_requests_{msg.method if msg.method in _COUNTED else 'other'}")
-                self._on_request(msg, addr)
-            else:
-                self._on_response(msg, addr)
-        except Exception as e:
-            self.count("sip_internal_errors")
-            frames = traceback.extract_tb(e.__traceback__)
-            where = f"{frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno}" if frames else "?"
-            self.guard.log_limit("sip_internal", "SIP %s from %s failed: %s: %s (at %s)",
-                                 msg.method or msg.status, addr[0], type(e).__name__, str(e)[:200], where,
-                                 level=logging.ERROR)
+    # -- the listener ------------------------------------------------------------------------
 
+    async def start(self) -> tuple[str, int]:
+        return await self.transactions.start()
 
-    def _on_request(self, req: SipMessage, addr: Addr) -> None:
+    async def shutdown(self) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.dialer.close()
+        self.dialogs.close()
+        self.transactions.close()
+
+    def stats(self) -> dict[str, Any]:
+        out = self.counters.snapshot()
+        out.update(self.dialogs.stats())
+        out.update(self.transactions.stats())
+        out["rtp_ports_in_use"] = len(self.rtp_ports.in_use)
+        out.update(self.counters.suppressed())
+        return out
+
+    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0) -> None:
+        """Call ``target``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
+        self.dialer.dial(target, agent, done, ring_timeout_s)
+
+    # -- the transaction user (requests up from the transaction layer) -----------------------
+
+    def on_invite(self, req: SipMessage, addr: Addr, tx: ServerInvite) -> None:
+        self.dialogs.on_invite(req, addr, tx)
+
+    def on_ack(self, req: SipMessage, addr: Addr) -> bool:
+        return self.dialogs.on_ack(req, addr)
+
+    def on_request(self, req: SipMessage, tx: ServerNonInvite) -> None:
         method = req.method
-        if method == "ACK":
-            self._on_ack(req, addr)
-            return
-        key = self._tx_key(req)
-        old = self.server_tx.get(key)
-        if old is not None:
-            self.count("sip_retransmissions_in")
-            self._perform(old, old.on_retransmit(self.loop.time()))  # type: ignore[attr-defined]
-            return
-        reply_to = self._reply_addr(req, addr)
-        if method == "OPTIONS" or (method == "INVITE" and not req.to_tag):
-            caller = self.caller_host(req, addr[0])  # behind a trusted proxy: the caller it names
-            retry = self.guard.admit(method, caller)
-            if retry:
-                self.refuse("rate_limit", "%s from %s over its rate limit", method, caller)
-                self._stateless(req, 503, reply_to, "Rate Limited", extra=[("retry-after", str(retry))])
-                return
-        if len(self.server_tx) >= self.cfg.max_transactions:
-            self.refuse("tx_table_full", "%s from %s: %d transactions", method, addr[0], len(self.server_tx))
-            self._stateless(req, 503, reply_to, extra=[("retry-after", "5")])
-            return
-        if method == "INVITE":
-            itx = ServerInvite(key, reply_to, self.timers)
-            self.server_tx[key] = itx
-            self._track(itx)
-            if req.get("max-forwards") == "0":
-                self._respond(itx, req, 483)
-            else:
-                self._on_invite(req, addr, itx)
-            return
-        tx = ServerNonInvite(key, reply_to, self.timers)
-        self.server_tx[key] = tx
-        self._track(tx)
-        if req.get("max-forwards") == "0" and method != "OPTIONS":
-            self._respond(tx, req, 483)
-            return
         if method == "CANCEL":
-            self._on_cancel(req, tx)
+            self.dialogs.on_cancel(req, tx, self.transactions.invite_for(req))
         elif method == "OPTIONS":
-            refusal = self.call_host.refusal()  # the rule admission applies, nothing taken
-            extra = [("accept", "application/sdp"), ("supported", "replaces")]
-            if refusal:
-                self.count(f"sip_options_{refusal}")
-                reason, after = UNAVAILABLE.get(refusal, ("", "10"))
-                self._respond(tx, req, 503, reason, extra=[*extra, ("retry-after", after)])
-            else:
-                self._respond(tx, req, 200, extra=extra)
+            self._on_options(req, tx)
         elif method in ("BYE", "INFO", "NOTIFY"):
-            leg = self._dialog_for(req)
-            if leg is None:
-                self._respond(tx, req, 481)
-            elif not leg.dialog.accept_cseq(req):
-                self._respond(tx, req, 500, "CSeq out of order")
-            elif method == "BYE":
-                self._respond(tx, req, 200)
-                self._end_leg(leg, "bye")
-            elif method == "INFO":
-                self._on_info(leg, req, tx)
-            else:
-                self._on_notify(leg, req, tx)
+            self.dialogs.on_in_dialog(req, tx)
         elif method in KNOWN_METHODS:
-            self._respond(tx, req, 405)
+            self.transactions.respond(tx, req, 405)
         else:
-            self.count("sip_unknown_method")
-            self._respond(tx, req, 501)
+            self.counters.count("sip_unknown_method")
+            self.transactions.respond(tx, req, 501)
 
+    def _on_options(self, req: SipMessage, tx: ServerNonInvite) -> None:
+        refusal = self.call_host.refusal()  # the rule admission applies, nothing taken
+        extra = [("accept", "application/sdp"), ("supported", "replaces")]
+        if refusal:
+            self.counters.count(f"sip_options_{refusal}")
+            reason, after = UNAVAILABLE.get(refusal, ("", "10"))
+            self.transactions.respond(tx, req, 503, reason, extra=[*extra, ("retry-after", after)])
+        else:
+            self.transactions.respond(tx, req, 200, extra=extra)
 
-    # -- in-dialog requests ------------------------------------------------------------------------
+    # -- the legs' signalling ----------------------------------------------------------------
 
-    def _on_info(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
-        """A key press as INFO: ``application/dtmf-relay`` (``Signal=5``) or ``application/dtmf``
-        (the key alone); a bad body is 400; any other INFO (no key in it) is answered 200."""
-        ctype = req.get("content-type").split(";")[0].strip().lower()
-        if ctype in ("application/dtmf-relay", "application/dtmf"):
-            kind = ctype.split("/")[1]
-            try:
-                digit, dur = dtmf.parse_dtmf_relay(req.body) if kind == "dtmf-relay" else (
-                    dtmf.parse_dtmf_body(req.body), 0)
-            except dtmf.DtmfError:
-                self.refuse("malformed", "bad %s body from %s", kind, leg.dialog.source[0])
-                self._respond(tx, req, 400, f"Bad {kind} body")
-                return
-            self.call_host.dtmf_in(leg.call, digit, dur)
-        self._respond(tx, req, 200)
-
-    def _on_notify(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
-        self._respond(tx, req, 200)
-        if not req.get("event").lower().startswith("refer"):
+    def hangup(self, leg: SipCall, reason: str) -> None:
+        """Our side ends the call (agent Hangup, shutdown, RTP timeout, transfer done)."""
+        if leg.ended:
             return
-        frag = req.body.decode("utf-8", "replace").strip().split("\r\n")[0].split("\n")[0]
-        parts = frag.split(" ", 2)
-        if len(parts) >= 2 and parts[0] == "SIP/2.0" and len(parts[1]) == 3 and is_digits(parts[1]):
-            status = int(parts[1])
-            if status >= 200:
-                self.count("sip_refer_notify_final")
-                if status < 300:
-                    self.call_host.hangup(leg.call, "transferred")
-                elif leg.transfer_done is not None:
-                    leg.transfer_done(False, f"transfer failed: {frag[8:60]}")
-                    leg.transfer_done = None
+        if leg.state == "outgoing":  # our INVITE is unanswered: CANCEL it
+            self.dialer.cancel(leg, reason)
+        else:
+            self.dialogs.hangup(leg, reason)
 
     def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None]) -> None:
-        if leg.state != "confirmed" or leg.ended:
-            done(False, "call not confirmed")
-            return
-        if leg.client_tx >= MAX_CLIENT_TX:
-            done(False, "too many pending requests")
-            return
-        target = target.strip()
-        if not target or len(target) > MAX_TARGET or not _TARGET_RE.match(target) or \
-                any(c in target for c in '<>"\\'):
-            done(False, "invalid target")
-            return
-        if ":" not in target.split("@")[0] and not target.startswith(("sip:", "sips:", "tel:")):
-            host = leg.dialog.next_hop()[0]
-            target = f"sip:{target}@{host}"
-        try:
-            parse_uri(target)
-        except ValueError:
-            done(False, "invalid target")
-            return
-        req = leg.dialog.request("REFER", self.via_host, extra=[
-            ("refer-to", f"<{target}>"), ("referred-by", f"<{leg.dialog.local_uri}>")])
-
-        def on_action(a: Action) -> None:
-            if isinstance(a, Deliver) and a.msg.status >= 200:
-                if a.msg.status < 300:
-                    leg.transfer_done = done  # a failing NOTIFY later reports through it
-                    done(True, f"{a.msg.status} {a.msg.reason}")
-                else:
-                    done(False, f"{a.msg.status} {a.msg.reason}")
-            elif isinstance(a, TimedOut):
-                done(False, "REFER timed out")
-
-        self._client_request(leg, req, on_action)
+        self.dialogs.refer(leg, target, done)
