@@ -5,7 +5,7 @@ VAD state and its window grid) and :class:`AttachedCalls`, the calls attached
 to this worker (held by :class:`workers.core.Worker`; the realtime lane and
 the request dispatch are handed the same object). Named for what it is:
 the calls AttachCall gave this worker, with their Silero slots and their
-subscribers; the gateway's call table (``brisvox/gateway/calls.py``) admits
+subscribers; the gateway's call table (``brisvox/gateway/core/calls.py``) admits
 the calls and owns their rings.
 
 * AttachCall maps a call's four rings (in, in16, tts, out) and gives it a

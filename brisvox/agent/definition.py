@@ -102,7 +102,7 @@ class AgentDef:
     turn: Mapping[str, Any] = field(default_factory=dict)
     speculation: Mapping[str, Any] = field(default_factory=dict)
     window: Mapping[str, Any] = field(default_factory=dict)  # [window]: the request window and its summary
-    dtmf: Mapping[str, Any] = field(default_factory=dict)  # [dtmf]: keypad entries (pipeline/dtmf.py)
+    dtmf: Mapping[str, Any] = field(default_factory=dict)  # [dtmf]: keypad entries (pipeline/cascade/dtmf.py)
     recording: Mapping[str, Any] = field(default_factory=dict)  # [recording]: enabled, path (call_build.py)
     s2s: ProviderDef | None = None  # a speech-to-speech provider replaces stt and llm (docs/S2S.md)
     s2s_settings: Mapping[str, Any] = field(default_factory=dict)  # turn_detection, g711_passthrough, ...
