@@ -34,8 +34,8 @@ async def _start(reply: object, close_in_on_ready: bool) -> tuple[int, list[str]
     instance = f"fs{os.getpid()}"
     core = assemble(GatewaySettings(), instance=instance)
     core.loop = asyncio.get_running_loop()
-    core.agents = {"agent-1": 0}
-    core.workers = {0: 0}
+    core.peer_load.agents["agent-1"] = 0
+    core.peer_load.workers[0] = 0
 
     async def request(peer: str, frame: F.Frame, wait_s: float) -> F.Frame:
         if isinstance(reply, BaseException):

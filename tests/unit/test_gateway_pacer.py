@@ -9,6 +9,7 @@ import pytest
 import zmq
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
+from brisvox.gateway.core.call_machine import AgentStarted, TransportStarted
 from brisvox.gateway.core.calls import AdmissionError
 from brisvox.gateway.core.pacer import FRAME_S
 from brisvox.gateway.transports import assemble
@@ -73,6 +74,13 @@ class Agent:
         pass
 
 
+def activate(call) -> None:
+    """The call's machine as after ``start_call`` and a started agent side (the rigs attach the
+    leg and the stand-in agent themselves, and add the call to the pacer)."""
+    call.machine.handle(TransportStarted())
+    call.machine.handle(AgentStarted(ok=True))
+
+
 @pytest.fixture
 def rig(shm_clean):
     ctx = zmq.Context()
@@ -87,7 +95,7 @@ def rig(shm_clean):
         agent = Agent()
         call.leg = leg
         call.builtin = agent
-        call.state = "active"
+        activate(call)
         core.pacer.add(call)
         made.append(call)
         return call, leg, agent

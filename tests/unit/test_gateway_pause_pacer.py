@@ -24,7 +24,7 @@ def test_a_hold_releases_nothing_and_resumes_from_the_held_position(rig):  # noq
     t = run_ticks(core, call, 10.0, 5)
     held = call.release_pos
     assert held == 5 * 160
-    core.run_actions(call, call.gate.handle(PauseIn(1, t)))
+    core.playout.run_actions(call, call.gate.handle(PauseIn(1, t)))
     assert leg.events[-1] == ("end_spurt",)  # the talkspurt ends at the hold
     n_sent = len(leg.sent)
     t = run_ticks(core, call, t, 25)  # 0.5 s held
@@ -42,7 +42,7 @@ def test_a_hold_ends_by_itself_after_pause_max(rig):  # noqa: F811
     call.out_ring.write(ramp(1600))
     t = run_ticks(core, call, 10.0, 2)
     call.gate.pause_max_s = 0.3
-    core.run_actions(call, call.gate.handle(PauseIn(1, t)))
+    core.playout.run_actions(call, call.gate.handle(PauseIn(1, t)))
     t2 = run_ticks(core, call, t, 14)  # 0.28 s: still held
     assert len(leg.sent) == 2
     run_ticks(core, call, t2, 3)

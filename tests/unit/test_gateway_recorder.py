@@ -23,7 +23,7 @@ from brisvox.gateway.core import recorder as R
 from brisvox.gateway.core.pacer import FRAME_S
 from brisvox.gateway.transports import assemble
 from ipc import frames as F
-from tests.unit.test_gateway_pacer import Agent, FakeLeg, FakeLoop
+from tests.unit.test_gateway_pacer import Agent, FakeLeg, FakeLoop, activate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -126,7 +126,7 @@ def rig(shm_clean, tmp_path):
     leg = FakeLeg()
     call.leg = leg
     call.builtin = Agent()
-    call.state = "active"
+    activate(call)
     core.pacer.add(call)
     call.recording = core.recorder.open(call.call_id, 8000, {"dir": str(tmp_path / "rec"), "keep_days": 30})
     yield core, call, leg, loop
@@ -311,15 +311,15 @@ def test_call_accepted_with_a_recording_opens_it_and_the_transports_end_closes_i
 
     core.links.request = request
     core.links.send = lambda proc, frame: sent.append(frame)
-    core.agents["agent-0"] = 0
+    core.peer_load.agents["agent-0"] = 0
     try:
         async def run():
             core.loop = asyncio.get_running_loop()
             call = core.admit("native", "someagent", 8000)
             assert call.agent_proc == "agent-0"
             ready: list = []
-            call.leg = FakeLeg()
-            await core._start_call(call, lambda ok, why: ready.append(ok))
+            core.start_call(call, FakeLeg(), lambda ok, why: ready.append(ok))
+            await asyncio.gather(*list(core._tasks))
             return call, ready
 
         call, ready = asyncio.run(run())

@@ -45,8 +45,8 @@ def core():
 
 
 def test_the_gateway_table_handles_exactly_the_frames_the_gateway_receives(core):
-    assert set(core.handlers) == received_by("gateway")
-    assert F.WorkerTick not in core.handlers  # a worker's ticks go to subscribers, never to the gateway
+    assert set(core.router.handlers) == received_by("gateway")
+    assert F.WorkerTick not in core.router.handlers  # a worker's ticks go to subscribers, never to the gateway
 
 
 def test_frames_without_a_handler_late_replies_and_unknown_calls_are_counted(core):
@@ -97,7 +97,7 @@ def test_audio_in_owns_the_in_ring_and_its_counters(core):
     assert (st.packets_in, st.bytes_in, st.samples_in) == (2, 652, 520)
     host.audio_in(call, pcm, 8000, 640)  # not the call's rate: dropped, counted
     assert call.in_ring.write_pos == 520 and core.metrics.counters["audio_in_wrong_rate"] == 1
-    call.transport_done = True
+    host.transport_ended(call, "bye")
     host.audio_in(call, pcm, 16000, 640)
     assert call.in_ring.write_pos == 520 and st.packets_in == 4
 

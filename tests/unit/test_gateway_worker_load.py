@@ -25,16 +25,19 @@ class Leg:
     marks_by_echo = True
     can_send = True
 
+    def __init__(self) -> None:
+        self.hung: list[str] = []
+
     def hangup(self, reason: str) -> None:
-        pass
+        self.hung.append(reason)
 
 
 def make_core(taken_by: dict[int, int] | None = None) -> tuple[GatewayCore, list[F.CallStart]]:
     """``taken_by``: request number -> the worker that took that call instead of the hinted one."""
     core = assemble(GatewaySettings(), instance=f"wl{os.getpid()}")
     core.loop = asyncio.get_running_loop()
-    core.agents = {"agent-0": 0, "agent-1": 0}
-    core.workers = {0: 0, 1: 0}
+    core.peer_load.agents.update({"agent-0": 0, "agent-1": 0})
+    core.peer_load.workers.update({0: 0, 1: 0})
     starts: list[F.CallStart] = []
     sent: list[F.Frame] = []
 
@@ -71,42 +74,42 @@ async def _pipeline_calls_are_spread_and_counted() -> None:
     try:
         calls = await start_calls(core, 5)
         assert [s.worker for s in starts] == [0, 1, 0, 1, 0]  # hinted by the count of live calls
-        assert core.workers == {0: 3, 1: 2}
+        assert core.peer_load.workers == {0: 3, 1: 2}
         assert [c.worker for c in calls] == [0, 1, 0, 1, 0]
         core.transport_ended(calls[1], "bye")
         core._on_frame(F.CallEnded(call_id=calls[1].call_id, reason="bye"), calls[1].agent_proc, None)
-        assert core.workers == {0: 3, 1: 1}
+        assert core.peer_load.workers == {0: 3, 1: 1}
         more = await start_calls(core, 1)
         assert starts[-1].worker == 1 and more[0].worker == 1
     finally:
         end_all(core)
-    assert core.workers == {0: 0, 1: 0}
+    assert core.peer_load.workers == {0: 0, 1: 0}
     assert len(core.table) == 0
 
 
 async def _the_count_follows_the_worker_that_really_serves_the_call(tmp: str) -> None:
     core, starts = make_core()
-    core.runtime_dir = tmp
+    core.router.runtime_dir = tmp
     core.links.start(asyncio.get_running_loop(), None)
     try:
         calls = await start_calls(core, 2)
-        assert core.workers == {0: 1, 1: 1}
+        assert core.peer_load.workers == {0: 1, 1: 1}
         # worker 1 is lost: its call is no longer counted anywhere ...
         core.update_topology([{"role": "agent", "index": 0, "state": "ready"},
                               {"role": "agent", "index": 1, "state": "ready"},
                               {"role": "worker", "index": 0, "state": "ready"},
                               {"role": "worker", "index": 1, "state": "exited"}])
-        assert core.workers == {0: 1} and calls[1].worker == -1
+        assert core.peer_load.workers == {0: 1} and calls[1].worker == -1
         # ... until the worker it was re-attached to announces an utterance for it
         core._on_frame(F.OutUtterance(call_id=calls[1].call_id, utterance=1, epoch=1, out_pos=0), "worker-0", None)
-        assert core.workers == {0: 2} and calls[1].worker == 0
+        assert core.peer_load.workers == {0: 2} and calls[1].worker == 0
         # an utterance from the worker already counted changes nothing
         core._on_frame(F.OutUtterance(call_id=calls[0].call_id, utterance=1, epoch=1, out_pos=0), "worker-0", None)
-        assert core.workers == {0: 2}
+        assert core.peer_load.workers == {0: 2}
     finally:
         end_all(core)
         core.links.close()
-    assert core.workers == {0: 0}
+    assert core.peer_load.workers == {0: 0}
 
 
 async def _a_call_the_agent_attached_elsewhere_is_counted_there() -> None:
@@ -114,12 +117,12 @@ async def _a_call_the_agent_attached_elsewhere_is_counted_there() -> None:
     try:
         calls = await start_calls(core, 1)
         assert starts[0].worker == 0  # hinted
-        assert calls[0].worker == 1 and core.workers == {0: 0, 1: 1}  # counted where it runs
+        assert calls[0].worker == 1 and core.peer_load.workers == {0: 0, 1: 1}  # counted where it runs
         await start_calls(core, 1)
         assert starts[1].worker == 0  # so the next call goes to the idle worker
     finally:
         end_all(core)
-    assert core.workers == {0: 0, 1: 0}
+    assert core.peer_load.workers == {0: 0, 1: 0}
 
 
 def test_pipeline_calls_are_spread_and_counted(shm_clean) -> None:
@@ -139,10 +142,11 @@ async def _a_stopping_agent_keeps_its_calls_and_gets_no_new_one(tmp: str) -> Non
     to be hung up at once, "agent process died"), new calls go to the others, and they are
     hung up only once the process is gone."""
     core, starts = make_core()
-    core.runtime_dir = tmp
+    core.router.runtime_dir = tmp
     core.links.start(asyncio.get_running_loop(), None)
-    hung: list[tuple[str, str]] = []
-    core.hangup = lambda call, reason: hung.append((call.call_id, reason))  # type: ignore[method-assign]
+
+    def hung() -> list[tuple[str, str]]:  # the legs' hang-ups
+        return [(c.call_id, reason) for c in core.table.calls.values() for reason in c.leg.hung]
     rows = [{"role": "worker", "index": 0, "state": "ready"}, {"role": "worker", "index": 1, "state": "ready"}]
     try:
         calls = await start_calls(core, 2)
@@ -150,12 +154,12 @@ async def _a_stopping_agent_keeps_its_calls_and_gets_no_new_one(tmp: str) -> Non
         assert len(on_1) == 1
         core.update_topology([*rows, {"role": "agent", "index": 0, "state": "ready"},
                               {"role": "agent", "index": 1, "state": "stopping"}])
-        assert hung == [] and not on_1[0].agent_done and list(core.agents) == ["agent-0"]
+        assert hung() == [] and not on_1[0].agent_done and list(core.peer_load.agents) == ["agent-0"]
         more = await start_calls(core, 2)
         assert {c.agent_proc for c in more} == {"agent-0"}  # no new call for the stopping one
         core.update_topology([*rows, {"role": "agent", "index": 0, "state": "ready"},
                               {"role": "agent", "index": 1, "state": "exited"}])
-        assert hung == [(on_1[0].call_id, "agent process died")] and on_1[0].agent_done
+        assert hung() == [(on_1[0].call_id, "agent process died")] and on_1[0].agent_done
     finally:
         end_all(core)
         core.links.close()

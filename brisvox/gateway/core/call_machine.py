@@ -248,7 +248,7 @@ class CallMachine:
     __slots__ = ("detach_timeout_s", "state", "transport_done", "agent_done", "process", "builtin",
                  "start", "end_reason", "end_deadline")
 
-    def __init__(self, detach_timeout_s: float = 5.0) -> None:
+    def __init__(self, detach_timeout_s: float = 10.0) -> None:
         self.detach_timeout_s = detach_timeout_s
         self.state = STARTING  # starting -> active -> ending -> ended
         self.transport_done = False

@@ -89,7 +89,7 @@ class Call:
 
     def __init__(self, call_id: str, transport: str, agent: str, call_rate: int, tts_rate: int,
                  rings: dict[str, Ring], started_ns: int, frame: int, *, max_marks: int = 64,
-                 pause_max_s: float = 2.5, detach_timeout_s: float = 5.0) -> None:
+                 pause_max_s: float = 2.5, detach_timeout_s: float = 10.0) -> None:
         self.call_id = call_id
         self.transport = transport
         self.agent = agent
@@ -167,7 +167,7 @@ class CallTable:
     """All calls of the gateway (see module invariants)."""
 
     def __init__(self, instance: str, max_calls: int, ring_seconds: float, frame_ms: int = 20, *,
-                 max_marks: int = 64, pause_max_s: float = 2.5, detach_timeout_s: float = 5.0) -> None:
+                 max_marks: int = 64, pause_max_s: float = 2.5, detach_timeout_s: float = 10.0) -> None:
         self.instance = instance
         self.max_marks = max_marks
         self.pause_max_s = pause_max_s

@@ -19,28 +19,62 @@ resume after the delay). Counts are in the call's stats.
 Invariants: the echo is the single writer of the ring it feeds (``tts`` via
 a worker, ``out`` directly); the ``out`` ring always receives the delay as
 silence first, so the caller hears their voice ``echo_delay_ms`` later.
+
+It asks the gateway only what :class:`EchoHost` names (the gateway core
+implements it): the playout inputs an agent would send as frames, the worker
+it runs on, the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
+from brisvox.gateway.config import GatewayConfig
 from brisvox.gateway.core.calls import Call
+from brisvox.gateway.metrics import GatewayMetrics
 from ipc.ring import RingReader
 from ipc.worker_client import AttachError, WorkerClient
-
-if TYPE_CHECKING:
-    from brisvox.gateway.core.gateway_core import GatewayCore
 
 log = logging.getLogger("brisvox.gateway.core.echo")
 
 MAX_MOVE_S = 1.0  # at most this much audio moved per tick (bounds the work of one tick)
 
 
+class EchoHost(Protocol):
+    """What the echo agent asks of the gateway core."""
+
+    @property
+    def cfg(self) -> GatewayConfig: ...
+
+    @property
+    def instance(self) -> str: ...
+
+    @property
+    def identity(self) -> str: ...
+
+    @property
+    def metrics(self) -> GatewayMetrics: ...
+
+    async def echo_client(self) -> WorkerClient | None: ...
+
+    def set_worker(self, call: Call, index: int) -> None: ...
+
+    def apply_clear(self, call: Call, epoch: int, sent_ns: int = 0, arrival_ns: int = 0,
+                    lazy: bool = False) -> None: ...
+
+    def note_utterance(self, call: Call, epoch: int, out_pos: int) -> None: ...
+
+    def add_mark(self, call: Call, name: str, position: int) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+
+
 class EchoAgent:
-    def __init__(self, core: GatewayCore, call: Call) -> None:
+    def __init__(self, core: EchoHost, call: Call) -> None:
         self.core = core
         self.call = call
         cfg = core.cfg

@@ -1,22 +1,37 @@
 """The gateway core: one asyncio loop that owns every caller-facing socket.
 
-Owns the assembly of the gateway: the call table, the pacer, the metrics,
-the control links, and one listener per enabled config section of the
-transport registry (:mod:`brisvox.gateway.transports`: the SIP user agent
-and the WebSocket server), started, stopped and reported in registry order.
-Runs standalone (its own loop and ZeroMQ context, for tests and benches) or
-inside the daemon (``brisvox/gateway/process.py``).
+Owns the assembly of the gateway: the call table, the pacer, the recorder,
+the metrics, the control links, and one listener per enabled config section
+of the transport registry (:mod:`brisvox.gateway.transports`: the SIP user
+agent and the WebSocket server), started, stopped and reported in registry
+order. Runs standalone (its own loop and ZeroMQ context, for tests and
+benches) or inside the daemon (``brisvox/gateway/process.py``).
 
 :class:`GatewayCore` is the :class:`~brisvox.gateway.core.host.CallHost` the
-transports receive. Its parts, each in its own module with its invariants:
+transports receive (and the :class:`~brisvox.gateway.core.echo.EchoHost` of
+the echo agent, the :class:`~brisvox.gateway.core.peers.Operator` of the
+operators' commands); it owns its state and holds its collaborators, each in
+its own module with its invariants, and delegates to them:
 
-* :mod:`brisvox.gateway.core.lifecycle`: admission, the agent side's start, the
-  caller's audio and DTMF in, the end and release of a call;
-* :mod:`brisvox.gateway.core.playout`: Clear, lazy Clear, Pause/Resume, marks,
-  utterance starts, fed to each call's :class:`~brisvox.playout.gate.PlayoutGate`
-  and its actions executed;
-* :mod:`brisvox.gateway.core.peers`: agent processes and workers, the frame
-  dispatch table, Playback reports.
+* :class:`~brisvox.gateway.core.lifecycle.CallLifecycle`: admission, the
+  agent side's start, the caller's audio and DTMF in, the end and release of
+  a call, each decided by the call's
+  :class:`~brisvox.gateway.core.call_machine.CallMachine` (pure) and executed
+  through one action table;
+* :class:`~brisvox.gateway.core.playout.PlayoutCommands`: Clear, lazy Clear,
+  Pause/Resume, marks, utterance starts, fed to each call's
+  :class:`~brisvox.playout.gate.PlayoutGate` and its actions executed;
+* :class:`~brisvox.gateway.core.peers.PeerRouter`: agent processes and
+  workers (topology), the frame dispatch table, Playback reports;
+* :class:`~brisvox.gateway.core.peer_load.PeerLoad`: which agent process and
+  worker a new call goes to, and how many live calls each serves;
+* :class:`~brisvox.gateway.core.pacer.Pacer` (the one timer) and
+  :class:`~brisvox.gateway.core.recorder.Recorder` (the calls' WAVs).
+
+No collaborator holds the core: each gets what it uses (the table, the
+links, the pacer, ... and ``spawn`` / ``now`` for the loop); the router
+reaches it only as the :class:`~brisvox.gateway.core.peers.Operator` of a
+``Command``, the echo agent only as its ``EchoHost``.
 
 Invariants (of the assembly):
 
@@ -30,21 +45,27 @@ Invariants (of the assembly):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import zmq
 
 from brisvox.gateway.config import GatewaySettings
-from brisvox.gateway.core.calls import CallTable
+from brisvox.gateway.core.calls import Call, CallTable, Leg
 from brisvox.gateway.core.host import Dialer, Listener, ListenerFactory
-from brisvox.gateway.core.lifecycle import ECHO, ECHO_TTS_RATE
+from brisvox.gateway.core.lifecycle import Builtin, CallLifecycle
 from brisvox.gateway.core.pacer import FRAME_S, Pacer
-from brisvox.gateway.core.peers import AgentLinks
+from brisvox.gateway.core.peer_load import ECHO, ECHO_TTS_RATE, PeerLoad
+from brisvox.gateway.core.peers import PeerRouter
+from brisvox.gateway.core.playout import PlayoutCommands
 from brisvox.gateway.core.recorder import Recorder
 from brisvox.gateway.metrics import GatewayMetrics
+from brisvox.playout.gate import Action as GateAction
 from brisvox.runtime.memory import IdleTrim
+from ipc import frames as F
 from ipc.links import Links
 
 __all__ = ["ECHO", "ECHO_TTS_RATE", "GatewayCore"]
@@ -52,7 +73,7 @@ __all__ = ["ECHO", "ECHO_TTS_RATE", "GatewayCore"]
 MAX_REPORTED_CALLS = 16
 
 
-class GatewayCore(AgentLinks):
+class GatewayCore:
     """See the module docstring."""
 
     def __init__(
@@ -71,41 +92,57 @@ class GatewayCore(AgentLinks):
         self.settings = settings
         self.listener_factories = listeners  # config section -> its listener's factory (the registry's)
         self.dialers = dialers  # a dial's via -> how it is placed (the registry's)
-        self.cfg = settings.gateway
+        self.cfg = cfg = settings.gateway
         self.instance = instance
         self.identity = identity
         self.inbox_endpoint = inbox_endpoint
-        self.runtime_dir = runtime_dir
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
         self.metrics = GatewayMetrics()
-        self.table = CallTable(instance, self.cfg.call_limit(), self.cfg.ring_seconds,
-                               max_marks=self.cfg.max_marks, pause_max_s=self.cfg.pause_max_ms / 1000.0)
+        self.table = CallTable(instance, cfg.call_limit(), cfg.ring_seconds, max_marks=cfg.max_marks,
+                               pause_max_s=cfg.pause_max_ms / 1000.0, detach_timeout_s=cfg.detach_timeout_s)
         self.links = Links(self.ctx, identity, self._on_frame)
         self.pacer = Pacer(
             self.metrics,
-            report_every=max(1, round(self.cfg.position_interval_ms / (FRAME_S * 1000))),
-            on_actions=self.run_actions,
-            on_report=self._report,
+            report_every=max(1, round(cfg.position_interval_ms / (FRAME_S * 1000))),
+            on_actions=self._on_gate_actions,
+            on_report=self._on_report,
         )
-        self.static_peers = dict(static_peers or {})
-        self.agents: dict[str, int] = {}  # ready agent process -> live calls
-        self.stopping_agents: set[str] = set()  # no new calls; their live calls go on (a drain)
-        self.workers: dict[int, int] = {}  # ready worker index -> live calls it serves (all agents)
-        self.smart_turn_ms: dict[int, float] = {}  # worker index -> its boot-measured Smart Turn ms (auto limit)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listeners: dict[str, Listener] = {}  # config section -> its listener (registry order)
         self.endpoints: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._echo_client: Any = None
-        self._transports_idle = asyncio.Event()
-        self._echo_actx: Any = None
         self.idle_trim = IdleTrim()  # memory back to the kernel once the last call ended
         self.recorder = Recorder()  # the calls' stereo WAVs, off the loop (its thread starts with the first)
-        self.handlers = self.frame_handlers()
-        self.gate_actions = self.gate_action_handlers()
+        self.peer_load = PeerLoad()
+        self.playout = PlayoutCommands(self.metrics, self.pacer, self.links)
+        self.lifecycle = CallLifecycle(
+            cfg, instance, table=self.table, pacer=self.pacer, recorder=self.recorder, links=self.links,
+            load=self.peer_load, metrics=self.metrics, idle_trim=self.idle_trim, spawn=self.spawn,
+            now=self.now, make_builtin=self._make_echo)
+        self.router = PeerRouter(
+            cfg, identity=identity, ctx=self.ctx, runtime_dir=runtime_dir, static_peers=dict(static_peers or {}),
+            links=self.links, table=self.table, load=self.peer_load, lifecycle=self.lifecycle,
+            playout=self.playout, metrics=self.metrics, operator=self, now=self.now)
 
-    # -- lifecycle ------------------------------------------------------------
+    # -- wiring: the links' and the pacer's callbacks -------------------------------------
+
+    def _on_frame(self, frame: F.Frame, sender: str, cid: int | str | None) -> None:
+        self.router.on_frame(frame, sender, cid)
+
+    def _on_gate_actions(self, call: Call, actions: Sequence[GateAction]) -> None:
+        self.playout.run_actions(call, actions)
+
+    def _on_report(self, calls: list[Call]) -> None:
+        self.router.report(calls)
+
+    def _make_echo(self, call: Call) -> Builtin:
+        # imported here: the echo's worker client only when a call needs it
+        from brisvox.gateway.core.echo import EchoAgent
+
+        return EchoAgent(self, call)
+
+    # -- start and stop ------------------------------------------------------------
 
     async def start(self) -> dict[str, str]:
         """Bind everything; returns the bound endpoints (``sip``, ``websocket``, ``inbox``)."""
@@ -113,12 +150,7 @@ class GatewayCore(AgentLinks):
         self.links.start(self.loop, self.inbox_endpoint)
         if self.inbox_endpoint:
             self.endpoints["inbox"] = self.inbox_endpoint
-        for name, ep in self.static_peers.items():
-            self.links.connect(name, ep)
-            if name.startswith("agent-"):
-                self.agents.setdefault(name, 0)
-            elif name.startswith("worker-"):
-                self.workers.setdefault(int(name.split("-", 1)[1]), 0)
+        self.router.connect_static()
         for section, make in self.listener_factories.items():
             cfg = getattr(self.settings, section)
             if not cfg.enabled:
@@ -137,42 +169,127 @@ class GatewayCore(AgentLinks):
     async def stop(self, grace_s: float = 2.0) -> None:
         """Hang up every call, wait up to ``grace_s`` for the transports, then release all."""
         self.table.draining = True
-        for call in list(self.table.calls.values()):
-            if call.leg is not None and not call.transport_done:
-                call.leg.hangup("shutdown")
-            elif not call.transport_done:
-                self.transport_ended(call, "shutdown")
-        if any(not c.transport_done for c in self.table.calls.values()):
-            self._transports_idle.clear()
-            try:
-                async with asyncio.timeout(grace_s):
-                    await self._transports_idle.wait()
-            except TimeoutError:
-                self.metrics.inc("stop_grace_expired")
-        for call in list(self.table.calls.values()):
-            if not call.transport_done:
-                self.transport_ended(call, "shutdown")
-            call.agent_done = True
-            self.release_if_done(call, force=True)
+        self.lifecycle.hang_up_all()
+        if not await self.lifecycle.transports_gone(grace_s):
+            self.metrics.inc("stop_grace_expired")
+        self.lifecycle.release_all()
         self.pacer.stop()
         await asyncio.to_thread(self.recorder.stop)  # every open recording finished (headers fixed)
         self.idle_trim.cancel()
         for listener in reversed(list(self.listeners.values())):
             await listener.shutdown()
-        if self._echo_client is not None:
-            try:
-                async with asyncio.timeout(1.0):
-                    await self._echo_client.close()
-            except TimeoutError:
-                pass
+        await self.router.close()
         for t in list(self._tasks):
             t.cancel()
         self.links.close()
         if self._own_ctx:
             self.ctx.term()
 
+    def update_topology(self, rows: list[dict[str, Any]]) -> None:
+        """The supervisor's topology: connect to ready peers, end the calls of a dead agent."""
+        self.router.update_topology(rows)
 
-    # -- stats --------------------------------------------------------------------
+    # -- the loop (CallHost) -----------------------------------------------------------
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        assert self.loop is not None
+        t = self.loop.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        return t
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        loop = self.loop or asyncio.get_event_loop()
+        return loop.call_later(delay, callback)
+
+    def now(self) -> float:
+        """The loop's time (its clock, ``time.monotonic``, before the loop is known)."""
+        loop = self.loop
+        return loop.time() if loop is not None else time.monotonic()
+
+    def count(self, name: str, n: int = 1) -> None:
+        self.metrics.inc(name, n)
+
+    # -- admission and the call's ends (CallHost) -------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        return self.table.draining
+
+    def refusal(self) -> str:
+        """Why :meth:`admit` would refuse a call now (``"draining"``, ``"full"``), else ``""``."""
+        return self.table.refusal()
+
+    def note_refused(self, reason: str) -> None:
+        self.table.refused[reason] = self.table.refused.get(reason, 0) + 1
+
+    def admit(self, transport: str, agent: str, call_rate: int) -> Call:
+        return self.lifecycle.admit(transport, agent, call_rate)
+
+    def start_call(self, call: Call, leg: Leg, on_ready: Callable[[bool, str], None]) -> None:
+        self.lifecycle.start_call(call, leg, on_ready)
+
+    def abandon(self, call: Call) -> None:
+        self.lifecycle.abandon(call)
+
+    def transport_ended(self, call: Call, reason: str) -> None:
+        self.lifecycle.transport_ended(call, reason)
+
+    def hangup(self, call: Call, reason: str) -> None:
+        self.lifecycle.hangup(call, reason)
+
+    # -- the caller's side in (CallHost) ---------------------------------------------------------
+
+    def audio_in(self, call: Call, pcm16: np.ndarray, rate: int, wire_bytes: int = -1, gap: int = 0) -> None:
+        self.lifecycle.audio_in(call, pcm16, rate, wire_bytes, gap)
+
+    def packet_in(self, call: Call, wire_bytes: int) -> None:
+        self.lifecycle.packet_in(call, wire_bytes)
+
+    def dtmf_in(self, call: Call, digit: str, duration_ms: int) -> None:
+        self.lifecycle.dtmf_in(call, digit, duration_ms)
+
+    def protocol_error(self, call: Call | None, counter: str) -> None:
+        self.lifecycle.protocol_error(call, counter)
+
+    def mark_echo(self, call: Call, name: str) -> None:
+        self.playout.mark_echo(call, name)
+
+    # -- playout inputs and the worker (EchoHost; the frames' own path is the router's) -------------
+
+    def apply_clear(self, call: Call, epoch: int, sent_ns: int = 0, arrival_ns: int = 0,
+                    lazy: bool = False) -> None:
+        self.playout.apply_clear(call, epoch, sent_ns, arrival_ns, lazy)
+
+    def apply_pause(self, call: Call, epoch: int) -> None:
+        self.playout.apply_pause(call, epoch)
+
+    def note_utterance(self, call: Call, epoch: int, out_pos: int) -> None:
+        self.playout.note_utterance(call, epoch, out_pos)
+
+    def add_mark(self, call: Call, name: str, position: int) -> None:
+        self.playout.add_mark(call, name, position)
+
+    def set_worker(self, call: Call, index: int) -> None:
+        self.peer_load.set_worker(call, index)
+
+    async def echo_client(self) -> Any:
+        return await self.router.echo_client()
+
+    # -- operators (Operator) --------------------------------------------------------------------
+
+    def command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Introspection for operators and tests (``stats``, ``calls``)."""
+        if name == "calls":
+            return {c.call_id: {"transport": c.transport, "agent": c.agent, "state": c.state,
+                                "agent_proc": c.agent_proc, "worker": c.worker,
+                                "transport_done": c.transport_done, "agent_done": c.agent_done,
+                                "end_reason": c.end_reason,
+                                "age_s": round((time.monotonic_ns() - c.started_ns) / 1e9, 1),
+                                "release_pos": c.release_pos, "in_pos": c.in_ring.write_pos,
+                                "ids": dict(c.transport_ids), **c.stats.as_dict()}
+                    for c in self.table.calls.values()}
+        return self.stats()
 
     def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None:
         """The ``dial`` command: placed by the dialer its ``via`` names (default ``sip``: an outbound

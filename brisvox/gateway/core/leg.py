@@ -26,7 +26,7 @@ failed) closes a WebSocket leg with 1011 and sends the SIP BYE with Q.850
 cause 41 (temporary failure); every other hang-up is a normal one (1000,
 cause 16). A WebSocket leg's close frame carries the reason cut to 123
 bytes of UTF-8 at a character boundary (RFC 6455;
-:func:`brisvox.wire.ws_frames.close_reason`, applied by the connection), so
+:func:`brisvox.wire.ws_framing.close_reason`, applied by the connection), so
 a reason of any length or script still closes and the hang-up completes.
 
 :data:`SESSION_LOG` is the WebSocket legs' log of a peer's bad input (a

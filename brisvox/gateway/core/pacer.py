@@ -50,6 +50,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from brisvox.gateway.core.call_machine import ACTIVE
 from brisvox.gateway.core.calls import Call
 from brisvox.gateway.metrics import GatewayMetrics, Histogram
 from brisvox.playout.gate import HELD, Action
@@ -186,7 +187,7 @@ class Pacer:
         if grid is None:
             grid = now
         leg = call.leg
-        if leg is None or call.state != "active":
+        if leg is None or call.machine.state != ACTIVE:
             return
         leg.poll(now)
         if call.builtin is not None:

@@ -1,13 +1,18 @@
 """The core's links to agent processes and workers: topology, the frame dispatch table, reports.
 
-Owns :class:`AgentLinks`, the part of the gateway core that talks ZeroMQ
+Owns :class:`PeerRouter`, the collaborator of the gateway core that talks ZeroMQ
 (:class:`ipc.links.Links`): which agent processes and workers are ready
-(topology pushes and static peers), the echo agent's worker client, the
-dispatch of every frame the gateway receives (:meth:`AgentLinks.frame_handlers`:
-one ``frame class -> handler`` table covering exactly
-``ipc.codec.received_by("gateway")``), the periodic Playback reports and
-the operators' ``Command`` introspection (and ``dial``, answered when the outbound call is:
-answered over SIP, queued by Twilio with ``via = "twilio"``).
+(topology pushes and static peers, applied to the
+:class:`~brisvox.gateway.core.peer_load.PeerLoad`), the echo agent's worker
+client, the dispatch of every frame the gateway receives
+(:meth:`PeerRouter.frame_handlers`: one ``frame class -> handler`` table
+covering exactly ``ipc.codec.received_by("gateway")``), the periodic Playback
+reports and the operators' ``Command`` (answered by the core, the
+:class:`Operator`: introspection, and ``dial``, answered when the outbound
+call is: answered over SIP, queued by Twilio with ``via = "twilio"``).
+What a frame says about the bot's audio goes to the playout commands
+(:mod:`brisvox.gateway.core.playout`), what it says about the call's end to
+the call lifecycle (:mod:`brisvox.gateway.core.lifecycle`).
 
 Invariants:
 
@@ -23,7 +28,8 @@ Invariants:
   ``call_events_dropped``, never queued, never answered; the gateway reads nothing in it.
 * An agent process that is no longer ready ends its calls (``calls_agent_lost``);
   a worker that is no longer ready leaves its calls without a worker until
-  their next OutUtterance names the one they were re-attached to.
+  their next OutUtterance names the one they were re-attached to (both
+  through each call's machine: a released call is never touched).
 * ``max_calls = "auto"``: the call table's limit follows the slowest Smart Turn
   inference time a worker's row reports (``measured.smart_turn_ms``, from its boot
   self-benchmark; :meth:`GatewayConfig.call_limit`). A figure is kept per worker
@@ -33,18 +39,24 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
-from brisvox.gateway.core.calls import Call
+from brisvox.gateway.config import GatewayConfig
+from brisvox.gateway.core.calls import Call, CallTable
 from brisvox.gateway.core.lifecycle import CallLifecycle
+from brisvox.gateway.core.peer_load import PeerLoad
+from brisvox.gateway.core.playout import PlayoutCommands
+from brisvox.gateway.metrics import GatewayMetrics
 from ipc import frames as F
 from ipc.bus import endpoint as bus_endpoint
+from ipc.links import Links
 
 log = logging.getLogger("brisvox.gateway")
 
@@ -52,19 +64,49 @@ Handler = Callable[[Any, str, "int | str | None"], None]
 REPLIES = (F.CallAccepted, F.Attached, F.Detached, F.ErrorReply)
 
 
-class AgentLinks(CallLifecycle):
+class Operator(Protocol):
+    """What an operator's ``Command`` asks of the gateway (the core answers)."""
+
+    def command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
+
+    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None: ...
+
+
+class PeerRouter:
     """Topology, frame dispatch and reports (see the module docstring)."""
 
-    identity: str
-    ctx: zmq.Context
-    runtime_dir: Path | None
-    static_peers: dict[str, str]
-    smart_turn_ms: dict[int, float]
-    _echo_client: Any
-    _echo_actx: Any
-    handlers: dict[type[F.Frame], Handler]
+    def __init__(self, cfg: GatewayConfig, *, identity: str, ctx: zmq.Context, runtime_dir: Path | None,
+                 static_peers: dict[str, str], links: Links, table: CallTable, load: PeerLoad,
+                 lifecycle: CallLifecycle, playout: PlayoutCommands, metrics: GatewayMetrics,
+                 operator: Operator, now: Callable[[], float]) -> None:
+        self.cfg = cfg
+        self.identity = identity
+        self.ctx = ctx
+        self.runtime_dir = runtime_dir
+        self.static_peers = static_peers
+        self.links = links
+        self.table = table
+        self.load = load
+        self.lifecycle = lifecycle
+        self.playout = playout
+        self.metrics = metrics
+        self.operator = operator
+        self.now = now
+        self.smart_turn_ms: dict[int, float] = {}  # worker index -> its boot-measured Smart Turn ms (auto limit)
+        self._echo_client: Any = None
+        self._echo_actx: Any = None
+        self.handlers = self.frame_handlers()
 
     # -- topology -------------------------------------------------------------
+
+    def connect_static(self) -> None:
+        """Connect to the configured peers (no topology pushes: tests, benches)."""
+        for name, ep in self.static_peers.items():
+            self.links.connect(name, ep)
+            if name.startswith("agent-"):
+                self.load.add_agent(name)
+            elif name.startswith("worker-"):
+                self.load.add_worker(int(name.split("-", 1)[1]))
 
     def update_topology(self, rows: list[dict[str, Any]]) -> None:
         """Connect to ready agents/workers; end the calls of an agent that died.
@@ -73,44 +115,34 @@ class AgentLinks(CallLifecycle):
         they end when they end, or when the process is gone (exited, failed, absent)."""
         if self.runtime_dir is None:
             return
+        load = self.load
         ready = {(r["role"], int(r["index"])) for r in rows if r.get("state") == "ready"}
         alive = ready | {(r["role"], int(r["index"])) for r in rows if r.get("state") == "stopping"}
         for role, idx in ready:
             name = f"{role}-{idx}"
             if role == "agent":
                 self.links.connect(name, bus_endpoint(self.runtime_dir, name))
-                self.agents.setdefault(name, 0)
+                load.add_agent(name)
             elif role == "worker":
                 self.links.connect(name, bus_endpoint(self.runtime_dir, name))
-                self.workers.setdefault(idx, 0)
-        for name in list(self.agents):
+                load.add_worker(idx)
+        for name in list(load.agents):
             if ("agent", int(name.split("-")[1])) not in ready and name not in self.static_peers:
-                del self.agents[name]  # no new calls
-                self.stopping_agents.add(name)
-        for name in list(self.stopping_agents):
-            key = ("agent", int(name.split("-")[1]))
-            if key in ready:
-                self.stopping_agents.discard(name)
-            elif key not in alive:
-                self.stopping_agents.discard(name)
+                load.agent_stopping(name)  # no new calls
+        for name in list(load.stopping_agents):
+            if ("agent", int(name.split("-")[1])) not in alive:
+                load.agent_gone(name)
                 self.links.disconnect(name)
-                for call in list(self.table.calls.values()):
-                    if call.agent_proc == name and not call.agent_done:
-                        call.agent_done = True
-                        self.metrics.inc("calls_agent_lost")
-                        self.hangup(call, "agent process died")
-        for idx in list(self.workers):
+                self.lifecycle.agent_lost(name)
+        for idx in list(load.workers):
             if ("worker", idx) not in ready and f"worker-{idx}" not in self.static_peers:
-                del self.workers[idx]
+                load.drop_worker(idx)
                 self.links.disconnect(f"worker-{idx}")
-                for call in self.table.calls.values():
-                    if call.worker == idx:
-                        call.worker = -1  # re-attached elsewhere; its next OutUtterance says where
+                self.lifecycle.worker_lost(idx)  # re-attached elsewhere; its next OutUtterance says where
 
         if self._echo_client is not None:
             self._echo_client.on_topology(rows)
         self._follow_measured_capacity(rows)
-
     def _follow_measured_capacity(self, rows: list[dict[str, Any]]) -> None:
         """``max_calls = "auto"``: the limit for the slowest worker's boot-measured Smart Turn time."""
         if self.cfg.max_calls != "auto":
@@ -137,7 +169,7 @@ class AgentLinks(CallLifecycle):
         if not self.cfg.echo_use_workers:
             return None
         if self._echo_client is None:
-            endpoints = {i: self.links.endpoints[f"worker-{i}"] for i in self.workers
+            endpoints = {i: self.links.endpoints[f"worker-{i}"] for i in self.load.workers
                          if f"worker-{i}" in self.links.endpoints}
             if not endpoints:
                 return None
@@ -152,9 +184,18 @@ class AgentLinks(CallLifecycle):
             await client.start()
         return self._echo_client
 
+    async def close(self) -> None:
+        """The echo agent's worker client closed (within a second)."""
+        if self._echo_client is not None:
+            try:
+                async with asyncio.timeout(1.0):
+                    await self._echo_client.close()
+            except TimeoutError:
+                pass
+
     # -- periodic -----------------------------------------------------------------
 
-    def _report(self, calls: list[Call]) -> None:
+    def report(self, calls: list[Call]) -> None:
         """Every position interval: Playback per agent process, plus housekeeping."""
         by_agent: dict[str, dict[str, int]] = {}
         for call in calls:
@@ -166,14 +207,7 @@ class AgentLinks(CallLifecycle):
         for proc, positions in by_agent.items():
             self.links.send(proc, F.Playback(positions=positions, sent_ns=now_ns))
         self.links.drain_all()
-        assert self.loop is not None
-        now = self.loop.time()
-        for call in list(self.table.calls.values()):
-            if call.state == "ending" and call.transport_done and not call.agent_done \
-                    and call.end_deadline and now > call.end_deadline:
-                self.metrics.inc("calls_detach_timeout")
-                call.agent_done = True
-                self.release_if_done(call)
+        self.lifecycle.expire_detaches(self.now())
 
     # -- frames from agents and workers ---------------------------------------------
 
@@ -193,7 +227,7 @@ class AgentLinks(CallLifecycle):
             F.CallEvent: self._on_call_event,
         }
 
-    def _on_frame(self, frame: F.Frame, sender: str, cid: int | str | None) -> None:
+    def on_frame(self, frame: F.Frame, sender: str, cid: int | str | None) -> None:
         handler = self.handlers.get(type(frame))
         if handler is not None:
             handler(frame, sender, cid)
@@ -215,24 +249,24 @@ class AgentLinks(CallLifecycle):
     def _on_clear(self, f: F.Clear, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
         if call is not None:
-            self.apply_clear(call, f.epoch, f.sent_ns, self.links.arrival_ns, f.lazy)
+            self.playout.apply_clear(call, f.epoch, f.sent_ns, self.links.arrival_ns, f.lazy)
 
     def _on_out_utterance(self, f: F.OutUtterance, sender: str, cid: int | str | None) -> None:
         call = self.table.get(f.call_id)
         if call is not None:
             if sender.startswith("worker-") and sender != f"worker-{call.worker}":
-                self.set_worker(call, int(sender[7:]))  # re-attached after a worker was lost
-            self.note_utterance(call, f.epoch, f.out_pos)
+                self.load.set_worker(call, int(sender[7:]))  # re-attached after a worker was lost
+            self.playout.note_utterance(call, f.epoch, f.out_pos)
 
     def _on_pause(self, f: F.Pause, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
         if call is not None:
-            self.apply_pause(call, f.epoch)
+            self.playout.apply_pause(call, f.epoch)
 
     def _on_resume(self, f: F.Resume, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
         if call is not None:
-            self.apply_resume(call, f.epoch)
+            self.playout.apply_resume(call, f.epoch)
 
     def _on_command(self, f: F.Command, sender: str, cid: int | str | None) -> None:
         if f.name == "dial":  # answered once the call is answered or failed (brisvoxd dial, or queued: Twilio)
@@ -240,29 +274,24 @@ class AgentLinks(CallLifecycle):
                 self.links.reply(sender, F.CommandReply(ok=not error, data=data or {"reason": error},
                                                         error=error), cid)
 
-            self.dial(f.args or {}, done)
+            self.operator.dial(f.args or {}, done)
             return
-        self.links.reply(sender, F.CommandReply(ok=True, data=self.command(f.name, f.args or {})), cid)
+        self.links.reply(sender, F.CommandReply(ok=True, data=self.operator.command(f.name, f.args or {})), cid)
 
     def _on_mark(self, f: F.Mark, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
         if call is not None:
-            self.add_mark(call, f.name, f.position)
+            self.playout.add_mark(call, f.name, f.position)
 
     def _on_hangup(self, f: F.Hangup, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
         if call is not None:
-            call.agent_done = True
-            self.hangup(call, f.reason)
-            self.release_if_done(call)
+            self.lifecycle.agent_hangup(call, f.reason)
 
     def _on_call_ended(self, f: F.CallEnded, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
         if call is not None:
-            call.agent_done = True
-            if not call.transport_done:
-                self.hangup(call, f.reason or "agent ended the call")
-            self.release_if_done(call)
+            self.lifecycle.agent_ended(call, f.reason)
 
     def _on_send_dtmf(self, f: F.SendDtmf, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
@@ -291,24 +320,3 @@ class AgentLinks(CallLifecycle):
             done(False, "call not connected")
         else:
             call.leg.transfer(f.target, done)
-
-    # -- introspection -----------------------------------------------------------------
-
-    def command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Introspection for operators and tests (``stats``, ``calls``)."""
-        if name == "calls":
-            return {c.call_id: {"transport": c.transport, "agent": c.agent, "state": c.state,
-                                "agent_proc": c.agent_proc, "worker": c.worker,
-                                "transport_done": c.transport_done, "agent_done": c.agent_done,
-                                "end_reason": c.end_reason,
-                                "age_s": round((time.monotonic_ns() - c.started_ns) / 1e9, 1),
-                                "release_pos": c.release_pos, "in_pos": c.in_ring.write_pos,
-                                "ids": dict(c.transport_ids), **c.stats.as_dict()}
-                    for c in self.table.calls.values()}
-        return self.stats()
-
-    def stats(self) -> dict[str, Any]:
-        raise NotImplementedError  # the core's (it sees the listeners)
-
-    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None:
-        raise NotImplementedError  # the core's (the SIP listener places the call)

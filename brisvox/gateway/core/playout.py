@@ -1,6 +1,6 @@
 """Playout commands: the gateway feeds each call's PlayoutGate and executes its actions.
 
-Owns :class:`PlayoutCommands`, the part of the gateway core that turns what
+Owns :class:`PlayoutCommands`, the collaborator of the gateway core that turns what
 an agent (or the echo agent) and a worker say about the bot's audio (Clear,
 lazy Clear, Pause/Resume, OutUtterance, Mark, a peer's mark echo) into inputs
 of the call's :class:`~brisvox.playout.gate.PlayoutGate` (the semantics, all
@@ -19,7 +19,12 @@ Invariants (of the execution; the semantics are the gate's):
 * Actions run in the order the gate returns them (the ring is cut and the
   transport cleared before Cleared leaves).
 * Pause/Resume and marks of a call that is not active change the gate only:
-  nothing is released before the call is active.
+  nothing is released before the call is active (the call's
+  :class:`~brisvox.gateway.core.call_machine.CallMachine` says), and the
+  transport is told to clear only while its side is up.
+
+It holds what it executes with (the pacer, the links, the metrics) and
+reads nothing else of the core.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from brisvox.gateway.config import GatewayConfig
+from brisvox.gateway.core.call_machine import ACTIVE
 from brisvox.gateway.core.calls import Call
 from brisvox.gateway.core.pacer import Pacer
 from brisvox.gateway.metrics import GatewayMetrics
@@ -42,11 +47,11 @@ ActionHandler = Callable[[Call, Any], None]
 class PlayoutCommands:
     """Gate inputs in, gate actions out (see the module docstring)."""
 
-    cfg: GatewayConfig
-    metrics: GatewayMetrics
-    pacer: Pacer
-    links: Links
-    gate_actions: dict[type, ActionHandler]
+    def __init__(self, metrics: GatewayMetrics, pacer: Pacer, links: Links) -> None:
+        self.metrics = metrics
+        self.pacer = pacer
+        self.links = links
+        self.gate_actions = self.gate_action_handlers()
 
     # -- inputs -------------------------------------------------------------------------
 
@@ -114,15 +119,15 @@ class PlayoutCommands:
         call.out_ring.cut(a.position)
 
     def _clear_transport(self, call: Call, a: G.ClearTransport) -> None:
-        if call.leg is not None and not call.transport_done:
+        if call.leg is not None and not call.machine.transport_done:
             call.leg.send_clear()
 
     def _start_utterance(self, call: Call, a: G.StartUtterance) -> None:
-        if call.state == "active":
+        if call.machine.state == ACTIVE:
             self.pacer.utterance(call)
 
     def _kick(self, call: Call, a: G.Kick) -> None:
-        if call.state == "active":
+        if call.machine.state == ACTIVE:
             self.pacer.kick(call)
 
     def _send_mark(self, call: Call, a: G.SendMark) -> None:
