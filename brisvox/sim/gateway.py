@@ -3,7 +3,7 @@
 Owns what the simulated gateway does with the bot's audio: it releases 20 ms
 (one tick's worth) of the ``out`` ring per tick to the :class:`~brisvox.sim.world.Wire`
 and drives the SAME :class:`~brisvox.playout.gate.PlayoutGate` the real
-gateway drives (``brisvox/gateway/core/playout.py``), so every sim scenario runs
+gateway drives (``brisvox/gateway/core/playout_commands.py``), so every sim scenario runs
 the real semantics of Clear, lazy Clear, Pause/Resume, utterance starts,
 marks and release reports. Only the execution of the gate's actions is the
 sim's: a cut raises the MemRing's floor, Cleared and MarkPlayed go to the

@@ -18,7 +18,7 @@ its own module with its invariants, and delegates to them:
   a call, each decided by the call's
   :class:`~brisvox.gateway.core.call_machine.CallMachine` (pure) and executed
   through one action table;
-* :class:`~brisvox.gateway.core.playout.PlayoutCommands`: Clear, lazy Clear,
+* :class:`~brisvox.gateway.core.playout_commands.PlayoutCommands`: Clear, lazy Clear,
   Pause/Resume, marks, utterance starts, fed to each call's
   :class:`~brisvox.playout.gate.PlayoutGate` and its actions executed;
 * :class:`~brisvox.gateway.core.peers.PeerRouter`: agent processes and
@@ -60,7 +60,7 @@ from brisvox.gateway.core.lifecycle import Builtin, CallLifecycle
 from brisvox.gateway.core.pacer import FRAME_S, Pacer
 from brisvox.gateway.core.peer_load import ECHO, ECHO_TTS_RATE, PeerLoad
 from brisvox.gateway.core.peers import PeerRouter
-from brisvox.gateway.core.playout import PlayoutCommands
+from brisvox.gateway.core.playout_commands import PlayoutCommands
 from brisvox.gateway.core.recorder import Recorder
 from brisvox.gateway.metrics import GatewayMetrics
 from brisvox.playout.gate import Action as GateAction

@@ -11,7 +11,7 @@ reports and the operators' ``Command`` (answered by the core, the
 :class:`Operator`: introspection, and ``dial``, answered when the outbound
 call is: answered over SIP, queued by Twilio with ``via = "twilio"``).
 What a frame says about the bot's audio goes to the playout commands
-(:mod:`brisvox.gateway.core.playout`), what it says about the call's end to
+(:mod:`brisvox.gateway.core.playout_commands`), what it says about the call's end to
 the call lifecycle (:mod:`brisvox.gateway.core.lifecycle`).
 
 Invariants:
@@ -22,7 +22,7 @@ Invariants:
   a call the table does not know is counted (``frames_unknown_call``), except
   OutUtterance (a worker's announcement may trail the call's end).
 * A Clear, Pause or Resume is applied in the callback that read it (see
-  :mod:`brisvox.gateway.core.playout`).
+  :mod:`brisvox.gateway.core.playout_commands`).
 * A CallEvent is handed to its call's leg as it is (``send_call_event``; only a native
   leg whose client asked sends it) or dropped: counted ``call_events_sent`` or
   ``call_events_dropped``, never queued, never answered; the gateway reads nothing in it.
@@ -52,7 +52,7 @@ from brisvox.gateway.config import GatewayConfig
 from brisvox.gateway.core.calls import Call, CallTable
 from brisvox.gateway.core.lifecycle import CallLifecycle
 from brisvox.gateway.core.peer_load import PeerLoad
-from brisvox.gateway.core.playout import PlayoutCommands
+from brisvox.gateway.core.playout_commands import PlayoutCommands
 from brisvox.gateway.metrics import GatewayMetrics
 from ipc import frames as F
 from ipc.bus import endpoint as bus_endpoint
