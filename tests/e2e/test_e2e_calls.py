@@ -169,6 +169,7 @@ module_app		menu.so
 """
 
 
+@pytest.mark.serial  # the bot's answer must reach baresip within the 8 s its file lasts
 def test_sip_call_from_baresip(daemon, tmp):
     if shutil.which("baresip") is None:
         pytest.skip("baresip is not installed (Debian package baresip-core)")
@@ -254,6 +255,7 @@ def test_sip_call_dtmf_reaches_the_agent(daemon, tmp):
     assert st["llm"]["dtmf"] == 1  # ... and it reached the LLM runner
 
 
+@pytest.mark.serial  # bot audio stopped within 300 ms
 def test_barge_in_stops_the_bot_and_the_context_holds_what_was_heard(daemon, tmp):
     res, printed = brisvox_call(f"ws://127.0.0.1:{daemon.ws_port}/twilio", "--agent", "local",
                                 "--say", "Tell me a long story about a brave knight and a dragon.",
@@ -290,6 +292,7 @@ def test_barge_in_stops_the_bot_and_the_context_holds_what_was_heard(daemon, tmp
     assert len(set(cut[:3]) & set(heard[:4])) >= 1, (answers[0], first["bot"])
 
 
+@pytest.mark.serial  # bot audio stopped within 300 ms of the decision
 def test_booking_happens_once_across_a_barge_in(daemon, tmp):
     res, printed = brisvox_call(f"ws://127.0.0.1:{daemon.ws_port}/ws", "--agent", "booking_e2e",
                                 "--say", "I would like to book a table, please.",

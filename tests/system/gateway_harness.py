@@ -26,6 +26,8 @@ import numpy as np
 import orjson
 import zmq
 
+from ipc.ring import instance_id
+
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 # the default routes, with the built-in echo agent reachable as /twilio/echo and /ws/echo
@@ -34,36 +36,87 @@ ECHO_ROUTES = [{"path": "/twilio", "protocol": "twilio", "agent": "default", "ag
                {"path": "/ws", "protocol": "native", "agent": "default", "agents": ["echo"]}]
 _seq = itertools.count(1)
 
+# Ports a test picks for a peer that binds them later (free_port closes its probe first) come
+# from PICK, below the kernel's ephemeral range (32768-60999 by default): no connect() or bind to
+# port 0 of any process can take one in between. Each pytest-xdist worker (gwN of
+# PYTEST_XDIST_WORKER_COUNT) walks its own slice of PICK, and of RTP for rtp_range, so parallel
+# workers never hand out the same port; a plain pytest run has the whole range.
+PICK = (10000, 20000)
+RTP = (40000, 60000)
+_cursor: dict[tuple[int, int], int] = {}
+
+
+def _worker_slice(lo: int, hi: int) -> tuple[int, int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    index = int(worker[2:]) % count if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    width = (hi - lo) // count
+    return lo + index * width, lo + (index + 1) * width
+
+
+def _next_base(lo: int, hi: int, count: int) -> int:
+    """The next even base of ``count`` ports in this worker's slice of lo..hi, from a pid-dependent start."""
+    lo, hi = _worker_slice(lo, hi)
+    pos = _cursor.get((lo, hi), lo + (os.getpid() * 7919) % (hi - lo))
+    base = pos + (pos & 1)
+    if base + count > hi:
+        base = lo + (lo & 1)
+    _cursor[(lo, hi)] = base + count
+    return base
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(base: int, count: int, kind: int) -> bool:
+    socks = []
+    try:
+        for i in range(count):
+            s = socket.socket(socket.AF_INET, kind)
+            socks.append(s)
+            s.bind(("127.0.0.1", base + i))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _pick(count: int, kind: int) -> int:
+    if _ephemeral_low() < PICK[1]:  # a host whose ephemeral range covers PICK: the kernel's choice
+        for _ in range(200):
+            with socket.socket(socket.AF_INET, kind) as s:
+                s.bind(("127.0.0.1", 0))
+                base = int(s.getsockname()[1])
+            base -= base & 1 if count > 1 else 0
+            if _bindable(base, count, kind):
+                return base
+        raise RuntimeError("no free port range")
+    for _ in range(2000):
+        base = _next_base(*PICK, count)
+        if _bindable(base, count, kind):
+            return base
+    raise RuntimeError(f"no {count} free ports in {_worker_slice(*PICK)}")
+
 
 def free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 right now (UDP, or ``kind``), for a peer to bind next."""
+    return _pick(1, kind)
 
 
 def free_port_pair_base(count: int = 2) -> int:
     """A port p such that p..p+count-1 are free for UDP right now (even p)."""
-    for _ in range(200):
-        base = free_port() & ~1
-        socks = []
-        try:
-            for i in range(count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range")
+    return _pick(count, socket.SOCK_DGRAM)
 
 
 def rtp_range(n_ports: int) -> tuple[int, int]:
-    """A per-test RTP port range unlikely to collide with parallel tests."""
-    base = 40000 + (os.getpid() * 97 + next(_seq) * 1013) % 20000
-    base &= ~1
+    """A per-test RTP port range: in this xdist worker's slice of RTP, so parallel workers' ranges never overlap."""
+    base = _next_base(*RTP, n_ports)
     return base, base + n_ports
 
 
@@ -97,23 +150,29 @@ def sweep_instance(instance: str) -> list[str]:
 
 
 class GatewayProc:
-    """``python -m brisvox.gateway`` with a generated config; stopped by pid."""
+    """``python -m brisvox.gateway`` with a generated config; stopped by pid.
+
+    Its rings are under the gateway process's own instance tag (``instance``, known once it
+    started): a live instance, so the orphan sweep of a brisvoxd another test (or xdist
+    worker) starts meanwhile leaves them alone, as it leaves a live daemon's.
+    """
 
     def __init__(self, tmp: Path, *, gateway: dict[str, Any] | None = None, sip: dict[str, Any] | None = None,
                  websocket: dict[str, Any] | None = None, inbox: bool = False,
                  peers: dict[str, str] | None = None, extra_args: list[str] | None = None) -> None:
         self.tmp = tmp
-        self.instance = f"t{os.getpid()}-{next(_seq)}"
+        self.tag = f"t{os.getpid()}-{next(_seq)}"  # names its files; the rings' tag is ``instance``
+        self.instance = ""
         lo, hi = rtp_range(400)
         tables = {
             "gateway": {"echo_use_workers": False, **(gateway or {})},
             "sip": {"port": 0, "rtp_port_min": lo, "rtp_port_max": hi, **(sip or {})},
             "websocket": {"port": 0, **(websocket or {})},
         }
-        self.config = tmp / f"gw-{self.instance}.toml"
+        self.config = tmp / f"gw-{self.tag}.toml"
         self.config.write_text(_toml(tables))
-        self.inbox = f"ipc://{tmp}/gw-{self.instance}.sock" if inbox else ""
-        self.args = [PY, "-m", "brisvox.gateway", "--config", str(self.config), "--instance", self.instance]
+        self.inbox = f"ipc://{tmp}/gw-{self.tag}.sock" if inbox else ""
+        self.args = [PY, "-m", "brisvox.gateway", "--config", str(self.config)]
         if self.inbox:
             self.args += ["--inbox", self.inbox]
         for name, ep in (peers or {}).items():
@@ -121,12 +180,14 @@ class GatewayProc:
         self.args += extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoints: dict[str, str] = {}
-        self.stderr_path = tmp / f"gw-{self.instance}.err"
+        self.stderr_path = tmp / f"gw-{self.tag}.err"
 
     def __enter__(self) -> GatewayProc:
         env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
         self._err = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self._err, env=env, cwd=str(ROOT))
+        with contextlib.suppress(Exception):  # the ready line says it too; this one serves a failed start
+            self.instance = instance_id(self.proc.pid)
         assert self.proc.stdout is not None
         ready, _, _ = select.select([self.proc.stdout], [], [], 15)
         if not ready:
@@ -136,7 +197,8 @@ class GatewayProc:
         if not line:
             self.__exit__(None, None, None)
             raise RuntimeError(f"gateway exited: {self.stderr()}")
-        self.endpoints = orjson.loads(line)["endpoints"]
+        ready_line = orjson.loads(line)
+        self.endpoints, self.instance = ready_line["endpoints"], ready_line["instance"]
         return self
 
     def stderr(self) -> str:
@@ -180,7 +242,7 @@ class GatewayProc:
             p.stdout.close()
         with contextlib.suppress(Exception):
             self._err.close()
-        self.leaked = sweep_instance(self.instance)
+        self.leaked = sweep_instance(self.instance) if self.instance else []
 
 
 def _toml(tables: dict[str, dict[str, Any]]) -> str:

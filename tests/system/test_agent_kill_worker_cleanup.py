@@ -112,6 +112,7 @@ class Callers:
         self._thread.join(10)
 
 
+@pytest.mark.serial  # the worker drops the calls within 5 s
 def test_sigkill_of_an_agent_process_leaves_no_call_and_no_mapping_in_the_worker(short_tmp):
     script = short_tmp / "script.json"
     script.write_bytes(orjson.dumps({"user": ["hello"], "bot": ["Hello there."]}))

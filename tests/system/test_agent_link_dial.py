@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import pytest
 
 from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.host.call_record import read_records
+from tests.system import gateway_harness
 from tests.system.gateway_harness import have, rtp_range
 from tests.system.test_agent_link_daemon import SECRET, call, frames, free_port, start_service
 from tests.system.test_sip_outbound import Media, answered_then_bye, run_callee
@@ -73,15 +73,9 @@ dial_targets = {json.dumps(targets)}
 """
 
 
-def _udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_service_dials_sip_and_twilio_and_is_refused_outside_its_targets():
     tmp = Path(tempfile.mkdtemp(prefix="bvd", dir="/tmp"))
-    svc_port, ws_port, callee_port = free_port(), free_port(), _udp_port()
+    svc_port, ws_port, callee_port = free_port(), free_port(), gateway_harness.free_port()
     sip_target = f"sip:callee@127.0.0.1:{callee_port}"
     log = tmp / "service.jsonl"
     dials = [{"id": "k5", "target": sip_target, "agent": "callee", "via": "sip"},

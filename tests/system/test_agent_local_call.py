@@ -133,6 +133,7 @@ async def _call(port: int, questions: list[np.ndarray]) -> dict:
     return {"frames": got, "ends": ends}
 
 
+@pytest.mark.serial  # real-time audio into local Whisper: starved of CPU it mishears the question
 def test_default_config_answers_a_twilio_call_with_the_local_agent(short_tmp):
     if not _models_ok():
         pytest.skip("local models are not installed (brisvox models install)")

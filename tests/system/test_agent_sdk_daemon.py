@@ -27,6 +27,7 @@ from bench.harness.daemon import Daemon, agents_config, write_config, ws_port
 from brisvox.agent.host.call_record import read_records
 from brisvox.client.native import NativeTransport
 from brisvox.client.transport import BotEvents
+from tests.system import gateway_harness
 
 pytestmark = pytest.mark.system
 
@@ -72,9 +73,8 @@ text = "[keypad] {{digits}}"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port for the SDK service (parallel-safe: :func:`gateway_harness.free_port`)."""
+    return gateway_harness.free_port(socket.SOCK_STREAM)
 
 
 def start(kind: str, port: int) -> subprocess.Popen[bytes]:

@@ -41,6 +41,7 @@ def _models_ok() -> bool:
         return False
 
 
+@pytest.mark.serial  # real-time audio into local Whisper: starved of CPU it mishears the question
 def test_a_call_through_local_whisper_and_piper(short_tmp):
     if not _models_ok():
         pytest.skip("local models are not installed (brisvox models install)")

@@ -22,7 +22,8 @@ import pytest
 
 from bench.harness.chaos.run import run_chaos
 
-pytestmark = [pytest.mark.system, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.system, pytest.mark.timeout(420),
+              pytest.mark.serial]  # judges the turn latency p95 against a quiet baseline
 
 N_CALLS = int(os.environ.get("BRISVOX_TEST_CHAOS_CALLS", "60"))
 N_SIP = max(2, N_CALLS // 8)

@@ -88,6 +88,7 @@ def test_start_status_stop_leaves_nothing(short_tmp, daemon_factory):
     assert any(json.loads(line)["role"] == "worker" for line in logs.splitlines())
 
 
+@pytest.mark.serial  # replaced within 2 s
 @pytest.mark.parametrize("victim", ["gateway-0", "worker-1", "agent-0"])
 def test_kill9_child_is_replaced_within_2s_and_others_untouched(daemon_factory, victim):
     d = daemon_factory()
@@ -108,6 +109,7 @@ def test_kill9_child_is_replaced_within_2s_and_others_untouched(daemon_factory, 
     assert d.wait_exit() == 0
 
 
+@pytest.mark.serial  # the respawned peer ready within 3 s
 def test_topology_is_pushed_to_children_when_a_peer_dies_and_returns(daemon_factory):
     d = daemon_factory(env={"BRISVOX_TEST_ROLE_MAIN": f"agent-0={ROLES_MOD}:topology_echo"})
     snap = d.wait_ready()
@@ -197,6 +199,7 @@ def test_hung_child_is_detected_dumped_and_restarted(daemon_factory):
     assert d.wait_exit() == 0
 
 
+@pytest.mark.serial  # a 3.5 s stall against the 3 s pong timeout
 def test_a_stalled_supervisor_does_not_blame_its_children(daemon_factory):
     d = daemon_factory()
     snap = d.wait_ready()

@@ -39,6 +39,7 @@ from bench.harness.fleet_scenario import Plan, run
 MISSING = tools_missing()
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300),
+              pytest.mark.serial,  # failover within the proxies' probing interval + fr_timer
               pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (make test installs them)")]
 
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from bench.loadgen.sampler import TreeSampler
 
 BURN = """
@@ -18,6 +20,7 @@ time.sleep(30)
 """
 
 
+@pytest.mark.serial  # CPU time per role
 def test_cpu_is_split_by_role_from_the_process_title() -> None:
     procs = [subprocess.Popen([sys.executable, "-c", BURN, title, burn])
              for title, burn in (("brisvoxd: worker 0", "0.6"), ("brisvoxd: agent 1", "0.1"))]

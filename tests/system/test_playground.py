@@ -112,6 +112,7 @@ def _wav(tmp: Path) -> Path:
     return out
 
 
+@pytest.mark.serial  # real-time browser audio into local Whisper: starved of CPU it hears nothing
 @pytest.mark.skipif(not BINARY.exists(), reason=f"{BINARY} is not installed (apt-get install chromium)")
 def test_a_call_from_the_browser_playground(daemon: tuple[Daemon, int, Path], tmp_path: Path) -> None:
     d, port, tmp = daemon

@@ -83,6 +83,7 @@ def test_oversized_after_text() -> None:
     assert partial(rig) and partial(rig)[0].startswith("Hello there.")
 
 
+@pytest.mark.serial  # the idle timeout within 5 s
 def test_never_ending_stream_hits_the_idle_timeout() -> None:
     head = reply_for("openai", Resp(text=["Still thinking"])).chunks[:1]
     rig, sv, spoken, took = run(Reply(200, head, forever=b": ping\n\n", forever_every=0.05))
@@ -91,6 +92,7 @@ def test_never_ending_stream_hits_the_idle_timeout() -> None:
     assert took < 5.0
 
 
+@pytest.mark.serial  # the first-token timeout within 4 s
 def test_silent_server_hits_the_first_token_timeout() -> None:
     r = reply_for("openai", Resp(text=["late"]))
     r.first_byte_delay = 5.0

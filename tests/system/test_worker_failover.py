@@ -37,6 +37,7 @@ def _fixture(name: str):
     return mod.load(name, RATE)
 
 
+@pytest.mark.serial  # the calls move within 500 ms
 def test_killing_a_worker_mid_speech_moves_its_calls_within_500ms(short_tmp, shm_clean):
     audio, entry = _fixture("vad_dialog")
     seg1 = entry["segments16"][0]  # first phrase, in16 positions

@@ -65,6 +65,7 @@ def test_generator_cpu_is_the_windowed_difference_of_its_samples():
     assert s.cpu_seconds(3.0, 5.0) == 0.0  # after the last sample: nothing more
 
 
+@pytest.mark.serial  # CPU time of a child
 def test_a_sampler_given_its_root_later_samples_that_process():
     """run_loadgen hands the generator's pid to a root-less sampler after the spawn."""
     import subprocess

@@ -237,6 +237,7 @@ def test_utf8_prefix_cuts_on_a_character_boundary() -> None:
         assert len(s[: len(p) + 1].encode()) > n or p == s
 
 
+@pytest.mark.serial  # compares wall-clock costs
 def test_clipping_looks_at_the_size_kept_not_at_the_size_of_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
     huge = orjson.dumps({"rows": "é" * (2 * 1024 * 1024)}).decode()  # 4 MiB of UTF-8
     seen: list[int] = []

@@ -36,7 +36,9 @@ def parse_frames(data: bytes) -> list[Frame]:
     return out
 
 
-@pytest.mark.parametrize("key", [b"\x00\x00\x00\x00", b"\x01\x02\x03\x04", os.urandom(4)])
+# ids: the random key must not name the test (pytest-xdist workers each collect it and must agree)
+@pytest.mark.parametrize("key", [b"\x00\x00\x00\x00", b"\x01\x02\x03\x04", os.urandom(4)],
+                         ids=["zeros", "ramp", "random"])
 def test_media_frames_unmask_to_exactly_the_old_messages(key: bytes) -> None:
     lines = [[base64.b64encode(os.urandom(160)).decode() for _ in range(7)] for _ in range(2)]
     shared = [wire.encode_payloads(frames, key) for frames in lines]  # once per line, for every caller

@@ -126,6 +126,7 @@ async def _wait(pred, timeout: float) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.serial  # the calls retired within 1.5 s
 @pytest.mark.parametrize("same", [False, True], ids=["restarted", "reconnected"])
 def test_over_sockets_a_new_client_of_the_identity_retires_the_vanished_ones_calls(short_tmp, shm_clean, same):
     pool = Pool(short_tmp, 1)

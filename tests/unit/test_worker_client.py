@@ -230,6 +230,7 @@ def test_a_worker_first_seen_in_a_topology_push_is_linked(env):
     run(go())
 
 
+@pytest.mark.serial  # attached within the 0.5 s ready wait
 def test_an_attach_with_no_worker_ready_waits_a_moment_for_one(env):
     """The gateway and this process learn of a worker's ``ready`` from two Topology pushes: a
     call the gateway sends at once must not be refused because this one's push is a moment late."""
