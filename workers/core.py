@@ -82,7 +82,7 @@ class Worker:
         self.endpoint = endpoint
         self.models = models
         self.cfg = settings or WorkersConfig()
-        self.vad_cfg = vad or VadConfig()
+        self._vad_cfg = vad or VadConfig()
         self.st_cfg = smart_turn or SmartTurnConfig()
         self._own_ctx = ctx is None
         self.ctx = ctx or zmq.Context()
@@ -97,15 +97,21 @@ class Worker:
         self.extra_lanes: dict[str, JobLane] = {}  # lanes of other job kinds (workers/local_jobs.py)
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.warm_report: dict[str, float] = {}
-        self.attached = AttachedCalls(index, self.cfg, self.vad_cfg, self.stats, self._on_detach)
+        self.attached = AttachedCalls(index, self.cfg, self._vad_cfg, self.stats, self._on_detach)
         self.calls: dict[str, AttachedCall] = self.attached.calls
-        self.realtime = RealtimeLane(index, self.cfg, self.vad_cfg, self.attached, self.stats, self.send)
+        self.realtime = RealtimeLane(index, self.cfg, self._vad_cfg, self.attached, self.stats, self.send)
         # the frames other modules serve (workers/local_jobs.py) take the worker: bound to it here
         self.dispatch = RequestDispatch(index, self.cfg, self.stats, self.guard, self.attached, self.realtime,
                                         self.send, self.extra_lanes,
                                         {t: partial(h, self) for t, h in FRAME_HANDLERS.items()})
 
     # -- lifecycle -----------------------------------------------------------
+
+    @property
+    def vad_cfg(self) -> VadConfig:
+        """The ``[vad]`` settings, fixed at construction: the call table and the realtime lane
+        hold them, so a later assignment would change nothing (read-only on purpose)."""
+        return self._vad_cfg
 
     def load(self) -> None:
         """Load every model and run it once (warm-up) before the worker reports ready."""

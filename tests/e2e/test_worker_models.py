@@ -86,7 +86,8 @@ def test_batched_vad_equals_unbatched_per_call_runs(silero_path):
 class CoreRig:
     """An in-process worker with the real models, fed frame by frame, driven tick by tick."""
 
-    def __init__(self, tmp: Path, inst: str, rate: int, smart_turn: bool = False) -> None:
+    def __init__(self, tmp: Path, inst: str, rate: int, smart_turn: bool = False,
+                 vad: VadConfig | None = None) -> None:
         import zmq
 
         from ipc.bus import endpoint, make_socket
@@ -96,7 +97,7 @@ class CoreRig:
         models = WorkerModels(silero=locate("silero_vad"), smart_turn=locate("smart_turn") if smart_turn else None)
         from workers.config import SmartTurnConfig
 
-        self.w = Worker(0, endpoint(tmp, "w0"), models, WorkersConfig(max_calls=4), VadConfig(),
+        self.w = Worker(0, endpoint(tmp, "w0"), models, WorkersConfig(max_calls=4), vad or VadConfig(),
                         SmartTurnConfig(enabled=smart_turn))
         self.w.load()
         self.w.bind()

@@ -57,8 +57,7 @@ def test_batched_native_8k_vad_equals_unbatched_per_call_runs():
 @pytest.mark.parametrize("name", ["vad_dialog", "turn_complete", "turn_trailing"])
 def test_8k_call_events_fall_within_one_window_of_the_true_boundaries(short_tmp, shm_clean, name, native):
     x, entry = FIX.load(name, 8000)
-    rig = CoreRig(short_tmp, shm_clean, 8000)
-    rig.w.vad_cfg = VadConfig(native_8k=native)
+    rig = CoreRig(short_tmp, shm_clean, 8000, vad=VadConfig(native_8k=native))
     try:
         events = rig.play(x)
         assert rig.w.calls["c"].win == (WINDOW8 if native else WINDOW)
