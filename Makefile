@@ -41,33 +41,35 @@ run: install
 	$(BIN)/brisvoxd start --foreground --config configs/brisvoxd.toml
 
 # Two pytest passes over the given paths: the tests marked `serial` (they assert wall-clock
-# timing: latency, pacing, CPU, supervision deadlines) alone first, then the rest in
-# TEST_WORKERS pytest-xdist processes, a file per worker at a time (most system tests wait on
-# subprocesses, so more workers than cores pay). Both passes always run; a pass that selects
-# nothing (pytest's exit 5) is no failure. `make test TEST_WORKERS=2` on a smaller machine.
+# timing: latency, pacing, CPU, supervision deadlines) alone first, then the rest in pytest-xdist
+# workers, a file per worker at a time (tests/conftest.py: the local-model files as one unit,
+# sent first). Most system and e2e tests wait on subprocesses, so TEST_WORKERS exceeds the 2
+# cores CI has; the unit and simulation tests are CPU-bound, so test-fast uses fewer. Both passes
+# always run; a pass that selects nothing (pytest's exit 5) is no failure.
 TEST_WORKERS ?= 4
+TEST_FAST_WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest
 define run_tests
 	$(PYTEST) -m serial $(1); s=$$?; \
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(1); p=$$?; \
+	$(PYTEST) -n $(2) --dist loadfile -m "not serial" $(1); p=$$?; \
 	[ $$s -eq 0 -o $$s -eq 5 ] && [ $$p -eq 0 -o $$p -eq 5 ]
 endef
 
 test: install-test test-sdk-ts
-	$(call run_tests,tests sdk/python/tests)
+	$(call run_tests,tests sdk/python/tests,$(TEST_WORKERS))
 
 test-fast: install-test test-sdk-ts
-	$(call run_tests,tests/unit tests/sim sdk/python/tests)
+	$(call run_tests,tests/unit tests/sim sdk/python/tests,$(TEST_FAST_WORKERS))
 
 # The TypeScript SDK's own tests (tsc, then node --test; a few seconds).
 test-sdk-ts: .stamp-node
 	cd sdk/typescript && npm run --silent build && npm test --silent
 
 test-system: install-test
-	$(call run_tests,tests/system)
+	$(call run_tests,tests/system,$(TEST_WORKERS))
 
 test-e2e: install-test
-	$(call run_tests,tests/e2e)
+	$(call run_tests,tests/e2e,$(TEST_WORKERS))
 
 lint: .stamp-venv-test
 	$(BIN)/ruff check ipc brisvox workers tests bench sdk/python

@@ -107,8 +107,8 @@ def pytest_xdist_make_scheduler(config, log):
             return "local models" if path in LOCAL_MODELS else path
 
         def _assign_work_unit(self, node) -> None:
-            first = min(self.workqueue, key=_schedule_rank)  # the first file of the lowest rank
-            self.workqueue.move_to_end(first, last=False)
+            if self.workqueue:  # the first file of the lowest rank goes next
+                self.workqueue.move_to_end(min(self.workqueue, key=_schedule_rank), last=False)
             super()._assign_work_unit(node)
 
     config.option.loadscopereorder = False  # collection order within a rank
