@@ -180,6 +180,10 @@ def test_remote_read_only_and_side_effect_a_new_turn_during_the_booking_runs_it_
     speech, rate = sf.read(ROOT / "tests" / "fixtures" / "generated" / "turn_complete.8k.wav", dtype="int16")
     res = asyncio.run(call(f"ws://127.0.0.1:{env['ws']}/ws/main", "1#", speech, seconds=11.0))
     rec = record(env, res["call_id"])
+    # the record is written when the call ends; the hangup event reaches the service's log on its own
+    # way (the link's send queue, then the service): wait for it, then check that nothing follows it
+    env["d"].wait_for(lambda s: any(f["type"] == "event" and f["name"] == "hangup"
+                                    for f in frames(env["log"], res["call_id"])), 10, "the hangup event")
     got = frames(env["log"], res["call_id"])
     offer = got[0]
     assert offer["type"] == "session.offer" and offer["call"]["transport"] == "native" and not offer["resume"]
