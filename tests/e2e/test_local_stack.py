@@ -51,7 +51,8 @@ from ipc.worker_client import WorkerClient
 from workers.harness import WorkerProc, close_rings, create_call_rings
 from workers.models import ModelError, locate
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+# serial: the local models answer within deadlines (see tests/e2e/test_e2e_calls.py)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), pytest.mark.serial]
 
 QUESTION = "What is the capital of France?"
 
