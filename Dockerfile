@@ -2,7 +2,11 @@
 # user, the health check on /healthz. Build and run (docs/OPERATIONS.md, "In a container"):
 #   docker build -t brisvox .
 #   docker run --rm -e BRISVOX_NATIVE_SECRET=$(openssl rand -hex 32) -e TWILIO_AUTH_TOKEN=... \
+#     -e BRISVOX_SIP_ALLOW="203.0.113.0/24" --ulimit nofile=65536:65536 \
 #     -p 8765:8765 -p 5060:5060/udp -p 20000-20200:20000-20200/udp --shm-size=256m brisvox
+# SIP answers only the networks of BRISVOX_SIP_ALLOW (your carrier's or SBC's, comma-separated);
+# unset, only the container's loopback: SIP answers no one outside. An allow list that admits the
+# whole Internet (0.0.0.0/0) stops the daemon with exit code 2 (no SIP authentication exists).
 # The audio rings live in /dev/shm: give the container room (--shm-size; ~1 MB per call).
 FROM debian:12-slim
 

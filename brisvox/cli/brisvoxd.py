@@ -105,6 +105,7 @@ def _wait_gone(rdir: Path, timeout: float) -> bool:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
+    from brisvox.config.exposure import check_open_sip
     from brisvox.daemon.arbiter import Arbiter
     from brisvox.runtime.paths import (
         AlreadyRunning,
@@ -117,6 +118,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     restrict_umask()  # first: the runtime dir, pid file, log file and every child's files are owner-only
     try:
         cfg = _load(args).with_counts(args.workers, args.agents)
+        for line in check_open_sip(cfg):  # an open SIP port is refused (exit 2) unless overridden
+            _err(f"warning: {line}")
         rdir, sdir = prepare_dirs(cfg)
     except (ConfigError, PathError) as e:
         _err(f"configuration error: {e}")
@@ -251,21 +254,28 @@ def _fmt_mem(b: int | None) -> str:
     return "-" if b is None else f"{b / (1 << 20):.1f} MiB"
 
 
+def _fmt_nofile(lim: dict[str, Any] | None) -> str:
+    """``65536/65536`` (soft/hard RLIMIT_NOFILE), ``-`` when unknown."""
+    return f"{lim['soft']}/{lim['hard']}" if lim else "-"
+
+
 def render_status(snap: dict[str, Any]) -> str:
     d = snap["daemon"]
     lines = [
         f"brisvoxd pid {d['pid']}  {d['state']}  up {_fmt_uptime(d['uptime_s'])}  instance {d['instance']}"
         f"  calls {d['calls']}",
         f"runtime dir {d['runtime_dir']}  metrics {d['metrics_url'] or 'disabled'}  config {d['config'] or '(defaults)'}",
+        f"file descriptors (soft/hard): supervisor {_fmt_nofile(d.get('nofile'))}; each child's: NOFILE",
         "",
     ]
-    head = ("ROLE", "INDEX", "PID", "STATE", "UPTIME", "RESTARTS", "PSS", "CALLS", "NOTE")
+    head = ("ROLE", "INDEX", "PID", "STATE", "UPTIME", "RESTARTS", "PSS", "CALLS", "NOFILE", "NOTE")
     rows = [head]
     for c in snap["children"]:
         note = c["error"] or (c["last_exit"] if c["state"] in ("exited", "failed") else "") or c.get("stop_reason", "")
         rows.append((c["role"], str(c["index"]), str(c["pid"] or "-"), c["state"],
                      _fmt_uptime(c["uptime_s"]) if c["state"] in ("starting", "ready", "stopping") else "-",
-                     str(c["restarts"]), _fmt_mem(c["pss_bytes"]), str(c["calls"]), note[:60]))
+                     str(c["restarts"]), _fmt_mem(c["pss_bytes"]), str(c["calls"]), _fmt_nofile(c.get("nofile")),
+                     note[:60]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         lines.append("  ".join(v.ljust(widths[i]) for i, v in enumerate(r)).rstrip())
@@ -349,7 +359,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     from brisvox.agent.definition import check_main, is_agent_file
     from brisvox.agent.host.config import check_referenced_agents
     from brisvox.config.audit import audit
+    from brisvox.config.exposure import check_open_sip
     from brisvox.config.secrets import deferred
+    from brisvox.daemon.nofile import check_line, would_get
     from brisvox.runtime.paths import PathError, check_endpoint_lengths, runtime_dir
 
     if is_agent_file(args.file):
@@ -358,13 +370,19 @@ def cmd_check(args: argparse.Namespace) -> int:
         with deferred() as unresolved:  # offline: the service's env and credentials are not here
             cfg = load_config(args.file)
         check_endpoint_lengths(runtime_dir(cfg), cfg)
+        open_sip = check_open_sip(cfg)  # the same refusal as brisvoxd start's
     except (ConfigError, PathError) as e:
         _err(f"configuration error: {e}")
         return exitcodes.CONFIG
     errors, warnings = check_referenced_agents(cfg)
     for line in warnings:
         print(line)
-    security = audit(cfg, args.file, unresolved)
+    sip = cfg.section("sip")
+    if sip.enabled:
+        print(f"sip: {sip.host}:{sip.port} answers {', '.join(sip.allow) or 'no one'} (sip.allow)")
+    low, nofile = check_line(would_get())
+    print(f"{'warning: ' if low else ''}{nofile}")
+    security = [*open_sip, *audit(cfg, args.file, unresolved)]
     for line in security:
         print(f"warning: {line}")
     if errors:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from brisvox.config.env_values import resolve_env_networks
 from brisvox.config.errors import ConfigError
 from brisvox.config.lines import key_lines, line_of, split_key
 from brisvox.config.schema import from_table, section
@@ -138,6 +139,9 @@ class DaemonSection:
     memory: MemoryPolicy = field(default_factory=MemoryPolicy)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
     log: LogSettings = field(default_factory=LogSettings)
+    # start (and pass `brisvoxd check`) although a public SIP listener's [sip] allow admits the
+    # whole Internet (brisvox/config/exposure.py); only behind a firewall that filters the sources
+    unsafe_open_sip: bool = False
 
     @classmethod
     def from_section(cls, table: Mapping[str, Any], where: str) -> DaemonSection:
@@ -220,6 +224,7 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> DaemonConf
                 raise ConfigError(name, f"unknown section (known: {', '.join(sorted(parsers))})")
             if not isinstance(table, dict):
                 raise ConfigError(name, f"expected a table [{name}], got a {type(table).__name__}")
+            table = resolve_env_networks(table, name)  # [sip] allow_env (brisvox/config/env_values.py)
             parsed[name] = _load_class(parsers[name]).from_section(table, name)
         daemon = parsed.pop("daemon", None) or DaemonSection()
         return DaemonConfig(daemon=daemon, sections=parsed, path=path)

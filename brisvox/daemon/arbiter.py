@@ -37,7 +37,9 @@ state.
 
 Order at start (fork safety, see :mod:`brisvox.daemon.child`): umask 077
 (every file of the daemon and its children owner-only), take the pid lock,
-sweep orphan rings (only segments our own user owns; other users' are left
+raise the soft ``RLIMIT_NOFILE`` to the hard limit (:mod:`brisvox.daemon.nofile`;
+one line says what it got, a warning when the hard limit is low; every child
+inherits it), sweep orphan rings (only segments our own user owns; other users' are left
 and logged), bind the metrics listener and open the notify socket, fork
 every child, and only then create the ZeroMQ context and bind the two
 ROUTERs (children's DEALERs reconnect until the bind exists).
@@ -79,10 +81,12 @@ from brisvox.daemon.child_table import ChildTable
 from brisvox.daemon.command_plane import CommandPlane, reload_config, resolve_log_format
 from brisvox.daemon.health import HealthPolicy
 from brisvox.daemon.logs import setup_logging
+from brisvox.daemon.nofile import NofileLimit, describe, raise_nofile
 from brisvox.daemon.sdnotify import Notifier
 from brisvox.daemon.shutdown import StopPlan
 from brisvox.daemon.slots import Slot, State
 from brisvox.runtime import exitcodes
+from brisvox.runtime.log_limit import LogLimiter
 from brisvox.runtime.paths import PidLock, restrict_umask
 
 log = logging.getLogger("brisvox.supervisor")
@@ -134,12 +138,15 @@ class Arbiter:
         self.notifier = Notifier()
         self.next_status_notify = 0.0
         self.wake_r = self.wake_w = -1
+        self.nofile: NofileLimit | None = None  # the supervisor's file limit, once raised at start
 
         def current() -> DaemonConfig:
             return self.config
 
-        self.table = ChildTable(current, self.rdir, self.pid)
-        self.health = HealthPolicy(self.table, current, self.pid)
+        # the supervisor's one rate-limited logger: every repeated line of its loops goes through it
+        self.log_limit = LogLimiter(log)
+        self.table = ChildTable(current, self.rdir, self.pid, self.log_limit)
+        self.health = HealthPolicy(self.table, current, self.pid, self.log_limit)
         self.stop_plan = StopPlan(self.table, current)
         self.commands = CommandPlane(self.run_command)
 
@@ -177,6 +184,9 @@ class Arbiter:
         from ipc.ring import instance_id, sweep_segments
 
         self.lock.write_pid(self.pid)
+        self.nofile = raise_nofile()  # before the first fork: every child inherits it
+        warn, line = describe(self.nofile)
+        (log.warning if warn else log.info)("%s", line)
         self.instance = self.table.instance = instance_id(self.pid)
         sweep = sweep_segments(keep=self.instance)
         if sweep.removed:
@@ -191,7 +201,7 @@ class Arbiter:
             from brisvox.daemon.httpd import MiniHttp
 
             try:
-                self.http = MiniHttp(addr[0], addr[1], self.serve_http)
+                self.http = MiniHttp(addr[0], addr[1], self.serve_http, log_limit=self.log_limit)
             except OSError as e:
                 raise StartError(f"daemon.metrics.listen {self.config.daemon.metrics.listen}: {e.strerror}") from None
         now = time.monotonic()
@@ -302,7 +312,7 @@ class Arbiter:
         for fd in self.table.forwarders:
             poller.register(fd, zmq.POLLIN)
         if self.http is not None:
-            for fd, ev in self.http.poll_items():
+            for fd, ev in self.http.poll_items(now):
                 poller.register(fd, ev)
         wait = self.next_wait(now)
         try:
@@ -515,6 +525,9 @@ class Arbiter:
                 "log_lines": dict(self.table.log_lines),
                 "send_failed": self.table.send_failed + self.commands.send_failed,
                 "http_requests": self.http.requests if self.http else 0, "pss_bytes": self.health.pss,
+                "nofile": self.nofile.as_dict() if self.nofile else None,
+                "http_refused": self.http.refused() if self.http else {},
+                "log_suppressed": dict(self.log_limit.suppressed),
             },
             "children": children,
         }

@@ -58,6 +58,7 @@ from brisvox.config.daemon import DaemonConfig
 from brisvox.config.errors import ConfigError
 from brisvox.runtime import exitcodes
 from brisvox.runtime.child_runtime import ChildRuntime
+from brisvox.runtime.log_limit import LogLimiter
 
 log = logging.getLogger("brisvox.child")
 
@@ -166,6 +167,7 @@ class ForkedChildRuntime:
         self._connected = threading.Event()
         self.control_errors: dict[str, int] = {}
         self.sent_dropped = 0
+        self.log_limit = LogLimiter(log)  # repeated lines of the control thread
 
     # -- endpoints and ZeroMQ ------------------------------------------------
 
@@ -318,8 +320,11 @@ class ForkedChildRuntime:
     def _call(self, cb: Callable[..., Any], *args: Any) -> None:
         try:
             cb(*args)
-        except Exception:
-            log.exception("callback %r failed", cb)
+        except Exception:  # a callback that fails at every Topology push: its first traceback, then a count
+            import traceback
+
+            self.log_limit(f"callback:{getattr(cb, '__qualname__', type(cb).__name__)}", "callback %r failed:\n%s",
+                           cb, traceback.format_exc(limit=8)[-4000:], level=logging.ERROR)
 
     def _begin_stop(self, reason: str, drain: bool, grace_s: float) -> None:
         if self.stopping.is_set():

@@ -29,6 +29,10 @@ Invariants:
 * A slot marked ``remove`` (scaled down) leaves the table when it exits, or at
   once when it is not live.
 * The slots stay sorted by role (:data:`ROLE_ORDER`), then index.
+* A crash-looping child's restart lines and its boot failures go through the
+  supervisor's one :class:`~brisvox.runtime.log_limit.LogLimiter`
+  (:attr:`log_limit`): per child, the first with its detail, then a count.
+* At a child's handshake its ``RLIMIT_NOFILE`` is read (:mod:`brisvox.daemon.nofile`).
 * A spawn, an exit, a handshake or a rescale marks the topology dirty
   (:attr:`topology_dirty`); the owner then pushes one Topology frame
   (numbered) to every ready or stopping child (:meth:`push_topology`).
@@ -47,7 +51,9 @@ from typing import Any
 from brisvox.config.daemon import DaemonConfig
 from brisvox.daemon.child import ChildSpec, resolve_main, spawn
 from brisvox.daemon.logs import LineForwarder
+from brisvox.daemon.nofile import nofile_of
 from brisvox.daemon.slots import Slot, State, StormTracker, on_exit
+from brisvox.runtime.log_limit import LogLimiter
 from ipc.codec import DecodeGuard
 
 log = logging.getLogger("brisvox.supervisor")
@@ -60,10 +66,13 @@ ChildFrameHandler = Callable[[Slot, Any, float], None]
 class ChildTable:
     """The slots and the children that fill them: spawn, reap, signal, talk."""
 
-    def __init__(self, config: Callable[[], DaemonConfig], runtime_dir: Path, parent_pid: int) -> None:
+    def __init__(self, config: Callable[[], DaemonConfig], runtime_dir: Path, parent_pid: int,
+                 log_limit: LogLimiter | None = None) -> None:
         self.config = config
         self.rdir = Path(runtime_dir)
         self.parent_pid = parent_pid
+        # the supervisor's one limiter: a crash-looping child or a chatty one logs a line, then a count
+        self.log_limit = log_limit or LogLimiter(log)
         self.instance = ""  # the ring instance tag, set by the owner before the first spawn
         cfg = config()
         self.slots: list[Slot] = [Slot(role, i) for role in ROLE_ORDER for i in range(cfg.count(role))]
@@ -159,10 +168,11 @@ class ChildTable:
             log.error("%s failed to boot %d times in a row (%s%s); marked failed, not restarted "
                       "(`brisvoxd reload` retries it)", slot.name, slot.boot_failures, slot.last_exit,
                       f": {slot.error}" if slot.error else "")
-        else:
+        else:  # the restart loop: a child that keeps crashing logs its first exit, then a count a minute
             what = "boot failure" if decision.boot_failure else ("restart: " + reason if stopping else "crashed")
-            log.warning("%s (pid %d) exited: %s (%s%s); restarting in %.2fs", slot.name, slot.pid, slot.last_exit,
-                        what, f": {slot.error}" if slot.error else "", decision.delay_s)
+            self.log_limit(f"restart:{slot.name}", "%s (pid %d) exited: %s (%s%s); restarting in %.2fs",
+                           slot.name, slot.pid, slot.last_exit, what, f": {slot.error}" if slot.error else "",
+                           decision.delay_s)
         if slot.remove:
             self.slots.remove(slot)
         return error
@@ -275,8 +285,10 @@ class ChildTable:
     def on_hello(self, slot: Slot, f: Any, now: float) -> None:
         if not f.ok:
             slot.error = f.error or "boot failed"
-            log.error("%s (pid %d) failed to boot: %s", slot.name, slot.pid, slot.error)
+            self.log_limit(f"boot_failed:{slot.name}", "%s (pid %d) failed to boot: %s", slot.name, slot.pid,
+                           slot.error[:500], level=logging.ERROR)
             return
+        slot.nofile = nofile_of(slot.pid)  # the file limit the child runs with (inherited, or its own)
         if slot.state is State.STARTING:
             slot.on_ready(now, f.endpoints, f.measured)
             self.topology_dirty = True

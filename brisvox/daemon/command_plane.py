@@ -51,11 +51,13 @@ def reload_config(running: DaemonConfig, cli_counts: tuple[int | None, int | Non
     Raises ConfigError. What cannot change live is kept from ``running``;
     each note says what changes at the next start instead.
     """
+    from brisvox.config.exposure import check_open_sip
+
     new = load_config(running.path) if running.path else DaemonConfig()
     new = resolve_log_format(new.with_counts(*cli_counts))
+    notes = check_open_sip(new)  # an open SIP port is refused like at start; with the override: a note
     old = running.daemon
     keep = {}
-    notes = []
     for key in ("runtime_dir", "state_dir", "metrics"):
         if getattr(new.daemon, key) != getattr(old, key):
             keep[key] = getattr(old, key)

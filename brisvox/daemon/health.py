@@ -23,6 +23,10 @@ Invariants:
   ``init_timeout_s`` is killed once (not every turn).
 * A memory restart is a drained stop, at most one per role at a time, and
   only while the daemon is running.
+* Its repeated lines (a stall, a hung child, a missed handshake, a memory
+  restart) go through the supervisor's one
+  :class:`~brisvox.runtime.log_limit.LogLimiter`: per site and child, the first
+  with its detail, then one line a minute with the count.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from brisvox.config.daemon import DaemonConfig
 from brisvox.daemon.child_table import ChildTable
 from brisvox.daemon.procutil import pss_bytes
 from brisvox.daemon.slots import Slot, State, hung_reason, memory_verdict
+from brisvox.runtime.log_limit import LogLimiter
 
 log = logging.getLogger("brisvox.supervisor")
 
@@ -45,10 +50,12 @@ HUNG_KILL_DELAY_S = 0.5  # between the SIGUSR2 stack dump and SIGKILL
 class HealthPolicy:
     """Liveness and memory checks of the children, and the daemon's own PSS."""
 
-    def __init__(self, table: ChildTable, config: Callable[[], DaemonConfig], pid: int) -> None:
+    def __init__(self, table: ChildTable, config: Callable[[], DaemonConfig], pid: int,
+                 log_limit: LogLimiter | None = None) -> None:
         self.table = table
         self.config = config
         self.pid = pid
+        self.log_limit = log_limit or LogLimiter(log)  # a child that keeps hanging: a line, then a count
         self.last_tick_at = time.monotonic()
         self.next_memory_check = 0.0
         self.pss: int | None = None  # the supervisor's own, at the last memory check
@@ -65,7 +72,8 @@ class HealthPolicy:
         if stalled > h.pong_timeout_s / 2:
             # the supervisor itself was not running (SIGSTOP, host suspend, swap storm):
             # missing pongs say nothing about the children this turn
-            log.warning("master loop stalled for %.1fs; not judging children's pongs this turn", stalled)
+            self.log_limit("loop_stalled", "master loop stalled for %.1fs; not judging children's pongs this turn",
+                           stalled)
             for slot in self.table.slots:
                 slot.last_pong_at = max(slot.last_pong_at, now)
 
@@ -87,13 +95,15 @@ class HealthPolicy:
         h = self.config().daemon.health
         if now - slot.started_at > h.init_timeout_s:
             slot.error = f"no handshake within {h.init_timeout_s:g}s (daemon.health.init_timeout_s)"
-            log.error("%s (pid %d): %s; killing it", slot.name, slot.pid, slot.error)
+            self.log_limit(f"no_handshake:{slot.name}", "%s (pid %d): %s; killing it", slot.name, slot.pid,
+                           slot.error, level=logging.ERROR)
             self.table.kill(slot, signal.SIGKILL)
             slot.started_at = now  # do not repeat the kill every turn
 
     def kill_hung(self, slot: Slot, reason: str, now: float) -> None:
         slot.hung += 1
-        log.error("%s (pid %d) is hung: %s; dumping its stacks and killing it", slot.name, slot.pid, reason)
+        self.log_limit(f"hung:{slot.name}", "%s (pid %d) is hung: %s; dumping its stacks and killing it",
+                       slot.name, slot.pid, reason, level=logging.ERROR)
         self.table.kill(slot, signal.SIGUSR2)
         slot.state = State.STOPPING
         slot.stop_reason = f"hung: {reason}"
@@ -128,7 +138,7 @@ class HealthPolicy:
             elif verdict == "limit" and slot.state is State.READY and running and slot.role not in restarting:
                 slot.mem_restarts += 1
                 restarting.add(slot.role)
-                log.error("%s (pid %d) uses %.0f MiB PSS, over its %d MiB limit; restarting it",
-                          slot.name, slot.pid, mb, lim.limit_mb)
+                self.log_limit(f"memory:{slot.name}", "%s (pid %d) uses %.0f MiB PSS, over its %d MiB limit; "
+                               "restarting it", slot.name, slot.pid, mb, lim.limit_mb, level=logging.ERROR)
                 over.append(slot)
         return over

@@ -115,6 +115,13 @@ def render(snap: dict[str, Any]) -> str:
     o.family("brisvox_child_uptime_seconds", "gauge", "Seconds since the child process started.",
              per_child("uptime_s"))
     o.family("brisvox_child_calls", "gauge", "Live calls the child reported.", per_child("calls"))
+    nofile_rows: list[tuple[dict[str, Any], float]] = []
+    for who, lim in [({"role": "supervisor", "index": 0}, d.get("nofile")),
+                     *(({"role": c["role"], "index": c["index"]}, c.get("nofile")) for c in children)]:
+        if lim:
+            nofile_rows += [({**who, "limit": k}, lim[k]) for k in ("soft", "hard")]
+    o.family("brisvox_nofile_limit", "gauge", "RLIMIT_NOFILE of the supervisor and of each child "
+             "(read at its handshake; -1: unlimited).", nofile_rows)
     o.family("brisvox_child_heartbeat_age_seconds", "gauge", "Age of the child's main-loop heartbeat at its last pong.",
              per_child("", lambda c: c["beat_ms"] / 1000 if c.get("beat_ms", -1) >= 0 else None))
     ev_rows = []
@@ -141,4 +148,9 @@ def render(snap: dict[str, Any]) -> str:
              [({"role": r}, n) for r, n in sorted(d.get("log_lines", {}).items())])
     o.family("brisvox_metrics_requests_total", "counter", "HTTP requests served by this endpoint.",
              [({}, d.get("http_requests", 0))])
+    o.family("brisvox_metrics_refused_total", "counter", "Connections and requests this endpoint did not serve, "
+             "by reason (busy, bad_request, accept_error, handler_error).",
+             [({"reason": r}, n) for r, n in sorted((d.get("http_refused") or {}).items())])
+    o.family("brisvox_supervisor_log_suppressed_total", "counter", "Repeated supervisor log lines not written "
+             "(rate-limited), by site.", [({"site": s}, n) for s, n in sorted((d.get("log_suppressed") or {}).items())])
     return "\n".join(o.lines) + "\n" + telemetry.render(children)

@@ -80,6 +80,7 @@ class Slot:
     stats: dict[str, Any] | None = None
     pss: int | None = None
     mem_warned: bool = False
+    nofile: tuple[int, int] | None = None  # (soft, hard) RLIMIT_NOFILE, read at the handshake
     # stop escalation
     stop_reason: str = ""
     stop_sent_at: float | None = None
@@ -118,6 +119,7 @@ class Slot:
         self.beat_ms = -1
         self.calls = 0
         self.stats = None
+        self.nofile = None
         self.pss = None
         self.mem_warned = False
         self.stop_reason = ""

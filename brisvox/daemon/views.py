@@ -44,6 +44,7 @@ def child_rows(slots: Sequence[Slot], now: float) -> list[dict[str, Any]]:
         "error": s.error, "hung": s.hung, "memory_restarts": s.mem_restarts,
         "events": dict(s.events), "stats": s.stats, "endpoints": s.endpoints, "measured": s.measured,
         "stop_reason": s.stop_reason,
+        "nofile": {"soft": s.nofile[0], "hard": s.nofile[1]} if s.nofile else None,
     } for s in slots]
 
 
