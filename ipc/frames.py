@@ -10,7 +10,9 @@ Conventions:
 * Times that cross processes are ``time.monotonic_ns()`` values (``*_ns``):
   CLOCK_MONOTONIC is one clock for every process on the host.
 * ``call_id`` is the gateway's id for a call (``[A-Za-z0-9_-]``, used in ring
-  names). Rings are named by ``ipc.ring.ring_name(instance, call_id, kind)``.
+  names). Rings are named by ``ipc.ring.ring_name(instance, call_id, kind, ring_key)``;
+  the gateway's random ``ring_key`` reaches the agent in CallStart and the worker in
+  AttachCall, and nothing else can compute the names.
 * Requests that expect a reply carry a correlation id in the envelope
   (``encode(frame, cid=...)``), not in the frame.
 
@@ -173,6 +175,7 @@ class CallStart(Frame):
     caller: str = ""  # the caller's number: SIP From user, a From/caller parameter ("" unknown)
     called: str = ""  # the number called: SIP To user, a To/called parameter ("" unknown)
     events: bool = False  # the caller's side wants the call's events (CallEvent): a native ``events`` start
+    ring_key: str = ""  # the call's random ring key (ipc.ring.ring_name): its ring names are unguessable
 
 
 @frame("call_accepted", to="reply")
@@ -396,6 +399,7 @@ class AttachCall(Frame):
     vad: dict[str, Any] | None = None  # VadParams overrides (thresholds, min speech/silence)
     gateway: str = ""
     incarnation: str = ""  # the subscriber process's (SubscriberHello); "" = not said
+    ring_key: str = ""  # the call's ring key (CallStart.ring_key): part of every ring name of the call
 
 
 @frame("subscriber_hello", to="worker")

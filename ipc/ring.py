@@ -34,8 +34,16 @@ Invariants:
   hosts we support and stores are not reordered with other stores (x86-TSO);
   the publish order above is what keeps readers consistent.
 
-Segments live in ``/dev/shm`` and are named ``brisvox.<instance>.<call>.<kind>``
-(see :func:`ring_name`), created mode 0600. The orphan sweep
+Segments live in ``/dev/shm`` and are named ``brisvox.<instance>.<call>-<key>.<kind>``
+(see :func:`ring_name`): ``key`` is random per call (:func:`new_ring_key`, 64 bits
+from :mod:`secrets`), chosen by the gateway and carried to the agent and the worker
+in the frames that tell them about the call (``CallStart.ring_key``,
+``AttachCall.ring_key``), so no other local user can guess the next call's names
+and create them first. Every segment is created exclusively (``O_CREAT | O_EXCL |
+O_NOFOLLOW``) and set to mode 0600 whatever the umask; :meth:`Ring.attach` maps only
+a regular file the effective user owns with mode 0600 (else :class:`RingError`),
+so a segment another user planted under a ring's name is refused, never read or
+written. The orphan sweep
 (:func:`sweep_segments`) removes only dead instances' segments that the
 sweeping user owns; another user's are left and reported. We map the file directly instead of using
 ``multiprocessing.shared_memory``: on Python 3.11 its resource tracker
@@ -48,6 +56,8 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import secrets
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,18 +77,39 @@ _F = 3 * _LINE
 _C = 4 * _LINE
 MAX_CAPACITY = 1 << 26  # 64 Mi samples: 70 min at 16 kHz
 _NAME_RE = re.compile(r"^brisvox\.([A-Za-z0-9-]+)\.([A-Za-z0-9_-]+)\.([a-z0-9]+)$")
+_KEY_RE = re.compile(r"^[0-9a-f]{16,64}$")
+MODE = 0o600  # the only mode a ring segment may have
 
 
 class RingError(Exception):
-    """A ring could not be created or attached (bad name, magic, rate, size)."""
+    """A ring could not be created or attached (bad name, key, owner, mode, magic, rate, size)."""
 
 
-def ring_name(instance: str, call_id: str, kind: str) -> str:
-    """Name of a call's ring: ``brisvox.<instance>.<call_id>.<kind>``."""
-    name = f"{PREFIX}{instance}.{call_id}.{kind}"
+def new_ring_key() -> str:
+    """A call's ring key: 16 hex digits (64 random bits) that make its ring names unguessable."""
+    return secrets.token_hex(8)
+
+
+def ring_name(instance: str, call_id: str, kind: str, key: str = "") -> str:
+    """Name of a call's ring: ``brisvox.<instance>.<call_id>-<key>.<kind>``.
+
+    The gateway's calls always have a ``key`` (:func:`new_ring_key`); the keyless form
+    ``brisvox.<instance>.<call_id>.<kind>`` is for tests and benches on their own rings.
+    The sweep's grammar (``prefix.instance.call.kind``) reads both."""
+    if key and not _KEY_RE.match(key):
+        raise RingError(f"invalid ring key {key!r}")
+    name = f"{PREFIX}{instance}.{call_id}-{key}.{kind}" if key else f"{PREFIX}{instance}.{call_id}.{kind}"
     if not _NAME_RE.match(name):
         raise RingError(f"invalid ring name {name!r}")
     return name
+
+
+def sibling_name(name: str, kind: str) -> str:
+    """The name of the same call's ring of another ``kind`` (same instance, call and key)."""
+    m = _NAME_RE.match(name)
+    if not m or not re.fullmatch(r"[a-z0-9]+", kind):
+        raise RingError(f"invalid ring name {name!r} or kind {kind!r}")
+    return f"{PREFIX}{m.group(1)}.{m.group(2)}.{kind}"
 
 
 def instance_id(pid: int | None = None) -> str:
@@ -234,7 +265,8 @@ class Ring:
 
     @classmethod
     def create(cls, name: str, capacity: int, rate: int) -> Ring:
-        """Create a new segment. Fails if the name exists."""
+        """Create a new segment, exclusively (``FileExistsError`` if the name exists, even as
+        another user's file or a symlink), mode 0600 whatever the umask."""
         if not _NAME_RE.match(name):
             raise RingError(f"invalid ring name {name!r}")
         if capacity <= 0 or capacity & (capacity - 1) or capacity > MAX_CAPACITY:
@@ -243,8 +275,9 @@ class Ring:
             raise RingError(f"rate {rate} out of range")
         size = HEADER_BYTES + 2 * capacity
         path = SHM_DIR / name
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, MODE)
         try:
+            os.fchmod(fd, MODE)  # the umask may have taken bits away; attach insists on exactly 0600
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
@@ -264,15 +297,25 @@ class Ring:
 
     @classmethod
     def attach(cls, name: str, rate: int | None = None) -> Ring:
-        """Map an existing segment; check its magic, version and (if given) rate."""
+        """Map an existing segment; check its owner and mode (a regular file of the effective
+        user, mode 0600), its magic, version and (if given) rate."""
         if not _NAME_RE.match(name):
             raise RingError(f"invalid ring name {name!r}")
         try:
-            fd = os.open(SHM_DIR / name, os.O_RDWR)
+            fd = os.open(SHM_DIR / name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             raise RingError(f"ring {name} does not exist") from None
+        except OSError as e:  # ELOOP: a symlink; EACCES: not ours to open
+            raise RingError(f"ring {name}: cannot open: {e.strerror or e}") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise RingError(f"ring {name}: not a regular file")
+            if st.st_uid != os.geteuid():
+                raise RingError(f"ring {name}: owned by uid {st.st_uid}, not by us (uid {os.geteuid()})")
+            if stat.S_IMODE(st.st_mode) != MODE:
+                raise RingError(f"ring {name}: mode {stat.S_IMODE(st.st_mode):04o}, expected {MODE:04o}")
+            size = st.st_size
             if size < HEADER_BYTES:
                 raise RingError(f"ring {name}: segment too small ({size} bytes)")
             mm = mmap.mmap(fd, size)

@@ -219,7 +219,7 @@ class AttachedCalls:
         rings: dict[str, Ring] = {}
         try:
             for kind, rate in (("in", f.call_rate), ("in16", RATE16), ("tts", f.tts_rate), ("out", f.call_rate)):
-                r = Ring.attach(ring_name(f.instance, f.call_id, kind))
+                r = Ring.attach(ring_name(f.instance, f.call_id, kind, f.ring_key))
                 rings[kind] = r
                 if r.rate != rate:
                     raise _RateMismatch(f"ring {r.name}: rate {r.rate}, expected {rate}")

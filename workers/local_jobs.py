@@ -157,9 +157,11 @@ def handle_tts(worker: Any, ident: bytes, cid: Any, f: TtsJob) -> Frame | None:
         return _err(worker, "unsupported", got, f.call_id)
     if len(f.text) > MAX_TEXT:
         return _err(worker, "bad_params", f"text over {MAX_TEXT} characters", f.call_id)
-    inst = c.in16_name.split(".")[1]
+    from ipc.ring import sibling_name
+
+    ring = sibling_name(c.in16_name, f"ttsjob{worker.index}")  # the call's ring key is in the name
     job = Job("tts", f.call_id, (ident, None), FAR, 0,
-              {"job": f.job, "text": f.text, "speed": f.speed, "deadline": f.deadline_ns, "instance": inst,
+              {"job": f.job, "text": f.text, "speed": f.speed, "deadline": f.deadline_ns, "ring_name": ring,
                "model": got["piper_joe"], "config": got["piper_joe_config"]},
               received_ns=time.monotonic_ns())
     if not _lane(worker, "tts").submit(job):
@@ -257,7 +259,7 @@ def run_stt(worker: Any, job: Job) -> Frame:
 
 
 def _tts_ring(st: _Local, worker: Any, job: Job) -> Any:
-    from ipc.ring import Ring, ring_name
+    from ipc.ring import Ring
 
     with st.lock:
         ring = st.rings.get(job.call_id)
@@ -265,7 +267,7 @@ def _tts_ring(st: _Local, worker: Any, job: Job) -> Any:
         return ring
     if job.call_id not in worker.calls:
         raise RuntimeError("the call was detached")
-    name = ring_name(job.args["instance"], job.call_id, f"ttsjob{worker.index}")
+    name = str(job.args["ring_name"])
     try:
         ring = Ring.create(name, TTS_RING_SAMPLES, TTS_RATE)
     except FileExistsError:  # left by a crashed run of this worker index: take the name over

@@ -18,7 +18,10 @@ offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
   telephony tools, or a ``tool_modules`` entry ``package.module:function``
   returning ``(ToolSpec, tool)`` pairs) is an ERROR naming its line and what
   would provide it; ``confirm_tools`` must be a subset of ``tools`` and name
-  SideEffect tools; a scripted LLM's rules must compile; ``[speculation]`` needs an LLM
+  SideEffect tools; ``transfer_call`` needs ``transfer_targets`` (an ERROR: the file is
+  refused, since an open transfer is toll fraud one prompt injection away) and every
+  flow ``transfer`` action's target must be listed there; ``transfer_call`` goes
+  through the confirmation gate unless ``confirm_transfer = false``; a scripted LLM's rules must compile; ``[speculation]`` needs an LLM
   (each leg) that streams (:data:`~brisvox.providers.registry.STREAMING_LLM`), the error
   naming the leg's ``provider`` key; ``[dtmf]`` must build (its ``text`` shows the entry).
 
@@ -97,6 +100,7 @@ class AgentDef:
     confirm_tools: tuple[str, ...] = ()
     tool_modules: tuple[str, ...] = ()
     transfer_targets: tuple[str, ...] = ()
+    confirm_transfer: bool = True  # transfer_call goes through the confirmation gate (off: confirm_transfer = false)
     filler: Mapping[str, Any] = field(default_factory=dict)
     interruption: Mapping[str, Any] = field(default_factory=dict)
     turn: Mapping[str, Any] = field(default_factory=dict)
@@ -141,7 +145,8 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         language=str(data.get("language", "en")), voice=str(data.get("voice", "")),
         greeting=str(data.get("greeting", "")), tools=tuple(data.get("tools", ())),
         confirm_tools=tuple(data.get("confirm_tools", ())), tool_modules=tuple(data.get("tool_modules", ())),
-        transfer_targets=tuple(data.get("transfer_targets", ())), filler=dict(data.get("filler", {})),
+        transfer_targets=tuple(data.get("transfer_targets", ())),
+        confirm_transfer=bool(data.get("confirm_transfer", True)), filler=dict(data.get("filler", {})),
         interruption=dict(data.get("interruption", {})), turn=dict(data.get("turn", {})),
         speculation=dict(data.get("speculation", {})), window=dict(data.get("window", {})), dtmf=dict(data.get("dtmf", {})),
         recording=dict(data.get("recording", {})),
@@ -312,7 +317,7 @@ def _check_timing(leg: ProviderDef, where: list[str], lines: Mapping[str, int]) 
 
 
 def _check_tools(agent: AgentDef, lines: Mapping[str, int], load_modules: bool) -> list[Problem]:
-    from brisvox.agent.tool_engine.loader import ToolSetupError, provided_tools
+    from brisvox.agent.tool_engine.loader import NO_TRANSFER_TARGETS, ToolSetupError, provided_tools
 
     out: list[Problem] = []
     try:
@@ -335,10 +340,24 @@ def _check_tools(agent: AgentDef, lines: Mapping[str, int], load_modules: bool) 
             out.append(Problem("error", "confirm_tools", line_of(lines, ["confirm_tools"]),
                                f"{name!r} is ReadOnly: only SideEffect tools take a confirmation"))
     if "transfer_call" in agent.tools and not agent.transfer_targets:
-        out.append(Problem("warning", "transfer_targets", line_of(lines, ["tools"]),
-                           "transfer_call without transfer_targets: the model may transfer to any number; "
-                           "list the allowed targets or put transfer_call in confirm_tools"))
+        out.append(Problem("error", "tools", line_of(lines, ["tools"]), NO_TRANSFER_TARGETS))
+    for where, target in _flow_transfers(agent):
+        if target not in agent.transfer_targets:
+            out.append(Problem("error", where, line_of(lines, where.split(".")) or line_of(lines, ["flow"]),
+                               f"the flow transfers to {target!r}, which is not in transfer_targets"))
+    if "confirm_transfer" in lines and "transfer_call" not in agent.tools:
+        out.append(Problem("warning", "confirm_transfer", line_of(lines, ["confirm_transfer"]),
+                           "confirm_transfer without transfer_call in tools: it changes nothing"))
     return out
+
+
+def _flow_transfers(agent: AgentDef) -> list[tuple[str, str]]:
+    """(dotted key of the node's actions, target) of every transfer action of the agent's flow."""
+    if agent.flow is None:
+        return []
+    return [(f"flow.nodes.{name}.{side}", a.transfer) for name, n in agent.flow.nodes.items()
+            for side, acts in (("pre_actions", n.pre_actions), ("post_actions", n.post_actions))
+            for a in acts if a.transfer]
 
 
 def load_agent(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> AgentDef:

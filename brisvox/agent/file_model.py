@@ -17,7 +17,8 @@ Invariants:
 * A leg's ``provider`` is one the registry knows for its stage
   (:data:`brisvox.providers.registry.PROVIDERS`).
 * What the file cannot say on its own (a tool nothing provides, rules that do not compile, an
-  unset key variable) is checked afterwards by :func:`brisvox.agent.definition.check_agent_file`.
+  unset key variable, ``transfer_call`` without ``transfer_targets``) is checked afterwards by
+  :func:`brisvox.agent.definition.check_agent_file`.
 """
 
 from __future__ import annotations
@@ -334,6 +335,7 @@ class AgentFile:
     confirm_tools: tuple[Name, ...] | None = Field(default=None, max_length=64, json_schema_extra=UNIQUE)
     tool_modules: tuple[ToolModule, ...] | None = Field(default=None, max_length=16, json_schema_extra=UNIQUE)
     transfer_targets: tuple[TRANSFER_TARGET, ...] | None = Field(default=None, max_length=64)
+    confirm_transfer: bool | None = None  # default true: transfer_call waits for the caller's yes (docs/TOOLS.md)
     stt: SttLeg | None = None
     llm: LlmLeg | None = None
     s2s: S2sLeg | None = None

@@ -58,6 +58,7 @@ class Service:
         self.secret = secret
         self.log = open(log_path, "a", buffering=1) if log_path != "-" else None  # noqa: SIM115
         self.dropped: dict[str, str] = {}  # session -> the id of the call whose connection /drop cut
+        self.nonces: set[str] = set()  # of the handshakes accepted: a replay is refused
 
     def note(self, path: str, session: str, frame: Any) -> None:
         if self.log is not None:
@@ -71,10 +72,13 @@ class Service:
             t = int(parts.get("t", ""))
         except ValueError:
             t = 0
-        want = hmac.new(self.secret.encode(), f"{t}.{session}".encode(), hashlib.sha256).hexdigest()
-        if abs(time.time() - t) > 300 or not hmac.compare_digest(parts.get("v1", ""), want):
+        nonce = parts.get("n", "")
+        want = hmac.new(self.secret.encode(), f"v2.{t}.{nonce}.{session}".encode(), hashlib.sha256).hexdigest()
+        if abs(time.time() - t) > 30 or not nonce or nonce in self.nonces \
+                or not hmac.compare_digest(parts.get("v2", ""), want):
             self.note(request.path, session, {"type": "refused_401"})
             return conn.respond(HTTPStatus.UNAUTHORIZED, "bad signature\n")
+        self.nonces.add(nonce)  # a test run is short: every nonce is kept
         return None
 
     async def serve(self, ws: Any) -> None:

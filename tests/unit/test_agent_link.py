@@ -80,11 +80,16 @@ def test_a_valid_declaration_is_a_tool_spec():
 
 def test_the_signature_verifies_and_ages():
     h = m.sign("k", "sess", 1000.0)
-    assert m.verify("k", "sess", h[m.SIGNATURE_HEADER], 1100.0)
-    assert not m.verify("k", "other", h[m.SIGNATURE_HEADER], 1100.0)
-    assert not m.verify("wrong", "sess", h[m.SIGNATURE_HEADER], 1100.0)
+    assert m.verify("k", "sess", h[m.SIGNATURE_HEADER], 1020.0)
+    assert not m.verify("k", "other", h[m.SIGNATURE_HEADER], 1020.0)
+    assert not m.verify("wrong", "sess", h[m.SIGNATURE_HEADER], 1020.0)
     assert not m.verify("k", "sess", h[m.SIGNATURE_HEADER], 1000.0 + m.MAX_SKEW + 1)
     assert not m.verify("k", "sess", "garbage", 1000.0)
+    # the nonce is fresh per dial and inside what is signed
+    nonce = h[m.SIGNATURE_HEADER].split(",")[1].removeprefix("n=")
+    assert m.NONCE.match(nonce) and nonce != m.sign("k", "sess", 1000.0)[m.SIGNATURE_HEADER].split(",")[1][2:]
+    forged = h[m.SIGNATURE_HEADER].replace(nonce, "f" * 32)
+    assert not m.verify("k", "sess", forged, 1000.0)
 
 
 def test_the_phases_refuse_what_the_table_does_not_allow():

@@ -160,3 +160,13 @@ def test_the_python_example_flow_checks():
     f = booking_flow("22:00")
     assert check_flow(f, ["check_slot", "book_table", "end_call"]) == []
     assert "until 22:00" in f.nodes["goodbye"].task
+
+
+def test_a_node_offering_a_gated_tool_offers_the_confirmation_tool_too():
+    """A transfer (or any confirm_tools entry) at a node needs confirm_pending there, else the
+    gated call could never be confirmed and the caller would wait for ever."""
+    gated = FlowManager(flow(start="book"), [BOOK.with_confirm(True)])
+    assert gated.node.name == "book"
+    assert "confirm_pending" in gated.offered_names() and gated.offered("confirm_pending")
+    plain = FlowManager(flow(start="book"), [BOOK])
+    assert "confirm_pending" not in plain.offered_names() and not plain.offered("confirm_pending")

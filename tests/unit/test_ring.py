@@ -126,6 +126,7 @@ def test_attach_rejects_bad_magic(shm_clean):
 
     name = ring_name(shm_clean, "bad", "in")
     (SHM_DIR / name).write_bytes(b"\x00" * 4096)
+    (SHM_DIR / name).chmod(0o600)  # ours and private: the magic is what is wrong
     try:
         with pytest.raises(RingError, match="magic"):
             Ring.attach(name)

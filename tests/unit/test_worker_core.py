@@ -252,6 +252,7 @@ def test_bad_requests_get_typed_errors_and_the_worker_keeps_serving(rig):
     # a segment with the wrong magic
     name = ring_name(rig.inst, "junk", "in")
     (SHM_DIR / name).write_bytes(b"\x00" * 4096)
+    (SHM_DIR / name).chmod(0o600)  # ours and private: the magic is what is wrong
     try:
         r = rig.attach("junk")
         assert isinstance(r, ErrorReply) and r.kind == "bad_ring" and "magic" in r.detail

@@ -44,7 +44,7 @@ from brisvox.agent.conversation.context import (
     UserMessage,
 )
 from brisvox.agent.flows.definition import FlowAction, FlowDef, FlowNode
-from brisvox.agent.tool_engine.registry import ToolContext, ToolKind, ToolSpec
+from brisvox.agent.tool_engine.registry import CONFIRM_TOOL_NAME, ToolContext, ToolKind, ToolSpec
 
 
 class FlowCapReached(RuntimeError):
@@ -87,7 +87,13 @@ class FlowManager:
         return sorted((self._specs[n] for n in self.offered_names() if n in self._specs), key=lambda s: s.name)
 
     def offered_names(self) -> list[str]:
-        return [*self.node.tools, *(f.name for f in self.node.functions)]
+        """The node's tools and functions, plus ``confirm_pending`` when one of its tools
+        needs the confirmation gate (a transfer, ``confirm_tools``): without it a gated call
+        made at this node could never be confirmed."""
+        names = [*self.node.tools, *(f.name for f in self.node.functions)]
+        if any((spec := self._specs.get(n)) is not None and spec.confirm for n in self.node.tools):
+            names.append(CONFIRM_TOOL_NAME)
+        return names
 
     def bind(self, registry_specs: Sequence[ToolSpec]) -> None:
         """The call's registry specs (after :meth:`function_tools` were registered)."""
@@ -121,7 +127,7 @@ class FlowManager:
 
     def offered(self, name: str) -> bool:
         """The model may call ``name`` at the current node."""
-        return name in self.node.tools or any(f.name == name for f in self.node.functions)
+        return name in self.offered_names()
 
     def decide(self, calls: Sequence[Any], results: Sequence[ToolMessage]) -> str | None:
         """The node a round's answered calls lead to (None: stay): a function's ``next``, a

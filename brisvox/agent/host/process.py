@@ -256,9 +256,9 @@ class AgentProcess:
             return refuse("duplicate")
         rings: list[Any] = []
         try:
-            in16 = Ring.attach(ring_name(f.instance, f.call_id, "in16"), IN16_RATE)
+            in16 = Ring.attach(ring_name(f.instance, f.call_id, "in16", f.ring_key), IN16_RATE)
             rings.append(in16)
-            tts = Ring.attach(ring_name(f.instance, f.call_id, "tts"), f.tts_rate)
+            tts = Ring.attach(ring_name(f.instance, f.call_id, "tts", f.ring_key), f.tts_rate)
             rings.append(tts)
         except RingError as e:
             for r in rings:
@@ -272,7 +272,8 @@ class AgentProcess:
             # the gateway chooses the worker (it counts every call of every agent process);
             # another one takes the call only if that one refuses, and CallAccepted says which
             wlink = await self.workers.attach(f.call_id, f.instance, f.call_rate, f.tts_rate,
-                                              worker=f.worker if f.worker >= 0 else None, gateway=sender)
+                                              worker=f.worker if f.worker >= 0 else None, gateway=sender,
+                                              ring_key=f.ring_key)
         except Exception as e:  # AttachError, timeouts
             for r in rings:
                 r.close()

@@ -17,8 +17,12 @@ Invariants:
   characters, at most :data:`MAX_TOOLS` declarations; a command's text is bounded by the
   frame: its handler refuses one over :data:`MAX_TEXT` with ``ok: false``).
 * Every text brisvox sends is one JSON object with a string ``type``.
-* ``v1 = HMAC-SHA256(secret, "<t>.<session>")`` in hex; :func:`verify` accepts a ``t``
-  at most :data:`MAX_SKEW` seconds away and compares in constant time.
+* The handshake is ``t=<unix s>,n=<nonce>,v2=<hex>`` with ``v2 = HMAC-SHA256(secret,
+  "v2.<t>.<n>.<session>")``: the timestamp and a fresh random nonce (128 bits, per dial)
+  are inside what is signed, so a service that remembers the nonces of the last
+  :data:`MAX_SKEW` seconds (the SDKs do) refuses a captured handshake replayed;
+  :func:`verify` accepts a ``t`` at most :data:`MAX_SKEW` seconds away and compares in
+  constant time (stateless: the nonce memory is the service's).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import hashlib
 import hmac
 import math
 import re
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +49,8 @@ MAX_TEXT = 1000
 MAX_ID = 64
 MAX_TIMEOUT_MS = 30000
 OFFER_TIMEOUT = 5.0
-MAX_SKEW = 300
+MAX_SKEW = 30  # the services' clock window (seconds, either side): a handshake older than this is refused
+NONCE = re.compile(r"^[0-9a-f]{16,64}$")
 COMMAND_RATE = 20.0
 COMMAND_BURST = 40
 EVENTS = frozenset({"user_turn", "bot_turn", "tool_outcome", "hangup"})
@@ -253,26 +259,28 @@ def decl_spec(d: ToolDecl) -> ToolSpec | str:
 
 # -- signing ------------------------------------------------------------------------------
 
-def signature(secret: str, session: str, t: int) -> str:
-    return hmac.new(secret.encode(), f"{t}.{session}".encode(), hashlib.sha256).hexdigest()
+def signature(secret: str, session: str, t: int, nonce: str) -> str:
+    return hmac.new(secret.encode(), f"v2.{t}.{nonce}.{session}".encode(), hashlib.sha256).hexdigest()
 
 
-def sign(secret: str, session: str, now: float) -> dict[str, str]:
-    """The handshake headers of ``session`` at unix time ``now``."""
+def sign(secret: str, session: str, now: float, nonce: str | None = None) -> dict[str, str]:
+    """The handshake headers of ``session`` at unix time ``now``, with a fresh random nonce
+    (every dial, a re-dial too: a service remembers the nonces it accepted)."""
     t = int(now)
-    return {SIGNATURE_HEADER: f"t={t},v1={signature(secret, session, t)}", SESSION_HEADER: session}
+    n = secrets.token_hex(16) if nonce is None else nonce
+    return {SIGNATURE_HEADER: f"t={t},n={n},v2={signature(secret, session, t, n)}", SESSION_HEADER: session}
 
 
 def verify(secret: str, session: str, header: str, now: float) -> bool:
-    """The service's check of a handshake (the SDKs do the same)."""
+    """The stateless part of the service's check (the SDKs also refuse a nonce seen within the window)."""
     parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
-    try:
-        t = int(parts.get("t", ""))
-    except ValueError:
+    t_text, nonce = parts.get("t", ""), parts.get("n", "")
+    if not t_text.isdigit() or len(t_text) > 12 or not NONCE.match(nonce):
         return False
+    t = int(t_text)
     if abs(now - t) > MAX_SKEW:
         return False
-    return hmac.compare_digest(parts.get("v1", ""), signature(secret, session, t))
+    return hmac.compare_digest(parts.get("v2", ""), signature(secret, session, t, nonce))
 
 
 # -- outbound -----------------------------------------------------------------------------

@@ -11,7 +11,13 @@ out on the call's transport (SIP BYE / RFC 4733 / REFER, or Twilio's
 WebSocket close / REST).
 
 Per-call state lives in the port (one transfer per call), so a call
-registers these tools on its own registry (:func:`telephony_tools`). The port
+registers these tools on its own registry (:func:`telephony_tools`).
+
+Fail closed: ``transfer_call`` exists only with a non-empty
+``transfer_targets`` (without one it is not offered at all) and transfers only
+to a listed target; the loader puts it behind the confirmation gate unless the
+agent file says ``confirm_transfer = false``
+(:func:`brisvox.agent.tool_engine.loader.build_registry`). The port
 also carries an agent service's ``dial`` (:meth:`LinkTelephony.dial`: the
 gateway's ``dial`` command as a request, bounded by its wait; no tool of the
 model's dials).
@@ -132,7 +138,8 @@ class LinkTelephony:
 
 def telephony_tools(port: TelephonyPort, *, transfer_targets: tuple[str, ...] = (),
                     names: tuple[str, ...] = BUILTIN_NAMES) -> list[tuple[ToolSpec, Tool]]:
-    """The built-in tools bound to one call's port (only ``names``)."""
+    """The built-in tools bound to one call's port (only ``names``; ``transfer_call`` only
+    with ``transfer_targets``: an empty list offers no transfer)."""
     state: dict[str, Any] = {"ended": False, "transferred": False}
 
     async def end_call(args: dict[str, Any], ctx: ToolContext) -> Any:
@@ -151,7 +158,7 @@ def telephony_tools(port: TelephonyPort, *, transfer_targets: tuple[str, ...] = 
 
     async def transfer_call(args: dict[str, Any], ctx: ToolContext) -> Any:
         target = str(args["target"])
-        if transfer_targets and target not in transfer_targets:
+        if target not in transfer_targets:
             raise ToolError("that target is not allowed; tell the caller you cannot transfer them there")
         if state["transferred"]:
             return {"status": "already_transferred"}
@@ -164,4 +171,6 @@ def telephony_tools(port: TelephonyPort, *, transfer_targets: tuple[str, ...] = 
     table: dict[str, tuple[ToolSpec, Tool]] = {
         "end_call": (END_CALL, end_call), "send_dtmf": (SEND_DTMF, send_dtmf),
         "transfer_call": (TRANSFER_CALL, transfer_call)}
+    if not transfer_targets:
+        del table["transfer_call"]
     return [table[n] for n in names if n in table]

@@ -15,8 +15,10 @@ Owns the loading of application tools and the fail-closed setup of a call's
   always provided; an application tool with a built-in's name is refused.
 * :func:`build_registry` registers exactly the agent's ``tools`` (the
   telephony ones bound to the call's port), then turns the confirmation gate
-  on for ``confirm_tools``. A listed tool nothing provides raises
-  :class:`ToolSetupError`: the call does not start without its tools.
+  on for ``confirm_tools`` and for ``transfer_call`` (unless the agent file says
+  ``confirm_transfer = false``). A listed tool nothing provides raises
+  :class:`ToolSetupError`: the call does not start without its tools; so does
+  ``transfer_call`` without ``transfer_targets`` (:data:`NO_TRANSFER_TARGETS`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class ToolSetupError(Exception):
         self.tool = tool
 
 
+NO_TRANSFER_TARGETS = ("transfer_call needs transfer_targets: list the numbers or SIP addresses it may transfer "
+                       "to (without a list the model could be talked into transferring the caller anywhere)")
 _CACHE: dict[str, list[tuple[ToolSpec, Tool]]] = {}
 BUILTIN_SPECS = {s.name: s for s in (END_CALL, SEND_DTMF, TRANSFER_CALL)}
 
@@ -137,6 +141,8 @@ def build_registry(agent: Any, port: TelephonyPort | None) -> ToolRegistry:
     if builtins_wanted:
         if port is None:
             raise ToolSetupError("the telephony tools need the call's telephony port")
+        if "transfer_call" in builtins_wanted and not agent.transfer_targets:
+            raise ToolSetupError(NO_TRANSFER_TARGETS, tool="transfer_call")
         tele = {s.name: (s, t) for s, t in telephony_tools(port, transfer_targets=tuple(agent.transfer_targets),
                                                           names=builtins_wanted)}
     for name in agent.tools:
@@ -145,7 +151,10 @@ def build_registry(agent: Any, port: TelephonyPort | None) -> ToolRegistry:
             raise ToolSetupError(f"tool {name!r} is listed in the agent definition but nothing provides it",
                                  tool=name)
         reg.register(*entry)
-    for name in agent.confirm_tools:
+    gated = list(agent.confirm_tools)
+    if "transfer_call" in agent.tools and getattr(agent, "confirm_transfer", True):
+        gated.append("transfer_call")  # a transfer asks the caller first unless the file says not to
+    for name in gated:
         try:
             reg.require_confirmation(name)
         except RegistryError as e:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import time
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -11,6 +13,7 @@ from fake_brisvox import CALL, SECRET, FakeBrisvox, run
 from websockets.exceptions import InvalidStatus
 
 from brisvox_agent import Agent, Refuse, Session, sign, verify
+from brisvox_agent._auth import NONCE_FULL, OLD_SCHEME, REPLAYED, NonceCache
 
 
 class Guest(TypedDict):
@@ -61,11 +64,37 @@ def test_sign_and_verify() -> None:
     assert verify(SECRET, "s", sign(SECRET, "s", now)) is None
     assert verify(SECRET, "s", sign("other", "s", now)) == "bad signature"
     assert verify(SECRET, "other", sign(SECRET, "s", now)) == "bad signature"
-    assert verify(SECRET, "s", sign(SECRET, "s", now - 301)) == "stale signature"
-    assert verify(SECRET, "s", sign(SECRET, "s", now + 301)) == "stale signature"
-    assert verify(SECRET, "s", sign(SECRET, "s", now - 299)) is None
+    assert verify(SECRET, "s", sign(SECRET, "s", now - 31)) == "stale signature"
+    assert verify(SECRET, "s", sign(SECRET, "s", now + 31)) == "stale signature"
+    assert verify(SECRET, "s", sign(SECRET, "s", now - 29)) is None
     assert verify(SECRET, "s", "garbage") == "malformed signature"
     assert verify(SECRET, None, sign(SECRET, "s", now)) == "missing session"
+    # the nonce is inside what is signed: changing it breaks the signature
+    n1 = sign(SECRET, "s", now, nonce="0" * 32)
+    assert verify(SECRET, "s", n1.replace("n=" + "0" * 32, "n=" + "1" * 32)) == "bad signature"
+    assert verify(SECRET, "s", n1.replace("n=" + "0" * 32, "n=xyz")) == "malformed signature"
+    v1 = f"t={now},v1={hmac.new(SECRET.encode(), f'{now}.s'.encode(), hashlib.sha256).hexdigest()}"
+    assert verify(SECRET, "s", v1) == OLD_SCHEME  # the replayable v1 of old brisvox versions
+    assert sign(SECRET, "s", now) != sign(SECRET, "s", now)  # a fresh nonce each time
+
+
+def test_a_nonce_is_accepted_once_within_the_window() -> None:
+    now = 1_000_000
+    cache = NonceCache(window=30, capacity=3)
+    h = sign(SECRET, "s", now)
+    assert verify(SECRET, "s", h, now=now, nonces=cache) is None
+    assert verify(SECRET, "s", h, now=now + 29, nonces=cache) == REPLAYED
+    assert verify(SECRET, "s", h, now=now + 31, nonces=cache) == "stale signature"  # out of the window
+    # bad signatures are never recorded: without the secret no one fills the cache
+    for _ in range(10):
+        assert verify(SECRET, "s", sign("wrong", "s", now), now=now, nonces=cache) == "bad signature"
+    assert len(cache) == 1
+    cache.admit("b" * 32, now, now)
+    cache.admit("c" * 32, now, now)
+    assert len(cache) == 3
+    assert verify(SECRET, "s", sign(SECRET, "s", now), now=now + 1, nonces=cache) == NONCE_FULL  # fail closed
+    assert verify(SECRET, "s", sign(SECRET, "s", now + 31), now=now + 31, nonces=cache) is None  # the old ones left
+    assert len(cache) == 1
 
 
 def test_accept_declares_the_tools_with_schemas_from_the_hints() -> None:
@@ -125,10 +154,29 @@ def test_bad_signature_is_refused_with_401() -> None:
 def test_stale_timestamp_is_refused_with_401() -> None:
     async def main() -> None:
         async with make_agent() as agent:
-            for t in (int(time.time()) - 301, int(time.time()) + 400):
+            for t in (int(time.time()) - 31, int(time.time()) + 40):
                 with pytest.raises(InvalidStatus) as e:
                     await FakeBrisvox(agent.url).connect(t=t)
                 assert e.value.response.status_code == 401
+            assert agent.handshakes_refused == {"stale signature": 2}
+
+    run(main)
+
+
+def test_a_replayed_handshake_is_refused_with_401_and_counted() -> None:
+    async def main() -> None:
+        async with make_agent() as agent:
+            captured = sign(SECRET, "sess-1")
+            first = FakeBrisvox(agent.url)
+            await first.connect(signature=captured)
+            accept = await first.offer()
+            assert accept["type"] == "session.accept"
+            with pytest.raises(InvalidStatus) as e:
+                await FakeBrisvox(agent.url).connect(signature=captured)
+            assert e.value.response.status_code == 401 and REPLAYED.encode() in e.value.response.body
+            assert agent.handshakes_refused == {REPLAYED: 1}
+            second = FakeBrisvox(agent.url, session="sess-2")  # a fresh handshake is fine
+            assert (await second.offer())["type"] == "session.accept"
 
     run(main)
 

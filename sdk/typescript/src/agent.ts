@@ -3,7 +3,7 @@ import { createServer as createTlsServer, type ServerOptions as TlsOptions } fro
 import type { AddressInfo } from "node:net";
 import type { Duplex } from "node:stream";
 import { WebSocketServer } from "ws";
-import { verifyHandshake } from "./auth.js";
+import { NonceCache, REFUSALS, verifyHandshake } from "./auth.js";
 import {
   Connection,
   type Core,
@@ -72,8 +72,8 @@ const defaultLogger: Logger = {
   error: (msg, ...rest) => console.error(msg, ...rest),
 };
 
-function reject(socket: Duplex, status: number, text: string): void {
-  const body = `${text}\n`;
+function reject(socket: Duplex, status: number, text: string, reason: string = text): void {
+  const body = `${reason}\n`;
   socket.end(
     `HTTP/1.1 ${status} ${text}\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`,
   );
@@ -107,6 +107,9 @@ export class Agent {
   private readonly wss: WebSocketServer;
   private server: Server | null = null;
   private closing = false;
+  private readonly nonces: NonceCache;
+  /** Refused upgrades by reason (a replayed handshake: "replayed handshake"). */
+  readonly handshakesRefused = new Map<string, number>();
 
   constructor(options: AgentOptions = {}) {
     const secret = options.secret ?? process.env.BRISVOX_AGENT_SECRET;
@@ -120,6 +123,7 @@ export class Agent {
     this.logger = options.logger ?? defaultLogger;
     this.limits = Object.freeze({ ...DEFAULT_LIMITS, ...(options.limits ?? {}) });
     this.wss = new WebSocketServer({ noServer: true, maxPayload: this.limits.hardMaxFrameBytes, perMessageDeflate: false });
+    this.nonces = new NonceCache(this.limits.signatureWindowS, this.limits.maxNonces);
   }
 
   /** Declare a tool. Throws on an invalid declaration (name, schema, kind, timeout, duplicate, over 64). */
@@ -203,10 +207,15 @@ export class Agent {
     const path = (req.url ?? "/").split("?")[0];
     if (this.path !== null && path !== this.path) return reject(socket, 404, "Not Found");
     const session = header(req, SESSION_HEADER);
-    const verdict = verifyHandshake(this.secrets, session, header(req, SIGNATURE_HEADER), this.limits.signatureWindowS);
+    const verdict = verifyHandshake(this.secrets, session, header(req, SIGNATURE_HEADER), this.limits.signatureWindowS,
+      Date.now() / 1000, this.nonces);
     if (!verdict.ok) {
-      this.logger.warn(`brisvox-agent: handshake refused (401): ${verdict.reason}`);
-      return reject(socket, 401, "Unauthorized");
+      const n = (this.handshakesRefused.get(verdict.reason) ?? 0) + 1;
+      this.handshakesRefused.set(verdict.reason, n);
+      const status = verdict.reason === REFUSALS.nonceFull ? 503 : 401;
+      // the 1st, 2nd, 4th, 8th ... of a reason: a flood of refusals logs a handful of lines
+      if ((n & (n - 1)) === 0) this.logger.warn(`brisvox-agent: handshake refused (${status}): ${verdict.reason} (${n} so far)`);
+      return reject(socket, status, status === 503 ? "Service Unavailable" : "Unauthorized", verdict.reason);
     }
     this.wss.handleUpgrade(req, socket, head, (ws) => {
       const conn = new Connection(ws, this.core, session as string);

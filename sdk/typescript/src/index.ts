@@ -18,7 +18,7 @@ export type {
 } from "./session.js";
 export type { LocalEventMap, LocalEventName, Logger, SessionDecision, SessionHook, ToolHandler } from "./connection.js";
 export { AgentError, CommandError, CommandRefused, CommandTimeout, NotLive, Refuse, ToolError } from "./errors.js";
-export { signHandshake, verifyHandshake } from "./auth.js";
+export { NonceCache, REFUSALS, signHandshake, verifyHandshake } from "./auth.js";
 export {
   CALL_EVENTS,
   DEFAULT_LIMITS,

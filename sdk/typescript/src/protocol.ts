@@ -23,8 +23,10 @@ export interface Limits {
   maxTimeoutMs: number;
   /** A failed tool's message is cut to this many UTF-8 bytes (the engine's `detail` bound). */
   maxErrorBytes: number;
-  /** The signed handshake's `t` may be at most this far from our clock. */
+  /** The signed handshake's `t` may be at most this far from our clock (its nonce is remembered this long). */
   signatureWindowS: number;
+  /** At most this many nonces of accepted handshakes are remembered; beyond, a handshake gets 503. */
+  maxNonces: number;
   /** WebSocket ping interval. */
   pingIntervalMs: number;
   /** A peer silent (no frame, no pong) this long is down: the socket is terminated. */
@@ -50,7 +52,8 @@ export const DEFAULT_LIMITS: Readonly<Limits> = Object.freeze({
   maxSayChars: 1000,
   maxTimeoutMs: 30_000,
   maxErrorBytes: 512,
-  signatureWindowS: 300,
+  signatureWindowS: 30,
+  maxNonces: 65_536,
   pingIntervalMs: 10_000,
   deadAfterMs: 30_000,
   offerTimeoutMs: 10_000,

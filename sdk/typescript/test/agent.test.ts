@@ -1,6 +1,20 @@
 import assert from "node:assert/strict";
 import { after, describe, it } from "node:test";
-import { CommandError, CommandRefused, CommandTimeout, Refuse, ToolError, ToolKind, type Agent, type Session, type ToolContext } from "../src/index.js";
+import {
+  CommandError,
+  CommandRefused,
+  CommandTimeout,
+  NonceCache,
+  REFUSALS,
+  Refuse,
+  ToolError,
+  ToolKind,
+  signHandshake,
+  verifyHandshake,
+  type Agent,
+  type Session,
+  type ToolContext,
+} from "../src/index.js";
 import { FakeBrisvox, HandshakeRefused, SECRET, deferred, startAgent } from "./fake_brisvox.js";
 
 const OBJ = { type: "object", properties: { x: { type: "integer" } }, required: ["x"] } as const;
@@ -57,10 +71,36 @@ describe("handshake", () => {
   it("refuses a stale (or future) timestamp with HTTP 401", async () => {
     const { url } = await serve(() => {});
     const now = Math.floor(Date.now() / 1000);
-    await assert.rejects(FakeBrisvox.connect(url, { t: now - 301 }), (e: unknown) => e instanceof HandshakeRefused && e.status === 401);
-    await assert.rejects(FakeBrisvox.connect(url, { t: now + 301 }), (e: unknown) => e instanceof HandshakeRefused && e.status === 401);
-    const b = await FakeBrisvox.connect(url, { t: now - 250 }); // inside the window
+    await assert.rejects(FakeBrisvox.connect(url, { t: now - 31 }), (e: unknown) => e instanceof HandshakeRefused && e.status === 401);
+    await assert.rejects(FakeBrisvox.connect(url, { t: now + 31 }), (e: unknown) => e instanceof HandshakeRefused && e.status === 401);
+    const b = await FakeBrisvox.connect(url, { t: now - 25 }); // inside the window
     await b.close();
+  });
+
+  it("refuses a replayed handshake with HTTP 401 and counts it", async () => {
+    const { url, agent } = await serve(() => {});
+    const session = "replayed-session";
+    const captured = signHandshake(SECRET, session);
+    const first = await FakeBrisvox.connect(url, { session, signature: captured });
+    await assert.rejects(FakeBrisvox.connect(url, { session, signature: captured }), (e: unknown) => e instanceof HandshakeRefused && e.status === 401);
+    assert.equal(agent.handshakesRefused.get(REFUSALS.replayed), 1);
+    const again = await FakeBrisvox.connect(url, { session }); // a fresh nonce: accepted
+    await first.close();
+    await again.close();
+  });
+
+  it("keeps a nonce for the window, then forgets it; refuses when full", () => {
+    const cache = new NonceCache(30, 2);
+    assert.equal(cache.admit("a".repeat(32), 1000, 1000), null);
+    assert.equal(cache.admit("a".repeat(32), 1000, 1029), REFUSALS.replayed);
+    assert.equal(cache.admit("b".repeat(32), 1000, 1001), null);
+    assert.equal(cache.admit("c".repeat(32), 1000, 1002), REFUSALS.nonceFull);
+    assert.equal(cache.admit("c".repeat(32), 1031, 1031), null); // the others left the window
+    assert.equal(cache.size, 1);
+    const v1 = "t=1000,v1=" + "0".repeat(64);
+    assert.deepEqual(verifyHandshake([SECRET], "s", v1, 30, 1000), { ok: false, reason: REFUSALS.oldScheme });
+    const h = signHandshake(SECRET, "s", 1000, "d".repeat(32));
+    assert.deepEqual(verifyHandshake([SECRET], "s", h.replace("d".repeat(32), "e".repeat(32)), 30, 1000), { ok: false, reason: "bad signature" });
   });
 
   it("answers session.refuse when an onSession hook refuses, and closes", async () => {

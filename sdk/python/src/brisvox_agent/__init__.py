@@ -14,7 +14,7 @@ asyncio.run(agent.serve())
 ```
 """
 
-from ._auth import SESSION_HEADER, SIGNATURE_HEADER, sign, verify
+from ._auth import SESSION_HEADER, SIGNATURE_HEADER, NonceCache, sign, verify
 from .agent import Agent
 from .errors import (
     AgentError,
@@ -45,6 +45,7 @@ __all__ = [
     "Dialed",
     "Event",
     "Kind",
+    "NonceCache",
     "NotLive",
     "Refuse",
     "Session",

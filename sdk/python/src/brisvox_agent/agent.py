@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import ssl as ssl_module
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from http import HTTPStatus
 from types import TracebackType
@@ -19,7 +20,15 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from ._auth import CLOCK_WINDOW_S, SESSION_HEADER, SIGNATURE_HEADER, verify
+from ._auth import (
+    CLOCK_WINDOW_S,
+    NONCE_CAPACITY,
+    NONCE_FULL,
+    SESSION_HEADER,
+    SIGNATURE_HEADER,
+    NonceCache,
+    verify,
+)
 from .errors import Refuse
 from .session import EVENTS, MAX_FRAME_BYTES, PROTOCOL_VERSION, Event, Link, Session, dumps
 from .tools import CallInfo, Tool, ToolFn, make_tool
@@ -40,6 +49,10 @@ class Agent:
 
     ``secret`` is the shared secret of the agent file's ``[agent_link]`` (or name its
     environment variable with ``secret_env``). ``port=0`` binds a free port (see ``.port``).
+    The upgrade is refused (401, the reason in the body, counted in ``handshakes_refused``)
+    unless its signature matches, its timestamp is within ``clock_window`` seconds (30) of
+    this clock and its nonce is new within that window; with ``nonce_capacity`` live nonces
+    held, new handshakes get 503 until the oldest leave the window.
     """
 
     def __init__(self, secret: str | bytes | None = None, *, secret_env: str | None = None,
@@ -49,7 +62,7 @@ class Agent:
                  offer_timeout: float = 10.0, max_result_bytes: int = MAX_FRAME_BYTES - 1024,
                  clock_window: float = CLOCK_WINDOW_S, ping_interval: float = 10.0,
                  ping_timeout: float = 20.0, resume_grace: float = 60.0,
-                 drain_timeout: float = 10.0) -> None:
+                 drain_timeout: float = 10.0, nonce_capacity: int = NONCE_CAPACITY) -> None:
         if secret is None and secret_env:
             secret = os.environ.get(secret_env)
         if not secret:
@@ -62,6 +75,8 @@ class Agent:
         self.offer_timeout = offer_timeout
         self.max_result_bytes = max_result_bytes
         self.clock_window = clock_window
+        self._nonces = NonceCache(clock_window, nonce_capacity)  # a replayed handshake is refused
+        self.handshakes_refused: Counter[str] = Counter()  # refused upgrades by reason (brisvox_agent._auth)
         self.ping_interval, self.ping_timeout = ping_interval, ping_timeout
         self.resume_grace = resume_grace
         self.drain_timeout = drain_timeout  # event handlers and SideEffects after a close
@@ -187,10 +202,14 @@ class Agent:
         if self.path is not None and urlsplit(request.path).path != self.path:
             return conn.respond(HTTPStatus.NOT_FOUND, "not found\n")
         why = verify(self._secret, request.headers.get(SESSION_HEADER),
-                     request.headers.get(SIGNATURE_HEADER), window=self.clock_window)
+                     request.headers.get(SIGNATURE_HEADER), window=self.clock_window, nonces=self._nonces)
         if why is not None:
-            log.warning("handshake refused (401): %s", why)
-            return conn.respond(HTTPStatus.UNAUTHORIZED, f"{why}\n")
+            status = HTTPStatus.SERVICE_UNAVAILABLE if why == NONCE_FULL else HTTPStatus.UNAUTHORIZED
+            self.handshakes_refused[why] += 1
+            n = self.handshakes_refused[why]
+            if n & (n - 1) == 0:  # the 1st, 2nd, 4th, 8th ...: a flood of refusals logs a handful of lines
+                log.warning("handshake refused (%d): %s (%d so far)", status.value, why, n)
+            return conn.respond(status, f"{why}\n")
         return None
 
     # -- one connection --------------------------------------------------------------------
