@@ -14,6 +14,11 @@ Invariants:
   the last we sent, and a fresh branch.
 * A request whose CSeq is below the last one seen from the peer is refused
   (500, 12.2.2).
+* Where an in-dialog request goes (:meth:`Dialog.next_hop`, :meth:`Dialog.hop_for`)
+  is what the message said (a route, a Contact) or, for a name or no usable
+  URI, the INVITE's source; this module checks no address against an
+  allow-list: the user agent does before it sends (and before it accepts a
+  dialog or a target refresh that names one).
 * The UAC view (an outbound call, :meth:`Dialog.for_outgoing`, then
   :meth:`Dialog.answered` with the 2xx): the local tag is our From tag, the
   remote tag the 2xx's To tag, the remote target its Contact, the route set
@@ -41,7 +46,7 @@ ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"
 
 REASONS = {
     100: "Trying", 180: "Ringing", 200: "OK", 202: "Accepted", 400: "Bad Request",
-    403: "Forbidden", 405: "Method Not Allowed", 415: "Unsupported Media Type", 420: "Bad Extension",
+    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 415: "Unsupported Media Type", 420: "Bad Extension",
     481: "Call/Transaction Does Not Exist", 482: "Loop Detected", 483: "Too Many Hops",
     486: "Busy Here", 487: "Request Terminated", 488: "Not Acceptable Here", 491: "Request Pending",
     500: "Server Internal Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -163,19 +168,32 @@ class Dialog:
         self.remote_cseq = num
         return True
 
-    def refresh_target(self, req: SipMessage) -> None:
+    @staticmethod
+    def target_in(req: SipMessage) -> str | None:
+        """The remote target a target refresh (re-INVITE) names: its Contact's URI (None: none usable)."""
         contact = req.get("contact")
-        if contact:
-            try:
-                self.remote_target = parse_name_addr(contact).uri
-            except ValueError:
-                pass
+        if not contact:
+            return None
+        try:
+            return parse_name_addr(contact).uri
+        except ValueError:
+            return None
+
+    def refresh_target(self, req: SipMessage) -> None:
+        target = self.target_in(req)
+        if target is not None:
+            self.remote_target = target
 
     def next_hop(self) -> Addr:
         """Where an in-dialog request goes: first loose route, else the remote target."""
-        uri_s = parse_name_addr(self.route_set[0]).uri if self.route_set else self.remote_target
+        return self.hop_for(self.remote_target)
+
+    def hop_for(self, target: str) -> Addr:
+        """Where an in-dialog request would go with ``target`` as the remote target: the first
+        route of the route set, else ``target``; the INVITE's source when that is no IP address.
+        The caller checks it against its allow-list before sending (nothing here does)."""
         try:
-            uri = parse_uri(uri_s)
+            uri = parse_uri(parse_name_addr(self.route_set[0]).uri if self.route_set else target)
         except ValueError:
             return self.source
         if not is_ip(uri.host):

@@ -171,7 +171,7 @@ def test_a_bye_reason_with_crlf_never_becomes_a_header():
 def test_rate_limits_and_the_transaction_cap_answer_503_before_any_state():
     async def run() -> None:
         core, ua, wire = await started({"invite_rate": ("3/second",), "options_rate": ("4/second",),
-                                        "max_transactions": 16})
+                                        "max_transactions": 16, "max_transactions_per_source": 16})
         src = f"127.0.{os.getpid() % 250}.{next(_seq) % 250 + 1}"
         try:
             for _ in range(8):

@@ -184,7 +184,8 @@ def test_behind_a_trusted_proxy_the_rate_limits_key_on_the_caller_it_names():
 def test_two_record_routes_make_the_bye_go_to_the_first_with_both_routes():
     async def run() -> None:
         proxy = addr(8)
-        core, ua, wire = await started({"invite_rate": ()})
+        # the first route is a destination: it must be inside [sip] allow (else the INVITE gets 403)
+        core, ua, wire = await started({"invite_rate": (), "allow": ("127.0.0.0/8", "10.1.2.3/32")})
         routes = ["<sip:10.1.2.3:5080;lr;ftag=x>", "<sip:10.9.9.9;lr;r2=on>"]
         try:
             inv = proxied_invite(proxy, addr(9), call_id=f"rr{os.getpid()}@t",

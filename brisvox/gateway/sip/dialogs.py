@@ -3,7 +3,7 @@
 Owns :class:`SipDialogs`, the call-facing half of the SIP user agent: the
 dialog table (every leg, inbound or outbound, by Call-ID and local tag),
 the dialog-creating INVITE (admission, the SDP offer/answer, the call's RTP
-socket, 100/180/200, 488/503/420/415/482 refusals), the 2xx retransmission
+socket, 100/180/200, 403/404/488/503/420/415/482 refusals), the 2xx retransmission
 until the ACK (or the late offer's answer in it), re-INVITE (hold/unhold,
 new address: answered with the mirrored direction), CANCEL (200 + 487), BYE,
 INFO (a key press: dtmf-relay, dtmf), NOTIFY (for our REFER), REFER (the
@@ -17,7 +17,25 @@ Invariants:
 * A call is admitted (rings created) only after the INVITE passed every
   check that can refuse it without the core: the message, its dialog
   (Contact, From), its SDP (parsed, negotiated, an IP address of the RTP
-  socket's family) -- 400, 415, 420, 482 or 488 before anything is taken.
+  socket's family), the agent its Request-URI user reaches -- 400, 403, 404,
+  415, 420, 482 or 488 before anything is taken.
+* A Request-URI user that is not in ``[sip] users`` gets ``[sip]
+  default_agent``; when that is "" (the default) the INVITE is refused 404
+  (``sip_invite_404``, ``sip_refused_unknown_user``): no name is answered
+  unless the config says so.
+* Nothing is sent to an address a message named unless it is allowed
+  (:meth:`~brisvox.gateway.sip.rtp.SipContext.destination`): an INVITE whose
+  next hop (first Record-Route, else Contact) is outside ``[sip] allow`` is
+  refused 403 (``sip_invite_403``, ``sip_refused_destination``), one whose
+  SDP connection address is outside 488 (``sip_refused_media_address``); a
+  re-INVITE that would move the target or the media outside is refused the
+  same way and the dialog keeps what it had; an ACK's late answer naming an
+  address outside ends the call. Every in-dialog request goes to the
+  checked hop (:meth:`SipDialogs.hop`). With ``[sip] nat =
+  "signalling_source"`` such an address is replaced by the signalling
+  source instead of refused. Responses go to the request's source address
+  (the transaction layer: RFC 3261 18.2.2 with ``rport``, a Via naming
+  another host is answered at the source).
   A call refused or abandoned after admission (no RTP port, the agent
   refused, an error while building the leg) is released through
   :meth:`~brisvox.gateway.core.host.CallHost.transport_ended` and
@@ -47,14 +65,15 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
 from collections.abc import Callable
 
-from brisvox.gateway.config import SipConfig
 from brisvox.gateway.core.calls import AdmissionError, Call
 from brisvox.gateway.core.leg import REASON_TEXT_MAX, q850_cause, reason_text
+from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
 from brisvox.wire import dtmf, sdp
@@ -87,13 +106,32 @@ def warning(text: str) -> list[tuple[str, str]]:
     return [("warning", f'305 brisvox "{quoted_string(text, 80)}"')]
 
 
-def negotiate(offer: sdp.SessionDescription, cfg: SipConfig) -> sdp.Negotiated:
-    """Offer/answer, and an address our RTP socket can send to (SdpError -> 488)."""
+class MediaRefused(sdp.SdpError):
+    """The SDP's connection address is outside ``[sip] allow`` (and ``[sip] nat`` is strict): 488."""
+
+
+def negotiate(offer: sdp.SessionDescription, ctx: SipContext, source: Addr) -> sdp.Negotiated:
+    """Offer/answer, and an address our RTP socket can send to and may (SdpError -> 488): inside
+    ``[sip] allow`` (else :class:`MediaRefused`), or with ``nat = "signalling_source"`` the
+    signalling ``source``'s IP instead (:meth:`~brisvox.gateway.sip.rtp.SipContext.destination`)."""
+    cfg = ctx.cfg
     neg = sdp.negotiate(offer, cfg.codecs)
-    v6 = ":" in cfg.host  # the RTP sockets' family is the listener's
-    if neg.remote_host not in ("0.0.0.0", "::") and (":" in neg.remote_host) != v6:
-        raise sdp.SdpError(f"connection address {neg.remote_host} is not of our RTP socket's family")
-    return neg
+    host = neg.remote_host
+    if host in ("0.0.0.0", "::"):
+        return neg  # hold: no address to send to
+    if (":" in host) != (":" in cfg.host):  # the RTP sockets' family is the listener's
+        raise sdp.SdpError(f"connection address {host} is not of our RTP socket's family")
+    dest = ctx.destination((host, neg.remote_port), source, media=True)
+    if dest is None:
+        raise MediaRefused(f"connection address {host} is not allowed")
+    return neg if dest[0] == host else dataclasses.replace(neg, remote_host=dest[0])
+
+
+def sdp_refusal(counters: SipCounters, e: sdp.SdpError, what: str, source: str) -> None:
+    """Count and log (bounded) an SDP refused: ``sip_refused_media_address`` for an address
+    outside ``[sip] allow``, else ``sip_refused_sdp``."""
+    kind = "media_address" if isinstance(e, MediaRefused) else "sdp"
+    counters.refuse(kind, "%s from %s: %s", what, source, str(e)[:80])
 
 
 class SipDialogs:
@@ -151,11 +189,25 @@ class SipDialogs:
             self.counters.refuse("extension", "Require %s", require[:40])
             respond(tx, req, 420, extra=[("unsupported", require)])
             return
+        user, agent = self._agent_for(req)
+        if not agent:  # no [sip] users entry and no default_agent: nobody answers this name
+            self.counters.count("sip_invite_404")
+            self.counters.refuse("unknown_user", "INVITE from %s for user %r: not in [sip] users and no "
+                                 "[sip] default_agent", addr[0], user[:40])
+            respond(tx, req, 404)
+            return
         try:
             dialog = Dialog.from_invite(req, new_tag(), self.transactions.contact, addr)
         except ValueError as e:
             self.counters.refuse("malformed", "INVITE from %s: %s", addr[0], str(e)[:80])
             respond(tx, req, 400, "Bad Contact or From")
+            return
+        hop = dialog.next_hop()
+        if self.ctx.destination(hop, addr) is None:
+            self.counters.count("sip_invite_403")
+            self.counters.refuse("destination", "INVITE from %s: its Contact/Record-Route names %s, not in "
+                                 "[sip] allow", addr[0], hop[0])
+            respond(tx, req, 403, "Target Not Allowed")
             return
         offer: sdp.SessionDescription | None = None
         neg: sdp.Negotiated | None = None
@@ -167,19 +219,18 @@ class SipDialogs:
                 return
             try:
                 offer = sdp.parse(req.body)
-                neg = negotiate(offer, self.cfg)
+                neg = negotiate(offer, self.ctx, addr)
             except sdp.SdpError as e:
                 self.counters.count("sip_invite_488")
-                self.counters.refuse("sdp", "INVITE from %s: %s", addr[0], str(e)[:80])
+                sdp_refusal(self.counters, e, "INVITE", addr[0])
                 respond(tx, req, 488, extra=warning(str(e)))
                 return
         if req.call_id in self.by_call_id:
             self.counters.refuse("loop", "Call-ID already in a call")
             respond(tx, req, 482)
             return
-        agent = self._agent_for(req)
         try:
-            call = self.call_host.admit("sip", agent, RATE)
+            call = self.call_host.admit("sip", agent, RATE, source=self.transactions.caller_host(req, addr[0]))
         except AdmissionError as e:
             self.counters.count(f"sip_invite_503_{e.reason}")
             respond(tx, req, 503, extra=[("retry-after", "10")])
@@ -228,12 +279,14 @@ class SipDialogs:
             return
         self.call_host.start_call(leg.call, leg, functools.partial(self._call_ready, leg))
 
-    def _agent_for(self, req: SipMessage) -> str:
+    def _agent_for(self, req: SipMessage) -> tuple[str, str]:
+        """(the Request-URI's user, the agent it reaches: ``[sip] users``, else ``default_agent``;
+        "" for none)."""
         try:
             user = parse_uri(req.uri).user
         except ValueError:
             user = ""
-        return self.cfg.users.get(user, self.cfg.default_agent)
+        return user, self.cfg.users.get(user, self.cfg.default_agent)
 
     def _call_ready(self, leg: SipCall, ok: bool, why: str) -> None:
         tx = leg.invite_tx
@@ -281,9 +334,10 @@ class SipDialogs:
             try:
                 ans = sdp.parse(req.body)
                 leg.offer = None
-                leg.apply_negotiation(negotiate(ans, self.cfg))
-            except sdp.SdpError:
+                leg.apply_negotiation(negotiate(ans, self.ctx, leg.dialog.source))
+            except sdp.SdpError as e:
                 self.counters.count("sip_bad_ack_sdp")
+                sdp_refusal(self.counters, e, "ACK", addr[0])
                 self.end(leg, "bad sdp in ack", send_bye=True)
                 return True
         if leg.bye_after_ack:  # the hang-up's own reason (transport_ended kept it)
@@ -298,13 +352,21 @@ class SipDialogs:
                 (leg.ok_retx is not None and not leg.ok_retx.done):
             self.transactions.respond(tx, req, 491)
             return
+        source = leg.dialog.source
+        target = leg.dialog.target_in(req)
+        if target is not None and self.ctx.destination(leg.dialog.hop_for(target), source) is None:
+            self.counters.count("sip_reinvite_403")
+            self.counters.refuse("destination", "re-INVITE from %s: its Contact names %s, not in [sip] allow",
+                                 source[0], leg.dialog.hop_for(target)[0])
+            self.transactions.respond(tx, req, 403, "Target Not Allowed")  # the dialog keeps its target
+            return
         offer = None
         if req.body:
             try:
                 offer = sdp.parse(req.body)
-                neg = negotiate(offer, self.cfg)
+                neg = negotiate(offer, self.ctx, source)
             except sdp.SdpError as e:
-                self.counters.refuse("sdp", "re-INVITE: %s", str(e)[:80])
+                sdp_refusal(self.counters, e, "re-INVITE", source[0])
                 self.transactions.respond(tx, req, 488, extra=warning(str(e)))
                 return
             leg.offer = offer
@@ -402,7 +464,7 @@ class SipDialogs:
             done(False, "invalid target")
             return
         if ":" not in target.split("@")[0] and not target.startswith(("sip:", "sips:", "tel:")):
-            host = leg.dialog.next_hop()[0]
+            host = (self.hop(leg) or leg.dialog.source)[0]
             target = f"sip:{target}@{host}"
         try:
             parse_uri(target)
@@ -432,8 +494,19 @@ class SipDialogs:
                 leg.client_tx = max(0, leg.client_tx - 1)
             cb(a)
 
-        self.transactions.request(req, leg.dialog.next_hop(), counted)
+        hop = self.hop(leg)
+        if hop is None:  # unreachable while every target is checked when it is set; never sent there
+            self.counters.refuse("destination", "%s for call %s: next hop %s not in [sip] allow", req.method,
+                                 leg.call.call_id, leg.dialog.next_hop()[0])
+            cb(TimedOut("destination not allowed"))
+            return
+        self.transactions.request(req, hop, counted)
         leg.client_tx += 1
+
+    def hop(self, leg: SipCall) -> Addr | None:
+        """Where ``leg``'s in-dialog requests go: its dialog's next hop, checked
+        (:meth:`~brisvox.gateway.sip.rtp.SipContext.destination`; None: nowhere allowed)."""
+        return self.ctx.destination(leg.dialog.next_hop(), leg.dialog.source)
 
     # -- ending -------------------------------------------------------------------------------------
 

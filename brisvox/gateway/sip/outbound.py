@@ -29,7 +29,12 @@ Invariants:
 * Only targets inside ``[sip] allow`` are dialled (the callee's responses
   and RTP would be dropped otherwise); the host must be an IP address (no
   DNS). A target is a plain SIP URI or number: no spaces, quotes or angle
-  brackets, at most ``MAX_TARGET`` characters.
+  brackets, at most ``MAX_TARGET`` characters. The answer cannot move the
+  call outside ``[sip] allow`` either: a 2xx whose Contact / Record-Route
+  names an address outside is ACKed and ended with BYE at the address we
+  dialled (``destination not allowed``), one whose SDP does is
+  ``incompatible media`` (``[sip] nat = "signalling_source"``: the dialled
+  address replaces it instead).
 * Every 2xx to our INVITE is ACKed (a retransmitted 2xx gets the same ACK
   again); a 2xx that comes after we cancelled, or whose SDP we cannot use,
   is ACKed and then ended with BYE.
@@ -50,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brisvox.gateway.core.calls import AdmissionError
-from brisvox.gateway.sip.dialogs import bye_reason, negotiate
+from brisvox.gateway.sip.dialogs import bye_reason, negotiate, sdp_refusal
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
 from brisvox.wire import sdp
@@ -171,7 +176,8 @@ class SipDialer:
             self._dial_refused("not_started", done, "the SIP user agent is not started")
             return
         try:
-            call = self.call_host.admit("sip", agent or self.cfg.default_agent, RATE)
+            # an operator's dial: without --agent, [sip] default_agent, else the agents' "default"
+            call = self.call_host.admit("sip", agent or self.cfg.default_agent or "default", RATE)
         except AdmissionError as e:
             self._dial_refused(e.reason, done, f"refused: {e.reason}")
             return
@@ -297,14 +303,20 @@ class SipDialer:
         leg.dialog.answered(resp)
         ack = leg.dialog.request("ACK", self.transactions.via_host, cseq=leg.invite.cseq[0])
         d.ack = ack.serialize()
-        d.ack_addr = leg.dialog.next_hop()
+        hop = self.ctx.destination(leg.dialog.next_hop(), d.dest)
+        refused = ""
+        if hop is None:  # the 2xx's Contact / Record-Route names an address outside allow: never sent there
+            refused = "destination not allowed"
+            self.counters.refuse("destination", "dial %s: the 2xx names %s, not in [sip] allow", d.dest[0],
+                                 leg.dialog.next_hop()[0])
+        d.ack_addr = hop or d.dest  # the ACK and BYE of a refused answer go where we sent the INVITE
         self.transactions.send(d.ack, d.ack_addr)
         self.outgoing.pop(leg.dialog.call_id, None)
         leg.state = "confirmed"
         leg.last_rx = self.ctx.loop.time()
-        if d.cancel_reason or leg.ended or d.reported:  # answered while we cancelled: end it with BYE
-            reason = d.cancel_reason or "cancelled"
-            self.counters.count("sip_dial_answered_after_cancel")
+        if refused or d.cancel_reason or leg.ended or d.reported:  # answered while we cancelled: end it with BYE
+            reason = refused or d.cancel_reason or "cancelled"
+            self.counters.count("sip_dial_failed_destination" if refused else "sip_dial_answered_after_cancel")
             bye = leg.dialog.request("BYE", self.transactions.via_host, extra=[("reason", bye_reason(reason))])
             self.transactions.request(bye, d.ack_addr, self._bye_result)
             if not leg.ended:
@@ -315,9 +327,10 @@ class SipDialer:
         try:
             if resp.get("content-type").split(";")[0].strip().lower() != "application/sdp":
                 raise sdp.SdpError("the 2xx carries no SDP answer")
-            neg = negotiate(sdp.parse(resp.body), self.cfg)
+            neg = negotiate(sdp.parse(resp.body), self.ctx, d.dest)
         except sdp.SdpError as e:
             self.counters.count("sip_dial_bad_answer")
+            sdp_refusal(self.counters, e, "2xx", d.dest[0])
             self.dialogs.end(leg, "incompatible media", send_bye=True)
             self.counters.count("sip_dial_failed_incompatible_media")
             d.report(None, f"incompatible media: {str(e)[:80]}")

@@ -23,9 +23,24 @@ Invariants:
   ``"sdp"``: the latch is the connection address and port of the last SDP
   that named one (a hold's ``0.0.0.0`` keeps the previous one); nothing is
   taken before an SDP named one. ``"first"`` (NAT): the first source after
-  the answer, which also becomes where our RTP goes; an SDP naming a new
-  address re-arms the latch; packets before the answer are dropped
-  (``rtp_early_dropped``).
+  the answer whose IP address is the signalling source's (the address the
+  dialog's INVITE came from, or the one we dialled; the port may differ
+  behind a NAT), which also becomes where our RTP goes; it never moves after
+  that (a later SDP does not re-arm it). A packet from another IP before the
+  latch is dropped (``rtp_latch_refused``), as are packets before the answer
+  (``rtp_early_dropped``). Residual risk: whoever can send from the
+  signalling IP (spoof it, or share it behind the same NAT) can still race
+  the caller's first packet.
+* Destinations (:meth:`SipContext.destination`): every address we send to
+  (an in-dialog request's next hop, RTP) is inside ``[sip] allow``; with
+  ``[sip] nat = "signalling_source"`` an address outside is replaced by the
+  signalling source (its IP; a SIP hop its port too), else the dialog
+  layer refuses the message that named it (403 / 488). A leg's RTP remote
+  is always such an address or its latch.
+* A call held (``a=inactive``/``sendonly``, ``c=0.0.0.0``) is exempt from the
+  RTP timeout but not from ``[sip] hold_timeout_s``: held longer than that
+  (counted from the SDP that put it on hold) it is hung up, ``"hold
+  timeout"`` (``sip_hold_timeouts``).
 * Outbound RTP is built in one reused buffer per call (header + payload, no
   allocation per frame); a frame beyond that buffer is refused.
 * A leg sends audio only while answered or confirmed, with a negotiated
@@ -87,6 +102,16 @@ class SipContext:
     allowed: Callable[[str], bool]  # the [sip] allow check (SipGuard.allowed)
     signalling: LegSignalling
 
+    def destination(self, addr: Addr, source: Addr, *, media: bool = False) -> Addr | None:
+        """Where something a message named as ``addr`` may be sent: ``addr`` inside ``[sip]
+        allow``; else, with ``[sip] nat = "signalling_source"``, the signalling ``source``
+        (for ``media``: its IP with ``addr``'s port); else None (refuse: see the module docstring)."""
+        if self.allowed(addr[0]):
+            return addr
+        if self.cfg.nat == "signalling_source":
+            return (source[0], addr[1]) if media else source
+        return None
+
 
 class RtpProtocol(asyncio.DatagramProtocol):
     __slots__ = ("leg", "transport")
@@ -131,9 +156,10 @@ class SipCall(TransportLeg):
         self.remote: Addr | None = (neg.remote_host, neg.remote_port) if neg and neg.we_send else None
         self.latch_first = ctx.cfg.rtp_latch == "first"
         self.latch: Addr | None = None  # the one source RTP is taken from
-        self._sdp_addr: Addr | None = None
+        self.held_since: float | None = None  # loop time of the SDP that put the call on hold
         if neg is not None:
             self._relatch(neg)
+            self._note_hold(neg)
         self.ok_retx: Retransmit2xx | None = None
         self.jb = JitterFor(ctx.cfg)
         self.dtmf_rx = dtmf.EventReceiver()
@@ -158,6 +184,7 @@ class SipCall(TransportLeg):
         self.neg = neg
         self.codec = CODECS[neg.codec]
         self._relatch(neg)
+        self._note_hold(neg)
         if neg.we_send:
             self.remote = self.latch if self.latch_first and self.latch is not None else \
                 (neg.remote_host, neg.remote_port)
@@ -166,16 +193,18 @@ class SipCall(TransportLeg):
             self.sender.end_spurt()
 
     def _relatch(self, neg: sdp.Negotiated) -> None:
-        """The latch after an SDP (see the module invariants)."""
-        if neg.remote_host in ("0.0.0.0", "::") or not neg.remote_port:
+        """The latch after an SDP (see the module invariants): ``"sdp"`` takes its address;
+        ``"first"`` ignores it (the first packet from the signalling IP latches, for good)."""
+        if self.latch_first or neg.remote_host in ("0.0.0.0", "::") or not neg.remote_port:
             return  # hold: the previous latch stands
-        addr = (neg.remote_host, neg.remote_port)
-        if self.latch_first:
-            if addr != self._sdp_addr:
-                self.latch = None  # a new address: the next source after the answer
-        else:
-            self.latch = addr
-        self._sdp_addr = addr
+        self.latch = (neg.remote_host, neg.remote_port)
+
+    def _note_hold(self, neg: sdp.Negotiated) -> None:
+        """Start the hold clock when an SDP puts the call on hold, stop it when one takes it off."""
+        if not neg.on_hold:
+            self.held_since = None
+        elif self.held_since is None:
+            self.held_since = self.ctx.loop.time()
 
     def answer_sdp(self) -> bytes:
         cfg = self.ctx.cfg
@@ -197,6 +226,14 @@ class SipCall(TransportLeg):
         if latch is None and self.latch_first:
             if self.state not in ("answered", "confirmed"):
                 count("rtp_early_dropped")
+                return
+            if addr[0] != self.dialog.source[0]:  # only the signalling peer's IP may take the latch
+                count("rtp_latch_refused")
+                count("rtp_foreign_dropped")
+                self.call.stats.rtp_foreign_dropped += 1
+                ctx.counters.log_limit("rtp_latch_refused", "RTP for call %s from %s:%s dropped (not the "
+                                       "signalling source %s)", self.call.call_id, addr[0], addr[1],
+                                       self.dialog.source[0], level=logging.WARNING)
                 return
             self.latch = latch = src
             if self.remote is not None:
@@ -298,6 +335,11 @@ class SipCall(TransportLeg):
                     and self.last_rx and now - self.last_rx > timeout:
                 self.ctx.counters.count("rtp_timeouts")
                 self.call_host.hangup(self.call, "rtp timeout")
+            hold = self.ctx.cfg.hold_timeout_s
+            if hold and self.held_since is not None and self.state == "confirmed" and now - self.held_since > hold:
+                self.held_since = None  # once
+                self.ctx.counters.count("sip_hold_timeouts")
+                self.call_host.hangup(self.call, "hold timeout")
 
     def sync_stats(self) -> None:
         js = self.jb.stats

@@ -27,11 +27,19 @@ Invariants:
   response again) and never reaches the transaction user twice; an ACK
   goes to the transaction user first (a 2xx's ACK is end to end), then,
   unclaimed, to the INVITE transaction of the same branch (a non-2xx's).
-* New INVITEs (no To tag) and OPTIONS over their source's rate limit, and
-  any new request while the server transaction table holds ``[sip]
-  max_transactions``, get 503 with Retry-After statelessly (no transaction,
-  no call), counted ``sip_refused_<reason>``; a request whose Max-Forwards
-  is 0 gets 483 in its transaction (OPTIONS excepted).
+* Admission of a new request (not ACK, not a retransmission), in this
+  order, each refusal answered statelessly (no transaction, no call) and
+  counted ``sip_refused_<reason>`` (:class:`~brisvox.gateway.sip.guard.Refusal`):
+  its source over the rate limit of its kind
+  (:func:`~brisvox.gateway.sip.guard.rate_kind`: ``invite_rate``,
+  ``options_rate``, ``other_rate``) 503 ``rate_limit``; the RFC 3261
+  stateless answers (:func:`~brisvox.gateway.sip.guard.stateless_refusal`:
+  501, 483, 481, 405 -- a retransmission gets the same answer again); the
+  table at ``max_transactions`` 503 ``tx_table_full``; its source holding
+  its share of the table (``[sip] max_transactions_per_source``,
+  :class:`~brisvox.gateway.sip.guard.TransactionShares`) 503
+  ``tx_source_full``. A 503 past the source's ``refusal_rate`` is not sent
+  (``sip_refused_flood`` instead). Only then a server transaction is made.
 * The per-source limits key on the caller's address
   (:meth:`SipTransactions.caller_host`): the packet's source, or, when that
   source is one of ``[sip] trusted_proxies``, the caller the proxy's Vias
@@ -60,7 +68,13 @@ from typing import Any, Protocol
 from brisvox.gateway.config import SipConfig
 from brisvox.gateway.proxies import FORWARDED, MALFORMED, TrustedProxies, via_client
 from brisvox.gateway.sip.counters import SipCounters
-from brisvox.gateway.sip.guard import SipGuard
+from brisvox.gateway.sip.guard import (
+    Refusal,
+    SipGuard,
+    TransactionShares,
+    rate_kind,
+    stateless_refusal,
+)
 from brisvox.wire.sip_dialog import make_response
 from brisvox.wire.sip_message import SipMessage, SipParseError, parse
 from brisvox.wire.sip_transaction import (
@@ -94,6 +108,9 @@ class TransactionUser(Protocol):
     def on_ack(self, req: SipMessage, addr: Addr) -> bool:
         """An ACK: True when it was a dialog's (a 2xx's); else it is the non-2xx's of its INVITE."""
 
+    def in_dialog(self, req: SipMessage) -> bool:
+        """Whether a dialog of ours matches the request's Call-ID and To tag (nothing taken)."""
+
 
 class TransactionLayer(Protocol):
     """What the call-facing side (dialogs, the dialer) may ask of the transaction layer."""
@@ -116,6 +133,10 @@ class TransactionLayer(Protocol):
         """Answer ``tx`` 200 and retransmit that until :meth:`acked` (``cb`` gets the TimedOut)."""
 
     def acked(self, retx: Retransmit2xx) -> None: ...
+
+    def caller_host(self, req: SipMessage, src: str) -> str:
+        """The caller's address behind a trusted proxy (the per-source key), else ``src``."""
+        ...
 
     def watch(self, tx: Transaction, cb: Callback) -> None:
         """Hand ``tx``'s events (Deliver, TimedOut) to ``cb`` from now on."""
@@ -154,6 +175,7 @@ class SipTransactions(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
         self.proxies = TrustedProxies(cfg.trusted_proxies)
         self.server_tx: dict[tuple, Transaction] = {}
+        self.shares = TransactionShares(cfg.transactions_per_source)  # who holds server_tx
         self.client_tx: dict[tuple, ClientNonInvite | ClientInvite] = {}
         self._tx_cb: dict[int, Callback] = {}
         self._heap: list[tuple[float, int, Transaction]] = []
@@ -197,7 +219,8 @@ class SipTransactions(asyncio.DatagramProtocol):
         return f"<sip:brisvox@{self.cfg.advertised_host}:{self.port}>"
 
     def stats(self) -> dict[str, int]:
-        return {"sip_server_transactions": len(self.server_tx), "sip_client_transactions": len(self.client_tx)}
+        return {"sip_server_transactions": len(self.server_tx), "sip_client_transactions": len(self.client_tx),
+                "sip_server_transaction_sources": self.shares.sources()}
 
     # -- receive ---------------------------------------------------------------------------
 
@@ -258,27 +281,48 @@ class SipTransactions(asyncio.DatagramProtocol):
             self._perform(old, old.on_retransmit(self.loop.time()))  # type: ignore[attr-defined]
             return
         reply_to = self._reply_addr(req, addr)
-        if method == "OPTIONS" or (method == "INVITE" and not req.to_tag):
-            caller = self.caller_host(req, addr[0])  # behind a trusted proxy: the caller it names
-            retry = self.guard.admit(method, caller)
-            if retry:
-                self.counters.refuse("rate_limit", "%s from %s over its rate limit", method, caller)
-                self._stateless(req, 503, reply_to, "Rate Limited", extra=[("retry-after", str(retry))])
-                return
-        if len(self.server_tx) >= self.cfg.max_transactions:
-            self.counters.refuse("tx_table_full", "%s from %s: %d transactions", method, addr[0], len(self.server_tx))
-            self._stateless(req, 503, reply_to, extra=[("retry-after", "5")])
+        caller = self.caller_host(req, addr[0])  # behind a trusted proxy: the caller it names
+        refusal = self._admission(req, caller)
+        if refusal is not None:
+            self._refuse(req, reply_to, caller, refusal)
             return
         tx: ServerInvite | ServerNonInvite
         tx = ServerInvite(key, reply_to, self.timers) if method == "INVITE" else ServerNonInvite(key, reply_to, self.timers)
         self.server_tx[key] = tx
+        self.shares.take(key, caller)
         self._track(tx)
-        if req.get("max-forwards") == "0" and method != "OPTIONS":
-            self.respond(tx, req, 483)
-        elif isinstance(tx, ServerInvite):
+        if isinstance(tx, ServerInvite):
             self.tu.on_invite(req, addr, tx)
         else:
             self.tu.on_request(req, tx)
+
+    def _admission(self, req: SipMessage, caller: str) -> Refusal | None:
+        """Why a new request from ``caller`` gets no transaction (the order: the module docstring)."""
+        method, to_tag = req.method, req.to_tag
+        retry = self.guard.admit(rate_kind(method, to_tag), caller)
+        if retry:
+            return Refusal(503, "rate_limit", "Rate Limited", (("retry-after", str(retry)),))
+        refusal = stateless_refusal(
+            method, to_tag, bool(to_tag) and method != "CANCEL" and self.tu.in_dialog(req),
+            method == "CANCEL" and self.invite_for(req) is not None, req.get("max-forwards") == "0")
+        if refusal is not None:
+            return refusal
+        if len(self.server_tx) >= self.cfg.max_transactions:
+            return Refusal(503, "tx_table_full", "", (("retry-after", "5"),))
+        if self.shares.full(caller):
+            return Refusal(503, "tx_source_full", "", (("retry-after", "5"),))
+        return None
+
+    def _refuse(self, req: SipMessage, reply_to: Addr, caller: str, refusal: Refusal) -> None:
+        """Answer ``refusal`` statelessly, counted and logged bounded; a 503 past the caller's
+        ``refusal_rate`` is dropped instead (``sip_refused_flood``)."""
+        if refusal.status == 503 and not self.guard.answer_refusal(caller):
+            self.counters.refuse("flood", "%s from %s dropped unanswered (%s, past refusal_rate)",
+                                 req.method, caller, refusal.reason)
+            return
+        self.counters.refuse(refusal.reason, "%s from %s answered %d (%d server transactions, %d of them its)",
+                             req.method, caller, refusal.status, len(self.server_tx), self.shares.held(caller))
+        self._stateless(req, refusal.status, reply_to, refusal.phrase, extra=list(refusal.extra))
 
     def _on_response(self, resp: SipMessage, addr: Addr) -> None:
         try:
@@ -442,3 +486,4 @@ class SipTransactions(asyncio.DatagramProtocol):
                 del self.client_tx[tx.key]
         elif self.server_tx.get(tx.key) is tx:
             del self.server_tx[tx.key]
+            self.shares.release(tx.key)

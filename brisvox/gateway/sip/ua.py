@@ -24,15 +24,18 @@ The seam between the transaction layer and the dialog layer (RFC 3261's
 transaction user): upward, the transaction layer hands the user agent
 (:class:`~brisvox.gateway.sip.transactions.TransactionUser`) only requests
 that survived the allow-list, the parse, retransmission absorption, the rate
-limits and the table bound, each with its fresh server transaction
-(``on_invite``, ``on_request``) or, for an ACK, asks whether a dialog claims
-it (``on_ack``); responses go to the callback of their client transaction.
+limits, the stateless answers (405, 481, 483, 501: RFC 3261 needs no
+transaction for them; the one question it asks the user agent is whether a
+dialog matches, ``in_dialog``), the table bound and the source's share of
+it, each with its fresh server transaction (``on_invite``, ``on_request``)
+or, for an ACK, asks whether a dialog claims it (``on_ack``); responses go
+to the callback of their client transaction.
 Downward, the dialog layer and the dialer see only
 :class:`~brisvox.gateway.sip.transactions.TransactionLayer`: respond in a
 server transaction, answer 200 with its retransmission until the ACK, send a
 request or an INVITE in a new client transaction, send one datagram, and our
 Via host and Contact. Nothing below the seam knows of calls, legs or
-dialogs (it keys transactions by branch, answers 400/483/503 itself and
+dialogs (it keys transactions by branch, answers 400/405/481/483/501/503 itself and
 times retransmissions); above it nothing opens a socket, matches a message
 to a transaction or runs an RFC 3261 section 17 timer (the dialog layer's
 own timers are the ring delay and the dial's ring timeout, on the loop).
@@ -44,13 +47,14 @@ before a request reaches the dialog layer, and of our own requests (a 401/407
 to an INVITE or REGISTER) in the client that sent them; REGISTER as another
 client beside the dialer; session timers in the dialog layer.
 
-Routing here: an INVITE, an ACK, a CANCEL and BYE/INFO/NOTIFY go to the
-dialog layer; OPTIONS is answered here, 200, or 503 "Draining" (Retry-After
+Routing here: an INVITE, an ACK, a CANCEL of a live INVITE and BYE/INFO/NOTIFY
+in a dialog of ours go to the dialog layer; OPTIONS is answered here, 200, or 503 "Draining" (Retry-After
 30) / "Full" (Retry-After 10) whenever a new INVITE would be refused now (the
 call host's admission rule,
 :meth:`~brisvox.gateway.core.host.CallHost.refusal`), so a dispatcher in
-front (Kamailio) stops sending calls; other known methods 405, unknown ones
-501. A leg's hang-up goes to the dialer while the outbound INVITE is
+front (Kamailio) stops sending calls; every other request never gets here
+(the transaction layer answered it: other known methods 405, unknown ones
+501, no such dialog or INVITE 481). A leg's hang-up goes to the dialer while the outbound INVITE is
 unanswered, else to the dialog layer; its transfer to the dialog layer.
 Behaviour in detail: docs/PROTOCOL.md.
 
@@ -63,7 +67,8 @@ Invariants (each part states its own):
 * Per call, everything buffered is bounded: jitter buffer slots, pending
   client transactions (:data:`~brisvox.gateway.sip.dialogs.MAX_CLIENT_TX`),
   marks and DTMF (core), and the call's rings; the server transaction
-  table holds at most ``[sip] max_transactions``.
+  table holds at most ``[sip] max_transactions``, at most
+  ``max_transactions_per_source`` of them one source's.
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ from brisvox.gateway.config import SipConfig
 from brisvox.gateway.core.host import CallHost
 from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.dialogs import SipDialogs
-from brisvox.gateway.sip.guard import SipGuard
+from brisvox.gateway.sip.guard import IN_DIALOG, SipGuard
 from brisvox.gateway.sip.outbound import Done, SipDialer
 from brisvox.gateway.sip.rtp import Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import SipTransactions
@@ -88,7 +93,6 @@ __all__ = ["SipUserAgent"]
 
 log = logging.getLogger("brisvox.gateway.sip")
 
-KNOWN_METHODS = {"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "UPDATE", "PRACK", "REFER"}
 # OPTIONS while a new call would be refused: the reason phrase and Retry-After (s) per refusal
 UNAVAILABLE = {"draining": ("Draining", "30"), "full": ("Full", "10")}
 
@@ -101,7 +105,7 @@ class SipUserAgent:
         self.cfg = cfg
         loop = asyncio.get_event_loop()
         self.counters = SipCounters(log)
-        self.guard = SipGuard(cfg.allow, cfg.invite_rate, cfg.options_rate)
+        self.guard = SipGuard(cfg.allow, cfg.invite_rate, cfg.options_rate, cfg.other_rate, cfg.refusal_rate)
         self.transactions = SipTransactions(cfg, self.guard, self.counters, self, loop)
         self.rtp_ports = RtpPorts(cfg)
         ctx = SipContext(cfg, call_host, self.counters, loop, self.guard.allowed, self)
@@ -141,19 +145,21 @@ class SipUserAgent:
     def on_ack(self, req: SipMessage, addr: Addr) -> bool:
         return self.dialogs.on_ack(req, addr)
 
+    def in_dialog(self, req: SipMessage) -> bool:
+        return self.dialogs._dialog_for(req) is not None
+
     def on_request(self, req: SipMessage, tx: ServerNonInvite) -> None:
+        """CANCEL of a live INVITE, OPTIONS, or BYE/INFO/NOTIFY in a dialog of ours: every other
+        request was answered statelessly below (:func:`~brisvox.gateway.sip.guard.stateless_refusal`)."""
         method = req.method
         if method == "CANCEL":
             self.dialogs.on_cancel(req, tx, self.transactions.invite_for(req))
         elif method == "OPTIONS":
             self._on_options(req, tx)
-        elif method in ("BYE", "INFO", "NOTIFY"):
+        elif method in IN_DIALOG:
             self.dialogs.on_in_dialog(req, tx)
-        elif method in KNOWN_METHODS:
+        else:  # not reached: the transaction layer refuses it statelessly
             self.transactions.respond(tx, req, 405)
-        else:
-            self.counters.count("sip_unknown_method")
-            self.transactions.respond(tx, req, 501)
 
     def _on_options(self, req: SipMessage, tx: ServerNonInvite) -> None:
         refusal = self.call_host.refusal()  # the rule admission applies, nothing taken
