@@ -12,7 +12,19 @@ left or deleted one mapped, a valid SIP and a valid Twilio call answered
 right after, the log lines bounded, every refusal counted
 (``bench/harness/fuzz_judge.py``); the report is written to
 ``bench/out/fuzz.json``. ``BRISVOX_FUZZ_SIP`` / ``BRISVOX_FUZZ_WS`` /
-``BRISVOX_FUZZ_CONNS`` override the sizes.
+``BRISVOX_FUZZ_CONNS`` override the sizes. Then the SIP table flood
+(``bench/harness/fuzz_table.py``, on a daemon of its own with the default
+``[sip]`` limits): one address sends 250 out-of-dialog requests a second for
+``BRISVOX_FUZZ_TABLE_S`` (20) seconds while another places calls; printed:
+the bystander INVITEs' worst answer time, log lines per 100 flood requests,
+the transaction table 40 s after the flood started. Then the WebSocket floods
+(``bench/harness/fuzz_ws_floods.py``, on a daemon of its own at a soft file
+limit of 1,024): a bystander call through ``BRISVOX_FUZZ_WS_FLOOD_S`` (5)
+seconds each of nothing, 1,500 half-open connections, and two connections
+flooding one-byte fragments, pings without reading the pongs, tiny binary
+frames; printed: its p99 and worst frame gap per flood (target p99 <= 40 ms),
+how the floods were closed, log lines per 100 flooding connections, and the
+slots and descriptors after.
 
 Invariants: the daemon's process group is killed and the instance's /dev/shm
 segments removed even when the run fails (``run_fuzz``'s ``finally``).
@@ -28,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.fuzz import run_fuzz
+from bench.harness.fuzz_table import run_table_flood
+from bench.harness.fuzz_ws_floods import run_ws_floods
 
 OUT = Path(__file__).resolve().parent / "out"
 
@@ -39,6 +53,10 @@ def run(quick: bool) -> list[tuple[str, Any, str, str]]:
     tmp = Path(tempfile.mkdtemp(prefix="bvfuzz", dir="/tmp"))
     try:
         rep = run_fuzz(tmp, n_sip, n_ws, conns)
+        # the SIP table flood, on a daemon of its own with the default [sip] limits
+        rep.checks += run_table_flood(tmp / "table", float(os.environ.get("BRISVOX_FUZZ_TABLE_S", "20"))).checks
+        # the WebSocket floods, on a daemon of its own at a soft file limit of 1,024
+        rep.checks += run_ws_floods(tmp / "wsflood", float(os.environ.get("BRISVOX_FUZZ_WS_FLOOD_S", "5"))).checks
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     OUT.mkdir(exist_ok=True)

@@ -103,7 +103,7 @@ class BenchAgent:
                     break
                 frame, cid = decode_env(data)
                 if isinstance(frame, CallStart):
-                    ring = Ring.attach(ring_name(self.instance, frame.call_id, "out"))
+                    ring = Ring.attach(ring_name(self.instance, frame.call_id, "out", frame.ring_key))
                     ring.write(np.zeros(1600, dtype=np.int16))  # 200 ms ahead
                     n_call += 1
                     self.calls[frame.call_id] = {"ring": ring, "ident": ident, "epoch": 1, "phase": 0,
@@ -155,14 +155,17 @@ def start_gateway(tmp: Path, instance: str, agent_ep: str, n: int, uvloop: bool)
     cfg = tmp / "gw.toml"
     cfg.write_text(f"""[gateway]
 max_calls = {n + 16}
+max_calls_per_source = {n + 16}  # every call comes from 127.0.0.1
 echo_use_workers = false
 [sip]
 port = 0
 rtp_port_min = 36000
 rtp_port_max = 37998
 rtp_timeout_s = 0
+default_agent = "default"  # SIPp calls sip:bench@
 [websocket]
 port = 0
+trust_loopback = true
 """)
     inbox = f"ipc://{tmp}/gw.sock"
     args = [sys.executable, "-m", "brisvox.gateway", "--config", str(cfg), "--instance", instance,

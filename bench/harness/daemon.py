@@ -74,7 +74,11 @@ def agents_config(agents_dir: Path, records: Path, *, default_agent: str = "", s
     Smart Turn off unless asked (a test of the pipeline, not of the model), records to ``records``."""
     turn = "" if smart_turn else "\n[smart_turn]\nenabled = false\n"
     default = f'default_agent = "{default_agent}"\n' if default_agent else ""
-    return (f"\n[gateway]\necho_use_workers = false\n\n[sip]\n{sip}\n\n[websocket]\nport = 0\n{websocket}\n{turn}"
+    # [sip] default_agent: the SIP users the tests call (keypad, flowdemo, ...) reach the default agent
+    # [gateway] max_calls_per_source, [websocket] trust_loopback: the tests' calls all come from
+    # 127.0.0.1 without credentials, as `make run`'s config (configs/brisvoxd.toml) lets them
+    return (f"\n[gateway]\necho_use_workers = false\nmax_calls_per_source = 100000\n\n[sip]\ndefault_agent = \"default\"\n"
+            f"{sip}\n\n[websocket]\nport = 0\ntrust_loopback = true\n{websocket}\n{turn}"
             f'\n[agents]\nproviders = "definitions"\n{default}agents_dir = "{agents_dir}"\n'
             f"{'' if smart_turn else 'smart_turn = false'}\n{agents}\n"
             f'\n[calls]\npath = "{records}"\n')

@@ -124,12 +124,14 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str, step: float =
 INSTANCE = """
 [gateway]
 max_calls = 100
+max_calls_per_source = 100  # the fleet's load generator is one source
 echo_use_workers = false
 tts_rate = {tts_rate}
 
 [sip]
 host = "{host}"
 port = {sip_port}
+default_agent = "default"  # the fleet's callers dial sip:fleet@...
 rtp_port_min = {rtp_min}
 rtp_port_max = {rtp_max}
 trusted_proxies = ["{proxy}"]

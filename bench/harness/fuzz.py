@@ -85,6 +85,7 @@ max_calls = 60
 [sip]
 port = 0
 allow = ["127.0.0.0/24"]
+default_agent = "default"  # the campaign's INVITEs to sip:agent@ reach the default agent
 max_transactions = 16384  # a refused INVITE's transaction lives 64*T1 = 32 s: the campaign's would fill 4096
 rtp_port_min = {rtp}
 rtp_port_max = {rtp + 98}

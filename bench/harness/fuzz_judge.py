@@ -36,13 +36,15 @@ from bench.harness.fuzz_ws import REFUSED
 if TYPE_CHECKING:
     from bench.harness.fuzz import Fuzz
 
-REFUSAL_OF = {400: "sip_refused_malformed", 513: "sip_refused_too_large", 488: "sip_refused_sdp",
+REFUSAL_OF = {400: "sip_refused_malformed", 513: "sip_refused_too_large",
+              488: ("sip_refused_sdp", "sip_refused_media_address"),
               415: "sip_refused_media_type", 420: "sip_refused_extension", 482: "sip_refused_loop",
               -503: "sip_refused_rate_limit"}
 WS_CLASS = {"400": ("ws_refused_handshake",), "401": ("ws_refused_auth", "ws_refused_token_expired",
-                                                      "ws_refused_token_agent"),
-            "403": ("ws_refused_origin", "ws_refused_signature"), "404": ("ws_refused_path", "ws_refused_agent"),
-            "429": ("ws_refused_rate",), "503": ("ws_refused_connections",)}
+                                                      "ws_refused_token_agent", "ws_refused_token_replay",
+                                                      "ws_refused_token_ttl", "ws_refused_token_route"),
+            "403": ("ws_refused_origin", "ws_refused_signature", "ws_refused_unconfigured"), "404": ("ws_refused_path", "ws_refused_agent"),
+            "429": ("ws_refused_rate",), "503": ("ws_refused_connections", "ws_refused_token_table")}
 KIND_PREFIXES = ("sip_malformed_", "sip_refused_", "ws_refused_", "ws_malformed_")
 LOG_PER_BAD = 100
 
@@ -107,8 +109,11 @@ def judge(fz: Fuzz, daemon_alive: bool) -> Report:
             "equal", bool(s1) and intake == want, f"sent {fz.sip.sent}, keep-alives {fz.sip.keepalives}, "
             f"kernel drops {fz.sip_drops}")
     codes = fuzz_codes(fz)
-    over = {c: (n, delta(m, b, REFUSAL_OF[c])) for c, n in codes.items()
-            if c in REFUSAL_OF and n > delta(m, b, REFUSAL_OF[c])}
+    def counted(code: int) -> int:
+        keys = REFUSAL_OF[code]
+        return sum(delta(m, b, k) for k in ((keys,) if isinstance(keys, str) else keys))
+
+    over = {c: (n, counted(c)) for c, n in codes.items() if c in REFUSAL_OF and n > counted(c)}
     rep.add("sip_refusals", "SIP refusal answers received beyond their counter", len(over), "kinds", "0",
             not over, f"answers {dict(sorted(codes.items()))}; {over}")
     rate_main = delta(m, b, "sip_refused_rate_limit")

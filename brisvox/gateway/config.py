@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from brisvox.config.errors import ConfigError
 from brisvox.config.schema import from_table, section
@@ -130,6 +130,11 @@ class GatewayConfig:
     max_dtmf_queue: Positive = 32  # queued outbound DTMF digits per call
     uvloop: bool = False  # run the gateway loop on uvloop when installed
     pause_max_ms: int = Field(default=2500, ge=100, le=10000)  # an agent's Pause (barge-in candidate) is released by itself after this
+    # every transport: a call older than this is hung up ("max call duration"; 0: no limit)
+    max_call_s: float = Field(default=14400.0, ge=0)
+    # live calls one source address may hold (SIP: the signalling source; WebSocket: the client after
+    # trusted_proxies); 0: a quarter of the call limit (at least 1). Beyond: SIP 503, WebSocket 1013
+    max_calls_per_source: int = Field(default=0, ge=0, le=MAX_CALLS_LIMIT)
 
     @field_validator("max_calls", mode="before")
     @classmethod
@@ -142,6 +147,10 @@ class GatewayConfig:
         if self.max_calls == "auto":
             return auto_max_calls(cores, smart_turn_ms)
         return self.max_calls
+
+    def source_call_limit(self, call_limit: int) -> int:
+        """``max_calls_per_source``, its 0 resolved against the call table's ``call_limit``."""
+        return self.max_calls_per_source or max(1, call_limit // 4)
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "gateway") -> GatewayConfig:
@@ -172,7 +181,8 @@ class SipConfig:
     rtp_port_min: Port = 20000
     rtp_port_max: Port = 30000
     allow: tuple[str, ...] = ("127.0.0.0/8",)  # source networks accepted (SIP and RTP)
-    default_agent: str = "default"
+    # agent for a request-URI user not in ``users`` ("": such an INVITE is refused 404)
+    default_agent: str = ""
     users: dict[str, str] = field(default_factory=lambda: {"echo": "echo"})  # request-URI user -> agent
     # our preference when the offer allows both
     codecs: tuple[Literal["PCMU", "PCMA"], ...] = Field(default=("PCMU", "PCMA"), min_length=1)
@@ -184,12 +194,22 @@ class SipConfig:
     max_buffered_packets: Positive = 32  # per call: jitter buffer slots
     max_message_bytes: int = Field(default=16384, gt=0, le=65535)  # a UDP datagram holds at most 65535 bytes
     rtp_timeout_s: float = Field(default=60.0, ge=0)  # hang up after this long without RTP (0: never; held calls exempt)
+    hold_timeout_s: float = Field(default=3600.0, ge=0)  # hang up a call held this long ("hold timeout"; 0: never)
     user_agent: str = "brisvox"
     # accept RTP only from the SDP's address ("sdp") or the first source ("first")
     rtp_latch: Literal["sdp", "first"] = "sdp"
+    # where requests and RTP go when a message names an address outside allow: "strict" refuses the
+    # call (403/488); "signalling_source" (NAT'd peers) sends to the address the INVITE came from
+    nat: Literal["strict", "signalling_source"] = "strict"
     max_transactions: int = Field(default=4096, ge=16, le=1_000_000)  # server transactions at once; beyond: 503
     invite_rate: tuple[str, ...] = ("10/second", "100/minute")  # new INVITEs per source address
     options_rate: tuple[str, ...] = ("20/second",)  # OPTIONS per source address
+    # every other request per source address (not ACK, not a retransmission): BYE, CANCEL, INFO, ...
+    other_rate: tuple[str, ...] = ("50/second",)
+    # 503 refusals answered per source address; beyond: dropped unanswered (sip_refused_flood)
+    refusal_rate: tuple[str, ...] = ("10/second",)
+    # server transactions one source may hold at once (0: max_transactions // 8); beyond: 503
+    max_transactions_per_source: int = Field(default=0, ge=0, le=1_000_000)
     # SIP proxies (Kamailio, an SBC) whose second Via names the caller: the rate limits key on it
     trusted_proxies: tuple[str, ...] = ()
     # outbound calls (brisvoxd dial): "ip:port" every outbound INVITE goes to ("": only sip: URIs
@@ -202,15 +222,19 @@ class SipConfig:
             raise ConfigError("rtp_port_max", "must leave room for at least one even port above rtp_port_min")
         _networks("allow", self.allow)
         _networks("trusted_proxies", self.trusted_proxies)
-        _agent("default_agent", self.default_agent)
+        if self.default_agent:
+            _agent("default_agent", self.default_agent)
         for user, agent in self.users.items():
             _agent(f"users.{user}", agent)
-        for key in ("invite_rate", "options_rate"):
+        for key in ("invite_rate", "options_rate", "other_rate", "refusal_rate"):
             for i, rate in enumerate(getattr(self, key)):
                 try:
                     parse_rates((rate,))
                 except ValueError as e:
                     raise ConfigError(f"{key}[{i}]", f"expected e.g. \"10/second\": {e}") from None
+        if self.max_transactions_per_source > self.max_transactions:
+            raise ConfigError("max_transactions_per_source",
+                              f"must be at most max_transactions ({self.max_transactions})")
         if self.trunk:
             _trunk("trunk", self.trunk)
         if self.public_host:
@@ -226,6 +250,11 @@ class SipConfig:
     @property
     def advertised_host(self) -> str:
         return self.public_host or self.host
+
+    @property
+    def transactions_per_source(self) -> int:
+        """``max_transactions_per_source``, its 0 resolved: an eighth of ``max_transactions``."""
+        return self.max_transactions_per_source or max(1, self.max_transactions // 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +342,9 @@ def _twilio_control(cfg: Any) -> None:
         raise ConfigError("twiml_path", f"expected a path starting with / that is neither {HEALTHZ_PATH} nor a route's")
     if cfg.twilio_from and not re.match(r"^\+[1-9][0-9]{1,14}$", cfg.twilio_from):
         raise ConfigError("twilio_from", "expected an E.164 number (+ and 2 to 15 digits)")
+    if cfg.twilio_require_stream_token and not path:
+        raise ConfigError("twilio_require_stream_token", "needs twiml_path: only the gateway's own webhook issues "
+                          "stream tokens (set it false when you serve the TwiML yourself)")
 
 
 @section
@@ -343,13 +375,37 @@ class WebSocketConfig:
     twilio_api_timeout_s: float = Field(default=4.0, gt=0, le=30)  # two attempts stay within the agent's 9.5 s wait for a TransferResult
     twiml_path: str = ""  # POST here answers Twilio's incoming-call webhook with TwiML ("": none)
     twilio_from: str = ""  # outbound Twilio calls (dial --via twilio): the caller id, E.164 ("": none)
+    # webhook POSTs per source IP, moving 1 s window (HTTP 429 beyond; 0: no limit)
+    twiml_requests_per_s: int = Field(default=10, ge=0)
+    # a Twilio stream must carry the one-time token the webhook put in its TwiML (unset: true when
+    # twiml_path is set; true needs twiml_path; false: a stream without one is let in, its callSid trusted)
+    twilio_require_stream_token: bool | None = None
+    twilio_stream_token_ttl_s: float = Field(default=30.0, gt=0, le=600)  # from the webhook's answer to the stream's start
+    twilio_stream_tokens_max: int = Field(default=1024, ge=1, le=1_000_000)  # issued, not yet expired; beyond: HTTP 503
     allow_unauthenticated: bool = False  # lab only: a non-loopback listener without credentials
     allowed_origins: tuple[str, ...] = ()  # Origin values let in ("*": any); no Origin is always let in
     handshakes_per_s: int = Field(default=20, ge=0)  # per source IP, moving 1 s window (HTTP 429 beyond; 0: no limit)
     max_connections_per_source: int = Field(default=200, ge=0)  # open connections per source IP (HTTP 503 beyond; 0: no limit)
+    # accepted, not upgraded (brisvox/gateway/ws/half_open.py): all ("auto": an eighth of the soft
+    # RLIMIT_NOFILE at listener start, 16..4096; at the cap the oldest is reset) and per TCP peer
+    # (beyond: the new one is reset; 0: no limit; trusted proxies exempt)
+    max_half_open: int | Literal["auto"] = "auto"
+    max_half_open_per_source: int = Field(default=64, ge=0, le=1_000_000)
+    # per connection after the handshake (brisvox/gateway/ws/inbound.py; close 1008 beyond; 0: no limit)
+    max_frames_per_s: int = Field(default=1000, ge=0)  # frames of any kind (a media stream sends 50)
+    max_bytes_per_s: int = Field(default=1_048_576, ge=0)  # bytes read (native PCM16 at 48 kHz: 96 KB/s)
+    max_control_frames_per_s: int = Field(default=20, ge=0)  # pings, pongs, close
     # load balancers (HAProxy) whose X-Forwarded-For names the client: the per-source limits key on it
     trusted_proxies: tuple[str, ...] = ()
     start_timeout_s: PositiveS = 10.0  # close a connection that never sends start
+    media_timeout_s: float = Field(default=20.0, ge=0)  # a live call with no inbound media this long is closed 1000 (0: never)
+    # signed tokens (native, Telnyx, Vonage, Exotel, the playground): the longest lifetime (exp - iat) let in,
+    # and how many used ones are remembered until they expire (a replay is refused 401; beyond: 503)
+    max_token_ttl_s: float = Field(default=3600.0, gt=0, le=7 * 86400)
+    spent_tokens_max: int = Field(default=65536, ge=1, le=1_000_000)
+    # a loopback listener trusts its clients (true): a route without its credential is open and the playground
+    # mints tokens without one; false (default): loopback is like any other address (docs/SECURITY.md)
+    trust_loopback: bool = False
     native_rates: tuple[int, ...] = NATIVE_RATES
     # a live call survives malformed messages (counted, dropped) up to this many within fault_window_s
     fault_max: int = Field(default=DEFAULT_MAX_FAULTS, ge=0, le=MAX_FAULTS_LIMIT)
@@ -358,11 +414,32 @@ class WebSocketConfig:
     # the browser playground (GET /playground, brisvox/gateway/ws/playground.py): unset = on only when
     # host is a loopback address; true on any other address needs native_secret
     playground: bool | None = None
+    # the listener serves the playground only: its token POST needs no credential, every route is refused
+    # (404); the routes (native only) name the agents the playground reaches
+    playground_only: bool = False
 
     @field_validator("routes", mode="before")
     @classmethod
     def _parse_routes(cls, value: Any) -> tuple[WsRoute, ...]:
         return _routes(value)
+
+    @field_validator("max_half_open", mode="before")
+    @classmethod
+    def _max_half_open(cls, value: Any) -> int | Literal["auto"]:
+        if value == "auto":
+            return "auto"
+        if type(value) is not int or not 1 <= value <= 1_000_000:
+            raise ConfigError("", f'expected "auto" or an integer within 1..1000000, got {value!r}')
+        return value
+
+    @field_validator("max_bytes_per_s")
+    @classmethod
+    def _max_bytes_per_s(cls, value: int, info: ValidationInfo) -> int:
+        size = info.data.get("max_message_bytes", 0)
+        if 0 < value < size:
+            raise ConfigError("", f"must be 0 or at least max_message_bytes ({size}): one message "
+                              "of the largest size would close its connection")
+        return value
 
     def __post_init__(self) -> None:  # cross-key and format checks; keys relative to [websocket]
         for i, rate in enumerate(self.native_rates):
@@ -382,6 +459,10 @@ class WebSocketConfig:
         for i, r in enumerate(self.routes):  # the playground's paths (brisvox/gateway/ws/playground.py)
             if r.path == "/playground" or r.path.startswith("/playground/"):
                 raise ConfigError(f"routes[{i}].path", "/playground is the browser playground's, not a route")
+        if self.trust_loopback and not is_loopback(self.host):
+            raise ConfigError("trust_loopback", f"websocket.host {self.host!r} is not a loopback address")
+        if self.playground_only and (self.playground is False or any(r.protocol != "native" for r in self.routes)):
+            raise ConfigError("playground_only", "needs the playground on and native routes only (they name its agents)")
         if self.playground and self.enabled and not is_loopback(self.host) and not self.native_secret:
             raise ConfigError("playground", f"needs websocket.native_secret: websocket.host {self.host!r} is not "
                               "a loopback address (the playground lets whoever loads its page place calls)")
@@ -410,6 +491,12 @@ class WebSocketConfig:
         if "plivo" in protos and not self.plivo_auth_token:
             out.append(("plivo_auth_token", "plivo"))
         return out
+
+    @property
+    def stream_token_required(self) -> bool:
+        """``twilio_require_stream_token``, unset resolved: required when ``twiml_path`` is set."""
+        req = self.twilio_require_stream_token
+        return bool(self.twiml_path) if req is None else req
 
     def fault_budget(self) -> FaultBudget:
         """The fault budget of every live WebSocket call (:mod:`brisvox.gateway.fault_budget`)."""

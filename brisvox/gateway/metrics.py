@@ -52,6 +52,22 @@ class CallStats:
 
 CALL_COUNTER_NAMES = tuple(f.name for f in fields(CallStats) if f.name != "jitter_ms")
 
+# The WebSocket listener's flood counters (brisvox/gateway/ws/: half_open, listener, inbound),
+# exported from the start at 0 so that an alert on their rate needs no first occurrence:
+# connections reset at accept time (a source over max_half_open_per_source; the oldest half-open
+# one at max_half_open), accept() errors (and those of them for want of descriptors), and the
+# connections closed 1008 over a per-second budget or with their send buffer full at a ping.
+WS_FLOOD_COUNTERS = (
+    "ws_dropped_half_open_source",
+    "ws_evicted_half_open",
+    "ws_accept_errors",
+    "ws_accept_errors_fd",
+    "ws_closed_frame_rate",
+    "ws_closed_byte_rate",
+    "ws_closed_control_rate",
+    "ws_closed_send_buffer",
+)
+
 
 class Histogram:
     """Fixed-bucket histogram in ``step`` units up to ``limit`` (the last bucket is overflow)."""

@@ -50,7 +50,10 @@ Where the documentation is silent or contradicts itself, chosen here:
   chunk rules are written for 16-bit PCM. A ``start`` without
   ``media_format`` (or without its rate) is L16 at the URL's
   ``sample-rate``, else 8000 Hz (the documented defaults). Numbers are read
-  as strings or numbers (the two documents differ).
+  as strings or numbers (the two documents differ); a string that is not
+  ASCII digits (``"²"``), in ``start`` or in the URL's ``sample-rate``, and a
+  ``sample-rate`` named twice in the URL, are a malformed ``start``
+  (``bad_start``, 1007).
 * Field names "can vary slightly by applet / Connect path" (Exotel's own
   notes; its sample bridges read ``streamSid`` too): each field is read by its
   documented snake-case name, else its camel-case one. The stream's id is
@@ -102,7 +105,7 @@ from brisvox.wire.jsontext import (
     quote,
     text,
 )
-from brisvox.wire.mediastream import L16LE, BotTemplates, MediaFormat, StreamError
+from brisvox.wire.mediastream import L16LE, BotTemplates, MediaFormat, StreamError, whole_number
 
 MAX_ID = 128
 RATES = (8000, 16000, 24000)  # the applet's sample rates
@@ -123,15 +126,15 @@ def _field(obj: dict[str, Any], snake: str, camel: str) -> Any:
     return obj.get(camel) if v is None else v
 
 
-def _number(v: Any) -> Any:
-    """``v`` as an int when it is one or the digits of one (the documents give both)."""
-    return int(v) if type(v) is str and v.isdigit() and len(v) <= 9 else v
-
-
 def rate_from_path(path: str) -> int | None:
-    """The ``sample-rate`` of a request path's query (None when absent or not a number)."""
-    values = parse_qs(urlsplit(path).query).get(RATE_QUERY, [])
-    v = _number(values[0].strip()) if values else None
+    """The ``sample-rate`` of a request path's query (None when absent); raises
+    :class:`StreamError` (``bad_start``) when it is not ASCII digits or is repeated."""
+    values = parse_qs(urlsplit(path).query, keep_blank_values=True).get(RATE_QUERY, [])
+    if not values:
+        return None
+    if len(values) > 1:
+        raise StreamError("bad_start", f"the URL names {RATE_QUERY} more than once")
+    v = whole_number(values[0].strip(), f"the URL's {RATE_QUERY}")
     return v if type(v) is int else None
 
 
@@ -143,12 +146,12 @@ def media_format(fmt: Any, default_rate: int | None = None) -> MediaFormat:
         enc, bits, channels = "raw/slin", 16, 1
     elif type(fmt) is dict:
         enc = fmt.get("encoding", "raw/slin")
-        given = _number(_field(fmt, "sample_rate", "sampleRate"))
-        bits = _number(_field(fmt, "bit_rate", "bitRate"))
-        channels = _number(fmt.get("channels", 1))
+        given = whole_number(_field(fmt, "sample_rate", "sampleRate"), "media_format.sample_rate", 9)
+        bits = whole_number(_field(fmt, "bit_rate", "bitRate"), "media_format.bit_rate", 9)
+        channels = whole_number(fmt.get("channels", 1), "media_format.channels", 9)
         if type(enc) is str and ";rate=" in enc:  # the Beta guide's audio/L16;rate=16000
             enc, _, in_name = enc.partition(";rate=")
-            given = _number(in_name.strip()) if given is None else given
+            given = whole_number(in_name.strip(), "the encoding's rate", 9) if given is None else given
         rate = rate if given is None else given
         bits = 16 if bits is None else bits
     else:

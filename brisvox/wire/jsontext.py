@@ -15,7 +15,9 @@ template with quoted strings is valid JSON whatever the strings hold;
 to ``MAX_PARAM_NAME`` characters and a value of at most ``MAX_PARAM_VALUE``
 (a string, or a number or boolean as its JSON text), neither holding a
 control character; every other entry is dropped whole (never cut) and
-counted, so a bad parameter never refuses the call.
+counted, so a bad parameter never refuses the call. :func:`ascii_int` reads a
+number only from an int or ASCII digits (``str.isdigit`` is true for "²",
+which ``int`` refuses, and for "١٦", which ``int`` reads as 16).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ MAX_PARAMS = 32
 MAX_PARAM_NAME = 64
 MAX_PARAM_VALUE = 256
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ASCII_DIGITS = re.compile("[0-9]+", re.ASCII)
 # the parameters that name the numbers, first match wins (names compared case-insensitively):
 # Twilio's TwiML passes its own From/To as <Parameter name="From" value="{{From}}"/>
 CALLER_KEYS = ("caller", "from")
@@ -52,6 +55,16 @@ def data(obj: Any) -> bytes:
 def quote(s: str) -> bytes:
     """``s`` as a JSON string literal, UTF-8, quotes included."""
     return encode_basestring(s).encode()
+
+
+def ascii_int(v: Any, max_digits: int = 9) -> int | None:
+    """``v`` as an int: an int itself (not a bool), or a string of 1 to ``max_digits`` ASCII
+    digits; None for anything else (a Unicode digit, a sign, a space, a float, ...)."""
+    if type(v) is int:
+        return v
+    if type(v) is str and 0 < len(v) <= max_digits and _ASCII_DIGITS.fullmatch(v):
+        return int(v)
+    return None
 
 
 def param_text(v: Any, limit: int = MAX_PARAM_VALUE) -> str | None:

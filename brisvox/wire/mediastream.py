@@ -30,6 +30,9 @@ Invariants:
   ``max_bytes``; a copy of another track than the caller's (``inbound``,
   ``inbound_track``) is None, never an error (a stream of both tracks is legal).
 * :func:`dtmf_digit` answers one of ``0-9 * # A-D``, upper case.
+* :func:`whole_number` reads a number sent as a string only from ASCII digits
+  (:func:`brisvox.wire.jsontext.ascii_int`); any other string is ``bad_start``
+  (1007), never a ValueError.
 * :func:`bot_event` never raises: anything unparseable is ``("invalid", None)``.
 * :meth:`L16.decode` refuses an odd-length payload (``bad_media``);
   :attr:`MediaFormat.wire_dtype` is the codec's sample type on the wire.
@@ -46,7 +49,7 @@ import numpy as np
 
 from brisvox.wire.dtmf import DIGITS
 from brisvox.wire.g711 import PCMU
-from brisvox.wire.jsontext import quote
+from brisvox.wire.jsontext import ascii_int, quote
 
 MAX_MEDIA_BYTES = 8000  # 1 s of G.711 per message is far beyond what a carrier sends
 MEDIA_SUFFIX = b'"}}'  # ends a bot's media message: <prefix of the stream> + base64 + this
@@ -57,6 +60,9 @@ CLOSE_CODES: dict[str, int] = {
     "bad_json": 1007, "bad_message": 1007, "bad_start": 1007, "bad_media": 1007, "bad_base64": 1007,
     "bad_mark": 1007, "bad_dtmf": 1007, "media_before_start": 1008, "no_start": 1008,
     "bad_media_format": 1003, "binary_frame": 1003, "media_too_large": 1009,
+    # a Twilio stream not bound to the call the gateway's webhook answered (brisvox.gateway.control.stream_tokens)
+    "no_stream_token": 1008, "bad_stream_token": 1008, "replayed_stream_token": 1008,
+    "foreign_account": 1008, "foreign_call": 1008,
 }
 
 
@@ -132,6 +138,19 @@ class StreamError(ValueError):
         self.kind = kind
         self.reason = reason
         self.code = CLOSE_CODES[kind]
+
+
+def whole_number(v: Any, what: str, max_digits: int = 6) -> Any:
+    """``v`` (a number field the carriers send as a number or as a string) as an int when it
+    is a string of ASCII digits; another string raises :class:`StreamError` (``bad_start``,
+    1007: ``str.isdigit`` is true for "²"); a value of another type is returned as it is
+    (the caller refuses it as a format)."""
+    if type(v) is not str:
+        return v
+    n = ascii_int(v, max_digits)
+    if n is None:
+        raise StreamError("bad_start", f"{what} is not a number")
+    return n
 
 
 def media_payload(msg: dict[str, Any], max_bytes: int = MAX_MEDIA_BYTES) -> bytes | None:

@@ -35,12 +35,15 @@ Invariants:
 Signed tokens (the credential a browser holds instead of the gateway's
 ``native_secret``): ``base64url(payload) "." base64url(HMAC-SHA256(secret,
 payload))``, unpadded, where ``payload`` is the compact JSON object
-``{"agent": name, "exp": unix seconds, "params": {...}}`` (``params``
-optional). :func:`sign_token` builds one, :func:`open_token` checks one:
+``{"agent": name, "exp": unix seconds, "iat": unix seconds, "jti": id,
+"aud": audience, "params": {...}}`` (``params`` optional; ``aud`` optional,
+"" = the routes, ``"playground"`` = the playground's own route only).
+:func:`sign_token` builds one, :func:`open_token` checks one:
 it never raises anything but :class:`TokenError`, compares the MAC in
 constant time before it parses the payload, and refuses a token longer than
-``MAX_TOKEN_CHARS``, a payload without a string ``agent`` and an integer
-``exp``, and an ``exp`` not after ``now``.
+``MAX_TOKEN_CHARS``, a payload without a string ``agent``, integers ``exp``
+and ``iat`` and a string ``jti`` of 8..64 characters (the id a gateway
+remembers to refuse a replay), and an ``exp`` not after ``now``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ import hashlib
 import hmac
 import json
 import re
+import secrets
+import time
 from dataclasses import dataclass
 from json.encoder import encode_basestring
 from typing import Any
@@ -264,11 +269,15 @@ class TokenError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """What a valid token grants: one agent until ``exp``, with these call parameters."""
+    """What a valid token grants: one agent until ``exp``, with these call parameters; issued
+    at ``iat``, named ``jti`` (once), for the audience ``aud`` ("": the routes)."""
 
     agent: str
     exp: int
     params: dict[str, str] | None = None
+    iat: int = 0
+    jti: str = ""
+    aud: str = ""
 
 
 def _b64(raw: bytes) -> str:
@@ -288,9 +297,15 @@ def _mac(secret: str, payload: bytes) -> bytes:
     return hmac.new(secret.encode(), payload, hashlib.sha256).digest()
 
 
-def sign_token(secret: str, agent: str, exp: int, params: dict[str, str] | None = None) -> str:
-    """A token for ``agent`` valid until ``exp`` (unix seconds), keyed with ``secret``."""
-    body: dict[str, Any] = {"agent": agent, "exp": int(exp)}
+def sign_token(secret: str, agent: str, exp: int, params: dict[str, str] | None = None, *,
+               iat: int | None = None, jti: str | None = None, aud: str = "") -> str:
+    """A token for ``agent`` valid until ``exp`` (unix seconds), issued at ``iat`` (default:
+    now), named ``jti`` (default: 16 random characters), for ``aud``, keyed with ``secret``."""
+    issued = int(time.time()) if iat is None else int(iat)
+    body: dict[str, Any] = {"agent": agent, "exp": int(exp), "iat": issued,
+                            "jti": secrets.token_urlsafe(12) if jti is None else jti}
+    if aud:
+        body["aud"] = aud
     if params:
         body["params"] = {str(k): str(v) for k, v in params.items()}
     payload = data(body)
@@ -309,8 +324,11 @@ def open_token(secret: str, token: str, now: float) -> Token:
         body = json.loads(payload)
     except (ValueError, RecursionError):
         raise TokenError("bad_token", "payload is not JSON") from None
-    if type(body) is not dict or type(body.get("agent")) is not str or type(body.get("exp")) is not int:
-        raise TokenError("bad_token", "payload needs agent and exp")
+    if type(body) is not dict or type(body.get("agent")) is not str or type(body.get("exp")) is not int \
+            or type(body.get("iat")) is not int or type(body.get("jti")) is not str \
+            or not 8 <= len(body["jti"]) <= 64 or type(body.get("aud", "")) is not str:
+        raise TokenError("bad_token", "payload needs agent, exp, iat and jti")
     if body["exp"] <= now:
         raise TokenError("expired", "token expired")
-    return Token(body["agent"], body["exp"], bounded_params(body.get("params")))
+    return Token(body["agent"], body["exp"], bounded_params(body.get("params")), body["iat"], body["jti"],
+                 body.get("aud", ""))

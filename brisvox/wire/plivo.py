@@ -56,7 +56,10 @@ Where the documentation is silent, the choices:
   XML pages disagree on the default format (L16 in one, mu-law in another),
   and decoding the wrong one would pass noise to the agent silently.
 * ``extra_headers`` is read as ``key=value`` pairs split on ``;`` (the
-  protocol page's example) or ``,`` (the XML page's example), or a JSON object.
+  protocol page's example) or ``,`` (the XML page's example), or a JSON object;
+  a repeated name keeps its first value, the others are dropped and counted.
+* ``sampleRate`` is read as a number or a string of ASCII digits; any other
+  string (``"²"``) is a malformed ``start`` (``bad_start``, 1007).
 * ``stop`` is not in the protocol page's list but the guides tell a server to
   handle it: ``{"event":"stop"}`` ends the call; closing the socket does too.
 * A bot's audio goes out in the stream's own format (the support pages warn
@@ -105,7 +108,7 @@ import numpy as np
 from brisvox.wire.g711 import PCMU
 from brisvox.wire.jsontext import caller_called, checked_params, param_text, quote
 from brisvox.wire.mediastream import CLOSE_CODES as CLOSE_CODES
-from brisvox.wire.mediastream import L16LE, StreamError
+from brisvox.wire.mediastream import L16LE, StreamError, whole_number
 from brisvox.wire.mediastream import MEDIA_SUFFIX as MEDIA_SUFFIX
 from brisvox.wire.mediastream import dtmf_digit as dtmf_digit
 from brisvox.wire.mediastream import media_payload as stream_payload
@@ -266,8 +269,7 @@ def parse_format(fmt: Any) -> Format:
     rate: Any = fmt.get("sampleRate")
     if rate is None and tail.strip().startswith("rate="):
         rate = tail.strip()[5:]
-    if type(rate) is str and rate.isdigit() and len(rate) <= 6:
-        rate = int(rate)
+    rate = whole_number(rate, "mediaFormat.sampleRate")
     if enc not in RATES or type(rate) is not int or rate not in RATES[enc]:
         raise StreamError("bad_media_format", "only audio/x-mulaw 8000 Hz and audio/x-l16 8000 or 16000 Hz "
                                              "are supported")
@@ -284,10 +286,10 @@ def _headers(raw: Any) -> tuple[dict[str, str] | None, int]:
         k, eq, v = part.partition("=")
         if not part.strip():
             continue
-        if not eq or not k.strip():
+        if not eq or not k.strip() or k.strip() in pairs:  # a repeated name: the first one is kept
             bad += 1
             continue
-        pairs.setdefault(k.strip(), v.strip())
+        pairs[k.strip()] = v.strip()
     params, dropped = checked_params(pairs)
     return params, dropped + bad
 

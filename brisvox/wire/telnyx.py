@@ -47,7 +47,9 @@ Where the documentation is silent, chosen here:
   kHz, mono; ``audio/x-mulaw`` and ``audio/x-alaw`` (the older examples'
   names) mean PCMU and PCMA; no ``media_format`` means PCMU 8 kHz. Anything
   else (G722, OPUS, AMR-WB, another rate, stereo) is refused with 1003:
-  brisvox carries no second codec.
+  brisvox carries no second codec. ``sample_rate`` and ``channels`` are read
+  as numbers or as strings of ASCII digits; any other string (``"²"``) is a
+  malformed ``start`` (1007, :func:`brisvox.wire.mediastream.whole_number`).
 * L16 is in network byte order (big-endian), as every RTP L16 payload
   (RFC 3551 4.5.11); an odd-length L16 payload is malformed.
 * ``error`` frames are counted and logged, never charged to the call's fault
@@ -82,7 +84,14 @@ from brisvox.wire.jsontext import (
     param_text,
     text,
 )
-from brisvox.wire.mediastream import L16BE, PCMU_8K, BotTemplates, MediaFormat, StreamError
+from brisvox.wire.mediastream import (
+    L16BE,
+    PCMU_8K,
+    BotTemplates,
+    MediaFormat,
+    StreamError,
+    whole_number,
+)
 
 AUTH_HEADER = "x-telnyx-streaming-auth-token"
 MAX_ID = 128
@@ -111,10 +120,8 @@ def media_format(fmt: Any) -> MediaFormat:
     if type(fmt) is not dict:
         raise StreamError("bad_media_format", f"media_format must be an object ({TAKEN})")
     enc, rate, channels = fmt.get("encoding", "PCMU"), fmt.get("sample_rate", 8000), fmt.get("channels", 1)
-    if type(rate) is str and rate.isdigit():
-        rate = int(rate)
-    if type(channels) is str and channels.isdigit():
-        channels = int(channels)
+    rate = whole_number(rate, "media_format.sample_rate")
+    channels = whole_number(channels, "media_format.channels", 2)
     found = FORMATS.get((ALIASES.get(enc, enc), rate)) if type(enc) is str and type(rate) is int else None
     if found is None or channels != 1:
         shown = f"{str(enc)[:16]} {str(rate)[:8]} Hz x{str(channels)[:4]}"

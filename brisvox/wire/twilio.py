@@ -34,7 +34,7 @@ Invariants:
   not a string of 1 to ``MAX_SID`` characters without control characters is
   dropped, parameters as :func:`brisvox.wire.jsontext.checked_params`; each
   drop counted in ``Start.dropped``), and refuses a streamSid that would need
-  escaping; ``media_payload`` decodes strict base64 and refuses more than
+  escaping or holds a control character; ``media_payload`` decodes strict base64 and refuses more than
   ``MAX_MEDIA_BYTES``.
 * :func:`bot_event` reads a message exactly as :func:`bot_message` does,
   without building a message object; anything unparseable is ``invalid``.
@@ -65,6 +65,9 @@ RATE = 8000
 FRAME = 160  # 20 ms of mu-law: one media message
 ENCODING = "audio/x-mulaw"
 MAX_SID = 128
+# the <Parameter> of the TwiML the gateway's webhook serves that carries the stream's one-time
+# token (Twilio passes it back in start.customParameters; brisvox.gateway.control.stream_tokens)
+TOKEN_PARAM = "brisvox_stream_token"
 
 TwilioError = StreamError  # a refusal (kind, close code, reason: brisvox.wire.mediastream)
 
@@ -172,7 +175,8 @@ def parse_start(msg: dict[str, Any]) -> Start:
     if type(start) is not dict:
         raise TwilioError("bad_start", "start without a start object")
     sid = start.get("streamSid") or msg.get("streamSid")
-    if type(sid) is not str or not sid or len(sid) > MAX_SID or '"' in sid or "\\" in sid:
+    if type(sid) is not str or not sid or len(sid) > MAX_SID or '"' in sid or "\\" in sid \
+            or param_text(sid, MAX_SID) is None:
         raise TwilioError("bad_start", "start without a valid streamSid")
     fmt = start.get("mediaFormat") or {}
     if type(fmt) is not dict or fmt.get("encoding", ENCODING) != ENCODING \

@@ -18,19 +18,27 @@ numpy); :func:`header` only appends the key.
 * ``CONTROL``: a complete close, ping or pong frame (FIN set, no reserved
   bits, the expected masking, at most 125 bytes): the caller hands exactly
   these bytes to the library, which answers it (pong, close echo);
+* ``FRAGMENT``: a complete frame of a fragmented message (RFC 6455 5.4): a
+  text or binary frame without FIN (``buf[pos] & 0x0F`` is its opcode) or a
+  continuation frame (opcode 0, FIN in ``buf[pos] & 0x80``), no reserved
+  bits, the expected masking, within ``max_size``: the caller reassembles
+  it (and bounds the whole message by ``max_size`` itself);
 * ``MORE``: not complete yet (wait for more bytes);
-* ``OTHER``: anything else (a fragment, a continuation, reserved bits, a
-  64-bit length, a frame larger than ``max_size``, wrong masking, an unknown
-  opcode): the caller hands the rest of the stream to the library for good,
-  which applies its own rules and errors (1002, 1009, ...).
+* ``OTHER``: anything else (reserved bits, a frame larger than ``max_size``,
+  wrong masking, an unknown opcode, a control frame over 125 bytes or
+  without FIN): the caller hands the rest of the stream to the library,
+  which fails the connection with its own code (1002, 1009, ...).
+
+A 7-, 16- or 64-bit length is read (a 64-bit one larger than ``max_size`` is
+``OTHER``, so nothing larger is ever waited for).
 
 :func:`close_reason` bounds the reason of a close frame: RFC 6455 allows
 at most 123 bytes of UTF-8 after the 2-byte code (a control frame carries at
 most 125), and the library raises on a longer one, so every close any side
 sends goes through it.
 
-Invariants: ``scan`` never reads beyond ``end`` and reports ``DATA`` or
-``CONTROL`` only for a frame whose every byte is in ``buf[pos:end]``; a caller
+Invariants: ``scan`` never reads beyond ``end`` and reports ``DATA``,
+``CONTROL`` or ``FRAGMENT`` only for a frame whose every byte is in ``buf[pos:end]``; a caller
 that gives the library only whole frames (``CONTROL``) or the whole rest of
 the stream (``OTHER``) keeps the library's parser at a frame boundary, so the
 two never disagree about where a frame starts. ``close_reason`` returns a
@@ -42,22 +50,25 @@ from __future__ import annotations
 
 import struct
 
-__all__ = ["BINARY", "CONTROL", "DATA", "MAX_CLOSE_REASON", "MORE", "OTHER", "TEXT", "close_reason",
-           "header", "scan"]
+__all__ = ["BINARY", "CONTROL", "DATA", "FRAGMENT", "MAX_CLOSE_REASON", "MORE", "OTHER", "TEXT",
+           "close_reason", "header", "scan"]
 
 DATA = 0
 CONTROL = 1
 MORE = 2
 OTHER = 3
+FRAGMENT = 4
 
 TEXT = 0x81  # FIN + opcode 1
 BINARY = 0x82  # FIN + opcode 2
 _CONTROL = (0x88, 0x89, 0x8A)  # FIN + close, ping, pong
+_FRAGMENT = (0x01, 0x02, 0x00, 0x80)  # text, binary without FIN; continuation without, with FIN
 
 _MORE = (MORE, 0, 0)
 _OTHER = (OTHER, 0, 0)
 _H16 = struct.Struct("!BBH")
 _H64 = struct.Struct("!BBQ")
+_U64 = struct.Struct("!Q")
 MAX_CLOSE_REASON = 123  # bytes of UTF-8 in a close frame after its 2-byte code
 
 
@@ -87,13 +98,18 @@ def scan(buf: bytes | bytearray | memoryview, pos: int, end: int, masked: bool,
         ln = (buf[pos + 2] << 8) | buf[pos + 3]
         h += 2
     elif ln == 127:
-        return _OTHER
+        if left < 10:
+            return _MORE
+        ln = _U64.unpack_from(buf, pos + 2)[0]
+        h += 8
     if b0 == TEXT or b0 == BINARY:
         if ln > max_size:
             return _OTHER
         kind = DATA
     elif b0 in _CONTROL and ln <= 125:
         kind = CONTROL
+    elif b0 in _FRAGMENT and ln <= max_size:
+        kind = FRAGMENT
     else:
         return _OTHER
     if left < h + ln:

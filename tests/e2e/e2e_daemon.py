@@ -115,6 +115,7 @@ rtp_latch = "first"
 
 [websocket]
 port = 0
+trust_loopback = true
 routes = [{{ path = "/twilio", protocol = "twilio", agent = "default", agents = ["local", "booking_e2e"] }},
           {{ path = "/ws", protocol = "native", agent = "default", agents = ["local", "booking_e2e"] }}]
 

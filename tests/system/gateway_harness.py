@@ -165,9 +165,18 @@ class GatewayProc:
         self.instance = ""
         lo, hi = rtp_range(400)
         tables = {
-            "gateway": {"echo_use_workers": False, **(gateway or {})},
-            "sip": {"port": 0, "rtp_port_min": lo, "rtp_port_max": hi, **(sip or {})},
-            "websocket": {"port": 0, **(websocket or {})},
+            # every test's calls come from 127.0.0.1: no per-source share ([gateway] max_calls_per_source,
+            # a quarter of max_calls by default) unless a test sets one
+            "gateway": {"echo_use_workers": False, "max_calls_per_source": 100_000, **(gateway or {})},
+            # the tests call SIP users of many names (sales, conformance, default, ...): every one reaches
+            # the agents' default, chosen explicitly as configs/brisvoxd.toml does ([sip] default_agent
+            # is "" by default: an unknown user gets 404)
+            "sip": {"port": 0, "rtp_port_min": lo, "rtp_port_max": hi, "default_agent": "default", **(sip or {})},
+            # the tests connect to loopback without credentials as `make run`'s config allows
+            # (trust_loopback); a test of the credentials sets false (or a public host: then none)
+            "websocket": {"port": 0, **({} if (websocket or {}).get("host", "127.0.0.1") not in
+                                        ("127.0.0.1", "localhost", "::1") else {"trust_loopback": True}),
+                          **(websocket or {})},
         }
         self.config = tmp / f"gw-{self.tag}.toml"
         self.config.write_text(_toml(tables))

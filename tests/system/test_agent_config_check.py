@@ -44,6 +44,7 @@ enabled = false
 
 [websocket]
 port = 0
+trust_loopback = true
 
 [agents]
 agents_dir = "{agents}"

@@ -147,6 +147,7 @@ rtp_port_max = 47100
 
 [websocket]
 port = 0
+trust_loopback = true
 
 [calls]
 path = "{short_tmp / 'records'}"

@@ -32,6 +32,7 @@ rtp_port_max = 47998
 routes = [{ path = "/twilio", protocol = "twilio", agent = "default" },
           { path = "/ws", protocol = "native", agent = "default", agents = ["echo"] }]
 port = 0
+trust_loopback = true
 """
 
 

@@ -16,6 +16,7 @@ would) and a fake agent process drive a Twilio Media Streams call:
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from urllib.parse import urlencode
 
@@ -117,10 +118,11 @@ def test_webhook_answers_signed_posts(short_tmp):
         good = twilio.signature(TOKEN, "https://gw.example.com/twiml?agent=sales", form)
         r = post("?agent=sales", good)
         assert r.status_code == 200 and r.headers["content-type"] == "text/xml"
-        assert r.text == ('<?xml version="1.0" encoding="UTF-8"?><Response><Connect>'
-                          '<Stream url="wss://gw.example.com/twilio/sales">'
-                          '<Parameter name="From" value="+14155550100"/><Parameter name="To" value="+14155550199"/>'
-                          "</Stream></Connect></Response>")
+        assert re.fullmatch(r'<\?xml version="1.0" encoding="UTF-8"\?><Response><Connect>'
+                            r'<Stream url="wss://gw.example.com/twilio/sales">'
+                            r'<Parameter name="From" value="\+14155550100"/><Parameter name="To" value="\+14155550199"/>'
+                            r'<Parameter name="brisvox_stream_token" value="[A-Za-z0-9_-]{43}"/>'
+                            "</Stream></Connect></Response>", r.text), r.text
         assert post("", None).status_code == 403
         assert post("?agent=sales", good, {**form, "From": "+19995550100"}).status_code == 403
         assert post("", good).status_code == 403  # signed for another URL

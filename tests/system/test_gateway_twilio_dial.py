@@ -66,7 +66,8 @@ def test_dial_via_twilio_creates_the_call_and_it_runs_through_the_webhook_and_st
         placed = api.placed[sid]
         assert placed.done and not placed.error, placed
         assert placed.webhook_status == 200 and placed.stream_url == f"{public}/twilio"
-        assert placed.params == {"From": FROM, "To": "+4930123456", "direction": "outbound"}
+        token = placed.params.pop("brisvox_stream_token", "")  # the stream's one-time token, passed back in start
+        assert placed.params == {"From": FROM, "To": "+4930123456", "direction": "outbound"} and len(token) == 43
         assert placed.loud_samples > 2000, placed  # the callee heard the agent (its tone echoed back)
         st = gw.stats()
         assert st["twilio_dial_queued"] == 1 and st["twilio_api_create_ok"] == 1 and st["ws_twiml_ok"] == 1

@@ -52,6 +52,7 @@ def daemon_config(tmp, script) -> object:
     return write_config(tmp, workers=1, agents=1, extra=f"""
 [gateway]
 max_calls = {LIMIT}
+max_calls_per_source = {LIMIT}  # every call comes from 127.0.0.1
 echo_use_workers = false
 tts_rate = {TTS_RATE}
 
@@ -61,6 +62,7 @@ enabled = false
 [websocket]
 port = 0
 handshakes_per_s = 0  # the flood comes from one loopback address at once
+trust_loopback = true
 
 [smart_turn]
 enabled = false

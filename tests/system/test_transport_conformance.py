@@ -71,7 +71,7 @@ from brisvox.wire.native import NativeStream, server_message
 from ipc import frames as F
 from ipc.ring import Ring, ring_name
 from tests.system.gateway_harness import FakeAgent, GatewayProc
-from tests.system.twilio_api_fake import TOKEN, FakeTwilioApi
+from tests.system.twilio_api_fake import ACCOUNT, TOKEN, FakeTwilioApi
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
 
@@ -150,6 +150,7 @@ class Peer:
         if kind == "twilio":
             self.t: Any = TwilioTransport(f"ws://127.0.0.1:{gw.ws_port}/twilio")
             self.t.headers.update(signed(self.t.url))
+            self.t.stream.account_sid = ACCOUNT  # the gateway's twilio_account_sid: a foreign one is refused 1008
         elif kind == "plivo":
             self.t = PlivoTransport(f"ws://127.0.0.1:{gw.ws_port}/plivo")
         elif kind == "telnyx":
@@ -188,7 +189,7 @@ class Peer:
         while (await asyncio.to_thread(self.gw.command, "calls")).get(self.call_id, {}).get("state") != "active":
             assert time.monotonic() < deadline, "the call did not become active"
             await asyncio.sleep(0.01)
-        self.out = Ring.attach(ring_name(self.gw.instance, self.call_id, "out"))
+        self.out = Ring.attach(ring_name(self.gw.instance, self.call_id, "out", start.ring_key))
         self._talk = asyncio.create_task(self._talk_loop())
         return self
 

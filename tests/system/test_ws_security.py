@@ -67,20 +67,22 @@ def test_origin_tokens_signature_and_agent_lists(short_tmp):
     with FakeAgent(short_tmp) as agent, GatewayProc(short_tmp, inbox=True, peers={"agent-0": agent.endpoint},
                                                      websocket=SECURE) as gw:
         port = gw.ws_port
-        sales = mint_token(SECRET, "sales", 60, {"tier": "gold"})
+        def sales() -> str:  # a token is single-use: a new one per connection
+            return mint_token(SECRET, "sales", 60, {"tier": "gold"})
+
         expired = mint_token(SECRET, "sales", 60, now=time.time() - 120)
 
         async def main() -> list[int]:
             return [
-                await status(port, f"/ws/sales?token={sales}"),
-                await status(port, "/ws/sales", {"Authorization": f"Bearer {sales}"}),
+                await status(port, f"/ws/sales?token={sales()}"),
+                await status(port, "/ws/sales", {"Authorization": f"Bearer {sales()}"}),
                 await status(port, f"/ws/sales?token={expired}"),
-                await status(port, f"/ws?token={sales}"),  # the token names another agent
+                await status(port, f"/ws?token={sales()}"),  # the token names another agent
                 await status(port, "/ws/sales"),
                 await status(port, f"/ws/sales?token={SECRET}"),  # the static secret: server-side clients
                 await status(port, f"/ws/other?token={SECRET}"),  # not on the route's list
-                await status(port, f"/ws/sales?token={sales}", {"Origin": "https://evil.example"}),
-                await status(port, f"/ws/sales?token={sales}", {"Origin": "https://app.example.com"}),
+                await status(port, f"/ws/sales?token={sales()}", {"Origin": "https://evil.example"}),
+                await status(port, f"/ws/sales?token={sales()}", {"Origin": "https://app.example.com"}),
                 await status(port, "/twilio"),
                 await status(port, "/twilio", {"X-Twilio-Signature": "bad"}),
                 await status(port, "/twilio", signed("/twilio")),
@@ -95,7 +97,7 @@ def test_origin_tokens_signature_and_agent_lists(short_tmp):
         assert s["ws_refused_origin"] == 1 and s["ws_refused_agent"] == 2
 
         async def call_with_token() -> None:
-            async with connect(f"ws://127.0.0.1:{port}/ws/sales?token={sales}") as ws:
+            async with connect(f"ws://127.0.0.1:{port}/ws/sales?token={sales()}") as ws:
                 await ws.send(native.NativeStream(16000, {"tier": "free", "x": "y"}).start())
                 msg = native.server_message(orjson.loads(await ws.recv()))
                 assert msg.event == "started" and msg.agent == "sales"

@@ -237,7 +237,8 @@ EXOTEL_ONLY = [{"path": "/exotel", "protocol": "exotel", "agent": "echo"}]
 
 
 def test_without_a_secret_only_a_loopback_or_lab_listener_lets_exotel_in() -> None:
-    assert auth() is ws_auth.OPEN
+    assert auth() is ws_auth.UNCONFIGURED  # loopback is not trusted by default
+    assert auth(trust_loopback=True) is ws_auth.OPEN
     with pytest.raises(ConfigError, match="native_secret"):  # refused at start, naming the key
         auth(host="0.0.0.0", routes=EXOTEL_ONLY)
     assert auth(host="0.0.0.0", routes=EXOTEL_ONLY, allow_unauthenticated=True) is ws_auth.OPEN

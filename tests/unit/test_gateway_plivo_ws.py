@@ -46,10 +46,10 @@ class MarkHost(Host):
         self.digits: list[str] = []
         self.full = False
 
-    def admit(self, transport: str, agent: str, call_rate: int) -> Any:
+    def admit(self, transport: str, agent: str, call_rate: int, **kw: Any) -> Any:
         if self.full:
             raise AdmissionError("full")
-        return super().admit(transport, agent, call_rate)
+        return super().admit(transport, agent, call_rate, **kw)
 
     def mark_echo(self, call: Any, name: str) -> None:
         self.marks.append(name)
@@ -211,8 +211,10 @@ def test_a_full_gateway_answers_1013() -> None:
 # -- the handshake check --------------------------------------------------------------------
 
 
-def cfg(token: str = "", host: str = "127.0.0.1", public_url: str = "", allow: bool = False) -> Any:
-    return SimpleNamespace(plivo_auth_token=token, host=host, public_url=public_url, allow_unauthenticated=allow)
+def cfg(token: str = "", host: str = "127.0.0.1", public_url: str = "", allow: bool = False,
+        trust: bool = True) -> Any:
+    return SimpleNamespace(plivo_auth_token=token, host=host, public_url=public_url, allow_unauthenticated=allow,
+                           trust_loopback=trust)
 
 
 def test_plivo_auth_lets_in_exactly_the_signed_requests() -> None:
@@ -246,6 +248,7 @@ def test_without_a_token_a_plivo_route_is_open_on_loopback_only() -> None:
     assert plivo_auth(cfg(host="::1"), None, "/plivo", {}) is OPEN
     assert plivo_auth(cfg(host="0.0.0.0"), None, "/plivo", {}) is UNCONFIGURED
     assert plivo_auth(cfg(host="0.0.0.0", allow=True), None, "/plivo", {}) is OPEN
+    assert plivo_auth(cfg(trust=False), None, "/plivo", {}) is UNCONFIGURED  # trust_loopback unset
 
 
 def test_a_public_listener_with_a_plivo_route_needs_its_token_at_start() -> None:

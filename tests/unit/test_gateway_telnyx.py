@@ -47,11 +47,11 @@ class RecordingHost(Host):
         self.rates: list[int] = []
         self.full = False
 
-    def admit(self, transport: str, agent: str, call_rate: int) -> Any:
+    def admit(self, transport: str, agent: str, call_rate: int, **kw: Any) -> Any:
         if self.full:
             raise AdmissionError("full")
         self.rates.append(call_rate)
-        return super().admit(transport, agent, call_rate)
+        return super().admit(transport, agent, call_rate, **kw)
 
     def mark_echo(self, call: Any, name: str) -> None:
         self.marks.append(name)
@@ -257,7 +257,8 @@ TELNYX_ONLY = [{"path": "/telnyx", "protocol": "telnyx", "agent": "echo"}]
 
 
 def test_without_a_secret_only_a_loopback_or_lab_listener_lets_telnyx_in() -> None:
-    assert auth() is ws_auth.OPEN
+    assert auth() is ws_auth.UNCONFIGURED  # loopback is not trusted by default
+    assert auth(trust_loopback=True) is ws_auth.OPEN
     with pytest.raises(ConfigError, match="native_secret"):  # refused at start, naming the key
         auth(host="0.0.0.0", routes=TELNYX_ONLY)
     assert auth(host="0.0.0.0", routes=TELNYX_ONLY, allow_unauthenticated=True) is ws_auth.OPEN

@@ -250,7 +250,8 @@ def check(path: str, pairs: list[tuple[str, str]], **cfg: Any) -> Any:
 
 
 @pytest.mark.parametrize(("cfg", "want"), [
-    ({}, ws_auth.OPEN),  # loopback
+    ({}, ws_auth.UNCONFIGURED),  # loopback is not trusted by default
+    ({"trust_loopback": True}, ws_auth.OPEN),  # a trusted loopback listener (make run)
     ({"host": "0.0.0.0", "routes": VONAGE_ONLY, "allow_unauthenticated": True}, ws_auth.OPEN),  # a lab
 ])
 def test_without_a_secret_only_a_loopback_or_lab_listener_lets_vonage_in(cfg: dict[str, Any], want: Any) -> None:

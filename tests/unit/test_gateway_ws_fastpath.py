@@ -3,9 +3,9 @@
 A connection with a fake transport and a recording session: after the
 handshake, masked data frames arriving whole, several per read, or split at
 every byte boundary reach the session unmasked and in order; a ping in
-between is answered with a pong; a fragmented message, an unmasked frame and
-an oversized frame go to the websockets library, which reassembles the
-first and closes on the others with its own codes (1002, 1009).
+between is answered with a pong; a fragmented message is reassembled there
+too; an unmasked frame and an oversized frame go to the websockets library,
+which closes with its own codes (1002, 1009).
 """
 
 from __future__ import annotations
@@ -99,10 +99,13 @@ def loop():
     lp.close()
 
 
-def connect(max_size: int = 4096) -> tuple[WsConnection, Transport, Session]:
+def connect(max_size: int = 4096, **cfg: int) -> tuple[WsConnection, Transport, Session]:
     # no handshake rate: the property tests open hundreds of connections a second from one address
-    # (the limit's storage is one per process), and the framing is what these tests are about
-    server = WebSocketServer(None, WebSocketConfig(max_message_bytes=max_size, handshakes_per_s=0), TRANSPORTS)  # type: ignore[arg-type]
+    # (the limit's storage is one per process), and the framing is what these tests are about; no frame
+    # budget unless a test sets one (they feed thousands of frames at once)
+    settings: dict[str, int] = {"max_frames_per_s": 0, "max_bytes_per_s": 0, "max_control_frames_per_s": 0, **cfg}
+    server = WebSocketServer(None, WebSocketConfig(max_message_bytes=max_size, handshakes_per_s=0,  # type: ignore[arg-type]
+                                                   **settings), TRANSPORTS)
     session = Session()
     server.make_session = lambda conn, route, req: session  # type: ignore[method-assign]
     conn = WsConnection(server)
@@ -142,11 +145,11 @@ def test_a_ping_is_answered_and_the_fast_path_goes_on() -> None:
     assert conn._fast
 
 
-def test_a_fragmented_message_is_reassembled_by_the_library() -> None:
+def test_a_fragmented_message_is_reassembled_on_the_fast_path() -> None:
     conn, t, s = connect()
     feed(conn, frame(b"one") + frame(b'{"a":', 0x01) + frame(b"1}", 0x80) + frame(b"two"))
     assert s.got == [("text", b"one"), ("text", b'{"a":1}'), ("text", b"two")]
-    assert not conn._fast
+    assert conn._fast
 
 
 def test_unmasked_and_oversized_frames_close_with_the_library_codes() -> None:
@@ -169,7 +172,11 @@ def test_scan_classifies_frames() -> None:
     close = frame(b"\x03\xe8", 0x88)
     assert ws_framing.scan(close, 0, len(close), True, 4096) == (ws_framing.CONTROL, 6, 2)
     cont = frame(b"x", 0x00)
-    assert ws_framing.scan(cont, 0, len(cont), True, 4096)[0] == ws_framing.OTHER
+    assert ws_framing.scan(cont, 0, len(cont), True, 4096) == (ws_framing.FRAGMENT, 6, 1)
+    long = struct.pack("!BBQ", 0x82, 0x80 | 127, 70000) + b"k" * 4 + b"p" * 70000
+    assert ws_framing.scan(long, 0, len(long), True, 100000) == (ws_framing.DATA, 14, 70000)
+    assert ws_framing.scan(long, 0, 9, True, 100000)[0] == ws_framing.MORE
+    assert ws_framing.scan(long, 0, len(long), True, 65536)[0] == ws_framing.OTHER  # too large
     assert ws_framing.header(5) == b"\x81\x05"
     assert ws_framing.header(300, ws_framing.BINARY) == b"\x82\x7e\x01\x2c"
 

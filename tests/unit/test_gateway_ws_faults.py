@@ -63,7 +63,8 @@ class Host:
     def call_later(self, delay: float, callback: Any) -> Timer:
         return Timer()
 
-    def admit(self, transport: str, agent: str, call_rate: int) -> FakeCall:
+    def admit(self, transport: str, agent: str, call_rate: int, **kw: Any) -> FakeCall:
+        self.admitted = kw  # source, media_timeout_s
         self.call = FakeCall(call_rate)
         return self.call
 
@@ -97,6 +98,7 @@ class Host:
 
 class Conn:
     def __init__(self) -> None:
+        self.source = "127.0.0.1"  # the client's address (WsConnection.source)
         self.closed = False
         self.close_code: int | None = None
         self.close_reason = ""

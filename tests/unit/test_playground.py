@@ -45,7 +45,9 @@ class _Transport(Transport):
 
 
 def _server(**ws: Any) -> WebSocketServer:
-    cfg = WebSocketConfig.from_section({"routes": ROUTES, "handshakes_per_s": 0, **ws})
+    # a trusted loopback listener (make run's): the page mints without a credential
+    trust = {"trust_loopback": True} if ws.get("host", "127.0.0.1") == "127.0.0.1" else {}
+    cfg = WebSocketConfig.from_section({"routes": ROUTES, "handshakes_per_s": 0, **trust, **ws})
     return WebSocketServer(SimpleNamespace(), cfg, TRANSPORTS)  # type: ignore[arg-type]
 
 
@@ -165,7 +167,7 @@ def test_a_post_that_is_too_large_or_malformed_is_refused_and_closed() -> None:
 def test_a_post_elsewhere_goes_to_the_twiml_webhook_when_there_is_one() -> None:
     server = _server(twiml_path="/twiml")
     raw = (b"POST /twiml HTTP/1.1\r\nHost: 127.0.0.1:8765\r\nContent-Type: application/x-www-form-urlencoded\r\n"
-           b"Content-Length: 9\r\n\r\nFrom=%2B1")
+           b"Content-Length: 36\r\n\r\nFrom=%2B1&CallSid=CA1&AccountSid=AC1")  # the webhook binds the call's SIDs
     status, body, _ = _send(server, raw)
     assert status == 200 and b"<Stream" in body and server.counters["ws_twiml"] == 1  # the webhook answered
     assert _post(server, "/playground/token?agent=sales", "http://127.0.0.1:8765")[0] == 200
@@ -190,8 +192,11 @@ def test_the_upgrade_needs_a_live_token_for_its_agent_and_its_own_origin() -> No
     assert _get(server, f"/playground/ws/sales?token={sales}", Origin="http://attacker.example")[0] == 403
     assert _get(server, f"/playground/ws/support?token={sales}", Origin=own)[0] == 404
     assert _get(server, f"/playground/ws/sales?token={sales}", Origin=own)[0] == 101
-    assert _get(server, "/playground/ws/sales", Origin=own, Authorization=f"Bearer {sales}")[0] == 101
+    assert _get(server, f"/playground/ws/sales?token={sales}", Origin=own)[0] == 401  # single-use
+    again = native.sign_token(key, "sales", int(time.time()) + 60)
+    assert _get(server, "/playground/ws/sales", Origin=own, Authorization=f"Bearer {again}")[0] == 101
     assert server.counters["ws_refused_token_expired"] == 1 and server.counters["ws_refused_token_agent"] == 1
+    assert server.counters["ws_refused_token_replay"] == 1
     assert server.counters["ws_playground_calls"] == 2
 
 

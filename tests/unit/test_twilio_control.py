@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -17,8 +18,9 @@ import pytest
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import WebSocketConfig, WsRoute
 from brisvox.gateway.control import twilio_rest
+from brisvox.gateway.control.stream_tokens import Binding
 from brisvox.gateway.control.twilio_rest import TwilioApi, call_request, dial_twiml
-from brisvox.gateway.control.twiml import origin, render, stream_url
+from brisvox.gateway.control.twiml import origin, render, stream_url, webhook_of
 from brisvox.gateway.transports import TRANSPORTS
 from brisvox.gateway.ws.auth import twilio_auth, twilio_signed
 from brisvox.wire import twilio
@@ -230,15 +232,22 @@ def test_webhook_answers_signed_posts_and_refuses_the_rest():
     asyncio.set_event_loop(loop)
     try:
         cfg = WebSocketConfig.from_section({"twiml_path": "/twiml", "twilio_auth_token": "tok", "handshakes_per_s": 0,
+                                            "twiml_requests_per_s": 0,
                                             "public_url": "https://gw.example.com", "routes": TWIML_ROUTES})
         server = WebSocketServer(None, cfg, TRANSPORTS)  # type: ignore[arg-type]
         out = exchange(server, post("/twiml?agent=sales", FORM), chunk=7)
         head, _, body = out.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Type: text/xml" in head
-        assert body == render("wss://gw.example.com/twilio/sales", {"From": FORM["From"], "To": FORM["To"]})
-        assert exchange(server, post("/twiml", FORM)).endswith(
-            b'<Stream url="wss://gw.example.com/twilio"><Parameter name="From" value="+14155550100"/>'
-            b'<Parameter name="To" value="+14155550199"/></Stream></Connect></Response>')
+        token = re.search(rb'name="brisvox_stream_token" value="([A-Za-z0-9_-]{43})"', body)
+        assert token is not None, body  # the stream's one-time token, bound to CA9 for sales
+        assert body == render("wss://gw.example.com/twilio/sales", {"From": FORM["From"], "To": FORM["To"]},
+                              token.group(1).decode())
+        binding = webhook_of(server).tokens.redeem(token.group(1).decode())  # type: ignore[union-attr]
+        assert binding == Binding("CA9", ACCOUNT, "sales")
+        assert re.search(
+            rb'<Stream url="wss://gw.example.com/twilio"><Parameter name="From" value="\+14155550100"/>'
+            rb'<Parameter name="To" value="\+14155550199"/><Parameter name="brisvox_stream_token" value="[^"]+"/>'
+            rb"</Stream></Connect></Response>$", exchange(server, post("/twiml", FORM)))
         refused = {
             "unsigned": post("/twiml", FORM, signature=None),
             "bad": post("/twiml", FORM, signature=DOC_SIGNATURE),

@@ -115,7 +115,12 @@ def test_the_formats_brisvox_takes(fmt, rate) -> None:
 
 def test_the_urls_sample_rate_stands_in_for_a_start_that_does_not_say() -> None:
     assert exotel.rate_from_path("/exotel?sample-rate=16000&key1=v") == 16000
-    assert exotel.rate_from_path("/exotel") is None and exotel.rate_from_path("/exotel?sample-rate=hd") is None
+    assert exotel.rate_from_path("/exotel") is None
+    # not ASCII digits ("²" passes str.isdigit), or named twice: a malformed start (1007), never a ValueError
+    for bad in ("hd", "%C2%B2", "%D9%A1%D9%A6000", "8000&sample-rate=16000", "-8000", ""):
+        with pytest.raises(exotel.StreamError) as e:
+            exotel.rate_from_path(f"/exotel?sample-rate={bad}")
+        assert (e.value.kind, e.value.code) == ("bad_start", 1007), bad
     no_rate = with_format({"encoding": "audio/x-raw", "bit_rate": "16"})
     assert exotel.parse_start(no_rate, 24000).format.rate == 24000
     assert exotel.parse_start(no_rate).format.rate == 8000

@@ -1,7 +1,7 @@
 """Property: the WebSocket frame splitter (``brisvox.wire.ws_framing.scan``) returns one of its
-four verdicts for any bytes at any offset (arbitrary, and mutations of valid frame streams),
-never reads past ``end``, and a DATA or CONTROL verdict describes exactly the frame the
-websockets library parses there. The gateway's connection fed the same bytes after its
+five verdicts for any bytes at any offset (arbitrary, and mutations of valid frame streams),
+never reads past ``end``, and a DATA, CONTROL or FRAGMENT verdict describes exactly the frame
+the websockets library parses there. The gateway's connection fed the same bytes after its
 handshake never raises and never counts a session error; the close reason any close
 sends fits a control frame."""
 
@@ -22,7 +22,7 @@ from tests.unit.test_gateway_ws_fastpath import connect, feed, frame, server_fra
 
 PROPS = settings(max_examples=300, deadline=None)
 MAX = 4096
-KINDS = (ws_framing.DATA, ws_framing.CONTROL, ws_framing.MORE, ws_framing.OTHER)
+KINDS = (ws_framing.DATA, ws_framing.CONTROL, ws_framing.MORE, ws_framing.OTHER, ws_framing.FRAGMENT)
 
 
 def valid_stream(draw: Any) -> bytes:
@@ -73,11 +73,13 @@ def test_scan_verdicts(data: bytes, masked: bool, pos: int) -> None:
     kind, h, n = ws_framing.scan(padded, pos, end, masked, MAX)
     assert (kind, h, n) == ws_framing.scan(data, pos, end, masked, MAX)
     assert kind in KINDS
-    if kind in (ws_framing.DATA, ws_framing.CONTROL):
-        assert h in ((6, 8) if masked else (2, 4)) and pos + h + n <= end
+    if kind in (ws_framing.DATA, ws_framing.CONTROL, ws_framing.FRAGMENT):
+        assert h in ((6, 8, 14) if masked else (2, 4, 10)) and pos + h + n <= end
         f = library_frame(data[pos:pos + h + n], masked)
-        assert f is not None and f.fin and len(f.data) == n
+        assert f is not None and len(f.data) == n
+        assert f.fin == (kind != ws_framing.FRAGMENT or data[pos] == 0x80)
         assert (kind == ws_framing.DATA) == (data[pos] in (ws_framing.TEXT, ws_framing.BINARY))
+        assert (kind == ws_framing.FRAGMENT) == (data[pos] in (0x00, 0x01, 0x02, 0x80))
     else:
         assert (h, n) == (0, 0)
 

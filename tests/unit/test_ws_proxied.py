@@ -92,8 +92,11 @@ async def raw(port: int, source: str, data: bytes) -> bytes:
 
 
 async def started(max_calls: int = 8, **ws: Any) -> tuple[GatewayCore, Any, int]:
-    settings = GatewaySettings(GatewayConfig(echo_use_workers=False, max_calls=max_calls),
-                               SipConfig(enabled=False), WebSocketConfig(port=0, **ws))
+    # every call from 127.0.0.1 (or one forwarded client) without a credential: a trusted loopback listener
+    # and no per-source share, as the cases here are about the connection limits
+    settings = GatewaySettings(GatewayConfig(echo_use_workers=False, max_calls=max_calls,
+                                             max_calls_per_source=max_calls),
+                               SipConfig(enabled=False), WebSocketConfig(port=0, trust_loopback=True, **ws))
     core = assemble(settings, instance=f"wp{os.getpid()}x{next(_seq)}")
     eps = await core.start()
     return core, core.listeners["websocket"], int(eps["websocket"].rsplit(":", 1)[1])

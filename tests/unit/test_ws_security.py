@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from websockets.datastructures import Headers
 
@@ -96,8 +98,16 @@ def test_native_auth_static_secret_and_tokens():
     good = ws_auth.mint_token("s3cret", "sales", 60, {"lang": "fr"})
     grant = check(sales, f"/ws/sales?token={good}")
     assert isinstance(grant, ws_auth.Grant) and grant.params == {"lang": "fr"}
-    assert check(sales, "/ws/sales", Authorization=f"Bearer {good}") == grant
-    assert check(default, f"/ws?token={good}") is ws_auth.WRONG_AGENT
+    assert check(sales, "/ws/sales", Authorization=f"Bearer {good}") is ws_auth.REPLAYED_TOKEN  # single-use
+    again = ws_auth.mint_token("s3cret", "sales", 60, {"lang": "fr"})
+    assert check(sales, "/ws/sales", Authorization=f"Bearer {again}") == grant
+    assert check(default, f"/ws?token={ws_auth.mint_token('s3cret', 'sales', 60)}") is ws_auth.WRONG_AGENT
+    long = ws_auth.mint_token("s3cret", "sales", c.max_token_ttl_s + 60)
+    assert check(sales, f"/ws/sales?token={long}") is ws_auth.LONG_TOKEN
+    future = native.sign_token("s3cret", "sales", int(time.time()) + 86400, iat=int(time.time()) + 86400 - 60)
+    assert check(sales, f"/ws/sales?token={future}") is ws_auth.LONG_TOKEN  # what is left of it counts too
+    pg = ws_auth.mint_token("s3cret", "sales", 60, aud=ws_auth.PLAYGROUND_AUD)
+    assert check(sales, f"/ws/sales?token={pg}") is ws_auth.WRONG_ROUTE  # the playground's only
     old = ws_auth.mint_token("s3cret", "sales", 60, now=1000.0)
     assert check(sales, f"/ws/sales?token={old}") is ws_auth.EXPIRED_TOKEN
     forged = ws_auth.mint_token("other", "sales", 60)
@@ -110,8 +120,10 @@ def test_native_auth_static_secret_and_tokens():
     # a repeated Authorization header is not a credential
     two = Headers([("Authorization", "Bearer s3cret"), ("Authorization", "Bearer x")])
     assert ws_auth.native_auth(c, sales, "/ws/sales", two) is ws_auth.BAD_TOKEN
-    # without a secret the route is open (config validation keeps that to loopback)
-    assert ws_auth.native_auth(cfg(), default, "/ws", Headers()) is ws_auth.OPEN
+    # without a secret the route is open only on a trusted loopback listener (or a lab's)
+    assert ws_auth.native_auth(cfg(), default, "/ws", Headers()) is ws_auth.UNCONFIGURED
+    assert ws_auth.native_auth(cfg(trust_loopback=True), default, "/ws", Headers()) is ws_auth.OPEN
+    assert ws_auth.native_auth(cfg(allow_unauthenticated=True), default, "/ws", Headers()) is ws_auth.OPEN
 
 
 def test_mint_token_refuses_without_a_secret_or_with_a_silly_ttl():
@@ -121,7 +133,7 @@ def test_mint_token_refuses_without_a_secret_or_with_a_silly_ttl():
         with pytest.raises(ValueError, match="ttl"):
             ws_auth.mint_token("s", "a", ttl)
     tok = native.open_token("s", ws_auth.mint_token("s", "a", 300, now=1000.0), 1200.0)
-    assert tok == native.Token("a", 1300, None)
+    assert (tok.agent, tok.exp, tok.params, tok.iat, tok.aud) == ("a", 1300, None, 1000, "") and len(tok.jti) >= 16
     with pytest.raises(native.TokenError) as e:
         native.open_token("s", ws_auth.mint_token("s", "a", 300, now=1000.0), 1300.0)
     assert e.value.kind == "expired"

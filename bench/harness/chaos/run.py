@@ -87,6 +87,7 @@ def daemon_config(tmp: Path, agents_dir: Path) -> Path:
 echo_use_workers = false
 tts_rate = 16000
 max_calls = 200
+max_calls_per_source = 200  # every call comes from one loopback caller
 
 [sip]
 enabled = true
@@ -100,6 +101,7 @@ invite_rate = ["100/second"]  # every SIP call comes from this one loopback call
 [websocket]
 port = 0
 handshakes_per_s = 100  # every call comes from this one loopback caller, {STAGGER_S} s apart
+trust_loopback = true
 routes = [{{ path = "/twilio", protocol = "twilio", agent = "default", agents = {agents} }},
           {{ path = "/ws", protocol = "native", agent = "default", agents = {agents} }}]
 

@@ -28,7 +28,11 @@ Invariants:
   for bad data, 1008 for a message out of place) and a reason naming the
   budget (with ``hangup_on_error``: the first one, with its own message).
 * A bad ``start`` (rate not offered) closes with 1003, a full gateway with
-  1013, an oversized frame is closed by the server with 1009.
+  1013 (so does a source beyond its share of the calls,
+  :func:`~brisvox.gateway.carriers.stream_session.admission_close`), an oversized
+  frame is closed by the server with 1009. A live call without a binary frame for
+  ``media_timeout_s`` gets ``stop`` and a close 1000, both "media timeout"; one older
+  than ``[gateway] max_call_s``, "max call duration" (the core's call timers).
 * A connection let in with a signed token that carries ``params`` gets
   exactly those as the call's parameters (the ``start`` message's are
   ignored); otherwise the ``start`` message's are used. The caller and the
@@ -58,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from brisvox.gateway.carriers.stream_session import admission_close
 from brisvox.gateway.config import WsRoute
 from brisvox.gateway.core.calls import AdmissionError, Call
 from brisvox.gateway.core.leg import SESSION_LOG, TransportLeg, ws_close_code
@@ -178,10 +183,10 @@ class NativeSession(TransportLeg):
             self._start_timer.cancel()
             self._start_timer = None
         try:
-            call = self.host.admit(self.transport, self.route.agent, start.rate)
+            call = self.host.admit(self.transport, self.route.agent, start.rate, source=self.conn.source,
+                                   media_timeout_s=self.host.settings.websocket.media_timeout_s)
         except AdmissionError as e:
-            busy = e.reason in ("full", "draining")
-            self.conn.close(1013 if busy else 1011, "try again later" if busy else "cannot serve the call")
+            self.conn.close(*admission_close(e))
             return
         self.rate = start.rate
         self.marks_by_echo = start.marks_echo

@@ -27,7 +27,13 @@ Invariants:
   one, with its own reason). No ``start`` within ``start_timeout_s`` is
   ``no_start``; a binary frame is ``binary_frame``.
 * A call beyond ``max_calls`` (or while draining) is closed with 1013 and
-  "try again later"; any other admission failure with 1011.
+  "try again later", one beyond its source's share (``[gateway]
+  max_calls_per_source``, the source being the client after ``trusted_proxies``)
+  with 1013 and "too many calls from this address" (:func:`admission_close`);
+  any other admission failure with 1011.
+* A live call without an inbound message carrying media for ``[websocket]
+  media_timeout_s`` is closed 1000 "media timeout" (the core's call timer: the
+  reason is the call's end reason, in ``CallEnd`` and the call record).
 * The transport side is reported ended (``transport_ended``) once, whatever
   ends it: the vendor's stop, a close, a protocol error, the hang-up.
 """
@@ -73,6 +79,16 @@ class StartInfo(Protocol):
 
     @property
     def dropped(self) -> int: ...
+
+
+def admission_close(e: AdmissionError) -> tuple[int, str]:
+    """The close of a refused call (every WebSocket leg): 1013 with a reason when full, draining
+    or its source holds its share of the calls; 1011 for anything else."""
+    if e.reason == "source":
+        return 1013, "too many calls from this address"
+    if e.reason in ("full", "draining"):
+        return 1013, "try again later"
+    return 1011, "cannot serve the call"
 
 
 class StreamSession(TransportLeg):
@@ -161,10 +177,10 @@ class StreamSession(TransportLeg):
             self._start_timer = None
         self.stream_id = stream_id
         try:
-            return self.host.admit(self.transport, self.route.agent, rate)
+            return self.host.admit(self.transport, self.route.agent, rate, source=self.conn.source,
+                                   media_timeout_s=self.host.settings.websocket.media_timeout_s)
         except AdmissionError as e:
-            busy = e.reason in ("full", "draining")
-            self.conn.close(1013 if busy else 1011, "try again later" if busy else "cannot serve the call")
+            self.conn.close(*admission_close(e))
             return None
 
     def describe(self, call: Call, start: StartInfo) -> None:

@@ -27,6 +27,15 @@ Invariants:
   never charged to the budget (Twilio adds events over time; a new one must
   not hang up live calls).
 * A call beyond ``max_calls`` (or while draining) is closed with 1013.
+* Before its call is admitted, ``start`` is bound to the call the gateway's
+  TwiML webhook answered (:func:`brisvox.gateway.control.stream_tokens.bind_stream`):
+  its ``brisvox_stream_token`` parameter must be a token the webhook issued,
+  unused and not expired, for this agent, and its callSid and accountSid
+  those the webhook bound (and accountSid ``twilio_account_sid`` when set);
+  else it closes with 1008 and a reason, counted ``ws_malformed_<kind>``.
+  Without ``twiml_path`` (the operator serves the TwiML) no token exists: with
+  ``twilio_require_stream_token = false`` the stream is let in unbound. The
+  token is removed from the call's parameters.
 * The call's metadata: ``streamSid``/``callSid``/``accountSid`` as its
   transport ids, ``customParameters`` as its parameters, the caller and
   the called number from the ``From``/``To`` (or ``caller``/``called``)
@@ -42,7 +51,8 @@ Invariants:
   through the media channel (paced like audio, pausing the out ring).
 * Call control goes through Twilio's REST API (:mod:`brisvox.gateway.control.twilio_rest`,
   the server's ``twilio_api``, there only with ``twilio_account_sid``), keyed
-  by the ``callSid`` of ``start``. Without it a Transfer is refused at once
+  by the callSid bound at the webhook (a stream let in unbound: the ``callSid``
+  of its ``start``). Without it a Transfer is refused at once
   with :attr:`TwilioSession.transfer_reason`. With it a Transfer updates the
   call with ``<Dial>`` TwiML and its outcome is the TransferResult (one
   transfer at a time; once one succeeded the call is Twilio's to end: no
@@ -59,10 +69,12 @@ from collections.abc import Callable
 from typing import Any
 
 from brisvox.gateway.carriers.carrier_stream import CarrierStreamSession, Opening
+from brisvox.gateway.control.stream_tokens import Binding, bind_stream
 from brisvox.gateway.control.twilio_rest import TwilioApi
+from brisvox.gateway.control.twiml import webhook_of
 from brisvox.gateway.core.leg import GOING_AWAY_REASONS
 from brisvox.wire.mediastream import PCMU_8K
-from brisvox.wire.twilio import BotStream, parse_start
+from brisvox.wire.twilio import TOKEN_PARAM, BotStream, parse_start
 
 
 class TwilioSession(CarrierStreamSession):
@@ -73,15 +85,27 @@ class TwilioSession(CarrierStreamSession):
     transfer_reason = ("a Twilio media stream cannot transfer without the REST API: set "
                        "[websocket] twilio_account_sid")
     _transfer_state = ""  # "" | "pending" | "done"
+    binding: Binding | None = None  # the call the webhook answered (its token redeemed by start)
 
     def opening(self, msg: dict[str, Any]) -> Opening:
         s = parse_start(msg)
-        return Opening(s.stream_sid, s.ids, s.params, s.numbers, s.dropped, PCMU_8K, BotStream(s.stream_sid))
+        server = getattr(self.conn, "server", None)  # a test's connection has none
+        hook = webhook_of(server)
+        self.binding = bind_stream(s, hook.tokens if hook is not None else None, self.host.settings.websocket,
+                                   self.route.agent)
+        params = s.params
+        if params is not None and TOKEN_PARAM in params:  # a credential never reaches the agent
+            params = {k: v for k, v in params.items() if k != TOKEN_PARAM}
+        return Opening(s.stream_sid, s.ids, params, s.numbers, s.dropped, PCMU_8K, BotStream(s.stream_sid))
 
     # -- call control (the REST API) ---------------------------------------------------
 
     def _api(self) -> tuple[TwilioApi | None, str]:
+        """The REST client and the callSid it acts on: the one bound at the webhook, else
+        (a stream let in without a token) the one the stream's start named."""
         api = getattr(getattr(self.conn, "server", None), "twilio_api", None)  # a test's connection has none
+        if self.binding is not None:
+            return api, self.binding.call_sid
         call_sid = self.call.transport_ids.get("callSid", "") if self.call is not None else ""
         return api, call_sid
 

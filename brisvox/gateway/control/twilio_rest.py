@@ -222,4 +222,8 @@ def from_config(cfg: Any) -> TwilioApi | None:
     """The client of ``[websocket]`` (None without ``twilio_account_sid``)."""
     if not cfg.twilio_account_sid:
         return None
+    if not cfg.stream_token_required:
+        log.warning("twilio: streams are not bound to a webhook (%s): hang-up and transfer act on the callSid a "
+                    "stream's start names; set twiml_path so the gateway serves the TwiML and checks its tokens",
+                    "twilio_require_stream_token = false" if cfg.twiml_path else "no twiml_path")
     return TwilioApi(cfg.twilio_account_sid, cfg.twilio_auth_token, cfg.twilio_api_base, cfg.twilio_api_timeout_s)

@@ -9,26 +9,42 @@ gateway's Twilio route (:func:`render`)::
 
     <Response><Connect><Stream url="wss://<host><route>[/<agent>]">
       <Parameter name="From" value="..."/><Parameter name="To" value="..."/>
+      <Parameter name="brisvox_stream_token" value="<one-time token>"/>
     </Stream></Connect></Response>
 
 The stream URL is ``public_url`` (``https`` -> ``wss``, ``http`` -> ``ws``) or
 ``wss://<Host>``, then the path of the first ``twilio`` route, then
-``/<agent>`` when the query names an agent other than the route's own.
+``/<agent>`` when the query names an agent other than the route's own. The
+token is the webhook's :class:`~brisvox.gateway.control.stream_tokens.StreamTokens`'
+(held here, redeemed by the Twilio stream's ``start``: :func:`webhook_of`), bound
+to the form's CallSid and AccountSid and the agent.
 
 Invariants:
 
 * A request is checked in this order, the first failing check answering
   with a status and a counter (every request counts ``ws_twiml``): the
-  head at most :data:`MAX_HEAD` bytes (431), no ``Transfer-Encoding``, a
-  ``Content-Length`` of at most :data:`MAX_FORM` bytes (411, 413:
-  ``ws_refused_twiml_size``), Content-Type ``application/x-www-form-urlencoded``
-  (415 ``ws_refused_twiml_type``), the source's handshake rate (429
-  ``ws_refused_rate``, the same window as the handshakes), the path (404
-  ``ws_refused_path``), the form and, without ``public_url``, the ``Host``
-  (400 ``ws_refused_twiml_form``), the
-  signature (403 ``ws_refused_twiml_signature``), the agent (404
-  ``ws_refused_twiml_agent``: ``agent=`` must be one the Twilio route
-  admits). An answered one counts ``ws_twiml_ok``. Then the connection closes.
+  head at most :data:`MAX_HEAD` bytes (431 ``ws_refused_twiml_size``), the
+  source's rate (``twiml_requests_per_s``, its own moving 1 s window in the
+  process's ``limits`` storage, counted for every request, refused or not:
+  429 ``ws_refused_rate``), a request line ``POST <path> HTTP/1.x`` and header
+  lines ``name: value`` (a token name, no control character, no obs-fold: 400
+  ``ws_refused_twiml_form``), none of :data:`SINGLE` repeated and a
+  ``Content-Length`` of ASCII digits (400 ``ws_refused_twiml_header``), no
+  ``Transfer-Encoding``, a ``Content-Length`` at all and of at most
+  :data:`MAX_FORM` bytes (411, 413: ``ws_refused_twiml_size``), Content-Type
+  ``application/x-www-form-urlencoded`` (415 ``ws_refused_twiml_type``), the
+  path (404 ``ws_refused_path``), the form and, without ``public_url``, the
+  ``Host`` (400 ``ws_refused_twiml_form``), the signature (403
+  ``ws_refused_twiml_signature``), one CallSid and one AccountSid of letters
+  and digits (400 ``ws_refused_twiml_form``), the AccountSid equal to
+  ``twilio_account_sid`` when that is set (403 ``ws_refused_twiml_account``),
+  the agent (404 ``ws_refused_twiml_agent``: ``agent=`` must be one the Twilio
+  route admits), a free slot in the token table (503
+  ``ws_refused_twiml_tokens``). An answered one counts ``ws_twiml_ok``. Then
+  the connection closes. Every refusal is one line of the server's
+  :class:`~brisvox.runtime.log_limit.LogLimiter` (per counter, per minute);
+  a request whose reading raised anyway is answered 500 (``ws_twiml_errors``,
+  logged the same way), never left unanswered.
 * The signature is Twilio's for a POST (:func:`brisvox.gateway.ws.auth.twilio_signed`:
   HMAC-SHA1, keyed with ``twilio_auth_token``, of the webhook URL followed by
   the form's parameters sorted by name, each name then value, base64). The
@@ -44,17 +60,25 @@ Invariants:
 
 from __future__ import annotations
 
+import hmac
 import logging
+import re
+import traceback
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, parse_qsl, urlsplit
 from xml.sax.saxutils import quoteattr
 
+from limits import RateLimitItemPerSecond, strategies
 from websockets.datastructures import Headers
 from websockets.http11 import Request
 
 from brisvox.gateway.config import AGENT_RE
+from brisvox.gateway.control.stream_tokens import Binding, StreamTokens
+from brisvox.gateway.control.twilio_rest import SID_RE
+from brisvox.gateway.rate_limits import process_storage
 from brisvox.gateway.ws.auth import Refusal, twilio_signed, unconfigured
+from brisvox.wire.twilio import TOKEN_PARAM
 
 if TYPE_CHECKING:
     from brisvox.gateway.ws.server import WebSocketServer, WsConnection
@@ -64,12 +88,20 @@ MAX_FORM = 16384  # Twilio's voice webhook form is about 1-2 KiB
 MAX_PARAM = 128
 FORM_TYPE = "application/x-www-form-urlencoded"
 PASSED = ("From", "To")  # form fields passed to the stream as <Parameter> (the call's numbers)
+# headers a request may carry once (a repeated one is 400: which of two Hosts was signed?)
+SINGLE = ("Host", "Content-Type", "Content-Length", "X-Twilio-Signature", "Transfer-Encoding")
+_REQUEST_LINE = re.compile(r"POST (/[!-~]*) HTTP/1\.[01]", re.ASCII)
+_HEADER_LINE = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*", re.ASCII)
+_LENGTH = re.compile(r"[0-9]{1,9}", re.ASCII)
 
 
-def render(stream_url: str, params: dict[str, str]) -> bytes:
-    """The TwiML answer that connects the call to ``stream_url`` with ``params``."""
+def render(stream_url: str, params: dict[str, str], token: str = "") -> bytes:
+    """The TwiML answer that connects the call to ``stream_url`` with ``params`` (and the
+    stream's one-time ``token`` as the :data:`~brisvox.wire.twilio.TOKEN_PARAM` parameter)."""
     inner = "".join(f"<Parameter name={quoteattr(k)} value={quoteattr(v[:MAX_PARAM])}/>"
                     for k, v in params.items())
+    if token:
+        inner += f"<Parameter name={quoteattr(TOKEN_PARAM)} value={quoteattr(token)}/>"
     return (f'<?xml version="1.0" encoding="UTF-8"?><Response><Connect><Stream url={quoteattr(stream_url)}>'
             f"{inner}</Stream></Connect></Response>").encode()
 
@@ -107,22 +139,38 @@ class Webhook:
         self.server = server
         self.cfg = server.cfg
         self.path = server.cfg.twiml_path
+        self.tokens = StreamTokens(server.cfg.twilio_stream_token_ttl_s, server.cfg.twilio_stream_tokens_max)
+        per_s = server.cfg.twiml_requests_per_s
+        self._rate = RateLimitItemPerSecond(per_s) if per_s > 0 else None
+        self._limiter = strategies.MovingWindowRateLimiter(process_storage()) if self._rate else None
 
     def request(self, conn: WsConnection) -> WebhookRequest:
         return WebhookRequest(self, conn)
 
-    def refuse(self, conn: WsConnection, status: int, text: str, counter: str) -> bytes:
+    def allowed(self, source: str) -> bool:
+        """Counts one request of ``source``; False beyond ``twiml_requests_per_s``."""
+        if self._limiter is None or self._rate is None:
+            return True
+        return self._limiter.hit(self._rate, "ws_twiml", source)
+
+    def refuse(self, conn: WsConnection, status: int, text: str, counter: str,
+               headers: dict[str, str] | None = None) -> bytes:
         self.server.count(counter)
         self.server.bad(counter, "twiml webhook from %s refused: %d %s", conn.source, status, text,
                         level=logging.INFO)
-        return http_answer(status, f"{text}\n".encode())
+        return http_answer(status, f"{text}\n".encode(), headers=headers)
+
+    def failed(self, conn: WsConnection) -> bytes:
+        """The answer when reading the request raised (a defect, not bad input): 500, counted
+        ``ws_twiml_errors``, logged bounded (one line a minute, with the traceback)."""
+        self.server.count("ws_twiml_errors")
+        self.server.bad("ws_twiml_error", "twiml webhook from %s failed: %s", conn.source,
+                        traceback.format_exc(limit=6).rstrip(), level=logging.ERROR)
+        return http_answer(500, b"internal error\n")
 
     def answer(self, conn: WsConnection, path: str, headers: Headers, form: bytes) -> bytes:
-        """The response to a complete request (the checks after the size and type)."""
-        server, cfg = self.server, self.cfg
-        server.resolve_source(conn, Request(path, headers, "POST"))
-        if not server.handshake_allowed(conn.source):
-            return self.refuse(conn, 429, "too many requests", "ws_refused_rate")
+        """The response to a complete request (the checks after the head's)."""
+        cfg = self.cfg
         if path.split("?", 1)[0] != self.path:
             return self.refuse(conn, 404, "no such path", "ws_refused_path")
         try:
@@ -141,16 +189,43 @@ class Webhook:
             verdict = unconfigured(cfg)
             if isinstance(verdict, Refusal):
                 return self.refuse(conn, verdict.status, verdict.text.strip(), verdict.counter)
+        fields: dict[str, list[str]] = {}
+        for k, v in pairs:
+            fields.setdefault(k, []).append(v)
+        call_sid, account_sid = (_sid(fields, k) for k in ("CallSid", "AccountSid"))
+        if call_sid is None or account_sid is None:
+            return self.refuse(conn, 400, "form without one valid CallSid and AccountSid", "ws_refused_twiml_form")
+        if cfg.twilio_account_sid and not hmac.compare_digest(account_sid.encode(), cfg.twilio_account_sid.encode()):
+            return self.refuse(conn, 403, "not this gateway's Twilio account", "ws_refused_twiml_account")
         agent = parse_qs(urlsplit(path).query).get("agent", [""])[0]
         url = stream_url(cfg, host, agent)
         if url is None:
             return self.refuse(conn, 404, "no such agent", "ws_refused_twiml_agent")
-        form_dict = dict(pairs)
-        params = {k: form_dict[k] for k in PASSED if k in form_dict}
-        if form_dict.get("Direction", "").startswith("outbound"):  # a call we placed (twilio_dial)
+        route_agent = agent or next(r.agent for r in cfg.routes if r.protocol == "twilio")
+        token = self.tokens.issue(Binding(call_sid, account_sid, route_agent))
+        if token is None:
+            return self.refuse(conn, 503, "too many calls waiting for their stream", "ws_refused_twiml_tokens",
+                               {"Retry-After": "1"})
+        params = {k: fields[k][0] for k in PASSED if k in fields}
+        if fields.get("Direction", [""])[0].startswith("outbound"):  # a call we placed (twilio_dial)
             params["direction"] = "outbound"
-        server.count("ws_twiml_ok")
-        return http_answer(200, render(url, params), "text/xml")
+        self.server.count("ws_twiml_ok")
+        return http_answer(200, render(url, params, token), "text/xml")
+
+
+def _sid(fields: dict[str, list[str]], name: str) -> str | None:
+    """The form's one ``name``, when it is a Twilio SID (letters and digits); else None."""
+    values = fields.get(name, [])
+    return values[0] if len(values) == 1 and SID_RE.fullmatch(values[0]) else None
+
+
+def webhook_of(server: Any) -> Webhook | None:
+    """The TwiML webhook of a WebSocket server: its ``webhook`` itself, or the one the
+    playground's POST router hands non-playground POSTs to; None without ``twiml_path``."""
+    hook = getattr(server, "webhook", None)
+    if not isinstance(hook, Webhook):
+        hook = getattr(hook, "twiml", None)
+    return hook if isinstance(hook, Webhook) else None
 
 
 def _plain_host(host: str) -> bool:
@@ -171,15 +246,22 @@ class WebhookRequest:
     def feed(self, data: bytes) -> None:
         if self.done:
             return
+        try:
+            self._feed(data)
+        except Exception:  # noqa: BLE001 - a defect answers 500, logged bounded; the listener goes on
+            self._send(self.hook.failed(self.conn))
+
+    def _feed(self, data: bytes) -> None:
         self.buf += data
         if self.head is None:
             end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.buf) > MAX_HEAD:
-                    self._send(self.hook.refuse(self.conn, 431, "request head too large", "ws_refused_twiml_size"))
+            if end > MAX_HEAD or (end < 0 and len(self.buf) > MAX_HEAD):
+                hook, conn = self.hook, self.conn
+                self._send(hook.refuse(conn, 429, "too many requests", "ws_refused_rate", {"Retry-After": "1"})
+                           if not hook.allowed(conn.source)
+                           else hook.refuse(conn, 431, "request head too large", "ws_refused_twiml_size"))
                 return
-            if end > MAX_HEAD:
-                self._send(self.hook.refuse(self.conn, 431, "request head too large", "ws_refused_twiml_size"))
+            if end < 0:
                 return
             refused = self._head(bytes(self.buf[:end]))
             del self.buf[:end + 4]
@@ -194,20 +276,34 @@ class WebhookRequest:
     def _head(self, raw: bytes) -> bytes | None:
         """Parse the request line and headers; the refusal to send, or None."""
         hook, conn = self.hook, self.conn
-        try:
-            lines = raw.decode("latin-1").split("\r\n")
-            _, path, _ = lines[0].split(" ", 2)
-            headers = Headers()
-            for line in lines[1:]:
-                name, value = line.split(":", 1)
-                headers[name.strip()] = value.strip()
-        except ValueError:
+        lines = raw.decode("latin-1").split("\r\n")
+        first = _REQUEST_LINE.fullmatch(lines[0])
+        headers = Headers()
+        malformed = first is None
+        for line in lines[1:]:
+            m = _HEADER_LINE.fullmatch(line)
+            if m is None:  # no colon, a bad name, a control character, an obs-fold continuation
+                malformed = True
+                break
+            headers[m.group(1)] = m.group(2)
+        if not malformed:  # the source (a trusted proxy's X-Forwarded-For) before its rate
+            hook.server.resolve_source(conn, Request(first.group(1), headers, "POST"))  # type: ignore[union-attr]
+        if not hook.allowed(conn.source):
+            return hook.refuse(conn, 429, "too many requests", "ws_refused_rate", {"Retry-After": "1"})
+        if malformed:
             return hook.refuse(conn, 400, "malformed request", "ws_refused_twiml_form")
+        assert first is not None
+        path = first.group(1)
+        repeated = next((n for n in SINGLE if len(headers.get_all(n)) > 1), None)
+        if repeated is not None:
+            return hook.refuse(conn, 400, f"repeated {repeated} header", "ws_refused_twiml_header")
         if "Transfer-Encoding" in headers:
             return hook.refuse(conn, 411, "Content-Length required", "ws_refused_twiml_size")
         lengths = headers.get_all("Content-Length")
-        if len(set(lengths)) != 1 or not lengths[0].isdigit():
+        if not lengths:
             return hook.refuse(conn, 411, "Content-Length required", "ws_refused_twiml_size")
+        if not _LENGTH.fullmatch(lengths[0]):
+            return hook.refuse(conn, 400, "bad Content-Length", "ws_refused_twiml_header")
         length = int(lengths[0])
         if length > MAX_FORM:
             return hook.refuse(conn, 413, "form too large", "ws_refused_twiml_size")

@@ -40,6 +40,11 @@ Invariants:
 * An action that may re-enter the machine (``HangupLeg``: the leg may report
   its end at once; ``NotifyReady``: ``on_ready`` may end the leg) is the last
   of its list, so the machine is re-entered in its final state.
+* Every call ends: with ``max_call_s`` (``Admit``) a call older than that, and with
+  ``media_timeout_s`` (the WebSocket transports) one whose inbound packet count did not
+  change for that long, is hung up while its transport is up (:meth:`CallMachine.timer`
+  names it, ``TimerFired`` ends it: ``Count`` then ``HangupLeg``, ``end_reason``
+  :data:`MAX_CALL_REASON` or :data:`MEDIA_TIMEOUT_REASON`, which ``CallEnd`` carries).
 * Audio is not an event: the caller's audio arrives 50 times a second per
   call, so ``audio_in`` reads ``transport_done`` as its guard (no object per
   packet); the pacer reads ``state`` the same way every frame.
@@ -61,11 +66,15 @@ NOT_STARTED, START_PENDING, STARTED = 0, 1, 2  # the agent side's start
 @dataclass(frozen=True, slots=True)
 class Admit:
     """The call was admitted (its rings exist); ``process``: an agent process serves it (else
-    the echo agent); ``fallback``: another agent was asked for, but no agent process is up."""
+    the echo agent); ``fallback``: another agent was asked for, but no agent process is up.
+    ``now``: the call's start; ``max_call_s``, ``media_timeout_s``: its timers (0: none)."""
 
     transport: str
     process: bool
     fallback: bool = False
+    now: float = 0.0
+    max_call_s: float = 0.0
+    media_timeout_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +154,16 @@ class DetachTimeout:
 
 
 @dataclass(frozen=True, slots=True)
+class TimerFired:
+    """A call timer ran out (fed when :meth:`CallMachine.timer` names one): ``reason`` is
+    :data:`MAX_CALL_REASON` or :data:`MEDIA_TIMEOUT_REASON`; the gateway hangs the call up."""
+
+    reason: str
+    leg: bool
+    now: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLost:
     """The worker serving the call left the topology (its calls are re-attached elsewhere)."""
 
@@ -165,7 +184,8 @@ class ForceRelease:
 
 
 Event = (Admit | TransportStarted | AgentStarted | TransportEnded | Hangup | AgentHangup | AgentEnded
-         | AgentLost | BuiltinStopped | Abandon | DetachTimeout | WorkerLost | Shutdown | ForceRelease)
+         | AgentLost | BuiltinStopped | Abandon | DetachTimeout | TimerFired | WorkerLost | Shutdown
+         | ForceRelease)
 
 
 # --- actions -----------------------------------------------------------------------------
@@ -240,13 +260,17 @@ _NONE: tuple[Action, ...] = ()
 AGENT_LOST_REASON = "agent process died"
 AGENT_ENDED_REASON = "agent ended the call"
 SHUTDOWN_REASON = "shutdown"
+MAX_CALL_REASON = "max call duration"  # [gateway] max_call_s
+MEDIA_TIMEOUT_REASON = "media timeout"  # [websocket] media_timeout_s
+TIMER_COUNTERS = {MAX_CALL_REASON: "calls_max_duration", MEDIA_TIMEOUT_REASON: "calls_media_timeout"}
 
 
 class CallMachine:
     """See the module docstring."""
 
     __slots__ = ("detach_timeout_s", "state", "transport_done", "agent_done", "process", "builtin",
-                 "start", "end_reason", "end_deadline")
+                 "start", "end_reason", "end_deadline", "call_deadline", "media_timeout_s", "media_seen",
+                 "media_at")
 
     def __init__(self, detach_timeout_s: float = 10.0) -> None:
         self.detach_timeout_s = detach_timeout_s
@@ -260,6 +284,10 @@ class CallMachine:
         # reports its end, as SIP's ring timeout does: Call.end_reason)
         self.end_reason = ""
         self.end_deadline = 0.0  # CallEnd sent: CallEnded is due by then (0: not sent)
+        self.call_deadline = 0.0  # max_call_s: the call is hung up after it (0: no limit)
+        self.media_timeout_s = 0.0  # no inbound media this long hangs the call up (0: never)
+        self.media_seen = -1  # the inbound packet count last seen by timer() ...
+        self.media_at = 0.0  # ... and when it last changed
 
     def handle(self, event: Event) -> tuple[Action, ...]:
         if self.state == ENDED:
@@ -276,6 +304,20 @@ class CallMachine:
         """CallEnd was sent, CallEnded has not come, and the detach timeout passed."""
         return (self.state == ENDING and self.transport_done and not self.agent_done
                 and bool(self.end_deadline) and now > self.end_deadline)
+
+    def timer(self, now: float, media: int) -> str:
+        """The reason of a call timer that ran out at ``now`` ("" none), ``media`` being the
+        call's inbound packet count so far (a change restarts the media timeout: no event per
+        packet). Only while the transport is up; :class:`TimerFired` with the reason follows."""
+        if self.transport_done or self.state == ENDED:
+            return ""
+        if self.call_deadline and now >= self.call_deadline:
+            return MAX_CALL_REASON
+        if media != self.media_seen:
+            self.media_seen, self.media_at = media, now
+        elif self.media_timeout_s and now - self.media_at >= self.media_timeout_s:
+            return MEDIA_TIMEOUT_REASON
+        return ""
 
     # -- the steps shared by several events ---------------------------------------------
 
@@ -323,6 +365,9 @@ class CallMachine:
 
     def _admit(self, e: Admit) -> tuple[Action, ...]:
         self.process = e.process
+        self.call_deadline = e.now + e.max_call_s if e.max_call_s > 0 else 0.0
+        self.media_timeout_s = e.media_timeout_s
+        self.media_at = e.now
         admitted = Count(f"calls_admitted_{e.transport}")
         return (Count("calls_echo_fallback"), admitted) if e.fallback else (admitted,)
 
@@ -390,6 +435,11 @@ class CallMachine:
         self.agent_done = True
         return (Count("calls_detach_timeout"), *self._release_if_done())
 
+    def _timer_fired(self, e: TimerFired) -> tuple[Action, ...]:
+        if self.transport_done:
+            return _NONE
+        return (Count(TIMER_COUNTERS.get(e.reason, "calls_timer")), *self._hang_up(e.reason, e.leg, e.now))
+
     def _worker_lost(self, e: WorkerLost) -> tuple[Action, ...]:
         return (FORGET_WORKER,)
 
@@ -418,6 +468,7 @@ _HANDLERS: dict[type, Callable[[CallMachine, Any], tuple[Action, ...]]] = {
     BuiltinStopped: CallMachine._agent_side_over,
     Abandon: CallMachine._agent_side_over,
     DetachTimeout: CallMachine._detach_timeout,
+    TimerFired: CallMachine._timer_fired,
     WorkerLost: CallMachine._worker_lost,
     Shutdown: CallMachine._shutdown,
     ForceRelease: CallMachine._force_release,

@@ -10,12 +10,17 @@ Invariants:
   synchronous, so two calls racing for the last slot cannot both get it.
   :meth:`CallTable.refusal` is that rule alone, without taking anything (the
   health answers: SIP OPTIONS, the WebSocket ``/healthz``); ``admit`` asks it
-  first, so the two cannot disagree.
+  first, so the two cannot disagree. A call admitted with a ``source`` (the
+  signalling source address) is counted under it until its release; beyond
+  ``per_source`` live calls of that source ``admit`` refuses (reason ``source``),
+  whatever room the table has (one address cannot take every slot).
 * The gateway creates all four rings of a call (``in``, ``in16``, ``tts``,
   ``out``; capacities a power of two covering ``ring_seconds``) at admission
   and unlinks them exactly once, in :meth:`CallTable.release`, after both the
   transport side and the agent side detached (or the detach timeout fired).
-  A ring creation failure rolls back every ring already created.
+  A ring creation failure rolls back every ring already created. The rings'
+  names carry the call's random ``ring_key`` (``ipc.ring.new_ring_key``), which
+  only the frames to the call's agent and worker carry.
 * The gateway is the single writer of ``in`` and the single owner of the
   ``out`` ring's cut floor; it reads ``out`` through one cursor per call
   whose position is the call's release (playback) position.
@@ -35,7 +40,7 @@ import numpy as np
 from brisvox.gateway.core.call_machine import CallMachine
 from brisvox.gateway.metrics import CallStats
 from brisvox.playout.gate import PlayoutGate
-from ipc.ring import Ring, RingError, RingReader, ring_name
+from ipc.ring import Ring, RingError, RingReader, new_ring_key, ring_name
 
 log = logging.getLogger("brisvox.gateway")
 
@@ -89,8 +94,9 @@ class Call:
 
     def __init__(self, call_id: str, transport: str, agent: str, call_rate: int, tts_rate: int,
                  rings: dict[str, Ring], started_ns: int, frame: int, *, max_marks: int = 64,
-                 pause_max_s: float = 2.5, detach_timeout_s: float = 10.0) -> None:
+                 pause_max_s: float = 2.5, detach_timeout_s: float = 10.0, ring_key: str = "") -> None:
         self.call_id = call_id
+        self.ring_key = ring_key  # in every ring name of the call (CallStart.ring_key, AttachCall.ring_key)
         self.transport = transport
         self.agent = agent
         self.agent_proc = ""  # DEALER identity of the agent process ("" = built-in agent)
@@ -106,6 +112,7 @@ class Call:
         self.machine = CallMachine(detach_timeout_s)  # the lifecycle: only the core feeds it
         self.transport_ids: dict[str, str] = {}
         self.params: dict[str, str] = {}  # bounded by brisvox.wire.jsontext.checked_params
+        self.source = ""  # the source address admission counted it under ("": none given)
         self.caller = ""  # the caller's number (SIP From user, a From/caller parameter)
         self.events = False  # the leg asked for the call's events (CallStart.events; native "events")
         self.called = ""  # the number called (SIP To user, a To/called parameter)
@@ -156,7 +163,7 @@ class Call:
 
 
 class AdmissionError(Exception):
-    """A call was refused. ``reason``: full, draining, rings."""
+    """A call was refused. ``reason``: full, draining, source (its source's share), rings."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
@@ -176,6 +183,7 @@ class CallTable:
         self.ring_seconds = ring_seconds
         self.frame_ms = frame_ms
         self.calls: dict[str, Call] = {}
+        self.by_source: dict[str, int] = {}  # source address -> its live calls (only sources given)
         self.draining = False
         self.refused: dict[str, int] = {}
         self.admitted = 0
@@ -198,16 +206,20 @@ class CallTable:
             return "full"
         return ""
 
-    def admit(self, transport: str, agent: str, call_rate: int, tts_rate: int) -> Call:
+    def admit(self, transport: str, agent: str, call_rate: int, tts_rate: int, *, source: str = "",
+              per_source: int = 0) -> Call:
         reason = self.refusal()
         if reason:
             self._refuse(reason)
+        if source and per_source and self.by_source.get(source, 0) >= per_source:
+            self._refuse("source", f"{per_source} calls from {source}")
         call_id = self.new_id()
         rates = {"in": call_rate, "in16": IN16_RATE, "tts": tts_rate, "out": call_rate}
         rings: dict[str, Ring] = {}
+        ring_key = new_ring_key()  # unguessable names: no other local user can create them first
         try:
             for kind in KINDS:
-                name = ring_name(self.instance, call_id, kind)
+                name = ring_name(self.instance, call_id, kind, ring_key)
                 rings[kind] = Ring.create(name, ring_capacity(rates[kind], self.ring_seconds), rates[kind])
         except (RingError, OSError) as e:
             for r in rings.values():
@@ -218,8 +230,11 @@ class CallTable:
         frame = call_rate * self.frame_ms // 1000
         call = Call(call_id, transport, agent, call_rate, tts_rate, rings, time.monotonic_ns(), frame,
                     max_marks=self.max_marks, pause_max_s=self.pause_max_s,
-                    detach_timeout_s=self.detach_timeout_s)
+                    detach_timeout_s=self.detach_timeout_s, ring_key=ring_key)
         self.calls[call_id] = call
+        if source:
+            call.source = source
+            self.by_source[source] = self.by_source.get(source, 0) + 1
         self.admitted += 1
         return call
 
@@ -235,6 +250,12 @@ class CallTable:
         (When is the call's machine's to say: :mod:`brisvox.gateway.core.lifecycle` asks.)"""
         if self.calls.pop(call.call_id, None) is None:
             return False
+        if call.source:
+            n = self.by_source.get(call.source, 0) - 1
+            if n > 0:
+                self.by_source[call.source] = n
+            else:
+                self.by_source.pop(call.source, None)
         for r in call.rings.values():
             r.unlink()
             r.close()

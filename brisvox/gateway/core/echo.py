@@ -120,7 +120,8 @@ class EchoAgent:
         core = self.core
         try:
             link = await client.attach(call.call_id, core.instance, call.call_rate, call.tts_rate,
-                                       worker=call.worker if call.worker >= 0 else None, gateway=core.identity)
+                                       worker=call.worker if call.worker >= 0 else None, gateway=core.identity,
+                                       ring_key=call.ring_key)
         except AttachError as e:
             log.warning("echo %s: no worker took the call (%s); echoing directly", call.call_id, e)
             core.metrics.inc("echo_attach_failed")

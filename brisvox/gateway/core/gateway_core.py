@@ -223,8 +223,9 @@ class GatewayCore:
     def note_refused(self, reason: str) -> None:
         self.table.refused[reason] = self.table.refused.get(reason, 0) + 1
 
-    def admit(self, transport: str, agent: str, call_rate: int) -> Call:
-        return self.lifecycle.admit(transport, agent, call_rate)
+    def admit(self, transport: str, agent: str, call_rate: int, *, source: str = "",
+              media_timeout_s: float = 0.0) -> Call:
+        return self.lifecycle.admit(transport, agent, call_rate, source=source, media_timeout_s=media_timeout_s)
 
     def start_call(self, call: Call, leg: Leg, on_ready: Callable[[bool, str], None]) -> None:
         self.lifecycle.start_call(call, leg, on_ready)

@@ -49,8 +49,13 @@ class CallHost(Protocol):
 
     # -- admission -----------------------------------------------------------------
 
-    def admit(self, transport: str, agent: str, call_rate: int) -> Call:
-        """Admit a call (rings created). Raises AdmissionError (full, draining, rings)."""
+    def admit(self, transport: str, agent: str, call_rate: int, *, source: str = "",
+              media_timeout_s: float = 0.0) -> Call:
+        """Admit a call (rings created). ``source``: the caller's address (SIP: the signalling
+        source; WebSocket: the client after ``trusted_proxies``), which may hold at most
+        ``[gateway] max_calls_per_source`` live calls ("": not counted); ``media_timeout_s``:
+        hang the call up ("media timeout") after that long without an inbound packet (0: never).
+        Raises AdmissionError (full, draining, source, rings)."""
         ...
 
     def refusal(self) -> str:

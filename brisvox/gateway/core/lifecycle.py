@@ -53,11 +53,13 @@ from brisvox.gateway.core.pacer import Pacer
 from brisvox.gateway.core.peer_load import ECHO, ECHO_TTS_RATE, PeerLoad
 from brisvox.gateway.core.recorder import Recorder
 from brisvox.gateway.metrics import GatewayMetrics
+from brisvox.runtime.log_limit import LogLimiter
 from brisvox.runtime.memory import IdleTrim
 from ipc import frames as F
 from ipc.links import Links
 
 log = logging.getLogger("brisvox.gateway")
+TIMER_LOG = LogLimiter(log)  # a call ended by its timer: one line per reason per minute, the rest counted
 
 ActionHandler = Callable[[Call, Any], None]
 Ready = Callable[[bool, str], None]
@@ -104,14 +106,19 @@ class CallLifecycle:
         for a in call.machine.handle(event):
             handlers[type(a)](call, a)
 
-    def admit(self, transport: str, agent: str, call_rate: int) -> Call:
-        """Admit a call (rings created). Raises AdmissionError (full/draining/rings)."""
+    def admit(self, transport: str, agent: str, call_rate: int, *, source: str = "",
+              media_timeout_s: float = 0.0) -> Call:
+        """Admit a call (rings created) from ``source`` (its share: ``max_calls_per_source``),
+        with a media timeout (0: none). Raises AdmissionError (full/draining/source/rings)."""
         name, proc = self.load.resolve_agent(agent)
         tts_rate = ECHO_TTS_RATE if name == ECHO else self.cfg.tts_rate
-        call = self.table.admit(transport, name, call_rate, tts_rate)  # AdmissionError: counted there
+        per_source = self.cfg.source_call_limit(self.table.max_calls)
+        # AdmissionError: counted there
+        call = self.table.admit(transport, name, call_rate, tts_rate, source=source, per_source=per_source)
         self.idle_trim.note(len(self.table))
         call.agent_proc = proc
-        self.feed(call, M.Admit(transport, process=bool(proc), fallback=name == ECHO and agent != ECHO))
+        self.feed(call, M.Admit(transport, process=bool(proc), fallback=name == ECHO and agent != ECHO,
+                                now=self.now(), max_call_s=self.cfg.max_call_s, media_timeout_s=media_timeout_s))
         return call
 
     def start_call(self, call: Call, leg: Leg, on_ready: Ready) -> None:
@@ -155,10 +162,19 @@ class CallLifecycle:
                 self.feed(call, WORKER_LOST)
 
     def expire_detaches(self, now: float) -> None:
-        """Release the calls whose agent did not answer CallEnd within ``detach_timeout_s``."""
+        """Every report period, each call's timers: release the calls whose agent did not answer
+        CallEnd within ``detach_timeout_s``, hang up those past ``max_call_s`` or their media
+        timeout (:meth:`~brisvox.gateway.core.call_machine.CallMachine.timer`)."""
         for call in list(self.table.calls.values()):
-            if call.machine.detach_overdue(now):
+            machine = call.machine
+            if machine.detach_overdue(now):
                 self.feed(call, DETACH_TIMEOUT)
+                continue
+            reason = machine.timer(now, call.stats.packets_in)
+            if reason:
+                TIMER_LOG(reason, "call %s (%s): %s, hanging up", call.call_id, call.transport,
+                            reason, level=logging.INFO)
+                self.feed(call, M.TimerFired(reason, call.leg is not None, now))
 
     # -- the gateway's stop ----------------------------------------------------------------------
 
@@ -254,7 +270,7 @@ class CallLifecycle:
             call_rate=call.call_rate, tts_rate=call.tts_rate, worker=call.worker,
             instance=self.instance, started_ns=call.started_ns,
             transport_ids=dict(call.transport_ids) or None, params=dict(call.params) or None,
-            caller=call.caller, called=call.called, events=call.events,
+            caller=call.caller, called=call.called, events=call.events, ring_key=call.ring_key,
         )
         try:
             reply = await self.links.request(proc, frame, self.cfg.agent_timeout_s)

@@ -12,10 +12,25 @@ returns a :class:`Grant` (let in, with what a signed token fixes) or a
 
 Invariants:
 
-* A check that is not configured lets everyone in (no ``native_secret``, no
-  ``twilio_auth_token``: config validation allows that only on a loopback
-  listener, or with ``allow_unauthenticated``); a configured one never lets
-  in a request without its credential.
+* A check that is not configured (no ``native_secret``, no ``plivo_auth_token``)
+  lets everyone in only with ``allow_unauthenticated``, or on a loopback listener
+  with ``trust_loopback = true`` (:func:`unconfigured`); else it refuses every
+  request (403 ``ws_refused_unconfigured``): loopback is not trusted by default (a
+  same-host TLS proxy makes it public). Twilio's check without
+  ``twilio_auth_token`` lets everyone in (its one-time stream token is checked at
+  ``start``: :mod:`brisvox.gateway.control.stream_tokens`). A configured check never
+  lets in a request without its credential.
+* A signed token is let in once: after every other check passed its ``jti`` is
+  spent (:class:`~brisvox.gateway.ws.spent_tokens.SpentTokens`, one table per
+  process: :data:`SPENT`); presented again before it expires it is refused 401
+  ``ws_refused_token_replay`` (503 ``ws_refused_token_table`` when
+  ``spent_tokens_max`` live ids are held). A token whose lifetime (``exp - iat``,
+  or what is left of it, ``exp - now``) exceeds ``max_token_ttl_s`` is refused 401
+  ``ws_refused_token_ttl``. A token names its audience: a playground token
+  (:data:`PLAYGROUND_AUD`) is refused on every route (401
+  ``ws_refused_token_route``); it opens only the playground's own WebSocket.
+* A listener with ``playground_only`` refuses every native route (404
+  ``ws_refused_playground_only``): it serves the playground alone.
 * Secrets, token MACs and signatures are compared in constant time
   (``hmac.compare_digest``); a refusal body never says which part was wrong
   beyond "bad", "expired" or "not for this agent".
@@ -29,28 +44,24 @@ Invariants:
   Plivo: ``X-Plivo-Signature-V3`` (or ``-Ma-V3``) is one of the V3 signatures
   of the same URL and ``X-Plivo-Signature-V3-Nonce``, keyed with
   ``plivo_auth_token`` (:func:`brisvox.wire.plivo.signature`); else 403.
-  Until ``[websocket]`` validates that key, a Plivo route without it is open
-  only on a loopback listener or with ``allow_unauthenticated``; on any
-  other it refuses every request (403 ``ws_refused_unconfigured``).
+  A Plivo route without it is :func:`unconfigured` (first invariant).
   Telnyx does not sign its media WebSocket: the credential is the stream
   token Telnyx sends as ``x-telnyx-streaming-auth-token`` (the Call Control
   ``stream_auth_token``), else ``?token=<c>`` in the ``stream_url``; ``c`` is
   checked as a native one (``native_secret``, or a signed token for the
-  route's agent, whose parameters replace the stream's); else 401. Until
-  ``[websocket]`` requires ``native_secret`` for Telnyx routes, one without
-  it is open only on a loopback listener or with ``allow_unauthenticated``,
-  and refuses every request on any other (403 ``ws_refused_unconfigured``).
+  route's agent, whose parameters replace the stream's); else 401. A Telnyx
+  route without ``native_secret`` is :func:`unconfigured`, as is a native one.
   Vonage signs its webhooks, not its WebSocket (the endpoint's
   ``authorization`` of type ``custom`` sends a value of the application's
   choosing): the credential is the native one, ``Authorization: Bearer <c>``
   or ``?token=<c>`` in the endpoint's ``uri``, checked as a Telnyx token
   (a signed token's parameters replace the connected event's headers);
-  without ``native_secret`` the same loopback-only rule holds.
+  without ``native_secret`` the same :func:`unconfigured` rule holds.
   Exotel signs nothing (IP whitelisting or Basic auth in the applet's URL):
   the credential is the password of ``Authorization: Basic`` (what Exotel
   sends for ``wss://user:<c>@host/path``; the user name is free), else
   ``?token=<c>``, checked as a Telnyx token; the header, when sent, is the
-  credential; without ``native_secret`` the same loopback-only rule holds.
+  credential; without ``native_secret`` the same :func:`unconfigured` rule holds.
 * Origin: a request without an ``Origin`` header (Twilio, server-side
   clients) passes; one with it passes only if ``allowed_origins`` holds
   ``"*"`` or that origin (case-insensitive, without a trailing ``/``); else
@@ -67,6 +78,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from brisvox.gateway.config import is_loopback
+from brisvox.gateway.ws import spent_tokens
+from brisvox.gateway.ws.spent_tokens import SpentTokens
 from brisvox.wire import exotel, native, plivo, telnyx, twilio
 
 
@@ -93,7 +106,15 @@ BAD_SIGNATURE = Refusal(403, "bad X-Twilio-Signature\n", "ws_refused_signature")
 BAD_PLIVO_SIGNATURE = Refusal(403, "bad X-Plivo-Signature-V3\n", "ws_refused_signature")
 UNCONFIGURED = Refusal(403, "no credential configured for this route\n", "ws_refused_unconfigured")
 BAD_ORIGIN = Refusal(403, "origin not allowed\n", "ws_refused_origin")
+REPLAYED_TOKEN = Refusal(401, "token already used\n", "ws_refused_token_replay")
+LONG_TOKEN = Refusal(401, "token lifetime too long\n", "ws_refused_token_ttl")
+WRONG_ROUTE = Refusal(401, "token not for this route\n", "ws_refused_token_route")
+TOKENS_FULL = Refusal(503, "too many live tokens\n", "ws_refused_token_table")
+PLAYGROUND_ONLY = Refusal(404, "this listener serves the playground only\n", "ws_refused_playground_only")
 MAX_TTL_S = 7 * 86400  # mint_token refuses a longer lifetime
+PLAYGROUND_AUD = "playground"  # the audience of the playground's tokens (brisvox/gateway/ws/playground.py)
+ROUTES_AUD = ("",)  # the audiences a route lets in: tokens of ``brisvox token`` / mint_token
+SPENT = SpentTokens()  # the process's spent token ids (module invariants)
 
 
 def _one(headers: Mapping[str, str], name: str) -> str | None:
@@ -129,52 +150,66 @@ def _credentials(path: str, headers: Mapping[str, str]) -> list[str] | None:
 
 
 def native_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    if cfg.playground_only:
+        return PLAYGROUND_ONLY
     if not cfg.native_secret:
-        return OPEN
-    return _secret_or_token(cfg.native_secret, route, _credentials(path, headers))
+        return unconfigured(cfg)
+    return _secret_or_token(cfg, cfg.native_secret, route, _credentials(path, headers))
 
 
-def token_auth(secret: str, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+def token_auth(cfg: Any, secret: str, route: Any, path: str, headers: Mapping[str, str],
+               audiences: tuple[str, ...] = ROUTES_AUD) -> Refusal | Grant:
     """The native credential checked against ``secret`` whatever the config says (the
-    playground's key: ``native_secret`` or its own, brisvox/gateway/ws/playground.py)."""
-    return _secret_or_token(secret, route, _credentials(path, headers))
+    playground's key: ``native_secret`` or its own, brisvox/gateway/ws/playground.py), a
+    signed token only for one of ``audiences``."""
+    return _secret_or_token(cfg, secret, route, _credentials(path, headers), audiences)
 
 
-def _secret_or_token(secret: str, route: Any, creds: list[str] | None) -> Refusal | Grant:
-    """The first of ``creds`` that is ``secret`` itself or a live signed token for the route's agent."""
+def _secret_or_token(cfg: Any, secret: str, route: Any, creds: list[str] | None,
+                     audiences: tuple[str, ...] = ROUTES_AUD) -> Refusal | Grant:
+    """The first of ``creds`` that is ``secret`` itself or a live signed token for the route's
+    agent and one of ``audiences``, within ``max_token_ttl_s``, not spent before (it is now)."""
     if not creds:
         return BAD_TOKEN
     refusal = BAD_TOKEN
+    now = time.time()
     for cred in creds:
         if hmac.compare_digest(cred.encode(), secret.encode()):
             return OPEN
         try:
-            tok = native.open_token(secret, cred, time.time())
+            tok = native.open_token(secret, cred, now)
         except native.TokenError as e:
             if refusal is BAD_TOKEN and e.kind == "expired":
                 refusal = EXPIRED_TOKEN
             continue
         if not hmac.compare_digest(tok.agent.encode(), route.agent.encode()):
             refusal = WRONG_AGENT
-            continue
-        return Grant(tok.params)
+        elif tok.aud not in audiences:
+            refusal = WRONG_ROUTE
+        elif max(tok.exp - tok.iat, tok.exp - now) > cfg.max_token_ttl_s:
+            refusal = LONG_TOKEN
+        else:
+            spent = SPENT.spend(tok.jti, tok.exp, now, cfg.spent_tokens_max)
+            if spent == spent_tokens.SPENT:
+                return Grant(tok.params)
+            refusal = REPLAYED_TOKEN if spent == spent_tokens.REPLAYED else TOKENS_FULL
     return refusal
 
 
 def telnyx_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.native_secret:
-        return OPEN if is_loopback(cfg.host) or cfg.allow_unauthenticated else UNCONFIGURED
+        return unconfigured(cfg)
     header = _one(headers, telnyx.AUTH_HEADER)
     if header is None:
         return BAD_TOKEN
     creds = [header] if header else parse_qs(urlsplit(path).query).get("token", [])[:1]
-    return _secret_or_token(cfg.native_secret, route, [c for c in creds if c])
+    return _secret_or_token(cfg, cfg.native_secret, route, [c for c in creds if c])
 
 
 def vonage_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
     if not cfg.native_secret:
         return unconfigured(cfg)
-    return _secret_or_token(cfg.native_secret, route, _credentials(path, headers))
+    return _secret_or_token(cfg, cfg.native_secret, route, _credentials(path, headers))
 
 
 def exotel_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
@@ -184,7 +219,7 @@ def exotel_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
     if header is None:
         return BAD_TOKEN
     creds = [exotel.basic_password(header)] if header else parse_qs(urlsplit(path).query).get("token", [])[:1]
-    return _secret_or_token(cfg.native_secret, route, [c for c in creds if c])
+    return _secret_or_token(cfg, cfg.native_secret, route, [c for c in creds if c])
 
 
 def twilio_signed(token: str, headers: Mapping[str, str], url: str,
@@ -207,8 +242,9 @@ def twilio_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
 
 def unconfigured(cfg: Any) -> Refusal | Grant:
     """The check of a route whose credential is not configured: open on a loopback listener
-    or with ``allow_unauthenticated``, else every request refused."""
-    return OPEN if is_loopback(cfg.host) or cfg.allow_unauthenticated else UNCONFIGURED
+    with ``trust_loopback``, or with ``allow_unauthenticated``, else every request refused."""
+    trusted = cfg.trust_loopback and is_loopback(cfg.host)
+    return OPEN if trusted or cfg.allow_unauthenticated else UNCONFIGURED
 
 
 def plivo_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
@@ -225,12 +261,14 @@ def plivo_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> R
 
 
 def mint_token(secret: str, agent: str, ttl_s: float = 300.0, params: dict[str, str] | None = None,
-               now: float | None = None) -> str:
-    """A signed token for the native route serving ``agent``, valid ``ttl_s`` seconds from
-    ``now`` (default: the wall clock). Raises ValueError without a secret or a sane TTL."""
+               now: float | None = None, aud: str = "") -> str:
+    """A signed single-use token for the native route serving ``agent`` (``aud`` "": the routes;
+    :data:`PLAYGROUND_AUD`: the playground only), valid ``ttl_s`` seconds from ``now``
+    (default: the wall clock), with a random ``jti``. Raises ValueError without a secret or a
+    sane TTL (a gateway lets in at most its ``max_token_ttl_s``)."""
     if not secret:
         raise ValueError("no native_secret: set [websocket] native_secret to issue tokens")
     if not 0 < ttl_s <= MAX_TTL_S:
         raise ValueError(f"ttl must be within 0..{MAX_TTL_S} s, got {ttl_s}")
     t = time.time() if now is None else now
-    return native.sign_token(secret, agent, int(t + ttl_s), params)
+    return native.sign_token(secret, agent, int(t + ttl_s), params, iat=int(t), aud=aud)

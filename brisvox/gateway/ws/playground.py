@@ -9,9 +9,12 @@ on a loopback address) and the HTTP requests under :data:`PREFIX`:
 * ``GET /playground/agents``: ``{"agents": [...], "rate", "ttl_s"}``, the agents a native
   route serves (its ``agent`` and ``agents``), the only ones the page can reach;
 * ``POST /playground/token?agent=NAME``: ``{"token", "path", "ttl_s"}``, a signed native
-  token (:func:`brisvox.gateway.ws.auth.mint_token`) for that agent, :data:`TTL_S` seconds;
-  on a listener that is not on loopback only for ``Authorization: Bearer <native_secret>``
-  (the page asks the operator for it), else 401: loading the page is not enough to call;
+  token (:func:`brisvox.gateway.ws.auth.mint_token`) for that agent and the playground only
+  (audience :data:`~brisvox.gateway.ws.auth.PLAYGROUND_AUD`: every route refuses it),
+  :data:`TTL_S` seconds (at most ``max_token_ttl_s``), single-use; only for
+  ``Authorization: Bearer <native_secret>`` (the page asks the operator for it), on a
+  ``playground_only`` listener, or on a loopback one with ``trust_loopback = true``; else
+  401: loading the page is not enough to call;
 * the WebSocket upgrade of ``/playground/ws/<agent>?token=...``: the native protocol
   (:class:`~brisvox.gateway.carriers.native.NativeSession`, the page asks ``"events": true``).
 
@@ -29,9 +32,11 @@ Invariants:
   ``Origin`` that is the page's own (``http(s)://<Host>``) or an exact ``allowed_origins``
   entry (``"*"`` does not count here); else 403 ``ws_refused_origin``. The upgrade without
   ``Origin`` (a server-side client) still needs the token.
-* The upgrade needs a live token for exactly the agent of its path (or the static
-  ``native_secret``), else 401 (``ws_refused_auth``, ``ws_refused_token_expired``,
-  ``ws_refused_token_agent``: the native route's checks, :func:`ws_auth.token_auth`); an
+* The upgrade needs a live, unspent token for exactly the agent of its path (a
+  playground token or one of ``brisvox token``; or the static ``native_secret``), else
+  401 (``ws_refused_auth``, ``ws_refused_token_expired``, ``ws_refused_token_agent``,
+  ``ws_refused_token_replay``, ``ws_refused_token_ttl``: the native route's checks,
+  :func:`ws_auth.token_auth`); an
   agent no native route serves is 404 (``ws_refused_agent``, as is minting for it).
 * A POST elsewhere goes to Twilio's webhook when ``twiml_path`` is set, else it is
   refused 400 ``ws_refused_handshake`` as the websockets library refuses it.
@@ -58,7 +63,7 @@ from websockets.streams import StreamReader
 
 from brisvox.gateway.config import AGENT_RE, WsRoute, is_loopback
 from brisvox.gateway.control.twiml import http_answer
-from brisvox.gateway.ws.auth import BAD_ORIGIN, Refusal, mint_token, token_auth
+from brisvox.gateway.ws.auth import BAD_ORIGIN, PLAYGROUND_AUD, Refusal, mint_token, token_auth
 
 if TYPE_CHECKING:
     from brisvox.gateway.ws.server import WebSocketServer, WsConnection
@@ -84,8 +89,11 @@ NO_AGENT = Refusal(404, "no such agent\n", "ws_refused_agent")
 
 
 def enabled(cfg: Any) -> bool:
-    """``[websocket] playground``, or unset: on exactly when the listener is on loopback."""
-    return bool(cfg.enabled) and (cfg.playground if cfg.playground is not None else is_loopback(cfg.host))
+    """``[websocket] playground``, or unset: on exactly when the listener is on loopback (or
+    ``playground_only``)."""
+    if cfg.playground is None:
+        return bool(cfg.enabled) and (cfg.playground_only or is_loopback(cfg.host))
+    return bool(cfg.enabled) and cfg.playground
 
 
 def native_agents(cfg: Any) -> list[str]:
@@ -122,6 +130,7 @@ class Playground:
         self.cfg = server.cfg
         self.key = self.cfg.native_secret or secrets.token_urlsafe(32)  # per process without a secret
         self.agents = native_agents(self.cfg)
+        self.ttl_s = int(min(TTL_S, self.cfg.max_token_ttl_s))  # the gateway lets in no longer lifetime
         self._files: dict[str, bytes] = {}
 
     # -- checks ---------------------------------------------------------------------------
@@ -162,7 +171,7 @@ class Playground:
             conn.reject(refusal.status, refusal.text, refusal.counter)
             return
         if path == f"{PREFIX}/agents":
-            body = orjson.dumps({"agents": self.agents, "rate": RATE, "ttl_s": TTL_S})
+            body = orjson.dumps({"agents": self.agents, "rate": RATE, "ttl_s": self.ttl_s})
             self._send(conn, 200, body, "application/json")
             return
         file = FILES.get(path[len(PREFIX):])
@@ -177,7 +186,7 @@ class Playground:
             refusal = NO_AGENT
         route = WsRoute(f"{WS_PREFIX}{agent}", "native", agent)
         if refusal is None:
-            verdict = token_auth(self.key, route, req.path, req.headers)
+            verdict = token_auth(self.cfg, self.key, route, req.path, req.headers, (PLAYGROUND_AUD, ""))
             if isinstance(verdict, Refusal):
                 refusal = verdict
             else:
@@ -216,14 +225,21 @@ class Playground:
         refusal = self.host_refusal(headers) or self.origin_refusal(headers, required=True)
         if refusal is not None:
             return self._refuse(conn, refusal)
-        if not is_loopback(self.cfg.host) and not self.operator(headers):
+        if not self.may_mint(headers):
             return self._refuse(conn, Refusal(401, "the operator's credential is needed\n", "ws_refused_auth"))
         agent = parse_qs(urlsplit(path).query).get("agent", [""])[0]
         if agent not in self.agents:
             return self._refuse(conn, NO_AGENT)
         server.count("ws_playground_tokens")
-        body = {"token": mint_token(self.key, agent, TTL_S), "path": f"{WS_PREFIX}{agent}", "ttl_s": TTL_S}
+        token = mint_token(self.key, agent, self.ttl_s, aud=PLAYGROUND_AUD)
+        body = {"token": token, "path": f"{WS_PREFIX}{agent}", "ttl_s": self.ttl_s}
         return response(200, orjson.dumps(body), "application/json")
+
+    def may_mint(self, headers: Headers) -> bool:
+        """Who gets a token: the holder of ``native_secret`` (:meth:`operator`), anyone on a
+        ``playground_only`` listener or on a loopback one with ``trust_loopback``."""
+        cfg = self.cfg
+        return self.operator(headers) or cfg.playground_only or (cfg.trust_loopback and is_loopback(cfg.host))
 
     def operator(self, headers: Headers) -> bool:
         """``Authorization: Bearer <native_secret>``: who may mint on a listener others can reach."""

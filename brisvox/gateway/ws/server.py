@@ -14,15 +14,37 @@ all connections (``recv_into``; a plain ``asyncio.Protocol`` makes asyncio
 allocate a fresh 256 KiB bytes object per read, about 17 us each); once the
 handshake is done, complete unfragmented data frames are split and unmasked
 here (:mod:`brisvox.wire.ws_framing`, unmasked by the library's C
-``apply_mask``), control frames go to the library
-whole, and anything unusual hands the rest of the stream to the library for
-good; outbound data frames are written with a prebuilt header while the
-connection is open.
+``apply_mask``), fragmented messages are reassembled here too
+(:class:`~brisvox.gateway.ws.inbound.Reassembly`), control frames go to the
+library whole, and only a frame the library must refuse (reserved bits, no
+mask, an unknown opcode, over ``max_message_bytes``) hands it the rest of the
+stream, which it fails with its code; outbound data frames are written with a
+prebuilt header while the connection is open. The request head is fed to the
+library alone (up to its blank line), so frames sent in the same read as the
+head take the fast path as well.
 
 Invariants:
 
+* Accept time (:mod:`brisvox.gateway.ws.listener`, before a transport or a
+  protocol exists): a TCP peer that already holds ``max_half_open_per_source``
+  half-open connections (accepted, not upgraded; a trusted proxy has no such
+  cap) gets its new one reset at once (``ws_dropped_half_open_source``); with
+  ``max_half_open`` half-open connections in all (default: from the file
+  limit, :func:`~brisvox.gateway.ws.half_open.auto_cap`) the oldest one is
+  reset to make room (``ws_evicted_half_open``), so a health check or a
+  caller's handshake still gets in while a flood holds the table. One
+  LogLimiter line each; live calls are never half-open.
+* After the handshake a connection's frames, bytes and control frames per
+  second are within ``max_frames_per_s``, ``max_bytes_per_s`` and
+  ``max_control_frames_per_s`` (:class:`~brisvox.gateway.ws.inbound.FrameBudget`),
+  and a control frame is answered only while its unsent bytes are within
+  ``max_send_buffer_bytes``; otherwise the connection is closed 1008 with
+  the reason (``ws_closed_frame_rate``, ``ws_closed_byte_rate``,
+  ``ws_closed_control_rate``, ``ws_closed_send_buffer``), nothing more it
+  sent is read and the TCP connection is dropped within ``CLOSE_TIMEOUT_S``.
 * A message larger than ``max_message_bytes`` fails the connection with
-  close code 1009 before it is buffered (the frame header is enough); a
+  close code 1009 before it is buffered (the frame header is enough; for a
+  fragmented one, the fragment that would pass it); a
   handshake that does not finish in ``HANDSHAKE_TIMEOUT_S`` is dropped.
 * A request's source (the key of every per-source limit) is its TCP peer's
   address, or, when the peer is one of ``trusted_proxies`` and the request
@@ -73,6 +95,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
@@ -88,6 +111,7 @@ from brisvox.gateway.config import HEALTHZ_PATH, WebSocketConfig, WsRoute, is_lo
 from brisvox.gateway.control import twilio_rest
 from brisvox.gateway.control import twiml as twiml_webhook
 from brisvox.gateway.core.leg import SESSION_LOG
+from brisvox.gateway.metrics import WS_FLOOD_COUNTERS
 from brisvox.gateway.proxies import (
     DIRECT,
     FORWARDED,
@@ -99,6 +123,9 @@ from brisvox.gateway.rate_limits import process_storage
 from brisvox.gateway.ws import playground
 from brisvox.gateway.ws.auth import OPEN as OPEN_GRANT
 from brisvox.gateway.ws.auth import Grant, Refusal, origin_refusal
+from brisvox.gateway.ws.half_open import HalfOpenTable, auto_cap
+from brisvox.gateway.ws.inbound import FrameBudget, Reassembly
+from brisvox.gateway.ws.listener import Acceptor
 from brisvox.gateway.ws.log import LibraryLog
 from brisvox.runtime.log_limit import LogLimiter
 from brisvox.wire import ws_framing
@@ -112,6 +139,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 CLOSE_TIMEOUT_S = 2.0
 RECV_BUFFER_BYTES = 65536  # the one receive buffer of all connections (a read never exceeds it)
 OPEN = State.OPEN
+CLOSED = State.CLOSED
 HEALTHZ_PER_S = 50  # /healthz requests per source per second (moving window); 429 beyond
 HEALTHZ_RETRY_AFTER = {"draining": "30", "full": "10"}  # as the SIP OPTIONS answer says it
 
@@ -154,9 +182,12 @@ class WsConnection(asyncio.BufferedProtocol):
         self.counted_as = ""  # the key of the server's open-connection count this connection holds
         self.grant: Grant = OPEN_GRANT  # what the handshake's credential fixes (a signed token's params)
         self.closed = False
-        self._frag_op: Opcode | None = None
-        self._frag: list[bytes] = []
-        self._frag_size = 0
+        self.evicted = False  # dropped from the half-open table before its transport existed
+        cfg = server.cfg
+        self.budget = FrameBudget(cfg.max_frames_per_s, cfg.max_bytes_per_s, cfg.max_control_frames_per_s)
+        self.reassembly = Reassembly(cfg.max_message_bytes)
+        self._stopped = False  # closed for abuse: nothing more it sends is read
+        self._tail = b""  # the last bytes of the request head so far (its blank line may straddle reads)
         self._timer: asyncio.TimerHandle | None = None
         self._close_code = 1006
         self._close_reason = ""
@@ -173,6 +204,9 @@ class WsConnection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not asyncio.Transport
         self.peer = transport.get_extra_info("peername") or ("", 0)
         self.source = str(self.peer[0]) if self.peer else ""
+        if self.evicted:  # the half-open table gave its place to a newer connection meanwhile
+            self._abort()
+            return
         self.server.opened(self)
         self._timer = self.server.loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_timeout)
 
@@ -184,6 +218,8 @@ class WsConnection(asyncio.BufferedProtocol):
         if not self._fast:
             self.data_received(bytes(view[:nbytes]))
             return
+        if self._stopped or not self._budget_read(nbytes):
+            return
         if self._pending:
             data: bytes | memoryview = self._pending + view[:nbytes]
             self._pending = b""
@@ -191,24 +227,52 @@ class WsConnection(asyncio.BufferedProtocol):
         else:
             self._receive_frames(view, nbytes)
 
+    def _budget_read(self, nbytes: int) -> bool:
+        if self.budget.read(nbytes, self.server.loop.time()):
+            return True
+        self._abuse("ws_closed_byte_rate", f"policy: more than {self.budget.max_bytes} bytes/s")
+        return False
+
+    def _head_end(self, data: bytes) -> int:
+        """Where the request head ends in ``data`` (just after its blank line), or -1 if not in it."""
+        probe = self._tail + data
+        i = probe.find(b"\r\n\r\n")
+        if i < 0:
+            self._tail = probe[-3:]
+            return -1
+        return i + 4 - len(self._tail)
+
     def data_received(self, data: bytes) -> None:
-        """The library's path: the handshake, and the stream after anything unusual."""
+        """The library's path: the request head (the library sees nothing after its blank line
+        before the upgrade), and the stream after a frame it must refuse."""
         if self.webhook is not None or (data[:5] == b"POST " and self.session is None and self.server.webhook):
             self.webhook = self.webhook or self.server.webhook.request(self)  # type: ignore[union-attr]
             self.webhook.feed(data)
             return
         proto = self.proto
-        proto.receive_data(data)
         shaking = self.session is None
+        rest = b""
+        if shaking and not self._refused:
+            cut = self._head_end(data)
+            if cut >= 0:
+                data, rest = data[:cut], data[cut:]
+        proto.receive_data(data)
         self._events()
         if shaking and self.session is None and proto.handshake_exc is not None and not self._refused:
             self._bad_handshake(proto.handshake_exc)
-        if shaking and self.session is not None and proto.state is OPEN \
-                and data.endswith(b"\r\n\r\n") and not proto.reader.buffer:
-            # the handshake ended exactly at the end of this read: the library's parser
-            # waits at a frame boundary, so the frames that follow can be split here
+        if shaking and self.session is not None and proto.state is OPEN and not proto.reader.buffer:
+            # the library saw the head and nothing after it: its parser waits at a frame
+            # boundary, so every frame from here on is split here
             self._fast = True
         self._flush()
+        if rest and not self.closed:
+            if self._fast:
+                if self._budget_read(len(rest)):
+                    self._receive_frames(rest, len(rest))
+            else:
+                proto.receive_data(rest)
+                self._events()
+                self._flush()
 
     def _events(self) -> None:
         try:
@@ -221,48 +285,111 @@ class WsConnection(asyncio.BufferedProtocol):
             self._session_error(e)
 
     def _receive_frames(self, data: bytes | memoryview, end: int) -> None:
-        """Fast mode: deliver the complete data frames of ``data[:end]`` (see ws_framing)."""
+        """Fast mode: deliver the messages of the complete frames of ``data[:end]`` (see ws_framing),
+        within the connection's frame budget. Closing (our close sent), data is dropped and control
+        frames still go to the library; once closed, nothing more is looked at."""
         proto = self.proto
         scan = ws_framing.scan
         max_size = self.max_size
+        budget = self.budget
+        left = budget.frames_left()
+        granted = left
         pos = 0
         try:
             while pos < end:
                 kind, h, n = scan(data, pos, end, True, max_size)
-                if kind == ws_framing.DATA:
-                    start = pos + h
-                    # websockets' C apply_mask takes any buffer (no copy of the view); its stub says bytes
-                    payload = apply_mask(data[start:start + n], data[start - 4:start])  # type: ignore[arg-type]
-                    first = data[pos]
-                    pos = start + n
-                    s = self.session
-                    if s is not None:
-                        if first == ws_framing.TEXT:
-                            s.on_text(payload)
-                        else:
-                            s.on_binary(payload)
-                elif kind == ws_framing.CONTROL:
-                    proto.receive_data(bytes(data[pos:pos + h + n]))
-                    pos += h + n
-                    self._events()
-                    self._flush()  # a pong or close echo goes out before anything sent after it
-                elif kind == ws_framing.MORE:
+                if kind == ws_framing.MORE:
                     self._pending = bytes(data[pos:end])
                     return
-                else:
+                if kind == ws_framing.OTHER:
                     break
-                if proto.state is not OPEN or self.closed:
-                    break
+                left -= 1
+                if left < 0:
+                    self._abuse("ws_closed_frame_rate", f"policy: more than {budget.max_frames} frames/s")
+                    return
+                start = pos + h
+                first = data[pos]
+                if kind == ws_framing.CONTROL:
+                    if not self._control_allowed():
+                        return
+                    proto.receive_data(bytes(data[pos:start + n]))
+                    pos = start + n
+                    self._events()
+                    self._flush()  # a pong or close echo goes out before anything sent after it
+                    if proto.state is CLOSED or self.closed:
+                        return
+                    continue
+                reasm = self.reassembly
+                if kind == ws_framing.FRAGMENT or reasm.opcode:
+                    refusal = reasm.check(first, n)
+                    if refusal is not None:
+                        self._refuse_frame(*refusal)
+                        return
+                # websockets' C apply_mask takes any buffer (no copy of the view); its stub says bytes
+                payload = apply_mask(data[start:start + n], data[start - 4:start])  # type: ignore[arg-type]
+                pos = start + n
+                if kind == ws_framing.FRAGMENT:
+                    done = reasm.add(first, payload)
+                    if done is None:
+                        continue
+                    first = ws_framing.TEXT if done[0] == 1 else ws_framing.BINARY
+                    payload = done[1]
+                s = self.session
+                if s is not None and proto.state is OPEN:
+                    if first == ws_framing.TEXT:
+                        s.on_text(payload)
+                    else:
+                        s.on_binary(payload)
+                if self.closed or self._stopped:
+                    return
             else:
                 return
         except Exception as e:  # noqa: BLE001 - one connection's failure closes that connection
             self._session_error(e)
-        # closing, or a frame this path does not handle: the library takes the rest for good
+            return
+        finally:
+            budget.spend(granted - max(left, 0))
+        # a frame the library must refuse: it takes the rest and fails the connection with its code
         self._fast = False
-        if pos < end and not self.closed:
+        self.reassembly.reset()
+        if not self.closed:
             proto.receive_data(bytes(data[pos:end]))
             self._events()
         self._flush()
+
+    def _control_allowed(self) -> bool:
+        """A control frame may be answered: within its budget, and our unsent bytes within the bound."""
+        if not self.budget.control_frame():
+            self._abuse("ws_closed_control_rate",
+                        f"policy: more than {self.budget.max_control} control frames/s")
+            return False
+        t = self.transport
+        if t is not None and t.get_write_buffer_size() > self.max_buffer:
+            self._abuse("ws_closed_send_buffer", "policy: send buffer full (pongs not read)")
+            return False
+        return True
+
+    def _refuse_frame(self, code: int, reason: str) -> None:
+        """A fragment the fast path refuses (RFC 6455: 1002; over max_message_bytes: 1009)."""
+        self.server.count("ws_refused_frame_1009" if code == 1009 else "ws_refused_frame_1002")
+        self.server.bad(f"ws_frame_{code}", "websocket from %s: %s, closed %d", self.source, reason, code,
+                        level=logging.INFO)
+        self.reassembly.reset()
+        self.close(code, reason)
+
+    def _abuse(self, counter: str, reason: str) -> None:
+        """Over a budget: close 1008 with ``reason``, read nothing more; the close timer drops it."""
+        self.server.count(counter)
+        self.server.bad(counter, "websocket from %s closed 1008: %s", self.source, reason, level=logging.INFO)
+        self._stopped = True
+        self.reassembly.reset()
+        self.close(1008, reason)
+        t = self.transport
+        if t is not None and not t.is_closing():
+            try:
+                t.pause_reading()
+            except (RuntimeError, AttributeError):  # already paused or closing
+                pass
 
     def _session_error(self, e: Exception) -> None:
         self.server.count("ws_session_errors")
@@ -279,6 +406,7 @@ class WsConnection(asyncio.BufferedProtocol):
         self.closed = True
         if self._timer is not None:
             self._timer.cancel()
+        self.reassembly.reset()
         self.server.released(self)
         if self.proto.close_rcvd is not None:
             self._close_code = self.proto.close_rcvd.code
@@ -384,26 +512,18 @@ class WsConnection(asyncio.BufferedProtocol):
             self._timer = None
         self.route = route
         self.request = req
+        server.half_open.remove(self)  # upgraded: no longer half-open
         self.session = server.make_session(self, route, req)
 
     # -- frames -----------------------------------------------------------------
 
     def _frame(self, frame: Any) -> None:
+        """A frame the library parsed: control frames (the fast path hands it those), and whole data
+        frames only in a stream it is failing anyway (the fast path reassembles every fragment)."""
         op = frame.opcode
         if op is Opcode.TEXT or op is Opcode.BINARY:
             if frame.fin:
                 self._message(op, frame.data)
-            else:
-                self._frag_op = op
-                self._frag = [frame.data]
-        elif op is Opcode.CONT:
-            if self._frag_op is None:
-                return
-            self._frag.append(frame.data)
-            if frame.fin:
-                op2, parts = self._frag_op, self._frag
-                self._frag_op, self._frag = None, []
-                self._message(op2, b"".join(parts))
         elif op is Opcode.CLOSE:
             if self.proto.close_rcvd is not None:
                 self._close_code = self.proto.close_rcvd.code
@@ -440,6 +560,11 @@ class WsConnection(asyncio.BufferedProtocol):
     def _abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def evict(self) -> None:
+        """The half-open table dropped it for a newer connection: reset now (or once it has a transport)."""
+        self.evicted = True
+        self._abort()
 
     def can_send(self) -> bool:
         t = self.transport
@@ -497,7 +622,7 @@ class WebSocketServer:
         self.cfg = cfg
         self.transports = transports  # protocol -> its registry row (brisvox/gateway/transports.py)
         self.loop = asyncio.get_event_loop()
-        self.server: asyncio.base_events.Server | None = None
+        self.acceptor: Acceptor | None = None  # the listening sockets, once started
         self.connections: set[WsConnection] = set()
         self.counters: dict[str, int] = {}
         self.per_source: dict[str, int] = {}  # source IP -> open connections
@@ -509,6 +634,9 @@ class WebSocketServer:
         self._healthz_rate = RateLimitItemPerSecond(HEALTHZ_PER_S)
         self._healthz_limiter = strategies.MovingWindowRateLimiter(process_storage())
         self.proxies = TrustedProxies(cfg.trusted_proxies)
+        # accepted, not yet upgraded: the accept-time caps (the global one resolved again at start)
+        self.half_open: HalfOpenTable[WsConnection] = HalfOpenTable(
+            self.half_open_cap(), cfg.max_half_open_per_source, self.proxies.trusts)
         self.twilio_api = twilio_rest.from_config(cfg)  # Twilio call control (None without twilio_account_sid)
         self.playground = playground.Playground(self) if playground.enabled(cfg) else None
         twiml = twiml_webhook.Webhook(self) if cfg.twiml_path else None  # POSTs: the webhook's, the playground's
@@ -519,8 +647,37 @@ class WebSocketServer:
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
+    def half_open_cap(self) -> int:
+        """``max_half_open``, or for ``"auto"`` the rule of :func:`~brisvox.gateway.ws.half_open.auto_cap`
+        on this process's soft file limit now."""
+        cap = self.cfg.max_half_open
+        return auto_cap() if cap == "auto" else cap
+
+    def admit(self, sock: socket.socket, peer: tuple[Any, ...]) -> WsConnection | None:
+        """Accept time (:class:`~brisvox.gateway.ws.listener.Acceptor`, module invariants): the
+        protocol of a new connection from ``peer``, or None to reset it at once."""
+        source = str(peer[0]) if peer else ""
+        kept, evicted = False, None
+        if not self.half_open.source_full(source):  # (no protocol object is built for a refused one)
+            conn = WsConnection(self)
+            kept, evicted = self.half_open.admit(conn, source)
+        if not kept:
+            self.count("ws_dropped_half_open_source")
+            self.bad("ws_dropped_half_open_source", "websocket: %s holds %d half-open connections "
+                     "(max_half_open_per_source): new ones are reset", source, self.half_open.per_source_cap,
+                     level=logging.WARNING)
+            return None
+        if evicted is not None:
+            self.count("ws_evicted_half_open")
+            self.bad("ws_evicted_half_open", "websocket: %d half-open connections (max_half_open): the "
+                     "oldest is reset for each new one (last from %s)", self.half_open.cap, evicted.source,
+                     level=logging.WARNING)
+            evicted.evict()
+        return conn
+
     def opened(self, conn: WsConnection) -> None:
         self.connections.add(conn)
+        self.half_open.track(conn, conn.source)  # a no-op for one admitted at accept time
         conn.counted_as = conn.source
         self.per_source[conn.source] = self.per_source.get(conn.source, 0) + 1
 
@@ -532,6 +689,7 @@ class WebSocketServer:
             self.per_source.pop(key, None)
 
     def released(self, conn: WsConnection) -> None:
+        self.half_open.remove(conn)
         if conn in self.connections:
             self.connections.discard(conn)
             self._uncount(conn.counted_as)  # the key it was counted under, whatever source says now
@@ -585,10 +743,9 @@ class WebSocketServer:
     async def start(self) -> tuple[str, int]:
         self.loop = asyncio.get_running_loop()
         self._warn_unauthenticated()
-        self.server = await self.loop.create_server(lambda: WsConnection(self), self.cfg.host, self.cfg.port,
-                                                    reuse_address=True, backlog=512)
-        host, port = self.server.sockets[0].getsockname()[:2]
-        return host, port
+        self.half_open.cap = self.half_open_cap()  # the file limit as it is now, at listener start
+        self.acceptor = Acceptor(self.loop, self.admit, self.bad, self.count)
+        return await self.acceptor.start(self.cfg.host, self.cfg.port, backlog=512)
 
     async def shutdown(self) -> None:
         await self.stop()
@@ -596,15 +753,11 @@ class WebSocketServer:
             await self.twilio_api.aclose()
 
     async def stop(self) -> None:
+        if self.acceptor is not None:
+            self.acceptor.close()
         for c in list(self.connections):
             c.close(1001, "going away")
-        if self.server is not None:
-            self.server.close()
-            try:
-                async with asyncio.timeout(1.0):
-                    await self.server.wait_closed()
-            except TimeoutError:
-                pass
+        await asyncio.sleep(0)  # the close frames written, before the transports go
         for c in list(self.connections):
             c._abort()
 
@@ -616,8 +769,11 @@ class WebSocketServer:
         return make(self.host, conn, route)
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.counters, **(self.twilio_api.counters if self.twilio_api else {}))
+        out: dict[str, Any] = dict.fromkeys(WS_FLOOD_COUNTERS, 0)
+        out.update(self.counters, **(self.twilio_api.counters if self.twilio_api else {}))
         out["ws_connections_open"] = len(self.connections)
+        out["ws_half_open"] = len(self.half_open)
+        out["ws_half_open_cap"] = self.half_open.cap
         out["ws_log_suppressed"] = sum(self.bad.suppressed.values()) + sum(SESSION_LOG.suppressed.values())
         return out
 
