@@ -112,6 +112,8 @@ users = {{ local = "local", booking = "booking_e2e" }}
 # baresip announces its interface address in its SDP but sends from loopback: latch onto the
 # first source, as behind NAT (the default "sdp" latch would send to an address nobody hears)
 rtp_latch = "first"
+# ... and its SDP address is outside [sip] allow: send to the signalling source instead
+nat = "signalling_source"
 
 [websocket]
 port = 0

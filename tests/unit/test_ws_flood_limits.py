@@ -85,7 +85,7 @@ def test_fragments_with_pings_between_stay_on_the_fast_path() -> None:
     (frame(b"x", 0x01) + frame(b"y"), 1002),  # a whole message inside a fragmented one
     (frame(b"x", 0x01) + frame(b"y", 0x02), 1002),  # a new fragmented one inside it
     (frame(b"a" * 3000, 0x01) + frame(b"b" * 1200, 0x00), 1009),  # 4200 > max_message_bytes 4096
-])
+], ids=["orphan-continuation", "whole-inside-fragmented", "new-inside-fragmented", "too-long"])  # masks are random
 def test_bad_fragment_sequences_close_with_their_code(wire: bytes, code: int) -> None:
     conn, t, s = connect(4096)
     feed(conn, wire)

@@ -54,6 +54,9 @@ class FaultEvent:
     error: str = ""
 
 
+KEY_SUFFIX = re.compile(r"-[0-9a-f]{16,64}$")  # a ring name's random key after the call id (ipc.ring.ring_name)
+
+
 def mapped_calls(pid: int, instance: str) -> set[str]:
     """Call ids of the instance's rings that ``pid`` maps."""
     pat = re.compile(rf"/dev/shm/brisvox\.{re.escape(instance)}\.([A-Za-z0-9_-]+)\.[a-z0-9]+")
@@ -61,7 +64,7 @@ def mapped_calls(pid: int, instance: str) -> set[str]:
         text = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return set()
-    return {m.group(1) for m in pat.finditer(text)}
+    return {KEY_SUFFIX.sub("", m.group(1)) for m in pat.finditer(text)}  # <call>-<ring key>: the call
 
 
 def deleted_shm(pids: list[int], instance: str) -> dict[int, list[str]]:
