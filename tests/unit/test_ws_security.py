@@ -179,14 +179,16 @@ def test_an_unauthenticated_public_listener_is_a_warning_at_start(caplog):
         with caplog.at_level(logging.INFO, logger="brisvox.gateway.ws"):
             WebSocketServer(None, cfg(host="0.0.0.0", allow_unauthenticated=True), TRANSPORTS)._warn_unauthenticated()  # type: ignore[arg-type]
             WebSocketServer(None, cfg(), TRANSPORTS)._warn_unauthenticated()  # type: ignore[arg-type]
+            WebSocketServer(None, cfg(trust_loopback=True), TRANSPORTS)._warn_unauthenticated()  # type: ignore[arg-type]
             WebSocketServer(None, cfg(native_secret="s", twilio_auth_token="t"), TRANSPORTS)._warn_unauthenticated()  # type: ignore[arg-type]
     finally:
         asyncio.set_event_loop(None)
         loop.close()
     recs = [(r.levelno, r.getMessage()) for r in caplog.records]
-    assert len(recs) == 2
+    assert len(recs) == 3
     assert recs[0][0] == logging.WARNING and "allow_unauthenticated" in recs[0][1] and "native_secret" in recs[0][1]
-    assert recs[1][0] == logging.INFO and "loopback" in recs[1][1]
+    assert recs[1][0] == logging.WARNING and "refuse every request" in recs[1][1]  # loopback, not trusted
+    assert recs[2][0] == logging.INFO and "trust_loopback" in recs[2][1]
 
 
 def test_refusals_through_the_connection_are_counted_once_and_logged_bounded():

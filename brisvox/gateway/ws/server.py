@@ -733,9 +733,12 @@ class WebSocketServer:
         if not missing:
             return
         keys = ", ".join(f"{k} ({p} routes)" for k, p in missing)
-        if is_loopback(self.cfg.host):
-            log.info("websocket: no %s: unauthenticated on loopback %s (a request with an Origin header "
-                     "gets 403 unless allowed_origins lets it in)", keys, self.cfg.host)
+        if is_loopback(self.cfg.host) and self.cfg.trust_loopback:
+            log.info("websocket: no %s: trust_loopback: unauthenticated on loopback %s (a request with an "
+                     "Origin header gets 403 unless allowed_origins lets it in)", keys, self.cfg.host)
+        elif is_loopback(self.cfg.host):
+            log.warning("websocket: no %s: those routes refuse every request (403) until a credential is "
+                        "set, or [websocket] trust_loopback = true", keys)
         else:
             log.warning("websocket: allow_unauthenticated: anyone who reaches %s:%d can place calls "
                         "(no %s)", self.cfg.host, self.cfg.port, keys)
