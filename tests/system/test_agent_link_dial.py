@@ -100,6 +100,7 @@ echo_use_workers = false
 
 [websocket]
 port = {ws_port}
+trust_loopback = true
 public_url = "ws://127.0.0.1:{ws_port}"
 twiml_path = "/twiml"
 twilio_from = "{FROM}"

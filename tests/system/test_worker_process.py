@@ -102,6 +102,7 @@ def test_bad_input_gets_typed_errors_and_the_worker_keeps_serving(short_tmp, shm
         rings = create_call_rings(inst, "good", 8000, 16000, seconds=8.0)
         wrong = create_call_rings(inst, "wrong", 16000, 16000, seconds=1.0)
         junk.write_bytes(b"\x13" * 8192)
+        junk.chmod(0o600)  # attach checks the mode before the magic
 
         def attach(call_id: str, rate: int = 8000):
             return sub.request(AttachCall(call_id=call_id, subscriber="agent-7", instance=inst,
