@@ -255,3 +255,13 @@ def sip_invite_status(gw_port: int, bind_ip: str) -> int:
     finally:
         s.close()
 
+
+
+def test_one_sip_source_is_capped_while_another_still_gets_a_call(short_tmp):
+    with FakeAgent(short_tmp) as agent, GatewayProc(short_tmp, inbox=True, peers={"agent-0": agent.endpoint},
+                                                     gateway={"max_calls": 8, "max_calls_per_source": 1}) as gw:
+        first = sip_invite_status(gw.sip_port, "127.0.0.1")
+        second = sip_invite_status(gw.sip_port, "127.0.0.1")
+        other = sip_invite_status(gw.sip_port, "127.0.0.2")
+        assert (first, second, other) == (200, 503, 200)
+        assert gw.stats()["calls_refused_source"] == 1

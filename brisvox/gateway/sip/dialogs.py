@@ -230,7 +230,7 @@ class SipDialogs:
             respond(tx, req, 482)
             return
         try:
-            call = self.call_host.admit("sip", agent, RATE)
+            call = self.call_host.admit("sip", agent, RATE, source=self.transactions.caller_of(req, addr[0]))
         except AdmissionError as e:
             self.counters.count(f"sip_invite_503_{e.reason}")
             respond(tx, req, 503, extra=[("retry-after", "10")])

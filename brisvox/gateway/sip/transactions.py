@@ -134,8 +134,8 @@ class TransactionLayer(Protocol):
 
     def acked(self, retx: Retransmit2xx) -> None: ...
 
-    def caller_host(self, req: SipMessage, src: str) -> str:
-        """The caller's address behind a trusted proxy (the per-source key), else ``src``."""
+    def caller_of(self, req: SipMessage, src: str) -> str:
+        """The caller's address behind a trusted proxy (the per-source key), else ``src``; counts nothing."""
         ...
 
     def watch(self, tx: Transaction, cb: Callback) -> None:
@@ -353,6 +353,11 @@ class SipTransactions(asyncio.DatagramProtocol):
             self.counters.log_limit("sip_proxied_bad_via", "SIP %s from trusted proxy %s: no caller address "
                                     "in its Vias, limited as the proxy's own", req.method, src, level=logging.INFO)
         return host
+
+    def caller_of(self, req: SipMessage, src: str) -> str:
+        """What :meth:`caller_host` names, counting nothing (the dialog layer's per-source call
+        cap asks again for a request the intake already counted)."""
+        return via_client(self.proxies, src, req.get_all("via"))[0] if self.proxies else src
 
     def invite_for(self, req: SipMessage) -> ServerInvite | None:
         """The INVITE server transaction a CANCEL or an ACK names (its branch), if live."""
