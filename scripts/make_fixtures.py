@@ -12,7 +12,8 @@ subprocess: GPL, kept out of our processes), resampled to 16 kHz with
 boundaries are known to the sample), and placed between silences of known
 length. A little Gaussian noise (sigma 8 LSB, fixed seed) is added so
 silence is not digital zero. The 8 kHz version is made from the 16 kHz one
-by sox.
+by sox, without dither (``-D``: sox dithers with a random seed by default, so every
+clone made different clips).
 
 Cached by content: a fixture is rebuilt only when its recipe, this script's
 version or the espeak-ng version changed (the key is stored in the manifest).
@@ -36,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-VERSION = 1
+VERSION = 2  # 2: sox without dither (the same clips on every machine)
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "generated"
 VOICE = "en-us+m3"
@@ -84,7 +85,7 @@ def _say(text: str, tmp: Path) -> np.ndarray:
     wav16 = tmp / "say16.wav"
     subprocess.run(["espeak-ng", "-v", VOICE, "-s", str(SPEED), "-w", str(raw), text],
                    check=True, timeout=60, capture_output=True)
-    subprocess.run(["sox", str(raw), "-r", "16000", "-b", "16", "-c", "1", str(wav16)],
+    subprocess.run(["sox", "-D", str(raw), "-r", "16000", "-b", "16", "-c", "1", str(wav16)],
                    check=True, timeout=60, capture_output=True)
     x, sr = sf.read(wav16, dtype="float32")
     assert sr == 16000
@@ -118,7 +119,7 @@ def _build(name: str, out: Path, tmp: Path) -> dict:
     f8 = out / f"{name}.8k.wav"
     t16, t8 = tmp / f16.name, tmp / f8.name
     sf.write(t16, pcm, 16000, subtype="PCM_16")
-    subprocess.run(["sox", str(t16), "-r", "8000", str(t8)], check=True, timeout=60, capture_output=True)
+    subprocess.run(["sox", "-D", str(t16), "-r", "8000", str(t8)], check=True, timeout=60, capture_output=True)
     os.replace(t16, f16)  # readers never see a partial file (tmp is on the same filesystem)
     os.replace(t8, f8)
     return {
