@@ -328,9 +328,10 @@ class Arbiter:
         now = time.monotonic()
         self.handle_signals()
         self.table.pump_logs(ready)
+        # frames before exits: a child that fails its boot sends its error, then exits, and
+        # both can land in one turn; the exit applied first would lose the error
+        self.table.recv_children(now)
         self.reap(now)
-        if ready.get(self.table.chan):
-            self.table.recv_children(now)
         if ready.get(self.commands.control):
             self.commands.recv_control(now)
         if self.http is not None:

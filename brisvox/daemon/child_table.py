@@ -241,6 +241,8 @@ class ChildTable:
     def recv_children(self, now: float) -> None:
         import zmq
 
+        from ipc.frames import Hello
+
         for _ in range(1000):
             try:
                 parts = self.chan.recv_multipart(zmq.NOBLOCK)
@@ -253,6 +255,9 @@ class ChildTable:
             if f is None:
                 continue
             slot = self.slot_for(parts[0])
+            if slot is None and isinstance(f, Hello) and not f.ok:
+                self.late_boot_error(parts[0], f.error)
+                continue
             if slot is None:
                 self.chan_guard.errors["unknown_peer"] = self.chan_guard.errors.get("unknown_peer", 0) + 1
                 continue
@@ -274,6 +279,20 @@ class ChildTable:
     def _on_child_event(self, slot: Slot, f: Any, now: float) -> None:
         slot.events[f.kind[:64]] += 1
         log.info("%s event %s: %s", slot.name, f.kind, f.detail[:500])
+
+    def late_boot_error(self, ident: bytes, error: str) -> None:
+        """A boot failure's error that arrived after its exit was applied: the slot keeps it.
+
+        Only the slot of that very process (same name and pid, no longer live) and only when
+        it recorded no error of its own; its state and counters are not touched again.
+        """
+        name, _, pid_s = ident.decode("ascii", "replace").partition(":")
+        slot = next((s for s in self.slots if str(s.pid) == pid_s and s.name == name and not s.live), None)
+        if slot is None:
+            self.chan_guard.errors["unknown_peer"] = self.chan_guard.errors.get("unknown_peer", 0) + 1
+        elif not slot.error:
+            slot.error = error[:2000] or "boot failed"
+            log.error("%s (pid %d) failed to boot: %s", slot.name, slot.pid, slot.error[:500])
 
     def slot_for(self, ident: bytes) -> Slot | None:
         name, _, pid_s = ident.decode("ascii", "replace").partition(":")

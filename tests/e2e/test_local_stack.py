@@ -213,7 +213,11 @@ def test_local_stack_end_to_end(short_tmp: Any, shm_clean: str) -> None:
     print(f"  bot, heard  : {back!r}")
     for k, v in timings.items():
         print(f"  {k:<28} {v * 1000 if 'seconds' not in k else v:8.1f} {'s' if 'seconds' in k else 'ms'}")
-    assert "capital" in heard.lower() and "france" in heard.lower()
+    # the audio reached Whisper whole and at the right rate: most of the question's words come back
+    # (which words a tiny model gets right differs between CPUs: one heard "friends" for "France")
+    said = set(re.findall(r"[a-z]+", QUESTION.lower()))
+    got = said & set(re.findall(r"[a-z]+", heard.lower()))
+    assert len(got) >= len(said) - 2, f"Whisper heard {heard!r}: only {sorted(got)} of {sorted(said)}"
     assert re.search(r"[A-Za-z]{2,}", back), f"the bot's audio did not transcribe to English: {back!r}"
 
 

@@ -132,7 +132,9 @@ def test_topology_is_pushed_to_children_when_a_peer_dies_and_returns(daemon_fact
 
 def test_boot_crashing_child_is_marked_failed_not_respawned(daemon_factory):
     d = daemon_factory(env={"BRISVOX_TEST_ROLE_MAIN": f"worker-1={ROLES_MOD}:crash_at_boot"})
-    snap = d.wait_for(lambda s: d.child(s, "worker-1")["state"] == "failed", 10.0, "worker-1 failed")
+    # the error frame and the exit can arrive in either order; the status names the error either way
+    snap = d.wait_for(lambda s: d.child(s, "worker-1")["state"] == "failed" and d.child(s, "worker-1")["error"],
+                      10.0, "worker-1 failed, with its error")
     w1 = d.child(snap, "worker-1")
     assert w1["boot_failures"] == 3 and w1["restarts"] == 2
     assert "deliberate boot crash" in w1["error"]

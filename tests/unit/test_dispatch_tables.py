@@ -148,6 +148,26 @@ def test_the_child_channel_dispatches_and_counts_frames_without_a_handler(caplog
     assert sum("unexpected ping frame on supervisor" in r.message for r in caplog.records) == 1
 
 
+def test_a_boot_error_that_arrives_after_the_exit_is_kept_by_that_slot_only(tmp_path):
+    from brisvox.daemon.slots import Slot, State
+
+    t = _child_table(tmp_path)
+    slot, other = Slot("worker", 0), Slot("worker", 1)
+    slot.on_spawn(4242, 0.0)
+    other.on_spawn(4343, 0.0)
+    slot.state = State.FAILED  # the exit was applied before the error frame was read
+    t.slots = [slot, other]
+    t.chan = FakeRouter([
+        (b"worker-0:4242", encode(frames.Hello(role="worker", index=0, pid=4242, ok=False, error="boom"))),
+        (b"worker-0:4242", encode(frames.Hello(role="worker", index=0, pid=4242, ok=False, error="again"))),
+        (b"worker-1:4242", encode(frames.Hello(role="worker", index=1, pid=4242, ok=False, error="forged"))),
+        (b"worker-0:9999", encode(frames.Hello(role="worker", index=0, pid=9999, ok=False, error="stale"))),
+    ])
+    t.recv_children(1.0)
+    assert (slot.error, slot.state, other.error) == ("boom", State.FAILED, "")
+    assert t.chan_guard.errors == {"unknown_peer": 2}
+
+
 def test_every_frame_the_command_plane_receives_has_a_handler():
     from brisvox.daemon.command_plane import CommandPlane
 
