@@ -53,6 +53,19 @@ def invite_answered(port: str = "[media_port]") -> str:
             + send(_req("ACK", 1, True), retrans=False))
 
 
+def authenticated_call(hold_ms: int = 500, cseq: int = 2) -> str:
+    """An INVITE that the gateway challenges (401), ACKed in its transaction, sent again with
+    SIPp's ``[authentication]`` (-au/-ap), answered 200, held, then BYE."""
+    ack = _req("ACK", 1, True).replace("branch=[branch]", "branch=[branch-2]")  # the INVITE's branch
+    again = _req("INVITE", cseq, False, _sdp(), extra="      [authentication]")
+    return scenario(send(_req("INVITE", 1, False, _sdp()))
+                    + '  <recv response="100" optional="true"/>\n  <recv response="401" auth="true"/>\n'
+                    + send(ack, retrans=False) + send(again)
+                    + '  <recv response="100" optional="true"/>\n  <recv response="180" optional="true"/>\n'
+                    + '  <recv response="200" rtd="true"/>\n' + send(_req("ACK", cseq, True), retrans=False)
+                    + f'  <pause milliseconds="{hold_ms}"/>\n' + bye(cseq + 1), "authenticated")
+
+
 def bye(cseq: int) -> str:
     return send(_req("BYE", cseq, True)) + '  <recv response="200" crlf="true"/>\n'
 

@@ -51,7 +51,7 @@ def lines(snap: dict[str, Any], cfg: Any, foreground: bool) -> list[str]:
         scfg = cfg.section("sip")
         name = default if scfg.default_agent == "default" else scfg.default_agent
         rows.append((f"sip:agent@{sip}", f"SIP/UDP, agent {name}"))
-        for user, agent in sorted(scfg.users.items()):
+        for user, agent in sorted(scfg.user_agents.items()):
             rows.append((f"sip:{user}@{sip}", f"SIP/UDP, agent {agent}"))
     width = max((len(a) for a, _ in rows), default=0)
     out += [f"  {a:<{width}}  {d}" for a, d in rows]

@@ -1,13 +1,15 @@
 """The start-time refusal of an open SIP port: a public SIP listener must not admit the whole Internet.
 
-brisvox's SIP user agent has no digest authentication (a later issue): every
-INVITE that passes ``[sip] allow`` becomes a call to an agent, which costs
-provider money. So a SIP listener on an address other people can reach
+Under ``[sip] auth = "ip"`` (the default) every INVITE that passes ``[sip]
+allow`` becomes a call to an agent, which costs provider money. So a SIP listener on an address other people can reach
 (``[sip] host`` not a loopback address: ``0.0.0.0``, a private or a public
 address) whose allow list admits the whole Internet is a configuration
 error for ``brisvoxd start``, ``brisvoxd check`` and a reload, unless
 ``[daemon] unsafe_open_sip = true`` says a firewall in front filters the
-sources (then it is one warning line).
+sources (then it is one warning line). Under ``auth = "digest"`` every new
+INVITE must answer a digest challenge, so an open allow list is accepted;
+under ``"ip_or_digest"`` the networks that need no challenge
+(``auth_networks``) are judged as ``allow`` is otherwise.
 
 "Admits the whole Internet" (:func:`wide_networks`): after IPv4-mapped IPv6
 entries are read as IPv4 and the list is collapsed (so ``0.0.0.0/1`` plus
@@ -91,16 +93,20 @@ def check_open_sip(cfg: Any) -> list[str]:
     sip = cfg.section("sip")
     if not sip.enabled or is_loopback(sip.host):
         return []
-    wide = wide_networks(sip.allow)
+    if sip.auth == "digest":  # every new INVITE is challenged: the allow list may be open
+        return []
+    wide = wide_networks(sip.auth_networks if sip.auth == "ip_or_digest" else sip.allow)
     if not wide:
         return []
-    what = (f"admits {', '.join(wide)}, the whole Internet, on the SIP listener {sip.host}:{sip.port} (sip.host): "
-            "an open SIP port answers anyone with paid agent calls (brisvox has no SIP digest authentication)")
+    key = "sip.auth_networks" if sip.auth == "ip_or_digest" else "sip.allow"
+    what = (f"admits {', '.join(wide)}, the whole Internet, on the SIP listener {sip.host}:{sip.port} (sip.host) "
+            f"without a challenge ({key}, sip.auth = {sip.auth!r}): an open SIP port answers anyone with paid "
+            "agent calls")
     if cfg.daemon.unsafe_open_sip:
         return [f"sip.allow {what}; started anyway because {OVERRIDE_KEY} = true (a firewall in front must "
                 "admit only your carrier's or SBC's addresses)"]
     msg = (f"{what}. Narrow sip.allow to your carrier's or SBC's networks (e.g. allow = [\"203.0.113.0/24\"]; "
            "in the container: -e BRISVOX_SIP_ALLOW=203.0.113.0/24), bind sip.host to 127.0.0.1 behind a SIP "
            f"proxy, or set sip.enabled = false; only behind a firewall that filters the sources: "
-           f"{OVERRIDE_KEY} = true ({DOC})")
+           f"{OVERRIDE_KEY} = true; or make callers authenticate: sip.auth = \"digest\" ({DOC})")
     raise ConfigError("sip.allow", msg, cfg.path, _line(cfg.path, "sip.allow"))

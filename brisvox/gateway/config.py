@@ -170,9 +170,29 @@ def _trunk(key: str, trunk: str) -> None:
         raise ConfigError(key, f"expected \"ip:port\" (e.g. \"192.0.2.10:5060\"), got {trunk[:60]!r}")
 
 
+SIP_AUTH_MODES = ("ip", "digest", "ip_or_digest")
+NEVER_INLINE = "never inline: use secret_env, secret_file or secret_credential"
+
+
+@dataclass(frozen=True, slots=True)
+class SipUser:
+    """One ``[[sip.users]]`` entry: a SIP user's name (the Request-URI user, and the digest
+    username under ``[sip] auth = "digest"``), the agent its calls reach, and its digest
+    secret (read from ``secret_env`` / ``secret_file`` / ``secret_credential``, never inline;
+    ``""``: the user cannot authenticate)."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]{1,64}$")]
+    agent: str
+    secret: str = field(default="", repr=False)
+
+
 @section
 class SipConfig:
-    """``[sip]``: the SIP user agent (server side, UDP) and its RTP ports."""
+    """``[sip]``: the SIP user agent (server side, UDP) and its RTP ports.
+
+    ``users`` is either the table form (``[sip.users]``: Request-URI user -> agent) or the
+    array form (``[[sip.users]]``: :class:`SipUser`, with a secret for digest
+    authentication); :attr:`user_agents` and :meth:`user_secret` read both."""
 
     enabled: bool = True
     host: str = "127.0.0.1"
@@ -183,7 +203,20 @@ class SipConfig:
     allow: tuple[str, ...] = ("127.0.0.0/8",)  # source networks accepted (SIP and RTP)
     # agent for a request-URI user not in ``users`` ("": such an INVITE is refused 404)
     default_agent: str = ""
-    users: dict[str, str] = field(default_factory=lambda: {"echo": "echo"})  # request-URI user -> agent
+    # request-URI user -> agent ([sip.users]), or [[sip.users]] entries with a digest secret each
+    users: dict[str, str] | tuple[SipUser, ...] = field(default_factory=lambda: {"echo": "echo"})
+    # who may place a call: "ip" (a source inside allow), "digest" (every new INVITE answers a
+    # digest challenge as one of [[sip.users]]), "ip_or_digest" (sources in auth_networks by
+    # address, every other source by digest)
+    auth: Literal["ip", "digest", "ip_or_digest"] = "ip"
+    auth_realm: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:@-]{1,64}$")] = "brisvox"
+    auth_networks: tuple[str, ...] = ()  # auth = "ip_or_digest": the sources that need no challenge
+    auth_nonce_s: float = Field(default=30.0, gt=0, le=3600)  # a challenge's nonce lifetime (then stale)
+    # the challenges a 401 offers, in this order (RFC 8760: SHA-256 first; a client that reads only the
+    # first, such as SIPp 3.6, needs "MD5" first)
+    auth_algorithms: tuple[Literal["SHA-256", "MD5"], ...] = Field(default=("SHA-256", "MD5"), min_length=1)
+    # failed digest answers per source and per user; beyond: 403 until the window passes
+    auth_failures: tuple[str, ...] = ("5/minute",)
     # our preference when the offer allows both
     codecs: tuple[Literal["PCMU", "PCMA"], ...] = Field(default=("PCMU", "PCMA"), min_length=1)
     t1_ms: Positive = 500
@@ -224,9 +257,24 @@ class SipConfig:
         _networks("trusted_proxies", self.trusted_proxies)
         if self.default_agent:
             _agent("default_agent", self.default_agent)
-        for user, agent in self.users.items():
-            _agent(f"users.{user}", agent)
-        for key in ("invite_rate", "options_rate", "other_rate", "refusal_rate"):
+        if isinstance(self.users, dict):
+            for user, agent in self.users.items():
+                _agent(f"users.{user}", agent)
+        else:
+            seen: set[str] = set()
+            for i, u in enumerate(self.users):
+                _agent(f"users[{i}].agent", u.agent)
+                if u.name in seen:
+                    raise ConfigError(f"users[{i}].name", f"{u.name!r} is given twice")
+                seen.add(u.name)
+        _networks("auth_networks", self.auth_networks)
+        if self.auth != "ip" and not any(self.user_secret(u) for u in self.user_agents):
+            raise ConfigError("auth", f"auth = {self.auth!r} needs [[sip.users]] entries with a secret "
+                              "(secret_env, secret_file or secret_credential)")
+        if self.auth == "ip_or_digest" and not self.auth_networks:
+            raise ConfigError("auth_networks", 'auth = "ip_or_digest" needs the networks that are '
+                              'authenticated by address (else use auth = "digest")')
+        for key in ("invite_rate", "options_rate", "other_rate", "refusal_rate", "auth_failures"):
             for i, rate in enumerate(getattr(self, key)):
                 try:
                     parse_rates((rate,))
@@ -245,7 +293,31 @@ class SipConfig:
 
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "sip") -> SipConfig:
-        return from_table(cls, table, where)
+        raw = dict(table or {})
+        users = raw.get("users")
+        if isinstance(users, list):  # [[sip.users]]: each entry's secret from its _env/_file/_credential form
+            out = []
+            for i, entry in enumerate(users):
+                if isinstance(entry, dict):
+                    if entry.get("secret") not in (None, ""):
+                        raise ConfigError(f"{where}.users[{i}].secret", NEVER_INLINE)
+                    entry = resolve_secrets(entry, f"{where}.users[{i}]", ("secret",))
+                out.append(entry)
+            raw["users"] = out
+        return from_table(cls, raw, where)
+
+    @property
+    def user_agents(self) -> dict[str, str]:
+        """Request-URI user (and digest username) -> the agent its calls reach."""
+        if isinstance(self.users, dict):
+            return self.users
+        return {u.name: u.agent for u in self.users}
+
+    def user_secret(self, name: str) -> str | None:
+        """The digest secret of user ``name``; None for no such user or one without a secret."""
+        if isinstance(self.users, dict):
+            return None
+        return next((u.secret or None for u in self.users if u.name == name), None)
 
     @property
     def advertised_host(self) -> str:

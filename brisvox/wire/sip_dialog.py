@@ -46,7 +46,8 @@ ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"
 
 REASONS = {
     100: "Trying", 180: "Ringing", 200: "OK", 202: "Accepted", 400: "Bad Request",
-    403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed", 415: "Unsupported Media Type", 420: "Bad Extension",
+    401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+    407: "Proxy Authentication Required", 415: "Unsupported Media Type", 420: "Bad Extension",
     481: "Call/Transaction Does Not Exist", 482: "Loop Detected", 483: "Too Many Hops",
     486: "Busy Here", 487: "Request Terminated", 488: "Not Acceptable Here", 491: "Request Pending",
     500: "Server Internal Error", 501: "Not Implemented", 503: "Service Unavailable",

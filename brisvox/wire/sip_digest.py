@@ -23,6 +23,7 @@ Invariants:
   forged or from the future is ``bad``, a genuine one older than the
   lifetime ``stale`` (the client re-answers a challenge with
   ``stale=true`` without asking its user again).
+* The digest-uri must be a SIP URI when the request's is (:func:`_both_sip`).
 * The server checks the response before the nonce count, so a forger who
   cannot compute a response cannot burn a nonce's counts; responses are
   compared in constant time (:func:`hmac.compare_digest`).
@@ -343,6 +344,14 @@ class Verdict:
     #                      stale unknown_user wrong_response replay
 
 
+def _both_sip(a: str, b: str) -> bool:
+    """Whether two URIs are both SIP URIs. The digest-uri of a SIP request need not be its
+    Request-URI byte for byte: clients omit the user (SIPp: ``sip:host:port``) and proxies
+    rewrite the Request-URI after the caller computed its answer. Replays are refused by the
+    nonce (bound to the source, short-lived) and its counts, not by the uri."""
+    return all(u[:4].lower() == "sip:" or u[:5].lower() == "sips:" for u in (a, b))
+
+
 class DigestServer:
     """Challenges and verification for one realm (see the module docstring)."""
 
@@ -372,7 +381,7 @@ class DigestServer:
             return Verdict(False, auth.username, "wrong_realm")
         if auth.algorithm.upper() not in (a.upper() for a in self.algorithms) or auth.qop != "auth":
             return Verdict(False, auth.username, "bad_algorithm")
-        if auth.uri != request_uri:
+        if auth.uri != request_uri and not _both_sip(auth.uri, request_uri):
             return Verdict(False, auth.username, "uri_mismatch")
         state = self.mint.check(auth.nonce, source, now)
         if state == "bad":

@@ -81,7 +81,9 @@ def test_round_trip_and_every_refusal(alg):
     assert v(None) == "no_credentials"
     assert v("Digest garbage") == "bad_header"
     assert v(ok.replace('realm="brisvox"', 'realm="other"')) == "wrong_realm"
-    assert v(_answer(srv, src, 100.0, alg), uri="sip:other@127.0.0.1") == "uri_mismatch"
+    assert v(_answer(srv, src, 100.0, alg, uri="tel:+15550100")) == "uri_mismatch"
+    # a SIP digest-uri other than the Request-URI (SIPp omits the user; a proxy may rewrite it)
+    assert v(_answer(srv, src, 100.0, alg, uri="sip:127.0.0.1:5060")) == "ok"
     assert v(_answer(srv, src, 100.0, alg), src="192.0.2.2") == "bad_nonce"  # bound to its source
     assert v(_answer(srv, src, 100.0, alg), now=140.0) == "stale"
     assert v(_answer(srv, src, 100.0, alg, user="mallory")) == "unknown_user"

@@ -156,7 +156,7 @@ def referenced_agents(cfg: Any) -> list[tuple[str, str]]:
     sip = cfg.section("sip")
     if sip.enabled:
         out.append(("sip.default_agent", sip.default_agent))
-        for user, name in sorted(sip.users.items()):
+        for user, name in sorted(sip.user_agents.items()):
             out.append((f"sip.users.{user}", name))
     resolved: list[tuple[str, str]] = []
     for key, name in out:

@@ -170,7 +170,9 @@ class SipDialogs:
 
     # -- INVITE ------------------------------------------------------------------------------------
 
-    def on_invite(self, req: SipMessage, addr: Addr, tx: ServerInvite) -> None:
+    def on_invite(self, req: SipMessage, addr: Addr, tx: ServerInvite, auth_user: str = "") -> None:
+        """A new INVITE (or a re-INVITE: To tag). ``auth_user``: the user ``[sip] auth`` authenticated
+        it as (its agent serves the call, the record names it); "" for one passed by address."""
         if req.to_tag:
             leg = self._dialog_for(req)
             if leg is None:
@@ -189,7 +191,7 @@ class SipDialogs:
             self.counters.refuse("extension", "Require %s", require[:40])
             respond(tx, req, 420, extra=[("unsupported", require)])
             return
-        user, agent = self._agent_for(req)
+        user, agent = (auth_user, self.cfg.user_agents.get(auth_user, "")) if auth_user else self._agent_for(req)
         if not agent:  # no [sip] users entry and no default_agent: nobody answers this name
             self.counters.count("sip_invite_404")
             self.counters.refuse("unknown_user", "INVITE from %s for user %r: not in [sip] users and no "
@@ -243,6 +245,8 @@ class SipDialogs:
             respond(tx, req, 500)
             raise
         call.transport_ids = {"sip_call_id": req.call_id[:128]}
+        if auth_user:
+            call.transport_ids["sip_user"] = auth_user
         self._call_metadata(call, dialog)
         self.add(leg)
         self.transactions.watch(tx, self._invite_tx_event)
@@ -286,7 +290,7 @@ class SipDialogs:
             user = parse_uri(req.uri).user
         except ValueError:
             user = ""
-        return user, self.cfg.users.get(user, self.cfg.default_agent)
+        return user, self.cfg.user_agents.get(user, self.cfg.default_agent)
 
     def _call_ready(self, leg: SipCall, ok: bool, why: str) -> None:
         tx = leg.invite_tx

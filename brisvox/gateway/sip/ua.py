@@ -80,13 +80,14 @@ from typing import Any
 
 from brisvox.gateway.config import SipConfig
 from brisvox.gateway.core.host import CallHost
+from brisvox.gateway.sip.authenticator import AuthDecision, SipAuthenticator
 from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.dialogs import SipDialogs
 from brisvox.gateway.sip.guard import IN_DIALOG, SipGuard
 from brisvox.gateway.sip.outbound import Done, SipDialer
 from brisvox.gateway.sip.rtp import Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import SipTransactions
-from brisvox.wire.sip_message import SipMessage
+from brisvox.wire.sip_message import SipMessage, new_tag
 from brisvox.wire.sip_transaction import ServerInvite, ServerNonInvite
 
 __all__ = ["SipUserAgent"]
@@ -111,6 +112,7 @@ class SipUserAgent:
         ctx = SipContext(cfg, call_host, self.counters, loop, self.guard.allowed, self)
         self.dialogs = SipDialogs(ctx, self.transactions, self.rtp_ports)
         self.dialer = SipDialer(ctx, self.transactions, self.dialogs, self.rtp_ports)
+        self.auth = SipAuthenticator(cfg)
 
     # -- the listener ------------------------------------------------------------------------
 
@@ -140,7 +142,32 @@ class SipUserAgent:
     # -- the transaction user (requests up from the transaction layer) -----------------------
 
     def on_invite(self, req: SipMessage, addr: Addr, tx: ServerInvite) -> None:
-        self.dialogs.on_invite(req, addr, tx)
+        """A new INVITE passes ``[sip] auth`` (:class:`SipAuthenticator`) before the dialog layer
+        sees it; a re-INVITE (To tag) is the dialog's and is not challenged."""
+        if req.to_tag or not self.auth.enabled:
+            self.dialogs.on_invite(req, addr, tx)
+            return
+        caller = self.transactions.caller_of(req, addr[0])
+        ours = f'realm="{self.cfg.auth_realm}"'
+        creds = next((v for v in req.get_all("authorization") if ours in v), None)
+        d = self.auth.judge(creds, req.uri, addr[0], caller, self.transactions.loop.time())
+        self.counters.count(f"sip_auth_{d.reason}")
+        if d.action == "pass":
+            self.dialogs.on_invite(req, addr, tx, d.user)
+        else:
+            self._refuse_auth(req, caller, tx, d)
+
+    def _refuse_auth(self, req: SipMessage, caller: str, tx: ServerInvite, d: AuthDecision) -> None:
+        """401 with a fresh challenge, or 403 past the failure limits; one bounded log line for a
+        failure (a first INVITE without credentials and a stale nonce are protocol steps)."""
+        if d.reason not in ("no_credentials", "stale"):
+            self.counters.log_limit(f"sip_auth_{d.reason}", "SIP INVITE from %s refused: digest %s%s", caller,
+                                    d.reason, f" (user {d.user!r})" if d.user else "", level=logging.INFO)
+        if d.action == "forbid":
+            self.transactions.respond(tx, req, 403, to_tag=new_tag())
+        else:
+            self.transactions.respond(tx, req, 401, to_tag=new_tag(),
+                                      extra=[("www-authenticate", c) for c in d.challenges])
 
     def on_ack(self, req: SipMessage, addr: Addr) -> bool:
         return self.dialogs.on_ack(req, addr)
