@@ -279,6 +279,14 @@ def render_status(snap: dict[str, Any]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
         lines.append("  ".join(v.ljust(widths[i]) for i, v in enumerate(r)).rstrip())
+    for c in snap["children"]:  # the gateway's [[sip.trunks]] registrations
+        trunks = (c.get("stats") or {}).get("sip_trunks")
+        if isinstance(trunks, dict):
+            for name, t in sorted(trunks.items()):
+                if isinstance(t, dict):
+                    err = f"  last error: {str(t.get('error'))[:80]}" if t.get("error") else ""
+                    lines.append(f"trunk {name}: {t.get('state')} with {t.get('registrar')}  expires in "
+                                 f"{t.get('expires_in_s')}s  next REGISTER in {t.get('next_s')}s{err}")
     return "\n".join(lines)
 
 
@@ -306,7 +314,7 @@ def cmd_reload(args: argparse.Namespace) -> int:
 
 
 def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
-         via: str = "sip") -> tuple[bool, dict[str, Any], str]:
+         via: str = "sip", trunk: str = "") -> tuple[bool, dict[str, Any], str]:
     """Ask the gateway at ``inbox`` to place an outbound call: (ok, data, error). Over SIP once
     the callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...);
     through Twilio once Twilio accepted the calls create (data["call_sid"], "status")."""
@@ -316,7 +324,8 @@ def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
     wait = (ring_timeout_s or 600.0) + 40.0 if via == "sip" else 20.0  # SIP: the ring, Timer B, the agent
     try:
         reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent, "via": via,
-                                                                "ring_timeout_s": ring_timeout_s}), wait)
+                                                                "ring_timeout_s": ring_timeout_s,
+                                                                **({"trunk": trunk} if trunk else {})}), wait)
     except RequestTimeout:
         return False, {}, f"the gateway does not answer on {inbox}"
     if not isinstance(reply, CommandReply):
@@ -332,7 +341,8 @@ def cmd_dial(args: argparse.Namespace) -> int:
     if not _running_or_explain(rdir):
         return exitcodes.NOT_RUNNING
     via = getattr(args, "via", None) or "sip"
-    ok, data, error = dial(endpoint(rdir, "gateway-0"), args.target, args.agent or "", args.ring_timeout or 0.0, via)
+    ok, data, error = dial(endpoint(rdir, "gateway-0"), args.target, args.agent or "", args.ring_timeout or 0.0, via,
+                           getattr(args, "trunk", None) or "")
     if args.json:
         import orjson
 

@@ -18,6 +18,8 @@ def add_dial_arguments(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--via", choices=("sip", "twilio"), default="sip",
                     help="sip: an INVITE from the gateway (default); twilio: a calls create pointing at "
                     "[websocket] twiml_path")
+    sp.add_argument("--trunk", help="dial the number through this [[sip.trunks]] entry (its proxy or registrar, "
+                    "its credentials for a 401/407; default: [sip] trunk)")
     sp.add_argument("--agent", help="the agent that runs the call (default: [sip] default_agent, or the "
                     "twilio route's)")
     sp.add_argument("--ring-timeout", type=float, help="seconds to ring (default: [sip] dial_ring_timeout_s; "

@@ -186,6 +186,91 @@ class SipUser:
     secret: str = field(default="", repr=False)
 
 
+def _entry_secret(entry: Any, where: str) -> Any:
+    """An array entry with its ``secret`` read from its ``secret_env`` / ``secret_file`` /
+    ``secret_credential`` form (brisvox/config/secrets.py); an inline ``secret`` is refused."""
+    if not isinstance(entry, dict):
+        return entry  # the schema names the wrong type
+    if entry.get("secret") not in (None, ""):
+        raise ConfigError(f"{where}.secret", NEVER_INLINE)
+    return resolve_secrets(entry, where, ("secret",))
+
+
+@dataclass(frozen=True, slots=True)
+class SipTrunk:
+    """One ``[[sip.trunks]]`` entry: a carrier or PBX brisvox registers with and dials through.
+
+    ``registrar`` is where REGISTER and the trunk's outbound INVITEs go (``ip[:port]``, no DNS;
+    ``outbound_proxy`` instead when set); ``username`` / ``auth_user`` / ``realm`` / ``secret``
+    answer its digest challenges (the secret from ``secret_env`` / ``secret_file`` /
+    ``secret_credential``, never inline); INVITEs from ``addresses`` (default: the registrar's
+    address) are the trunk's calls and run ``agent``. Only UDP: SIP over TCP and TLS is not
+    built yet, so ``transport`` accepts ``"udp"`` alone."""
+
+    name: Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]
+    registrar: str
+    username: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+*#-]{1,64}$")]
+    transport: Literal["udp"] = "udp"
+    auth_user: str = ""  # the digest username ("": username)
+    realm: str = ""  # the realm the credentials answer ("": any realm that challenges)
+    secret: str = field(default="", repr=False)
+    expires: int = Field(default=600, ge=60, le=86400)  # the registration asked for (s)
+    register: bool = True  # false: an IP trunk: no REGISTER, its credentials still answer challenges
+    outbound_proxy: str = ""  # "ip[:port]": REGISTER and INVITEs go there instead of the registrar
+    agent: str = ""  # the agent of its calls ("": [sip] default_agent)
+    addresses: tuple[str, ...] = ()  # source networks of its INVITEs (default: the registrar's address)
+    keepalive_s: float = Field(default=30.0, ge=0, le=3600)  # an OPTIONS to the registrar this often (0: never)
+    contact_user: str = ""  # the user of the Contact we register ("": username)
+
+    @property
+    def registrar_addr(self) -> tuple[str, int]:
+        host, port = _hostport(self.registrar)
+        return host, port
+
+    @property
+    def next_hop(self) -> tuple[str, int]:
+        return _hostport(self.outbound_proxy) if self.outbound_proxy else self.registrar_addr
+
+    @property
+    def domain(self) -> str:
+        """The host of the trunk's URIs (the registrar's, as written)."""
+        h = self.registrar.strip().removeprefix("sip:")
+        return h
+
+    @property
+    def networks(self) -> tuple[str, ...]:
+        return self.addresses or (self.registrar_addr[0],)
+
+
+def _hostport(s: str) -> tuple[str, int]:
+    from brisvox.wire.sip_message import split_hostport
+
+    host, port = split_hostport(s.strip().removeprefix("sip:"))
+    return host, port or 5060
+
+
+def _check_trunk(i: int, t: SipTrunk, allow: tuple[str, ...]) -> None:
+    key = f"trunks[{i}]"
+    for k in ("registrar", "outbound_proxy"):
+        v = getattr(t, k)
+        if not v:
+            continue
+        try:
+            host, _ = _hostport(v)
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(f"{key}.{k}", f"expected \"ip[:port]\" (no DNS name), got {v[:60]!r}") from None
+        nets = [ipaddress.ip_network(n, strict=False) for n in allow]
+        if not any(ipaddress.ip_address(host) in n for n in nets):
+            raise ConfigError(f"{key}.{k}", f"{host} is not in sip.allow (its answers would be dropped)")
+    _networks(f"{key}.addresses", t.addresses)
+    if t.agent:
+        _agent(f"{key}.agent", t.agent)
+    if (t.register or t.realm or t.auth_user) and not t.secret:
+        raise ConfigError(f"{key}.secret_env", "the trunk's secret is needed (secret_env, secret_file or "
+                          "secret_credential; register = false for an IP trunk without credentials)")
+
+
 @section
 class SipConfig:
     """``[sip]``: the SIP user agent (server side, UDP) and its RTP ports.
@@ -248,6 +333,7 @@ class SipConfig:
     # outbound calls (brisvoxd dial): "ip:port" every outbound INVITE goes to ("": only sip: URIs
     # with an IP address, sent there); a number is dialled as sip:NUMBER@trunk
     trunk: str = ""
+    trunks: tuple[SipTrunk, ...] = ()  # [[sip.trunks]]: registration, digest credentials, inbound matching
     dial_ring_timeout_s: float = Field(default=60.0, gt=0, le=600)  # an outbound call not answered by then is cancelled
 
     def __post_init__(self) -> None:  # cross-key and format checks; keys relative to [sip]
@@ -283,7 +369,12 @@ class SipConfig:
         if self.max_transactions_per_source > self.max_transactions:
             raise ConfigError("max_transactions_per_source",
                               f"must be at most max_transactions ({self.max_transactions})")
-        if self.trunk:
+        names = [t.name for t in self.trunks]
+        for i, t in enumerate(self.trunks):
+            if names.index(t.name) != i:
+                raise ConfigError(f"trunks[{i}].name", f"{t.name!r} is given twice")
+            _check_trunk(i, t, self.allow)
+        if self.trunk and self.trunk not in names:
             _trunk("trunk", self.trunk)
         if self.public_host:
             try:
@@ -294,17 +385,14 @@ class SipConfig:
     @classmethod
     def from_section(cls, table: dict[str, Any] | None, where: str = "sip") -> SipConfig:
         raw = dict(table or {})
-        users = raw.get("users")
-        if isinstance(users, list):  # [[sip.users]]: each entry's secret from its _env/_file/_credential form
-            out = []
-            for i, entry in enumerate(users):
-                if isinstance(entry, dict):
-                    if entry.get("secret") not in (None, ""):
-                        raise ConfigError(f"{where}.users[{i}].secret", NEVER_INLINE)
-                    entry = resolve_secrets(entry, f"{where}.users[{i}]", ("secret",))
-                out.append(entry)
-            raw["users"] = out
+        for key in ("users", "trunks"):  # [[sip.users]], [[sip.trunks]]: secret_env/_file/_credential, never inline
+            entries = raw.get(key)
+            if isinstance(entries, list):
+                raw[key] = [_entry_secret(e, f"{where}.{key}[{i}]") for i, e in enumerate(entries)]
         return from_table(cls, raw, where)
+
+    def trunk_named(self, name: str) -> SipTrunk | None:
+        return next((t for t in self.trunks if t.name == name), None)
 
     @property
     def user_agents(self) -> dict[str, str]:

@@ -190,11 +190,16 @@ if websocket_protocols() != WEBSOCKET_PROTOCOLS:  # the config's list and the ro
                        f"WebSocket rows {websocket_protocols()}")
 
 
-def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone) -> None:
-    listener.dial(target, agent, done, ring_s)
+def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
+              trunk: str = "") -> None:
+    listener.dial(target, agent, done, ring_s, trunk)
 
 
-def _twilio_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone) -> None:
+def _twilio_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
+                 trunk: str = "") -> None:
+    if trunk:
+        done(None, "a trunk is a [[sip.trunks]] entry: dial it via sip")
+        return
     from brisvox.gateway.control.twilio_dial import dial_twilio
 
     dial_twilio(listener, host, target, agent, ring_s, done)

@@ -163,8 +163,11 @@ class GatewayCore:
         return dict(self.endpoints)
 
     def drain(self) -> None:
-        """Refuse new calls (SIP 503, OPTIONS and /healthz 503, WebSocket 1013); live calls go on."""
+        """Refuse new calls (SIP 503, OPTIONS and /healthz 503, WebSocket 1013; trunk registrations
+        removed); live calls go on."""
         self.table.draining = True
+        for listener in self.listeners.values():
+            listener.drain()
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Hang up every call, wait up to ``grace_s`` for the transports, then release all."""
@@ -299,17 +302,18 @@ class GatewayCore:
         dialer = self.dialers.get(via) if isinstance(via, str) else None
         listener = self.listeners.get(dialer.section) if dialer is not None else None
         target, agent, ring = args.get("target"), args.get("agent") or "", args.get("ring_timeout_s") or 0
+        trunk = args.get("trunk") or ""
         if dialer is None:
             done(None, f"via must be {' or '.join(self.dialers)}")
         elif listener is None:
             done(None, dialer.disabled)
-        elif not isinstance(target, str) or not isinstance(agent, str) or \
+        elif not isinstance(target, str) or not isinstance(agent, str) or not isinstance(trunk, str) or \
                 not isinstance(ring, (int, float)) or isinstance(ring, bool) or not 0 <= ring <= 600:
-            done(None, "expected target (a string), agent (a string), ring_timeout_s (0..600)")
+            done(None, "expected target (a string), agent (a string), trunk (a string), ring_timeout_s (0..600)")
         elif self.table.draining:
             done(None, "refused: draining")
         else:
-            dialer.dial(listener, self, target, agent, float(ring), done)
+            dialer.dial(listener, self, target, agent, float(ring), done, trunk[:64])
 
     def stats(self) -> dict[str, Any]:
         live = [c.stats for c in self.table.calls.values()]

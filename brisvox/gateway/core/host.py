@@ -127,12 +127,16 @@ class Listener(Protocol):
 
     async def shutdown(self) -> None: ...
 
+    def drain(self) -> None:
+        """The gateway drains: new calls are refused from now on (a SIP listener removes its
+        trunk registrations, so registrars stop sending calls)."""
+
     def stats(self) -> dict[str, Any]: ...
 
 
 ListenerFactory = Callable[[CallHost, Any], Listener]  # (the core, its config section) -> the listener
 DialDone = Callable[[dict[str, Any] | None, str], None]
-DialFn = Callable[[Any, CallHost, str, str, float, DialDone], None]  # listener, host, target, agent, ring, done
+DialFn = Callable[[Any, CallHost, str, str, float, DialDone, str], None]  # listener, host, target, agent, ring, done, trunk
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,12 +67,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import logging
 import re
 from collections.abc import Callable
 
+from brisvox.gateway.config import SipTrunk
 from brisvox.gateway.core.calls import AdmissionError, Call
 from brisvox.gateway.core.leg import REASON_TEXT_MAX, q850_cause, reason_text
+from brisvox.gateway.sip.client_auth import ClientAuth, trunk_credentials
 from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
@@ -191,7 +194,13 @@ class SipDialogs:
             self.counters.refuse("extension", "Require %s", require[:40])
             respond(tx, req, 420, extra=[("unsupported", require)])
             return
-        user, agent = (auth_user, self.cfg.user_agents.get(auth_user, "")) if auth_user else self._agent_for(req)
+        trunk = None if auth_user else self._trunk_for(req, addr[0])
+        if auth_user:
+            user, agent = auth_user, self.cfg.user_agents.get(auth_user, "")
+        elif trunk is not None:  # a call from a [[sip.trunks]] entry runs its agent
+            user, agent = trunk.name, trunk.agent or self.cfg.default_agent
+        else:
+            user, agent = self._agent_for(req)
         if not agent:  # no [sip] users entry and no default_agent: nobody answers this name
             self.counters.count("sip_invite_404")
             self.counters.refuse("unknown_user", "INVITE from %s for user %r: not in [sip] users and no "
@@ -247,6 +256,10 @@ class SipDialogs:
         call.transport_ids = {"sip_call_id": req.call_id[:128]}
         if auth_user:
             call.transport_ids["sip_user"] = auth_user
+        if trunk is not None:
+            call.transport_ids["sip_trunk"] = trunk.name
+            if self._from_trunk(trunk, addr[0]):  # our BYE or REFER to it may be challenged; never
+                leg.auth_creds = trunk_credentials(trunk)  # a digest of its secret to another source
         self._call_metadata(call, dialog)
         self.add(leg)
         self.transactions.watch(tx, self._invite_tx_event)
@@ -282,6 +295,29 @@ class SipDialogs:
             self.call_host.abandon(leg.call)
             return
         self.call_host.start_call(leg.call, leg, functools.partial(self._call_ready, leg))
+
+    def _trunk_for(self, req: SipMessage, src: str) -> SipTrunk | None:
+        """The ``[[sip.trunks]]`` entry an INVITE comes from: its source inside the trunk's
+        ``addresses`` (default: its registrar's address), or its Request-URI user the Contact
+        user a registering trunk registered."""
+        if not self.cfg.trunks:
+            return None
+        try:
+            user = parse_uri(req.uri).user
+        except ValueError:
+            return None
+        for t in self.cfg.trunks:
+            if self._from_trunk(t, src):
+                return t
+        return next((t for t in self.cfg.trunks if t.register and user == (t.contact_user or t.username)), None)
+
+    @staticmethod
+    def _from_trunk(t: SipTrunk, src: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(src)
+        except ValueError:
+            return False
+        return any(ip in ipaddress.ip_network(n, strict=False) for n in t.networks)
 
     def _agent_for(self, req: SipMessage) -> tuple[str, str]:
         """(the Request-URI's user, the agent it reaches: ``[sip] users``, else ``default_agent``;
@@ -491,9 +527,26 @@ class SipDialogs:
         self._client_request(leg, req, on_action)
 
     def _client_request(self, leg: SipCall, req: SipMessage, cb: Callable[[Action], None]) -> None:
-        """A request in ``leg``'s dialog, counted in its pending client transactions until final."""
+        """A request in ``leg``'s dialog, counted in its pending client transactions until final.
+        A 401/407 to it is answered with the leg's trunk credentials (``leg.auth_creds``,
+        :class:`~brisvox.gateway.sip.client_auth.ClientAuth`: once per challenge, the CSeq
+        advanced); ``cb`` then sees the answer to the re-sent request, or the challenge when it
+        cannot be answered."""
+        auth = ClientAuth(leg.auth_creds) if leg.auth_creds is not None else None
+        sent = [req]
 
         def counted(a: Action) -> None:
+            if auth is not None and isinstance(a, Deliver) and a.msg.status in (401, 407):
+                again, why = auth.retry(sent[0], a.msg)
+                if again is not None and hop is not None:
+                    self.counters.count("sip_auth_answered")
+                    leg.dialog.local_cseq = max(leg.dialog.local_cseq, again.cseq[0])
+                    sent[0] = again
+                    self.transactions.request(again, hop, counted)
+                    return
+                self.counters.count("sip_auth_client_failed")
+                self.counters.log_limit("sip_auth_client", "%s for call %s: %s", req.method, leg.call.call_id, why,
+                                        level=logging.WARNING)
             if isinstance(a, TimedOut) or (isinstance(a, Deliver) and a.msg.status >= 200):
                 leg.client_tx = max(0, leg.client_tx - 1)
             cb(a)

@@ -48,13 +48,16 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from brisvox.gateway.config import SipTrunk
 from brisvox.gateway.core.calls import AdmissionError
+from brisvox.gateway.sip.client_auth import ClientAuth, trunk_credentials
 from brisvox.gateway.sip.dialogs import bye_reason, negotiate, sdp_refusal
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
@@ -82,11 +85,17 @@ FAILURES = {486: "busy", 600: "busy", 480: "no answer", 408: "no answer", 404: "
 Done = Callable[[dict[str, Any] | None, str], None]
 
 
-def resolve_target(target: str, trunk: str) -> tuple[str, Addr]:
-    """(Request-URI, where the INVITE goes) for a ``sip:`` URI or a number; ValueError why not."""
+def resolve_target(target: str, trunk: str | SipTrunk) -> tuple[str, Addr]:
+    """(Request-URI, where the INVITE goes) for a ``sip:`` URI or a number, through ``trunk``
+    (``[sip] trunk`` "ip:port", or a ``[[sip.trunks]]`` entry: its outbound proxy or registrar,
+    a number as ``sip:NUMBER@<registrar>``); ValueError why not."""
     t = target.strip()
     if not t or len(t) > MAX_TARGET or not _TARGET_RE.match(t) or any(c in t for c in '<>"\\,'):
         raise ValueError("invalid target")
+    if isinstance(trunk, SipTrunk):
+        if not _NUMBER_RE.match(t):
+            raise ValueError("a trunk dials a number")
+        return f"sip:{t}@{trunk.domain}", trunk.next_hop
     dest: Addr | None = split_hostport(trunk) if trunk else None
     if _NUMBER_RE.match(t):
         if dest is None:
@@ -128,6 +137,7 @@ class Dialing:
     cancel_sent: bool = False
     ack: bytes = b""
     ack_addr: Addr = ("", 0)
+    auth: ClientAuth | None = None  # the trunk's credentials for a 401/407 to our INVITE
     reported: bool = False
     ring_timer: Any = None
 
@@ -161,11 +171,19 @@ class SipDialer:
             d.report(None, "gateway stopped")
         self.outgoing.clear()
 
-    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0) -> None:
-        """Call ``target``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
+    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "") -> None:
+        """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name; "": ``[sip] trunk``);
+        ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
         self.counters.count("sip_dial_attempts")
+        via: str | SipTrunk = self.cfg.trunk
+        if trunk or self.cfg.trunk_named(self.cfg.trunk):
+            named = self.cfg.trunk_named(trunk or self.cfg.trunk)
+            if named is None:
+                self._dial_refused("unknown_trunk", done, f"no [[sip.trunks]] entry named {trunk[:40]!r}")
+                return
+            via = named
         try:
-            ruri, dest = resolve_target(target, self.cfg.trunk)
+            ruri, dest = resolve_target(target, via)
         except ValueError as e:
             self._dial_refused("invalid_target", done, str(e)[:120])
             return
@@ -177,7 +195,8 @@ class SipDialer:
             return
         try:
             # an operator's dial: without --agent, [sip] default_agent, else the agents' "default"
-            call = self.call_host.admit("sip", agent or self.cfg.default_agent or "default", RATE)
+            default = via.agent if isinstance(via, SipTrunk) and via.agent else self.cfg.default_agent
+            call = self.call_host.admit("sip", agent or default or "default", RATE)
         except AdmissionError as e:
             self._dial_refused(e.reason, done, f"refused: {e.reason}")
             return
@@ -187,7 +206,10 @@ class SipDialer:
         h = inv.headers
         h.append(("via", f"SIP/2.0/UDP {self.transactions.via_host};branch={new_branch()};rport"))
         h.append(("max-forwards", "70"))
-        h.append(("from", f"{contact};tag={tag}"))  # our address of record is our contact
+        if isinstance(via, SipTrunk):  # the trunk's account is who calls
+            h.append(("from", f"<sip:{via.username}@{via.domain}>;tag={tag}"))
+        else:
+            h.append(("from", f"{contact};tag={tag}"))  # our address of record is our contact
         h.append(("to", f"<{ruri}>"))
         h.append(("call-id", new_call_id(self.cfg.advertised_host)))
         h.append(("cseq", f"{secrets.randbelow(10_000) + 1} INVITE"))
@@ -199,13 +221,16 @@ class SipDialer:
         leg.state = "outgoing"
         call.leg = leg  # a hang-up (shutdown, the ring timeout) reaches the leg: CANCEL
         call.transport_ids = {"sip_call_id": inv.call_id[:128], "direction": "outbound"}
+        if isinstance(via, SipTrunk):
+            call.transport_ids["sip_trunk"] = via.name
+            leg.auth_creds = trunk_credentials(via)
         params, dropped = checked_params({"from": dialog.local_uri, "to": ruri, "direction": "outbound"})
         call.params = params or {}
         call.caller = "brisvox"
         call.called = param_text(uri_number(ruri)) or ""
         if dropped:
             self.counters.count("call_params_dropped", dropped)
-        d = Dialing(leg, dest, done)
+        d = Dialing(leg, dest, done, auth=ClientAuth(leg.auth_creds) if leg.auth_creds else None)
         self.outgoing[inv.call_id] = d
         self.dialogs.add(leg)
         timeout = ring_timeout_s if ring_timeout_s > 0 else self.cfg.dial_ring_timeout_s
@@ -289,6 +314,9 @@ class SipDialer:
             if d.cancel_reason:
                 self._send_cancel(d)
             return
+        if st in (401, 407) and d.auth is not None and not d.reported and not d.cancel_reason:
+            self._answer_challenge(d, resp)
+            return
         if st >= 300:
             if not d.reported:
                 self._fail(d, d.cancel_reason if (d.cancel_reason and st == 487) else failure_reason(st, resp.reason))
@@ -297,6 +325,23 @@ class SipDialer:
             self.transactions.send(d.ack, d.ack_addr)
             return
         self._answered(d, resp)
+
+    def _answer_challenge(self, d: Dialing, resp: SipMessage) -> None:
+        """Send the INVITE again with the trunk's credentials (its CSeq advanced, a new branch and
+        transaction; the challenged one ACKed its 401/407 itself), or fail the dial with why."""
+        assert d.auth is not None
+        leg = d.leg
+        again, why = d.auth.retry(leg.invite, resp)
+        if again is None:
+            self.counters.log_limit("sip_auth_client", "dial %s: %s", leg.dialog.remote_uri[:80], why,
+                                    level=logging.WARNING)
+            self._fail(d, why)
+            return
+        self.counters.count("sip_auth_answered")
+        leg.invite = again
+        leg.dialog.local_cseq = again.cseq[0]
+        d.provisional = False
+        d.tx = self.transactions.invite(again, d.dest, functools.partial(self._invite_event, d))
 
     def _answered(self, d: Dialing, resp: SipMessage) -> None:
         leg = d.leg

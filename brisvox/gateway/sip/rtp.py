@@ -75,6 +75,7 @@ from brisvox.gateway.sip.jitter import JitterBuffer
 from brisvox.wire import dtmf, rtp, sdp
 from brisvox.wire.g711 import BY_PT, CODECS, G711
 from brisvox.wire.sip_dialog import Dialog
+from brisvox.wire.sip_digest import DigestCredentials
 from brisvox.wire.sip_message import SipMessage
 from brisvox.wire.sip_transaction import Retransmit2xx, ServerInvite
 
@@ -169,6 +170,8 @@ class SipCall(TransportLeg):
         self._payload = np.frombuffer(self._buf, dtype=np.uint8, offset=12)
         self.last_rx = 0.0
         self.client_tx = 0
+        # a trunk's credentials: our in-dialog requests answer its 401/407 (sip/client_auth.py)
+        self.auth_creds: DigestCredentials | None = None
         self.bye_after_ack = False
         self.transfer_done: Callable[[bool, str], None] | None = None
         self._polls = 0

@@ -85,6 +85,7 @@ from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.dialogs import SipDialogs
 from brisvox.gateway.sip.guard import IN_DIALOG, SipGuard
 from brisvox.gateway.sip.outbound import Done, SipDialer
+from brisvox.gateway.sip.registration import TrunkRegistrar
 from brisvox.gateway.sip.rtp import Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import SipTransactions
 from brisvox.wire.sip_message import SipMessage, new_tag
@@ -113,16 +114,25 @@ class SipUserAgent:
         self.dialogs = SipDialogs(ctx, self.transactions, self.rtp_ports)
         self.dialer = SipDialer(ctx, self.transactions, self.dialogs, self.rtp_ports)
         self.auth = SipAuthenticator(cfg)
+        self.registrar = TrunkRegistrar(cfg, self.transactions, self.counters, loop)
 
     # -- the listener ------------------------------------------------------------------------
 
     async def start(self) -> tuple[str, int]:
-        return await self.transactions.start()
+        host, port = await self.transactions.start()
+        self.registrar.start(self.cfg.advertised_host, port)  # [[sip.trunks]] with register = true
+        return host, port
+
+    def drain(self) -> None:
+        """Remove the trunk registrations (their registrars stop routing calls here)."""
+        self.call_host.spawn(self.registrar.stop())
 
     async def shutdown(self) -> None:
+        await self.registrar.stop()  # REGISTER Expires: 0, a bounded wait for the answers
         self.stop()
 
     def stop(self) -> None:
+        self.registrar.close()
         self.dialer.close()
         self.dialogs.close()
         self.transactions.close()
@@ -132,12 +142,14 @@ class SipUserAgent:
         out.update(self.dialogs.stats())
         out.update(self.transactions.stats())
         out["rtp_ports_in_use"] = len(self.rtp_ports.in_use)
+        out.update(self.registrar.stats())
         out.update(self.counters.suppressed())
         return out
 
-    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0) -> None:
-        """Call ``target``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
-        self.dialer.dial(target, agent, done, ring_timeout_s)
+    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "") -> None:
+        """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name); ``done(data, "")`` with the
+        call id once answered, else ``done(None, why)``."""
+        self.dialer.dial(target, agent, done, ring_timeout_s, trunk)
 
     # -- the transaction user (requests up from the transaction layer) -----------------------
 

@@ -750,6 +750,9 @@ class WebSocketServer:
         self.acceptor = Acceptor(self.loop, self.admit, self.bad, self.count)
         return await self.acceptor.start(self.cfg.host, self.cfg.port, backlog=512)
 
+    def drain(self) -> None:
+        """Nothing to tell anyone: a draining gateway refuses new streams at their admission (1013)."""
+
     async def shutdown(self) -> None:
         await self.stop()
         if self.twilio_api is not None:
