@@ -6,7 +6,8 @@ server, which the unit tests hold to the RFC vectors).
   the 2 s the registrar grants, and removes the binding (Expires: 0) when it stops.
 * A wrong password ends each attempt after one answer ("wrong credentials", in the trunk's state
   and the stats), then backs off: a handful of REGISTERs in seconds, never a loop.
-* A registrar that never answers: Timer F, then the backoff, counted.
+* A registrar that never answers: Timer F, then the backoff, counted; one that goes quiet while
+  registered is found by the OPTIONS keepalive and registered with again at once.
 * An INVITE from the trunk's address runs the trunk's agent and the call names the trunk.
 * ``dial`` through the trunk: the callee's 407 is answered once with Proxy-Authorization (CSeq
   advanced), the call is answered; a callee that challenges again ends the dial with the reason.
@@ -135,7 +136,7 @@ def test_registers_refreshes_and_removes_its_binding_and_takes_the_trunks_calls(
     monkeypatch.setenv("BRISVOX_TEST_TRUNK", SECRET)
     peer = Peer()
     try:
-        with GatewayProc(short_tmp, inbox=True, sip={"trunks": [trunk(peer)]}) as gw:
+        with GatewayProc(short_tmp, inbox=True, sip={"trunks": [trunk(peer, keepalive_s=0)]}) as gw:
             assert wait_for(lambda: len(peer.bound) == 1, 5), peer.requests
             st = gw.stats()
             assert st["sip_trunk_carrier_registered"] == 1 and st["sip_trunks"]["carrier"]["state"] == "registered"
@@ -226,3 +227,20 @@ def test_dial_through_the_trunk_answers_its_407_once(short_tmp, monkeypatch):
     finally:
         peer.close()
         rude.close()
+
+
+def test_keepalives_find_a_registrar_gone_quiet_and_register_again(short_tmp, monkeypatch):
+    monkeypatch.setenv("BRISVOX_TEST_TRUNK", SECRET)
+    peer = Peer(grant=60)
+    try:
+        with GatewayProc(short_tmp, inbox=True, sip={"t1_ms": 50, "trunks": [trunk(peer, keepalive_s=0.3)]}) as gw:
+            assert wait_for(lambda: len(peer.bound) == 1, 5)
+            assert wait_for(lambda: len(peer.of("OPTIONS")) >= 2, 3)  # alive: one every 0.3 s
+            n = len(peer.of("REGISTER"))
+            peer.silent = True  # the registrar's host goes away: the next OPTIONS times out (64 x T1)
+            assert wait_for(lambda: gw.stats().get("sip_trunk_keepalive_lost", 0) >= 1, 8)
+            assert len(peer.of("REGISTER")) > n  # registering again at once, not 60 s later
+            peer.silent = False
+            assert wait_for(lambda: gw.stats()["sip_trunks"]["carrier"]["state"] == "registered", 10)
+    finally:
+        peer.close()

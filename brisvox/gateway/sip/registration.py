@@ -35,6 +35,9 @@ Invariants:
 * :meth:`Registration.stop` removes a binding the registrar holds
   (``Expires: 0``) and ends in ``stopped`` on its answer or timeout; a
   trunk that was not registered stops at once.
+* While registered, an OPTIONS goes to the registrar every ``keepalive_s``
+  (UDP: it keeps a NAT's mapping open and proves the registrar alive); any
+  final answer is alive, none (Timer F) registers again at once.
 * Each REGISTER's challenge is answered once (a new :class:`ClientAuth`
   per REGISTER): wrong credentials fail that attempt with the reason,
   never a loop.
@@ -160,6 +163,14 @@ class Registration:
             return [Wait(self.next_at)]
         return []
 
+    def on_flow_lost(self, now: float) -> list[RegAction]:
+        """A keepalive to the registrar went unanswered: register again now (it may have lost
+        the binding, or a NAT in between its mapping)."""
+        if self.state != "registered":
+            return []
+        self.state = "registering"
+        return [SendRegister(self.asked)]
+
     def stop(self, now: float) -> list[RegAction]:
         """Remove the binding (the registrar holds one until ``registered_until``)."""
         holds = self.registered_until > now or self.state == "registering"
@@ -194,7 +205,7 @@ class _Trunk:
     """What the driver keeps per trunk: its config, machine, dialog identity and timer."""
 
     __slots__ = ("cfg", "reg", "call_id", "tag", "cseq", "timer", "contact_host", "contact_port", "nat_learned",
-                 "stopped")
+                 "stopped", "keepalive")
 
     def __init__(self, cfg: SipTrunk, reg: Registration, host: str, port: int) -> None:
         self.cfg = cfg
@@ -207,6 +218,7 @@ class _Trunk:
         self.contact_port = port
         self.nat_learned = False
         self.stopped: asyncio.Event | None = None
+        self.keepalive: asyncio.TimerHandle | None = None
 
 
 class TrunkRegistrar:
@@ -235,9 +247,10 @@ class TrunkRegistrar:
         waits = []
         now = self.loop.time()
         for tr in self.trunks.values():
-            if tr.timer is not None:
-                tr.timer.cancel()
-                tr.timer = None
+            for h in (tr.timer, tr.keepalive):
+                if h is not None:
+                    h.cancel()
+            tr.timer = tr.keepalive = None
             actions = tr.reg.stop(now)
             if actions:
                 tr.stopped = asyncio.Event()
@@ -251,9 +264,10 @@ class TrunkRegistrar:
 
     def close(self) -> None:
         for tr in self.trunks.values():
-            if tr.timer is not None:
-                tr.timer.cancel()
-                tr.timer = None
+            for h in (tr.timer, tr.keepalive):
+                if h is not None:
+                    h.cancel()
+            tr.timer = tr.keepalive = None
 
     def stats(self) -> dict[str, Any]:
         """Per trunk: ``sip_trunk_<name>_registered`` (1/0), ``_failures``, ``_registrations``,
@@ -343,11 +357,46 @@ class TrunkRegistrar:
                                         tr.cfg.name, tr.cfg.registrar, level=logging.INFO)
             self._perform(tr, tr.reg.on_ok(granted_expires(resp, tr.cfg.contact_user or tr.cfg.username), now))
             self._stopped(tr)
+            self._arm_keepalive(tr)
             return
         if st == 423:
             self._perform(tr, tr.reg.on_too_brief(_int(resp.get("min-expires")), now))
             return
         self._failed(tr, f"{st} {resp.reason}"[:120], parse_retry_after(resp.get("retry-after") or None), now)
+
+    # -- keepalives ----------------------------------------------------------------------------
+
+    def _arm_keepalive(self, tr: _Trunk) -> None:
+        if tr.cfg.keepalive_s > 0 and tr.keepalive is None and tr.reg.state == "registered":
+            tr.keepalive = self.loop.call_later(tr.cfg.keepalive_s, self._send_keepalive, tr)
+
+    def _send_keepalive(self, tr: _Trunk) -> None:
+        """An OPTIONS to the registrar (its NAT binding kept, its liveness seen); any answer is
+        alive, none (Timer F) registers again at once."""
+        tr.keepalive = None
+        if tr.reg.state != "registered":
+            return
+        t = tr.cfg
+        req = SipMessage(method="OPTIONS", uri=f"sip:{t.domain}")
+        h = req.headers
+        h.append(("via", f"SIP/2.0/UDP {self.transactions.via_host};branch={new_branch()};rport"))
+        h.append(("max-forwards", "70"))
+        h.append(("from", f"<sip:{t.username}@{t.domain}>;tag={new_tag()}"))
+        h.append(("to", f"<sip:{t.domain}>"))
+        h.append(("call-id", new_call_id(self.cfg.advertised_host)))
+        h.append(("cseq", "1 OPTIONS"))
+        h.append(("user-agent", self.cfg.user_agent))
+        self.counters.count("sip_trunk_keepalives")
+        self.transactions.request(req, t.next_hop, lambda a: self._keepalive_result(tr, a))
+
+    def _keepalive_result(self, tr: _Trunk, a: Action) -> None:
+        if isinstance(a, TimedOut):
+            self.counters.count("sip_trunk_keepalive_lost")
+            self.counters.log_limit(f"sip_keepalive:{tr.cfg.name}", "trunk %s: keepalive to %s unanswered; "
+                                    "registering again", tr.cfg.name, tr.cfg.registrar, level=logging.WARNING)
+            self._perform(tr, tr.reg.on_flow_lost(self.loop.time()))
+        elif isinstance(a, Deliver) and a.msg.status >= 200:
+            self._arm_keepalive(tr)
 
     def _failed(self, tr: _Trunk, error: str, retry_after: float | None, now: float) -> None:
         self.counters.count("sip_register_failed")

@@ -39,13 +39,17 @@ dialogs (it keys transactions by branch, answers 400/405/481/483/501/503 itself 
 times retransmissions); above it nothing opens a socket, matches a message
 to a transaction or runs an RFC 3261 section 17 timer (the dialog layer's
 own timers are the ring delay and the dial's ring timeout, on the loop).
-Where the next pieces go: another transport (TCP, TLS) below the seam, in
-the transaction layer, which then also says the Via's transport (written
-``UDP`` today by the dialer and :meth:`~brisvox.wire.sip_dialog.Dialog.request`);
-digest authentication of incoming requests in the user agent's routing,
-before a request reaches the dialog layer, and of our own requests (a 401/407
-to an INVITE or REGISTER) in the client that sent them; REGISTER as another
-client beside the dialer; session timers in the dialog layer.
+Beside them: :class:`~brisvox.gateway.sip.authenticator.SipAuthenticator`
+(``[sip] auth``: every new INVITE is judged in :meth:`SipUserAgent.on_invite`
+before the dialog layer sees it), the trunk registrations
+(:class:`~brisvox.gateway.sip.registration.TrunkRegistrar`, started with the
+listener, removed on drain and shutdown) and, held by each client that sends
+a request, :class:`~brisvox.gateway.sip.client_auth.ClientAuth` (a 401/407
+answered once per challenge). Where the next pieces go: another transport
+(TCP, TLS) below the seam, in the transaction layer, which then also says
+the Via's transport (written ``UDP`` today by the dialer, the registrar and
+:meth:`~brisvox.wire.sip_dialog.Dialog.request`); session timers in the
+dialog layer.
 
 Routing here: an INVITE, an ACK, a CANCEL of a live INVITE and BYE/INFO/NOTIFY
 in a dialog of ours go to the dialog layer; OPTIONS is answered here, 200, or 503 "Draining" (Retry-After
