@@ -1,0 +1,134 @@
+"""brisvox registers with a real Kamailio (Debian's package) that authenticates it with digest, and
+answers a call Kamailio routes to the registered contact (item 4 of issue 32, UDP).
+
+Kamailio (tests/system/peers/kamailio_registrar.cfg: tm, registrar, usrloc in memory, auth with
+the password passed as a define) challenges every REGISTER; brisvox answers with the trunk's
+secret and is registered (its stats and the `sip_trunks` row say so). Kamailio grants at most
+4 s, so brisvox refreshes every 2-3.2 s. SIPp calls sip:1001@kamailio; Kamailio looks up the
+binding and relays the INVITE (record-routed) to brisvox, whose call runs the trunk's agent and
+names the trunk; the caller's BYE comes back through Kamailio. Kamailio is then restarted on the
+same address, losing every binding: brisvox's next refresh registers again and a second call is
+routed. Every process is stopped by its process group, also on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.harness import sipp as S
+from tests.system.gateway_harness import (
+    GatewayProc,
+    free_port,
+    free_port_pair_base,
+    have,
+    make_fixture,
+)
+
+pytestmark = [pytest.mark.system,
+              pytest.mark.skipif(not (have("kamailio") and have("sipp") and have("espeak-ng") and have("sox")),
+                                 reason="needs kamailio, sipp, espeak-ng and sox (make test installs them)")]
+
+CFG = Path(__file__).parent / "peers" / "kamailio_registrar.cfg"
+HOST = "127.0.0.8"
+SECRET = "kamailio trunk secret"
+
+
+class Kamailio:
+    """The registrar config on ``HOST:port``, run in its own process group."""
+
+    def __init__(self, tmp: Path, port: int) -> None:
+        self.tmp = tmp
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = tmp / "kamailio.log"
+
+    def args(self) -> list[str]:
+        return ["kamailio", "-DD", "-E", "-f", str(CFG), "-A", f"LISTEN=udp:{HOST}:{self.port}",
+                "-A", 'TRUNK_USER="1001"', "-A", f'TRUNK_PASSWORD="{SECRET}"', "-A", "MAX_EXPIRES=4",
+                "-A", 'REALM="kamailio.test"', "-P", str(self.tmp / "kamailio.pid"), "-Y", str(self.tmp),
+                "-w", str(self.tmp), "-m", "32", "-M", "4"]
+
+    def start(self) -> None:
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp,
+                                     start_new_session=True)
+        log.close()
+        time.sleep(0.5)
+        assert self.proc.poll() is None, self.log()
+
+    def stop(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-3000:]
+        except OSError:
+            return ""
+
+
+def wait_for(pred: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return bool(pred())
+
+
+def call_through(tmp: Path, ulaw: Path, port: int) -> subprocess.CompletedProcess[str]:
+    return S.run_sipp(tmp, S.routed_call(ulaw, 800), f"{HOST}:{port}", service="1001", timeout=15,
+                      media_port=free_port_pair_base(4), local_port=free_port())
+
+
+def test_registers_with_kamailio_takes_its_calls_and_registers_again_after_a_restart(short_tmp, monkeypatch):
+    monkeypatch.setenv("BRISVOX_TEST_KAMAILIO", SECRET)
+    fx = make_fixture(short_tmp, "A call routed by Kamailio.")
+    kam = Kamailio(short_tmp / "kamailio", free_port())
+    trunk = {"name": "kamailio", "registrar": f"{HOST}:{kam.port}", "username": "1001",
+             "secret_env": "BRISVOX_TEST_KAMAILIO", "expires": 60, "agent": "echo", "keepalive_s": 0}
+    try:
+        kam.start()
+        with GatewayProc(short_tmp, inbox=True, sip={"trunks": [trunk]}) as gw:
+            def row() -> dict[str, Any]:
+                return gw.stats().get("sip_trunks", {}).get("kamailio", {})
+
+            assert wait_for(lambda: row().get("state") == "registered", 8), (row(), kam.log())
+            st = gw.stats()
+            assert st["sip_trunk_kamailio_registered"] == 1 and st.get("sip_auth_answered", 0) >= 1
+            assert 0 < row()["expires_in_s"] <= 4  # Kamailio's max_expires, not the 60 asked
+            n = st["sip_trunk_kamailio_registrations"]
+            assert wait_for(lambda: gw.stats()["sip_trunk_kamailio_registrations"] > n, 5)  # refreshed
+            r = call_through(short_tmp, fx["ulaw"], kam.port)
+            assert r.returncode == 0, (r.stdout[-800:], r.stderr[-800:], kam.log())
+            assert gw.stats()["calls_admitted"] == 1
+            assert "challenged" in kam.log()  # Kamailio did challenge, brisvox did answer
+
+            kam.stop()  # its bindings are lost
+            kam.start()
+            n = gw.stats()["sip_trunk_kamailio_registrations"]
+            assert wait_for(lambda: gw.stats()["sip_trunk_kamailio_registrations"] > n, 8), kam.log()
+            r = call_through(short_tmp, fx["ulaw"], kam.port)
+            assert r.returncode == 0, (r.stdout[-800:], r.stderr[-800:], kam.log())
+            st = gw.stats()
+            assert st["calls_admitted"] == 2 and st.get("sip_register_failed", 0) <= 2
+    finally:
+        kam.stop()
