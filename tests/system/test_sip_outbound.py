@@ -207,3 +207,52 @@ def test_brisvoxd_dial_reaches_the_daemons_gateway_and_reports_busy(short_tmp):
         if callee is not None and callee.poll() is None:
             callee.kill()
         d.close()
+
+
+def challenging_callee(media_port: int, hold_ms: int) -> str:
+    """A callee that answers the first INVITE 401 and checks the second's Authorization with SIPp's
+    own digest code (``verifyauth``): 200 (then its BYE) when right, 403 when not. A 407: SIPp
+    3.6's verifyauth refused the right password in Proxy-Authorization, so the 407 path is held
+    by test_sip_trunks.py's callee."""
+    challenge = S.send(_RESP.format(status="401 Unauthorized")
+                       + '\n      WWW-Authenticate: Digest realm="sipp.test", nonce="5f2a9c1e7b", qop="auth"'
+                       + "\n      Content-Length: 0", False)
+    verify = ('  <recv request="INVITE">\n    <action>\n'
+              '      <ereg regexp=".*" search_in="hdr" header="From:" check_it="true" assign_to="from_hdr"/>\n'
+              '      <verifyauth assign_to="authvalid" username="1001" password="sipp secret"/>\n'
+              '    </action>\n  </recv>\n'
+              '  <nop hide="true" test="authvalid" next="good"/>\n'
+              + S.send(_RESP.format(status="403 Forbidden") + "\n      Content-Length: 0", False).replace(
+                  "<send>", '<send next="end">', 1)
+              + '  <label id="good"/>\n')
+    ok = answered_then_bye(media_port, hold_ms)
+    answer = ok[ok.index("  <send", ok.index("180 Ringing")):]  # the 200, the ACK, the callee's BYE
+    body = ('  <recv request="INVITE"/>\n' + challenge + '  <recv request="ACK"/>\n' + verify
+            + answer.replace("</scenario>\n", "") + '  <label id="end"/>\n')
+    return S.scenario(body, name="challenging")
+
+
+@pytest.mark.parametrize("secret,ok", [("sipp secret", True), ("a wrong one", False)])
+def test_dial_through_a_trunk_answers_a_sipp_callees_challenge(short_tmp, monkeypatch, secret, ok):
+    monkeypatch.setenv("BRISVOX_TEST_SIPP_TRUNK", secret)
+    port = free_port()
+    m = Media()
+    trunk = {"name": "sipp", "registrar": f"127.0.0.1:{port}", "register": False, "username": "1001",
+             "secret_env": "BRISVOX_TEST_SIPP_TRUNK", "agent": "echo"}
+    try:
+        with GatewayProc(short_tmp, inbox=True, sip={"trunks": [trunk]}) as gw:
+            callee = run_callee(short_tmp, challenging_callee(m.port, 300), port, timeout=15)
+            time.sleep(0.3)
+            reply = request_sync(gw.inbox, F.Command(name="dial", args={
+                "target": "5551000", "trunk": "sipp", "agent": "echo", "ring_timeout_s": 10}), 20)
+            assert isinstance(reply, F.CommandReply)
+            out, err = callee.communicate(timeout=20)
+            if ok:
+                assert reply.ok, reply.error
+                assert callee.returncode == 0, (out[-600:], err[-600:])
+            else:
+                assert not reply.ok and reply.error == "declined", reply.error  # SIPp's 403
+            st = gw.stats()
+            assert _counter(st, "sip_auth_answered") == 1, st
+    finally:
+        m.close()
