@@ -197,6 +197,19 @@ def _entry_secret(entry: Any, where: str) -> Any:
 
 
 @dataclass(frozen=True, slots=True)
+class SipListener:
+    """One ``[[sip.listeners]]`` entry: SIP over ``tcp`` or ``tls`` on ``host:port`` (the
+    ``[sip] host/port`` UDP listener is always there). TLS: ``cert_file`` and ``key_file``
+    (PEM, read at start), TLS 1.2 or newer with the platform's ciphers."""
+
+    transport: Literal["tcp", "tls"]
+    port: Port
+    host: str = "127.0.0.1"
+    cert_file: str = ""
+    key_file: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SipTrunk:
     """One ``[[sip.trunks]]`` entry: a carrier or PBX brisvox registers with and dials through.
 
@@ -334,6 +347,12 @@ class SipConfig:
     # with an IP address, sent there); a number is dialled as sip:NUMBER@trunk
     trunk: str = ""
     trunks: tuple[SipTrunk, ...] = ()  # [[sip.trunks]]: registration, digest credentials, inbound matching
+    listeners: tuple[SipListener, ...] = ()  # [[sip.listeners]]: SIP over TCP and TLS besides UDP
+    max_connections: int = Field(default=2048, ge=1, le=1_000_000)  # TCP/TLS connections at once
+    max_connections_per_source: int = Field(default=32, ge=1, le=1_000_000)  # ... from one address
+    connection_idle_s: float = Field(default=600.0, gt=0, le=86400)  # a connection without traffic is closed
+    first_message_s: float = Field(default=10.0, gt=0, le=600)  # no whole message by then: closed
+    tls_handshake_timeout_s: float = Field(default=5.0, gt=0, le=120)  # a stalled handshake is closed
     dial_ring_timeout_s: float = Field(default=60.0, gt=0, le=600)  # an outbound call not answered by then is cancelled
 
     def __post_init__(self) -> None:  # cross-key and format checks; keys relative to [sip]
@@ -374,6 +393,16 @@ class SipConfig:
             if names.index(t.name) != i:
                 raise ConfigError(f"trunks[{i}].name", f"{t.name!r} is given twice")
             _check_trunk(i, t, self.allow)
+        for i, lst in enumerate(self.listeners):
+            try:
+                ipaddress.ip_address(lst.host)
+            except ValueError:
+                raise ConfigError(f"listeners[{i}].host", f"expected an IP address, got {lst.host[:60]!r}") from None
+            if lst.transport == "tls":
+                for k in ("cert_file", "key_file"):
+                    path = getattr(lst, k)
+                    if not path or not os.access(path, os.R_OK):
+                        raise ConfigError(f"listeners[{i}].{k}", f"a readable PEM file is needed for TLS, got {path!r}")
         if self.trunk and self.trunk not in names:
             _trunk("trunk", self.trunk)
         if self.public_host:

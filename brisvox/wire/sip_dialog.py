@@ -108,6 +108,7 @@ class Dialog:
     local_cseq: int = field(default_factory=lambda: random.randint(1, 10_000))
     remote_cseq: int = 0
     state: str = "early"  # early -> confirmed -> terminated
+    transport: str = "UDP"  # what its requests' Via says and what they go over: UDP, TCP, TLS
 
     @classmethod
     def from_invite(cls, inv: SipMessage, local_tag: str, local_contact: str, source: Addr) -> Dialog:
@@ -129,6 +130,7 @@ class Dialog:
             local_contact=local_contact,
             source=source,
             remote_cseq=inv.cseq[0],
+            transport=inv.top_via.transport if inv.top_via.transport in ("TCP", "TLS") else "UDP",
         )
 
     @classmethod
@@ -210,7 +212,7 @@ class Dialog:
             cseq = self.local_cseq
         msg = SipMessage(method=method, uri=self.remote_target)
         h = msg.headers
-        h.append(("via", f"SIP/2.0/UDP {via};branch={branch or new_branch()};rport"))
+        h.append(("via", f"SIP/2.0/{self.transport} {via};branch={branch or new_branch()};rport"))
         h.append(("max-forwards", "70"))
         h.append(("from", f"<{self.local_uri}>;tag={self.local_tag}"))
         h.append(("to", f"<{self.remote_uri}>;tag={self.remote_tag}"))

@@ -16,6 +16,11 @@ final, which it ACKs itself), M (64*T1 after a 2xx, RFC 6026: each 2xx
 retransmission is delivered, so the TU repeats its ACK). The UAS core's 2xx retransmission
 (13.3.1.4): T1 doubling to T2 until the ACK, 64*T1 then give up.
 
+Over a reliable transport (``Timers.reliable``: TCP, TLS; 17.1.1.2, 17.1.2.2,
+17.2.1, 17.2.2) nothing is retransmitted by a transaction (A, E, G unarmed) and
+D, I, J, K are 0; B, F, H, L and M keep their 64*T1. The UAS core's 2xx
+retransmission (13.3.1.4) is kept on every transport.
+
 Invariants: a transaction never sends after it terminated; every timer it
 arms is bounded by 64*T1; retransmissions of a request are answered with
 the last response byte for byte.
@@ -32,9 +37,23 @@ Addr = tuple[str, int]
 
 @dataclass(frozen=True, slots=True)
 class Timers:
+    """T1, T2, T4; ``reliable``: the transport (TCP, TLS) retransmits itself, so no request or
+    final response is retransmitted (timers A, E, G are not armed) and D, I, J, K are 0."""
+
     t1: float = 0.5
     t2: float = 4.0
     t4: float = 5.0
+    reliable: bool = False
+
+    @property
+    def t4_or_0(self) -> float:
+        """Timers I and K: T4 over UDP, 0 over a reliable transport."""
+        return 0.0 if self.reliable else self.t4
+
+    @property
+    def wait_or_0(self) -> float:
+        """Timers D and J: 64*T1 over UDP (absorbing retransmissions), 0 over a reliable transport."""
+        return 0.0 if self.reliable else 64 * self.t1
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +130,7 @@ class ServerInvite(Transaction):
             else:
                 self.state = "completed"
                 self.g_int = self.timers.t1
-                self.g_at = now + self.g_int
+                self.g_at = None if self.timers.reliable else now + self.g_int
                 self.h_at = now + 64 * self.timers.t1
         self._arm()
         return [Send(data, self.addr)]
@@ -127,7 +146,7 @@ class ServerInvite(Transaction):
         if self.state == "completed":
             self.state = "confirmed"
             self.g_at = self.h_at = None
-            self.end_at = now + self.timers.t4  # Timer I
+            self.end_at = now + self.timers.t4_or_0  # Timer I
             self._arm()
         return []
 
@@ -167,7 +186,7 @@ class ServerNonInvite(Transaction):
         self.last = msg.serialize()
         if msg.status >= 200:
             self.state = "completed"
-            self.deadline = now + 64 * self.timers.t1  # Timer J
+            self.deadline = now + self.timers.wait_or_0  # Timer J
         else:
             self.state = "proceeding"
         return [Send(self.last, self.addr)]
@@ -197,7 +216,7 @@ class ClientNonInvite(Transaction):
         self.k_at: float | None = None
 
     def start(self, now: float) -> list[Action]:
-        self.e_at = now + self.e_int
+        self.e_at = None if self.timers.reliable else now + self.e_int
         self.f_at = now + 64 * self.timers.t1
         self._arm()
         return [Send(self.request, self.addr)]
@@ -210,7 +229,7 @@ class ClientNonInvite(Transaction):
             return [Deliver(msg)]
         self.state = "completed"
         self.e_at = self.f_at = None
-        self.k_at = now + self.timers.t4
+        self.k_at = now + self.timers.t4_or_0
         self._arm()
         return [Deliver(msg)]
 
@@ -255,7 +274,7 @@ class ClientInvite(Transaction):
         self.final_status = 0
 
     def start(self, now: float) -> list[Action]:
-        self.a_at = now + self.a_int
+        self.a_at = None if self.timers.reliable else now + self.a_int
         self.b_at = now + 64 * self.timers.t1
         self._arm()
         return [Send(self.request, self.addr)]
@@ -275,7 +294,8 @@ class ClientInvite(Transaction):
             return [Deliver(msg)]
         self.final_status = st
         self.a_at = self.b_at = None
-        self.end_at = now + 64 * self.timers.t1  # Timer M (2xx) or D (non-2xx)
+        # Timer M (2xx: 64*T1 on every transport, RFC 6026) or D (non-2xx: 0 on a reliable one)
+        self.end_at = now + (64 * self.timers.t1 if st < 300 else self.timers.wait_or_0)
         if st < 300:
             self.state = "accepted"
             self._arm()

@@ -1,5 +1,5 @@
 """brisvox registers with a real Kamailio (Debian's package) that authenticates it with digest, and
-answers a call Kamailio routes to the registered contact (item 4 of issue 32, UDP).
+answers a call Kamailio routes to the registered contact over UDP.
 
 Kamailio (tests/system/peers/kamailio_registrar.cfg: tm, registrar, usrloc in memory, auth with
 the password passed as a define) challenges every REGISTER; brisvox answers with the trunk's

@@ -208,7 +208,8 @@ class SipDialogs:
             respond(tx, req, 404)
             return
         try:
-            dialog = Dialog.from_invite(req, new_tag(), self.transactions.contact, addr)
+            via_transport = req.top_via.transport
+            dialog = Dialog.from_invite(req, new_tag(), self.transactions.contact_for(via_transport), addr)
         except ValueError as e:
             self.counters.refuse("malformed", "INVITE from %s: %s", addr[0], str(e)[:80])
             respond(tx, req, 400, "Bad Contact or From")
@@ -338,7 +339,7 @@ class SipDialogs:
             self.end(leg, "agent unavailable", send_bye=False)
             return
         if self.cfg.ring_ms > 0:
-            self.transactions.respond(tx, leg.invite, 180, to_tag=leg.dialog.local_tag, contact=self.transactions.contact)
+            self.transactions.respond(tx, leg.invite, 180, to_tag=leg.dialog.local_tag, contact=leg.dialog.local_contact)
             self.ctx.loop.call_later(self.cfg.ring_ms / 1000, self._answer, leg)
         else:
             self._answer(leg)
@@ -349,7 +350,7 @@ class SipDialogs:
             return
         body = leg.answer_sdp()
         leg.ok_retx = self.transactions.accept(tx, leg.invite, functools.partial(self._ack_timeout, leg),
-                                     to_tag=leg.dialog.local_tag, contact=self.transactions.contact, body=body,
+                                     to_tag=leg.dialog.local_tag, contact=leg.dialog.local_contact, body=body,
                                      content_type="application/sdp")
         leg.state = "answered"
         leg.last_rx = self.ctx.loop.time()
@@ -424,7 +425,7 @@ class SipDialogs:
         leg.invite = req
         leg.invite_tx = tx
         leg.ok_retx = self.transactions.accept(tx, req, functools.partial(self._ack_timeout, leg),
-                                     to_tag=leg.dialog.local_tag, contact=self.transactions.contact, body=body,
+                                     to_tag=leg.dialog.local_tag, contact=leg.dialog.local_contact, body=body,
                                      content_type="application/sdp")
 
     def on_cancel(self, req: SipMessage, tx: ServerNonInvite, inv: ServerInvite | None) -> None:
@@ -511,7 +512,7 @@ class SipDialogs:
         except ValueError:
             done(False, "invalid target")
             return
-        req = leg.dialog.request("REFER", self.transactions.via_host, extra=[
+        req = leg.dialog.request("REFER", self.transactions.via_host_for(leg.dialog.transport), extra=[
             ("refer-to", f"<{target}>"), ("referred-by", f"<{leg.dialog.local_uri}>")])
 
         def on_action(a: Action) -> None:
@@ -585,7 +586,7 @@ class SipDialogs:
     def end(self, leg: SipCall, reason: str, send_bye: bool = False) -> None:
         """End ``leg`` once (BYE first when asked and the dialog is answered or confirmed)."""
         if send_bye and leg.state in ("answered", "confirmed") and not leg.ended:
-            req = leg.dialog.request("BYE", self.transactions.via_host, extra=[("reason", bye_reason(reason))])
+            req = leg.dialog.request("BYE", self.transactions.via_host_for(leg.dialog.transport), extra=[("reason", bye_reason(reason))])
             self.counters.count("sip_bye_sent")
             self._client_request(leg, req, self._bye_result)
         if leg.ended:

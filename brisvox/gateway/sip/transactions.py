@@ -75,8 +75,10 @@ from brisvox.gateway.sip.guard import (
     rate_kind,
     stateless_refusal,
 )
+from brisvox.gateway.sip.streams import SipStreams, StreamConn
 from brisvox.wire.sip_dialog import make_response
-from brisvox.wire.sip_message import SipMessage, SipParseError, parse
+from brisvox.wire.sip_message import SipMessage, SipParseError, parse, parse_name_addr, parse_uri
+from brisvox.wire.sip_stream import FramingError
 from brisvox.wire.sip_transaction import (
     Action,
     Addr,
@@ -126,6 +128,14 @@ class TransactionLayer(Protocol):
     def contact(self) -> str:
         """Our Contact (name-addr)."""
 
+    def via_host_for(self, transport: str) -> str:
+        """``host:port`` for the Via of a request we send over ``transport`` (UDP, TCP, TLS)."""
+        ...
+
+    def contact_for(self, transport: str) -> str:
+        """Our Contact for a dialog over ``transport``."""
+        ...
+
     def respond(self, tx: ServerInvite | ServerNonInvite, req: SipMessage, status: int, reason: str = "",
                 **kw: Any) -> None: ...
 
@@ -172,6 +182,11 @@ class SipTransactions(asyncio.DatagramProtocol):
         self.tu = tu
         self.loop = loop
         self.timers = Timers(cfg.t1_ms / 1000, cfg.t2_ms / 1000, cfg.t4_ms / 1000)
+        self.reliable_timers = Timers(cfg.t1_ms / 1000, cfg.t2_ms / 1000, cfg.t4_ms / 1000, reliable=True)
+        # SIP over TCP/TLS ([[sip.listeners]]): whole messages come into the same intake
+        self.streams = SipStreams(cfg, guard.allowed, counters, self._intake, self._stream_refused, loop)
+        # transaction -> how its sends go: ("UDP", None), or a stream transport and the connection
+        self._tx_flow: dict[int, tuple[str, StreamConn | None]] = {}
         self.transport: asyncio.DatagramTransport | None = None
         self.proxies = TrustedProxies(cfg.trusted_proxies)
         self.server_tx: dict[tuple, Transaction] = {}
@@ -198,9 +213,12 @@ class SipTransactions(asyncio.DatagramProtocol):
                     sock.setsockopt(socket.SOL_SOCKET, opt, 1 << 20)
                 except OSError:
                     pass
+        if self.cfg.listeners:
+            await self.streams.start()
         return self.host, self.port
 
     def close(self) -> None:
+        self.streams.close()
         if self._timer is not None:
             self._timer.cancel()
         if self.transport is not None:
@@ -218,9 +236,20 @@ class SipTransactions(asyncio.DatagramProtocol):
     def contact(self) -> str:
         return f"<sip:brisvox@{self.cfg.advertised_host}:{self.port}>"
 
+    def via_host_for(self, transport: str) -> str:
+        """``host:port`` for the Via of a request we send over ``transport`` ("UDP", "TCP", "TLS")."""
+        port = self.streams.ports.get(transport, self.port) if transport != "UDP" else self.port
+        return f"{self.cfg.advertised_host}:{port}"
+
+    def contact_for(self, transport: str) -> str:
+        """Our Contact for a dialog over ``transport`` (``;transport=tcp|tls`` on a stream)."""
+        if transport == "UDP" or transport not in self.streams.ports:
+            return self.contact
+        return f"<sip:brisvox@{self.via_host_for(transport)};transport={transport.lower()}>"
+
     def stats(self) -> dict[str, int]:
         return {"sip_server_transactions": len(self.server_tx), "sip_client_transactions": len(self.client_tx),
-                "sip_server_transaction_sources": self.shares.sources()}
+                "sip_server_transaction_sources": self.shares.sources(), **self.streams.stats()}
 
     # -- receive ---------------------------------------------------------------------------
 
@@ -231,14 +260,33 @@ class SipTransactions(asyncio.DatagramProtocol):
         self.counters.count("sip_socket_errors")
 
     def datagram_received(self, data: bytes, addr: Addr) -> None:
-        count = self.counters.count
         if not self.guard.allowed(addr[0]):
-            count("sip_refused_allowlist")
+            self.counters.count("sip_refused_allowlist")
             self.counters.log_limit("sip_allowlist", "SIP from %s dropped: not in [sip] allow", addr[0],
                                     level=logging.INFO)
             return
         if not data.strip():
             return  # CRLF keep-alive
+        self._intake(data, addr, "UDP", None)
+
+    def _stream_refused(self, e: FramingError, conn: StreamConn) -> None:
+        """A stream that cannot be framed: 513 / 400 when its head can be answered (then it closes)."""
+        if not e.head:
+            return
+        try:
+            msg: SipMessage | None = parse(e.head + b"\r\n", 1 << 16)
+        except SipParseError as pe:  # the body the head announces is not there: its headers still are
+            msg = pe.msg if pe.can_reply else None
+        if msg is not None and msg.is_request and msg.method != "ACK":
+            too_large = e.kind == "oversized"
+            self.counters.count("sip_refused_too_large" if too_large else "sip_refused_malformed")
+            self._stateless(msg, 513 if too_large else 400, conn.peer, "" if too_large else "Content-Length",
+                            flow=(conn.name, conn))
+
+    def _intake(self, data: bytes, addr: Addr, transport: str, conn: StreamConn | None) -> None:
+        """One message from UDP (a datagram) or a stream (framed by :mod:`brisvox.gateway.sip.streams`)."""
+        count = self.counters.count
+        flow = (transport, conn)
         try:
             msg = parse(data, self.cfg.max_message_bytes)
         except SipParseError as e:
@@ -248,13 +296,15 @@ class SipTransactions(asyncio.DatagramProtocol):
             if e.can_reply and e.msg is not None and e.msg.method != "ACK":
                 too_large = e.kind == "oversized"
                 count("sip_refused_too_large" if too_large else "sip_refused_malformed")
-                self._stateless(e.msg, 513 if too_large else 400, self._reply_addr(e.msg, addr),
-                                "" if too_large else e.detail[:60])
+                self._stateless(e.msg, 513 if too_large else 400, self._reply_addr(e.msg, addr, conn),
+                                "" if too_large else e.detail[:60], flow=flow)
             return
         try:
             if msg.is_request:
                 count(f"sip_requests_{msg.method if msg.method in _COUNTED else 'other'}")
-                self._on_request(msg, addr)
+                if conn is not None:
+                    self._alias(msg, conn)
+                self._on_request(msg, addr, flow)
             else:
                 self._on_response(msg, addr)
         except Exception as e:
@@ -265,7 +315,19 @@ class SipTransactions(asyncio.DatagramProtocol):
                                     msg.method or msg.status, addr[0], type(e).__name__, str(e)[:200], where,
                                     level=logging.ERROR)
 
-    def _on_request(self, req: SipMessage, addr: Addr) -> None:
+    def _alias(self, req: SipMessage, conn: StreamConn) -> None:
+        """A stream peer's Via sent-by and Contact address: requests to them reuse its connection."""
+        try:
+            via = req.top_via
+            self.streams.alias(conn, (via.host, via.port or 5060))
+            contact = req.get("contact")
+            if contact:
+                u = parse_uri(parse_name_addr(contact).uri)
+                self.streams.alias(conn, (u.host, u.port or 5060))
+        except ValueError:
+            pass
+
+    def _on_request(self, req: SipMessage, addr: Addr, flow: tuple[str, StreamConn | None] = ("UDP", None)) -> None:
         method = req.method
         if method == "ACK":
             if not self.tu.on_ack(req, addr):
@@ -280,14 +342,17 @@ class SipTransactions(asyncio.DatagramProtocol):
             self.counters.count("sip_retransmissions_in")
             self._perform(old, old.on_retransmit(self.loop.time()))  # type: ignore[attr-defined]
             return
-        reply_to = self._reply_addr(req, addr)
+        reply_to = self._reply_addr(req, addr, flow[1])
         caller = self.caller_host(req, addr[0])  # behind a trusted proxy: the caller it names
         refusal = self._admission(req, caller)
         if refusal is not None:
-            self._refuse(req, reply_to, caller, refusal)
+            self._refuse(req, reply_to, caller, refusal, flow)
             return
+        timers = self.timers if flow[1] is None else self.reliable_timers
         tx: ServerInvite | ServerNonInvite
-        tx = ServerInvite(key, reply_to, self.timers) if method == "INVITE" else ServerNonInvite(key, reply_to, self.timers)
+        tx = ServerInvite(key, reply_to, timers) if method == "INVITE" else ServerNonInvite(key, reply_to, timers)
+        if flow[1] is not None:
+            self._tx_flow[id(tx)] = flow
         self.server_tx[key] = tx
         self.shares.take(key, caller)
         self._track(tx)
@@ -313,7 +378,8 @@ class SipTransactions(asyncio.DatagramProtocol):
             return Refusal(503, "tx_source_full", "", (("retry-after", "5"),))
         return None
 
-    def _refuse(self, req: SipMessage, reply_to: Addr, caller: str, refusal: Refusal) -> None:
+    def _refuse(self, req: SipMessage, reply_to: Addr, caller: str, refusal: Refusal,
+                flow: tuple[str, StreamConn | None] = ("UDP", None)) -> None:
         """Answer ``refusal`` statelessly, counted and logged bounded; a 503 past the caller's
         ``refusal_rate`` is dropped instead (``sip_refused_flood``)."""
         if refusal.status == 503 and not self.guard.answer_refusal(caller):
@@ -322,7 +388,7 @@ class SipTransactions(asyncio.DatagramProtocol):
             return
         self.counters.refuse(refusal.reason, "%s from %s answered %d (%d server transactions, %d of them its)",
                              req.method, caller, refusal.status, len(self.server_tx), self.shares.held(caller))
-        self._stateless(req, refusal.status, reply_to, refusal.phrase, extra=list(refusal.extra))
+        self._stateless(req, refusal.status, reply_to, refusal.phrase, extra=list(refusal.extra), flow=flow)
 
     def _on_response(self, resp: SipMessage, addr: Addr) -> None:
         try:
@@ -364,9 +430,11 @@ class SipTransactions(asyncio.DatagramProtocol):
         tx = self.server_tx.get(self._tx_key(req, "INVITE"))
         return tx if isinstance(tx, ServerInvite) else None
 
-    def _reply_addr(self, req: SipMessage, src: Addr) -> Addr:
+    def _reply_addr(self, req: SipMessage, src: Addr, conn: StreamConn | None = None) -> Addr:
         """18.2.2 with RFC 3581: answer where the request came from when rport is asked or the
-        sent-by is not an address we can use; else to sent-by."""
+        sent-by is not an address we can use; else to sent-by. On a stream: the connection."""
+        if conn is not None:
+            return src
         try:
             via = req.top_via
         except ValueError:
@@ -404,6 +472,8 @@ class SipTransactions(asyncio.DatagramProtocol):
         self._perform(tx, tx.respond(resp, now))
         self._schedule(tx)
         retx = Retransmit2xx(("2xx", req.call_id, req.cseq[0]), tx.addr, self.timers, data, now)
+        if id(tx) in self._tx_flow:
+            self._tx_flow[id(retx)] = self._tx_flow[id(tx)]
         self._track(retx, cb)
         return retx
 
@@ -416,14 +486,22 @@ class SipTransactions(asyncio.DatagramProtocol):
         self._track(tx, cb)
 
     def _stateless(self, req: SipMessage, status: int, addr: Addr, reason: str = "",
-                   extra: list[tuple[str, str]] | None = None) -> None:
+                   extra: list[tuple[str, str]] | None = None,
+                   flow: tuple[str, StreamConn | None] = ("UDP", None)) -> None:
         """A response outside any transaction (refusals that must cost no state)."""
-        self.send(make_response(req, status, reason, server=self.cfg.user_agent, extra=extra).serialize(), addr)
+        data = make_response(req, status, reason, server=self.cfg.user_agent, extra=extra).serialize()
+        self._send_flow(data, addr, flow)
 
     # -- client side -------------------------------------------------------------------------
 
     def request(self, req: SipMessage, hop: Addr, cb: Callback) -> None:
-        tx = ClientNonInvite((req.top_via.branch, req.method), hop, self.timers, req)
+        """A non-INVITE request over the transport its top Via names (a stream: the connection
+        ``hop`` names, opened by the peer)."""
+        transport = req.top_via.transport
+        timers = self.timers if transport == "UDP" else self.reliable_timers
+        tx = ClientNonInvite((req.top_via.branch, req.method), hop, timers, req)
+        if transport != "UDP":
+            self._tx_flow[id(tx)] = (transport, None)
         self._start_client(tx, cb)
 
     def invite(self, req: SipMessage, dest: Addr, cb: Callback) -> ClientInvite:
@@ -437,8 +515,13 @@ class SipTransactions(asyncio.DatagramProtocol):
         self._perform(tx, tx.start(self.loop.time()))
         self._schedule(tx)
 
-    def send(self, data: bytes, addr: Addr) -> None:
-        if self.transport is not None:
+    def send(self, data: bytes, addr: Addr, transport: str = "UDP") -> None:
+        self._send_flow(data, addr, (transport, None))
+
+    def _send_flow(self, data: bytes, addr: Addr, flow: tuple[str, StreamConn | None]) -> None:
+        if flow[0] != "UDP":
+            self.streams.send(data, addr, flow[0], flow[1])
+        elif self.transport is not None:
             self.transport.sendto(data, addr)
 
     # -- timers and actions ------------------------------------------------------------
@@ -476,9 +559,10 @@ class SipTransactions(asyncio.DatagramProtocol):
             self._timer = self.loop.call_at(self._timer_at, self._on_timer)
 
     def _perform(self, tx: Transaction, actions: list[Action]) -> None:
+        flow = self._tx_flow.get(id(tx), ("UDP", None))
         for a in actions:
             if isinstance(a, Send):
-                self.send(a.data, a.addr)
+                self._send_flow(a.data, a.addr, flow)
             else:
                 cb = self._tx_cb.get(id(tx))
                 if cb is not None:
@@ -486,6 +570,7 @@ class SipTransactions(asyncio.DatagramProtocol):
 
     def _forget(self, tx: Transaction) -> None:
         self._tx_cb.pop(id(tx), None)
+        self._tx_flow.pop(id(tx), None)
         if isinstance(tx, (ClientNonInvite, ClientInvite)):
             if self.client_tx.get(tx.key) is tx:
                 del self.client_tx[tx.key]

@@ -1,0 +1,211 @@
+"""SIP over TCP and TLS (``[[sip.listeners]]``) on the real gateway process, as a caller and as an
+attacker would use them.
+
+A call over TCP and one over TLS (a certificate made here with openssl) are answered 200 on the
+connection they came on; RTP flows; when the caller sends no RTP the gateway's BYE comes back on
+the caller's own connection (its Contact is an alias of it), and our 200 ends the call. The
+limits: a Content-Length of 10 MB gets 513 and the connection is closed before a byte of body is
+read; a head without end is closed at max_message_bytes; a keepalive ping gets its pong; garbage
+instead of a TLS handshake, and a handshake that stalls, are closed without costing a call; a
+source over max_connections_per_source is closed at accept while another source connects; a
+connection that sends nothing is closed after first_message_s. Nothing is left afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import ssl
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from brisvox.wire.sip_message import SipMessage, parse
+from brisvox.wire.sip_stream import StreamFramer
+from tests.system.gateway_harness import GatewayProc, free_port, have
+
+pytestmark = [pytest.mark.system, pytest.mark.skipif(not have("openssl"), reason="needs openssl")]
+
+
+def make_cert(tmp: Path) -> tuple[str, str]:
+    cert, key = tmp / "sip-cert.pem", tmp / "sip-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
+
+
+class StreamUac:
+    """A caller on one TCP or TLS connection."""
+
+    def __init__(self, port: int, tls: bool = False, host: str = "127.0.0.1") -> None:
+        raw = socket.create_connection(("127.0.0.1", port), timeout=3, source_address=(host, 0))
+        if tls:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            raw = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+        self.sock = raw
+        self.transport = "TLS" if tls else "TCP"
+        self.host, self.port = raw.getsockname()[:2]
+        self.framer = StreamFramer(65536)
+        self.pending: list[bytes] = []
+        self.gw_port = port
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self, timeout: float = 3.0) -> SipMessage:
+        self.sock.settimeout(timeout)
+        while not self.pending:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed")
+            self.pending += [m for m in self.framer.feed(data) if m != b"\r\n\r\n"]
+        return parse(self.pending.pop(0))
+
+    def request(self, method: str, call_id: str, cseq: int, *, to: str = "<sip:echo@127.0.0.1>",
+                frm: str = "", body: bytes = b"", branch: str = "") -> bytes:
+        frm = frm or f"<sip:caller@{self.host}>;tag=c{call_id}"
+        t = self.transport
+        head = (f"{method} sip:echo@127.0.0.1:{self.gw_port};transport={t.lower()} SIP/2.0\r\n"
+                f"Via: SIP/2.0/{t} {self.host}:{self.port};branch={branch or f'z9hG4bK{method}{call_id}{cseq}'}"
+                f";rport\r\nFrom: {frm}\r\nTo: {to}\r\nCall-ID: {call_id}\r\nCSeq: {cseq} {method}\r\n"
+                f"Contact: <sip:caller@{self.host}:{self.port};transport={t.lower()}>\r\nMax-Forwards: 70\r\n"
+                + ("Content-Type: application/sdp\r\n" if body else "") + f"Content-Length: {len(body)}\r\n\r\n")
+        return head.encode() + body
+
+
+def offer(port: int) -> bytes:
+    return (f"v=0\r\no=- 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
+            f"m=audio {port} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\n").encode()
+
+
+def closed(sock: socket.socket, timeout: float) -> bool:
+    """Whether the peer closes ``sock`` within ``timeout`` (reading and dropping what comes)."""
+    sock.settimeout(timeout)
+    deadline = time.monotonic() + timeout
+    with contextlib.suppress(TimeoutError, ssl.SSLError, OSError):
+        while time.monotonic() < deadline:
+            if not sock.recv(65536):
+                return True
+        return False
+    return True
+
+
+def call(uac: StreamUac, call_id: str, gw: GatewayProc) -> None:
+    media = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    media.bind(("127.0.0.1", 0))
+    with contextlib.closing(media):
+        uac.send(uac.request("INVITE", call_id, 1, body=offer(media.getsockname()[1])))
+        resp = uac.recv()
+        while resp.status < 200:
+            resp = uac.recv()
+        assert resp.status == 200, resp.status
+        assert f";transport={uac.transport.lower()}" in resp.get("contact")
+        assert resp.top_via.transport == uac.transport
+        uac.send(uac.request("ACK", call_id, 1, to=resp.get("to"), branch=f"z9hG4bKack{call_id}"))
+        media.settimeout(3)
+        assert len(media.recv(2048)) >= 12  # the gateway's RTP flows
+        calls = gw.command("calls")
+        assert len(calls) == 1
+        # we send no RTP: after rtp_timeout_s the gateway hangs up, its BYE on our own connection
+        bye = uac.recv(timeout=6)
+        assert bye.method == "BYE" and bye.call_id == call_id and bye.top_via.transport == uac.transport
+        vias = "".join(f"Via: {v}\r\n" for v in bye.get_all("via"))
+        uac.send((f"SIP/2.0 200 OK\r\n{vias}From: {bye.get('from')}\r\nTo: {bye.get('to')}\r\n"
+                  f"Call-ID: {bye.call_id}\r\nCSeq: {bye.get('cseq')}\r\nContent-Length: 0\r\n\r\n").encode())
+
+
+def _sip(tcp: int, tls: int, cert: tuple[str, str], **kw: Any) -> dict[str, Any]:
+    return {"rtp_timeout_s": 1.5, "listeners": [
+        {"transport": "tcp", "host": "127.0.0.1", "port": tcp},
+        {"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0], "key_file": cert[1]}], **kw}
+
+
+def test_calls_over_tcp_and_tls_are_answered_on_their_connection(short_tmp):
+    cert = make_cert(short_tmp)
+    tcp, tls = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
+    with GatewayProc(short_tmp, inbox=True, sip=_sip(tcp, tls, cert)) as gw:
+        for port, secure in ((tcp, False), (tls, True)):
+            uac = StreamUac(port, tls=secure)
+            try:
+                call(uac, f"stream-{port}", gw)
+                uac.send(b"\r\n\r\n")  # RFC 5626 keepalive ping: one CRLF back
+                uac.sock.settimeout(2)
+                assert uac.sock.recv(16) == b"\r\n"
+            finally:
+                uac.close()
+        deadline = time.monotonic() + 5
+        while gw.command("calls") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        st = gw.stats()
+        assert gw.command("calls") == {} and st["calls_admitted"] == 2
+        assert st["sip_stream_accepted_tcp"] == 1 and st["sip_stream_accepted_tls"] == 1
+    assert gw.leaked == []
+
+
+def test_hostile_streams_are_closed_and_cost_nothing(short_tmp):
+    cert = make_cert(short_tmp)
+    tcp, tls = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
+    sip = _sip(tcp, tls, cert, max_connections_per_source=4, first_message_s=1.0, tls_handshake_timeout_s=1.0)
+    with GatewayProc(short_tmp, inbox=True, sip=sip) as gw:
+        # a Content-Length of 10 MB: 513, closed before any body is read
+        uac = StreamUac(tcp)
+        uac.send(uac.request("INVITE", "big", 1).replace(b"Content-Length: 0", b"Content-Length: 10000000"))
+        assert uac.recv().status == 513 and closed(uac.sock, 2)
+        uac.close()
+        # headers without end: closed once max_message_bytes are buffered
+        s = socket.create_connection(("127.0.0.1", tcp), timeout=3)
+        with contextlib.suppress(OSError):
+            s.sendall(b"INVITE sip:echo@127.0.0.1 SIP/2.0\r\n" + b"X-Filler: aaaaaaaaaaaaaaaaaaaa\r\n" * 2000)
+        assert closed(s, 3)
+        s.close()
+        # garbage instead of a TLS ClientHello, and a handshake that never starts: both closed
+        g = socket.create_connection(("127.0.0.1", tls), timeout=3)
+        g.sendall(b"INVITE sip:x SIP/2.0\r\n\r\n" * 4)
+        assert closed(g, 3)
+        g.close()
+        stall = socket.create_connection(("127.0.0.1", tls), timeout=3)
+        t0 = time.monotonic()
+        assert closed(stall, 4) and time.monotonic() - t0 < 3.5
+        stall.close()
+        # a connection that never sends a message: closed after first_message_s
+        quiet = socket.create_connection(("127.0.0.1", tcp), timeout=3)
+        assert closed(quiet, 3)
+        quiet.close()
+        # one source holding its share: the fifth is closed at accept, another source still connects
+        held = [socket.create_connection(("127.0.0.1", tcp), timeout=3, source_address=("127.0.0.2", 0))
+                for _ in range(4)]
+        try:
+            time.sleep(0.2)
+            extra = socket.create_connection(("127.0.0.1", tcp), timeout=3, source_address=("127.0.0.2", 0))
+            assert closed(extra, 2)
+            extra.close()
+            other = StreamUac(tcp, host="127.0.0.3")
+            other.send(b"OPTIONS sip:echo@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/TCP 127.0.0.3:5060;branch=z9hG4bKo1\r\n"
+                       b"From: <sip:o@127.0.0.3>;tag=o\r\nTo: <sip:echo@127.0.0.1>\r\nCall-ID: o1\r\n"
+                       b"CSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n")
+            assert other.recv().status == 200
+            other.close()
+        finally:
+            for h in held:
+                h.close()
+        st = gw.stats()
+        assert st["calls_admitted"] == 0
+        assert st["sip_stream_framing_oversized"] == 1 and st["sip_stream_framing_head_too_long"] == 1
+        assert st["sip_refused_source_connections"] >= 1 and st["sip_stream_idle"] >= 1
+        deadline = time.monotonic() + 3
+        while (gw.stats().get("sip_stream_connections_tcp", 0) or gw.stats().get("sip_stream_connections_tls", 0)) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        st = gw.stats()
+        assert st.get("sip_stream_connections_tcp", 0) == 0 and st.get("sip_stream_connections_tls", 0) == 0
+    assert gw.leaked == []
