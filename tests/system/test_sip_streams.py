@@ -9,6 +9,7 @@ read; a head without end is closed at max_message_bytes; a keepalive ping gets i
 instead of a TLS handshake, and a handshake that stalls, are closed without costing a call; a
 source over max_connections_per_source is closed at accept while another source connects; a
 connection that sends nothing is closed after first_message_s. Nothing is left afterwards.
+baresip, a real SIP stack, calls over TLS (verifying the certificate), hears RTP and hangs up.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ import pytest
 
 from brisvox.wire.sip_message import SipMessage, parse
 from brisvox.wire.sip_stream import StreamFramer
-from tests.system.gateway_harness import GatewayProc, free_port, have
+from tests.system.gateway_harness import (
+    GatewayProc,
+    free_port,
+    free_port_pair_base,
+    have,
+    make_fixture,
+)
 
 pytestmark = [pytest.mark.system, pytest.mark.skipif(not have("openssl"), reason="needs openssl")]
 
@@ -208,4 +215,44 @@ def test_hostile_streams_are_closed_and_cost_nothing(short_tmp):
             time.sleep(0.05)
         st = gw.stats()
         assert st.get("sip_stream_connections_tcp", 0) == 0 and st.get("sip_stream_connections_tls", 0) == 0
+    assert gw.leaked == []
+
+
+@pytest.mark.skipif(not (have("baresip") and have("espeak-ng") and have("sox")), reason="needs baresip, espeak-ng, sox")
+def test_baresip_calls_over_tls_and_its_bye_ends_the_call(short_tmp):
+    """A real SIP stack over TLS (baresip, verifying our certificate against its CA file)."""
+    cert = make_cert(short_tmp)
+    fx = make_fixture(short_tmp, "Hello over TLS from baresip. One two three.")
+    tls = free_port(socket.SOCK_STREAM)
+    # baresip writes its interface's address in the SDP but sends from loopback: latch the first source
+    sip = {"rtp_latch": "first", "nat": "signalling_source", "listeners": [
+        {"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0], "key_file": cert[1]}]}
+    with GatewayProc(short_tmp, inbox=True, gateway={"echo_delay_ms": 300}, sip=sip) as gw:
+        conf = short_tmp / "baresip"
+        conf.mkdir()
+        rtp_lo = free_port_pair_base(8)
+        (conf / "config").write_text(f"""poll_method epoll
+sip_listen 127.0.0.1:{free_port()}
+sip_cafile {cert[0]}
+audio_player aubridge,nowhere
+audio_source aufile,{fx['wav']}
+audio_alert aubridge,nowhere
+audio_srate 8000
+audio_channels 1
+rtp_ports {rtp_lo}-{rtp_lo + 8}
+module_path /usr/lib/baresip/modules
+module g711.so
+module aufile.so
+module aubridge.so
+module_app account.so
+module_app menu.so
+""")
+        (conf / "accounts").write_text("<sip:bs@127.0.0.1;transport=tls>;regint=0;audio_codecs=PCMU\n")
+        p = subprocess.run(["baresip", "-f", str(conf), "-e", f"/dial sip:echo@127.0.0.1:{tls};transport=tls",
+                            "-t", "8"], capture_output=True, text=True, timeout=30)
+        assert "Call established" in p.stdout and "incoming rtp for 'audio' established" in p.stdout, \
+            p.stdout[-2000:]
+        assert "terminated" in p.stdout  # baresip hung up when its file ended: its BYE over TLS
+        st = gw.stats()
+        assert st["sip_stream_accepted_tls"] == 1 and st["calls_admitted"] == 1 and gw.command("calls") == {}
     assert gw.leaked == []
