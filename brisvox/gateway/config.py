@@ -218,12 +218,12 @@ class SipTrunk:
     answer its digest challenges (the secret from ``secret_env`` / ``secret_file`` /
     ``secret_credential``, never inline); INVITEs from ``addresses`` (default: the registrar's
     address) are the trunk's calls and run ``agent``. Only UDP: SIP over TCP and TLS is not
-    built yet, so ``transport`` accepts ``"udp"`` alone."""
+    built: TCP and TLS need a ``[[sip.listeners]]`` entry of that transport (our Contact)."""
 
     name: Annotated[str, Field(pattern=r"^[a-z0-9_-]{1,32}$")]
     registrar: str
     username: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+*#-]{1,64}$")]
-    transport: Literal["udp"] = "udp"
+    transport: Literal["udp", "tcp", "tls"] = "udp"  # tcp/tls: a [[sip.listeners]] entry of it is needed
     auth_user: str = ""  # the digest username ("": username)
     realm: str = ""  # the realm the credentials answer ("": any realm that challenges)
     secret: str = field(default="", repr=False)
@@ -247,8 +247,7 @@ class SipTrunk:
     @property
     def domain(self) -> str:
         """The host of the trunk's URIs (the registrar's, as written)."""
-        h = self.registrar.strip().removeprefix("sip:")
-        return h
+        return self.registrar.strip().removeprefix("sip:").removeprefix("sips:")
 
     @property
     def networks(self) -> tuple[str, ...]:
@@ -353,6 +352,9 @@ class SipConfig:
     connection_idle_s: float = Field(default=600.0, gt=0, le=86400)  # a connection without traffic is closed
     first_message_s: float = Field(default=10.0, gt=0, le=600)  # no whole message by then: closed
     tls_handshake_timeout_s: float = Field(default=5.0, gt=0, le=120)  # a stalled handshake is closed
+    connect_timeout_s: float = Field(default=5.0, gt=0, le=60)  # our TCP/TLS connect (and TLS handshake)
+    tls_ca_file: str = ""  # CAs our TLS connections verify the peer with ("": the system's)
+    tls_verify_server: bool = True  # false: a lab without certificates (the peer is not verified)
     dial_ring_timeout_s: float = Field(default=60.0, gt=0, le=600)  # an outbound call not answered by then is cancelled
 
     def __post_init__(self) -> None:  # cross-key and format checks; keys relative to [sip]
@@ -403,6 +405,13 @@ class SipConfig:
                     path = getattr(lst, k)
                     if not path or not os.access(path, os.R_OK):
                         raise ConfigError(f"listeners[{i}].{k}", f"a readable PEM file is needed for TLS, got {path!r}")
+        have = {lst.transport for lst in self.listeners}
+        for i, t in enumerate(self.trunks):
+            if t.transport != "udp" and t.transport not in have:
+                raise ConfigError(f"trunks[{i}].transport", f"{t.transport} needs a [[sip.listeners]] entry with "
+                                  f"transport = \"{t.transport}\" (the Contact calls come back to)")
+        if self.tls_ca_file and not os.access(self.tls_ca_file, os.R_OK):
+            raise ConfigError("tls_ca_file", f"not a readable file: {self.tls_ca_file!r}")
         if self.trunk and self.trunk not in names:
             _trunk("trunk", self.trunk)
         if self.public_host:

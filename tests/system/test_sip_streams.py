@@ -10,6 +10,8 @@ instead of a TLS handshake, and a handshake that stalls, are closed without cost
 source over max_connections_per_source is closed at accept while another source connects; a
 connection that sends nothing is closed after first_message_s. Nothing is left afterwards.
 baresip, a real SIP stack, calls over TLS (verifying the certificate), hears RTP and hangs up.
+brisvox opens TLS itself to register with a trunk and dial through it (one connection reused,
+the peer verified against tls_ca_file; without that CA nothing is sent and the dial fails).
 """
 
 from __future__ import annotations
@@ -256,3 +258,117 @@ module_app menu.so
         st = gw.stats()
         assert st["sip_stream_accepted_tls"] == 1 and st["calls_admitted"] == 1 and gw.command("calls") == {}
     assert gw.leaked == []
+
+
+class TlsPeer:
+    """A registrar and callee on TLS (our test certificate): answers REGISTER 200 and INVITE 200
+    with SDP on the connection brisvox opened, and records what came (the requests, their Vias)."""
+
+    def __init__(self, cert: tuple[str, str]) -> None:
+        import threading
+
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(*cert)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        self.ctx = ctx
+        self.requests: list[SipMessage] = []
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self._run, daemon=True)
+        self.th.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.th.join(3)
+        self.listener.close()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                raw, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                conn = self.ctx.wrap_socket(raw, server_side=True)
+            except (ssl.SSLError, OSError):
+                raw.close()
+                continue
+            conn.settimeout(0.2)
+            framer = StreamFramer(65536)
+            with contextlib.closing(conn):
+                while not self.stop.is_set():
+                    try:
+                        data = conn.recv(65536)
+                    except TimeoutError:
+                        continue
+                    except (OSError, ssl.SSLError):
+                        break
+                    if not data:
+                        break
+                    for m in framer.feed(data):
+                        if m == b"\r\n\r\n":
+                            continue
+                        req = parse(m)
+                        if not req.is_request:
+                            continue
+                        self.requests.append(req)
+                        if req.method == "ACK":
+                            continue
+                        body = b""
+                        extra = ""
+                        if req.method == "INVITE":
+                            body = offer(40000)
+                            extra = (f"Contact: <sip:callee@127.0.0.1:{self.port};transport=tls>\r\n"
+                                     "Content-Type: application/sdp\r\n")
+                        elif req.method == "REGISTER":
+                            extra = f"Contact: {req.get('contact')};expires=60\r\n"
+                        vias = "".join(f"Via: {v}\r\n" for v in req.get_all("via"))
+                        to = req.get("to") + ("" if "tag=" in req.get("to") else ";tag=p")
+                        conn.sendall((f"SIP/2.0 200 OK\r\n{vias}From: {req.get('from')}\r\nTo: {to}\r\n"
+                                      f"Call-ID: {req.call_id}\r\nCSeq: {req.get('cseq')}\r\n{extra}"
+                                      f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+
+
+def test_brisvox_opens_tls_to_register_and_dial_and_verifies_the_peer(short_tmp, monkeypatch):
+    from ipc import frames as F
+    from ipc.bus import request_sync
+
+    cert = make_cert(short_tmp)
+    peer = TlsPeer(cert)
+    tls = free_port(socket.SOCK_STREAM)
+    monkeypatch.setenv("BRISVOX_TEST_TLS_TRUNK", "pw")
+    trunk = {"name": "secure", "registrar": f"127.0.0.1:{peer.port}", "transport": "tls", "username": "1001",
+             "secret_env": "BRISVOX_TEST_TLS_TRUNK", "agent": "echo", "keepalive_s": 0}
+    sip = {"tls_ca_file": cert[0], "trunks": [trunk], "listeners": [
+        {"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0], "key_file": cert[1]}]}
+    try:
+        with GatewayProc(short_tmp, inbox=True, sip=sip) as gw:
+            deadline = time.monotonic() + 8
+            while gw.stats().get("sip_trunk_secure_registered") != 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            [reg] = [r for r in peer.requests if r.method == "REGISTER"][:1]
+            assert reg.top_via.transport == "TLS" and f":{tls};transport=tls>" in reg.get("contact")
+            assert gw.stats()["sip_trunk_secure_registered"] == 1
+            reply = request_sync(gw.inbox, F.Command(name="dial", args={
+                "target": "5550100", "trunk": "secure", "agent": "echo", "ring_timeout_s": 5}), 15)
+            assert isinstance(reply, F.CommandReply) and reply.ok, reply
+            invite = next(r for r in peer.requests if r.method == "INVITE")
+            assert invite.top_via.transport == "TLS" and "transport=tls" in invite.get("contact")
+            assert any(r.method == "ACK" for r in peer.requests)  # the 2xx's ACK on the same connection
+            st = gw.stats()
+            assert st["sip_stream_connected_tls"] == 1  # one connection reused for REGISTER, INVITE, ACK
+        assert gw.leaked == []
+        # without our CA the peer's certificate is not trusted: no connection, nothing sent, the dial
+        # fails when its INVITE transaction times out (Timer B, 64 x T1)
+        n = len(peer.requests)
+        untrusting = {**sip, "tls_ca_file": "", "t1_ms": 40, "trunks": [{**trunk, "register": False}]}
+        with GatewayProc(short_tmp, inbox=True, sip=untrusting) as gw2:
+            reply = request_sync(gw2.inbox, F.Command(name="dial", args={
+                "target": "5550101", "trunk": "secure", "agent": "echo", "ring_timeout_s": 10}), 15)
+            assert isinstance(reply, F.CommandReply) and not reply.ok and reply.error == "timeout", reply
+            st = gw2.stats()
+            assert st["sip_stream_connect_failed"] >= 1 and st.get("sip_stream_connected_tls", 0) == 0
+        assert len(peer.requests) == n
+    finally:
+        peer.close()

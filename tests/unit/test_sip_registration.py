@@ -134,3 +134,19 @@ def test_client_auth_refuses_what_it_cannot_answer():
 def test_an_ip_trunk_without_a_secret_answers_nothing(table):
     t = SipConfig.from_section({"trunks": [table]}).trunks[0]
     assert trunk_credentials(t) is None and t.networks == ("127.0.0.1",) and t.next_hop == ("127.0.0.1", 5060)
+
+
+def test_the_transport_a_dial_goes_over():
+    from brisvox.gateway.sip.outbound import resolve_target, target_transport
+
+    assert target_transport("sip:bob@192.0.2.1") == "UDP"
+    assert target_transport("sip:bob@192.0.2.1;transport=tcp") == "TCP"
+    assert target_transport("sips:bob@192.0.2.1") == "TLS"
+    assert target_transport("sip:bob@192.0.2.1;transport=sctp") == "UDP"
+    assert resolve_target("sips:bob@192.0.2.1", "") == ("sips:bob@192.0.2.1", ("192.0.2.1", 5061))
+    t = SipConfig.from_section({"trunks": [{"name": "t", "registrar": "127.0.0.1:5070", "username": "u",
+                                            "register": False}]}).trunks[0]
+    assert target_transport(t) == "UDP" and resolve_target("123", t) == ("sip:123@127.0.0.1:5070", ("127.0.0.1", 5070))
+    with pytest.raises(Exception, match="listeners"):
+        SipConfig.from_section({"trunks": [{"name": "t", "registrar": "127.0.0.1", "username": "u",
+                                            "register": False, "transport": "tls"}]})

@@ -102,14 +102,28 @@ def resolve_target(target: str, trunk: str | SipTrunk) -> tuple[str, Addr]:
             raise ValueError("a number needs [sip] trunk (or dial a sip: URI)")
         host = f"[{dest[0]}]" if ":" in dest[0] else dest[0]
         return f"sip:{t}@{host}:{dest[1]}", dest
-    if not t.lower().startswith("sip:"):
-        raise ValueError("expected a sip: URI or a number")
+    if not t.lower().startswith(("sip:", "sips:")):
+        raise ValueError("expected a sip: or sips: URI or a number")
     uri = parse_uri(t)  # ValueError: a bad URI
     if dest is None:
         if not is_ip(uri.host):
             raise ValueError("the target's host must be an IP address (no DNS), or set [sip] trunk")
-        dest = (uri.host, uri.port or 5060)
+        dest = (uri.host, uri.port or (5061 if target_transport(t) == "TLS" else 5060))
     return t, dest
+
+
+def target_transport(target: str | SipTrunk) -> str:
+    """The transport a dial goes over: a trunk's, a ``sips:`` URI's (TLS), a ``;transport=``
+    parameter's, else UDP ("UDP" | "TCP" | "TLS")."""
+    if isinstance(target, SipTrunk):
+        return target.transport.upper()
+    if target.lower().startswith("sips:"):
+        return "TLS"
+    try:
+        param = parse_uri(target).params.get("transport", "udp").upper()
+    except ValueError:
+        return "UDP"
+    return param if param in ("UDP", "TCP", "TLS") else "UDP"
 
 
 def failure_reason(status: int, reason: str) -> str:
@@ -184,6 +198,10 @@ class SipDialer:
             via = named
         try:
             ruri, dest = resolve_target(target, via)
+            transport = target_transport(via if isinstance(via, SipTrunk) else ruri)
+            if transport != "UDP" and transport not in self.transactions.stream_transports:
+                raise ValueError(f"{transport} needs a [[sip.listeners]] entry with transport = "
+                                 f"\"{transport.lower()}\"")
         except ValueError as e:
             self._dial_refused("invalid_target", done, str(e)[:120])
             return
@@ -201,10 +219,10 @@ class SipDialer:
             self._dial_refused(e.reason, done, f"refused: {e.reason}")
             return
         tag = new_tag()
-        contact = self.transactions.contact
+        contact = self.transactions.contact_for(transport)
         inv = SipMessage(method="INVITE", uri=ruri)
         h = inv.headers
-        h.append(("via", f"SIP/2.0/UDP {self.transactions.via_host};branch={new_branch()};rport"))
+        h.append(("via", f"SIP/2.0/{transport} {self.transactions.via_host_for(transport)};branch={new_branch()};rport"))
         h.append(("max-forwards", "70"))
         if isinstance(via, SipTrunk):  # the trunk's account is who calls
             h.append(("from", f"<sip:{via.username}@{via.domain}>;tag={tag}"))
@@ -217,6 +235,7 @@ class SipDialer:
         h.append(("allow", ALLOW))
         h.append(("user-agent", self.cfg.user_agent))
         dialog = Dialog.for_outgoing(inv, contact, dest)
+        dialog.transport = transport
         leg = SipCall(self.ctx, call, inv, None, dialog, None, None)
         leg.state = "outgoing"
         call.leg = leg  # a hang-up (shutdown, the ring timeout) reaches the leg: CANCEL
@@ -322,7 +341,7 @@ class SipDialer:
                 self._fail(d, d.cancel_reason if (d.cancel_reason and st == 487) else failure_reason(st, resp.reason))
             return
         if d.ack:  # a retransmitted 2xx: the same ACK again
-            self.transactions.send(d.ack, d.ack_addr)
+            self.transactions.send(d.ack, d.ack_addr, d.leg.dialog.transport)
             return
         self._answered(d, resp)
 
@@ -346,7 +365,7 @@ class SipDialer:
     def _answered(self, d: Dialing, resp: SipMessage) -> None:
         leg = d.leg
         leg.dialog.answered(resp)
-        ack = leg.dialog.request("ACK", self.transactions.via_host, cseq=leg.invite.cseq[0])
+        ack = leg.dialog.request("ACK", self.transactions.via_host_for(leg.dialog.transport), cseq=leg.invite.cseq[0])
         d.ack = ack.serialize()
         hop = self.ctx.destination(leg.dialog.next_hop(), d.dest)
         refused = ""
@@ -355,14 +374,15 @@ class SipDialer:
             self.counters.refuse("destination", "dial %s: the 2xx names %s, not in [sip] allow", d.dest[0],
                                  leg.dialog.next_hop()[0])
         d.ack_addr = hop or d.dest  # the ACK and BYE of a refused answer go where we sent the INVITE
-        self.transactions.send(d.ack, d.ack_addr)
+        self.transactions.send(d.ack, d.ack_addr, leg.dialog.transport)
         self.outgoing.pop(leg.dialog.call_id, None)
         leg.state = "confirmed"
         leg.last_rx = self.ctx.loop.time()
         if refused or d.cancel_reason or leg.ended or d.reported:  # answered while we cancelled: end it with BYE
             reason = refused or d.cancel_reason or "cancelled"
             self.counters.count("sip_dial_failed_destination" if refused else "sip_dial_answered_after_cancel")
-            bye = leg.dialog.request("BYE", self.transactions.via_host, extra=[("reason", bye_reason(reason))])
+            bye = leg.dialog.request("BYE", self.transactions.via_host_for(leg.dialog.transport),
+                                     extra=[("reason", bye_reason(reason))])
             self.transactions.request(bye, d.ack_addr, self._bye_result)
             if not leg.ended:
                 self.dialogs.end(leg, reason, send_bye=False)

@@ -237,7 +237,10 @@ class TrunkRegistrar:
         """Register every ``[[sip.trunks]]`` entry with ``register = true`` (our listener: ``host:port``)."""
         for t in self.cfg.trunks:
             if t.register and t.name not in self.trunks:
-                tr = _Trunk(t, Registration(t.expires, self.rand), host, port)
+                own = port  # the Contact names our listener of the trunk's transport
+                if t.transport != "udp":
+                    own = int(self.transactions.via_host_for(t.transport.upper()).rsplit(":", 1)[1])
+                tr = _Trunk(t, Registration(t.expires, self.rand), host, own)
                 tr.call_id = new_call_id(self.cfg.advertised_host)
                 self.trunks[t.name] = tr
                 self._perform(tr, tr.reg.start(self.loop.time()))
@@ -311,14 +314,16 @@ class TrunkRegistrar:
         tr.cseq += 1
         req = SipMessage(method="REGISTER", uri=f"sip:{t.domain}")
         h = req.headers
-        h.append(("via", f"SIP/2.0/UDP {self.transactions.via_host};branch={new_branch()};rport"))
+        tp = t.transport.upper()
+        h.append(("via", f"SIP/2.0/{tp} {self.transactions.via_host_for(tp)};branch={new_branch()};rport"))
         h.append(("max-forwards", "70"))
         h.append(("from", f"<{aor}>;tag={tr.tag}"))
         h.append(("to", f"<{aor}>"))
         h.append(("call-id", tr.call_id))
         h.append(("cseq", f"{tr.cseq} REGISTER"))
         host = f"[{tr.contact_host}]" if ":" in tr.contact_host else tr.contact_host
-        h.append(("contact", f"<sip:{t.contact_user or t.username}@{host}:{tr.contact_port}>"))
+        param = f";transport={t.transport}" if t.transport != "udp" else ""
+        h.append(("contact", f"<sip:{t.contact_user or t.username}@{host}:{tr.contact_port}{param}>"))
         h.append(("expires", str(expires)))
         h.append(("user-agent", self.cfg.user_agent))
         return req
@@ -379,7 +384,8 @@ class TrunkRegistrar:
         t = tr.cfg
         req = SipMessage(method="OPTIONS", uri=f"sip:{t.domain}")
         h = req.headers
-        h.append(("via", f"SIP/2.0/UDP {self.transactions.via_host};branch={new_branch()};rport"))
+        tp = t.transport.upper()
+        h.append(("via", f"SIP/2.0/{tp} {self.transactions.via_host_for(tp)};branch={new_branch()};rport"))
         h.append(("max-forwards", "70"))
         h.append(("from", f"<sip:{t.username}@{t.domain}>;tag={new_tag()}"))
         h.append(("to", f"<sip:{t.domain}>"))

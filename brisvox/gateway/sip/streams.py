@@ -29,8 +29,11 @@ Invariants:
 * Addresses a connection's requests name (Via sent-by, Contact) become its
   aliases, so a request to the peer (an in-dialog BYE) goes out on the
   connection the peer opened (RFC 5923's reuse); aliases die with it. No
-  connection to an address: nothing is sent (``sip_stream_no_connection``),
-  and the client transaction times out.
+  connection to an address: one is opened (``connect_timeout_s``; TLS
+  verifies the peer against ``tls_ca_file`` or the system's CAs, its IP
+  address as the name, unless ``tls_verify_server = false``), what waits for
+  it is bounded (:data:`MAX_PENDING` messages), and a connect that fails
+  drops them (``sip_stream_connect_failed``): the client transaction times out.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ log = logging.getLogger("brisvox.gateway.sip")
 
 Addr = tuple[str, int]
 WRITE_HIGH = 1 << 20  # bytes queued to a peer that does not read: beyond, it is closed
+MAX_PENDING = 16  # messages waiting for one connection we open
 Deliver = Callable[[bytes, Addr, str, "StreamConn"], None]
 Refuse = Callable[[FramingError, "StreamConn"], None]
 
@@ -61,6 +65,17 @@ def server_context(lst: SipListener) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(lst.cert_file, lst.key_file)
+    return ctx
+
+
+def client_context(cfg: SipConfig) -> ssl.SSLContext:
+    """TLS 1.2 or newer; the peer verified against ``tls_ca_file`` (or the system's CAs) unless
+    ``tls_verify_server`` is false."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cfg.tls_ca_file or None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if not cfg.tls_verify_server:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
     return ctx
 
 
@@ -174,6 +189,8 @@ class SipStreams:
         self.conns: set[StreamConn] = set()
         self.per_source: Counter[str] = Counter()
         self.by_addr: dict[tuple[str, Addr], StreamConn] = {}
+        self.pending: dict[tuple[str, Addr], list[bytes]] = {}  # connects under way, what waits for them
+        self._client_ctx: ssl.SSLContext | None = None
 
     async def start(self) -> dict[str, Addr]:
         out: dict[str, Addr] = {}
@@ -195,6 +212,7 @@ class SipStreams:
             s.close()
         for c in list(self.conns):
             c.close()
+        self.pending.clear()
 
     def stats(self) -> dict[str, int]:
         out = {f"sip_stream_connections_{n.lower()}": 0 for n in self.ports}
@@ -242,10 +260,48 @@ class SipStreams:
     def send(self, data: bytes, addr: Addr, transport: str, conn: StreamConn | None = None) -> bool:
         """``data`` to ``addr`` on ``conn`` or the connection ``addr`` names; False when none is open."""
         c = conn if conn is not None and not conn.closed else self.by_addr.get((transport, addr))
-        if c is None or not c.write(data):
-            self.counters.count("sip_stream_no_connection")
+        if c is not None and c.write(data):
+            return True
+        key = (transport, addr)
+        waiting = self.pending.get(key)
+        if waiting is None:
+            if conn is not None:  # a response whose connection is gone: the peer retries on a new one
+                self.counters.count("sip_stream_no_connection")
+                return False
+            self.pending[key] = [data]
+            self.loop.create_task(self._connect(key))
+        elif len(waiting) < MAX_PENDING:
+            waiting.append(data)
+        else:
+            self.counters.count("sip_stream_pending_full")
             return False
         return True
+
+    async def _connect(self, key: tuple[str, Addr]) -> None:
+        """Open a connection to ``key`` (we are the client), then send what waits for it."""
+        transport, addr = key
+        ctx = None
+        if transport == "TLS":
+            if self._client_ctx is None:
+                self._client_ctx = client_context(self.cfg)
+            ctx = self._client_ctx
+        conn: StreamConn | None = None
+        try:
+            _, proto = await asyncio.wait_for(self.loop.create_connection(
+                lambda: StreamConn(self, transport), addr[0], addr[1], ssl=ctx,
+                server_hostname=addr[0] if ctx is not None else None), self.cfg.connect_timeout_s)
+            conn = proto
+        except (OSError, TimeoutError, ssl.SSLError) as e:
+            self.counters.count("sip_stream_connect_failed")
+            self.counters.log_limit("sip_stream_connect", "SIP over %s to %s:%d: connect failed: %s", transport,
+                                    addr[0], addr[1], str(e)[:120] or type(e).__name__, level=logging.WARNING)
+        waiting = self.pending.pop(key, [])
+        if conn is None or conn.closed:
+            return
+        self.counters.count(f"sip_stream_connected_{transport.lower()}")
+        self.alias(conn, addr)
+        for data in waiting:
+            conn.write(data)
 
     def describe(self) -> dict[str, Any]:
         return {"ports": dict(self.ports), "connections": len(self.conns)}

@@ -132,6 +132,11 @@ class TransactionLayer(Protocol):
         """``host:port`` for the Via of a request we send over ``transport`` (UDP, TCP, TLS)."""
         ...
 
+    @property
+    def stream_transports(self) -> tuple[str, ...]:
+        """The stream transports we listen on ("TCP", "TLS"): the ones a dialog may use."""
+        ...
+
     def contact_for(self, transport: str) -> str:
         """Our Contact for a dialog over ``transport``."""
         ...
@@ -157,8 +162,8 @@ class TransactionLayer(Protocol):
     def invite(self, req: SipMessage, dest: Addr, cb: Callback) -> ClientInvite:
         """Send an INVITE in a new client transaction; ``cb`` gets every response, Timer B."""
 
-    def send(self, data: bytes, addr: Addr) -> None:
-        """One datagram outside any transaction (the ACK of a 2xx)."""
+    def send(self, data: bytes, addr: Addr, transport: str = "UDP") -> None:
+        """One message outside any transaction (the ACK of a 2xx), over ``transport``."""
 
 
 def timeout_counter(counters: SipCounters, name: str) -> Callback:
@@ -235,6 +240,10 @@ class SipTransactions(asyncio.DatagramProtocol):
     @property
     def contact(self) -> str:
         return f"<sip:brisvox@{self.cfg.advertised_host}:{self.port}>"
+
+    @property
+    def stream_transports(self) -> tuple[str, ...]:
+        return tuple(self.streams.ports)
 
     def via_host_for(self, transport: str) -> str:
         """``host:port`` for the Via of a request we send over ``transport`` ("UDP", "TCP", "TLS")."""
@@ -505,7 +514,11 @@ class SipTransactions(asyncio.DatagramProtocol):
         self._start_client(tx, cb)
 
     def invite(self, req: SipMessage, dest: Addr, cb: Callback) -> ClientInvite:
-        tx = ClientInvite((req.top_via.branch, "INVITE"), dest, self.timers, req)
+        transport = req.top_via.transport
+        tx = ClientInvite((req.top_via.branch, "INVITE"), dest,
+                          self.timers if transport == "UDP" else self.reliable_timers, req)
+        if transport != "UDP":
+            self._tx_flow[id(tx)] = (transport, None)
         self._start_client(tx, cb)
         return tx
 
