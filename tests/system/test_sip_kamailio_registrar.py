@@ -8,7 +8,9 @@ secret and is registered (its stats and the `sip_trunks` row say so). Kamailio g
 binding and relays the INVITE (record-routed) to brisvox, whose call runs the trunk's agent and
 names the trunk; the caller's BYE comes back through Kamailio. Kamailio is then restarted on the
 same address, losing every binding: brisvox's next refresh registers again and a second call is
-routed. Every process is stopped by its process group, also on failure.
+routed. Over TLS: brisvox registers on Kamailio's TLS port with a Contact naming its own TLS
+listener, and Kamailio relays a SIPp call to it over a TLS connection of its own. Every process
+is stopped by its process group, also on failure.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -44,14 +47,29 @@ SECRET = "kamailio trunk secret"
 class Kamailio:
     """The registrar config on ``HOST:port``, run in its own process group."""
 
-    def __init__(self, tmp: Path, port: int) -> None:
+    def __init__(self, tmp: Path, port: int, tls_port: int = 0) -> None:
         self.tmp = tmp
         self.port = port
+        self.tls_port = tls_port
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "kamailio.log"
 
+    def tls_args(self) -> list[str]:
+        """The tls module on ``tls_port`` with a certificate made here (peers not verified)."""
+        if not self.tls_port:
+            return []
+        key, cert, cfg = self.tmp / "k.pem", self.tmp / "c.pem", self.tmp / "tls.cfg"
+        if not cert.exists():
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+                            f"/CN={HOST}", "-addext", f"subjectAltName=IP:{HOST}", "-keyout", str(key),
+                            "-out", str(cert)], check=True, capture_output=True, timeout=60)
+            cfg.write_text(f"[server:default]\nmethod = TLSv1.2+\nverify_certificate = no\nrequire_certificate = no\n"
+                           f"private_key = {key}\ncertificate = {cert}\n\n[client:default]\nmethod = TLSv1.2+\n"
+                           "verify_certificate = no\nrequire_certificate = no\n")
+        return ["-A", "WITH_TLS", "-A", f"TLS_LISTEN=tls:{HOST}:{self.tls_port}", "-A", f'TLS_CFG="{cfg}"']
+
     def args(self) -> list[str]:
-        return ["kamailio", "-DD", "-E", "-f", str(CFG), "-A", f"LISTEN=udp:{HOST}:{self.port}",
+        return ["kamailio", "-DD", "-E", "-f", str(CFG), *self.tls_args(), "-A", f"LISTEN=udp:{HOST}:{self.port}",
                 "-A", 'TRUNK_USER="1001"', "-A", f'TRUNK_PASSWORD="{SECRET}"', "-A", "MAX_EXPIRES=4",
                 "-A", 'REALM="kamailio.test"', "-P", str(self.tmp / "kamailio.pid"), "-Y", str(self.tmp),
                 "-w", str(self.tmp), "-m", "32", "-M", "4"]
@@ -130,5 +148,39 @@ def test_registers_with_kamailio_takes_its_calls_and_registers_again_after_a_res
             assert r.returncode == 0, (r.stdout[-800:], r.stderr[-800:], kam.log())
             st = gw.stats()
             assert st["calls_admitted"] == 2 and st.get("sip_register_failed", 0) <= 2
+    finally:
+        kam.stop()
+
+
+@pytest.mark.skipif(not list(Path("/usr/lib").glob("*/kamailio/modules/tls.so")),
+                    reason="needs kamailio-tls-modules (make test installs it)")
+def test_registers_over_tls_and_kamailio_routes_a_call_to_it_over_tls(short_tmp, monkeypatch):
+    """brisvox registers over TLS (its Contact: our TLS listener, ;transport=tls); Kamailio, a TLS
+    peer, challenges it, then relays a SIPp call over a TLS connection of its own to brisvox."""
+    from tests.system.test_sip_streams import make_cert
+
+    monkeypatch.setenv("BRISVOX_TEST_KAMAILIO", SECRET)
+    fx = make_fixture(short_tmp, "A call routed by Kamailio over TLS.")
+    kam = Kamailio(short_tmp / "kamailio", free_port(), free_port(socket.SOCK_STREAM))
+    cert = make_cert(short_tmp)
+    tls = free_port(socket.SOCK_STREAM)
+    trunk = {"name": "kamailio", "registrar": f"{HOST}:{kam.tls_port}", "transport": "tls", "username": "1001",
+             "secret_env": "BRISVOX_TEST_KAMAILIO", "expires": 60, "agent": "echo", "keepalive_s": 0,
+             "addresses": [HOST, "127.0.0.1"]}  # Kamailio's TLS connections to us come from either
+    sip = {"trunks": [trunk], "tls_verify_server": False,  # Kamailio's certificate is its own, self-signed
+           "listeners": [{"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0],
+                          "key_file": cert[1]}]}
+    try:
+        kam.start()
+        with GatewayProc(short_tmp, inbox=True, sip=sip) as gw:
+            def row() -> dict[str, Any]:
+                return gw.stats().get("sip_trunks", {}).get("kamailio", {})
+
+            assert wait_for(lambda: row().get("state") == "registered", 8), (row(), kam.log())
+            assert "challenged" in kam.log() and gw.stats()["sip_stream_connected_tls"] >= 1
+            r = call_through(short_tmp, fx["ulaw"], kam.port)
+            assert r.returncode == 0, (r.stdout[-800:], r.stderr[-800:], kam.log())
+            st = gw.stats()
+            assert st["calls_admitted"] == 1 and st.get("sip_stream_accepted_tls", 0) >= 1
     finally:
         kam.stop()
