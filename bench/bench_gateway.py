@@ -1,7 +1,8 @@
 """Gateway benchmark: N concurrent calls over SIP (SIPp) and WebSocket (Twilio protocol).
 
 ``python -m bench gateway`` (``--quick``: 20 calls, short windows). For each
-transport and N in 50, 100, 200, it starts a standalone gateway process whose
+transport (WebSocket, SIP over UDP, SIP over TCP: ``BRISVOX_BENCH_GATEWAY_TRANSPORTS``
+picks, e.g. ``sip,sip-tcp``) and N in 50, 100, 200 (``BRISVOX_BENCH_GATEWAY_SIZES``), it starts a standalone gateway process whose
 calls are routed to this process acting as the agent AND the worker: it accepts
 every CallStart, keeps each call's ``out`` ring 200 ms ahead of playback at the
 real-time rate, and every 2 s per call (staggered) sends a Clear, then starts
@@ -34,6 +35,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -151,8 +153,11 @@ class BenchAgent:
                 next_t = time.monotonic()
 
 
-def start_gateway(tmp: Path, instance: str, agent_ep: str, n: int, uvloop: bool) -> tuple[subprocess.Popen, dict]:
+def start_gateway(tmp: Path, instance: str, agent_ep: str, n: int, uvloop: bool,
+                  tcp_port: int = 0) -> tuple[subprocess.Popen, dict]:
     cfg = tmp / "gw.toml"
+    listeners = (f'[[sip.listeners]]\ntransport = "tcp"\nhost = "127.0.0.1"\nport = {tcp_port}\n'
+                 if tcp_port else "")
     cfg.write_text(f"""[gateway]
 max_calls = {n + 16}
 max_calls_per_source = {n + 16}  # every call comes from 127.0.0.1
@@ -163,10 +168,12 @@ rtp_port_min = 36000
 rtp_port_max = 37998
 rtp_timeout_s = 0
 default_agent = "default"  # SIPp calls sip:bench@
+invite_rate = ["1000/second"]  # SIPp places every call from 127.0.0.1, 50 a second
+other_rate = ["5000/second"]
 [websocket]
 port = 0
 trust_loopback = true
-""")
+""" + listeners)
     inbox = f"ipc://{tmp}/gw.sock"
     args = [sys.executable, "-m", "brisvox.gateway", "--config", str(cfg), "--instance", instance,
             "--inbox", inbox, "--peer", f"agent-0={agent_ep}"] + (["--uvloop"] if uvloop else [])
@@ -243,7 +250,12 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
     instance = f"bench{os.getpid()}-{transport[0]}{n}"
     agent = BenchAgent(f"ipc://{tmp}/agent.sock", instance)
     agent.start()
-    gw, info = start_gateway(tmp, instance, agent.endpoint, n, uvloop)
+    tcp_port = 0
+    if transport == "sip-tcp":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            tcp_port = s.getsockname()[1]
+    gw, info = start_gateway(tmp, instance, agent.endpoint, n, uvloop, tcp_port)
     loads: list[subprocess.Popen] = []
     ramp = max(2.0, n * 0.02 + 1.0)
     try:
@@ -255,7 +267,7 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
                                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=_nice)
                      for i in range(procs)]
         else:
-            port = int(info["endpoints"]["sip"].rsplit(":", 1)[1])
+            port = tcp_port or int(info["endpoints"]["sip"].rsplit(":", 1)[1])
             ulaw = tmp / "tone.ulaw"
             ulaw.write_bytes(bytes([0xFF, 0x7F]) * 4000 * 2)
             scen = tmp / "scen.xml"
@@ -268,7 +280,8 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
             loads = [subprocess.Popen(["sipp", "-sf", str(scen), "-m", str(n), "-l", str(n), "-r", "50",
                                        "-s", "bench", f"127.0.0.1:{port}", "-i", "127.0.0.1", "-p", "15999",
                                        "-mi", "127.0.0.1", "-mp", "38000", "-nostdin", "-timeout",
-                                       f"{int(ramp + window + 30)}s"], cwd=tmp, stdout=subprocess.DEVNULL,
+                                       f"{int(ramp + window + 30)}s", *(["-t", "t1"] if tcp_port else [])],
+                                      cwd=tmp, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, preexec_fn=_nice)]
         time.sleep(ramp)
         stats0 = request_sync(info["inbox"], Command(name="stats"), 5).data
@@ -324,9 +337,16 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
 
 def run(quick: bool = False) -> list[Row]:
     sizes = [20] if quick else [50, 100, 200]
+    if os.environ.get("BRISVOX_BENCH_GATEWAY_SIZES"):  # e.g. "50": one level
+        sizes = [int(x) for x in os.environ["BRISVOX_BENCH_GATEWAY_SIZES"].split(",")]
     window = 3.0 if quick else 8.0
     rows: list[Row] = []
-    transports = ["ws"] + (["sip"] if shutil.which("sipp") else [])
+    # sip-tcp: the same SIPp calls with their signalling on one TCP connection ([[sip.listeners]]);
+    # SIPp here has no TLS, so TLS is not in this table (its cost is the signalling's, at setup)
+    only = os.environ.get("BRISVOX_BENCH_GATEWAY_TRANSPORTS", "")
+    transports = ["ws"] + (["sip", "sip-tcp"] if shutil.which("sipp") else [])
+    if only:
+        transports = [t for t in transports if t in only.split(",")]
     for transport in transports:
         for n in sizes:
             m = measure(transport, n, window)
