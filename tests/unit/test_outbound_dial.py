@@ -158,9 +158,12 @@ class FakeTelephony:
     def __init__(self, answer: tuple[bool, dict[str, Any], str], hold: float = 0.0) -> None:
         self.answer, self.hold = answer, hold
         self.asked: list[tuple[str, str, str, float]] = []
+        self.trunks: list[str] = []
 
-    async def dial(self, target: str, agent: str, via: str, timeout: float) -> tuple[bool, dict[str, Any], str]:  # noqa: ASYNC109
+    async def dial(self, target: str, agent: str, via: str, timeout: float,  # noqa: ASYNC109
+                   trunk: str = "") -> tuple[bool, dict[str, Any], str]:
         self.asked.append((target, agent, via, timeout))
+        self.trunks.append(trunk)
         await asyncio.sleep(self.hold)
         return self.answer
 
@@ -205,6 +208,13 @@ def test_a_dial_command_is_gated_then_acked_with_the_new_call():
     assert [(a["id"], a["ok"], a.get("error")) for a in acks] == [("k6", False, "a dial is in progress"),
                                                                   ("k5", False, "busy")]
     assert slow.asked == [("+4930123", "", "twilio", 20.0)]
+    # a [[sip.trunks]] entry to dial through: passed on over SIP, refused with twilio
+    trunked = FakeTelephony((True, {"call_id": "c43"}, ""))
+    acks = _acks(allowed, trunked, [{"id": "k7", "target": "+4930125", "trunk": "carrier"},
+                                    {"id": "k8", "target": "+4930126", "trunk": "carrier", "via": "twilio"}])
+    assert sorted((a["id"], a["ok"], a.get("error", "")) for a in acks) == [
+        ("k7", True, ""), ("k8", False, "a trunk is dialled via sip")]  # the refusal is acked at once
+    assert trunked.trunks == ["carrier"]
 
 
 def test_the_telephony_port_asks_the_gateway_and_bounds_the_wait():

@@ -340,6 +340,8 @@ class AgentLink:
         via = c.via or "sip"
         if via not in m.DIAL_VIA:
             return self._ack(c, False, "via must be sip or twilio")
+        if c.trunk and via != "sip":
+            return self._ack(c, False, "a trunk is dialled via sip")
         if not self.cfg.may_dial(c.target):
             self.stats.dials_refused += 1
             return self._ack(c, False, "not allowed: [agent_link] allow_dial and dial_targets"
@@ -354,7 +356,7 @@ class AgentLink:
 
         async def run() -> None:
             try:
-                ok, data, error = await dial(c.target, c.agent, via, DIAL_WAIT[via])
+                ok, data, error = await dial(c.target, c.agent, via, DIAL_WAIT[via], trunk=c.trunk)
             finally:
                 self._dialing = False
             ids = {k: str(data[k])[:128] for k in ("call_id", "call_sid", "status") if data.get(k)}

@@ -119,6 +119,7 @@ class Command:
     reason: str = ""
     agent: str = ""  # dial: the agent that runs the new call ("": the gateway's default)
     via: str = ""  # dial: "sip" (default) or "twilio"
+    trunk: str = ""  # dial over SIP: the [[sip.trunks]] entry to dial through ("": [sip] trunk)
 
 
 Inbound = Accept | Refuse | ToolResult | ToolsSet | Command
@@ -191,7 +192,8 @@ def _command(d: Mapping[str, Any]) -> Command:
         raise BadFrame("bad_message", f"unknown command {name!r}", cid)
     return Command(cid, name, _str(d, "text", cid, limit=MAX_FRAME_BYTES, default=""),  # bounded by its ack
                    _str(d, "target", cid, limit=256, default=""), _str(d, "reason", cid, limit=200, default=""),
-                   _str(d, "agent", cid, default=""), _str(d, "via", cid, limit=16, default=""))
+                   _str(d, "agent", cid, default=""), _str(d, "via", cid, limit=16, default=""),
+                   _str(d, "trunk", cid, limit=32, default=""))
 
 
 PARSERS: dict[str, Callable[[Mapping[str, Any]], Inbound]] = {

@@ -115,13 +115,15 @@ class LinkTelephony:
             return False, "no answer from the carrier in time; the outcome is unknown"
         return res.ok, res.detail
 
-    async def dial(self, target: str, agent: str, via: str, timeout: float) -> tuple[bool, dict[str, Any], str]:  # noqa: ASYNC109
-        """The gateway's ``dial`` (a new outbound call): ``(ok, data, error)``, at most ``timeout`` s."""
+    async def dial(self, target: str, agent: str, via: str, timeout: float,  # noqa: ASYNC109
+                   trunk: str = "") -> tuple[bool, dict[str, Any], str]:
+        """The gateway's ``dial`` (a new outbound call; ``trunk``: the ``[[sip.trunks]]`` entry):
+        ``(ok, data, error)``, at most ``timeout`` s."""
         if self.request is None:
             return False, {}, "no gateway to dial through"
+        args = {"target": target, "agent": agent, "via": via, **({"trunk": trunk} if trunk else {})}
         try:
-            reply = await self.request(Command(name="dial", args={"target": target, "agent": agent, "via": via}),
-                                       timeout)
+            reply = await self.request(Command(name="dial", args=args), timeout)
         except TimeoutError:
             return False, {}, "the gateway did not answer the dial in time; the outcome is unknown"
         except ConnectionError:

@@ -81,6 +81,8 @@ export interface DialOptions {
   agent?: string;
   /** `sip` (default) or `twilio`. */
   via?: "sip" | "twilio";
+  /** Over SIP: the `[[sip.trunks]]` entry to dial through (default: brisvox's `[sip] trunk`). */
+  trunk?: string;
   /** How long to wait for the ack (default 110 s: a SIP dial is acked once answered). */
   timeoutMs?: number;
 }
@@ -183,6 +185,12 @@ export class Session {
     if (via !== "sip" && via !== "twilio") throw new CommandError("dial", "via must be sip or twilio");
     const fields: Record<string, unknown> = { target, via };
     if (options.agent) fields.agent = options.agent;
+    if (options.trunk) {
+      if (via !== "sip" || options.trunk.length > 32) {
+        throw new CommandError("dial", "a trunk (at most 32 characters) is dialled via sip");
+      }
+      fields.trunk = options.trunk;
+    }
     const ack = await this.command("dial", fields, options.timeoutMs ?? DIAL_TIMEOUT_MS);
     const text = (k: string): string => (typeof ack[k] === "string" ? (ack[k] as string) : "");
     return { via: text("via") === "twilio" ? "twilio" : via, callId: text("call_id"), callSid: text("call_sid"), status: text("status") };

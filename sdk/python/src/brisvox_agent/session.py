@@ -161,11 +161,12 @@ class Session:
         await self.command("end_call", reason=reason, timeout=timeout)
 
     async def dial(self, target: str, *, agent: str | None = None, via: str = "sip",
-                   timeout: float | None = None) -> Dialed:
+                   timeout: float | None = None, trunk: str | None = None) -> Dialed:
         """Have brisvox place a NEW outbound call (the agent file's ``[agent_link] allow_dial`` and
         ``dial_targets`` must allow ``target``); ``agent`` runs it. Over SIP the ack comes once the
         callee answered (so the default ``timeout`` is :data:`DIAL_TIMEOUT`), through Twilio once
-        Twilio queued the call. Raises CommandRefused with brisvox's reason (``busy``, ...)."""
+        Twilio queued the call. ``trunk``: over SIP, the ``[[sip.trunks]]`` entry to dial through.
+        Raises CommandRefused with brisvox's reason (``busy``, ...)."""
         if not isinstance(target, str) or not target or len(target) > MAX_TARGET_CHARS:
             raise CommandError("dial", f"the target must be 1..{MAX_TARGET_CHARS} characters")
         if via not in DIAL_VIA:
@@ -173,6 +174,10 @@ class Session:
         fields: dict[str, Any] = {"target": target, "via": via}
         if agent:
             fields["agent"] = agent
+        if trunk:
+            if via != "sip" or len(trunk) > 32:
+                raise CommandError("dial", "a trunk (at most 32 characters) is dialled via sip")
+            fields["trunk"] = trunk
         ack = await self.command("dial", timeout=DIAL_TIMEOUT if timeout is None else timeout, **fields)
         return Dialed(via=str(ack.get("via") or via), call_id=str(ack.get("call_id") or ""),
                       call_sid=str(ack.get("call_sid") or ""), status=str(ack.get("status") or ""))
