@@ -200,13 +200,17 @@ def _entry_secret(entry: Any, where: str) -> Any:
 class SipListener:
     """One ``[[sip.listeners]]`` entry: SIP over ``tcp`` or ``tls`` on ``host:port`` (the
     ``[sip] host/port`` UDP listener is always there). TLS: ``cert_file`` and ``key_file``
-    (PEM, read at start), TLS 1.2 or newer with the platform's ciphers."""
+    (PEM, read at start), TLS 1.2 or newer with the platform's ciphers; with
+    ``client_ca_file`` a client certificate is asked for and checked (``require_client_cert``:
+    a client without a valid one is refused in the handshake)."""
 
     transport: Literal["tcp", "tls"]
     port: Port
     host: str = "127.0.0.1"
     cert_file: str = ""
     key_file: str = ""
+    client_ca_file: str = ""  # TLS: the CAs a client certificate is checked against ("": none asked)
+    require_client_cert: bool = False  # TLS: refuse a client without a valid certificate (needs client_ca_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,10 +405,12 @@ class SipConfig:
             except ValueError:
                 raise ConfigError(f"listeners[{i}].host", f"expected an IP address, got {lst.host[:60]!r}") from None
             if lst.transport == "tls":
-                for k in ("cert_file", "key_file"):
+                for k in ("cert_file", "key_file") + (("client_ca_file",) if lst.client_ca_file else ()):
                     path = getattr(lst, k)
                     if not path or not os.access(path, os.R_OK):
                         raise ConfigError(f"listeners[{i}].{k}", f"a readable PEM file is needed for TLS, got {path!r}")
+            if lst.require_client_cert and not (lst.transport == "tls" and lst.client_ca_file):
+                raise ConfigError(f"listeners[{i}].require_client_cert", "needs transport = \"tls\" and client_ca_file")
         have = {lst.transport for lst in self.listeners}
         for i, t in enumerate(self.trunks):
             if t.transport != "udp" and t.transport not in have:

@@ -372,3 +372,30 @@ def test_brisvox_opens_tls_to_register_and_dial_and_verifies_the_peer(short_tmp,
         assert len(peer.requests) == n
     finally:
         peer.close()
+
+
+def test_a_listener_that_requires_client_certificates_refuses_a_client_without_one(short_tmp):
+    cert = make_cert(short_tmp)  # the client presents the same self-signed pair: it is its own CA
+    tls = free_port(socket.SOCK_STREAM)
+    sip = {"listeners": [{"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0],
+                          "key_file": cert[1], "client_ca_file": cert[0], "require_client_cert": True}]}
+    options = (b"OPTIONS sip:echo@127.0.0.1 SIP/2.0\r\nVia: SIP/2.0/TLS 127.0.0.1:5061;branch=z9hG4bKc1\r\n"
+               b"From: <sip:o@127.0.0.1>;tag=o\r\nTo: <sip:echo@127.0.0.1>\r\nCall-ID: c1\r\n"
+               b"CSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n")
+    with GatewayProc(short_tmp, inbox=True, sip=sip) as gw:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        raw = socket.create_connection(("127.0.0.1", tls), timeout=3)
+        with contextlib.suppress(ssl.SSLError, OSError):  # TLS 1.3: the refusal may come after the handshake
+            anon = ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+            anon.sendall(options)
+            assert closed(anon, 3)
+        raw.close()
+        ctx.load_cert_chain(*cert)
+        good = socket.create_connection(("127.0.0.1", tls), timeout=3)
+        with ctx.wrap_socket(good, server_hostname="127.0.0.1") as s:
+            s.sendall(options)
+            s.settimeout(3)
+            assert s.recv(4096).startswith(b"SIP/2.0 200")
+        assert gw.stats()["sip_stream_accepted_tls"] == 1  # only the client with a certificate

@@ -61,10 +61,14 @@ Refuse = Callable[[FramingError, "StreamConn"], None]
 
 
 def server_context(lst: SipListener) -> ssl.SSLContext:
-    """TLS 1.2 or newer, the platform's ciphers, our certificate (no client certificate asked)."""
+    """TLS 1.2 or newer, the platform's ciphers, our certificate; a client certificate asked for
+    and checked against ``client_ca_file`` when set (required with ``require_client_cert``)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(lst.cert_file, lst.key_file)
+    if lst.client_ca_file:
+        ctx.load_verify_locations(lst.client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED if lst.require_client_cert else ssl.CERT_OPTIONAL
     return ctx
 
 
