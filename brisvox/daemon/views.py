@@ -56,4 +56,12 @@ def healthz(state: str, slots: Sequence[Slot]) -> tuple[int, dict[str, Any]]:
             "state": state, "ready": sum(s.state is State.READY for s in slots),
             "children": len(slots), "failed": [s.name for s in slots if s.state is State.FAILED],
             "not_ready": [s.name for s in live if s.state is not State.READY]}
+    trunks = {}  # the gateway's [[sip.trunks]] registrations: detail, not health (a carrier's outage is not ours)
+    for s in slots:
+        rows = (s.stats or {}).get("sip_trunks") if s.state is State.READY else None
+        if isinstance(rows, dict):
+            trunks.update({str(k)[:32]: {"state": str(v.get("state", ""))[:16], "error": str(v.get("error", ""))[:200]}
+                           for k, v in list(rows.items())[:64] if isinstance(v, dict)})
+    if trunks:
+        body["sip_trunks"] = trunks
     return (200 if healthy else 503), body

@@ -52,3 +52,19 @@ def test_healthz_is_503_while_the_daemon_drains(tmp_path):
     finally:
         arb.table.chan.close(0)
         ctx.term()
+
+
+def test_healthz_names_each_trunks_registration_without_judging_health_by_it():
+    from brisvox.daemon.slots import Slot, State
+    from brisvox.daemon.views import healthz as view
+
+    gw = Slot("gateway", 0)
+    gw.on_spawn(4242, 0.0)
+    gw.state = State.READY
+    gw.stats = {"sip_trunks": {"carrier": {"state": "failed", "error": "auth failed: wrong credentials (realm 'x')",
+                                           "registrar": "192.0.2.1"}}}
+    code, body = view("running", [gw])
+    assert code == 200 and body["status"] == "ok"  # a carrier's outage is not the daemon's
+    assert body["sip_trunks"] == {"carrier": {"state": "failed", "error": "auth failed: wrong credentials (realm 'x')"}}
+    gw.stats = {}
+    assert "sip_trunks" not in view("running", [gw])[1]
