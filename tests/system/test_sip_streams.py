@@ -220,24 +220,19 @@ def test_hostile_streams_are_closed_and_cost_nothing(short_tmp):
     assert gw.leaked == []
 
 
-@pytest.mark.skipif(not (have("baresip") and have("espeak-ng") and have("sox")), reason="needs baresip, espeak-ng, sox")
-def test_baresip_calls_over_tls_and_its_bye_ends_the_call(short_tmp):
-    """A real SIP stack over TLS (baresip, verifying our certificate against its CA file)."""
-    cert = make_cert(short_tmp)
-    fx = make_fixture(short_tmp, "Hello over TLS from baresip. One two three.")
-    tls = free_port(socket.SOCK_STREAM)
-    # baresip writes its interface's address in the SDP but sends from loopback: latch the first source
-    sip = {"rtp_latch": "first", "nat": "signalling_source", "listeners": [
-        {"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0], "key_file": cert[1]}]}
-    with GatewayProc(short_tmp, inbox=True, gateway={"echo_delay_ms": 300}, sip=sip) as gw:
-        conf = short_tmp / "baresip"
-        conf.mkdir()
-        rtp_lo = free_port_pair_base(8)
-        (conf / "config").write_text(f"""poll_method epoll
-sip_listen 127.0.0.1:{free_port()}
+def baresip_conf(conf: Path, cert: tuple[str, str], wav: Path, port: int, answer: bool = False) -> Path:
+    """A baresip config dir: a TLS account trusting our certificate; ``answer``: it also listens
+    on TLS (port + 1, baresip's rule) with that certificate and answers every call."""
+    conf.mkdir()
+    both = conf / "cert.pem"  # baresip's sip_certificate: the certificate and its key in one file
+    both.write_text(Path(cert[0]).read_text() + Path(cert[1]).read_text())
+    rtp_lo = free_port_pair_base(8)
+    (conf / "config").write_text(f"""poll_method epoll
+sip_listen 127.0.0.1:{port}
 sip_cafile {cert[0]}
+{f"sip_certificate {both}" if answer else ""}
 audio_player aubridge,nowhere
-audio_source aufile,{fx['wav']}
+audio_source aufile,{wav}
 audio_alert aubridge,nowhere
 audio_srate 8000
 audio_channels 1
@@ -249,7 +244,22 @@ module aubridge.so
 module_app account.so
 module_app menu.so
 """)
-        (conf / "accounts").write_text("<sip:bs@127.0.0.1;transport=tls>;regint=0;audio_codecs=PCMU\n")
+    (conf / "accounts").write_text("<sip:bs@127.0.0.1;transport=tls>;regint=0;audio_codecs=PCMU"
+                                   + (";answermode=auto" if answer else "") + "\n")
+    return conf
+
+
+@pytest.mark.skipif(not (have("baresip") and have("espeak-ng") and have("sox")), reason="needs baresip, espeak-ng, sox")
+def test_baresip_calls_over_tls_and_its_bye_ends_the_call(short_tmp):
+    """A real SIP stack over TLS (baresip, verifying our certificate against its CA file)."""
+    cert = make_cert(short_tmp)
+    fx = make_fixture(short_tmp, "Hello over TLS from baresip. One two three.")
+    tls = free_port(socket.SOCK_STREAM)
+    # baresip writes its interface's address in the SDP but sends from loopback: latch the first source
+    sip = {"rtp_latch": "first", "nat": "signalling_source", "listeners": [
+        {"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0], "key_file": cert[1]}]}
+    with GatewayProc(short_tmp, inbox=True, gateway={"echo_delay_ms": 300}, sip=sip) as gw:
+        conf = baresip_conf(short_tmp / "baresip", cert, fx["wav"], free_port())
         p = subprocess.run(["baresip", "-f", str(conf), "-e", f"/dial sip:echo@127.0.0.1:{tls};transport=tls",
                             "-t", "8"], capture_output=True, text=True, timeout=30)
         assert "Call established" in p.stdout and "incoming rtp for 'audio' established" in p.stdout, \
@@ -399,3 +409,34 @@ def test_a_listener_that_requires_client_certificates_refuses_a_client_without_o
             s.settimeout(3)
             assert s.recv(4096).startswith(b"SIP/2.0 200")
         assert gw.stats()["sip_stream_accepted_tls"] == 1  # only the client with a certificate
+
+
+@pytest.mark.skipif(not (have("baresip") and have("espeak-ng") and have("sox")), reason="needs baresip, espeak-ng, sox")
+def test_dial_over_tls_to_baresip_verifies_it_and_is_answered(short_tmp):
+    """brisvox dials baresip over TLS (sip:...;transport=tls, baresip's certificate checked against
+    tls_ca_file); baresip answers, hears RTP and hangs up."""
+    from ipc import frames as F
+    from ipc.bus import request_sync
+
+    cert = make_cert(short_tmp)
+    fx = make_fixture(short_tmp, "Hello over TLS from baresip. One two three.")
+    tls, bport = free_port(socket.SOCK_STREAM), free_port(socket.SOCK_STREAM)
+    sip = {"rtp_latch": "first", "nat": "signalling_source", "tls_ca_file": cert[0], "listeners": [
+        {"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0], "key_file": cert[1]}]}
+    with GatewayProc(short_tmp, inbox=True, gateway={"echo_delay_ms": 300}, sip=sip) as gw:
+        conf = baresip_conf(short_tmp / "baresip", cert, fx["wav"], bport, answer=True)
+        bs = subprocess.Popen(["baresip", "-f", str(conf), "-t", "10"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        try:
+            time.sleep(1.5)
+            reply = request_sync(gw.inbox, F.Command(name="dial", args={
+                "target": f"sip:bs@127.0.0.1:{bport + 1};transport=tls", "agent": "echo", "ring_timeout_s": 8}), 45)
+            out, _ = bs.communicate(timeout=25)
+        finally:
+            if bs.poll() is None:
+                bs.kill()
+                bs.wait(5)
+        assert isinstance(reply, F.CommandReply) and reply.ok, (reply, out[-1500:])
+        assert "Call established" in out and "incoming rtp for 'audio' established" in out, out[-1500:]
+        assert gw.stats()["sip_stream_connected_tls"] == 1
+    assert gw.leaked == []
