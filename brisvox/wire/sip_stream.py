@@ -4,7 +4,9 @@ Owns :class:`StreamFramer`: bytes in as they arrive, whole messages out. A
 message ends where its header block (ended by an empty line) plus its
 ``Content-Length`` end; on a stream ``Content-Length`` is required. CRLFs
 between messages are skipped; a double CRLF there is an RFC 5626 section
-4.4.1 keepalive ping (:data:`PING`: answer one CRLF).
+4.4.1 keepalive ping (:data:`PING`: answer one CRLF); every CRLF between
+messages is counted (:attr:`StreamFramer.crlfs_seen`), so the pong to a ping
+we sent (one CRLF) is seen.
 
 Invariants:
 
@@ -41,13 +43,14 @@ class FramingError(ValueError):
 class StreamFramer:
     """Whole SIP messages out of a byte stream (see the module docstring)."""
 
-    __slots__ = ("max_bytes", "_buf", "_need", "_crlfs")
+    __slots__ = ("max_bytes", "_buf", "_need", "_crlfs", "crlfs_seen")
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self._buf = bytearray()
         self._need = -1  # the whole message's length once its head was read, else -1
         self._crlfs = 0  # CRLFs seen since the last message (two: a ping)
+        self.crlfs_seen = 0  # every CRLF between messages so far: a pong to our ping is one
 
     @property
     def buffered(self) -> int:
@@ -63,6 +66,7 @@ class StreamFramer:
                 if buf[:2] == b"\r\n":
                     del buf[:2]
                     self._crlfs += 1
+                    self.crlfs_seen += 1
                     if self._crlfs == 2:
                         out.append(PING)
                         self._crlfs = 0

@@ -156,7 +156,8 @@ def test_registers_with_kamailio_takes_its_calls_and_registers_again_after_a_res
                     reason="needs kamailio-tls-modules (make test installs it)")
 def test_registers_over_tls_and_kamailio_routes_a_call_to_it_over_tls(short_tmp, monkeypatch):
     """brisvox registers over TLS (its Contact: our TLS listener, ;transport=tls); Kamailio, a TLS
-    peer, challenges it, then relays a SIPp call over a TLS connection of its own to brisvox."""
+    peer, challenges it, answers brisvox's RFC 5626 keepalive pings, then relays a SIPp call over a
+    TLS connection of its own to brisvox."""
     from tests.system.test_sip_streams import make_cert
 
     monkeypatch.setenv("BRISVOX_TEST_KAMAILIO", SECRET)
@@ -165,8 +166,8 @@ def test_registers_over_tls_and_kamailio_routes_a_call_to_it_over_tls(short_tmp,
     cert = make_cert(short_tmp)
     tls = free_port(socket.SOCK_STREAM)
     trunk = {"name": "kamailio", "registrar": f"{HOST}:{kam.tls_port}", "transport": "tls", "username": "1001",
-             "secret_env": "BRISVOX_TEST_KAMAILIO", "expires": 60, "agent": "echo", "keepalive_s": 0,
-             "addresses": [HOST, "127.0.0.1"]}  # Kamailio's TLS connections to us come from either
+             "secret_env": "BRISVOX_TEST_KAMAILIO", "expires": 60, "agent": "echo", "keepalive_s": 0.5,
+             "addresses": [HOST, "127.0.0.1"]}  # keepalive: RFC 5626 pings on the TLS connection  # Kamailio's TLS connections to us come from either
     sip = {"trunks": [trunk], "tls_verify_server": False,  # Kamailio's certificate is its own, self-signed
            "listeners": [{"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0],
                           "key_file": cert[1]}]}
@@ -182,5 +183,8 @@ def test_registers_over_tls_and_kamailio_routes_a_call_to_it_over_tls(short_tmp,
             assert r.returncode == 0, (r.stdout[-800:], r.stderr[-800:], kam.log())
             st = gw.stats()
             assert st["calls_admitted"] == 1 and st.get("sip_stream_accepted_tls", 0) >= 1
+            # Kamailio answers our CRLFCRLF pings with CRLF: each pong arms the next ping, none is lost
+            assert wait_for(lambda: gw.stats()["sip_trunk_keepalives"] >= 3, 5), gw.stats()
+            assert gw.stats().get("sip_trunk_keepalive_lost", 0) == 0
     finally:
         kam.stop()

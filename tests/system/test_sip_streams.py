@@ -349,7 +349,7 @@ def test_brisvox_opens_tls_to_register_and_dial_and_verifies_the_peer(short_tmp,
     tls = free_port(socket.SOCK_STREAM)
     monkeypatch.setenv("BRISVOX_TEST_TLS_TRUNK", "pw")
     trunk = {"name": "secure", "registrar": f"127.0.0.1:{peer.port}", "transport": "tls", "username": "1001",
-             "secret_env": "BRISVOX_TEST_TLS_TRUNK", "agent": "echo", "keepalive_s": 0}
+             "secret_env": "BRISVOX_TEST_TLS_TRUNK", "agent": "echo", "keepalive_s": 1.0}
     sip = {"tls_ca_file": cert[0], "trunks": [trunk], "listeners": [
         {"transport": "tls", "host": "127.0.0.1", "port": tls, "cert_file": cert[0], "key_file": cert[1]}]}
     try:
@@ -368,6 +368,16 @@ def test_brisvox_opens_tls_to_register_and_dial_and_verifies_the_peer(short_tmp,
             assert any(r.method == "ACK" for r in peer.requests)  # the 2xx's ACK on the same connection
             st = gw.stats()
             assert st["sip_stream_connected_tls"] == 1  # one connection reused for REGISTER, INVITE, ACK
+            # this peer never answers an RFC 5626 ping: the flow counts as dead, brisvox registers again
+            n = len([r for r in peer.requests if r.method == "REGISTER"])
+            deadline = time.monotonic() + 5
+            while not gw.stats().get("sip_trunk_keepalive_lost") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert gw.stats()["sip_trunk_keepalive_lost"] >= 1
+            deadline = time.monotonic() + 3
+            while len([r for r in peer.requests if r.method == "REGISTER"]) == n and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len([r for r in peer.requests if r.method == "REGISTER"]) > n
         assert gw.leaked == []
         # without our CA the peer's certificate is not trusted: no connection, nothing sent, the dial
         # fails when its INVITE transaction times out (Timer B, 64 x T1)

@@ -19,7 +19,9 @@ def test_pipelined_messages_pings_and_crlfs():
     a, b = msg(b"hello"), msg()
     f = StreamFramer(4096)
     assert f.feed(b"\r\n" + a + PING + b + b"\r\n") == [a, PING, b]
-    assert f.buffered == 0
+    assert f.buffered == 0 and f.crlfs_seen == 4
+    g = StreamFramer(4096)
+    assert g.feed(a + b"\r\n") == [a] and g.crlfs_seen == 1  # the pong to a ping we sent: one CRLF
 
 
 @settings(max_examples=100, deadline=None)

@@ -35,9 +35,11 @@ Invariants:
 * :meth:`Registration.stop` removes a binding the registrar holds
   (``Expires: 0``) and ends in ``stopped`` on its answer or timeout; a
   trunk that was not registered stops at once.
-* While registered, an OPTIONS goes to the registrar every ``keepalive_s``
-  (UDP: it keeps a NAT's mapping open and proves the registrar alive); any
-  final answer is alive, none (Timer F) registers again at once.
+* While registered, a keepalive goes to the registrar every ``keepalive_s``:
+  over UDP an OPTIONS (it keeps a NAT's mapping open and proves the registrar
+  alive; any final answer is alive, none within Timer F registers again at
+  once), over TCP/TLS an RFC 5626 ping (CRLFCRLF) on the registered
+  connection (no pong within 10 s, or no connection: registered again at once).
 * Each REGISTER's challenge is answered once (a new :class:`ClientAuth`
   per REGISTER): wrong credentials fail that attempt with the reason,
   never a loop.
@@ -67,6 +69,7 @@ log = logging.getLogger("brisvox.gateway.sip")
 BACKOFF = RetryPolicy(base=2.0, multiplier=2.0, cap=300.0, jitter="full", retry_after_max=3600.0)
 MAX_EXPIRES = 86400
 STOP_WAIT_S = 2.0  # how long a stop waits for the registrar to confirm the removal
+PONG_WAIT_S = 10.0  # RFC 5626 section 4.4.1: a ping's pong is due within 10 s
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,12 +379,22 @@ class TrunkRegistrar:
             tr.keepalive = self.loop.call_later(tr.cfg.keepalive_s, self._send_keepalive, tr)
 
     def _send_keepalive(self, tr: _Trunk) -> None:
-        """An OPTIONS to the registrar (its NAT binding kept, its liveness seen); any answer is
-        alive, none (Timer F) registers again at once."""
+        """UDP: an OPTIONS to the registrar (its NAT binding kept, its liveness seen); any answer
+        is alive, none (Timer F) registers again at once. TCP/TLS: an RFC 5626 ping (CRLFCRLF) on
+        the registered connection; no pong within :data:`PONG_WAIT_S` (or no connection) is a
+        dead flow: register again at once."""
         tr.keepalive = None
         if tr.reg.state != "registered":
             return
         t = tr.cfg
+        if t.transport != "udp":
+            self.counters.count("sip_trunk_keepalives")
+            token = self.transactions.stream_ping(t.transport.upper(), t.next_hop)
+            if token is None:
+                self._flow_lost(tr)
+                return
+            tr.keepalive = self.loop.call_later(min(PONG_WAIT_S, t.keepalive_s), self._pong_due, tr, token)
+            return
         req = SipMessage(method="OPTIONS", uri=f"sip:{t.domain}")
         h = req.headers
         tp = t.transport.upper()
@@ -397,12 +410,24 @@ class TrunkRegistrar:
 
     def _keepalive_result(self, tr: _Trunk, a: Action) -> None:
         if isinstance(a, TimedOut):
-            self.counters.count("sip_trunk_keepalive_lost")
-            self.counters.log_limit(f"sip_keepalive:{tr.cfg.name}", "trunk %s: keepalive to %s unanswered; "
-                                    "registering again", tr.cfg.name, tr.cfg.registrar, level=logging.WARNING)
-            self._perform(tr, tr.reg.on_flow_lost(self.loop.time()))
+            self._flow_lost(tr)
         elif isinstance(a, Deliver) and a.msg.status >= 200:
             self._arm_keepalive(tr)
+
+    def _pong_due(self, tr: _Trunk, token: Any) -> None:
+        tr.keepalive = None
+        if tr.reg.state != "registered":
+            return
+        if self.transactions.stream_ponged(token):
+            self._arm_keepalive(tr)
+        else:
+            self._flow_lost(tr)
+
+    def _flow_lost(self, tr: _Trunk) -> None:
+        self.counters.count("sip_trunk_keepalive_lost")
+        self.counters.log_limit(f"sip_keepalive:{tr.cfg.name}", "trunk %s: keepalive to %s unanswered; "
+                                "registering again", tr.cfg.name, tr.cfg.registrar, level=logging.WARNING)
+        self._perform(tr, tr.reg.on_flow_lost(self.loop.time()))
 
     def _failed(self, tr: _Trunk, error: str, retry_after: float | None, now: float) -> None:
         self.counters.count("sip_register_failed")

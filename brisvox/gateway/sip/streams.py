@@ -307,5 +307,20 @@ class SipStreams:
         for data in waiting:
             conn.write(data)
 
+    def ping(self, transport: str, addr: Addr) -> tuple[StreamConn, int] | None:
+        """An RFC 5626 keepalive ping (CRLFCRLF) on the connection to ``addr``; what
+        :meth:`ponged` needs, or None when there is no open connection."""
+        c = self.by_addr.get((transport, addr))
+        if c is None or c.closed:
+            return None
+        mark = c.framer.crlfs_seen
+        return (c, mark) if c.write(PING) else None
+
+    @staticmethod
+    def ponged(token: tuple[StreamConn, int]) -> bool:
+        """Whether the peer answered that ping (a CRLF since) on a connection still open."""
+        c, mark = token
+        return not c.closed and c.framer.crlfs_seen > mark
+
     def describe(self) -> dict[str, Any]:
         return {"ports": dict(self.ports), "connections": len(self.conns)}

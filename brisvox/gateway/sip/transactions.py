@@ -137,6 +137,14 @@ class TransactionLayer(Protocol):
         """The stream transports we listen on ("TCP", "TLS"): the ones a dialog may use."""
         ...
 
+    def stream_ping(self, transport: str, addr: Addr) -> Any:
+        """An RFC 5626 keepalive ping on the connection to ``addr``: a token, or None (no connection)."""
+        ...
+
+    def stream_ponged(self, token: Any) -> bool:
+        """Whether that ping was answered on a connection still open."""
+        ...
+
     def contact_for(self, transport: str) -> str:
         """Our Contact for a dialog over ``transport``."""
         ...
@@ -244,6 +252,13 @@ class SipTransactions(asyncio.DatagramProtocol):
     @property
     def stream_transports(self) -> tuple[str, ...]:
         return tuple(self.streams.ports)
+
+    def stream_ping(self, transport: str, addr: Addr) -> Any:
+        """A CRLFCRLF keepalive on the connection to ``addr`` (a token, or None: no connection)."""
+        return self.streams.ping(transport, addr)
+
+    def stream_ponged(self, token: Any) -> bool:
+        return self.streams.ponged(token)
 
     def via_host_for(self, transport: str) -> str:
         """``host:port`` for the Via of a request we send over ``transport`` ("UDP", "TCP", "TLS")."""
