@@ -94,6 +94,17 @@ class Topology(Frame):
     seq: int
 
 
+@frame("reload", to="child")
+class Reload(Frame):
+    """Supervisor -> every ready child, after ``brisvoxd reload`` applied a configuration:
+    re-read ``path`` and apply what the role applies live (the gateway: its
+    ``[[sip.trunks]]``, each registered again). A role without a reload callback ignores it;
+    the rest of a role section applies at the child's next start. ``seq`` grows per reload."""
+
+    path: str
+    seq: int
+
+
 @frame("shutdown", to="child")
 class Shutdown(Frame):
     """Supervisor -> child: stop within ``grace_s`` (after which SIGTERM, then SIGKILL)."""

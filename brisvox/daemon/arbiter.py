@@ -497,7 +497,8 @@ class Arbiter:
         retried, scaled_down = self.table.rescale(new, now)
         for s in scaled_down:
             self.stop_plan.stop_child(s, "scaled down", True, self.stop_plan.drain_timeout_s, now)
-        msg = f"reloaded {new.path or '(defaults)'}; retried {retried} failed children"
+        told = self.table.push_reload(new.path) if new.path else 0  # the gateway registers its trunks again
+        msg = f"reloaded {new.path or '(defaults)'}; retried {retried} failed children; told {told} children"
         return True, msg + ("; " + "; ".join(notes) if notes else "")
 
     # -- views -------------------------------------------------------------------------

@@ -161,6 +161,8 @@ class ForkedChildRuntime:
         self._stats: dict[str, Any] | None = None
         self._shutdown_cbs: list[Callable[[], Any]] = []
         self._topology_cbs: list[Callable[[list[dict[str, Any]]], Any]] = []
+        self._reload_cbs: list[Callable[[str], Any]] = []
+        self.reload_seq = -1
         self._topology_lock = threading.Lock()
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -282,6 +284,23 @@ class ForkedChildRuntime:
             if self.topology_seq >= 0:
                 self._call(post, self.topology)
 
+    def add_reload_callback(self, cb: Callable[[str], Any], loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """``cb(path)`` runs at every Reload frame (the configuration file the supervisor applied):
+        on the control thread, or with ``loop`` on that loop (nothing once it is closed). A reload
+        before the callback was added is not replayed: the child started with that file."""
+
+        def post(path: str) -> None:
+            if loop is None:
+                return cb(path)
+            if loop.is_closed():
+                return
+            try:
+                loop.call_soon_threadsafe(cb, path)
+            except RuntimeError:  # closed between the check and the call
+                pass
+
+        self._reload_cbs.append(post)
+
     def stop_event(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
         """An asyncio.Event on ``loop`` that is set when a stop is requested."""
         ev = asyncio.Event()
@@ -356,9 +375,10 @@ class ForkedChildRuntime:
 
     def control_frame_handlers(self) -> dict[type, Callable[[Any, Any], None]]:
         """The control thread's dispatch table: frame class -> ``handler(sock, frame)``."""
-        from ipc.frames import Ping, Shutdown, Topology
+        from ipc.frames import Ping, Reload, Shutdown, Topology
 
-        return {Ping: self._on_ping, Topology: self._on_topology, Shutdown: self._on_shutdown}
+        return {Ping: self._on_ping, Topology: self._on_topology, Shutdown: self._on_shutdown,
+                Reload: self._on_reload}
 
     def _reply_now(self, sock: Any, frame: Any) -> None:
         import zmq
@@ -383,6 +403,12 @@ class ForkedChildRuntime:
                 self.topology = list(f.children)
                 for tcb in list(self._topology_cbs):
                     self._call(tcb, self.topology)
+
+    def _on_reload(self, sock: Any, f: Any) -> None:
+        if f.seq > self.reload_seq:  # a resent or reordered frame is applied once
+            self.reload_seq = f.seq
+            for cb in list(self._reload_cbs):
+                self._call(cb, f.path)
 
     def _on_shutdown(self, sock: Any, f: Any) -> None:
         from ipc.frames import ShutdownAck

@@ -83,6 +83,7 @@ class ChildTable:
         self.chan_guard = DecodeGuard("supervisor")
         self.send_failed = 0
         self.topology_seq = 0
+        self.reload_seq = 0
         self.topology_dirty = False
         self.child_handlers = self.child_frame_handlers()
 
@@ -314,6 +315,15 @@ class ChildTable:
             log.info("%s ready (pid %d, boot %.2fs)", slot.name, slot.pid, now - slot.started_at)
         elif slot.state is State.STOPPING:
             slot.ready_at = now  # handshake completed; a stop is already under way
+
+    def push_reload(self, path: str) -> int:
+        """Tell every ready child that ``path`` was applied (a :class:`~ipc.frames.Reload`);
+        returns how many were told."""
+        from ipc.frames import Reload
+
+        self.reload_seq += 1
+        frame = Reload(path=path, seq=self.reload_seq)
+        return sum(1 for s in self.slots if s.state == State.READY and self.send_to(s, frame))
 
     def push_topology(self) -> None:
         from ipc.frames import Topology

@@ -5,7 +5,8 @@ asyncio loop (uvloop when ``[gateway] uvloop`` is set and it is installed),
 the core bound on the configured addresses with its ROUTER inbox at
 ``rt.inbox_endpoint("gateway", index)``, the heartbeat and the load report
 every 500 ms, topology pushes (connect to ready agents and workers; end the
-calls of a dead agent), drain (refuse new calls, OPTIONS 503, wait for live
+calls of a dead agent), reloads (the listeners' sections read again: SIP trunks
+register again), drain (refuse new calls, OPTIONS 503, wait for live
 calls up to the grace period) and stop.
 
 Invariants: ``rt.ready`` is called only once every listening socket is bound
@@ -33,7 +34,10 @@ REPORT_S = 0.5
 
 
 def settings_from(rt: Any) -> GatewaySettings:
-    cfg = rt.config
+    return settings_from_config(rt.config)
+
+
+def settings_from_config(cfg: Any) -> GatewaySettings:
     gw = cfg.section("gateway")
     sip = cfg.section("sip")
     ws = cfg.section("websocket")
@@ -59,7 +63,22 @@ async def run(rt: Any, settings: GatewaySettings) -> int:
         drain_requested = bool(rt.drain)
         loop.call_soon_threadsafe(stop.set)
 
+    def on_reload(path: str) -> None:
+        """The supervisor applied ``path``: read it again and give the listeners their sections
+        (a configuration error keeps what runs: the supervisor already refused a bad file, so
+        this is a file edited between its read and ours)."""
+        from brisvox.config.daemon import load_config
+
+        try:
+            done = core.reload(settings_from_config(load_config(path)))
+        except ConfigError as e:
+            log.warning("reload of %s not applied by the gateway: %s", path, e)
+            rt.event("reload_failed", str(e)[:300])
+            return
+        log.info("reload of %s applied: %s", path, done)
+
     rt.add_shutdown_callback(on_stop)
+    rt.add_reload_callback(on_reload, loop=loop)
     rt.add_topology_callback(core.update_topology, loop=loop)  # replays the Topology already received
     rt.ready(endpoints)
     log.info("gateway ready: %s", endpoints)

@@ -249,3 +249,58 @@ def test_keepalives_find_a_registrar_gone_quiet_and_register_again(short_tmp, mo
             assert wait_for(lambda: gw.stats()["sip_trunks"]["carrier"]["state"] == "registered", 10)
     finally:
         peer.close()
+
+
+def _trunk_toml(name: str, peer: Peer, password_env: str = "BRISVOX_TEST_TRUNK") -> str:
+    return (f'[[sip.trunks]]\nname = "{name}"\nregistrar = "{peer.addr[0]}:{peer.addr[1]}"\nusername = "1001"\n'
+            f'secret_env = "{password_env}"\nagent = "echo"\nexpires = 60\nkeepalive_s = 0\n')
+
+
+def test_reload_registers_again_adds_and_removes_trunks(short_tmp):
+    """``brisvoxd reload`` reaches the gateway: a listed trunk registers again at once (not at its
+    refresh, a minute away), a new one registers, a dropped one removes its binding (Expires: 0);
+    a file the gateway cannot apply (a trunk over a transport without a listener) is refused by
+    the supervisor and leaves the registrations as they were."""
+    from bench.harness.daemon import Daemon, cli, write_config
+
+    carrier, office = Peer(grant=60), Peer(host="127.0.0.6", grant=60)
+    base = "[gateway]\necho_use_workers = false\n\n[sip]\nport = 0\nrtp_port_min = 47000\nrtp_port_max = 47998\n\n"
+    cfg = write_config(short_tmp, workers=1, agents=1, extra=base + _trunk_toml("carrier", carrier))
+    d = Daemon(short_tmp, config=cfg, env={"BRISVOX_TEST_ROLE_MAIN": "gateway=brisvox.gateway.process:main",
+                                           "BRISVOX_TEST_TRUNK": SECRET})
+    try:
+        d.start()
+        d.wait_ready(30)
+        assert wait_for(lambda: len(carrier.bound) == 1, 5), carrier.requests
+        n = len(carrier.of("REGISTER"))
+        cfg.write_text(cfg.read_text() + "\n" + _trunk_toml("office", office))
+        r = cli("reload", "--config", str(cfg))
+        assert r.returncode == 0 and "told 3 children" in r.stdout, (r.stdout, r.stderr)
+        assert wait_for(lambda: len(office.bound) == 1, 5), office.requests  # added: registered
+        assert wait_for(lambda: len(carrier.of("REGISTER")) >= n + 2, 5)  # kept: registered again now
+        assert len(carrier.bound) == 1
+
+        def trunks() -> dict[str, Any]:
+            return (d.child(d.status(), "gateway-0").get("stats") or {}).get("sip_trunks") or {}
+
+        assert wait_for(lambda: {k: v["state"] for k, v in trunks().items()} ==
+                        {"carrier": "registered", "office": "registered"}, 5), trunks()
+        # a trunk over TLS without a TLS listener: the supervisor refuses the file, nothing changes
+        bad = cfg.read_text()
+        cfg.write_text(bad + '\n[[sip.trunks]]\nname = "tls"\nregistrar = "127.0.0.7:5061"\nregister = false\n'
+                       'username = "x"\ntransport = "tls"\n')
+        r = cli("reload", "--runtime-dir", str(d.run_dir))
+        assert r.returncode == 1 and "configuration error" in r.stderr, (r.stdout, r.stderr)
+        # carrier dropped: its binding removed; office registered again
+        cfg.write_text(bad.replace(_trunk_toml("carrier", carrier), ""))
+        m = len(office.of("REGISTER"))
+        r = cli("reload", "--config", str(cfg))
+        assert r.returncode == 0, r.stderr
+        assert wait_for(lambda: carrier.bound == {}, 5), carrier.requests
+        assert any(x.get("expires") == "0" for x in carrier.of("REGISTER"))
+        assert wait_for(lambda: len(office.of("REGISTER")) >= m + 2 and len(office.bound) == 1, 5)
+        assert wait_for(lambda: set(trunks()) == {"office"}, 5), trunks()
+    finally:
+        d.close()
+        carrier.close()
+        office.close()

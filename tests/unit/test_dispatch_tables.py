@@ -33,7 +33,7 @@ def test_every_frame_names_known_receivers():
 
 
 def test_received_by_names_what_each_receiver_gets():
-    assert received_by("child") == {frames.Ping, frames.Topology, frames.Shutdown}
+    assert received_by("child") == {frames.Ping, frames.Topology, frames.Shutdown, frames.Reload}
     assert frames.OutUtterance in received_by("subscriber") and frames.OutUtterance in received_by("gateway")
     assert received_by("nobody") == frozenset()
 
@@ -218,6 +218,11 @@ def test_the_child_control_handlers_answer_and_apply(child_rt):
     h[frames.Topology](sock, frames.Topology(children=rows, seq=3))
     h[frames.Topology](sock, frames.Topology(children=[], seq=2))  # older: ignored
     assert seen == [rows] and child_rt.topology == rows
+    reloads: list[str] = []
+    child_rt.add_reload_callback(reloads.append)
+    h[frames.Reload](sock, frames.Reload(path="/etc/brisvox/brisvoxd.toml", seq=1))
+    h[frames.Reload](sock, frames.Reload(path="/old.toml", seq=1))  # the same reload again: applied once
+    assert reloads == ["/etc/brisvox/brisvoxd.toml"]
     h[frames.Shutdown](sock, frames.Shutdown(reason="test", grace_s=1.0, drain=True))
     assert decode(sent[-1]) == frames.ShutdownAck(pid=child_rt.pid)
     assert child_rt.stopping.is_set() and child_rt.drain and child_rt.stop_reason == "test"

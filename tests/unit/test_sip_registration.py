@@ -54,6 +54,19 @@ def test_interval_too_brief_asks_again_with_min_expires_once():
     assert isinstance(reg2.on_too_brief(None, 0.0)[0], Wait)  # no Min-Expires
 
 
+def test_a_reload_registers_again_now_and_skips_a_failed_trunks_backoff():
+    reg = Registration(600, rand=lambda: 0.5)
+    reg.start(0.0)
+    assert reg.refresh_now(0.1) == []  # a REGISTER is out: no second one
+    reg.on_ok(600, 1.0)
+    assert reg.refresh_now(2.0) == [SendRegister(600)] and reg.state == "registering"
+    [w] = reg.on_failure("503", None, 3.0)
+    assert reg.state == "failed" and w.at > 3.0
+    assert reg.refresh_now(3.5) == [SendRegister(600)]  # not waiting the backoff out
+    reg.stop(4.0)
+    assert reg.refresh_now(5.0) == []  # a trunk being removed is not registered again
+
+
 def test_stop_removes_a_binding_the_registrar_holds():
     reg = Registration(600, rand=lambda: 0.5)
     assert reg.stop(0.0) == [] and reg.state == "stopped"  # never registered: nothing to remove

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewaySettings
 from brisvox.gateway.core.calls import Call, CallTable, Leg
 from brisvox.gateway.core.host import Dialer, Listener, ListenerFactory
@@ -187,6 +188,22 @@ class GatewayCore:
         self.links.close()
         if self._own_ctx:
             self.ctx.term()
+
+    def reload(self, settings: GatewaySettings) -> dict[str, Any]:
+        """A reloaded configuration: each started listener is given its new section and applies
+        what it applies live (the SIP user agent: its trunks); the rest of the gateway's sections
+        apply at its next start. Returns section -> what its listener did; a ConfigError from one
+        listener leaves it as it ran and is raised after the others were given theirs."""
+        done: dict[str, Any] = {}
+        error: ConfigError | None = None
+        for section, listener in self.listeners.items():
+            try:
+                done[section] = listener.reload(getattr(settings, section))
+            except ConfigError as e:
+                error = e
+        if error is not None:
+            raise error
+        return done
 
     def update_topology(self, rows: list[dict[str, Any]]) -> None:
         """The supervisor's topology: connect to ready peers, end the calls of a dead agent."""

@@ -133,6 +133,11 @@ class Listener(Protocol):
 
     def stats(self) -> dict[str, Any]: ...
 
+    def reload(self, cfg: Any) -> dict[str, str]:
+        """``brisvoxd reload``: ``cfg`` is the section as the file now says; apply what can change
+        live (the SIP listener: its trunks), keep the rest until the next start; returns what was
+        done (name -> a short phrase). Raises ConfigError when it cannot apply it."""
+
 
 ListenerFactory = Callable[[CallHost, Any], Listener]  # (the core, its config section) -> the listener
 DialDone = Callable[[dict[str, Any] | None, str], None]

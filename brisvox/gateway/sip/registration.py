@@ -40,6 +40,9 @@ Invariants:
   alive; any final answer is alive, none within Timer F registers again at
   once), over TCP/TLS an RFC 5626 ping (CRLFCRLF) on the registered
   connection (no pong within 10 s, or no connection: registered again at once).
+* A reload (:meth:`TrunkRegistrar.reload`) registers every listed trunk again
+  at once; a trunk dropped from the file (or changed) removes its old binding
+  first, so a registrar never keeps routing to an entry we no longer have.
 * Each REGISTER's challenge is answered once (a new :class:`ClientAuth`
   per REGISTER): wrong credentials fail that attempt with the reason,
   never a loop.
@@ -174,6 +177,14 @@ class Registration:
         self.state = "registering"
         return [SendRegister(self.asked)]
 
+    def refresh_now(self, now: float) -> list[RegAction]:
+        """Register again now (a reload: the operator asks for it; a failed trunk skips the rest
+        of its backoff, a registered one refreshes). Nothing while a REGISTER is out."""
+        if self.state not in ("registered", "failed", "unregistered"):
+            return []
+        self.state = "registering"
+        return [SendRegister(self.asked)]
+
     def stop(self, now: float) -> list[RegAction]:
         """Remove the binding (the registrar holds one until ``registered_until``)."""
         holds = self.registered_until > now or self.state == "registering"
@@ -235,6 +246,7 @@ class TrunkRegistrar:
         self.loop = loop
         self.rand = rand
         self.trunks: dict[str, _Trunk] = {}
+        self.leaving: list[_Trunk] = []  # removed by a reload, their Expires: 0 not yet answered
 
     def start(self, host: str, port: int) -> None:
         """Register every ``[[sip.trunks]]`` entry with ``register = true`` (our listener: ``host:port``)."""
@@ -248,15 +260,47 @@ class TrunkRegistrar:
                 self.trunks[t.name] = tr
                 self._perform(tr, tr.reg.start(self.loop.time()))
 
+    def reload(self, cfg: SipConfig, host: str, port: int) -> dict[str, str]:
+        """Apply a reloaded ``[[sip.trunks]]``: a trunk no longer listed (or no longer
+        registering) removes its binding (``Expires: 0``, not awaited); one whose entry changed
+        removes the old binding and registers the new entry; a new one registers; an unchanged
+        one registers again now. Returns trunk name -> what was done."""
+        self.cfg = cfg
+        wanted = {t.name: t for t in cfg.trunks if t.register}
+        done: dict[str, str] = {}
+        now = self.loop.time()
+        for name, tr in list(self.trunks.items()):
+            new = wanted.get(name)
+            if new is not None and new == tr.cfg:
+                self._perform(tr, tr.reg.refresh_now(now))
+                done[name] = "registering again"
+                continue
+            del self.trunks[name]
+            self._cancel_timers(tr)
+            actions = tr.reg.stop(now)
+            if actions:
+                self.leaving.append(tr)
+                tr.stopped = asyncio.Event()
+                self._perform(tr, actions)
+            done[name] = "removed" if new is None else "changed"
+        self.start(host, port)
+        for name in wanted:
+            done.setdefault(name, "added")
+        return done
+
+    def _cancel_timers(self, tr: _Trunk) -> None:
+        for h in (tr.timer, tr.keepalive):
+            if h is not None:
+                h.cancel()
+        tr.timer = tr.keepalive = None
+
     async def stop(self, timeout: float = STOP_WAIT_S) -> None:
-        """De-register every trunk; wait at most ``timeout`` for the registrars' answers."""
-        waits = []
+        """De-register every trunk; wait at most ``timeout`` for the registrars' answers (and for
+        the removals a reload started)."""
+        waits = [tr.stopped.wait() for tr in self.leaving if tr.stopped is not None and not tr.stopped.is_set()]
         now = self.loop.time()
         for tr in self.trunks.values():
-            for h in (tr.timer, tr.keepalive):
-                if h is not None:
-                    h.cancel()
-            tr.timer = tr.keepalive = None
+            self._cancel_timers(tr)
             actions = tr.reg.stop(now)
             if actions:
                 tr.stopped = asyncio.Event()
@@ -269,11 +313,8 @@ class TrunkRegistrar:
                 self.counters.count("sip_register_stop_timeouts")
 
     def close(self) -> None:
-        for tr in self.trunks.values():
-            for h in (tr.timer, tr.keepalive):
-                if h is not None:
-                    h.cancel()
-            tr.timer = tr.keepalive = None
+        for tr in [*self.trunks.values(), *self.leaving]:
+            self._cancel_timers(tr)
 
     def stats(self) -> dict[str, Any]:
         """Per trunk: ``sip_trunk_<name>_registered`` (1/0), ``_failures``, ``_registrations``,
@@ -437,8 +478,11 @@ class TrunkRegistrar:
         self._stopped(tr)
 
     def _stopped(self, tr: _Trunk) -> None:
-        if tr.reg.state == "stopped" and tr.stopped is not None:
-            tr.stopped.set()
+        if tr.reg.state == "stopped":
+            if tr.stopped is not None:
+                tr.stopped.set()
+            if tr in self.leaving:
+                self.leaving.remove(tr)
 
     def _learn_nat(self, tr: _Trunk, resp: SipMessage) -> bool:
         """Behind NAT: the 200's Via says the address the registrar saw; register that, once."""

@@ -78,6 +78,7 @@ Invariants (each part states its own):
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -119,13 +120,24 @@ class SipUserAgent:
         self.dialer = SipDialer(ctx, self.transactions, self.dialogs, self.rtp_ports)
         self.auth = SipAuthenticator(cfg)
         self.registrar = TrunkRegistrar(cfg, self.transactions, self.counters, loop)
+        self.port = 0  # the UDP listener's, once started
 
     # -- the listener ------------------------------------------------------------------------
 
     async def start(self) -> tuple[str, int]:
         host, port = await self.transactions.start()
+        self.port = port
         self.registrar.start(self.cfg.advertised_host, port)  # [[sip.trunks]] with register = true
         return host, port
+
+    def reload(self, cfg: SipConfig) -> dict[str, str]:
+        """Apply a reloaded ``[sip]``: its ``[[sip.trunks]]`` take effect now (registered again,
+        added, changed or removed: :meth:`TrunkRegistrar.reload`; new inbound calls are matched
+        and dials placed with them); every other key keeps its running value until the next
+        start. Raises ConfigError when the new trunks do not fit the running listeners."""
+        merged = dataclasses.replace(self.cfg, trunks=cfg.trunks)  # validated again: a trunk's transport needs its listener
+        self.cfg = self.dialogs.cfg = self.dialer.cfg = merged
+        return self.registrar.reload(merged, self.cfg.advertised_host, self.port)
 
     def drain(self) -> None:
         """Remove the trunk registrations (their registrars stop routing calls here)."""

@@ -753,6 +753,10 @@ class WebSocketServer:
     def drain(self) -> None:
         """Nothing to tell anyone: a draining gateway refuses new streams at their admission (1013)."""
 
+    def reload(self, cfg: Any) -> dict[str, str]:
+        """Nothing of ``[websocket]`` changes live: it applies at the gateway's next start."""
+        return {}
+
     async def shutdown(self) -> None:
         await self.stop()
         if self.twilio_api is not None:
