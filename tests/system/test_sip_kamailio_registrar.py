@@ -9,7 +9,9 @@ binding and relays the INVITE (record-routed) to brisvox, whose call runs the tr
 names the trunk; the caller's BYE comes back through Kamailio. Kamailio is then restarted on the
 same address, losing every binding: brisvox's next refresh registers again and a second call is
 routed. Over TLS: brisvox registers on Kamailio's TLS port with a Contact naming its own TLS
-listener, and Kamailio relays a SIPp call to it over a TLS connection of its own. Every process
+listener, and Kamailio relays a SIPp call to it over a TLS connection of its own. And the other
+way: `dial` through the TLS trunk reaches Kamailio, answers its 407 once, is relayed to a SIPp
+callee on UDP, and brisvox's BYE follows the route set back through Kamailio. Every process
 is stopped by its process group, also on failure.
 """
 
@@ -27,6 +29,8 @@ from typing import Any
 import pytest
 
 from bench.harness import sipp as S
+from ipc import frames as F
+from ipc.bus import request_sync
 from tests.system.gateway_harness import (
     GatewayProc,
     free_port,
@@ -47,10 +51,11 @@ SECRET = "kamailio trunk secret"
 class Kamailio:
     """The registrar config on ``HOST:port``, run in its own process group."""
 
-    def __init__(self, tmp: Path, port: int, tls_port: int = 0) -> None:
+    def __init__(self, tmp: Path, port: int, tls_port: int = 0, callee: str = "") -> None:
         self.tmp = tmp
         self.port = port
         self.tls_port = tls_port
+        self.callee = callee  # WITH_CALLEE: where an INVITE for 5550100 goes
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / "kamailio.log"
 
@@ -72,7 +77,8 @@ class Kamailio:
         return ["kamailio", "-DD", "-E", "-f", str(CFG), *self.tls_args(), "-A", f"LISTEN=udp:{HOST}:{self.port}",
                 "-A", 'TRUNK_USER="1001"', "-A", f'TRUNK_PASSWORD="{SECRET}"', "-A", "MAX_EXPIRES=4",
                 "-A", 'REALM="kamailio.test"', "-P", str(self.tmp / "kamailio.pid"), "-Y", str(self.tmp),
-                "-w", str(self.tmp), "-m", "32", "-M", "4"]
+                "-w", str(self.tmp), "-m", "32", "-M", "4",
+                *(["-A", "WITH_CALLEE", "-A", f'CALLEE="{self.callee}"'] if self.callee else [])]
 
     def start(self) -> None:
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -187,4 +193,76 @@ def test_registers_over_tls_and_kamailio_routes_a_call_to_it_over_tls(short_tmp,
             assert wait_for(lambda: gw.stats()["sip_trunk_keepalives"] >= 3, 5), gw.stats()
             assert gw.stats().get("sip_trunk_keepalive_lost", 0) == 0
     finally:
+        kam.stop()
+
+
+_RESP = """      SIP/2.0 {status}
+      [last_Via:]
+      [last_Record-Route:]
+      [last_From:]
+      [last_To:];tag=[pid]SIPpTag01[call_number]
+      [last_Call-ID:]
+      [last_CSeq:]
+      Contact: <sip:callee@[local_ip]:[local_port]>"""
+
+
+def callee_hung_up_by_brisvox(media_port: int) -> str:
+    """A UDP callee behind Kamailio: 180, 200 with SDP (Record-Route copied, RFC 3261 12.1.1),
+    the ACK, then brisvox's BYE, answered 200."""
+    sdp = "\n".join(f"      {line}" for line in (
+        "v=0", "o=callee 1 1 IN IP4 127.0.0.1", "s=-", "c=IN IP4 127.0.0.1", "t=0 0",
+        f"m=audio {media_port} RTP/AVP 0", "a=rtpmap:0 PCMU/8000", "a=sendrecv"))
+    body = ('  <recv request="INVITE"/>\n'
+            + S.send(_RESP.format(status="180 Ringing") + "\n      Content-Length: 0", False)
+            + S.send(_RESP.format(status="200 OK") + "\n      Content-Type: application/sdp\n"
+                     "      Content-Length: [len]\n\n" + sdp)
+            + '  <recv request="ACK"/>\n  <recv request="BYE"/>\n'
+            + S.send(_RESP.format(status="200 OK") + "\n      Content-Length: 0", False))
+    return S.scenario(body, name="callee")
+
+
+@pytest.mark.skipif(not list(Path("/usr/lib").glob("*/kamailio/modules/tls.so")),
+                    reason="needs kamailio-tls-modules (make test installs it)")
+def test_a_dial_through_kamailio_over_tls_answers_its_proxy_challenge_and_ends_with_bye(short_tmp, monkeypatch):
+    """``dial`` through the TLS trunk: brisvox's INVITE reaches Kamailio over TLS, Kamailio
+    challenges it (407), brisvox answers once with Proxy-Authorization, Kamailio relays it
+    (record-routed, TLS -> UDP) to a SIPp callee that answers; the call runs, and brisvox's BYE
+    (``max_call_s``) follows the route set back through Kamailio to the callee."""
+    from tests.system.test_sip_outbound import Media
+    from tests.system.test_sip_streams import make_cert
+
+    monkeypatch.setenv("BRISVOX_TEST_KAMAILIO", SECRET)
+    callee_port = free_port()
+    kam = Kamailio(short_tmp / "kamailio", free_port(), free_port(socket.SOCK_STREAM),
+                   callee=f"sip:127.0.0.1:{callee_port}")
+    cert = make_cert(short_tmp)
+    trunk = {"name": "kamailio", "registrar": f"{HOST}:{kam.tls_port}", "transport": "tls", "username": "1001",
+             "secret_env": "BRISVOX_TEST_KAMAILIO", "register": False, "agent": "echo", "keepalive_s": 0}
+    sip = {"trunks": [trunk], "tls_verify_server": False,
+           "listeners": [{"transport": "tls", "host": "127.0.0.1", "port": free_port(socket.SOCK_STREAM),
+                          "cert_file": cert[0], "key_file": cert[1]}]}
+    media = Media()
+    scen = short_tmp / "callee.xml"
+    scen.write_text(callee_hung_up_by_brisvox(media.port))
+    callee = subprocess.Popen(["sipp", "-sf", str(scen), "-m", "1", "-i", "127.0.0.1", "-p", str(callee_port),
+                               "-mi", "127.0.0.1", "-mp", str(free_port_pair_base(4)), "-timeout", "25s",
+                               "-timeout_error", "-nostdin"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=short_tmp, start_new_session=True)
+    try:
+        kam.start()
+        with GatewayProc(short_tmp, inbox=True, gateway={"max_call_s": 2.0}, sip=sip) as gw:
+            reply = request_sync(gw.inbox, F.Command(name="dial", args={
+                "target": "5550100", "trunk": "kamailio", "agent": "echo", "ring_timeout_s": 10}), 20)
+            assert isinstance(reply, F.CommandReply) and reply.ok, (reply, kam.log())
+            out, err = callee.communicate(timeout=25)
+            assert callee.returncode == 0, (out[-800:], err[-800:], kam.log())  # the BYE reached it
+            st = gw.stats()
+            assert st.get("sip_auth_answered", 0) == 1 and "proxy-challenged" in kam.log()
+            assert st.get("sip_stream_connected_tls", 0) >= 1 and st.get("sip_dial_answered", 0) == 1
+            assert media.received > 20  # the echo agent's audio reached the callee, past Kamailio
+    finally:
+        if callee.poll() is None:
+            os.killpg(callee.pid, signal.SIGKILL)
+            callee.wait(5)
+        media.close()
         kam.stop()
