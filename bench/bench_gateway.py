@@ -1,8 +1,8 @@
 """Gateway benchmark: N concurrent calls over SIP (SIPp) and WebSocket (Twilio protocol).
 
 ``python -m bench gateway`` (``--quick``: 20 calls, short windows). For each
-transport (WebSocket, SIP over UDP, SIP over TCP: ``BRISVOX_BENCH_GATEWAY_TRANSPORTS``
-picks, e.g. ``sip,sip-tcp``) and N in 50, 100, 200 (``BRISVOX_BENCH_GATEWAY_SIZES``), it starts a standalone gateway process whose
+transport (WebSocket, SIP over UDP, SIP over TCP, SIP over TLS:
+``BRISVOX_BENCH_GATEWAY_TRANSPORTS`` picks, e.g. ``sip,sip-tcp,sip-tls``) and N in 50, 100, 200 (``BRISVOX_BENCH_GATEWAY_SIZES``), it starts a standalone gateway process whose
 calls are routed to this process acting as the agent AND the worker: it accepts
 every CallStart, keeps each call's ``out`` ring 200 ms ahead of playback at the
 real-time rate, and every 2 s per call (staggered) sends a Clear, then starts
@@ -154,10 +154,15 @@ class BenchAgent:
 
 
 def start_gateway(tmp: Path, instance: str, agent_ep: str, n: int, uvloop: bool,
-                  tcp_port: int = 0) -> tuple[subprocess.Popen, dict]:
+                  tcp_port: int = 0, tls: tuple[Path, Path] | None = None) -> tuple[subprocess.Popen, dict]:
+    """``tcp_port``: a ``[[sip.listeners]]`` entry on it, TCP, or TLS with ``tls`` (cert, key)."""
     cfg = tmp / "gw.toml"
-    listeners = (f'[[sip.listeners]]\ntransport = "tcp"\nhost = "127.0.0.1"\nport = {tcp_port}\n'
-                 if tcp_port else "")
+    listeners = ""
+    if tcp_port:
+        listeners = (f'[[sip.listeners]]\ntransport = "{"tls" if tls else "tcp"}"\nhost = "127.0.0.1"\n'
+                     f'port = {tcp_port}\n')
+        if tls:
+            listeners += f'cert_file = "{tls[0]}"\nkey_file = "{tls[1]}"\n'
     cfg.write_text(f"""[gateway]
 max_calls = {n + 16}
 max_calls_per_source = {n + 16}  # every call comes from 127.0.0.1
@@ -242,6 +247,56 @@ def ws_client_main(argv: list[str]) -> None:
     asyncio.run(_ws_calls(port, n, seconds))
 
 
+# -- SIP over TLS for SIPp, which has no TLS (a separate process) ---------------------------
+
+
+async def _tls_relay(listen_port: int, tls_port: int, ready: Path) -> None:
+    """Accept SIPp's TCP connections on ``listen_port``; carry each over its own TLS connection to
+    the gateway's TLS listener (certificate not verified: the bench's own), both ways."""
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+
+    async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            w.close()
+
+    async def on_client(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        tr, tw = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", tls_port, ssl=ctx), 10)
+        await asyncio.gather(pump(r, tw), pump(tr, w))
+
+    server = await asyncio.start_server(on_client, "127.0.0.1", listen_port)
+    await asyncio.to_thread(ready.write_text, "ok")
+    async with server:
+        await server.serve_forever()
+
+
+def tls_relay_main(argv: list[str]) -> None:
+    asyncio.run(_tls_relay(int(argv[0]), int(argv[1]), Path(argv[2])))
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 # -- one measurement ----------------------------------------------------------------------
 
 
@@ -250,15 +305,22 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
     instance = f"bench{os.getpid()}-{transport[0]}{n}"
     agent = BenchAgent(f"ipc://{tmp}/agent.sock", instance)
     agent.start()
-    tcp_port = 0
-    if transport == "sip-tcp":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            tcp_port = s.getsockname()[1]
-    gw, info = start_gateway(tmp, instance, agent.endpoint, n, uvloop, tcp_port)
+    tcp_port = _free_tcp_port() if transport in ("sip-tcp", "sip-tls") else 0
+    tls = _self_signed(tmp) if transport == "sip-tls" else None
+    gw, info = start_gateway(tmp, instance, agent.endpoint, n, uvloop, tcp_port, tls)
     loads: list[subprocess.Popen] = []
     ramp = max(2.0, n * 0.02 + 1.0)
     try:
+        sipp_port = tcp_port
+        if tls:  # SIPp over TCP to the relay, the relay over TLS to the gateway
+            sipp_port = _free_tcp_port()
+            ready = tmp / "relay.ready"
+            loads.append(subprocess.Popen([sys.executable, "-m", "bench.bench_gateway", "--tls-relay", str(sipp_port),
+                                           str(tcp_port), str(ready)], cwd=ROOT,
+                                          env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=_nice))
+            deadline = time.monotonic() + 10
+            while not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
         if transport == "ws":
             port = ws_port(info)
             procs = 2 if n > 60 else 1
@@ -267,7 +329,7 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
                                       cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), preexec_fn=_nice)
                      for i in range(procs)]
         else:
-            port = tcp_port or int(info["endpoints"]["sip"].rsplit(":", 1)[1])
+            port = sipp_port or int(info["endpoints"]["sip"].rsplit(":", 1)[1])
             ulaw = tmp / "tone.ulaw"
             ulaw.write_bytes(bytes([0xFF, 0x7F]) * 4000 * 2)
             scen = tmp / "scen.xml"
@@ -277,7 +339,7 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
                                        + f'  <nop><action><exec rtp_stream="{ulaw},-1,0"/></action></nop>\n'
                                        + f'  <pause milliseconds="{int((ramp + window + 1) * 1000)}"/>\n'
                                        + S.bye(2)))
-            loads = [subprocess.Popen(["sipp", "-sf", str(scen), "-m", str(n), "-l", str(n), "-r", "50",
+            loads += [subprocess.Popen(["sipp", "-sf", str(scen), "-m", str(n), "-l", str(n), "-r", "50",
                                        "-s", "bench", f"127.0.0.1:{port}", "-i", "127.0.0.1", "-p", "15999",
                                        "-mi", "127.0.0.1", "-mp", "38000", "-nostdin", "-timeout",
                                        f"{int(ramp + window + 30)}s", *(["-t", "t1"] if tcp_port else [])],
@@ -296,7 +358,7 @@ def measure(transport: str, n: int, window: float, uvloop: bool = False) -> dict
         t1 = time.monotonic()
         load_avg = os.getloadavg()[0]
         stats1 = request_sync(info["inbox"], Command(name="stats"), 5).data
-        for lp in loads:
+        for lp in loads[1:] if tls else loads:  # the relay serves until killed
             try:
                 lp.wait(ramp + window + 40)
             except subprocess.TimeoutExpired:
@@ -342,9 +404,10 @@ def run(quick: bool = False) -> list[Row]:
     window = 3.0 if quick else 8.0
     rows: list[Row] = []
     # sip-tcp: the same SIPp calls with their signalling on one TCP connection ([[sip.listeners]]);
-    # SIPp here has no TLS, so TLS is not in this table (its cost is the signalling's, at setup)
+    # sip-tls: SIPp has no TLS, so its TCP connection goes through a relay process (the load
+    # generator's side) that carries it over TLS to the gateway's TLS listener
     only = os.environ.get("BRISVOX_BENCH_GATEWAY_TRANSPORTS", "")
-    transports = ["ws"] + (["sip", "sip-tcp"] if shutil.which("sipp") else [])
+    transports = ["ws"] + (["sip", "sip-tcp", "sip-tls"] if shutil.which("sipp") else [])
     if only:
         transports = [t for t in transports if t in only.split(",")]
     for transport in transports:
@@ -378,6 +441,8 @@ def run(quick: bool = False) -> list[Row]:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--ws-client":
         ws_client_main(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--tls-relay":
+        tls_relay_main(sys.argv[2:])
     else:
         for row in run(quick="--quick" in sys.argv):
             print(row)
