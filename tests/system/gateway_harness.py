@@ -389,3 +389,13 @@ def correlate(sent: np.ndarray, got: np.ndarray, rate: int = 8000) -> tuple[floa
 
 def have(tool: str) -> bool:
     return shutil.which(tool) is not None
+
+
+def wait_for(pred: Any, timeout: float, step: float = 0.05) -> bool:
+    """Poll ``pred`` until it is true or ``timeout`` s passed; its last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())

@@ -37,6 +37,7 @@ from tests.system.gateway_harness import (
     free_port_pair_base,
     have,
     make_fixture,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.system,
@@ -108,14 +109,6 @@ class Kamailio:
         except OSError:
             return ""
 
-
-def wait_for(pred: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return bool(pred())
 
 
 def call_through(tmp: Path, ulaw: Path, port: int) -> subprocess.CompletedProcess[str]:

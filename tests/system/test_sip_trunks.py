@@ -27,7 +27,7 @@ from brisvox.wire import sip_digest as d
 from brisvox.wire.sip_message import SipMessage, parse
 from ipc import frames as F
 from ipc.bus import request_sync
-from tests.system.gateway_harness import GatewayProc
+from tests.system.gateway_harness import GatewayProc, wait_for
 
 pytestmark = pytest.mark.system
 
@@ -122,14 +122,6 @@ def trunk(peer: Peer, **kw: Any) -> dict[str, Any]:
     return {"name": "carrier", "registrar": f"{peer.addr[0]}:{peer.addr[1]}", "username": "1001",
             "secret_env": "BRISVOX_TEST_TRUNK", "agent": "echo", "expires": 60, **kw}
 
-
-def wait_for(pred: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return bool(pred())
 
 
 def test_registers_refreshes_and_removes_its_binding_and_takes_the_trunks_calls(short_tmp, monkeypatch):

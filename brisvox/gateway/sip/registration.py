@@ -352,19 +352,22 @@ class TrunkRegistrar:
         tr.timer = None
         self._perform(tr, tr.reg.on_timer(self.loop.time()))
 
+    def _request(self, t: SipTrunk, method: str, from_: str, to: str, call_id: str, cseq: int) -> SipMessage:
+        """A request to the trunk's domain over its transport (Via with rport; RFC 3581)."""
+        req = SipMessage(method=method, uri=f"sip:{t.domain}")
+        tp = t.transport.upper()
+        req.headers += [
+            ("via", f"SIP/2.0/{tp} {self.transactions.via_host_for(tp)};branch={new_branch()};rport"),
+            ("max-forwards", "70"), ("from", from_), ("to", to), ("call-id", call_id), ("cseq", f"{cseq} {method}"),
+        ]
+        return req
+
     def _register(self, tr: _Trunk, expires: int) -> SipMessage:
         t = tr.cfg
         aor = f"sip:{t.username}@{t.domain}"
         tr.cseq += 1
-        req = SipMessage(method="REGISTER", uri=f"sip:{t.domain}")
+        req = self._request(t, "REGISTER", f"<{aor}>;tag={tr.tag}", f"<{aor}>", tr.call_id, tr.cseq)
         h = req.headers
-        tp = t.transport.upper()
-        h.append(("via", f"SIP/2.0/{tp} {self.transactions.via_host_for(tp)};branch={new_branch()};rport"))
-        h.append(("max-forwards", "70"))
-        h.append(("from", f"<{aor}>;tag={tr.tag}"))
-        h.append(("to", f"<{aor}>"))
-        h.append(("call-id", tr.call_id))
-        h.append(("cseq", f"{tr.cseq} REGISTER"))
         host = f"[{tr.contact_host}]" if ":" in tr.contact_host else tr.contact_host
         param = f";transport={t.transport}" if t.transport != "udp" else ""
         h.append(("contact", f"<sip:{t.contact_user or t.username}@{host}:{tr.contact_port}{param}>"))
@@ -436,16 +439,9 @@ class TrunkRegistrar:
                 return
             tr.keepalive = self.loop.call_later(min(PONG_WAIT_S, t.keepalive_s), self._pong_due, tr, token)
             return
-        req = SipMessage(method="OPTIONS", uri=f"sip:{t.domain}")
-        h = req.headers
-        tp = t.transport.upper()
-        h.append(("via", f"SIP/2.0/{tp} {self.transactions.via_host_for(tp)};branch={new_branch()};rport"))
-        h.append(("max-forwards", "70"))
-        h.append(("from", f"<sip:{t.username}@{t.domain}>;tag={new_tag()}"))
-        h.append(("to", f"<sip:{t.domain}>"))
-        h.append(("call-id", new_call_id(self.cfg.advertised_host)))
-        h.append(("cseq", "1 OPTIONS"))
-        h.append(("user-agent", self.cfg.user_agent))
+        req = self._request(t, "OPTIONS", f"<sip:{t.username}@{t.domain}>;tag={new_tag()}", f"<sip:{t.domain}>",
+                            new_call_id(self.cfg.advertised_host), 1)
+        req.headers.append(("user-agent", self.cfg.user_agent))
         self.counters.count("sip_trunk_keepalives")
         self.transactions.request(req, t.next_hop, lambda a: self._keepalive_result(tr, a))
 
