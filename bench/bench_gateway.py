@@ -154,7 +154,8 @@ class BenchAgent:
 
 
 def start_gateway(tmp: Path, instance: str, agent_ep: str, n: int, uvloop: bool,
-                  tcp_port: int = 0) -> tuple[subprocess.Popen, dict]:
+                  tcp_port: int = 0, extra_sip: str = "") -> tuple[subprocess.Popen, dict]:
+    """The gateway under test (``extra_sip``: more ``[sip]`` keys, TOML lines)."""
     cfg = tmp / "gw.toml"
     listeners = (f'[[sip.listeners]]\ntransport = "tcp"\nhost = "127.0.0.1"\nport = {tcp_port}\n'
                  if tcp_port else "")
@@ -170,7 +171,7 @@ rtp_timeout_s = 0
 default_agent = "default"  # SIPp calls sip:bench@
 invite_rate = ["1000/second"]  # SIPp places every call from 127.0.0.1, 50 a second
 other_rate = ["5000/second"]
-[websocket]
+{extra_sip}[websocket]
 port = 0
 trust_loopback = true
 """ + listeners)
