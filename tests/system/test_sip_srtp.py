@@ -271,7 +271,6 @@ def heard_back(conf: Path) -> float:
 
 
 @NEEDS_BARESIP
-@pytest.mark.serial
 @pytest.mark.parametrize("mediaenc,mode", [("srtp-mand", "required"), ("srtp", "optional")])
 def test_baresip_calls_over_tls_with_srtp_and_hears_the_echo(short_tmp, mediaenc, mode):
     cert = make_cert(short_tmp)
@@ -297,7 +296,6 @@ def test_baresip_calls_over_tls_with_srtp_and_hears_the_echo(short_tmp, mediaenc
 
 
 @NEEDS_BARESIP
-@pytest.mark.serial
 @pytest.mark.parametrize("mode,mediaenc", [("required", "srtp-mand"), ("optional", "srtp")])
 def test_brisvox_dials_baresip_over_tls_with_srtp_and_is_heard(short_tmp, mode, mediaenc):
     from ipc import frames as F
