@@ -52,6 +52,12 @@ Invariants:
   ``from`` and ``to`` (a URI over the parameter bound is dropped and counted).
 * A leg ends once (``SipCall.ended``, :meth:`SipDialogs.end`): RTP closed,
   dialog forgotten, :meth:`~brisvox.gateway.core.host.CallHost.transport_ended` called.
+* SRTP (``[sip] srtp``): whether an SDP's SDES keys may be taken (and ours sent in the
+  answer) is judged by the transport its request arrived over
+  (:meth:`~brisvox.gateway.sip.transactions.TransactionLayer.arrived_over`: TLS), never by
+  its Via; the SRTP rules' refusals are 488 (``sip_refused_srtp_<why>``). The ACK of a 2xx
+  that carried our offer (a late offer, a re-INVITE without SDP) answers it with our
+  a=crypto lines as the ones offered.
 * A re-INVITE while the previous INVITE is unfinished is answered 491; a
   CSeq out of order 500; a request naming no dialog of ours 481.
 * Per dialog at most ``MAX_CLIENT_TX`` client transactions (BYE, REFER) are pending.
