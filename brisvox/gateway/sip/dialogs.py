@@ -55,9 +55,9 @@ Invariants:
 * SRTP (``[sip] srtp``): whether an SDP's SDES keys may be taken (and ours sent in the
   answer) is judged by the transport its request arrived over
   (:meth:`~brisvox.gateway.sip.transactions.TransactionLayer.arrived_over`: TLS), never by
-  its Via; the SRTP rules' refusals are 488 (``sip_refused_srtp_<why>``). The ACK of a 2xx
-  that carried our offer (a late offer, a re-INVITE without SDP) answers it with our
-  a=crypto lines as the ones offered.
+  its Via; the SRTP rules' refusals are 488 (``sip_refused_srtp_<why>``). The answer in the
+  ACK to our offer in a 2xx is applied for a late offer, and for a re-INVITE without SDP
+  when our offer carried a=crypto lines (the answer picks the line whose key we send with).
 * A re-INVITE while the previous INVITE is unfinished is answered 491; a
   CSeq out of order 500; a request naming no dialog of ours 481.
 * Per dialog at most ``MAX_CLIENT_TX`` client transactions (BYE, REFER) are pending.
