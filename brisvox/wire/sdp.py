@@ -51,6 +51,17 @@ answer mirrors the chosen stream's profile and carries our own attribute
 answer to our offer (``offered``: the lines we sent), the chosen line must
 carry one of our tags with its suite; an answer without crypto is plain
 unless we required SRTP or offered ``RTP/SAVP``.
+
+Our offers (the gateway's ``SipCall.offer_sdp``) carry one line per suite of
+:data:`~brisvox.wire.srtp.OFFER_ORDER`: ``RTP/SAVP`` under ``"required"``,
+``RTP/AVP`` under ``"optional"``. That is what baresip (1.0, its ``srtp``
+module) interoperates with: ``mediaenc=srtp`` offers ``RTP/AVP`` with one
+``AES_CM_128_HMAC_SHA1_80`` line (tag 1) and accepts an offer in any of
+``RTP/AVP``, ``RTP/AVPF``, ``RTP/SAVP``, ``RTP/SAVPF``, taking the first line
+of a suite it knows; ``mediaenc=srtp-mand`` offers ``RTP/SAVP`` and accepts
+only ``RTP/SAVP``. So a ``"required"`` offer is taken by both, an
+``"optional"`` one by ``srtp`` (as SRTP) and by a plain endpoint (as RTP),
+not by ``srtp-mand``.
 """
 
 from __future__ import annotations
