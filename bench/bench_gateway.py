@@ -154,8 +154,10 @@ class BenchAgent:
 
 
 def start_gateway(tmp: Path, instance: str, agent_ep: str, n: int, uvloop: bool,
-                  tcp_port: int = 0, tls: tuple[Path, Path] | None = None) -> tuple[subprocess.Popen, dict]:
-    """``tcp_port``: a ``[[sip.listeners]]`` entry on it, TCP, or TLS with ``tls`` (cert, key)."""
+                  tcp_port: int = 0, tls: tuple[Path, Path] | None = None,
+                  extra_sip: str = "") -> tuple[subprocess.Popen, dict]:
+    """The gateway under test. ``tcp_port``: a ``[[sip.listeners]]`` entry on it, TCP, or TLS with
+    ``tls`` (cert, key); ``extra_sip``: more ``[sip]`` keys, TOML lines."""
     cfg = tmp / "gw.toml"
     listeners = ""
     if tcp_port:
@@ -175,7 +177,7 @@ rtp_timeout_s = 0
 default_agent = "default"  # SIPp calls sip:bench@
 invite_rate = ["1000/second"]  # SIPp places every call from 127.0.0.1, 50 a second
 other_rate = ["5000/second"]
-[websocket]
+{extra_sip}[websocket]
 port = 0
 trust_loopback = true
 """ + listeners)

@@ -45,6 +45,7 @@ from brisvox.gateway.fault_budget import (
 )
 from brisvox.gateway.rate_limits import parse_rates
 from brisvox.wire.native import RATES as NATIVE_RATES
+from brisvox.wire.sdp import SrtpPolicy
 
 AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -332,6 +333,11 @@ class SipConfig:
     user_agent: str = "brisvox"
     # accept RTP only from the SDP's address ("sdp") or the first source ("first")
     rtp_latch: Literal["sdp", "first"] = "sdp"
+    # SRTP with SDES keys (RFC 4568/3711): "off" (RTP only; an RTP/SAVP offer is refused 488),
+    # "optional" (SRTP when the peer offers or accepts it, else RTP), "required" (SRTP only)
+    srtp: Literal["off", "optional", "required"] = "off"
+    # SDES keys travel in the SDP: they are sent and taken only on TLS signalling unless this is true
+    srtp_allow_insecure_signalling: bool = False
     # where requests and RTP go when a message names an address outside allow: "strict" refuses the
     # call (403/488); "signalling_source" (NAT'd peers) sends to the address the INVITE came from
     nat: Literal["strict", "signalling_source"] = "strict"
@@ -416,6 +422,10 @@ class SipConfig:
             if t.transport != "udp" and t.transport not in have:
                 raise ConfigError(f"trunks[{i}].transport", f"{t.transport} needs a [[sip.listeners]] entry with "
                                   f"transport = \"{t.transport}\" (the Contact calls come back to)")
+        if self.srtp == "required" and not self.srtp_allow_insecure_signalling and \
+                not any(lst.transport == "tls" for lst in self.listeners):
+            raise ConfigError("srtp", 'srtp = "required" takes SDES keys only over TLS: add a [[sip.listeners]] '
+                              'entry with transport = "tls" (or set srtp_allow_insecure_signalling = true)')
         if self.tls_ca_file and not os.access(self.tls_ca_file, os.R_OK):
             raise ConfigError("tls_ca_file", f"not a readable file: {self.tls_ca_file!r}")
         if self.trunk and self.trunk not in names:
@@ -454,6 +464,11 @@ class SipConfig:
     @property
     def advertised_host(self) -> str:
         return self.public_host or self.host
+
+    @property
+    def srtp_policy(self) -> SrtpPolicy:
+        """``srtp`` and ``srtp_allow_insecure_signalling`` as the SDP layer takes them."""
+        return SrtpPolicy(self.srtp, self.srtp_allow_insecure_signalling)
 
     @property
     def transactions_per_source(self) -> int:

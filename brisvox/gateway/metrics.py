@@ -45,6 +45,7 @@ class CallStats:
     malformed: int = 0  # bad messages on this call's connection
     ring_lost: int = 0  # out-ring samples overwritten before the pacer read them
     rtp_foreign_dropped: int = 0  # RTP packets from a source other than the call's latch (SIP)
+    srtp_dropped: int = 0  # SRTP packets refused: auth failure, replay, malformed, SSRC limit (SIP)
 
     def as_dict(self) -> dict[str, float]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -11,6 +11,8 @@ with these modules, so a message has one shape wherever it is written:
 * ``dtmf`` -- RFC 4733 telephone-events (payload, receiver de-duplication,
   sender schedule) and in-band dual tones;
 * ``sdp`` -- SDP offer/answer for one audio stream;
+* ``srtp`` -- SDES ``a=crypto`` attributes (RFC 4568) and a call's SRTP
+  contexts (RFC 3711, libsrtp through pylibsrtp);
 * ``sip_message``, ``sip_transaction``, ``sip_dialog`` -- the SIP parser and
   serializer, the RFC 3261 transaction state machines, dialogs and responses;
 * ``ws_framing`` -- RFC 6455 frame classification and headers for the
@@ -21,7 +23,7 @@ with these modules, so a message has one shape wherever it is written:
 Everything here is sans-I/O: no sockets, no clock reads (a time is always an
 argument), no configuration and no metrics (limits and counters' labels are
 values passed in or returned). The package imports only the standard library,
-numpy and itself: no other brisvox package, no ``ipc``, ``workers``, ``bench``
+numpy, pylibsrtp (libsrtp's SRTP transform, in ``srtp``) and itself: no other brisvox package, no ``ipc``, ``workers``, ``bench``
 or ``tests`` (an import-linter contract in ``pyproject.toml``). JSON is
 decoded by the callers (orjson on the hot paths): the parsers take the
 decoded value and never see the bytes.

@@ -1,9 +1,10 @@
-"""SDP offer/answer for one audio stream (RFC 4566, RFC 3264, RFC 4733 payload).
+"""SDP offer/answer for one audio stream (RFC 4566, RFC 3264, RFC 4733 payload, RFC 4568 SDES).
 
 Owns the parsing of a remote session description and the building of ours:
 which codec (PCMU or PCMA), which telephone-event payload type, the remote
-RTP address and the direction (hold is ``sendonly``/``inactive`` or the old
-``c=0.0.0.0`` form).
+RTP address, the direction (hold is ``sendonly``/``inactive`` or the old
+``c=0.0.0.0`` form) and whether the stream is SRTP, with which of the
+offer's ``a=crypto`` lines (:mod:`brisvox.wire.srtp` parses them).
 
 Invariants:
 
@@ -23,6 +24,44 @@ Invariants:
   every ``m=`` line). Attributes with a malformed number are ignored.
 * :func:`negotiate` skips streams with port 0 (declined by the offerer), so a
   :class:`Negotiated` has a port 1..65535 and an IP address.
+
+SRTP (:class:`SrtpPolicy`: ``[sip] srtp`` and whether SDES keys may travel on
+signalling that is not TLS). A stream is SRTP when its profile is
+``RTP/SAVP``/``RTP/SAVPF``, or ``RTP/AVP``/``RTP/AVPF`` with ``a=crypto``
+lines (best-effort SRTP, as baresip's ``mediaenc srtp`` offers it). Of the
+offer's ``a=crypto`` lines the first (offer order) that
+:func:`~brisvox.wire.srtp.parse_crypto` takes is chosen (at most
+``MAX_CRYPTO`` lines are kept per stream). For an offer:
+
+* ``"off"``: an ``RTP/SAVP`` stream is refused; ``a=crypto`` on ``RTP/AVP`` is
+  ignored (answered plain, without crypto: the offerer falls back to RTP);
+* ``"optional"``: SRTP taken when the stream has a usable line, plain
+  ``RTP/AVP`` taken plain; ``RTP/SAVP`` without a usable line refused;
+* ``"required"``: only SRTP (either profile, with a usable line);
+* keys over clear signalling (``secure_signalling`` False: UDP, TCP) without
+  ``allow_insecure_signalling``: a stream that can only be SRTP (``RTP/SAVP``,
+  or any under ``"required"``) is refused; a best-effort ``RTP/AVP`` offer with
+  ``a=crypto`` under ``"optional"`` is taken plain (its keys, already seen in
+  clear, are never used).
+
+A refusal raises :class:`SrtpRefused` (an :class:`SdpError`, 488) naming its
+reason (:data:`SRTP_REFUSALS`) when no other audio stream is usable. The
+answer mirrors the chosen stream's profile and carries our own attribute
+(a fresh key, never the offerer's; the chosen line's tag and suite). For an
+answer to our offer (``offered``: the lines we sent), the chosen line must
+carry one of our tags with its suite; an answer without crypto is plain
+unless we required SRTP or offered ``RTP/SAVP``.
+
+Our offers (the gateway's ``SipCall.offer_sdp``) carry one line per suite of
+:data:`~brisvox.wire.srtp.OFFER_ORDER`: ``RTP/SAVP`` under ``"required"``,
+``RTP/AVP`` under ``"optional"``. That is what baresip (1.0, its ``srtp``
+module) interoperates with: ``mediaenc=srtp`` offers ``RTP/AVP`` with one
+``AES_CM_128_HMAC_SHA1_80`` line (tag 1) and accepts an offer in any of
+``RTP/AVP``, ``RTP/AVPF``, ``RTP/SAVP``, ``RTP/SAVPF``, taking the first line
+of a suite it knows; ``mediaenc=srtp-mand`` offers ``RTP/SAVP`` and accepts
+only ``RTP/SAVP``. So a ``"required"`` offer is taken by both, an
+``"optional"`` one by ``srtp`` (as SRTP) and by a plain endpoint (as RTP),
+not by ``srtp-mand``.
 """
 
 from __future__ import annotations
@@ -30,13 +69,21 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from typing import Literal
+
+from brisvox.wire import srtp
 
 STATIC_PT = {0: "PCMU", 8: "PCMA"}
 DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 _ANSWER_DIR = {"sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive", "sendrecv": "sendrecv"}
 _DIGITS_RE = re.compile(r"^[0-9]{1,5}$")
 MAX_MEDIA = 8
-RTP_PROTOS = ("RTP/AVP", "RTP/AVPF")
+PLAIN_PROTOS = ("RTP/AVP", "RTP/AVPF")
+SECURE_PROTOS = ("RTP/SAVP", "RTP/SAVPF")
+RTP_PROTOS = PLAIN_PROTOS + SECURE_PROTOS
+MAX_CRYPTO = 16  # a=crypto lines kept per stream; later ones are ignored
+# why an offer or answer was refused for SRTP (sip_refused_<reason> in the gateway)
+SRTP_REFUSALS = ("srtp_off", "srtp_required", "srtp_no_suite", "srtp_insecure_signalling", "srtp_bad_answer")
 
 
 def _num(s: str, hi: int) -> int:
@@ -64,6 +111,26 @@ class SdpError(Exception):
     """Unusable or unacceptable session description (answer 488 or 400)."""
 
 
+class SrtpRefused(SdpError):
+    """The SRTP rules refuse the description (488); ``reason`` is one of :data:`SRTP_REFUSALS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class SrtpPolicy:
+    """``[sip] srtp`` and ``[sip] srtp_allow_insecure_signalling`` (see the module docstring)."""
+
+    mode: Literal["off", "optional", "required"] = "off"
+    allow_insecure_signalling: bool = False
+
+    def keys_allowed(self, secure_signalling: bool) -> bool:
+        """Whether SDES keys may be sent and taken on this signalling (TLS, or the override)."""
+        return secure_signalling or self.allow_insecure_signalling
+
+
 @dataclass(slots=True)
 class Media:
     kind: str
@@ -75,6 +142,7 @@ class Media:
     direction: str = ""
     connection: str = ""
     ptime: int = 0
+    crypto: list[str] = field(default_factory=list)  # a=crypto values, in order (at most MAX_CRYPTO)
 
 
 @dataclass(slots=True)
@@ -137,6 +205,8 @@ def parse(body: bytes) -> SessionDescription:
                     cur.fmtp[int(pt)] = params.strip()
             elif cur is not None and name == "ptime" and 0 < _num(val.strip(), 1000):
                 cur.ptime = int(val.strip())
+            elif cur is not None and name == "crypto" and len(cur.crypto) < MAX_CRYPTO:
+                cur.crypto.append(val)
     if not sd.media:
         raise SdpError("no m= line")
     return sd
@@ -153,6 +223,13 @@ class Negotiated:
     remote_port: int
     direction: str  # OUR direction (from the answer): sendrecv, recvonly (held), ...
     audio_index: int  # index of the audio m= line
+    proto: str = "RTP/AVP"  # the stream's profile (the answer mirrors it)
+    crypto: srtp.Crypto | None = None  # the peer's chosen a=crypto (its key): the stream is SRTP
+
+    @property
+    def secure(self) -> bool:
+        """The stream is SRTP."""
+        return self.crypto is not None
 
     @property
     def on_hold(self) -> bool:
@@ -175,8 +252,61 @@ def _codec_name(m: Media, pt: int) -> str:
     return ""
 
 
-def negotiate(offer: SessionDescription, codecs: tuple[str, ...] = ("PCMU", "PCMA")) -> Negotiated:
-    """Choose codec, DTMF payload and direction for the first usable audio stream."""
+def _chosen_crypto(m: Media, offered: tuple[srtp.Crypto, ...] | None) -> srtp.Crypto | None:
+    """The first of ``m``'s a=crypto lines we take (an answer's: one naming a tag and suite we offered)."""
+    ours = {(c.tag, c.suite) for c in offered} if offered is not None else None
+    for value in m.crypto:
+        try:
+            c = srtp.parse_crypto(value)
+        except srtp.SrtpError:
+            continue
+        if ours is None or (c.tag, c.suite) in ours:
+            return c
+    return None
+
+
+def _srtp_choice(m: Media, policy: SrtpPolicy, secure_signalling: bool,
+                 offered: tuple[srtp.Crypto, ...] | None) -> srtp.Crypto | SrtpRefused | None:
+    """The stream's SRTP outcome: the peer's line (SRTP), None (plain) or why it is refused."""
+    savp = m.proto.upper() in SECURE_PROTOS
+    chosen = _chosen_crypto(m, offered) if (policy.mode != "off" or offered) else None
+    if offered is not None:  # m is the answer to our offer
+        if offered:
+            if chosen is not None:
+                return chosen
+            if m.crypto:
+                return SrtpRefused("srtp_bad_answer", "the answer's a=crypto names no line we offered")
+            if savp or policy.mode == "required":
+                return SrtpRefused("srtp_required", "the answer has no a=crypto and SRTP is required")
+            return None
+        if savp:
+            return SrtpRefused("srtp_bad_answer", "RTP/SAVP answer to an offer without SRTP")
+        return None
+    if policy.mode == "off":
+        return SrtpRefused("srtp_off", "RTP/SAVP offered and [sip] srtp = \"off\"") if savp else None
+    must = savp or policy.mode == "required"
+    if chosen is None:
+        if not must:
+            return None
+        if m.crypto:
+            return SrtpRefused("srtp_no_suite", "no usable a=crypto (AES_CM_128_HMAC_SHA1_80/_32, inline key)")
+        return SrtpRefused("srtp_required", "SRTP required and the offer has no a=crypto")
+    if not policy.keys_allowed(secure_signalling):
+        if must:
+            return SrtpRefused("srtp_insecure_signalling", "SDES keys over signalling that is not TLS")
+        return None  # best-effort offer over clear signalling: its keys are never used
+    return chosen
+
+
+def negotiate(offer: SessionDescription, codecs: tuple[str, ...] = ("PCMU", "PCMA"), *,
+              policy: SrtpPolicy = SrtpPolicy(), secure_signalling: bool = False,
+              offered: tuple[srtp.Crypto, ...] | None = None) -> Negotiated:
+    """Choose codec, DTMF payload, direction and SRTP for the first usable audio stream.
+
+    ``offer`` is the peer's offer, or (``offered`` given: the a=crypto lines we sent, possibly
+    none) the answer to our offer; ``secure_signalling``: it came over TLS (see the module
+    docstring for the SRTP rules)."""
+    refused: SrtpRefused | None = None
     for idx, m in enumerate(offer.media):
         if m.kind != "audio" or m.proto.upper() not in RTP_PROTOS or not 0 < m.port <= 65535:
             continue
@@ -192,11 +322,17 @@ def negotiate(offer: SessionDescription, codecs: tuple[str, ...] = ("PCMU", "PCM
                 codec, pt = name.split("/")[0], p
         if not codec:
             continue
+        choice = _srtp_choice(m, policy, secure_signalling, offered)
+        if isinstance(choice, SrtpRefused):
+            refused = refused or choice
+            continue
         direction = _ANSWER_DIR[m.direction or offer.direction or "sendrecv"]
         host = m.connection or offer.connection
         if not host:
             raise SdpError("no connection address")
-        return Negotiated(codec, pt, dtmf, host, m.port, direction, idx)
+        return Negotiated(codec, pt, dtmf, host, m.port, direction, idx, m.proto.upper(), choice)
+    if refused is not None:
+        raise refused
     raise SdpError("no acceptable audio codec (PCMU, PCMA over RTP/AVP)")
 
 
@@ -210,8 +346,16 @@ def build(
     offer: SessionDescription | None = None,
     codecs: tuple[str, ...] = ("PCMU", "PCMA"),
     dtmf_pt: int = 101,
+    crypto: tuple[srtp.Crypto, ...] = (),
+    proto: str = "RTP/AVP",
 ) -> bytes:
-    """Our SDP: the answer to ``offer`` for ``neg``, or (``neg`` None) an offer."""
+    """Our SDP: the answer to ``offer`` for ``neg``, or (``neg`` None) an offer.
+
+    ``crypto``: our a=crypto lines (an answer for an SRTP ``neg``: exactly our one, with the
+    chosen tag; an offer: each suite we offer); ``proto``: an offer's profile (an answer
+    mirrors the offer's). ValueError for an SRTP answer without our line (never sent)."""
+    if neg is not None and offer is not None and neg.secure and len(crypto) != 1:
+        raise ValueError("an SRTP answer carries exactly our one a=crypto line")
     ip = "IP6" if ":" in host else "IP4"
     lines = [
         "v=0",
@@ -221,9 +365,9 @@ def build(
         "t=0 0",
     ]
 
-    def audio(pts: list[tuple[int, str]], te: int, direction: str) -> None:
+    def audio(pts: list[tuple[int, str]], te: int, direction: str, profile: str) -> None:
         fmts = [str(p) for p, _ in pts] + ([str(te)] if te >= 0 else [])
-        lines.append(f"m=audio {port} RTP/AVP {' '.join(fmts)}")
+        lines.append(f"m=audio {port} {profile} {' '.join(fmts)}")
         for p, name in pts:
             lines.append(f"a=rtpmap:{p} {name}/8000")
         if te >= 0:
@@ -231,14 +375,18 @@ def build(
             lines.append(f"a=fmtp:{te} 0-16")
         lines.append("a=ptime:20")
         lines.append(f"a={direction}")
+        for c in crypto:
+            lines.append(f"a=crypto:{c.value()}")
 
     if neg is None or offer is None:
         pts = [(0 if c == "PCMU" else 8, c) for c in codecs]
-        audio(pts, dtmf_pt, "sendrecv")
+        audio(pts, dtmf_pt, "sendrecv", proto)
     else:
+        if not neg.secure:
+            crypto = ()
         for idx, m in enumerate(offer.media):
             if idx == neg.audio_index:
-                audio([(neg.payload_type, neg.codec)], neg.dtmf_pt, neg.direction)
+                audio([(neg.payload_type, neg.codec)], neg.dtmf_pt, neg.direction, neg.proto)
             else:
                 fmts = " ".join(m.formats) or "0"
                 lines.append(f"m={m.kind} 0 {m.proto} {fmts}")

@@ -52,6 +52,12 @@ Invariants:
   ``from`` and ``to`` (a URI over the parameter bound is dropped and counted).
 * A leg ends once (``SipCall.ended``, :meth:`SipDialogs.end`): RTP closed,
   dialog forgotten, :meth:`~brisvox.gateway.core.host.CallHost.transport_ended` called.
+* SRTP (``[sip] srtp``): whether an SDP's SDES keys may be taken (and ours sent in the
+  answer) is judged by the transport its request arrived over
+  (:meth:`~brisvox.gateway.sip.transactions.TransactionLayer.arrived_over`: TLS), never by
+  its Via; the SRTP rules' refusals are 488 (``sip_refused_srtp_<why>``). The answer in the
+  ACK to our offer in a 2xx is applied for a late offer, and for a re-INVITE without SDP
+  when our offer carried a=crypto lines (the answer picks the line whose key we send with).
 * A re-INVITE while the previous INVITE is unfinished is answered 491; a
   CSeq out of order 500; a request naming no dialog of ours 481.
 * Per dialog at most ``MAX_CLIENT_TX`` client transactions (BYE, REFER) are pending.
@@ -79,7 +85,7 @@ from brisvox.gateway.sip.client_auth import ClientAuth, trunk_credentials
 from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
-from brisvox.wire import dtmf, sdp
+from brisvox.wire import dtmf, sdp, srtp
 from brisvox.wire.jsontext import checked_params, param_text
 from brisvox.wire.sip_dialog import Dialog
 from brisvox.wire.sip_message import (
@@ -113,12 +119,15 @@ class MediaRefused(sdp.SdpError):
     """The SDP's connection address is outside ``[sip] allow`` (and ``[sip] nat`` is strict): 488."""
 
 
-def negotiate(offer: sdp.SessionDescription, ctx: SipContext, source: Addr) -> sdp.Negotiated:
+def negotiate(offer: sdp.SessionDescription, ctx: SipContext, source: Addr, *, secure: bool = False,
+              offered: tuple[srtp.Crypto, ...] | None = None) -> sdp.Negotiated:
     """Offer/answer, and an address our RTP socket can send to and may (SdpError -> 488): inside
     ``[sip] allow`` (else :class:`MediaRefused`), or with ``nat = "signalling_source"`` the
-    signalling ``source``'s IP instead (:meth:`~brisvox.gateway.sip.rtp.SipContext.destination`)."""
+    signalling ``source``'s IP instead (:meth:`~brisvox.gateway.sip.rtp.SipContext.destination`).
+    ``[sip] srtp``'s rules with ``secure`` (the SDP came over TLS) and, for an answer to our
+    offer, the a=crypto lines we ``offered`` (:func:`brisvox.wire.sdp.negotiate`)."""
     cfg = ctx.cfg
-    neg = sdp.negotiate(offer, cfg.codecs)
+    neg = sdp.negotiate(offer, cfg.codecs, policy=cfg.srtp_policy, secure_signalling=secure, offered=offered)
     host = neg.remote_host
     if host in ("0.0.0.0", "::"):
         return neg  # hold: no address to send to
@@ -132,8 +141,8 @@ def negotiate(offer: sdp.SessionDescription, ctx: SipContext, source: Addr) -> s
 
 def sdp_refusal(counters: SipCounters, e: sdp.SdpError, what: str, source: str) -> None:
     """Count and log (bounded) an SDP refused: ``sip_refused_media_address`` for an address
-    outside ``[sip] allow``, else ``sip_refused_sdp``."""
-    kind = "media_address" if isinstance(e, MediaRefused) else "sdp"
+    outside ``[sip] allow``, ``sip_refused_srtp_<why>`` for the SRTP rules, else ``sip_refused_sdp``."""
+    kind = "media_address" if isinstance(e, MediaRefused) else e.reason if isinstance(e, sdp.SrtpRefused) else "sdp"
     counters.refuse(kind, "%s from %s: %s", what, source, str(e)[:80])
 
 
@@ -163,7 +172,8 @@ class SipDialogs:
             self.rtp_ports.close(leg)
 
     def stats(self) -> dict[str, int]:
-        return {"sip_dialogs": len(self.dialogs)}
+        return {"sip_dialogs": len(self.dialogs),
+                "sip_srtp_sessions_open": sum(1 for leg in self.by_call_id.values() if leg.srtp is not None)}
 
     def _dialog_for(self, req: SipMessage) -> SipCall | None:
         tag = req.to_tag
@@ -223,6 +233,7 @@ class SipDialogs:
             return
         offer: sdp.SessionDescription | None = None
         neg: sdp.Negotiated | None = None
+        secure = self.transactions.arrived_over(tx) == "TLS"
         if req.body:
             ctype = req.get("content-type").split(";")[0].strip().lower()
             if ctype != "application/sdp":
@@ -231,7 +242,7 @@ class SipDialogs:
                 return
             try:
                 offer = sdp.parse(req.body)
-                neg = negotiate(offer, self.ctx, addr)
+                neg = negotiate(offer, self.ctx, addr, secure=secure)
             except sdp.SdpError as e:
                 self.counters.count("sip_invite_488")
                 sdp_refusal(self.counters, e, "INVITE", addr[0])
@@ -248,13 +259,14 @@ class SipDialogs:
             respond(tx, req, 503, extra=[("retry-after", "10")])
             return
         try:
-            leg = SipCall(self.ctx, call, req, tx, dialog, offer, neg)
+            leg = SipCall(self.ctx, call, req, tx, dialog, offer, neg, secure_signalling=secure)
         except Exception:
             self.call_host.transport_ended(call, "internal error")
             self.call_host.abandon(call)
             respond(tx, req, 500)
             raise
         call.transport_ids = {"sip_call_id": req.call_id[:128]}
+        leg.record_srtp()
         if auth_user:
             call.transport_ids["sip_user"] = auth_user
         if trunk is not None:
@@ -371,11 +383,12 @@ class SipDialogs:
         if leg.state == "answered":
             leg.state = "confirmed"
             leg.dialog.state = "confirmed"
-        if req.body and leg.neg is None:  # late offer: the ACK carries the answer
+        if req.body and (leg.neg is None or leg.offered):  # our offer in the 2xx: the ACK answers
             try:
                 ans = sdp.parse(req.body)
                 leg.offer = None
-                leg.apply_negotiation(negotiate(ans, self.ctx, leg.dialog.source))
+                leg.apply_negotiation(negotiate(ans, self.ctx, leg.dialog.source, secure=leg.secure_signalling,
+                                                offered=leg.offered or ()))
             except sdp.SdpError as e:
                 self.counters.count("sip_bad_ack_sdp")
                 sdp_refusal(self.counters, e, "ACK", addr[0])
@@ -405,7 +418,7 @@ class SipDialogs:
         if req.body:
             try:
                 offer = sdp.parse(req.body)
-                neg = negotiate(offer, self.ctx, source)
+                neg = negotiate(offer, self.ctx, source, secure=self.transactions.arrived_over(tx) == "TLS")
             except sdp.SdpError as e:
                 sdp_refusal(self.counters, e, "re-INVITE", source[0])
                 self.transactions.respond(tx, req, 488, extra=warning(str(e)))
@@ -418,8 +431,7 @@ class SipDialogs:
         leg.dialog.refresh_target(req)
         leg.sdp_version += 1
         if offer is None:  # no offer: we offer in the 200, the ACK answers
-            body = sdp.build(host=self.cfg.advertised_host, port=leg.rtp_port, session_id=leg.sdp_session,
-                             version=leg.sdp_version, neg=None, codecs=self.cfg.codecs)
+            body = leg.offer_sdp()
         else:
             body = leg.answer_sdp()
         leg.invite = req

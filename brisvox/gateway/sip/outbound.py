@@ -26,6 +26,11 @@ Invariants:
   refuses the dial without sending anything; a dial that fails is released
   through :meth:`~brisvox.gateway.core.host.CallHost.transport_ended` and
   :meth:`~brisvox.gateway.core.host.CallHost.abandon`, never left in the table.
+* Our offer follows ``[sip] srtp`` (:meth:`~brisvox.gateway.sip.rtp.SipCall.offer_sdp`):
+  keys only over TLS signalling (unless ``srtp_allow_insecure_signalling``), so with
+  ``srtp = "required"`` a dial over UDP or TCP is refused before anything is sent
+  (``sip_dial_refused_srtp_insecure_signalling``); the 2xx's answer must choose one of our
+  a=crypto lines, else the call is ACKed and ended with BYE (``incompatible media``).
 * Only targets inside ``[sip] allow`` are dialled (the callee's responses
   and RTP would be dropped otherwise); the host must be an IP address (no
   DNS). A target is a plain SIP URI or number: no spaces, quotes or angle
@@ -208,6 +213,10 @@ class SipDialer:
         if not self.ctx.allowed(dest[0]):
             self._dial_refused("not_allowed", done, f"{dest[0]} is not in [sip] allow")
             return
+        if self.cfg.srtp == "required" and not self.cfg.srtp_policy.keys_allowed(transport == "TLS"):
+            self._dial_refused("srtp_insecure_signalling", done, "srtp = \"required\" dials only over TLS "
+                               "(a sips: URI, ;transport=tls or a TLS trunk)")
+            return
         if not self.transactions.started:
             self._dial_refused("not_started", done, "the SIP user agent is not started")
             return
@@ -236,7 +245,7 @@ class SipDialer:
         h.append(("user-agent", self.cfg.user_agent))
         dialog = Dialog.for_outgoing(inv, contact, dest)
         dialog.transport = transport
-        leg = SipCall(self.ctx, call, inv, None, dialog, None, None)
+        leg = SipCall(self.ctx, call, inv, None, dialog, None, None, secure_signalling=transport == "TLS")
         leg.state = "outgoing"
         call.leg = leg  # a hang-up (shutdown, the ring timeout) reaches the leg: CANCEL
         call.transport_ids = {"sip_call_id": inv.call_id[:128], "direction": "outbound"}
@@ -283,8 +292,7 @@ class SipDialer:
             return
         inv = leg.invite
         inv.headers.append(("content-type", "application/sdp"))
-        inv.body = sdp.build(host=self.cfg.advertised_host, port=leg.rtp_port, session_id=leg.sdp_session,
-                             version=leg.sdp_version, neg=None, codecs=self.cfg.codecs)
+        inv.body = leg.offer_sdp()
         d.tx = self.transactions.invite(inv, d.dest, functools.partial(self._invite_event, d))
 
     def _ring_timeout(self, d: Dialing) -> None:
@@ -392,7 +400,8 @@ class SipDialer:
         try:
             if resp.get("content-type").split(";")[0].strip().lower() != "application/sdp":
                 raise sdp.SdpError("the 2xx carries no SDP answer")
-            neg = negotiate(sdp.parse(resp.body), self.ctx, d.dest)
+            neg = negotiate(sdp.parse(resp.body), self.ctx, d.dest, secure=leg.secure_signalling,
+                            offered=leg.offered or ())
         except sdp.SdpError as e:
             self.counters.count("sip_dial_bad_answer")
             sdp_refusal(self.counters, e, "2xx", d.dest[0])
@@ -417,4 +426,5 @@ class SipDialer:
             return
         self.counters.count("sip_dial_answered")
         d.report({"call_id": leg.call.call_id, "sip_call_id": leg.dialog.call_id, "agent": leg.call.agent,
-                  "target": leg.dialog.remote_uri, "codec": leg.codec.name if leg.codec else ""}, "")
+                  "target": leg.dialog.remote_uri, "codec": leg.codec.name if leg.codec else "",
+                  "srtp": leg.srtp.suite if leg.srtp is not None else ""}, "")

@@ -43,6 +43,22 @@ Invariants:
   timeout"`` (``sip_hold_timeouts``).
 * Outbound RTP is built in one reused buffer per call (header + payload, no
   allocation per frame); a frame beyond that buffer is refused.
+* SRTP (``[sip] srtp``, :mod:`brisvox.wire.srtp`): a call whose negotiation
+  chose a crypto line has one :class:`~brisvox.wire.srtp.SrtpSession` (our
+  key out, the peer's in). Every inbound packet is unprotected before it is
+  parsed (after the allow-list and latch checks); one refused (a wrong key,
+  forged, replayed, truncated, plain RTP) is dropped and counted
+  (``sip_srtp_<reason>``, the call's ``srtp_dropped``) with one bounded log
+  line per reason, and the call goes on. With ``rtp_latch = "first"`` only a
+  packet that authenticated takes the latch. Every outbound packet, audio and
+  RFC 4733 events alike, is protected in place of the plain send; a packet
+  libsrtp refuses to protect is not sent (``sip_srtp_protect_failed``).
+  Our key is fresh per call (:func:`~brisvox.wire.srtp.new_crypto`) and kept
+  across re-INVITEs that keep the suite; a peer's new key re-keys the
+  inbound context only, the same key keeps its state (replay window, ROC).
+  The session is closed with the call's RTP socket
+  (:meth:`RtpPorts.close`): nothing is held after the call ends. The call's
+  ``transport_ids`` name the suite (``srtp``) while SRTP is on.
 * A leg sends audio only while answered or confirmed, with a negotiated
   codec and a remote address (``can_send``); a Clear or a Pause ends the
   talkspurt (the next packet carries the marker bit).
@@ -72,7 +88,7 @@ from brisvox.gateway.core.host import CallHost
 from brisvox.gateway.core.leg import TransportLeg
 from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.jitter import JitterBuffer
-from brisvox.wire import dtmf, rtp, sdp
+from brisvox.wire import dtmf, rtp, sdp, srtp
 from brisvox.wire.g711 import BY_PT, CODECS, G711
 from brisvox.wire.sip_dialog import Dialog
 from brisvox.wire.sip_digest import DigestCredentials
@@ -138,8 +154,13 @@ class SipCall(TransportLeg):
     marks_by_echo = False
 
     def __init__(self, ctx: SipContext, call: Call, invite: SipMessage, tx: ServerInvite | None,
-                 dialog: Dialog, offer: sdp.SessionDescription | None, neg: sdp.Negotiated | None) -> None:
+                 dialog: Dialog, offer: sdp.SessionDescription | None, neg: sdp.Negotiated | None,
+                 secure_signalling: bool = False) -> None:
         self.ctx = ctx
+        # the dialog's signalling is TLS (SDES keys may cross it: sdp.SrtpPolicy)
+        self.secure_signalling = secure_signalling
+        self.srtp: srtp.SrtpSession | None = None
+        self.offered: tuple[srtp.Crypto, ...] | None = None  # our offer's a=crypto lines, until its answer
         self.call_host = ctx.call_host
         self.call = call
         self.invite = invite
@@ -161,6 +182,7 @@ class SipCall(TransportLeg):
         if neg is not None:
             self._relatch(neg)
             self._note_hold(neg)
+            self._srtp_for(neg)
         self.ok_retx: Retransmit2xx | None = None
         self.jb = JitterFor(ctx.cfg)
         self.dtmf_rx = dtmf.EventReceiver()
@@ -188,6 +210,7 @@ class SipCall(TransportLeg):
         self.codec = CODECS[neg.codec]
         self._relatch(neg)
         self._note_hold(neg)
+        self._srtp_for(neg)
         if neg.we_send:
             self.remote = self.latch if self.latch_first and self.latch is not None else \
                 (neg.remote_host, neg.remote_port)
@@ -209,10 +232,80 @@ class SipCall(TransportLeg):
         elif self.held_since is None:
             self.held_since = self.ctx.loop.time()
 
-    def answer_sdp(self) -> bytes:
+    def _srtp_for(self, neg: sdp.Negotiated) -> None:
+        """The SRTP session after a negotiation (see the module invariants): none for a plain
+        stream; for an SRTP one our line (the offered one the answer chose, or when we answer
+        our key of that suite, kept when we had one, else fresh) and the peer's."""
+        remote = neg.crypto
+        cur = self.srtp
+        offered, self.offered = self.offered, None
+        count = self.ctx.counters.count
+        if remote is None:
+            if cur is not None:
+                cur.close()
+                self.srtp = None
+                count("sip_srtp_downgrades")
+            self.call.transport_ids.pop("srtp", None)
+            return
+        mine = next((c for c in offered or () if (c.tag, c.suite) == (remote.tag, remote.suite)), None)
+        if mine is not None:  # the answer to our offer chose this line of ours
+            local = mine
+        elif cur is not None and cur.local.suite == remote.suite:
+            local = srtp.Crypto(remote.tag, remote.suite, cur.local.key)
+        else:
+            local = srtp.new_crypto(remote.tag, remote.suite)
+        if cur is not None and local.same_key(cur.local):
+            cur.local = local
+            if cur.rekey_inbound(remote):
+                count("sip_srtp_rekeyed")
+        else:
+            if cur is not None:
+                cur.close()
+            self.srtp = srtp.SrtpSession(local, remote)
+            count("sip_srtp_sessions")
+        self.record_srtp()
+
+    def record_srtp(self) -> None:
+        """Name the SRTP suite in the call's ``transport_ids`` (none: plain RTP)."""
+        if self.srtp is not None:
+            self.call.transport_ids["srtp"] = self.srtp.suite
+        else:
+            self.call.transport_ids.pop("srtp", None)
+
+    def offer_crypto(self) -> tuple[tuple[srtp.Crypto, ...], str]:
+        """The a=crypto lines and profile of an offer of ours (remembered until its answer):
+        none and ``RTP/AVP`` when ``[sip] srtp`` is off or the keys may not cross this signalling;
+        else one line per suite (our current key for the suite in use), ``RTP/SAVP`` when SRTP is
+        required, ``RTP/AVP`` (best effort) when optional."""
+        policy = self.ctx.cfg.srtp_policy
+        if policy.mode == "off" or not policy.keys_allowed(self.secure_signalling):
+            self.offered = ()
+            return (), "RTP/AVP"
+        cur = self.srtp
+        if cur is None:
+            lines = srtp.offer_cryptos()
+        else:
+            other = next(s for s in srtp.OFFER_ORDER if s != cur.suite)
+            lines = (srtp.Crypto(1, cur.suite, cur.local.key), srtp.new_crypto(2, other))
+        self.offered = lines
+        return lines, ("RTP/SAVP" if policy.mode == "required" else "RTP/AVP")
+
+    def offer_sdp(self) -> bytes:
+        """Our offer (a late-offer INVITE's 200, a re-INVITE without SDP, a dial)."""
         cfg = self.ctx.cfg
+        crypto, proto = self.offer_crypto()
         return sdp.build(host=cfg.advertised_host, port=self.rtp_port, session_id=self.sdp_session,
-                         version=self.sdp_version, neg=self.neg, offer=self.offer, codecs=cfg.codecs)
+                         version=self.sdp_version, neg=None, codecs=cfg.codecs, crypto=crypto, proto=proto)
+
+    def answer_sdp(self) -> bytes:
+        """Our answer to the peer's offer (our offer when the INVITE had none)."""
+        if self.neg is None or self.offer is None:
+            return self.offer_sdp()
+        cfg = self.ctx.cfg
+        crypto = (self.srtp.local,) if self.srtp is not None and self.neg.secure else ()
+        return sdp.build(host=cfg.advertised_host, port=self.rtp_port, session_id=self.sdp_session,
+                         version=self.sdp_version, neg=self.neg, offer=self.offer, codecs=cfg.codecs,
+                         crypto=crypto)
 
     # -- RTP in ------------------------------------------------------------------
 
@@ -226,6 +319,8 @@ class SipCall(TransportLeg):
             return
         src = (addr[0], addr[1])
         latch = self.latch
+        wire_len = len(data)
+        session = self.srtp
         if latch is None and self.latch_first:
             if self.state not in ("answered", "confirmed"):
                 count("rtp_early_dropped")
@@ -238,6 +333,11 @@ class SipCall(TransportLeg):
                                        "signalling source %s)", self.call.call_id, addr[0], addr[1],
                                        self.dialog.source[0], level=logging.WARNING)
                 return
+            if session is not None:  # only a packet that authenticated takes the latch
+                plain = self._unprotect(session, data, addr)
+                if plain is None:
+                    return
+                data, session = plain, None
             self.latch = latch = src
             if self.remote is not None:
                 self.remote = src  # symmetric RTP: answer where the caller sends from
@@ -247,15 +347,36 @@ class SipCall(TransportLeg):
             ctx.counters.log_limit("rtp_foreign", "RTP for call %s from %s:%s dropped (latched to %s)",
                                    self.call.call_id, addr[0], addr[1], latch, level=logging.WARNING)
             return
+        if session is not None:
+            plain = self._unprotect(session, data, addr)
+            if plain is None:
+                return
+            data = plain
+        self._rtp_in(data, wire_len, addr)
+
+    def _unprotect(self, session: srtp.SrtpSession, data: bytes, addr: Addr) -> bytes | None:
+        """The RTP packet inside an SRTP one; None when refused (counted, logged bounded)."""
+        try:
+            return session.unprotect(data)
+        except srtp.SrtpDrop as e:
+            counters = self.ctx.counters
+            counters.count(f"sip_srtp_{e.reason}")
+            self.call.stats.srtp_dropped += 1
+            counters.log_limit(f"sip_srtp_{e.reason}", "SRTP packet for call %s from %s:%s dropped: %s",
+                               self.call.call_id, addr[0], addr[1], e.reason, level=logging.INFO)
+            return None
+
+    def _rtp_in(self, data: bytes, wire_len: int, addr: Addr) -> None:
+        ctx = self.ctx
         try:
             pkt = rtp.parse(data)
         except rtp.RtpError as e:
-            count("rtp_malformed")
+            ctx.counters.count("rtp_malformed")
             ctx.counters.log_limit("rtp_malformed", "malformed RTP for call %s from %s: %s",
                                    self.call.call_id, addr[0], e, level=logging.INFO)
             self.call_host.protocol_error(self.call, "")
             return
-        self.call_host.packet_in(self.call, len(data))
+        self.call_host.packet_in(self.call, wire_len)
         now = ctx.loop.time()
         self.last_rx = now
         out = self.jb.push(pkt, now)
@@ -293,8 +414,23 @@ class SipCall(TransportLeg):
             return False
         self._buf[:12] = self.sender.next_header(codec.payload_type, n, now)
         codec.encode(samples, out=self._payload[:n])
-        rtp_t.transport.sendto(memoryview(self._buf)[: 12 + n], self.remote)
+        s = self.srtp
+        if s is None:
+            rtp_t.transport.sendto(memoryview(self._buf)[: 12 + n], self.remote)
+        elif not self._send_srtp(s, bytes(memoryview(self._buf)[: 12 + n]), rtp_t.transport, self.remote):
+            return False
         self.call.stats.packets_out += 1
+        return True
+
+    def _send_srtp(self, s: srtp.SrtpSession, packet: bytes, transport: asyncio.DatagramTransport,
+                   remote: Addr) -> bool:
+        try:
+            transport.sendto(s.protect(packet), remote)
+        except srtp.SrtpDrop:
+            self.ctx.counters.count("sip_srtp_protect_failed")
+            self.ctx.counters.log_limit("sip_srtp_protect_failed", "SRTP protect failed for call %s",
+                                        self.call.call_id, level=logging.WARNING)
+            return False
         return True
 
     def end_spurt(self) -> None:
@@ -321,7 +457,11 @@ class SipCall(TransportLeg):
         if got is not None:
             payload, marker, ts = got
             hdr = self.sender.event_header(self.neg.dtmf_pt, marker, ts)
-            rtp_t.transport.sendto(hdr + payload, self.remote)
+            s = self.srtp
+            if s is None:
+                rtp_t.transport.sendto(hdr + payload, self.remote)
+            elif not self._send_srtp(s, hdr + payload, rtp_t.transport, self.remote):
+                return True
             self.call.stats.packets_out += 1
         return True
 
@@ -423,10 +563,14 @@ class RtpPorts:
         raise OSError("no free RTP port in range")
 
     def close(self, leg: SipCall) -> None:
-        """Close ``leg``'s RTP socket and give its port back (idempotent)."""
+        """Close ``leg``'s RTP socket, drop its SRTP session and give its port back (idempotent)."""
         if leg.rtp is not None and leg.rtp.transport is not None:
             leg.rtp.transport.close()
         leg.rtp = None
+        if leg.srtp is not None:
+            leg.srtp.close()
+            leg.srtp = None
+        leg.offered = None
         port = leg.rtp_port
         if port in self.in_use:
             self.in_use.discard(port)

@@ -173,6 +173,11 @@ class TransactionLayer(Protocol):
     def send(self, data: bytes, addr: Addr, transport: str = "UDP") -> None:
         """One message outside any transaction (the ACK of a 2xx), over ``transport``."""
 
+    def arrived_over(self, tx: Transaction) -> str:
+        """The transport a server transaction's request came over ("UDP", "TCP", "TLS"): the
+        connection's own, never what the request's Via claims."""
+        ...
+
 
 def timeout_counter(counters: SipCounters, name: str) -> Callback:
     """A transaction callback that only counts ``name`` when the transaction times out."""
@@ -545,6 +550,10 @@ class SipTransactions(asyncio.DatagramProtocol):
 
     def send(self, data: bytes, addr: Addr, transport: str = "UDP") -> None:
         self._send_flow(data, addr, (transport, None))
+
+    def arrived_over(self, tx: Transaction) -> str:
+        flow = self._tx_flow.get(id(tx))
+        return flow[1].name if flow is not None and flow[1] is not None else "UDP"
 
     def _send_flow(self, data: bytes, addr: Addr, flow: tuple[str, StreamConn | None]) -> None:
         if flow[0] != "UDP":
