@@ -15,8 +15,8 @@ peer's messages fed in):
 * a dial that fails after early media started the agent side keeps the rings until the
   agent's CallEnded (not released by the dial's failure); an agent side that cannot start
   during early media CANCELs the dial;
-* an inbound call put on hold and taken off it: ``CallMedia("held")`` then ``"answered"``,
-  no RTP sent while held, RTP again after.
+* an inbound call put on hold (``a=sendonly``, ``a=inactive`` or ``c=0.0.0.0``) and taken off
+  it: ``CallMedia("held")`` then ``"answered"``, no RTP sent while held, RTP again after.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import socket
 from typing import Any
 
 import numpy as np
+import pytest
 
 from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
 from brisvox.gateway.core.gateway_core import GatewayCore
@@ -365,7 +366,12 @@ def oks(wire: Wire) -> list[SipMessage]:
     return [parse(d) for d, _ in wire.sent if d.startswith(b"SIP/2.0 200")]
 
 
-def test_hold_and_resume_reach_the_agent_and_nothing_is_sent_while_held():
+HOLDS = {"sendonly": lambda port: media_sdp(port, "sendonly"), "inactive": lambda port: media_sdp(port, "inactive"),
+         "c=0.0.0.0": lambda port: sdp_body(host="0.0.0.0", port=str(port))}
+
+
+@pytest.mark.parametrize("hold", sorted(HOLDS))
+def test_hold_and_resume_reach_the_agent_and_nothing_is_sent_while_held(hold):
     async def run() -> None:
         core, ua, wire, agent = await started(users={"echo": "bench"})
         peer = Peer()
@@ -380,10 +386,10 @@ def test_hold_and_resume_reach_the_agent_and_nothing_is_sent_while_held():
             assert start.media == "answered"
             bot_audio(core)
             assert await settle(lambda: peer.received() > 0)  # the bot is heard
-            ua.transactions.datagram_received(in_dialog("INVITE", first, ok, 2, media_sdp(peer.port, "sendonly")),
-                                              CALLEE)
+            ua.transactions.datagram_received(in_dialog("INVITE", first, ok, 2, HOLDS[hold](peer.port)), CALLEE)
             assert await settle(lambda: bool(agent.of(F.CallMedia)))
-            assert b"a=recvonly" in oks(wire)[-1].body
+            assert (b"a=recvonly" if hold == "sendonly" else b"a=inactive" if hold == "inactive" else
+                    b"a=sendrecv") in oks(wire)[-1].body
             ua.transactions.datagram_received(in_dialog("ACK", first, ok, 2), CALLEE)
             held, = agent.of(F.CallMedia)
             assert held.state == "held" and call.media == "held" and not call.leg.can_send
