@@ -187,6 +187,7 @@ class CallStart(Frame):
     called: str = ""  # the number called: SIP To user, a To/called parameter ("" unknown)
     events: bool = False  # the caller's side wants the call's events (CallEvent): a native ``events`` start
     ring_key: str = ""  # the call's random ring key (ipc.ring.ring_name): its ring names are unguessable
+    media: str = "answered"  # the call's media state as the agent side starts (CallMedia's states)
 
 
 @frame("call_accepted", to="reply")
@@ -211,6 +212,47 @@ class CallEnded(Frame):
 
     call_id: str
     reason: str
+
+
+MEDIA_EARLY, MEDIA_ANSWERED, MEDIA_HELD = "early", "answered", "held"
+MEDIA_STATES = (MEDIA_EARLY, MEDIA_ANSWERED, MEDIA_HELD)
+
+
+@frame("call_media", to="agent")
+class CallMedia(Frame):
+    """Gateway -> agent: the call's media state is now ``state`` (one of :data:`MEDIA_STATES`).
+
+    * ``"early"``: a dialled call before its answer whose far end sends early media (a
+      18x with SDP: ringback, an announcement). Its audio reaches the agent's VAD; the
+      gateway sends nothing towards the far end.
+    * ``"answered"``: the conversation. The callee answered (the 200), or the caller took
+      the call off hold (a resume is this state again, not a state of its own).
+    * ``"held"``: the caller put the call on hold (a re-INVITE with ``a=sendonly``,
+      ``a=inactive`` or ``c=0.0.0.0``). The gateway sends no audio; what arrives (music on
+      hold) is not speech to answer.
+
+    In every state but ``"answered"`` the bot is silent: the caller's audio starts no turn
+    (no reply, no greeting), and a reply in flight when the call leaves ``"answered"`` is
+    CUT where the caller stopped hearing it, as at a barge-in (the context keeps exactly
+    what was heard; a SideEffect tool call in flight completes and its result reaches the
+    model as a note). It is cut rather than held because a hold lasts from seconds to
+    ``[sip] hold_timeout_s``: the rest of a sentence played after the music stops is not
+    what a person does, and a reply held that long would outgrow the out ring. Back to
+    ``"answered"`` the agent says nothing new: a greeting that early media deferred is
+    spoken then; otherwise the conversation resumes when the caller speaks.
+
+    A call whose agent side starts in a state other than ``"answered"`` says so in
+    ``CallStart.media``; every later change is one CallMedia, in order, after the
+    CallAccepted (a change during the start follows it). ``dial``: a dialled call's
+    signalling times in ms from its first INVITE (``ringing_at_ms``, the first 18x;
+    ``progress_at_ms``, the first 18x with SDP; ``answered_at_ms``, the 200), a time not
+    reached absent. Not answered.
+    """
+
+    call_id: str
+    state: str
+    at_ns: int
+    dial: dict[str, int] | None = None
 
 
 @frame("clear", to="gateway")

@@ -333,6 +333,18 @@ def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
     return bool(reply.ok), dict(reply.data or {}), reply.error
 
 
+DIAL_TIMES = (("ringing_at_ms", "ringing"), ("progress_at_ms", "early media"), ("answered_at_ms", "answered"))
+
+
+def dial_times(data: dict[str, Any]) -> str:
+    """A SIP dial's signalling times, in ms after its INVITE ("-": the callee never sent it)."""
+    def ms(key: str) -> str:
+        v = data.get(key)
+        return f"{v} ms" if isinstance(v, int) and not isinstance(v, bool) else "-"
+
+    return ", ".join(f"{label} {ms(key)}" for key, label in DIAL_TIMES) + " after the INVITE"
+
+
 def cmd_dial(args: argparse.Namespace) -> int:
     """An outbound call (SIP, or ``--via twilio``) through the running daemon's gateway (its inbox, gateway-0)."""
     from ipc.bus import endpoint
@@ -353,6 +365,7 @@ def cmd_dial(args: argparse.Namespace) -> int:
               f"({agent} runs it once answered)")
     elif ok:
         print(f"answered: call {data.get('call_id')} (agent {data.get('agent')}, {data.get('codec')})")
+        print(f"  {dial_times(data)}")
     if not ok:
         _err(f"dial failed: {error}")
         return exitcodes.FAILURE

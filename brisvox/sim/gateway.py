@@ -19,6 +19,8 @@ Invariants:
 * The release position reported to the actor (Playback, every
   ``playback_every`` ticks) is the gate's, and only after something was
   released since the last report, as the real gateway's Playback.
+* While ``sending`` is off (the call held, or in early media) nothing is released
+  and the position stands, as the real pacer does for a leg that cannot send.
 * ``pause_log`` records every Pause-related step with the release position
   at that moment; ``clear_log`` every Cleared with its final position.
 """
@@ -62,6 +64,7 @@ class SimGateway:
         self.stale_samples = 0
         self.max_unreleased = 0  # out samples written but not released, at most (ring lead)
         self.ticks = 0
+        self.sending = True  # False while the call is not answered (held, early media): nothing is released
         self._epoch_of_step = 0
         self._handlers: dict[type, Callable[[Any], None]] = {
             G.Count: self._count, G.CutRing: self._cut, G.SendCleared: self._cleared,
@@ -143,7 +146,7 @@ class SimGateway:
 
     def tick(self, now: float) -> None:
         out, gate = self.out, self.gate
-        n_left = int(self.cfg.call_rate * TICK)
+        n_left = int(self.cfg.call_rate * TICK) if self.sending else 0  # held: the leg cannot send
         if gate.held is not None:
             held_epoch = gate.held[0]
             if gate.hold(now) == G.HELD:

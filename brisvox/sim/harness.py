@@ -63,6 +63,7 @@ class SimCall:
     flow: FlowDef | None = None  # the LLM runner drives this flow (its functions join the registry)
     llm_provider: Any = None  # another LLM than the scripted FakeLlm (e.g. the rule-based ScriptedLlm)
     call_info: CallInfo | None = None  # the call's metadata its tools see (caller, called, parameters)
+    media: str = "answered"  # the call's media state at its start (CallStart.media: "early" for early media)
 
 
 @dataclass(slots=True)
@@ -114,6 +115,7 @@ async def simulate(call: SimCall) -> SimResult:
     vocab = Vocab()
     caller = Caller(vocab, list(call.steps))
     platform = SimPlatform(vocab, caller, call.world)
+    platform.gw.sending = call.media == "answered"
     stt = FakeStt(vocab, seed=call.seed * 3 + 1, faults=call.stt_faults)
     llm = FakeLlm(list(call.llm), seed=call.seed * 3 + 2, default=call.llm_default)
     tts = FakeTts(vocab, seed=call.seed * 3 + 3, faults=call.tts_faults, rate=call.world.tts_rate)
@@ -148,6 +150,7 @@ async def simulate(call: SimCall) -> SimResult:
         transport_ids={"sim": call.call_id},
         call_info=call.call_info,
         greeting=call.greeting,
+        media=call.media,
         **({"chain": call.chain} | extra),
     )
     before = {t for t in asyncio.all_tasks(loop)}

@@ -28,6 +28,9 @@ one process, with in-memory rings (:class:`~brisvox.sim.memring.MemRing`):
 Pause / Resume (a barge-in candidate holds the bot's audio) are the gate's:
 ``pause_log`` records every step.
 
+The call's media state (:class:`Media` steps: a hold, an answer after early media): the
+actor hears it and the gateway releases nothing while the call is not answered.
+
 Fault switches: ``drop_cleared`` (no final position), ``cleared_delay``,
 ``echo_marks`` (False: a client that never echoes), ``echo_marks_on_clear``
 (cut marks echoed anyway, as a raw Twilio client would: the gate swallows
@@ -93,7 +96,22 @@ class HangUp:
     after_bot_done: float | None = None
 
 
-Step = Utter | Press | HangUp
+@dataclass(frozen=True, slots=True)
+class Media:
+    """The call's media state becomes ``state`` (the gateway's CallMedia: "held" when the
+    caller puts the call on hold, "answered" when they take it off, "answered" at the
+    answer of a call that started in "early"): the actor is told, and the simulated
+    gateway releases nothing while it is not "answered" (the SIP leg cannot send then).
+    Triggers as :class:`Utter`'s ``at``, ``after``, ``after_bot``, ``after_bot_words``."""
+
+    state: str
+    at: float | None = None
+    after: float | None = None
+    after_bot: float | None = None
+    after_bot_words: int | None = None
+
+
+Step = Utter | Press | HangUp | Media
 
 
 @dataclass(slots=True)
@@ -131,7 +149,7 @@ class Caller:
         if isinstance(st, Utter | HangUp) and st.after_bot_done is not None:
             t = wire.mark_played_since(self.last_end_t)
             return None if t is None else t + st.after_bot_done
-        if isinstance(st, Utter):
+        if isinstance(st, Utter | Media):
             if st.after_bot is not None:
                 t = wire.first_audio_since(self.last_end_t)
                 return None if t is None else t + st.after_bot
@@ -150,6 +168,10 @@ class Caller:
                 self.steps.popleft()
                 if isinstance(st, Press):
                     platform.actor.on_dtmf(st.digit)
+                    self.last_end_t = now
+                    continue
+                if isinstance(st, Media):
+                    platform.media(st.state)
                     self.last_end_t = now
                     continue
                 if isinstance(st, HangUp):
@@ -325,6 +347,7 @@ class SimPlatform:
         self._task: asyncio.Task[None] | None = None
         self.stopped = False
         self.stale_tts_after_clear = 0  # old-epoch audio the actor wrote after a Clear (must stay 0)
+        self.media_log: list[tuple[float, str]] = []  # (t, state) of every Media step
 
     # the gateway's records, for the scenarios' checks
     @property
@@ -356,6 +379,12 @@ class SimPlatform:
             self.gw.mark(frame.name, frame.position)
         else:
             self.sent.append(frame)
+
+    def media(self, state: str) -> None:
+        """The call's media state changed (a :class:`Media` step): the gateway and the actor hear it."""
+        self.gw.sending = state == "answered"
+        self.media_log.append((asyncio.get_running_loop().time(), state))
+        self.actor.on_media(state)
 
     def to_worker(self, frame: Frame) -> None:
         if isinstance(frame, TtsUtterance):

@@ -190,7 +190,8 @@ def _acks(table: dict[str, Any], tel: FakeTelephony, frames: list[dict[str, Any]
 
 
 def test_a_dial_command_is_gated_then_acked_with_the_new_call():
-    tel = FakeTelephony((True, {"call_id": "c42", "agent": "x"}, ""))
+    tel = FakeTelephony((True, {"call_id": "c42", "agent": "x", "ringing_at_ms": 110, "progress_at_ms": None,
+                                "answered_at_ms": 2500}, ""))
     acks = _acks({}, tel, [{"id": "k1", "target": "+4930123"}])
     assert acks == [{"type": "command.ack", "id": "k1", "ok": False,
                      "error": "not allowed: [agent_link] allow_dial and dial_targets"}] and not tel.asked
@@ -200,7 +201,8 @@ def test_a_dial_command_is_gated_then_acked_with_the_new_call():
     assert [(a["id"], a["ok"], a.get("error", "")) for a in acks] == [
         ("k2", False, "not a dial target ([agent_link] dial_targets)"), ("k3", False, "via must be sip or twilio"),
         ("k4", True, "")]
-    assert acks[2] == {"type": "command.ack", "id": "k4", "ok": True, "via": "sip", "call_id": "c42"}
+    assert acks[2] == {"type": "command.ack", "id": "k4", "ok": True, "via": "sip", "call_id": "c42",
+                       "ringing_at_ms": 110, "answered_at_ms": 2500}  # the dial's times; one never reached is left out
     assert tel.asked == [("+4930123", "callback", "sip", 100.0)]
     slow = FakeTelephony((False, {"reason": "busy"}, "busy"), hold=0.2)
     acks = _acks(allowed, slow, [{"id": "k5", "target": "+4930123", "via": "twilio"},
@@ -249,3 +251,12 @@ def test_calls_show_finds_a_record_by_its_call_sid(tmp_path, capsys):
     assert main(["calls", "--path", str(f), "show", "CA9"]) == 0
     assert json.loads(capsys.readouterr().out)["call_id"] == "c1"
     assert main(["calls", "--path", str(f), "show", "CA8"]) == 1
+
+
+def test_brisvoxd_dial_prints_the_dials_times():
+    from brisvox.cli.brisvoxd import dial_times
+
+    assert dial_times({"ringing_at_ms": 120, "progress_at_ms": 260, "answered_at_ms": 3100}) == \
+        "ringing 120 ms, early media 260 ms, answered 3100 ms after the INVITE"
+    assert dial_times({"ringing_at_ms": None, "answered_at_ms": 900}) == \
+        "ringing -, early media -, answered 900 ms after the INVITE"

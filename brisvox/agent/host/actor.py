@@ -34,6 +34,14 @@ Owns the life of one call's pipeline on the ring architecture:
   flood) is refused, counted (``dtmf_refused``) and logged.
   After a hang-up audio and DTMF are discarded; marks and positions still
   reach the book.
+* The call's media state (``media`` at construction: ``CallStart.media``; then
+  ``on_media``: each ``CallMedia``): its log (:mod:`~brisvox.agent.host.call_media`,
+  the record's ``media`` section) and a CallMediaChanged into the chain, ahead of
+  the greeting when the call starts unanswered. While the call is not answered the
+  pump keeps the caller's audio and VAD events from the chain (``media_muted_*``):
+  the VAD still runs on them (``vad_starts`` counts them) but nothing of them reaches
+  the STT or a turn, except the audio and the stop of a speech start delivered
+  before (a started utterance is finished, so the STT and the driver stay paired).
 * ``hangup(reason)`` sends Stop through the chain (into every running stage
   whose predecessor no longer runs, so a chain with a failed stage stops
   too), waits (bounded) for every stage to finish, ends every remaining task
@@ -74,6 +82,7 @@ from brisvox.agent.conversation.playout_book import PlayoutConfig
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host import tracing
 from brisvox.agent.host.call_events import CallEvents
+from brisvox.agent.host.call_media import MediaLog
 from brisvox.agent.host.call_metrics import METRICS
 from brisvox.agent.host.call_record import build_record
 from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
@@ -94,6 +103,7 @@ from brisvox.agent.pipeline.stage.call_context import CallContext
 from brisvox.agent.pipeline.stage.call_io import AudioSink, AudioSource, CallLink
 from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
+    CallMediaChanged,
     DtmfFrame,
     Greet,
     Start,
@@ -154,6 +164,8 @@ class PumpStats:
     vad_failures: int = 0
     vad_recoveries: int = 0
     discarded_after_hangup: int = 0
+    media_muted_samples: int = 0  # in16 samples kept from the chain while the call was not answered
+    media_muted_events: int = 0  # VAD events kept from the chain while the call was not answered
     dtmf: int = 0
     dtmf_queued: int = 0  # digits that waited in the FIFO for room
     dtmf_max_queued: int = 0
@@ -191,6 +203,7 @@ class CallActor:
         flow: FlowManager | None = None,
         call_info: CallInfo | None = None,
         events: Callable[[Any], None] | None = None,
+        media: str = "answered",
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -221,6 +234,9 @@ class CallActor:
         self.book = self.call.book
         self.ledger = self.call.ledger
         self.pump = PumpStats()
+        self.media = MediaLog(media, self.started_at)  # the call's media state (CallMedia)
+        self._speaking = False  # a VAD start was delivered and its stop not yet
+        self._start_muted = False  # a VAD start was kept from the chain: so are its falling and stop
         self.engine = (ToolEngine(registry, call_id, clock, call_info=self.call_info)
                        if registry is not None and len(registry) else None)
         parts = CallParts(stt, llm, tts, self.engine, context, s2s, flow)
@@ -263,6 +279,8 @@ class CallActor:
         for s in self.stages:
             s.start()
         self.entry.put_nowait(Start())
+        if not self.media.converses:  # a dialled call in early media: before the greeting
+            self.entry.put_nowait(CallMediaChanged(self.media.state, self.clock.now()))
         if self.greeting.strip():
             self.entry.put_nowait(Greet(self.greeting))  # the bot speaks first
 
@@ -355,7 +373,11 @@ class CallActor:
         if in16_pos > in_pos:
             if self._audio_end is not None:
                 self._audio_end(in16_pos)
-            if events or in16_pos - in_pos >= self._batch_samples:
+            if not self.media.converses and not self._speaking:  # early media, music on hold
+                self.pump.media_muted_samples += in16_pos - in_pos
+                self._in_pos = in16_pos
+                self._gap = True
+            elif events or in16_pos - in_pos >= self._batch_samples:
                 self._read_audio(in_pos, in16_pos)
         if events:
             self._events(in16_pos, events)
@@ -383,12 +405,25 @@ class CallActor:
             match ev:
                 case SpeechStart():
                     self.pump.vad_starts += 1
+                    self._start_muted = not self.media.converses
+                    if self._start_muted:
+                        self.pump.media_muted_events += 1
+                        continue
+                    self._speaking = True
                     self.entry.put_nowait(UserStartedSpeaking(at, pos))
                 case SpeechStop():
                     self.pump.vad_stops += 1
+                    self._speaking = False
+                    if self._start_muted:
+                        self._start_muted = False
+                        self.pump.media_muted_events += 1
+                        continue
                     self.entry.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=ev.at))
                 case SpeechFalling():  # the turn driver's early Smart Turn (when its machine wants it)
                     self.pump.vad_fallings += 1
+                    if self._start_muted or not self.media.converses:
+                        self.pump.media_muted_events += 1
+                        continue
                     self.entry.put_nowait(UserSpeechFalling(at, pos, decided_pos=ev.at))
                 case InputGap():
                     self.pump.gaps += 1
@@ -397,6 +432,13 @@ class CallActor:
                     self.pump.vad_failures += 1
                 case VadRecovered():
                     self.pump.vad_recoveries += 1
+
+    def on_media(self, state: str, dial: dict[str, Any] | None = None) -> None:
+        """The call's media state (a ``CallMedia``): logged, and passed to the chain when it
+        changed (the pump keeps the caller's audio from it at once, see the module docstring)."""
+        now = self.clock.now()
+        if self.media.note(state, now, dial) and not self._hung_up:
+            self.entry.put_nowait(CallMediaChanged(state, now))
 
     def on_out_utterance(self, utterance: int, epoch: int, out_pos: int) -> None:
         self.timeline.out_utterance(epoch, self.clock.now())

@@ -29,6 +29,11 @@ Owns the record format (one JSON object per call) and its storage:
   rate (``brisvox/agent/pipeline/speculation/policy.py``); with a committed speculation the
   turn's request mark is when the speculative request left (a negative ``request_ms``:
   the head start);
+* ``media``: the call's media state (:mod:`~brisvox.agent.host.call_media`): the
+  state it started in and ended in, each change with its time, the holds and how
+  long they lasted, and for a dialled call ``dial``: ``ringing_at_ms``,
+  ``progress_at_ms``, ``answered_at_ms`` (ms from its first INVITE; one not reached
+  is left out);
 * ``stats``: every stage's counters.
 
 Storage: ``write_record(record, target)``: ``target`` is a directory (one
@@ -102,6 +107,7 @@ def build_record(actor: CallActor) -> dict[str, Any]:
         "turns": actor.timeline.turn_latencies(),
         "clock_offset_s": round(time.monotonic() - actor.clock.now(), 6),
         "speculation": actor.speculation_stats(),
+        "media": actor.media.record(actor.clock.now()),
         "stats": actor.stats(),
     }
 

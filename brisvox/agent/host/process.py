@@ -36,7 +36,7 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
   carrying ``stage_failed:<stage>`` unasked (the gateway hangs the leg up
   with that reason).
 * Inbound frames are handed to the actor synchronously in the callback that
-  read them (Playback, Cleared, MarkPlayed, Dtmf; ticks and OutUtterance
+  read them (Playback, Cleared, MarkPlayed, Dtmf, CallMedia; ticks and OutUtterance
   through the worker client): no queue between the socket and the book.
   One table (``handlers``: frame class -> handler) dispatches the gateways'
   frames; one without a handler is counted (``unexpected_type``), logged once.
@@ -84,6 +84,7 @@ from ipc.frames import (
     CallAccepted,
     CallEnd,
     CallEnded,
+    CallMedia,
     CallStart,
     Cleared,
     Dtmf,
@@ -152,6 +153,7 @@ class AgentProcess:
             Cleared: self._on_cleared,
             MarkPlayed: self._on_mark_played,
             Dtmf: self._on_dtmf,
+            CallMedia: self._on_call_media,
             TransferResult: self._on_transfer_result,
         }
 
@@ -218,6 +220,10 @@ class AgentProcess:
     def _on_dtmf(self, f: Dtmf, sender: str, cid: int | str | None) -> None:
         if (slot := self._slot(f.call_id)) is not None:
             slot.actor.on_dtmf(f.digit)
+
+    def _on_call_media(self, f: CallMedia, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None:
+            slot.actor.on_media(f.state, f.dial)
 
     def _on_transfer_result(self, f: TransferResult, sender: str, cid: int | str | None) -> None:
         if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
@@ -320,6 +326,7 @@ class AgentProcess:
             flow=flow,
             on_stage_failure=self._stage_failed,
             on_hangup=functools.partial(self._ended_itself, f.call_id),
+            media=f.media,  # a dialled call in early media: no turn, no greeting until the answer
         )
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
         self.idle_trim.note(len(self.calls))

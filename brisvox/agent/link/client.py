@@ -298,7 +298,7 @@ class AgentLink:
             return self._ack(c, False, "not_live")
         self._commands[c.name](c)
 
-    def _ack(self, c: m.Command, ok: bool, error: str = "", **data: str) -> None:
+    def _ack(self, c: m.Command, ok: bool, error: str = "", **data: str | int) -> None:
         if not ok:
             self.stats.commands_refused += 1
         self._send_soon(m.ack(c.id, ok, error, **data))
@@ -359,7 +359,8 @@ class AgentLink:
                 ok, data, error = await dial(c.target, c.agent, via, DIAL_WAIT[via], trunk=c.trunk)
             finally:
                 self._dialing = False
-            ids = {k: str(data[k])[:128] for k in ("call_id", "call_sid", "status") if data.get(k)}
+            ids: dict[str, str | int] = {k: str(data[k])[:128] for k in ("call_id", "call_sid", "status") if data.get(k)}
+            ids.update({k: v for k in m.DIAL_TIMES if type(v := data.get(k)) is int and v >= 0})
             self._ack(c, bool(ok), "" if ok else (error or "the dial failed")[:200], via=via, **(ids if ok else {}))
         self.tasks.spawn(run())
 

@@ -56,6 +56,7 @@ COMMAND_BURST = 40
 EVENTS = frozenset({"user_turn", "bot_turn", "tool_outcome", "hangup"})
 COMMANDS = frozenset({"say", "note", "transfer", "end_call", "dial"})
 DIAL_VIA = frozenset({"sip", "twilio"})
+DIAL_TIMES = ("ringing_at_ms", "progress_at_ms", "answered_at_ms")  # a SIP dial's ack: ms after its INVITE
 ERROR_CODES = frozenset({"bad_message", "too_large", "unknown_type", "unknown_id", "late", "invalid_tool",
                          "rate_limited", "not_live"})
 SIGNATURE_HEADER = "X-Brisvox-Signature"
@@ -314,8 +315,9 @@ def event(name: str, **fields: Any) -> str:
     return encode({"type": "event", "name": name, **fields})
 
 
-def ack(cid: str, ok: bool, error: str = "", **data: str) -> str:
-    """``command.ack``; ``data``: what the command made (a dial's ``call_id`` or ``call_sid``)."""
+def ack(cid: str, ok: bool, error: str = "", **data: str | int) -> str:
+    """``command.ack``; ``data``: what the command made (a dial's ``call_id`` or ``call_sid``, a SIP
+    dial's :data:`DIAL_TIMES`)."""
     return encode({"type": "command.ack", "id": cid, "ok": ok, **data, **({"error": error} if error else {})})
 
 

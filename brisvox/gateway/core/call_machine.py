@@ -144,7 +144,8 @@ class BuiltinStopped:
 
 @dataclass(frozen=True, slots=True)
 class Abandon:
-    """The agent side never started (the transport gave up before ``start_call``)."""
+    """The agent side never started (the transport gave up before ``start_call``); ignored
+    once it did start, whose end (``AgentStarted``, ``AgentEnded``) finishes the agent side."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,7 +426,13 @@ class CallMachine:
         # table, both sides done, until the gateway stopped)
         return (lost, *(self._hang_up(AGENT_LOST_REASON, e.leg, e.now) or self._release_if_done()))
 
-    def _agent_side_over(self, e: BuiltinStopped | Abandon) -> tuple[Action, ...]:
+    def _agent_side_over(self, e: BuiltinStopped) -> tuple[Action, ...]:
+        self.agent_done = True
+        return self._release_if_done()
+
+    def _abandon(self, e: Abandon) -> tuple[Action, ...]:
+        if self.start != NOT_STARTED:
+            return _NONE  # it did start (a dialled call's early media): its own end finishes it
         self.agent_done = True
         return self._release_if_done()
 
@@ -466,7 +473,7 @@ _HANDLERS: dict[type, Callable[[CallMachine, Any], tuple[Action, ...]]] = {
     AgentEnded: CallMachine._agent_ended,
     AgentLost: CallMachine._agent_lost,
     BuiltinStopped: CallMachine._agent_side_over,
-    Abandon: CallMachine._agent_side_over,
+    Abandon: CallMachine._abandon,
     DetachTimeout: CallMachine._detach_timeout,
     TimerFired: CallMachine._timer_fired,
     WorkerLost: CallMachine._worker_lost,

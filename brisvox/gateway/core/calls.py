@@ -116,6 +116,10 @@ class Call:
         self.caller = ""  # the caller's number (SIP From user, a From/caller parameter)
         self.events = False  # the leg asked for the call's events (CallStart.events; native "events")
         self.called = ""  # the number called (SIP To user, a To/called parameter)
+        self.media = "answered"  # the call's media state (ipc.frames.CallMedia: early, answered, held)
+        self.media_told = ""  # the media state the agent process was told ("": none yet)
+        self.dial_ms: dict[str, int] = {}  # a dialled call's signalling times (CallMedia.dial)
+        self.dial_told = False  # the agent process has them
         self.stats = CallStats()
         self.gate = PlayoutGate(self.stats, max_marks=max_marks, pause_max_s=pause_max_s)
         self.builtin: Any = None  # the echo agent, when it serves the call

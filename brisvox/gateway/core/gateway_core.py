@@ -270,6 +270,9 @@ class GatewayCore:
     def dtmf_in(self, call: Call, digit: str, duration_ms: int) -> None:
         self.lifecycle.dtmf_in(call, digit, duration_ms)
 
+    def media_state(self, call: Call, state: str, dial: dict[str, int] | None = None) -> None:
+        self.lifecycle.media_state(call, state, dial)
+
     def protocol_error(self, call: Call | None, counter: str) -> None:
         self.lifecycle.protocol_error(call, counter)
 

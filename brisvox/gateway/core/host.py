@@ -90,6 +90,13 @@ class CallHost(Protocol):
 
     def dtmf_in(self, call: Call, digit: str, duration_ms: int) -> None: ...
 
+    def media_state(self, call: Call, state: str, dial: dict[str, int] | None = None) -> None:
+        """The call's media state is now ``state`` (``ipc.frames.MEDIA_STATES``: early media
+        of a dialled call, answered, held); ``dial``: a dialled call's signalling times so far
+        (``CallMedia.dial``). The agent side hears of each change once (``CallStart.media``
+        before its start, ``CallMedia`` after it); the same state again changes nothing."""
+        ...
+
     def mark_echo(self, call: Call, name: str) -> None:
         """A peer that echoes marks (Twilio, native in echo mode) played mark ``name``."""
         ...

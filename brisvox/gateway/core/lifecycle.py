@@ -30,6 +30,10 @@ Invariants (of the execution; the semantics are the machine's):
   audio, the pacer each frame it released.
 * Once every call's transport side is done, :meth:`CallLifecycle.transports_gone`
   returns (the gateway's stop waits for it).
+* The call's media state (:meth:`CallLifecycle.media_state`) reaches its agent process
+  once per change and in order: ``CallStart.media`` when the start is sent, then a
+  ``CallMedia`` for each change once the call is active (a change during the start is
+  sent right after its CallAccepted), never after the transport side ended.
 
 It holds what it executes with (the call table, the pacer, the recorder, the
 links, the peer load, the metrics) and reaches the loop only through the two
@@ -234,6 +238,29 @@ class CallLifecycle:
         if call is not None:
             call.stats.malformed += 1
 
+    def media_state(self, call: Call, state: str, dial: dict[str, int] | None = None) -> None:
+        """The call's media state changed (see :class:`~brisvox.gateway.core.host.CallHost`)."""
+        if state not in F.MEDIA_STATES:
+            raise ValueError(f"unknown media state {state!r}")
+        if dial and dial != call.dial_ms:
+            call.dial_ms = dict(dial)
+            call.dial_told = False
+        if state != call.media:
+            call.media = state
+            self.metrics.inc(f"calls_media_{state}")
+        self._tell_media(call)
+
+    def _tell_media(self, call: Call) -> None:
+        """Send the agent process the call's media state (and a dialled call's times) if it
+        was not told them yet."""
+        if (call.media == call.media_told and (call.dial_told or not call.dial_ms)) or not call.agent_proc \
+                or call.machine.state != M.ACTIVE:
+            return
+        call.media_told = call.media
+        call.dial_told = True
+        self.links.send(call.agent_proc, F.CallMedia(call_id=call.call_id, state=call.media,
+                                                     at_ns=time.monotonic_ns(), dial=dict(call.dial_ms) or None))
+
     def dtmf_in(self, call: Call, digit: str, duration_ms: int) -> None:
         call.stats.dtmf_in += 1
         if call.builtin is not None:
@@ -260,6 +287,7 @@ class CallLifecycle:
             log.exception("starting call %s failed", call.call_id)
             why = f"internal error: {type(e).__name__}"
         self.feed(call, M.AgentStarted(ok, why, builtin, self.now()))
+        self._tell_media(call)  # a change while the start was on its way
 
     async def _call_start(self, call: Call) -> tuple[bool, str]:
         """CallStart to the call's agent process: (accepted, why not)."""
@@ -271,7 +299,9 @@ class CallLifecycle:
             instance=self.instance, started_ns=call.started_ns,
             transport_ids=dict(call.transport_ids) or None, params=dict(call.params) or None,
             caller=call.caller, called=call.called, events=call.events, ring_key=call.ring_key,
+            media=call.media,
         )
+        call.media_told = call.media
         try:
             reply = await self.links.request(proc, frame, self.cfg.agent_timeout_s)
         except (TimeoutError, ConnectionError) as e:

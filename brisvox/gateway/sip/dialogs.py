@@ -5,7 +5,8 @@ dialog table (every leg, inbound or outbound, by Call-ID and local tag),
 the dialog-creating INVITE (admission, the SDP offer/answer, the call's RTP
 socket, 100/180/200, 403/404/488/503/420/415/482 refusals), the 2xx retransmission
 until the ACK (or the late offer's answer in it), re-INVITE (hold/unhold,
-new address: answered with the mirrored direction), CANCEL (200 + 487), BYE,
+new address: answered with the mirrored direction; a hold or an unhold is the
+call's media state, ``held`` / ``answered``, for the agent), CANCEL (200 + 487), BYE,
 INFO (a key press: dtmf-relay, dtmf), NOTIFY (for our REFER), REFER (the
 agent's Transfer) and ending a dialog from either side (BYE in, BYE out, 480
 before the answer). It sends and times nothing itself: every message goes
@@ -97,6 +98,7 @@ from brisvox.wire.sip_message import (
     uri_number,
 )
 from brisvox.wire.sip_transaction import Action, Deliver, ServerInvite, ServerNonInvite, TimedOut
+from ipc.frames import MEDIA_ANSWERED, MEDIA_HELD
 
 MAX_CLIENT_TX = 8
 MAX_TARGET = 256
@@ -428,6 +430,8 @@ class SipDialogs:
             leg.apply_negotiation(neg)
             self.counters.count("sip_hold" if neg.on_hold and not was_hold else
                                 "sip_unhold" if was_hold and not neg.on_hold else "sip_reinvite")
+            if neg.on_hold != was_hold:  # the agent falls silent on hold and goes on after it
+                self.call_host.media_state(leg.call, MEDIA_HELD if neg.on_hold else MEDIA_ANSWERED)
         leg.dialog.refresh_target(req)
         leg.sdp_version += 1
         if offer is None:  # no offer: we offer in the 200, the ACK answers

@@ -5,8 +5,9 @@ target (a ``sip:`` URI, or a number through ``[sip] trunk``), the outbound
 INVITE with our SDP offer (PCMU/PCMA on a port of the call's own RTP
 allocation) in an INVITE client transaction
 (:class:`~brisvox.wire.sip_transaction.ClientInvite`), the provisional
-responses, the 2xx (our ACK, the answer's negotiation, then the agent side
-started exactly as for an inbound call: :meth:`~brisvox.gateway.core.host.CallHost.start_call`),
+responses and their early media, the 2xx (our ACK, the answer's negotiation,
+then the agent side started exactly as for an inbound call, unless early media
+started it: :meth:`~brisvox.gateway.core.host.CallHost.start_call`),
 a failure (4xx/5xx/6xx, Timer B, the ring timeout) and CANCEL for a hang-up
 before the answer. Once answered the leg is an ordinary
 :class:`~brisvox.gateway.sip.rtp.SipCall` of the dialog layer: BYE either
@@ -48,6 +49,22 @@ Invariants:
 * The dial's leg is in the dialog table from the INVITE on (so the callee's
   BYE or INFO finds it); a dial is in :attr:`SipDialer.outgoing` only until
   its final response.
+* Early media (a 18x with SDP, RFC 3261 13.2.1; no 100rel: we offer no PRACK): its SDP
+  is negotiated like an answer (a usable one, inside ``[sip] allow``; one that is not is
+  ignored and counted, ``sip_dial_bad_early_sdp``: the 200 may still bring a good one),
+  the RTP latch and codec follow it (the newest 18x SDP, whichever fork sent it), and its
+  audio reaches the call's ``in`` ring: the first such 18x starts the agent side with the
+  media state ``"early"`` (``CallMedia``), which hears it but does not answer it. Nothing
+  is sent towards the far end before the 200 (the leg cannot send while ``outgoing``).
+  A 18x without SDP is ringing only. The 200 ends early media: its SDP is the answer
+  (when it differs from the 18x's, e.g. another fork answered, the 200's is applied); a
+  200 without SDP takes the 18x's answer of the same dialog (To tag), else it is
+  ``incompatible media``. The agent side then hears ``"answered"``. An agent side that
+  cannot start during early media ends the dial (CANCEL, ``agent unavailable``).
+* A dial's result and its call's ``CallMedia.dial`` carry its signalling times in ms
+  from the first INVITE sent: ``ringing_at_ms`` (the first 18x), ``progress_at_ms`` (the
+  first usable 18x SDP), ``answered_at_ms`` (the 200); null (absent in ``dial``) when
+  the callee never sent it.
 """
 
 from __future__ import annotations
@@ -79,6 +96,7 @@ from brisvox.wire.sip_message import (
     uri_number,
 )
 from brisvox.wire.sip_transaction import Action, ClientInvite, Deliver, TimedOut
+from ipc.frames import MEDIA_ANSWERED, MEDIA_EARLY
 
 MAX_TARGET = 256
 _TARGET_RE = re.compile(r"^[!-~]+$")  # printable ASCII, no space
@@ -159,6 +177,18 @@ class Dialing:
     auth: ClientAuth | None = None  # the trunk's credentials for a 401/407 to our INVITE
     reported: bool = False
     ring_timer: Any = None
+    sent_at: float = 0.0  # loop time the first INVITE went out
+    ringing_ms: int | None = None  # the first 18x, ms after sent_at
+    progress_ms: int | None = None  # the first usable 18x SDP
+    answered_ms: int | None = None  # the 200
+    early_tag: str = ""  # the To tag of the dialog whose 18x SDP plays (early_neg)
+    early_neg: sdp.Negotiated | None = None
+    agent: str = ""  # the agent side: "" not started, "starting", "ready"
+
+    def times(self) -> dict[str, int | None]:
+        """The dial's signalling times (see the module docstring)."""
+        return {"ringing_at_ms": self.ringing_ms, "progress_at_ms": self.progress_ms,
+                "answered_at_ms": self.answered_ms}
 
     def report(self, data: dict[str, Any] | None, error: str) -> None:
         if self.reported:
@@ -270,8 +300,10 @@ class SipDialer:
         done(None, why)
 
     def _fail(self, d: Dialing, reason: str) -> None:
-        """The dial failed before an answer: report, end the leg (no BYE), release the call."""
-        self.counters.count(f"sip_dial_failed_{reason.split(':')[0].replace(' ', '_')[:40]}")
+        """The dial failed before an answer: report (once), end the leg (no BYE), release the
+        call (an agent side started by early media ends through the leg's end)."""
+        if not d.reported:
+            self.counters.count(f"sip_dial_failed_{reason.split(':')[0].replace(' ', '_')[:40]}")
         self.outgoing.pop(d.leg.dialog.call_id, None)
         d.report(None, reason)
         leg = d.leg
@@ -293,7 +325,11 @@ class SipDialer:
         inv = leg.invite
         inv.headers.append(("content-type", "application/sdp"))
         inv.body = leg.offer_sdp()
+        d.sent_at = self.ctx.loop.time()
         d.tx = self.transactions.invite(inv, d.dest, functools.partial(self._invite_event, d))
+
+    def _ms(self, d: Dialing) -> int:
+        return max(0, round((self.ctx.loop.time() - d.sent_at) * 1000))
 
     def _ring_timeout(self, d: Dialing) -> None:
         d.ring_timer = None
@@ -328,7 +364,7 @@ class SipDialer:
 
     def _invite_event(self, d: Dialing, a: Action) -> None:
         if isinstance(a, TimedOut):
-            if not d.reported:
+            if not d.leg.ended or not d.reported:
                 self._fail(d, d.cancel_reason or "timeout")
             return
         if not isinstance(a, Deliver):
@@ -340,18 +376,49 @@ class SipDialer:
             d.provisional = True
             if d.cancel_reason:
                 self._send_cancel(d)
+            elif st >= 180 and not d.leg.ended:
+                self._progress(d, resp)
             return
         if st in (401, 407) and d.auth is not None and not d.reported and not d.cancel_reason:
             self._answer_challenge(d, resp)
             return
         if st >= 300:
-            if not d.reported:
+            if not d.leg.ended or not d.reported:
                 self._fail(d, d.cancel_reason if (d.cancel_reason and st == 487) else failure_reason(st, resp.reason))
             return
         if d.ack:  # a retransmitted 2xx: the same ACK again
             self.transactions.send(d.ack, d.ack_addr, d.leg.dialog.transport)
             return
         self._answered(d, resp)
+
+    def _progress(self, d: Dialing, resp: SipMessage) -> None:
+        """A 18x: ringing; with a usable SDP, early media (see the module docstring)."""
+        now = self._ms(d)
+        if d.ringing_ms is None:
+            d.ringing_ms = now
+        if not resp.body or resp.get("content-type").split(";")[0].strip().lower() != "application/sdp":
+            return
+        leg = d.leg
+        try:
+            neg = negotiate(sdp.parse(resp.body), self.ctx, d.dest, secure=leg.secure_signalling,
+                            offered=leg.offered or ())
+        except sdp.SdpError as e:
+            self.counters.count("sip_dial_bad_early_sdp")
+            sdp_refusal(self.counters, e, f"{resp.status}", d.dest[0])
+            return
+        if d.progress_ms is None:
+            d.progress_ms = now
+        d.early_tag = resp.to_tag
+        if neg == d.early_neg:
+            return  # the same early answer again (a repeated 183)
+        d.early_neg = neg
+        leg.start_early_media(neg)
+        if d.agent:
+            return
+        self.counters.count("sip_dial_early_media")
+        d.agent = "starting"
+        self.call_host.media_state(leg.call, MEDIA_EARLY)
+        self.call_host.start_call(leg.call, leg, functools.partial(self._dial_ready, d))
 
     def _answer_challenge(self, d: Dialing, resp: SipMessage) -> None:
         """Send the INVITE again with the trunk's credentials (its CSeq advanced, a new branch and
@@ -398,10 +465,13 @@ class SipDialer:
             self.call_host.abandon(leg.call)
             return
         try:
-            if resp.get("content-type").split(";")[0].strip().lower() != "application/sdp":
+            if resp.body and resp.get("content-type").split(";")[0].strip().lower() == "application/sdp":
+                neg = negotiate(sdp.parse(resp.body), self.ctx, d.dest, secure=leg.secure_signalling,
+                                offered=leg.offered or ())
+            elif d.early_neg is not None and resp.to_tag == d.early_tag:
+                neg = d.early_neg  # the answer came in this dialog's 18x
+            else:
                 raise sdp.SdpError("the 2xx carries no SDP answer")
-            neg = negotiate(sdp.parse(resp.body), self.ctx, d.dest, secure=leg.secure_signalling,
-                            offered=leg.offered or ())
         except sdp.SdpError as e:
             self.counters.count("sip_dial_bad_answer")
             sdp_refusal(self.counters, e, "2xx", d.dest[0])
@@ -411,20 +481,37 @@ class SipDialer:
             self.call_host.abandon(leg.call)
             return
         leg.offer = None
-        leg.apply_negotiation(neg)
-        self.call_host.start_call(leg.call, leg, functools.partial(self._dial_ready, d))
+        leg.end_early_media(neg)
+        d.answered_ms = self._ms(d)
+        self.call_host.media_state(leg.call, MEDIA_ANSWERED,
+                                   {k: v for k, v in d.times().items() if v is not None})
+        if not d.agent:
+            d.agent = "starting"
+            self.call_host.start_call(leg.call, leg, functools.partial(self._dial_ready, d))
+        elif d.agent == "ready":  # early media started it
+            self._report_answered(d)
 
     def _dial_ready(self, d: Dialing, ok: bool, why: str) -> None:
         leg = d.leg
         if not ok:
-            self.dialogs.end(leg, "agent unavailable", send_bye=True)
             self.counters.count("sip_dial_failed_agent_unavailable")
             d.report(None, f"agent unavailable: {why}"[:120])
+            if leg.state == "outgoing":  # during early media: the dial is given up
+                self.cancel(leg, "agent unavailable")
+            else:
+                self.dialogs.end(leg, "agent unavailable", send_bye=True)
             return
+        d.agent = "ready"
+        if leg.state == "outgoing" and not leg.ended:
+            return  # early media: reported at the answer
+        self._report_answered(d)
+
+    def _report_answered(self, d: Dialing) -> None:
+        leg = d.leg
         if leg.ended:  # the callee hung up while the agent side started
             d.report(None, f"ended: {leg.call.end_reason or 'bye'}")
             return
         self.counters.count("sip_dial_answered")
         d.report({"call_id": leg.call.call_id, "sip_call_id": leg.dialog.call_id, "agent": leg.call.agent,
                   "target": leg.dialog.remote_uri, "codec": leg.codec.name if leg.codec else "",
-                  "srtp": leg.srtp.suite if leg.srtp is not None else ""}, "")
+                  "srtp": leg.srtp.suite if leg.srtp is not None else "", **d.times()}, "")

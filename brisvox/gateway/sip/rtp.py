@@ -28,7 +28,9 @@ Invariants:
   behind a NAT), which also becomes where our RTP goes; it never moves after
   that (a later SDP does not re-arm it). A packet from another IP before the
   latch is dropped (``rtp_latch_refused``), as are packets before the answer
-  (``rtp_early_dropped``). Residual risk: whoever can send from the
+  (``rtp_early_dropped``) but a dialled call's early media (a 18x SDP): a latch
+  taken from it is taken again after the 200 when the 200's SDP names another
+  address. Residual risk: whoever can send from the
   signalling IP (spoof it, or share it behind the same NAT) can still race
   the caller's first packet.
 * Destinations (:meth:`SipContext.destination`): every address we send to
@@ -60,7 +62,8 @@ Invariants:
   (:meth:`RtpPorts.close`): nothing is held after the call ends. The call's
   ``transport_ids`` name the suite (``srtp``) while SRTP is on.
 * A leg sends audio only while answered or confirmed, with a negotiated
-  codec and a remote address (``can_send``); a Clear or a Pause ends the
+  codec and a remote address (``can_send``): never during a dialled call's early
+  media, never while held; a Clear or a Pause ends the
   talkspurt (the next packet carries the marker bit).
 * RTP ports are even (RTCP would take the odd one above) and handed out in
   random order (a uniformly random free port, ``secrets.SystemRandom``), so
@@ -179,6 +182,7 @@ class SipCall(TransportLeg):
         self.latch_first = ctx.cfg.rtp_latch == "first"
         self.latch: Addr | None = None  # the one source RTP is taken from
         self.held_since: float | None = None  # loop time of the SDP that put the call on hold
+        self.early_media = False  # a dialled call plays a 18x's SDP before its 200
         if neg is not None:
             self._relatch(neg)
             self._note_hold(neg)
@@ -218,6 +222,21 @@ class SipCall(TransportLeg):
             self.remote = None
             self.sender.end_spurt()
 
+    def start_early_media(self, neg: sdp.Negotiated) -> None:
+        """A dialled call's 18x SDP: its RTP is taken (the leg still sends nothing)."""
+        self.early_media = True
+        self.apply_negotiation(neg)
+
+    def end_early_media(self, neg: sdp.Negotiated) -> None:
+        """The 200's answer ``neg`` applied; a ``"first"`` latch taken from early media is
+        taken again after the answer when the answer names another address."""
+        early = self.neg if self.early_media else None
+        self.early_media = False
+        if self.latch_first and early is not None and \
+                (early.remote_host, early.remote_port) != (neg.remote_host, neg.remote_port):
+            self.latch = None
+        self.apply_negotiation(neg)
+
     def _relatch(self, neg: sdp.Negotiated) -> None:
         """The latch after an SDP (see the module invariants): ``"sdp"`` takes its address;
         ``"first"`` ignores it (the first packet from the signalling IP latches, for good)."""
@@ -238,7 +257,9 @@ class SipCall(TransportLeg):
         our key of that suite, kept when we had one, else fresh) and the peer's."""
         remote = neg.crypto
         cur = self.srtp
-        offered, self.offered = self.offered, None
+        offered = self.offered
+        if not self.early_media:  # an 18x's answer may be followed by the 200's, to the same offer
+            self.offered = None
         count = self.ctx.counters.count
         if remote is None:
             if cur is not None:
@@ -322,7 +343,7 @@ class SipCall(TransportLeg):
         wire_len = len(data)
         session = self.srtp
         if latch is None and self.latch_first:
-            if self.state not in ("answered", "confirmed"):
+            if self.state not in ("answered", "confirmed") and not self.early_media:
                 count("rtp_early_dropped")
                 return
             if addr[0] != self.dialog.source[0]:  # only the signalling peer's IP may take the latch

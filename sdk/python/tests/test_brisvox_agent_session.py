@@ -206,7 +206,8 @@ def test_dial_returns_what_the_ack_names_and_a_refusal_raises() -> None:
             d = await ctx.session.dial("+4930123456", agent="callback", via=via, timeout=2.0)
         except CommandRefused as e:
             return {"refused": e.error}
-        return {"via": d.via, "call_id": d.call_id, "call_sid": d.call_sid, "status": d.status}
+        return {"via": d.via, "call_id": d.call_id, "call_sid": d.call_sid, "status": d.status,
+                "times": [d.ringing_at_ms, d.progress_at_ms, d.answered_at_ms]}
 
     async def main() -> None:
         async with agent:
@@ -216,15 +217,16 @@ def test_dial_returns_what_the_ack_names_and_a_refusal_raises() -> None:
             cmd = await _command(fake)
             assert {k: cmd[k] for k in ("name", "target", "agent", "via")} == {
                 "name": "dial", "target": "+4930123456", "agent": "callback", "via": "sip"}
-            await fake.send({"type": "command.ack", "id": cmd["id"], "ok": True, "via": "sip", "call_id": "c9"})
+            await fake.send({"type": "command.ack", "id": cmd["id"], "ok": True, "via": "sip", "call_id": "c9",
+                             "ringing_at_ms": 120, "answered_at_ms": 2300, "progress_at_ms": "soon"})
             assert (await fake.expect("tool.result"))["result"] == {"via": "sip", "call_id": "c9", "call_sid": "",
-                                                                    "status": ""}
+                                                                    "status": "", "times": [120, None, 2300]}
             await fake.call("r2", "call_back", {"via": "twilio"})
             cmd = await _command(fake)
             await fake.send({"type": "command.ack", "id": cmd["id"], "ok": True, "via": "twilio",
                              "call_sid": "CA1", "status": "queued"})
             assert (await fake.expect("tool.result"))["result"] == {"via": "twilio", "call_id": "", "call_sid": "CA1",
-                                                                    "status": "queued"}
+                                                                    "status": "queued", "times": [None, None, None]}
             await fake.call("r3", "call_back", {"via": "sip"})
             cmd = await _command(fake)
             await fake.send({"type": "command.ack", "id": cmd["id"], "ok": False, "error": "not a dial target"})

@@ -67,13 +67,18 @@ export interface SessionLink {
   close(code: number, reason: string): void;
 }
 
-/** A call brisvox placed for the service (`dial`): over SIP the new call's `callId` (answered),
+/** A call brisvox placed for the service (`dial`): over SIP the new call's `callId` (answered)
+ * and its signalling times in ms after the INVITE (`ringingAtMs`: the first 18x, `progressAtMs`:
+ * the first 18x with early media, `answeredAtMs`: the 200; null when the callee never sent it),
  * through Twilio its `callSid` and Twilio's `status` (queued). */
 export interface Dialed {
   via: "sip" | "twilio";
   callId: string;
   callSid: string;
   status: string;
+  ringingAtMs: number | null;
+  progressAtMs: number | null;
+  answeredAtMs: number | null;
 }
 
 export interface DialOptions {
@@ -193,7 +198,14 @@ export class Session {
     }
     const ack = await this.command("dial", fields, options.timeoutMs ?? DIAL_TIMEOUT_MS);
     const text = (k: string): string => (typeof ack[k] === "string" ? (ack[k] as string) : "");
-    return { via: text("via") === "twilio" ? "twilio" : via, callId: text("call_id"), callSid: text("call_sid"), status: text("status") };
+    const ms = (k: string): number | null => {
+      const v = ack[k];
+      return typeof v === "number" && Number.isInteger(v) && v >= 0 ? v : null;
+    };
+    return {
+      via: text("via") === "twilio" ? "twilio" : via, callId: text("call_id"), callSid: text("call_sid"), status: text("status"),
+      ringingAtMs: ms("ringing_at_ms"), progressAtMs: ms("progress_at_ms"), answeredAtMs: ms("answered_at_ms"),
+    };
   }
 
   /**

@@ -429,15 +429,15 @@ describe("commands", () => {
     b.call("call_back", {});
     const sip = await b.next("command");
     assert.deepEqual([sip.name, sip.target, sip.agent, sip.via], ["dial", "+4930123456", "callback", "sip"]);
-    b.send({ type: "command.ack", id: sip.id, ok: true, via: "sip", call_id: "c9" });
+    b.send({ type: "command.ack", id: sip.id, ok: true, via: "sip", call_id: "c9", ringing_at_ms: 120, answered_at_ms: 2300, progress_at_ms: "soon" });
     const tw = await b.next("command");
     assert.deepEqual([tw.via, tw.agent], ["twilio", undefined]);
     b.send({ type: "command.ack", id: tw.id, ok: true, via: "twilio", call_sid: "CA1", status: "queued" });
     const refused = await b.next("command");
     b.send({ type: "command.ack", id: refused.id, ok: false, error: "not a dial target ([agent_link] dial_targets)" });
     assert.deepEqual(await done.promise, [
-      { via: "sip", callId: "c9", callSid: "", status: "" },
-      { via: "twilio", callId: "", callSid: "CA1", status: "queued" },
+      { via: "sip", callId: "c9", callSid: "", status: "", ringingAtMs: 120, progressAtMs: null, answeredAtMs: 2300 },
+      { via: "twilio", callId: "", callSid: "CA1", status: "queued", ringingAtMs: null, progressAtMs: null, answeredAtMs: null },
       ["not a dial target ([agent_link] dial_targets)", true],
       "via must be sip or twilio",
     ]);

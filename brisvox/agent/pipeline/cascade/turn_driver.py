@@ -62,7 +62,12 @@ Owns:
 * Greet (the agent's greeting, at call start): the machine's BotTurn opens a
   bot turn of a new epoch; the driver sends Greeting(epoch, text) downstream
   and arms the response backstop as for a user turn. Ignored once the caller
-  spoke.
+  spoke; it waits while the call is not answered (early media).
+* The call's media state (CallMediaChanged: the gateway's CallMedia) feeds the
+  machine's ``Media``. Leaving "answered" cuts the bot through the same fast path
+  as a barge-in (counted ``media_cuts``, not ``interrupts``) or drops the open user
+  turn (``DropUserTurn``: its text, its held end and its owed finals belong to no
+  turn now, ``turns_dropped``); nothing starts a turn until the call is answered again.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
     BotEnded,
     BotStarted,
+    CallMediaChanged,
     DtmfFrame,
     Greet,
     Greeting,
@@ -160,6 +166,10 @@ class DriverStats:
     early_analyses: int = 0  # requested at a falling
     early_reused: int = 0  # a stop of the same fall took the early verdict (no request of its own)
     early_discarded: int = 0  # speech again, or a stop of another fall
+    media_changes: int = 0  # CallMediaChanged frames (early, answered, held)
+    media_cuts: int = 0  # the bot cut because the call left "answered" (a hold)
+    media_muted: int = 0  # VAD starts and keypad entries ignored while not answered
+    turns_dropped: int = 0  # open user turns dropped because the call left "answered"
 
 
 class TurnDriver(Stage):
@@ -189,6 +199,7 @@ class TurnDriver(Stage):
         self._open_turn = 0  # epoch of the turn whose text is collected (0: none)
         self._greeting = ""
         self._closed = False
+        self._media_step = False  # the machine's actions being run answer a media change
         self.offers = CandidateOffers(cfg.speculation)
         self.keypad = dtmf.KeypadAggregator(cfg.keypad)
 
@@ -263,6 +274,13 @@ class TurnDriver(Stage):
         elif isinstance(frame, Greet):
             self._greeting = frame.text
             await self._feed(tm.BotTurn(now))
+        elif isinstance(frame, CallMediaChanged):
+            self.st.media_changes += 1
+            self._media_step = True
+            try:
+                await self._feed(tm.Media(frame.state, frame.at))
+            finally:
+                self._media_step = False
         elif isinstance(frame, Stop):
             self._closed = True
             self.machine.handle(tm.Hangup())
@@ -325,7 +343,10 @@ class TurnDriver(Stage):
 
     async def _act(self, act: tm.Action) -> None:
         if isinstance(act, tm.Interrupt):
-            self.st.interrupts += 1
+            if self._media_step:
+                self.st.media_cuts += 1
+            else:
+                self.st.interrupts += 1
             self.timeline.interrupt(act.old_epoch, act.new_epoch, act.at)
             self._response = None
             self._open_turn = 0
@@ -392,9 +413,14 @@ class TurnDriver(Stage):
                     self.pause_hook(act.epoch, act.at if isinstance(act, tm.PauseOutput) else self.clock.now(), paused)
                 except Exception:  # a failed pause is counted by the link; the gateway bounds any hold
                     log.exception("pause hook failed")
+        elif isinstance(act, tm.DropUserTurn):
+            self.st.turns_dropped += 1
+            self._drop_turn()
         elif isinstance(act, tm.Note):
             k = act.kind
-            if k == "echo":
+            if k == "media_muted":
+                self.st.media_muted += 1
+            elif k == "echo":
                 self.st.echo_ignored += 1
             elif k == "vetoed":
                 self.st.vetoed += 1
@@ -408,6 +434,14 @@ class TurnDriver(Stage):
                 self.st.early_reused += 1
             elif k == "early_discarded":
                 self.st.early_discarded += 1
+
+    def _drop_turn(self) -> None:
+        """The open user turn goes unanswered: its text, held end and owed finals are no turn's."""
+        self._open_turn, self._held, self._response = 0, None, None
+        self._turn_text, self._cand_text, self._interim = [], [], ""
+        self.offers.end_turn()
+        for o in self._owed:
+            o.owner = "none"
 
     # -- keypad entries (dtmf.py) ------------------------------------------------------
     async def _keys(self, acts: list[dtmf.KeypadAction]) -> None:

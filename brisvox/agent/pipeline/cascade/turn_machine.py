@@ -54,7 +54,18 @@ Keypad (an entry the driver aggregated): its own user turn, ended at once: a new
 ``StartUserTurn`` then ``EndUserTurn``, after an ``Interrupt`` (no guards: a key press is
 deliberate) while the bot is active; an open spoken turn is left behind unanswered.
 
-Invariants: one timer slot (``ArmTimer`` replaces, ``CancelTimer`` clears);
+The call's media state (``Media``: the gateway's ``CallMedia``, "answered", "early" or
+"held"): only an answered call converses. Leaving "answered" (a hold; a dialled call
+starts in "early") cuts the bot at once: ``Interrupt`` to a new epoch while the bot is
+active (the Clear cuts where the caller stopped hearing; no user turn follows), or
+``DropUserTurn`` for an open user turn (its words go unanswered: the caller left); the
+phase is IDLE. Until the call is answered again nothing opens a turn: a VAD start or a
+keypad entry is ignored (``Note("media_muted")``), a VAD stop belongs to no one, the
+greeting (``BotTurn``) waits. Back to "answered" only a greeting that waited starts
+(``StartBotTurn``); after a hold the bot says nothing until the caller speaks.
+
+Invariants: while the media is not "answered" no ``StartUserTurn``, ``StartBotTurn``,
+``EndUserTurn`` or ``PauseOutput`` is returned; one timer slot (``ArmTimer`` replaces, ``CancelTimer`` clears);
 ``BotAudioStarted/Ended`` of another epoch are ignored; nothing but Hangup
 is accepted after CLOSED; every ``VadStop`` returns exactly one ``OwnStop``
 naming who the stop (and so its STT final) belongs to.
@@ -193,8 +204,19 @@ class Keypad:
     at: float  # the caller's keypad entry ended (see the module docstring)
 
 
+ANSWERED = "answered"  # ipc.frames.MEDIA_ANSWERED: the one media state in which the call converses
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """The call's media state is now ``state`` (ipc.frames.CallMedia: "answered", "early", "held")."""
+
+    state: str
+    at: float
+
+
 TurnInput = (VadStart | VadStop | VadFalling | SttInterim | SttFinal | Verdict | Tick | BotAudioStarted | BotAudioEnded | Hangup
-             | BotTurn | Keypad)
+             | BotTurn | Keypad | Media)
 
 
 # --- actions -------------------------------------------------------------------------
@@ -275,8 +297,15 @@ class ResumeOutput:
     epoch: int
 
 
+@dataclass(frozen=True, slots=True)
+class DropUserTurn:
+    """The open user turn of ``epoch`` ends unanswered (the call left "answered")."""
+
+    epoch: int
+
+
 Action = (StartUserTurn | Interrupt | RequestAnalysis | ArmTimer | CancelTimer | EndUserTurn | OwnStop | Note
-          | StartBotTurn | PauseOutput | ResumeOutput)
+          | StartBotTurn | PauseOutput | ResumeOutput | DropUserTurn)
 
 
 class Phase(Enum):
@@ -311,7 +340,7 @@ class TurnMachine:
     """See the module docstring. ``epoch`` is the current turn epoch (0 before any turn)."""
 
     __slots__ = ("cfg", "phase", "epoch", "deadline", "analysis_id", "pause_at", "bot_started_at", "_cand",
-                 "paused", "_early")
+                 "paused", "_early", "media", "_greet_at")
 
     def __init__(self, cfg: TurnConfig | None = None) -> None:
         self.cfg = cfg or TurnConfig()
@@ -324,6 +353,8 @@ class TurnMachine:
         self._cand: _Candidate | None = None
         self.paused = 0  # the epoch whose output a PauseOutput holds (0: none)
         self._early: _Early | None = None  # the early analysis of the current fall (early_analysis)
+        self.media = ANSWERED  # the call's media state (Media): it converses only when answered
+        self._greet_at: float | None = None  # a greeting that waits for the answer
 
     @property
     def bot_active(self) -> bool:
@@ -339,6 +370,10 @@ class TurnMachine:
         if isinstance(inp, Hangup):
             self.phase, self._cand, self.paused, self._early = Phase.CLOSED, None, 0, None
             return self._cancel_timer()
+        if isinstance(inp, Media):
+            return self._media(inp.state, inp.at)
+        if self.media != ANSWERED and isinstance(inp, Keypad | VadStart | VadStop | VadFalling | BotTurn):
+            return self._muted(inp)
         if isinstance(inp, Keypad):
             return self._keypad(inp.at)
         if isinstance(inp, VadStart):
@@ -368,6 +403,41 @@ class TurnMachine:
             self.epoch, self.phase, self.bot_started_at = self.epoch + 1, Phase.AWAITING_RESPONSE, None
             return [StartBotTurn(self.epoch, inp.at)]
         raise TypeError(f"unknown input {inp!r}")
+
+    # -- the call's media state
+    def _media(self, state: str, at: float) -> list[Action]:
+        if state == self.media:
+            return []
+        self.media = state
+        if state == ANSWERED:
+            greet, self._greet_at = self._greet_at, None
+            if greet is None or self.phase is not Phase.IDLE:
+                return [Note("media_answered")]
+            self.epoch, self.phase, self.bot_started_at = self.epoch + 1, Phase.AWAITING_RESPONSE, None
+            return [Note("media_answered"), StartBotTurn(self.epoch, at)]
+        acts: list[Action] = [Note("media_muted_call")]
+        ph = self.phase
+        self._cand, self.paused, self._early, self.bot_started_at = None, 0, None, None
+        if self.bot_active:  # the Interrupt's Clear also ends a PauseOutput's hold
+            old = self.epoch
+            self.epoch += 1
+            acts.append(Interrupt(old, self.epoch, at))
+        elif ph in (Phase.USER_SPEAKING, Phase.USER_PAUSED):
+            self.analysis_id += 1  # a verdict on its way is stale
+            acts.append(DropUserTurn(self.epoch))
+        self.phase = Phase.IDLE
+        return acts + self._cancel_timer()
+
+    def _muted(self, inp: TurnInput) -> list[Action]:
+        """An input that would open or shape a turn while the call does not converse."""
+        if isinstance(inp, BotTurn):
+            self._greet_at = inp.at
+            return []
+        if isinstance(inp, VadStop):
+            return [OwnStop("none")]
+        if isinstance(inp, VadFalling):
+            return []
+        return [Note("media_muted")]
 
     # -- helpers
     def _arm(self, at: float) -> list[Action]:

@@ -40,8 +40,16 @@ on, else ends the turn after ``silence``; a complete verdict ends it at once,
 an incomplete one after ``incomplete_wait`` more silence; a VAD start before
 that continues the turn. ``CommitTurn`` is emitted once per user turn.
 
+The call's media state (``Media``: the gateway's ``CallMedia``): only an answered call
+converses. Leaving "answered" (a hold) cuts the bot as a barge-in does (``BargeIn`` with
+``by`` "media": the response cancelled, the Clear cuts where the caller stopped hearing)
+and drops a candidate or an open user turn; until it is answered again brisvox's VAD and
+the provider's speech events open nothing, and a response the provider starts anyway is
+cut at once (nothing is played while held). Back to "answered" the machine says nothing.
+
 Invariants: one timer slot (``deadline``); nothing but ``Closed`` is
-accepted after closing; every epoch number is above every earlier one.
+accepted after closing; every epoch number is above every earlier one; while the media
+is not "answered" no ``UserStarted``, ``CommitTurn``, ``Pause`` or ``Play`` is returned.
 """
 
 from __future__ import annotations
@@ -49,8 +57,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from brisvox.agent.pipeline.cascade.turn_machine import (  # the same VAD inputs
+from brisvox.agent.pipeline.cascade.turn_machine import (  # the same VAD and media inputs
+    ANSWERED,
     InterruptionConfig,
+    Media,
     VadStart,
     VadStop,
 )
@@ -110,7 +120,7 @@ class SessionLost:
     at: float
 
 
-Input = (VadStart | VadStop | Verdict | BotStarted | BotEnded | ToolsDone | Timer | SessionLost
+Input = (VadStart | VadStop | Verdict | BotStarted | BotEnded | ToolsDone | Timer | SessionLost | Media
          | s2.S2sSpeechStarted | s2.S2sSpeechStopped | s2.S2sResponseStarted | s2.S2sAudio
          | s2.S2sOutputTranscript | s2.S2sToolCall | s2.S2sInterrupted | s2.S2sResponseDone)
 
@@ -136,7 +146,7 @@ class BargeIn:
     new_epoch: int
     at: float
     cancel: str  # the response to cancel ("" when none streams)
-    by: str  # "vad" | "provider"
+    by: str  # "vad" | "provider" | "media" (the call left "answered": a hold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +269,7 @@ class S2sMachine:
         self.awaiting_verdict = False
         self.deadline: float | None = None
         self.closed = False
+        self.media = ANSWERED  # the call's media state (Media): it converses only when answered
         self._resp: OrderedDict[str, _Resp] = OrderedDict()
 
     # -- queries ---------------------------------------------------------------------------
@@ -274,6 +285,12 @@ class S2sMachine:
     def handle(self, i: Input) -> list[Action]:
         if self.closed:
             return []
+        if isinstance(i, Media):
+            return self._media(i.state, i.at)
+        if self.media != ANSWERED:
+            muted = self._muted(i)
+            if muted is not None:
+                return muted
         match i:
             case VadStart():
                 return self._vad_start(i.at)
@@ -381,6 +398,35 @@ class S2sMachine:
         if len(self.ended) > MAX_RESPONSES:
             self.ended = {e for e in self.ended if e >= epoch - MAX_RESPONSES // 2}
         return [EndBotTurn(epoch)]
+
+    # -- the call's media state ---------------------------------------------------------------
+    def _media(self, state: str, at: float) -> list[Action]:
+        if state == self.media:
+            return []
+        self.media = state
+        if state == ANSWERED:
+            return [Count("media_answered")]
+        self.speaking = False  # no UserStarted from the cut; the caller's speech is not a turn now
+        self.turn_open = False
+        self.awaiting_verdict = False
+        if self.bot_active:
+            return self._barge_in(at, "media")
+        out = self._drop_candidate()
+        self._arm(None)
+        return out
+
+    def _muted(self, i: Input) -> list[Action] | None:
+        """While the call does not converse: what an input that could open a turn or play
+        audio gives instead (None: handled as always)."""
+        match i:
+            case VadStart() | VadStop() | s2.S2sSpeechStarted() | s2.S2sSpeechStopped() | s2.S2sInterrupted():
+                return [Count("media_muted")]
+            case s2.S2sResponseStarted():
+                started = self._response_started(i.response_id)
+                if not any(isinstance(a, NewEpoch) for a in started):
+                    return started
+                return started + self._barge_in(-1.0, "media")  # nothing plays while held
+        return None
 
     # -- barge-in ------------------------------------------------------------------------------
     def _barge_in(self, at: float, by: str) -> list[Action]:

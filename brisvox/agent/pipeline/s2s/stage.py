@@ -58,6 +58,7 @@ from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioOut,
     BotEnded,
     BotStarted,
+    CallMediaChanged,
     Greet,
     Interrupt,
     PipelineFrame,
@@ -144,6 +145,8 @@ class S2sStats:
     fallback_spoken: int = 0
     provider_errors: int = 0
     dropped_events: int = 0
+    media_changes: int = 0  # CallMediaChanged frames (early, answered, held)
+    media_cuts: int = 0  # the bot cut because the call left "answered" (a hold)
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -178,6 +181,7 @@ class S2sStage(Stage):
         self._last_stop: tuple[float, float] | None = None  # (backdated speech end, arrival) of the newest VAD stop
         self._first_audio_due: set[int] = set()  # epochs whose first model audio is not stamped yet
         self._turn_noted = False  # a user turn was reported to the confirmation gate since the last bot turn
+        self._greet_waits = False  # a Greet came before the call was answered (early media)
         self._stop_due: int | None = None  # an epoch the provider opened before brisvox's VAD stop came
         self._response_at = 0.0  # when the newest bot turn's response started
         self.fallback_epoch = -1
@@ -206,12 +210,24 @@ class S2sStage(Stage):
             case Start():
                 self._reader = self.tasks.spawn(self._session_life(), f"{self.name}:session", stage=self.name)
             case Greet():
-                if self.session is not None:
-                    self.tasks.spawn(self._quiet(self.session.create_response(self.cfg.send_timeout)),
-                                     f"{self.name}:greet", stage=self.name)
+                if self.machine.media != M.ANSWERED:
+                    self._greet_waits = True  # early media: the greeting is asked for at the answer
+                else:
+                    self._greet()
+            case CallMediaChanged():
+                self.st.media_changes += 1
+                await self._feed(M.Media(frame.state, frame.at))
+                if self.machine.media == M.ANSWERED and self._greet_waits:
+                    self._greet_waits = False
+                    self._greet()
             case Stop():
                 await self.send(frame)
         self.deadline = self.machine.deadline
+
+    def _greet(self) -> None:
+        if self.session is not None:
+            self.tasks.spawn(self._quiet(self.session.create_response(self.cfg.send_timeout)),
+                             f"{self.name}:greet", stage=self.name)
 
     async def on_deadline(self, now: float) -> None:
         await self._feed(M.Timer(now))
@@ -405,7 +421,10 @@ class S2sStage(Stage):
     # -- barge-in -----------------------------------------------------------------------------
     def _barge_in(self, a: M.BargeIn) -> None:
         at = a.at if a.at >= 0 else self.clock.now()
-        self.st.barge_ins += 1
+        if a.by == "media":
+            self.st.media_cuts += 1  # a hold, not a barge-in
+        else:
+            self.st.barge_ins += 1
         if a.by == "provider":
             self.st.barge_ins_by_provider += 1
         self.watch.bump(a.new_epoch)

@@ -208,6 +208,17 @@ class Greet(PipelineFrame):
 
 
 @dataclass(frozen=True, slots=True)
+class CallMediaChanged(PipelineFrame):
+    """The actor passes on the call's media state (the gateway's ``CallMedia``: "early",
+    "answered", "held") at ``at`` (system lane: ordered with the VAD events, never dropped)."""
+
+    LANE: ClassVar[int] = SYSTEM
+    state: str
+    at: float
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Greeting(PipelineFrame):
     """Driver -> runner: speak ``text`` as the whole response of the bot turn ``epoch``."""
 

@@ -72,12 +72,18 @@ class Event:
 @dataclass(frozen=True)
 class Dialed:
     """A call brisvox placed for the service (``dial``): over SIP the new call's ``call_id``
-    (answered), through Twilio its ``call_sid`` and Twilio's ``status`` (queued)."""
+    (answered) and its signalling times in ms after the INVITE (``ringing_at_ms``: the first
+    18x, ``progress_at_ms``: the first 18x with early media, ``answered_at_ms``: the 200;
+    None when the callee never sent it), through Twilio its ``call_sid`` and Twilio's
+    ``status`` (queued)."""
 
     via: str
     call_id: str = ""
     call_sid: str = ""
     status: str = ""
+    ringing_at_ms: int | None = None
+    progress_at_ms: int | None = None
+    answered_at_ms: int | None = None
 
 
 def _default(value: Any) -> Any:
@@ -179,8 +185,15 @@ class Session:
                 raise CommandError("dial", "a trunk (at most 32 characters) is dialled via sip")
             fields["trunk"] = trunk
         ack = await self.command("dial", timeout=DIAL_TIMEOUT if timeout is None else timeout, **fields)
+
+        def ms(key: str) -> int | None:
+            v = ack.get(key)
+            return v if type(v) is int and v >= 0 else None
+
         return Dialed(via=str(ack.get("via") or via), call_id=str(ack.get("call_id") or ""),
-                      call_sid=str(ack.get("call_sid") or ""), status=str(ack.get("status") or ""))
+                      call_sid=str(ack.get("call_sid") or ""), status=str(ack.get("status") or ""),
+                      ringing_at_ms=ms("ringing_at_ms"), progress_at_ms=ms("progress_at_ms"),
+                      answered_at_ms=ms("answered_at_ms"))
 
     async def set_tools(self, names: Iterable[str]) -> None:
         """Narrow the tools offered to the model from its next response on (``tools.set``)."""
