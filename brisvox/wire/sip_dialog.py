@@ -42,12 +42,13 @@ from brisvox.wire.sip_message import (
 )
 
 Addr = tuple[str, int]
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY, UPDATE"
 
 REASONS = {
     100: "Trying", 180: "Ringing", 200: "OK", 202: "Accepted", 400: "Bad Request",
     401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
     407: "Proxy Authentication Required", 415: "Unsupported Media Type", 420: "Bad Extension",
+    422: "Session Interval Too Small",
     481: "Call/Transaction Does Not Exist", 482: "Loop Detected", 483: "Too Many Hops",
     486: "Busy Here", 487: "Request Terminated", 488: "Not Acceptable Here", 491: "Request Pending",
     500: "Server Internal Error", 501: "Not Implemented", 503: "Service Unavailable",
