@@ -42,7 +42,7 @@ from brisvox.wire.sip_message import (
 )
 
 Addr = tuple[str, int]
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY, UPDATE"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY, UPDATE"  # the gateway's (UPDATE: RFC 3311)
 
 REASONS = {
     100: "Trying", 180: "Ringing", 200: "OK", 202: "Accepted", 400: "Bad Request",
@@ -66,8 +66,10 @@ def is_ip(host: str) -> bool:
 
 def make_response(req: SipMessage, status: int, reason: str = "", *, to_tag: str = "",
                   contact: str = "", server: str = "brisvox", body: bytes = b"",
-                  content_type: str = "", extra: list[tuple[str, str]] | None = None) -> SipMessage:
-    """A response to ``req`` (8.2.6): Via/From/Call-ID/CSeq copied, To tagged."""
+                  content_type: str = "", extra: list[tuple[str, str]] | None = None,
+                  allow: str = ALLOW) -> SipMessage:
+    """A response to ``req`` (8.2.6): Via/From/Call-ID/CSeq copied, To tagged; ``allow``: the
+    methods its sender serves (the ``Allow`` of a 200, a 405 and an OPTIONS answer)."""
     resp = SipMessage(status=status, reason=reason or REASONS.get(status, "Unknown"))
     h = resp.headers
     for v in req.get_all("via"):
@@ -86,7 +88,7 @@ def make_response(req: SipMessage, status: int, reason: str = "", *, to_tag: str
         h.append(("contact", contact))
     h.append(("server", server))
     if status in (200, 405) or req.method == "OPTIONS":
-        h.append(("allow", ALLOW))
+        h.append(("allow", allow))
     for k, v in extra or []:
         h.append((k, v))
     if body:

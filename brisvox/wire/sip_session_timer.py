@@ -36,8 +36,11 @@ Invariants:
   once with its larger ``Min-SE`` (section 7.4); a 491 is retried after the
   RFC 3261 section 14.1 delay (2.1-4 s for the Call-ID's owner, 0-2 s
   otherwise, in 10 ms steps); an UPDATE the peer refuses 405/501 is sent again
-  as a re-INVITE. At most one refresh of ours is in flight; the machine sends
-  one :class:`SendBye` at most, and nothing after it.
+  as a re-INVITE; any other refusal (a 488, a 500, a second 422) answers for a
+  live peer whose session stays as it was (RFC 3261 section 14.1; only 408 and
+  481 end a dialog, RFC 5057): the clock restarts as after a refresh. At most
+  one refresh of ours is in flight; the machine sends one :class:`SendBye` at
+  most, and nothing after it.
 """
 
 from __future__ import annotations
@@ -398,7 +401,7 @@ class SessionTimer:
         if st in (405, 501) and self.update:
             self.update = False
             return [Count("sip_session_update_refused"), *self._send()]
-        # not refreshed: once more halfway to the expiry, if that leaves time for an answer
-        left = (self.expire_at - e.now) if self.expire_at is not None else 0.0
-        self.refresh_at = e.now + left / 2 if left > 4.0 else None
+        # any other refusal: the peer's dialog is alive (only 408/481 end it, RFC 5057) and the
+        # session unchanged (RFC 3261 14.1); it goes on as refreshed, on the same terms
+        self._run(e.now, self.interval, self.we_refresh)
         return [Count("sip_session_refresh_rejected")]

@@ -326,6 +326,16 @@ def test_a_dial_answered_422_asks_again_once_and_its_2xx_runs_the_timer():
             ua.dialogs.timers.tick(leg, asyncio.get_running_loop().time() + 150)
             (upd, to), = sent(wire, "UPDATE")
             assert to == ("127.0.0.1", 5099) and upd.get("session-expires") == "300;refresher=uac"
+            assert upd.get("min-se") == "300"
+            # the callee's own refresh is never answered shorter than the Min-SE its 422 named
+            req = (f"UPDATE sip:brisvox@127.0.0.1:{ua.transactions.port} SIP/2.0\r\n"
+                   "Via: SIP/2.0/UDP 127.0.0.1:5099;branch=z9hG4bKcu1\r\n"
+                   f"From: <sip:bob@127.0.0.1:5099>;tag=callee1\r\nTo: {inv.get('from')}\r\n"
+                   f"Call-ID: {inv.call_id}\r\nCSeq: 5 UPDATE\r\nSupported: timer\r\n"
+                   "Session-Expires: 600;refresher=uac\r\nContent-Length: 0\r\n\r\n").encode()
+            ua.transactions.datagram_received(req, ("127.0.0.1", 5099))
+            ok = parse(wire.sent[-1][0])
+            assert (ok.status, ok.get("session-expires")) == (200, "300;refresher=uac")
             # a second 422 is not retried: the dial fails with it
             res2 = Result()
             ua.dial("sip:carol@127.0.0.1:5099", "echo", res2)

@@ -240,16 +240,18 @@ def test_10_a_refresh_that_times_out_or_gets_408_or_481_ends_the_session() -> No
         assert m.done
 
 
-def test_10_another_refusal_leaves_the_session_and_tries_again_halfway_to_the_expiry() -> None:
+def test_10_another_refusal_answers_for_a_live_peer_the_session_goes_on_unchanged() -> None:
     m = T.SessionTimer(90, owner=False)
-    m.handle(T.Negotiated(0.0, 90, True))
-    m.handle(T.Tick(45.0))
-    assert m.handle(T.RefreshFailed(46.0, 500)) == [T.Count("sip_session_refresh_rejected")]
-    assert m.deadline == 68.0
-    assert m.handle(T.Tick(68.0)) == [T.SendRefresh("INVITE", 90, 90)]
-    assert m.handle(T.RefreshFailed(87.0, 488)) == [T.Count("sip_session_refresh_rejected")]
-    assert m.deadline == 90.0  # 3 s left: no third try, the expiry ends it
-    assert m.handle(T.Tick(90.0))[-1] == T.SendBye(T.EXPIRED)
+    m.handle(T.Negotiated(0.0, 120, True))
+    m.handle(T.Tick(60.0))
+    assert m.handle(T.RefreshFailed(61.0, 500)) == [T.Count("sip_session_refresh_rejected")]
+    assert (m.deadline, m.expire_at, m.interval, m.we_refresh) == (121.0, 181.0, 120, True)
+    assert m.handle(T.Tick(121.0)) == [T.SendRefresh("INVITE", 120, 90)]
+    assert m.handle(T.RefreshFailed(122.0, 488)) == [T.Count("sip_session_refresh_rejected")]
+    assert not m.done and m.deadline == 182.0
+    # no answer at all is another thing: the dialog is gone
+    m.handle(T.Tick(182.0))
+    assert m.handle(T.RefreshFailed(214.0, 0))[-1] == T.SendBye(T.REFRESH_FAILED)
 
 
 def test_10_the_answer_to_our_refresh_may_hand_the_refreshes_to_the_peer_or_turn_the_timer_off() -> None:

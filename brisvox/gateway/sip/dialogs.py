@@ -179,9 +179,10 @@ class SipDialogs:
         self.by_call_id[leg.dialog.call_id] = leg
 
     def close(self) -> None:
-        """The user agent stops: every leg's RTP socket is closed."""
+        """The user agent stops: every leg's RTP socket is closed, every session timer cancelled."""
         for leg in list(self.by_call_id.values()):
             self.rtp_ports.close(leg)
+            self.timers.forget(leg)
 
     def stats(self) -> dict[str, int]:
         return {"sip_dialogs": len(self.dialogs), **self.timers.stats()}
@@ -446,12 +447,12 @@ class SipDialogs:
         self.timers.refreshed(leg, timer, req, body)
 
     def _session_timer(self, req: SipMessage, tx: ServerInvite | ServerNonInvite, what: str,
-                       source: str) -> st.Accept | None:
+                       source: str, leg: SipCall | None = None) -> st.Accept | None:
         """The timer part of our answer to a session refresh request (RFC 4028 section 9), or None
         when it was refused: 400 for a malformed ``Session-Expires``/``Min-SE``, 422 with our
         ``Min-SE`` for an interval below ``[sip] min_se_s``."""
         try:
-            timer = self.timers.decide(req)
+            timer = self.timers.decide(req, leg)
         except ValueError as e:
             self.counters.refuse("malformed", "%s from %s: %s", what, source, str(e)[:80])
             self.transactions.respond(tx, req, 400, "Bad Session-Expires or Min-SE")
@@ -482,7 +483,7 @@ class SipDialogs:
                                  what, source[0], leg.dialog.hop_for(target)[0])
             self.transactions.respond(tx, req, 403, "Target Not Allowed")  # the dialog keeps its target
             return None
-        return self._session_timer(req, tx, what, source[0])
+        return self._session_timer(req, tx, what, source[0], leg)
 
     def _take_offer(self, leg: SipCall, req: SipMessage, tx: ServerInvite | ServerNonInvite,
                     what: str) -> sdp.SessionDescription | None:

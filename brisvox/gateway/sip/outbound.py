@@ -443,7 +443,7 @@ class SipDialer:
         leg.offer = None
         leg.apply_negotiation(neg)
         timers = self.dialogs.timers
-        timers.open(leg, owner=True, peer=resp, local_sdp=leg.invite.body)
+        timers.open(leg, owner=True, peer=resp, local_sdp=leg.invite.body, min_se=d.min_se)
         timers.dial_answered(leg, resp, d.se_asked)  # RFC 4028 7.2
         self.call_host.start_call(leg.call, leg, functools.partial(self._dial_ready, d))
 

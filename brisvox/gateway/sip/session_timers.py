@@ -38,6 +38,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -111,10 +112,16 @@ class SessionTimers:
 
     # -- what the dialog layer and the dialer ask -------------------------------------------------
 
-    def decide(self, req: SipMessage) -> st.Accept | st.Reject422:
-        """Our answer's timer part to a session refresh request (INVITE, re-INVITE, UPDATE);
-        ValueError for a malformed ``Session-Expires`` or ``Min-SE`` (the caller answers 400)."""
-        return st.uas_answer(st.TimerRequest.of(req), self.policy)
+    def decide(self, req: SipMessage, leg: SipCall | None = None) -> st.Accept | st.Reject422:
+        """Our answer's timer part to a session refresh request (INVITE; a re-INVITE or UPDATE
+        in ``leg``'s dialog, whose interval we never shorten below the largest ``Min-SE`` the
+        dialog has seen); ValueError for a malformed ``Session-Expires`` or ``Min-SE`` (the
+        caller answers 400)."""
+        tr = st.TimerRequest.of(req)
+        s = self.sessions.get(self._key(leg)) if leg is not None else None
+        if s is not None and s.machine.min_se > (tr.min_se or 0):
+            tr = dataclasses.replace(tr, min_se=s.machine.min_se)
+        return st.uas_answer(tr, self.policy)
 
     def request_headers(self, interval: int | None = None, min_se: int | None = None) -> list[tuple[str, str]]:
         """The timer headers of an INVITE we place (:func:`~brisvox.wire.sip_session_timer.uac_headers`)."""
@@ -122,15 +129,16 @@ class SessionTimers:
                               self.cfg.min_se_s if min_se is None else min_se)
 
     def open(self, leg: SipCall, *, owner: bool, peer: SipMessage, local_sdp: bytes = b"",
-             answer: st.Accept | None = None) -> None:
+             answer: st.Accept | None = None, min_se: int = 0) -> None:
         """``leg``'s dialog exists: ``owner`` when we sent its INVITE (its Call-ID is ours),
         ``peer`` the message of the peer's that made it (its ``Allow``), ``answer`` the timer part
-        of the 2xx we are to send to the peer's INVITE."""
+        of the 2xx we are to send to the peer's INVITE, ``min_se`` the largest ``Min-SE`` its
+        INVITE named (a 422 raised it)."""
         key = self._key(leg)
         if key in self.sessions:
             return
         self.sessions[key] = Session(
-            st.SessionTimer(self.cfg.min_se_s, owner=owner, update=bool(allows_update(peer))),
+            st.SessionTimer(max(self.cfg.min_se_s, min_se), owner=owner, update=bool(allows_update(peer))),
             sdp=local_sdp, answer=answer)
 
     def answer_headers(self, leg: SipCall) -> list[tuple[str, str]]:
