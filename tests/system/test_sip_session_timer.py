@@ -322,6 +322,7 @@ def test_a_peer_that_refreshes_by_re_invite_keeps_its_call_past_90_s(running):
     gw, agent, sc = running
     r, took = sc.result("refreshing_sipp")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    print(f"refreshing peer: call lasted {took:.1f} s")
     assert took >= 95, took  # 3 refreshes 30 s apart and 8 s more: past the 90 s interval
     assert gw.stats()["sip_session_refreshes_received"] >= 3
 
@@ -330,6 +331,7 @@ def test_a_peer_that_stops_refreshing_gets_our_bye_with_the_reason(running):
     gw, agent, sc = running
     r, took = sc.result("expiring_sipp")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]  # the BYE's Reason matched
+    print(f"silent peer: the gateway's BYE {took:.1f} s after the INVITE")
     assert 58 <= took <= 70, took  # 90 - min(32, 90 / 3) = 60 s after the answer
     ends = [f.reason for f in agent.of(F.CallEnd)]
     assert "session timer expired" in ends, ends
@@ -341,6 +343,7 @@ def test_as_refresher_the_gateway_sends_update_every_half_interval(running):
     got = sc.result("update_refresher")
     assert got["ok"].get("session-expires") == "90;refresher=uas"
     first, second = got["times"]
+    print(f"UPDATE refreshes at {first:.2f} s and {second:.2f} s after the 200")
     assert 43 <= first <= 49 and 43 <= second - first <= 49, got["times"]
     for upd in got["updates"]:
         assert upd.body == b"" and upd.get("session-expires") == "90;refresher=uac"
@@ -358,6 +361,7 @@ def test_glare_both_sides_answer_491_and_retry_as_rfc_3261_says(running):
     assert ours.body == got["ok"].body  # the SDP of our 200, unchanged (the same o= version)
     assert ours.get("session-expires") == "90;refresher=uac"
     assert got["mine"] == 491  # the gateway's re-INVITE was pending
+    print(f"glare: our re-INVITE {got['at']:.2f} s after the 200, retried {got['retry_after']:.2f} s after its 491")
     assert got["retry_after"] <= 2.5, got["retry_after"]  # 0-2 s: the gateway does not own the Call-ID
     assert again.body == ours.body
     assert got["ack"].cseq == (again.cseq[0], "ACK")

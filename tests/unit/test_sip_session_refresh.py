@@ -13,6 +13,7 @@ peer's messages fed in, the session timer ticked at a chosen ``now`` instead of 
   481 ends the call ``session refresh failed``; glare: the peer's re-INVITE while ours is
   pending is 491, our own 491 is retried after 0-2 s (the peer owns the Call-ID);
 * a dial answered 422 is sent again once with the larger interval, its 2xx runs the timer;
+  the dialog's largest Min-SE (the peer's, a 422's) bounds every later answer in it;
 * ``session_expires_s = 0`` asks for nothing and still honours a peer's timer.
 """
 
@@ -359,3 +360,14 @@ def test_the_session_timer_keys_are_checked():
                 {"refresh_rate": ("often",)}):
         with pytest.raises((ConfigError, ValueError)):
             SipConfig.from_section(bad)
+
+
+def test_the_peers_min_se_bounds_every_later_answer_in_its_dialog():
+    async def test(core: Any, ua: Any, wire: Any) -> None:
+        p = Peer(ua, wire, TIMER + "Session-Expires: 1800;refresher=uac\r\nMin-SE: 300\r\n")
+        ok = await p.answered()
+        assert ok.get("session-expires") == "300;refresher=uac"  # ours is 90: shortened to its Min-SE
+        n = p.send("UPDATE", TIMER + "Session-Expires: 600;refresher=uac\r\n")  # no Min-SE this time
+        assert (await p.final("UPDATE", n)).get("session-expires") == "300;refresher=uac"
+
+    run(test, {"session_expires_s": 90})

@@ -132,11 +132,15 @@ class SessionTimers:
              answer: st.Accept | None = None, min_se: int = 0) -> None:
         """``leg``'s dialog exists: ``owner`` when we sent its INVITE (its Call-ID is ours),
         ``peer`` the message of the peer's that made it (its ``Allow``), ``answer`` the timer part
-        of the 2xx we are to send to the peer's INVITE, ``min_se`` the largest ``Min-SE`` its
-        INVITE named (a 422 raised it)."""
+        of the 2xx we are to send to the peer's INVITE, ``min_se`` the largest ``Min-SE`` our
+        INVITE named (a 422 raised it); the peer's own ``Min-SE`` counts too."""
         key = self._key(leg)
         if key in self.sessions:
             return
+        try:
+            min_se = max(min_se, st.parse_min_se(peer.get("min-se")) if peer.get("min-se") else 0)
+        except ValueError:
+            pass
         self.sessions[key] = Session(
             st.SessionTimer(max(self.cfg.min_se_s, min_se), owner=owner, update=bool(allows_update(peer))),
             sdp=local_sdp, answer=answer)
