@@ -317,3 +317,17 @@ def test_any_event_order_sends_at_most_one_bye_nothing_after_it_and_one_refresh_
         byes += sum(isinstance(a, T.SendBye) for a in acts)
         assert m.deadline is None if m.done else True
     assert byes <= 1
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=40), st.text(max_size=20))
+def test_any_header_text_parses_to_a_valid_value_or_raises_value_error(se: str, mse: str) -> None:
+    m = msg(("supported", "timer"), ("session-expires", se), ("min-se", mse))
+    try:
+        r = T.TimerRequest.of(m)
+    except ValueError:
+        return
+    if r.session_expires is not None:
+        assert 0 <= r.session_expires.interval <= T.MAX_DELTA and r.session_expires.refresher in ("", "uac", "uas")
+        a = T.uas_answer(r, POLICY)
+        assert isinstance(a, T.Reject422) or a.interval >= 90
