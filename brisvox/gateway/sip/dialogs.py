@@ -507,8 +507,8 @@ class SipDialogs:
     def _on_update(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
         """RFC 3311 UPDATE: a session refresh (RFC 4028) without a body, answered 200 with the
         timer headers; with an offer, answered as a re-INVITE's is (hold, unhold, a new address),
-        the answer in the 200. 491 while our own offer is unanswered (our re-INVITE, our 2xx's
-        offer before its ACK); before our 2xx to the dialog's INVITE an offer is 500 with
+        the answer in the 200. An offer is 491 while our re-INVITE is pending or our last 2xx is
+        not yet ACKed (RFC 3311 5.2); before our 2xx to the dialog's INVITE it is 500 with
         Retry-After (RFC 3311 5.2) and a plain UPDATE 200 without timer headers."""
         self.counters.count("sip_update_received")
         if not self.timers.admit(leg, "UPDATE"):

@@ -71,7 +71,7 @@ from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
 from brisvox.gateway.sip.session_timers import SessionTimers
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
 from brisvox.wire import sdp
-from brisvox.wire import sip_session_timer as st
+from brisvox.wire import sip_session_timer as session_timer
 from brisvox.wire.jsontext import checked_params, param_text
 from brisvox.wire.sip_dialog import ALLOW, Dialog, is_ip
 from brisvox.wire.sip_message import (
@@ -165,7 +165,7 @@ class Dialing:
     ack_addr: Addr = ("", 0)
     auth: ClientAuth | None = None  # the trunk's credentials for a 401/407 to our INVITE
     se_asked: int = 0  # the Session-Expires our INVITE asks for (0: none)
-    min_se: int = st.MIN_SE_FLOOR  # the Min-SE it names
+    min_se: int = session_timer.MIN_SE_FLOOR  # the Min-SE it names
     retried_422: bool = False  # asked again after a 422 (once)
     reported: bool = False
     ring_timer: Any = None
@@ -384,7 +384,7 @@ class SipDialer:
     def _retry_422(self, d: Dialing, resp: SipMessage) -> bool:
         """RFC 4028 7.3: the INVITE again, once, asking for the 422's ``Min-SE`` (the same Call-ID
         and From tag, the CSeq advanced, a new branch and transaction); False: not retried."""
-        again = st.uac_after_422(resp, d.se_asked, d.min_se)
+        again = session_timer.uac_after_422(resp, d.se_asked, d.min_se)
         self.counters.count("sip_session_422_received")
         if d.retried_422 or again is None:
             return False
