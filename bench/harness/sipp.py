@@ -166,3 +166,45 @@ def run_sipp(tmp: Path, scen: str, target: str, *, service: str = "echo", calls:
             "-timeout", f"{timeout}s", "-timeout_error", "-nostdin", "-trace_err",
             "-error_file", str(tmp / f"sipp-err-{local_port}.log"), *(extra or [])]
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout + 15, cwd=tmp)
+
+
+TIMER_90 = "      Supported: timer\n      Session-Expires: 90;refresher=uac"
+_OK_TO_REQUEST = ("      SIP/2.0 200 OK\n      [last_Via:]\n      [last_From:]\n      [last_To:]\n"
+                  "      [last_Call-ID:]\n      [last_CSeq:]\n      Content-Length: 0")
+
+
+def _timer_invite() -> str:
+    """An INVITE asking for a 90 s session timer that the caller refreshes (RFC 4028), answered and ACKed."""
+    return (send(_req("INVITE", 1, False, _sdp(), extra=TIMER_90))
+            + '  <recv response="100" optional="true"/>\n'
+            + '  <recv response="200" rtd="true"><action><ereg regexp="90;refresher=uac" search_in="hdr" '
+              'header="Session-Expires:" check_it="true" assign_to="se"/></action></recv>\n'
+            + send(_req("ACK", 1, True), retrans=False))
+
+
+def session_refresh_call(every_ms: int, refreshes: int, then_ms: int) -> str:
+    """A caller that asks for a 90 s session timer and refreshes it itself: a re-INVITE (the
+    same SDP, the same Session-Expires) every ``every_ms``, ``refreshes`` times, each 200 ACKed,
+    then ``then_ms`` more and its BYE. A BYE from the server before ours fails the call (an
+    unexpected message)."""
+    body = _timer_invite()
+    for i in range(refreshes):
+        cseq = 2 + i
+        body += (f'  <pause milliseconds="{every_ms}"/>\n'
+                 + send(_req("INVITE", cseq, True, _sdp(), extra=TIMER_90))
+                 + '  <recv response="100" optional="true"/>\n  <recv response="200"/>\n'
+                 + send(_req("ACK", cseq, True), retrans=False))
+    body += f'  <pause milliseconds="{then_ms}"/>\n' + bye(2 + refreshes) + '  <Reference variables="se"/>\n'
+    return scenario(body, "session-refresh")
+
+
+def session_expiry_call(wait_ms: int) -> str:
+    """A caller that asks for a 90 s session timer it should refresh, and never does: the
+    server's BYE must come within ``wait_ms`` with ``session timer expired`` in its Reason;
+    answered 200."""
+    body = (_timer_invite()
+            + f'  <recv request="BYE" timeout="{wait_ms}"><action><ereg regexp="session timer expired" '
+              'search_in="hdr" header="Reason:" check_it="true" assign_to="why"/></action></recv>\n'
+            + send(_OK_TO_REQUEST, retrans=False)
+            + '  <Reference variables="se,why"/>\n')
+    return scenario(body, "session-expiry")

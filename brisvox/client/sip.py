@@ -50,6 +50,7 @@ from brisvox.wire.sip_message import (
 from brisvox.wire.sip_transaction import ClientNonInvite, Deliver, Send, TimedOut, Timers
 
 RATE = 8000
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"  # what this caller answers (an UPDATE: 405)
 FRAME = 160
 USER = "brisvox-call"
 
@@ -301,14 +302,14 @@ class SipTransport:
         via = req.top_via
         reply_to = (via.params.get("received") or addr[0], int(via.params.get("rport") or 0) or via.port or addr[1])
         if req.method == "BYE":
-            self._send(make_response(req, 200, server="brisvox-call").serialize(), reply_to)
+            self._send(make_response(req, 200, server="brisvox-call", allow=ALLOW).serialize(), reply_to)
             self._end("the server hung up (BYE)")
         elif req.method == "ACK":
             return
         elif req.method in ("OPTIONS", "NOTIFY", "INFO"):
-            self._send(make_response(req, 200, server="brisvox-call").serialize(), reply_to)
+            self._send(make_response(req, 200, server="brisvox-call", allow=ALLOW).serialize(), reply_to)
         else:
-            self._send(make_response(req, 405, server="brisvox-call").serialize(), reply_to)
+            self._send(make_response(req, 405, server="brisvox-call", allow=ALLOW).serialize(), reply_to)
 
     def _end(self, reason: str) -> None:
         if not self._ended:

@@ -330,6 +330,12 @@ class SipConfig:
     max_message_bytes: int = Field(default=16384, gt=0, le=65535)  # a UDP datagram holds at most 65535 bytes
     rtp_timeout_s: float = Field(default=60.0, ge=0)  # hang up after this long without RTP (0: never; held calls exempt)
     hold_timeout_s: float = Field(default=3600.0, ge=0)  # hang up a call held this long ("hold timeout"; 0: never)
+    # RFC 4028 session timers: the interval we ask for (0: none asked; a peer's is still honoured) and
+    # the shortest we accept (a shorter ask is answered 422; 90 is the RFC's minimum)
+    session_expires_s: int = Field(default=1800, ge=0, le=86400)
+    min_se_s: int = Field(default=90, ge=90, le=86400)
+    # re-INVITEs and UPDATEs one dialog may bring (moving windows); beyond: 491 (sip_refresh_storm)
+    refresh_rate: tuple[str, ...] = ("3/second", "30/minute")
     user_agent: str = "brisvox"
     # accept RTP only from the SDP's address ("sdp") or the first source ("first")
     rtp_latch: Literal["sdp", "first"] = "sdp"
@@ -391,7 +397,10 @@ class SipConfig:
         if self.auth == "ip_or_digest" and not self.auth_networks:
             raise ConfigError("auth_networks", 'auth = "ip_or_digest" needs the networks that are '
                               'authenticated by address (else use auth = "digest")')
-        for key in ("invite_rate", "options_rate", "other_rate", "refusal_rate", "auth_failures"):
+        if self.session_expires_s and self.session_expires_s < self.min_se_s:
+            raise ConfigError("session_expires_s", f"must be 0 (no session timer asked) or at least min_se_s "
+                              f"({self.min_se_s})")
+        for key in ("invite_rate", "options_rate", "other_rate", "refusal_rate", "refresh_rate", "auth_failures"):
             for i, rate in enumerate(getattr(self, key)):
                 try:
                     parse_rates((rate,))

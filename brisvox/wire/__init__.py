@@ -15,6 +15,8 @@ with these modules, so a message has one shape wherever it is written:
   contexts (RFC 3711, libsrtp through pylibsrtp);
 * ``sip_message``, ``sip_transaction``, ``sip_dialog`` -- the SIP parser and
   serializer, the RFC 3261 transaction state machines, dialogs and responses;
+* ``sip_session_timer`` -- RFC 4028 session timers: the headers, the
+  negotiation of each role, one dialog's timer machine;
 * ``ws_framing`` -- RFC 6455 frame classification and headers for the
   WebSocket fast paths (the gateway's server, the load generator's client);
 * ``twilio`` -- Twilio Media Streams messages, both directions;

@@ -42,12 +42,13 @@ from brisvox.wire.sip_message import (
 )
 
 Addr = tuple[str, int]
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, NOTIFY, UPDATE"  # the gateway's (UPDATE: RFC 3311)
 
 REASONS = {
     100: "Trying", 180: "Ringing", 200: "OK", 202: "Accepted", 400: "Bad Request",
     401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
     407: "Proxy Authentication Required", 415: "Unsupported Media Type", 420: "Bad Extension",
+    422: "Session Interval Too Small",
     481: "Call/Transaction Does Not Exist", 482: "Loop Detected", 483: "Too Many Hops",
     486: "Busy Here", 487: "Request Terminated", 488: "Not Acceptable Here", 491: "Request Pending",
     500: "Server Internal Error", 501: "Not Implemented", 503: "Service Unavailable",
@@ -65,8 +66,10 @@ def is_ip(host: str) -> bool:
 
 def make_response(req: SipMessage, status: int, reason: str = "", *, to_tag: str = "",
                   contact: str = "", server: str = "brisvox", body: bytes = b"",
-                  content_type: str = "", extra: list[tuple[str, str]] | None = None) -> SipMessage:
-    """A response to ``req`` (8.2.6): Via/From/Call-ID/CSeq copied, To tagged."""
+                  content_type: str = "", extra: list[tuple[str, str]] | None = None,
+                  allow: str = ALLOW) -> SipMessage:
+    """A response to ``req`` (8.2.6): Via/From/Call-ID/CSeq copied, To tagged; ``allow``: the
+    methods its sender serves (the ``Allow`` of a 200, a 405 and an OPTIONS answer)."""
     resp = SipMessage(status=status, reason=reason or REASONS.get(status, "Unknown"))
     h = resp.headers
     for v in req.get_all("via"):
@@ -85,7 +88,7 @@ def make_response(req: SipMessage, status: int, reason: str = "", *, to_tag: str
         h.append(("contact", contact))
     h.append(("server", server))
     if status in (200, 405) or req.method == "OPTIONS":
-        h.append(("allow", ALLOW))
+        h.append(("allow", allow))
     for k, v in extra or []:
         h.append((k, v))
     if body:

@@ -50,6 +50,7 @@ CANON = {
     "max-forwards": "Max-Forwards", "record-route": "Record-Route", "route": "Route",
     "www-authenticate": "WWW-Authenticate", "refer-to": "Refer-To", "referred-by": "Referred-By",
     "allow-events": "Allow-Events", "rseq": "RSeq", "rack": "RAck", "mime-version": "MIME-Version",
+    "session-expires": "Session-Expires", "min-se": "Min-SE",
 }
 # headers whose comma-separated values are separate entries (RFC 3261 7.3.1)
 MULTI = {"via", "route", "record-route", "contact", "allow", "supported", "require", "accept"}

@@ -107,7 +107,8 @@ def layer() -> Iterator[Any]:
     ("REFER", "", False, False, False, (405, "method")),
     ("REFER", "x", True, False, False, (405, "method")),  # an incoming REFER in our dialog: not served
     ("UPDATE", "x", False, False, False, (481, "no_dialog")),
-    ("UPDATE", "x", True, False, False, (405, "method")),
+    ("UPDATE", "x", True, False, False, None),  # RFC 3311: served inside our dialogs (a session refresh)
+    ("UPDATE", "", False, False, False, (481, "no_dialog")),
     ("BYE", "", False, False, False, (481, "no_dialog")),
     ("INFO", "", False, False, False, (481, "no_dialog")),
     ("NOTIFY", "", False, False, False, (481, "no_dialog")),
@@ -154,7 +155,7 @@ def test_out_of_dialog_requests_are_answered_statelessly_and_retransmissions_aga
     tl, wire, user = layer()
     src = (source(), 5099)
     cases = {"REGISTER": 405, "MESSAGE": 405, "SUBSCRIBE": 405, "PUBLISH": 405, "REFER": 405, "PRACK": 405,
-             "FOOBAR": 501, "BYE": 481, "INFO": 481, "NOTIFY": 481, "CANCEL": 481}
+             "FOOBAR": 501, "BYE": 481, "INFO": 481, "NOTIFY": 481, "UPDATE": 481, "CANCEL": 481}
     for method, status in cases.items():
         data = request(method)
         for _ in range(3):  # the request and two retransmissions: the same answer, no transaction
@@ -171,7 +172,7 @@ def test_out_of_dialog_requests_are_answered_statelessly_and_retransmissions_aga
     assert tl.server_tx == {} and tl.shares.sources() == 0 and user.got == []
     st = tl.counters.snapshot()
     assert st["sip_refused_method"] == 18 and st["sip_refused_unknown_method"] == 3
-    assert st["sip_refused_no_dialog"] == 9 + 4 and st["sip_refused_no_transaction"] == 3
+    assert st["sip_refused_no_dialog"] == 12 + 4 and st["sip_refused_no_transaction"] == 3
     assert tl.counters.log_limit.lines == 4  # one line per reason
 
 

@@ -3,15 +3,17 @@
 Owns :class:`SipDialogs`, the call-facing half of the SIP user agent: the
 dialog table (every leg, inbound or outbound, by Call-ID and local tag),
 the dialog-creating INVITE (admission, the SDP offer/answer, the call's RTP
-socket, 100/180/200, 403/404/488/503/420/415/482 refusals), the 2xx retransmission
-until the ACK (or the late offer's answer in it), re-INVITE (hold/unhold,
-new address: answered with the mirrored direction; a hold or an unhold is the
-call's media state, ``held`` / ``answered``, for the agent), CANCEL (200 + 487), BYE,
+socket, 100/180/200, 403/404/488/503/420/415/482/422 refusals), the 2xx retransmission
+until the ACK (or the late offer's answer in it), re-INVITE and UPDATE (RFC
+3311; hold/unhold, new address: answered with the mirrored direction; a hold or
+an unhold is the call's media state, ``held`` / ``answered``, for the agent; both
+are RFC 4028 session refreshes), CANCEL (200 + 487), BYE,
 INFO (a key press: dtmf-relay, dtmf), NOTIFY (for our REFER), REFER (the
 agent's Transfer) and ending a dialog from either side (BYE in, BYE out, 480
-before the answer). It sends and times nothing itself: every message goes
+before the answer). It sends nothing itself: every message goes
 through the :class:`~brisvox.gateway.sip.transactions.TransactionLayer` it
-is given.
+is given; each dialog's session timer, and the refreshes we send, are its
+:class:`~brisvox.gateway.sip.session_timers.SessionTimers`.
 
 Invariants:
 
@@ -59,9 +61,20 @@ Invariants:
   its Via; the SRTP rules' refusals are 488 (``sip_refused_srtp_<why>``). The answer in the
   ACK to our offer in a 2xx is applied for a late offer, and for a re-INVITE without SDP
   when our offer carried a=crypto lines (the answer picks the line whose key we send with).
-* A re-INVITE while the previous INVITE is unfinished is answered 491; a
-  CSeq out of order 500; a request naming no dialog of ours 481.
-* Per dialog at most ``MAX_CLIENT_TX`` client transactions (BYE, REFER) are pending.
+* A re-INVITE while the previous INVITE is unfinished, or while a re-INVITE
+  of ours is pending (glare, RFC 3261 14.2), is answered 491, as is an UPDATE
+  with an offer while an offer of ours is unanswered (RFC 3311 5.2); a CSeq
+  out of order 500; a request naming no dialog of ours 481. A re-INVITE or
+  UPDATE beyond ``[sip] refresh_rate`` in its dialog is 491 before anything
+  else is read of it (``sip_refresh_storm``).
+* Session timers (RFC 4028, :mod:`brisvox.wire.sip_session_timer`): the INVITE,
+  re-INVITE and UPDATE we answer get the timer headers of section 9 in their
+  2xx; one asking for less than ``[sip] min_se_s`` (from a peer that supports
+  timers) is 422 with our ``Min-SE`` before anything is taken, a malformed
+  ``Session-Expires``/``Min-SE`` 400; ``Require: timer`` is supported (any other
+  required extension is 420). ``Allow`` lists UPDATE, which is served.
+* Per dialog at most ``MAX_CLIENT_TX`` client transactions (BYE, REFER) are pending;
+  our session refreshes (UPDATE, re-INVITE) count among them.
 * Every header value we build from what a model or a caller said is escaped
   (:func:`~brisvox.wire.sip_message.quoted_string`) or refused (a transfer
   target that is not a plain SIP/tel URI).
@@ -85,8 +98,10 @@ from brisvox.gateway.core.leg import REASON_TEXT_MAX, q850_cause, reason_text
 from brisvox.gateway.sip.client_auth import ClientAuth, trunk_credentials
 from brisvox.gateway.sip.counters import SipCounters
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
+from brisvox.gateway.sip.session_timers import SessionTimers
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
 from brisvox.wire import dtmf, sdp, srtp
+from brisvox.wire import sip_session_timer as st
 from brisvox.wire.jsontext import checked_params, param_text
 from brisvox.wire.sip_dialog import Dialog
 from brisvox.wire.sip_message import (
@@ -141,6 +156,11 @@ def negotiate(offer: sdp.SessionDescription, ctx: SipContext, source: Addr, *, s
     return neg if dest[0] == host else dataclasses.replace(neg, remote_host=dest[0])
 
 
+def unsupported(req: SipMessage) -> list[str]:
+    """The option tags ``req`` requires that we do not support (we support ``timer``)."""
+    return [v for v in req.get_all("require") if v.strip().lower() != st.TIMER]
+
+
 def sdp_refusal(counters: SipCounters, e: sdp.SdpError, what: str, source: str) -> None:
     """Count and log (bounded) an SDP refused: ``sip_refused_media_address`` for an address
     outside ``[sip] allow``, ``sip_refused_srtp_<why>`` for the SRTP rules, else ``sip_refused_sdp``."""
@@ -162,6 +182,7 @@ class SipDialogs:
         self.by_call_id: dict[str, SipCall] = {}
         self._bye_result = timeout_counter(self.counters, "sip_bye_timeouts")
         self._invite_tx_event = timeout_counter(self.counters, "sip_ack_timeouts")  # no ACK for our non-2xx
+        self.timers = SessionTimers(ctx, transactions, self._client_request, self.hangup, self.hop, negotiate)
 
     def add(self, leg: SipCall) -> None:
         """Put ``leg`` in the dialog table (in-dialog requests reach it from now on)."""
@@ -169,12 +190,13 @@ class SipDialogs:
         self.by_call_id[leg.dialog.call_id] = leg
 
     def close(self) -> None:
-        """The user agent stops: every leg's RTP socket is closed."""
+        """The user agent stops: every leg's RTP socket is closed, every session timer cancelled."""
         for leg in list(self.by_call_id.values()):
             self.rtp_ports.close(leg)
+            self.timers.forget(leg)
 
     def stats(self) -> dict[str, int]:
-        return {"sip_dialogs": len(self.dialogs),
+        return {"sip_dialogs": len(self.dialogs), **self.timers.stats(),
                 "sip_srtp_sessions_open": sum(1 for leg in self.by_call_id.values() if leg.srtp is not None)}
 
     def _dialog_for(self, req: SipMessage) -> SipCall | None:
@@ -201,10 +223,13 @@ class SipDialogs:
             self.call_host.note_refused("draining")
             respond(tx, req, 503, extra=[("retry-after", "30")])
             return
-        require = req.get("require")
+        require = unsupported(req)
         if require:
-            self.counters.refuse("extension", "Require %s", require[:40])
-            respond(tx, req, 420, extra=[("unsupported", require)])
+            self.counters.refuse("extension", "Require %s", ", ".join(require)[:40])
+            respond(tx, req, 420, extra=[("unsupported", ", ".join(require))])
+            return
+        timer = self._session_timer(req, tx, "INVITE", addr[0])
+        if timer is None:
             return
         trunk = None if auth_user else self._trunk_for(req, addr[0])
         if auth_user:
@@ -277,6 +302,7 @@ class SipDialogs:
                 leg.auth_creds = trunk_credentials(trunk)  # a digest of its secret to another source
         self._call_metadata(call, dialog)
         self.add(leg)
+        self.timers.open(leg, owner=False, peer=req, answer=timer)
         self.transactions.watch(tx, self._invite_tx_event)
         self.call_host.spawn(self._setup(leg))
 
@@ -365,9 +391,10 @@ class SipDialogs:
         body = leg.answer_sdp()
         leg.ok_retx = self.transactions.accept(tx, leg.invite, functools.partial(self._ack_timeout, leg),
                                      to_tag=leg.dialog.local_tag, contact=leg.dialog.local_contact, body=body,
-                                     content_type="application/sdp")
+                                     content_type="application/sdp", extra=self.timers.answer_headers(leg))
         leg.state = "answered"
         leg.last_rx = self.ctx.loop.time()
+        self.timers.invite_answered(leg, body)
 
     def _ack_timeout(self, leg: SipCall, a: Action) -> None:
         if isinstance(a, TimedOut) and not leg.ended:
@@ -401,37 +428,25 @@ class SipDialogs:
         return True
 
     def _on_reinvite(self, leg: SipCall, req: SipMessage, tx: ServerInvite) -> None:
+        if not self.timers.admit(leg, "re-INVITE"):  # a refresh storm: over [sip] refresh_rate
+            self.transactions.respond(tx, req, 491)
+            return
         if not leg.dialog.accept_cseq(req):
             self.transactions.respond(tx, req, 500, "CSeq out of order")
             return
         if (leg.invite_tx is not None and leg.invite_tx.state == "proceeding") or \
-                (leg.ok_retx is not None and not leg.ok_retx.done):
+                (leg.ok_retx is not None and not leg.ok_retx.done) or self.timers.invite_pending(leg):
+            self.counters.count("sip_reinvite_491")  # glare (RFC 3261 14.2): the peer tries again later
             self.transactions.respond(tx, req, 491)
             return
-        source = leg.dialog.source
-        target = leg.dialog.target_in(req)
-        if target is not None and self.ctx.destination(leg.dialog.hop_for(target), source) is None:
-            self.counters.count("sip_reinvite_403")
-            self.counters.refuse("destination", "re-INVITE from %s: its Contact names %s, not in [sip] allow",
-                                 source[0], leg.dialog.hop_for(target)[0])
-            self.transactions.respond(tx, req, 403, "Target Not Allowed")  # the dialog keeps its target
+        timer = self._refresh_checks(leg, req, tx, "re-INVITE")
+        if timer is None:
             return
         offer = None
         if req.body:
-            try:
-                offer = sdp.parse(req.body)
-                neg = negotiate(offer, self.ctx, source, secure=self.transactions.arrived_over(tx) == "TLS")
-            except sdp.SdpError as e:
-                sdp_refusal(self.counters, e, "re-INVITE", source[0])
-                self.transactions.respond(tx, req, 488, extra=warning(str(e)))
+            offer = self._take_offer(leg, req, tx, "re-INVITE")
+            if offer is None:
                 return
-            leg.offer = offer
-            was_hold = leg.neg.on_hold if leg.neg else False
-            leg.apply_negotiation(neg)
-            self.counters.count("sip_hold" if neg.on_hold and not was_hold else
-                                "sip_unhold" if was_hold and not neg.on_hold else "sip_reinvite")
-            if neg.on_hold != was_hold:  # the agent falls silent on hold and goes on after it
-                self.call_host.media_state(leg.call, MEDIA_HELD if neg.on_hold else MEDIA_ANSWERED)
         leg.dialog.refresh_target(req)
         leg.sdp_version += 1
         if offer is None:  # no offer: we offer in the 200, the ACK answers
@@ -442,7 +457,105 @@ class SipDialogs:
         leg.invite_tx = tx
         leg.ok_retx = self.transactions.accept(tx, req, functools.partial(self._ack_timeout, leg),
                                      to_tag=leg.dialog.local_tag, contact=leg.dialog.local_contact, body=body,
-                                     content_type="application/sdp")
+                                     content_type="application/sdp", extra=list(timer.headers))
+        self.timers.refreshed(leg, timer, req, body)
+
+    def _session_timer(self, req: SipMessage, tx: ServerInvite | ServerNonInvite, what: str,
+                       source: str, leg: SipCall | None = None) -> st.Accept | None:
+        """The timer part of our answer to a session refresh request (RFC 4028 section 9), or None
+        when it was refused: 400 for a malformed ``Session-Expires``/``Min-SE``, 422 with our
+        ``Min-SE`` for an interval below ``[sip] min_se_s``."""
+        try:
+            timer = self.timers.decide(req, leg)
+        except ValueError as e:
+            self.counters.refuse("malformed", "%s from %s: %s", what, source, str(e)[:80])
+            self.transactions.respond(tx, req, 400, "Bad Session-Expires or Min-SE")
+            return None
+        if isinstance(timer, st.Reject422):
+            self.counters.count("sip_session_422_sent")
+            self.counters.refuse("session_interval", "%s from %s: Session-Expires %s is below [sip] min_se_s",
+                                 what, source, req.get("session-expires")[:20])
+            self.transactions.respond(tx, req, 422, "Session Interval Too Small", extra=timer.headers)
+            return None
+        return timer
+
+    def _refresh_checks(self, leg: SipCall, req: SipMessage, tx: ServerInvite | ServerNonInvite,
+                        what: str) -> st.Accept | None:
+        """What a re-INVITE and an UPDATE must pass before their offer is read: no extension we
+        lack (420), a new target inside ``[sip] allow`` (403: the dialog keeps its target), a
+        session interval we take (400, 422). The timer part of the 2xx, or None: answered."""
+        source = leg.dialog.source
+        require = unsupported(req)
+        if require:
+            self.counters.refuse("extension", "%s Require %s", what, ", ".join(require)[:40])
+            self.transactions.respond(tx, req, 420, extra=[("unsupported", ", ".join(require))])
+            return None
+        target = leg.dialog.target_in(req)
+        if target is not None and self.ctx.destination(leg.dialog.hop_for(target), source) is None:
+            self.counters.count("sip_reinvite_403")
+            self.counters.refuse("destination", "%s from %s: its Contact names %s, not in [sip] allow",
+                                 what, source[0], leg.dialog.hop_for(target)[0])
+            self.transactions.respond(tx, req, 403, "Target Not Allowed")  # the dialog keeps its target
+            return None
+        return self._session_timer(req, tx, what, source[0], leg)
+
+    def _take_offer(self, leg: SipCall, req: SipMessage, tx: ServerInvite | ServerNonInvite,
+                    what: str) -> sdp.SessionDescription | None:
+        """A re-INVITE's or an UPDATE's offer, negotiated and applied (hold, unhold, a new address);
+        None when it was refused 488 (the media stay as they were)."""
+        source = leg.dialog.source
+        try:
+            offer = sdp.parse(req.body)
+            neg = negotiate(offer, self.ctx, source, secure=self.transactions.arrived_over(tx) == "TLS")
+        except sdp.SdpError as e:
+            sdp_refusal(self.counters, e, what, source[0])
+            self.transactions.respond(tx, req, 488, extra=warning(str(e)))
+            return None
+        leg.offer = offer
+        was_hold = leg.neg.on_hold if leg.neg else False
+        leg.apply_negotiation(neg)
+        self.counters.count("sip_hold" if neg.on_hold and not was_hold else
+                            "sip_unhold" if was_hold and not neg.on_hold else "sip_reinvite")
+        if neg.on_hold != was_hold:  # the agent falls silent on hold and goes on after it
+            self.call_host.media_state(leg.call, MEDIA_HELD if neg.on_hold else MEDIA_ANSWERED)
+        return offer
+
+    def _on_update(self, leg: SipCall, req: SipMessage, tx: ServerNonInvite) -> None:
+        """RFC 3311 UPDATE: a session refresh (RFC 4028) without a body, answered 200 with the
+        timer headers; with an offer, answered as a re-INVITE's is (hold, unhold, a new address),
+        the answer in the 200. An offer is 491 while our re-INVITE is pending or our last 2xx is
+        not yet ACKed (RFC 3311 5.2); before our 2xx to the dialog's INVITE it is 500 with
+        Retry-After (RFC 3311 5.2) and a plain UPDATE 200 without timer headers."""
+        self.counters.count("sip_update_received")
+        if not self.timers.admit(leg, "UPDATE"):
+            self.transactions.respond(tx, req, 491)
+            return
+        if leg.state not in ("answered", "confirmed"):
+            if req.body:
+                self.transactions.respond(tx, req, 500, extra=[("retry-after", "2")])
+            else:
+                self.transactions.respond(tx, req, 200, extra=[("contact", leg.dialog.local_contact)])
+            return
+        if req.body and (self.timers.invite_pending(leg) or (leg.ok_retx is not None and not leg.ok_retx.done)):
+            self.counters.count("sip_update_491")
+            self.transactions.respond(tx, req, 491)
+            return
+        timer = self._refresh_checks(leg, req, tx, "UPDATE")
+        if timer is None:
+            return
+        body: bytes | None = None
+        if req.body:
+            if self._take_offer(leg, req, tx, "UPDATE") is None:
+                return
+            leg.sdp_version += 1
+            body = leg.answer_sdp()
+        leg.dialog.refresh_target(req)
+        extra = [("contact", leg.dialog.local_contact), *timer.headers]
+        if body is None:
+            self.transactions.respond(tx, req, 200, extra=extra)
+        else:
+            self.transactions.respond(tx, req, 200, extra=extra, body=body, content_type="application/sdp")
+        self.timers.refreshed(leg, timer, req, body)
 
     def on_cancel(self, req: SipMessage, tx: ServerNonInvite, inv: ServerInvite | None) -> None:
         """A CANCEL (``inv``: the INVITE server transaction it names, if any)."""
@@ -461,7 +574,7 @@ class SipDialogs:
     # -- in-dialog requests ------------------------------------------------------------------------
 
     def on_in_dialog(self, req: SipMessage, tx: ServerNonInvite) -> None:
-        """BYE, INFO or NOTIFY: in one of our dialogs (else 481), in CSeq order (else 500)."""
+        """BYE, INFO, NOTIFY or UPDATE: in one of our dialogs (else 481), in CSeq order (else 500)."""
         leg = self._dialog_for(req)
         if leg is None:
             self.transactions.respond(tx, req, 481)
@@ -472,6 +585,8 @@ class SipDialogs:
             self.end(leg, "bye")
         elif req.method == "INFO":
             self._on_info(leg, req, tx)
+        elif req.method == "UPDATE":
+            self._on_update(leg, req, tx)
         else:
             self._on_notify(leg, req, tx)
 
@@ -544,27 +659,36 @@ class SipDialogs:
         self._client_request(leg, req, on_action)
 
     def _client_request(self, leg: SipCall, req: SipMessage, cb: Callable[[Action], None]) -> None:
-        """A request in ``leg``'s dialog, counted in its pending client transactions until final.
-        A 401/407 to it is answered with the leg's trunk credentials (``leg.auth_creds``,
+        """A request in ``leg``'s dialog (a re-INVITE in an INVITE client transaction: ``cb``
+        sees every 2xx, its ACK is the caller's), counted in its pending client transactions until
+        final. A 401/407 to it is answered with the leg's trunk credentials (``leg.auth_creds``,
         :class:`~brisvox.gateway.sip.client_auth.ClientAuth`: once per challenge, the CSeq
         advanced); ``cb`` then sees the answer to the re-sent request, or the challenge when it
         cannot be answered."""
         auth = ClientAuth(leg.auth_creds) if leg.auth_creds is not None else None
         sent = [req]
+        final = [False]
+
+        def send(r: SipMessage, to: Addr) -> None:
+            if r.method == "INVITE":
+                self.transactions.invite(r, to, counted)
+            else:
+                self.transactions.request(r, to, counted)
 
         def counted(a: Action) -> None:
-            if auth is not None and isinstance(a, Deliver) and a.msg.status in (401, 407):
+            if auth is not None and isinstance(a, Deliver) and a.msg.status in (401, 407) and not final[0]:
                 again, why = auth.retry(sent[0], a.msg)
                 if again is not None and hop is not None:
                     self.counters.count("sip_auth_answered")
                     leg.dialog.local_cseq = max(leg.dialog.local_cseq, again.cseq[0])
                     sent[0] = again
-                    self.transactions.request(again, hop, counted)
+                    send(again, hop)
                     return
                 self.counters.count("sip_auth_client_failed")
                 self.counters.log_limit("sip_auth_client", "%s for call %s: %s", req.method, leg.call.call_id, why,
                                         level=logging.WARNING)
-            if isinstance(a, TimedOut) or (isinstance(a, Deliver) and a.msg.status >= 200):
+            if not final[0] and (isinstance(a, TimedOut) or (isinstance(a, Deliver) and a.msg.status >= 200)):
+                final[0] = True
                 leg.client_tx = max(0, leg.client_tx - 1)
             cb(a)
 
@@ -574,8 +698,8 @@ class SipDialogs:
                                  leg.call.call_id, leg.dialog.next_hop()[0])
             cb(TimedOut("destination not allowed"))
             return
-        self.transactions.request(req, hop, counted)
         leg.client_tx += 1
+        send(req, hop)
 
     def hop(self, leg: SipCall) -> Addr | None:
         """Where ``leg``'s in-dialog requests go: its dialog's next hop, checked
@@ -611,6 +735,7 @@ class SipDialogs:
         leg.state = "ended"
         leg.dialog.state = "terminated"
         leg.sync_stats()
+        self.timers.forget(leg)
         if leg.ok_retx is not None and not leg.ok_retx.done:
             self.transactions.acked(leg.ok_retx)
         self.rtp_ports.close(leg)

@@ -54,9 +54,9 @@ from brisvox.wire.sip_dialog import ALLOW
 MAX_CACHED = 4096
 # the methods the user agent serves (its Allow header), and those it knows but does not serve
 SERVED = frozenset(m.strip() for m in ALLOW.split(","))
-NOT_SERVED = frozenset({"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "UPDATE", "PRACK", "REFER"})
-# served only inside one of our dialogs (NOTIFY: for the REFER we sent)
-IN_DIALOG = frozenset({"BYE", "INFO", "NOTIFY"})
+NOT_SERVED = frozenset({"REGISTER", "SUBSCRIBE", "PUBLISH", "MESSAGE", "PRACK", "REFER"})
+# served only inside one of our dialogs (NOTIFY: for the REFER we sent; UPDATE: RFC 3311, a session refresh)
+IN_DIALOG = frozenset({"BYE", "INFO", "NOTIFY", "UPDATE"})
 RATE_KINDS = ("INVITE", "OPTIONS", "OTHER")
 
 
@@ -88,7 +88,7 @@ def stateless_refusal(method: str, to_tag: str, in_dialog: bool, invite_live: bo
     know 501 (8.2.1), Max-Forwards 0 483 (16.3; OPTIONS is answered), a CANCEL that names no
     live INVITE 481 (9.2), a To tag naming no dialog of ours 481 (12.2.2), a method we know
     but do not serve 405 (8.2.1; brisvox is no registrar, presence server nor transferee),
-    BYE, INFO or NOTIFY outside a dialog 481 (15.1.2; RFC 6665 4.1.3)."""
+    BYE, INFO, NOTIFY or UPDATE outside a dialog 481 (15.1.2; RFC 6665 4.1.3; RFC 3311 5.1)."""
     if method not in SERVED and method not in NOT_SERVED:
         return Refusal(501, "unknown_method", extra=(("allow", ALLOW),))
     if max_forwards_zero and method != "OPTIONS":

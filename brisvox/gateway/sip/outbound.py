@@ -46,6 +46,14 @@ Invariants:
   is ACKed and then ended with BYE.
 * CANCEL is sent only after a provisional response (RFC 3261 9.1); a
   hang-up before one is remembered and sent with the first.
+* Session timers (RFC 4028): the INVITE says ``Supported: timer`` and asks
+  for ``[sip] session_expires_s`` (``Min-SE: min_se_s``); a 422 is answered
+  once, the INVITE sent again (the same Call-ID and From tag, the CSeq
+  advanced) asking for the 422's ``Min-SE``; a second 422 fails the dial. The
+  2xx starts the dialog's session timer (section 7.2: its ``Session-Expires``
+  decides, else we refresh what we asked for), run by the dialog layer's
+  :class:`~brisvox.gateway.sip.session_timers.SessionTimers`; we own the
+  Call-ID (a 491 to our refresh waits 2.1-4 s).
 * The dial's leg is in the dialog table from the INVITE on (so the callee's
   BYE or INFO finds it); a dial is in :attr:`SipDialer.outgoing` only until
   its final response.
@@ -79,11 +87,13 @@ from typing import Any, Protocol
 
 from brisvox.gateway.config import SipTrunk
 from brisvox.gateway.core.calls import AdmissionError
-from brisvox.gateway.sip.client_auth import ClientAuth, trunk_credentials
+from brisvox.gateway.sip.client_auth import ClientAuth, resend, trunk_credentials
 from brisvox.gateway.sip.dialogs import bye_reason, negotiate, sdp_refusal
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
+from brisvox.gateway.sip.session_timers import SessionTimers
 from brisvox.gateway.sip.transactions import TransactionLayer, timeout_counter
 from brisvox.wire import sdp
+from brisvox.wire import sip_session_timer as session_timer
 from brisvox.wire.jsontext import checked_params, param_text
 from brisvox.wire.sip_dialog import ALLOW, Dialog, is_ip
 from brisvox.wire.sip_message import (
@@ -156,6 +166,8 @@ def failure_reason(status: int, reason: str) -> str:
 class DialogTable(Protocol):
     """What the dialer asks of the dialog layer (:class:`~brisvox.gateway.sip.dialogs.SipDialogs`)."""
 
+    timers: SessionTimers  # the dialogs' session timers (an answered dial's starts at its 2xx)
+
     def add(self, leg: SipCall) -> None: ...
 
     def end(self, leg: SipCall, reason: str, send_bye: bool = False) -> None: ...
@@ -175,6 +187,9 @@ class Dialing:
     ack: bytes = b""
     ack_addr: Addr = ("", 0)
     auth: ClientAuth | None = None  # the trunk's credentials for a 401/407 to our INVITE
+    se_asked: int = 0  # the Session-Expires our INVITE asks for (0: none)
+    min_se: int = session_timer.MIN_SE_FLOOR  # the Min-SE it names
+    retried_422: bool = False  # asked again after a 422 (once)
     reported: bool = False
     ring_timer: Any = None
     sent_at: float = 0.0  # loop time the first INVITE went out
@@ -272,6 +287,7 @@ class SipDialer:
         h.append(("cseq", f"{secrets.randbelow(10_000) + 1} INVITE"))
         h.append(("contact", contact))
         h.append(("allow", ALLOW))
+        h.extend(self.dialogs.timers.request_headers())  # RFC 4028 7.1
         h.append(("user-agent", self.cfg.user_agent))
         dialog = Dialog.for_outgoing(inv, contact, dest)
         dialog.transport = transport
@@ -288,7 +304,8 @@ class SipDialer:
         call.called = param_text(uri_number(ruri)) or ""
         if dropped:
             self.counters.count("call_params_dropped", dropped)
-        d = Dialing(leg, dest, done, auth=ClientAuth(leg.auth_creds) if leg.auth_creds else None)
+        d = Dialing(leg, dest, done, auth=ClientAuth(leg.auth_creds) if leg.auth_creds else None,
+                    se_asked=self.cfg.session_expires_s, min_se=self.cfg.min_se_s)
         self.outgoing[inv.call_id] = d
         self.dialogs.add(leg)
         timeout = ring_timeout_s if ring_timeout_s > 0 else self.cfg.dial_ring_timeout_s
@@ -382,6 +399,8 @@ class SipDialer:
         if st in (401, 407) and d.auth is not None and not d.reported and not d.cancel_reason:
             self._answer_challenge(d, resp)
             return
+        if st == 422 and not d.reported and not d.cancel_reason and self._retry_422(d, resp):
+            return
         if st >= 300:
             if not d.leg.ended or not d.reported:
                 self._fail(d, d.cancel_reason if (d.cancel_reason and st == 487) else failure_reason(st, resp.reason))
@@ -437,6 +456,26 @@ class SipDialer:
         d.provisional = False
         d.tx = self.transactions.invite(again, d.dest, functools.partial(self._invite_event, d))
 
+    def _retry_422(self, d: Dialing, resp: SipMessage) -> bool:
+        """RFC 4028 7.3: the INVITE again, once, asking for the 422's ``Min-SE`` (the same Call-ID
+        and From tag, the CSeq advanced, a new branch and transaction); False: not retried."""
+        again = session_timer.uac_after_422(resp, d.se_asked, d.min_se)
+        self.counters.count("sip_session_422_received")
+        if d.retried_422 or again is None:
+            return False
+        d.retried_422 = True
+        d.se_asked, d.min_se = again
+        if d.auth is not None:
+            d.auth.reset()  # a new request: its challenge is answered afresh
+        leg = d.leg
+        inv = resend(leg.invite, "min-se", str(d.min_se))
+        inv.set("session-expires", str(d.se_asked))
+        leg.invite = inv
+        leg.dialog.local_cseq = inv.cseq[0]
+        d.provisional = False
+        d.tx = self.transactions.invite(inv, d.dest, functools.partial(self._invite_event, d))
+        return True
+
     def _answered(self, d: Dialing, resp: SipMessage) -> None:
         leg = d.leg
         leg.dialog.answered(resp)
@@ -482,6 +521,9 @@ class SipDialer:
             return
         leg.offer = None
         leg.end_early_media(neg)
+        timers = self.dialogs.timers
+        timers.open(leg, owner=True, peer=resp, local_sdp=leg.invite.body, min_se=d.min_se)
+        timers.dial_answered(leg, resp, d.se_asked)  # RFC 4028 7.2
         d.answered_ms = self._ms(d)
         self.call_host.media_state(leg.call, MEDIA_ANSWERED,
                                    {k: v for k, v in d.times().items() if v is not None})

@@ -95,7 +95,7 @@ from brisvox.wire.sip_transaction import (
 
 log = logging.getLogger("brisvox.gateway.sip")
 
-_COUNTED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY", "REFER"}
+_COUNTED = {"INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "INFO", "NOTIFY", "REFER", "UPDATE"}
 Callback = Callable[[Action], None]
 
 

@@ -38,7 +38,8 @@ Via host and Contact. Nothing below the seam knows of calls, legs or
 dialogs (it keys transactions by branch, answers 400/405/481/483/501/503 itself and
 times retransmissions); above it nothing opens a socket, matches a message
 to a transaction or runs an RFC 3261 section 17 timer (the dialog layer's
-own timers are the ring delay and the dial's ring timeout, on the loop).
+own timers are the ring delay, the dial's ring timeout and each dialog's RFC 4028
+session timer, :class:`~brisvox.gateway.sip.session_timers.SessionTimers`, on the loop).
 Beside them: :class:`~brisvox.gateway.sip.authenticator.SipAuthenticator`
 (``[sip] auth``: every new INVITE is judged in :meth:`SipUserAgent.on_invite`
 before the dialog layer sees it), the trunk registrations
@@ -48,10 +49,9 @@ a request, :class:`~brisvox.gateway.sip.client_auth.ClientAuth` (a 401/407
 answered once per challenge). Where the next pieces go: another transport
 (TCP, TLS) below the seam, in the transaction layer, which then also says
 the Via's transport (written ``UDP`` today by the dialer, the registrar and
-:meth:`~brisvox.wire.sip_dialog.Dialog.request`); session timers in the
-dialog layer.
+:meth:`~brisvox.wire.sip_dialog.Dialog.request`).
 
-Routing here: an INVITE, an ACK, a CANCEL of a live INVITE and BYE/INFO/NOTIFY
+Routing here: an INVITE, an ACK, a CANCEL of a live INVITE and BYE/INFO/NOTIFY/UPDATE
 in a dialog of ours go to the dialog layer; OPTIONS is answered here, 200, or 503 "Draining" (Retry-After
 30) / "Full" (Retry-After 10) whenever a new INVITE would be refused now (the
 call host's admission rule,
@@ -204,7 +204,7 @@ class SipUserAgent:
         return self.dialogs._dialog_for(req) is not None
 
     def on_request(self, req: SipMessage, tx: ServerNonInvite) -> None:
-        """CANCEL of a live INVITE, OPTIONS, or BYE/INFO/NOTIFY in a dialog of ours: every other
+        """CANCEL of a live INVITE, OPTIONS, or BYE/INFO/NOTIFY/UPDATE in a dialog of ours: every other
         request was answered statelessly below (:func:`~brisvox.gateway.sip.guard.stateless_refusal`)."""
         method = req.method
         if method == "CANCEL":
@@ -218,7 +218,7 @@ class SipUserAgent:
 
     def _on_options(self, req: SipMessage, tx: ServerNonInvite) -> None:
         refusal = self.call_host.refusal()  # the rule admission applies, nothing taken
-        extra = [("accept", "application/sdp"), ("supported", "replaces")]
+        extra = [("accept", "application/sdp"), ("supported", "replaces, timer")]
         if refusal:
             self.counters.count(f"sip_options_{refusal}")
             reason, after = UNAVAILABLE.get(refusal, ("", "10"))
