@@ -10,10 +10,13 @@ from brisvox.agent.pipeline.stage.base import EpochWatch, Inbox, Stage, TaskOwne
 from brisvox.agent.pipeline.stage.call_context import CallContext
 from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
+    BotEnded,
+    BotStarted,
     Interrupt,
     LlmText,
     Stop,
     UserStartedSpeaking,
+    Wake,
 )
 from brisvox.clock import CLOCK
 from brisvox.sim.vloop import run_virtual
@@ -33,6 +36,38 @@ def test_system_lane_overtakes_data_and_lossy_drops_oldest():
         f = await ib.get()
         assert isinstance(f, UserStartedSpeaking)
         assert [(await ib.get()).pos for _ in range(2)] == [640, 960]
+
+    run_virtual(main)
+
+
+def test_end_of_speech_signals_are_never_dropped_by_a_full_upstream_lane():
+    """BotStarted / BotEnded past the upstream lane's cap (32) are queued, in order, and counted
+    as over the cap; a Wake (a helper's verdict) past the cap is dropped and counted."""
+
+    async def main():
+        ib = Inbox("turn", 8, sys_cap=32)
+        sent = []
+        for e in range(1, 41):
+            sent += [BotStarted(e, float(e)), BotEnded(e, "mark"), BotEnded(e, "silent")]
+        assert all(ib.put_nowait(f) for f in sent)
+        assert not ib.put_nowait(Wake("verdict", (1, 0.9)))
+        assert ib.up_dropped == 1 and ib.up_over == len(sent) - 32
+        got = [await ib.get() for _ in range(len(sent))]
+        assert got == sent and len(ib) == 0
+        assert ib.put_nowait(Wake("verdict", (2, 0.9)))  # room again: a Wake is taken
+        st = ib.stats()
+        assert st["up_dropped"] == 1 and st["up_over"] == 88
+
+    run_virtual(main)
+
+
+def test_stop_and_interrupt_are_taken_by_a_full_system_lane():
+    async def main():
+        ib = Inbox("x", 8, sys_cap=2)
+        assert ib.put_nowait(UserStartedSpeaking(0.0, 0)) and ib.put_nowait(UserStartedSpeaking(0.1, 0))
+        assert not ib.put_nowait(UserStartedSpeaking(0.2, 0)) and ib.sys_dropped == 1
+        assert ib.put_nowait(Interrupt(3, 2, 0.3)) and ib.put_nowait(Stop())
+        assert ib.sys_over == 2 and len(ib) == 4
 
     run_virtual(main)
 

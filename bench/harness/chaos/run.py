@@ -125,7 +125,8 @@ path = "{tmp / 'records'}"
     return write_config(tmp, workers=2, agents=2, extra=extra)
 
 
-CLIENT_FAULTS_WS = [("sttcut", ""), ("ttscut", ""), ("llmhang", ""), ("llm429", ""), ("slowbook", "hangup_tool"),
+CLIENT_FAULTS_WS = [("sttcut", ""), ("sttfin", ""), ("ttscut", ""), ("llmhang", ""), ("llm429", ""),
+                    ("slowbook", "hangup_tool"),
                     ("talk", "slowread"), ("talk", "malformed"), ("talk", "hangup_answer")]
 
 
@@ -155,7 +156,8 @@ def schedule(specs: list[CallSpec]) -> list[Fault]:
     span = max(s.delay for s in specs) if specs else 0.0
     count = {v: sum(1 for s in specs if s.variant == v) for v in script.VARIANTS}
     out = [Fault(1.0, "arm", f"stt_cut:{count['sttcut']}"), Fault(2.0, "arm", f"tts_cut:{count['ttscut']}"),
-           Fault(3.0, "arm", f"llm_hang:{count['llmhang']}"), Fault(4.0, "arm", f"llm_429:{count['llm429']}")]
+           Fault(3.0, "arm", f"llm_hang:{count['llmhang']}"), Fault(4.0, "arm", f"llm_429:{count['llm429']}"),
+           Fault(4.5, "arm", f"stt_finalize_hang:{count['sttfin']}")]
     out += [Fault(round(span * 0.5, 2), "kill", "agent-1"), Fault(round(span + 2.0, 2), "kill", "worker-1")]
     return out
 

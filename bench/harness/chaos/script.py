@@ -16,7 +16,10 @@ script and the faults that apply without knowing the call:
 * ``sttcut``, ``ttscut``, ``llmhang``, ``llm429``: ``talk`` whose STT cuts its
   socket at the last utterance, whose TTS cuts its socket mid-answer, whose
   LLM never answers one request, or answers one with 429 + ``Retry-After``,
-  when the fault schedule armed it.
+  when the fault schedule armed it;
+* ``sttfin``: ``talk`` whose STT never answers the Finalize of the last
+  utterance (the stage's Finalize timeout replaces the session; the finals
+  gate answers the turn from the interim), when armed.
 
 Invariants: the LLM's answer depends only on the variant's script and the
 request (how many user turns it carries, whether it ends with a tool result);
@@ -33,7 +36,7 @@ from typing import Any
 from bench.harness.llm_wire import Call, Resp
 
 SCRIPT_OF = {"talk": "talk", "book": "book", "slowbook": "book", "sttcut": "talk", "ttscut": "talk",
-             "llmhang": "talk", "llm429": "talk"}
+             "llmhang": "talk", "llm429": "talk", "sttfin": "talk"}
 VARIANTS = tuple(SCRIPT_OF)
 
 USER = {

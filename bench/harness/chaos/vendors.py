@@ -13,7 +13,8 @@ endpoint. Every URL starts with the call's variant (``/<variant>/...``, see
   segment has speech, the from-finalize final at each Finalize; an
   armed ``stt_cut`` aborts the socket of a ``sttcut`` call at the Finalize of
   its last utterance (after the interim: the stage's promoted interim keeps
-  the words);
+  the words); an armed ``stt_finalize_hang`` never answers the Finalize of
+  a ``sttfin`` call's last utterance and keeps the socket open;
 * LLM (``/<variant>/v1/chat/completions``): :func:`.script.llm_answer`
   streamed as OpenAI SSE; an armed ``llm_hang`` never answers one
   ``llmhang`` request, an armed ``llm_429`` answers one ``llm429`` request
@@ -57,7 +58,7 @@ from bench.harness.ws_vendors import FakeWs
 
 ROOT = Path(__file__).resolve().parents[3]
 SLOW_BOOKING_S = 3.0
-FAULTS = ("stt_cut", "tts_cut", "llm_hang", "llm_429")
+FAULTS = ("stt_cut", "tts_cut", "llm_hang", "llm_429", "stt_finalize_hang")
 
 
 class State:
@@ -163,6 +164,11 @@ class ChaosStt(FakeWs):
                         and self.state.take("stt_cut")):
                     ws.transport.abort()
                     return
+                if (complete and text and variant == "sttfin" and utt == script.TURNS - 1
+                        and self.state.take("stt_finalize_hang")):
+                    emitted = max(emitted, k)  # heard, never answered: the socket stays open
+                    loud_since_final, interim_sent = 0.0, False
+                    continue
                 emitted = max(emitted, k)
                 self.state.counts["stt_finals"] += 1
                 await ws.send(_dg(text, True, True))

@@ -6,7 +6,11 @@ Owns how frames move between the stages of one call:
 * :class:`Inbox`: a SYSTEM lane (overtakes everything), an UPSTREAM lane
   (frames against the flow, always ``put_nowait``) and a bounded DATA lane.
   Lossy inboxes drop the OLDEST data frame when full; lossless ones make the
-  sender wait (back-pressure). Every drop is counted, never silent.
+  sender wait (back-pressure). The SYSTEM and UPSTREAM lanes hold ``sys_cap``
+  frames; past it a frame is dropped and counted, except a ``LOSSLESS`` one
+  (Stop, Interrupt, BotStarted, BotEnded: bounded by their producers, see
+  :mod:`~brisvox.agent.pipeline.stage.pipeline_frames`), which is queued and
+  counted (``sys_over`` / ``up_over``). Every drop is counted, never silent.
 * :class:`Stage`: one task per stage running ``process`` for each frame,
   constructed as ``Stage(call, cfg, inbox, *own)`` (the call's shared
   :class:`~brisvox.agent.pipeline.stage.call_context.CallContext`, the stage's config, its
@@ -69,6 +73,8 @@ class Inbox:
         "dropped",
         "sys_dropped",
         "up_dropped",
+        "sys_over",
+        "up_over",
         "max_queued",
     )
 
@@ -86,6 +92,8 @@ class Inbox:
         self.dropped = 0
         self.sys_dropped = 0
         self.up_dropped = 0
+        self.sys_over = 0  # LOSSLESS frames queued past sys_cap (never dropped)
+        self.up_over = 0
         self.max_queued = 0
 
     def __len__(self) -> int:
@@ -96,15 +104,19 @@ class Inbox:
         dropped; a lossy data lane drops its oldest frame instead and returns True."""
         lane = frame.LANE
         if lane == SYSTEM:
-            if len(self._sys) >= self.sys_cap and not isinstance(frame, Stop | Interrupt):
-                self.sys_dropped += 1
-                log.error("inbox %s: system lane full, frame dropped", self.name)
-                return False
+            if len(self._sys) >= self.sys_cap:
+                if not frame.LOSSLESS:
+                    self.sys_dropped += 1
+                    log.error("inbox %s: system lane full, frame dropped", self.name)
+                    return False
+                self.sys_over += 1
             self._sys.append(frame)
         elif lane == UPSTREAM:
             if len(self._up) >= self.sys_cap:
-                self.up_dropped += 1
-                return False
+                if not frame.LOSSLESS:
+                    self.up_dropped += 1
+                    return False
+                self.up_over += 1
             self._up.append(frame)
         else:
             if len(self._data) >= self.data_cap:
@@ -184,6 +196,8 @@ class Inbox:
             "dropped": self.dropped,
             "sys_dropped": self.sys_dropped,
             "up_dropped": self.up_dropped,
+            "sys_over": self.sys_over,
+            "up_over": self.up_over,
             "max_queued": self.max_queued,
         }
 

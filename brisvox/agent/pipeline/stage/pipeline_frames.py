@@ -10,10 +10,20 @@ frames) and a class-level ``LANE``:
 * ``SYSTEM``: overtakes everything queued in a stage's inbox (Start, Stop,
   Interrupt, the VAD events). Never dropped silently (a full system lane is
   counted as a defect).
-* ``UPSTREAM``: frames that travel against the flow (TtsStarted / TtsEnded
-  from TtsRingWriter to the TurnDriver, Smart Turn verdicts returning to the
-  driver). Delivered with a non-blocking put; drops are counted.
+* ``UPSTREAM``: frames that travel against the flow (BotStarted / BotEnded
+  from TtsRingWriter and the LlmRunner to the TurnDriver, Smart Turn verdicts
+  returning to the driver). Delivered with a non-blocking put; drops are
+  counted.
 * ``DATA``: everything else, in order, through bounded lanes.
+
+A frame class with ``LOSSLESS`` set is never dropped by a full SYSTEM or
+UPSTREAM lane (:meth:`~brisvox.agent.pipeline.stage.base.Inbox.put_nowait`):
+Stop and Interrupt, and the end-of-speech signals BotStarted and BotEnded,
+whose loss would leave the turn machine waiting for a bot that already
+spoke or finished. Their producers bound them: Stop once per call, at most
+one Interrupt, one BotStarted and two BotEnded (the ring writer's, the
+runner's for a silent turn) per epoch, and epochs are made only by the
+TurnDriver, the stage they are queued for.
 
 Invariants: frames are immutable; audio payloads are numpy int16 arrays that
 no stage mutates after sending.
@@ -36,6 +46,7 @@ class PipelineFrame:
 
     __slots__ = ()
     LANE: ClassVar[int] = DATA
+    LOSSLESS: ClassVar[bool] = False  # a full system or upstream lane takes it all the same
     epoch: int
 
 
@@ -53,6 +64,7 @@ class Stop(PipelineFrame):
     """Hang-up: every stage finishes its work for the call and forwards it."""
 
     LANE: ClassVar[int] = SYSTEM
+    LOSSLESS: ClassVar[bool] = True
     reason: str = "hangup"
     epoch: int = 0
 
@@ -63,6 +75,7 @@ class Interrupt(PipelineFrame):
     decision instant on the call clock."""
 
     LANE: ClassVar[int] = SYSTEM
+    LOSSLESS: ClassVar[bool] = True
     epoch: int
     old_epoch: int
     at: float
@@ -299,6 +312,7 @@ class BotStarted(PipelineFrame):
     """TtsRingWriter -> TurnDriver: the first audio of ``epoch`` was handed over."""
 
     LANE: ClassVar[int] = UPSTREAM
+    LOSSLESS: ClassVar[bool] = True
     epoch: int
     at: float = 0.0
 
@@ -309,5 +323,6 @@ class BotEnded(PipelineFrame):
     mark timeout, or a response without audio)."""
 
     LANE: ClassVar[int] = UPSTREAM
+    LOSSLESS: ClassVar[bool] = True
     epoch: int
     reason: str = "mark"
