@@ -45,7 +45,9 @@ def test_local_tools_and_the_record_see_the_calls_metadata():
         "pre_actions": [{"tool": "note", "args": {}}]}}})
     res = run_virtual(lambda: simulate(SimCall(
         steps=[Utter("who am i", at=0.5)],
-        llm=[LlmScript((Call("whoami", {}), Call("note", {}))), LlmScript((Say("You are calling from 555."),))],
+        # the model's note has its own arguments: an identical one would be the pre-action's repeat (already_done)
+        llm=[LlmScript((Call("whoami", {}), Call("note", {"by": "model"}))),
+             LlmScript((Say("You are calling from 555."),))],
         registry=tools(seen), flow=flow, call_info=INFO)))
     names = [name for name, _ in seen]
     assert names[0] == "note" and sorted(names[1:]) == ["note", "whoami"]  # the pre-action, then the model's

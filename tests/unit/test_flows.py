@@ -72,9 +72,11 @@ def test_the_booking_flow_checks():
      "clashes"),
     ({"nodes__confirm__functions": [{"name": "set_party", "next": "book"}]}, "flow.nodes.confirm.functions",
      "unique in the flow"),
+    ({"nodes__book__pre_actions": [{"tool": "confirm_pending", "args": {"call_id": "t1.0"}}]},
+     "flow.nodes.book.actions", "never gated"),
 ])
 def test_bad_flows_are_refused_with_the_node_named(changes, key, text):
-    problems = check_flow(flow(**changes), ["book_table", "end_call"])
+    problems = check_flow(flow(**changes), ["book_table", "end_call", "confirm_pending"])
     assert any(p.key == key and text in p.message for p in problems), problems
 
 

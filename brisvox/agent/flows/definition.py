@@ -25,7 +25,8 @@ The flow: ``start`` (a node), ``max_transitions`` per call (default 32; beyond i
 :func:`check_flow` returns every problem with its dotted key: an unknown node (``start``,
 ``next``, ``next_on``, ``on_keypad``), a node no path from ``start`` reaches, a set of nodes
 the conversation can enter and never leave without an exit (no node in it ends the call
-or transfers), a tool that nothing provides, a function name that clashes with a tool.
+or transfers), a tool that nothing provides, a function name that clashes with a tool,
+an action calling ``confirm_pending`` (the tool engine refuses it: an action is never gated).
 Invariant: a :class:`FlowDef` that :func:`check_flow` passes has every reference resolved.
 """
 
@@ -35,6 +36,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from brisvox.agent.tool_engine.registry import CONFIRM_TOOL_NAME
 
 CONTEXT_STRATEGIES = ("append", "reset", "reset_with_summary")
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -177,6 +180,9 @@ def check_flow(flow: FlowDef, tools: Iterable[str]) -> list[FlowProblem]:
                 out.append(FlowProblem(f"{where}.actions", "an action is exactly one of say, end_call, transfer, tool"))
             if a.tool and a.tool not in known_tools:
                 out.append(FlowProblem(f"{where}.actions", f"action tool {a.tool!r} is not provided"))
+            elif a.tool == CONFIRM_TOOL_NAME:
+                out.append(FlowProblem(f"{where}.actions", f"{CONFIRM_TOOL_NAME!r} confirms the model's requests; "
+                                                           "an action is never gated, call the tool itself"))
     if out:
         return out
     seen_fn: dict[str, str] = {}

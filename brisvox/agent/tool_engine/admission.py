@@ -15,6 +15,8 @@ Invariants:
   ``max_invalid_rounds``, nothing runs for the rest of that turn
   (``budget_exhausted``, valid calls included). The budget is kept for the
   newest :data:`KEPT_TURNS` turns.
+* A script's call (:meth:`TurnBudget.admit_script`) spends no budget and is
+  refused only ``stale_turn``.
 * A commit spends no budget: its held calls are answered ``stale_turn`` if
   their turn was superseded since, ``budget_exhausted`` if the turn's budget
   was spent since.
@@ -65,6 +67,18 @@ class TurnBudget:
                 it.held = False
                 it.error(te.BUDGET_EXHAUSTED, D_BUDGET, ev.BUDGET_EXHAUSTED)
         return exhausted
+
+    def admit_script(self, items: Sequence[_Item], epoch: int) -> None:
+        """Admit the operator's calls (a flow's action): ``stale_turn`` for a superseded
+        turn, otherwise admitted whatever the model spent of the turn's budget."""
+        if self._newest is not None and epoch < self._newest:
+            for it in items:
+                it.error(te.STALE_TURN, D_STALE, ev.STALE_TURN)
+            return
+        if self._newest is None or epoch > self._newest:
+            self._new_turn(epoch)
+        for it in items:
+            it.retries = self._invalid.get(epoch, 0)
 
     def admit_held(self, held: Sequence[_Item], epoch: int) -> bool:
         """Admit a speculation's held calls at its commit (no budget spent); returns

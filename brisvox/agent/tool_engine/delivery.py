@@ -20,6 +20,10 @@ Invariants:
   or discarded undelivered reports each SideEffect result it carried as a late
   note, marks its SideEffect calls orphans and puts the late notes it took back
   in the mailbox, ahead of newer ones and in order.
+* A script's execution (:meth:`ToolEngine.act
+  <brisvox.agent.tool_engine.engine.ToolEngine.act>`, ``scripted``) is read by
+  the operator's script, not by the model: delivering it consumes no orphan it
+  replayed, so that orphan's result still reaches the model (its note).
 * The mailbox holds at most :data:`MAILBOX_CAPACITY` notes; a note beyond it is
   dropped and counted (``late_notes_dropped``), its call marked DROPPED.
 
@@ -69,6 +73,7 @@ class _RunRecord:
     taken: list[_LateNote] = field(default_factory=list)
     withheld: list[_LateNote] = field(default_factory=list)
     state: str = "open"  # open | delivered | discarded
+    scripted: bool = False  # the operator's call (ToolEngine.act): the script reads its results, not the model
 
 
 class Execution:
@@ -166,12 +171,14 @@ class Delivery:
         self._late_outcomes = outcomes
         return out
 
-    def finish(self, items: list[_Item], exhausted: bool, record: _RunRecord) -> Execution:
-        """The Execution of a run's items (each answered), carrying the mailbox's notes."""
+    def finish(self, items: list[_Item], exhausted: bool, record: _RunRecord, *,
+               take_notes: bool = True) -> Execution:
+        """The Execution of a run's items (each answered), carrying the mailbox's notes
+        (``take_notes`` False: they stay in the mailbox)."""
         results = [it.msg for it in items if it.msg is not None]
         assert len(results) == len(items)
         replayed = {id(rc) for rc, _, _ in record.replays}
-        while self._mailbox:
+        while take_notes and self._mailbox:
             n = self._mailbox.popleft()
             if n.recent is not None and n.recent.consumed:
                 continue
@@ -223,13 +230,13 @@ class Delivery:
         record.state = "delivered"
         for rc, _msg, _ in record.replays:
             rc.replays.discard(record.run)
-            rc.consumed = True
+            rc.consumed = rc.consumed or not record.scripted
         for n in record.taken:
             if n.recent is not None and not n.recent.consumed:
                 n.recent.note = NoteState.REPORTED
         # A delivered replay now stands for the result the model read: a repeat of
         # it in a later response of the same turn is already_done.
-        for rc, msg, epoch in record.replays:
+        for rc, msg, epoch in () if record.scripted else record.replays:
             if not msg.is_error:
                 self._recent.add(RecentCall(IdempotencyKey(self._session, epoch, msg.call_id), rc.tool,
                                             rc.digest, epoch, record.run, self._clock.now(),

@@ -5,7 +5,8 @@ Owns the engine's public surface, its lifecycle and the state the parts share
 the counters): the entry points (:meth:`~ToolEngine.execute` a committed
 response, :meth:`~ToolEngine.speculate` one, :meth:`~ToolEngine.commit` a
 speculation), the queries the runner and the metrics read, the confirmation
-gate's notes from the runner, and ``close``. It holds its parts, each built
+gate's notes from the runner, and ``close``; :meth:`~ToolEngine.act` runs one call
+of the operator's script (a flow's action) on the same paths. It holds its parts, each built
 here with what it needs (each states the invariants it owns):
 :class:`~.planning.Planner` (validation, speculation; pure),
 :class:`~.admission.TurnBudget` (stale turns, the retry budget),
@@ -20,6 +21,10 @@ Invariants:
 * No exception escapes ``execute``/``speculate``/``commit`` except the
   caller's own cancellation (``asyncio.CancelledError``).
 * ``commit`` spends no budget; a speculation commits at most once.
+* ``act`` runs its call exactly as ``execute`` runs a model's (schema, kind,
+  idempotency key, timeout, late note), except that it spends no budget, the
+  confirmation gate does not hold it and it leaves the mailbox's notes where
+  they are.
 * After ``close`` no entry point runs; every running SideEffect call is
   aborted and recorded lost (never run again).
 
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.assemble import InvalidCall
 from brisvox.agent.conversation.context import SystemMessage, ToolCall
 from brisvox.agent.tool_engine import events as ev
@@ -43,7 +49,12 @@ from brisvox.agent.tool_engine.delivery import Delivery, Execution
 from brisvox.agent.tool_engine.idempotency import IdempotencyStore, IdempotencyUsage
 from brisvox.agent.tool_engine.planning import Planner, Speculation
 from brisvox.agent.tool_engine.recent import RecentCalls
-from brisvox.agent.tool_engine.registry import CancelToken, ToolRegistry, ToolSpec
+from brisvox.agent.tool_engine.registry import (
+    CONFIRM_TOOL_NAME,
+    CancelToken,
+    ToolRegistry,
+    ToolSpec,
+)
 from brisvox.agent.tool_engine.running import Runner
 from brisvox.agent.tool_engine.side_effects import SideEffects, _Mutations
 from brisvox.agent.tool_engine.state import _Item
@@ -162,6 +173,30 @@ class ToolEngine:
         self._trace.answered(epoch, held)
         record = await self._runner.run(held, epoch, token)
         return self._delivery.finish(items, exhausted, record)
+
+    async def act(self, call: ToolCall, epoch: int, cancel: CancelToken | None = None) -> Execution:
+        """Run one call of the operator's script (a flow's ``tool``, ``end_call`` or
+        ``transfer`` action) in turn ``epoch``: planned and run as :meth:`execute` runs a
+        model's call (the schema, the tool's kind and timeout; a SideEffect call at most
+        once per idempotency key (session, epoch, ``call.id``), on its own task, its result
+        a late note when the slot was answered ``timeout`` or ``interrupted``; a repeat of
+        a recent orphan or of a success of the same turn answered from the record). The
+        script's call spends no retry budget, is not held by the confirmation gate (the
+        operator chose it, not the model) and takes no late notes from the mailbox (they
+        wait for :meth:`take_late_notes`): the Execution holds its one result and no notes.
+        ``mark_delivered()`` it once the script has read the result, or ``discard()`` it
+        when the turn was cut meanwhile (a SideEffect result becomes a late note)."""
+        self._check_open()
+        token = cancel if cancel is not None else CancelToken()
+        items, _ = self._planner.plan([call], hold_side_effects=False)
+        for it in items:
+            if it.msg is None and it.tool == CONFIRM_TOOL_NAME:
+                it.error(te.UNKNOWN_TOOL, f"{CONFIRM_TOOL_NAME} answers the model's requests, not a script's",
+                         ev.UNKNOWN_TOOL)
+        self._turns.admit_script(items, epoch)
+        self._trace.answered(epoch, items)
+        record = await self._runner.run(items, epoch, token, scripted=True)
+        return self._delivery.finish(items, False, record, take_notes=False)
 
     def _admit(self, items: list[_Item], epoch: int, malformed: bool) -> bool:
         exhausted = self._turns.admit(items, epoch, malformed)

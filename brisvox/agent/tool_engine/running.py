@@ -71,10 +71,11 @@ class Runner:
         self._runs = 0
 
     # ------------------------------------------------------------------ step 3: run
-    async def run(self, items: list[_Item], epoch: int, token: CancelToken) -> _RunRecord:
-        """Run ``items`` (answers in their slots); the record of what the run did."""
+    async def run(self, items: list[_Item], epoch: int, token: CancelToken, *, scripted: bool = False) -> _RunRecord:
+        """Run ``items`` (answers in their slots); the record of what the run did.
+        ``scripted``: the operator's calls (no confirmation gate)."""
         self._runs += 1
-        record = _RunRecord(self._runs)
+        record = _RunRecord(self._runs, scripted=scripted)
         now = self._clock.now()
         waits = []
         seen_se: set[str] = set()
@@ -84,7 +85,7 @@ class Runner:
             it.t0 = now
             assert it.entry is not None and it.call is not None
             if it.entry.spec.side_effect:
-                self._side_effects.start(it, epoch, token, record, seen_se)
+                self._side_effects.start(it, epoch, token, record, seen_se, scripted=scripted)
                 if it.msg is not None:
                     self._trace.settled(epoch, it)
                     continue

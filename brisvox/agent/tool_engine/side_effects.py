@@ -26,7 +26,8 @@ Invariants:
   earlier in the same turn is refused ``already_done`` unless the tool is
   ``repeatable``.
 * A ``confirm`` tool's call does not run: it is parked in the confirmation gate
-  and only a ``confirm_pending`` after the user's next reply runs it.
+  and only a ``confirm_pending`` after the user's next reply runs it; a call of
+  the operator's script (``scripted``: a flow's action) is not gated.
 * Each execution logs one INFO line with the key digest; arguments are never
   logged.
 """
@@ -137,9 +138,10 @@ class SideEffects:
             t.cancel()
 
     # -- SideEffect: synchronous start (issue order)
-    def start(self, it: _Item, epoch: int, token: CancelToken, record: _RunRecord, seen: set[str]) -> None:
+    def start(self, it: _Item, epoch: int, token: CancelToken, record: _RunRecord, seen: set[str], *,
+              scripted: bool = False) -> None:
         """Start ``it`` (issue order, no await): on its own task, or answered at once
-        (replay, refusal, the confirmation gate) with ``it.msg`` set."""
+        (replay, refusal, the confirmation gate unless ``scripted``) with ``it.msg`` set."""
         assert it.entry is not None and it.call is not None
         spec = it.entry.spec
         key = IdempotencyKey(self._session, epoch, it.call_id)
@@ -174,7 +176,7 @@ class SideEffects:
             run_entry, run_args = target, taken.arguments
         else:
             digest = call_digest(tool_name, args)
-            if spec.confirm:
+            if spec.confirm and not scripted:
                 self._confirmations.request(it.call_id, tool_name, args, digest, epoch, self._clock.now())
                 self._stats.confirmations_requested += 1
                 body = orjson.dumps({"status": "confirmation_required", "tool": te.bound(tool_name, te.MAX_TOOL_BYTES),

@@ -25,10 +25,16 @@ needs of the runner while it enters a transition or runs actions:
   does the late result of a ``next_on`` tool a barge-in cut (:meth:`FlowHook.late`).
 * Actions: ``say`` is a fixed line (:meth:`FlowHost.speak`: its own round, into the
   context, played from its pre-rendered clip after its first rendering: the TTS stage's
-  clip cache); ``end_call``, ``transfer`` and ``tool`` run the registry's tool once
-  (``end_call``, ``transfer_call`` or the named one) with its own timeout; a missing or
-  failing tool is counted (``action_failures``) and logged, and the call goes on. Every
-  action stops at a halted turn.
+  clip cache); ``end_call``, ``transfer`` and ``tool`` call the registry's tool
+  (``end_call``, ``transfer_call`` or the named one) through the tool engine
+  (:meth:`ToolEngine.act <brisvox.agent.tool_engine.engine.ToolEngine.act>`), as a model's
+  call runs: its kind, its timeout, and for a SideEffect tool the idempotency key
+  (session, the turn's epoch, the action's id ``flow.<node>.<pre|post|cap>.<index>``), so
+  an action runs at most once per turn (the node entered again in the same turn is
+  answered from the record) and one cut by a barge-in or its timeout keeps running, its
+  result a late note in the context at the next settle. The script reads the result, the
+  model does not; an error result or a missing tool is counted (``action_failures``) and
+  logged, and the call goes on. Every action stops at a halted turn.
 * Without a flow, the runner's observer (the agent link, :mod:`.observer`) shapes the offer:
   :meth:`FlowHook.tools` offers what it says, and a call of a tool it screens (narrowed
   away by ``tools.set``) is answered ``unknown_tool`` in its slot, never run
@@ -39,11 +45,12 @@ needs of the runner while it enters a transition or runs actions:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+import orjson
 
 from brisvox.agent.conversation import tool_errors as te
 from brisvox.agent.conversation.assemble import CallError, InvalidCall
@@ -53,7 +60,7 @@ from brisvox.agent.flows.manager import FlowCapReached, FlowManager
 from brisvox.agent.pipeline.llm.observer import CallObserver
 from brisvox.agent.pipeline.llm.turn import Turn
 from brisvox.agent.tool_engine.engine import ToolEngine
-from brisvox.agent.tool_engine.registry import ToolContext, ToolSpec
+from brisvox.agent.tool_engine.registry import ToolSpec
 
 log = logging.getLogger("brisvox.agent.flow")
 
@@ -86,6 +93,7 @@ class FlowHook:
         self.flow = flow
         self.engine = engine
         self._pre: tuple[FlowAction, ...] = flow.start(ctx) if flow is not None else ()  # said at the first turn
+        self._pre_node = flow.node.name if flow is not None else ""
         self._keypad: str | None = None  # the node a keypad entry or a late result moves to, at a turn's start
         self.actions = 0
         self.action_failures = 0
@@ -129,7 +137,7 @@ class FlowHook:
         if self.flow is None:
             return False
         pre, self._pre = self._pre, ()
-        if pre and await self._run(turn, pre, host):
+        if pre and await self._run(turn, pre, host, f"{self._pre_node}.pre"):
             return True
         target, self._keypad = self._keypad, None
         return target is not None and await self._enter(turn, target, host)
@@ -155,27 +163,29 @@ class FlowHook:
         """A round without calls at a node without transitions: the node's post-actions."""
         flow = self.flow
         if flow is not None and not flow.node.targets():
-            await self._run(turn, flow.node.post_actions, host)
+            await self._run(turn, flow.node.post_actions, host, f"{flow.node.name}.post")
 
     async def _enter(self, turn: Turn, target: str, host: FlowHost) -> bool:
         flow = self.flow
         assert flow is not None
+        left = flow.node.name
         try:
             t = flow.enter(target, host.ctx)
         except FlowCapReached:
             log.warning("flow: max_transitions reached; the fallback line, then the call ends")
             await host.speak(turn, flow.flow.fallback_line or "Goodbye.", clip=False)
-            await self._run(turn, (FlowAction(end_call=True),), host)
+            await self._run(turn, (FlowAction(end_call=True),), host, f"{left}.cap")
             return True
-        await self._run(turn, t.post_actions, host)
+        await self._run(turn, t.post_actions, host, f"{left}.post")
         host.swap_context(t.context, reset=flow.node.context != "append")
-        return await self._run(turn, t.pre_actions, host)
+        return await self._run(turn, t.pre_actions, host, f"{t.node}.pre")
 
     # -- actions ---------------------------------------------------------------------------
-    async def _run(self, turn: Turn, actions: Sequence[FlowAction], host: FlowHost) -> bool:
-        """Run ``actions`` in order; True when one of them ends the call."""
+    async def _run(self, turn: Turn, actions: Sequence[FlowAction], host: FlowHost, where: str) -> bool:
+        """Run ``actions`` (``where``: ``<node>.<pre|post|cap>``) in order; True when one of
+        them ends the call."""
         ends = False
-        for a in actions:
+        for i, a in enumerate(actions):
             if turn.token.cancelled:
                 return ends
             self.actions += 1
@@ -189,19 +199,32 @@ class FlowHook:
             else:
                 name, args = a.tool, dict(a.args)
             ends = ends or a.exits
-            await self._tool(turn, name, args)
+            await self._tool(turn, ToolCall(f"flow.{where}.{i}", name, args))
         return ends
 
-    async def _tool(self, turn: Turn, name: str, args: dict[str, Any]) -> None:
+    async def _tool(self, turn: Turn, call: ToolCall) -> None:
+        """One action's call through the engine; a cut turn discards its execution (a
+        SideEffect result that reached its slot becomes a late note, as a model's does)."""
         engine = self.engine
-        rt = engine.registry.get(name) if engine is not None else None
-        if engine is None or rt is None:
+        if engine is None or engine.registry.get(call.name) is None:
             self.action_failures += 1
-            log.error("flow action: tool %r is not in the call's registry", name)
+            log.error("flow action: tool %r is not in the call's registry", call.name)
             return
-        ctx = ToolContext(engine.session, turn.epoch, f"flow.{self.actions}", tool=name, call_info=engine.call_info)
-        try:
-            await asyncio.wait_for(rt.tool(args, ctx), rt.spec.timeout)
-        except Exception as e:  # noqa: BLE001 - an action's failure is counted, the call goes on
+        execution = await engine.act(call, turn.epoch, turn.token)
+        if turn.token.cancelled:
+            execution.discard()
+            return
+        execution.mark_delivered()
+        res = execution.results[0]
+        if res.is_error:
             self.action_failures += 1
-            log.warning("flow action %s failed: %s", name, type(e).__name__)
+            log.warning("flow action %s (%s) answered %s", call.id, call.name, _error_kind(res))
+
+
+def _error_kind(res: ToolMessage) -> str:
+    """The ``error`` of an error result's body (never its detail: it may quote the arguments)."""
+    try:
+        body = orjson.loads(res.content)
+    except orjson.JSONDecodeError:
+        return "error"
+    return str(body.get("error", "error")) if isinstance(body, dict) else "error"
