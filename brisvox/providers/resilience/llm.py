@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from brisvox.providers.base import Done, LlmError, LlmEvent, LlmProvider, LlmRequest, ProviderError
@@ -46,11 +46,13 @@ class ResilientLlm:
 
     def __init__(self, primary: LlmProvider, secondary: LlmProvider | None = None, pkey: str = "",
                  skey: str = "", *, resilience: Resilience | None = None,
-                 config: ResilienceConfig | None = None) -> None:
+                 config: ResilienceConfig | None = None,
+                 own: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})) -> None:
         res = resilience or DEFAULT
         self.cfg = config or res.config
         self.legs: Legs[LlmProvider] = Legs("llm", primary, secondary, pkey or primary.name,
-                                            skey or (secondary.name if secondary else ""), res, self.cfg)
+                                            skey or (secondary.name if secondary else ""), res, self.cfg,
+                                            own)
         self.name = primary.name if secondary is None else f"{primary.name}+{secondary.name}"
         self.primary = primary
         self.secondary = secondary
