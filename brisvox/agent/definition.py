@@ -197,8 +197,11 @@ def read(path: str | os.PathLike[str]) -> tuple[Any, dict[str, int], list[Proble
 
 
 def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-                     load_modules: bool = True) -> tuple[AgentDef | None, list[Problem]]:
-    """Validate an agent file offline. Returns the definition (None if unusable) and every problem."""
+                     load_modules: bool = True, fall_delay_ms: int | None = None,
+                     ) -> tuple[AgentDef | None, list[Problem]]:
+    """Validate an agent file offline. Returns the definition (None if unusable) and every problem.
+    ``fall_delay_ms``: the workers' ``[vad] fall_delay_ms`` when a daemon config is known
+    (``[turn] early_analysis`` needs it above 0), None when the file is checked alone."""
     env = os.environ if env is None else env
     data, lines, problems = read(path)
     if data is None:
@@ -231,6 +234,7 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                         line_of(lines, [*where, "options", opt_name]),
                                         f"unknown option for {leg.provider}"))
     problems.extend(_check_tools(agent, lines, load_modules))
+    problems.extend(_check_settings(agent, lines, fall_delay_ms))
     if agent.flow is not None:
         problems.extend(Problem("error", p.key, line_of(lines, p.key.split(".")), p.message)
                         for p in check_flow(agent.flow, agent.tools))
@@ -242,6 +246,43 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
     problems.extend(Problem(sev, f"agent_link.{k}", line_of(lines, ["agent_link", k]), msg)
                     for sev, k, msg in (check_link(data["agent_link"], env) if "agent_link" in data else ()))
     return agent, problems
+
+
+def _check_settings(agent: AgentDef, lines: Mapping[str, int], fall_delay_ms: int | None) -> list[Problem]:
+    """Settings that would be accepted and do nothing: ``[filler] per_tool`` with ``delay``
+    (each tool's own delay replaces the fixed one), ``[turn] early_analysis`` without
+    the VAD's falling events (``[vad] fall_delay_ms`` 0) or without Smart Turn."""
+    from brisvox.agent.host.config import NO_FALLING
+    from brisvox.providers.registry import TOOLLESS_LLM
+
+    out: list[Problem] = []
+    offered = list(agent.tools) + ([f.name for n in agent.flow.nodes.values() for f in n.functions]
+                                   if agent.flow is not None else [])
+    for i, leg in enumerate(agent.llm.legs() if agent.llm is not None and offered else ()):
+        if leg.provider in TOOLLESS_LLM:
+            where = ["llm", "provider"] if i == 0 else ["llm", "secondary", "provider"]
+            what = ("its tools are never offered to it, so it cannot " if i == 0 else
+                    "after a failover to it a turn that offers tools is answered that it cannot be done now "
+                    "(no tool runs), so the agent cannot ")
+            out.append(Problem("warning", ".".join(where), line_of(lines, where),
+                               f"{leg.provider} cannot call tools: {what}use {', '.join(offered[:4])}"
+                               f"{' ...' if len(offered) > 4 else ''}; use an LLM that calls tools "
+                               "(openai, anthropic, gemini, ...)"))
+    if agent.filler.get("per_tool") and "delay" in agent.filler:
+        out.append(Problem("error", "filler.delay", line_of(lines, ["filler", "delay"]),
+                           "per_tool = true takes each tool's own delay, so delay would be ignored: "
+                           "remove delay, or set per_tool = false"))
+    if agent.turn.get("early_analysis"):
+        key, line = "turn.early_analysis", line_of(lines, ["turn", "early_analysis"])
+        if agent.turn.get("smart_turn") is False:
+            out.append(Problem("error", key, line, "early analysis is a Smart Turn analysis: with "
+                               "smart_turn = false it never runs; remove early_analysis"))
+        elif fall_delay_ms == 0:
+            out.append(Problem("error", key, line, f"{NO_FALLING}; or remove early_analysis"))
+        elif fall_delay_ms is None:
+            out.append(Problem("warning", key, line, "needs the workers' [vad] fall_delay_ms > 0 (default 0: "
+                               "then it never runs); `brisvoxd check` of the daemon config checks it"))
+    return out
 
 
 def _has(data: Mapping[str, Any], key: list[str]) -> bool:

@@ -261,6 +261,7 @@ class ResilienceStats:
     late_dropped: int = 0
     audio_dropped: int = 0
     warm_failures: int = 0
+    no_tools_answers: int = 0  # LLM: a request with tools answered "not now" after a failover to a tool-less leg
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
