@@ -186,6 +186,9 @@ class ResilientStream:
                     if self._last is not None:
                         return self._last
                     return LlmError("unavailable", "no LLM leg may be tried now")
+                if self._content:  # the wrapper's own answer (a tool-less leg): no verdict to hear
+                    ev = await self._cur.__anext__()
+                    return ev
             limit = self.owner.cfg.llm_attempt_timeout if self._different_leg_follows() else None
             try:
                 async with legs.clock.timeout(limit):
