@@ -59,6 +59,7 @@ from brisvox.providers.registry import (
     PROVIDERS,
     STREAMING_LLM,
     ProviderDef,
+    leg_problems,
     resolve_key,
     unknown_options,
 )
@@ -130,18 +131,25 @@ def schema() -> dict[str, Any]:
 # -- parsing -------------------------------------------------------------------------------------
 
 
-def _leg(d: Mapping[str, Any]) -> ProviderDef:
+def _leg(d: Mapping[str, Any], language: str, voice: str = "") -> ProviderDef:
+    """One leg and its secondary, each with its own settings: ``language`` (the agent's) and
+    ``voice`` (the agent's top-level one) are the primary's fallbacks; a secondary falls back
+    to the agent's language and to its provider's own voice and model, never the primary's."""
     sec = d.get("secondary")
-    return ProviderDef(provider=str(d["provider"]), model=str(d.get("model", "")), voice=str(d.get("voice", "")),
+    return ProviderDef(provider=str(d["provider"]), model=str(d.get("model", "")),
+                       voice=str(d.get("voice", "") or voice), language=str(d.get("language", "") or language),
                        base_url=str(d.get("base_url", "")), api_key_env=str(d.get("api_key_env", "")),
-                       options=dict(d.get("options", {})), secondary=_leg(sec) if isinstance(sec, dict) else None)
+                       options=dict(d.get("options", {})),
+                       secondary=_leg(sec, language) if isinstance(sec, dict) else None)
 
 
 def parse(data: Mapping[str, Any], path: str) -> AgentDef:
+    lang, voice = str(data.get("language", "en")), str(data.get("voice", ""))
     return AgentDef(
         name=str(data.get("name") or Path(path).stem), path=path, system_prompt=str(data["system_prompt"]),
-        stt=_leg(data["stt"]) if "stt" in data else None, llm=_leg(data["llm"]) if "llm" in data else None,
-        tts=_leg(data["tts"]),
+        stt=_leg(data["stt"], lang) if "stt" in data else None,
+        llm=_leg(data["llm"], "") if "llm" in data else None,
+        tts=_leg(data["tts"], lang, voice),
         language=str(data.get("language", "en")), voice=str(data.get("voice", "")),
         greeting=str(data.get("greeting", "")), tools=tuple(data.get("tools", ())),
         confirm_tools=tuple(data.get("confirm_tools", ())), tool_modules=tuple(data.get("tool_modules", ())),
@@ -150,7 +158,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         interruption=dict(data.get("interruption", {})), turn=dict(data.get("turn", {})),
         speculation=dict(data.get("speculation", {})), window=dict(data.get("window", {})), dtmf=dict(data.get("dtmf", {})),
         recording=dict(data.get("recording", {})),
-        s2s=_leg(data["s2s"]) if "s2s" in data else None,
+        s2s=_leg(data["s2s"], lang) if "s2s" in data else None,
         flow=parse_flow(data["flow"]) if "flow" in data else None,
         agent_link=LinkConfig.from_table(data["agent_link"]) if "agent_link" in data else None,
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
@@ -189,8 +197,11 @@ def read(path: str | os.PathLike[str]) -> tuple[Any, dict[str, int], list[Proble
 
 
 def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None = None,
-                     load_modules: bool = True) -> tuple[AgentDef | None, list[Problem]]:
-    """Validate an agent file offline. Returns the definition (None if unusable) and every problem."""
+                     load_modules: bool = True, fall_delay_ms: int | None = None,
+                     ) -> tuple[AgentDef | None, list[Problem]]:
+    """Validate an agent file offline. Returns the definition (None if unusable) and every problem.
+    ``fall_delay_ms``: the workers' ``[vad] fall_delay_ms`` when a daemon config is known
+    (``[turn] early_analysis`` needs it above 0), None when the file is checked alone."""
     env = os.environ if env is None else env
     data, lines, problems = read(path)
     if data is None:
@@ -209,13 +220,13 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                         f"{var} is not set: calls with this agent will fail to start {stage}"))
             if leg.provider == "scripted":
                 problems.extend(_check_rules(leg, where, lines))
-            if leg.provider == "local_llm" and leg.model:
-                from brisvox.providers.local_llm import MODELS
-
-                if leg.model not in MODELS:
-                    problems.append(Problem("error", ".".join([*where, "model"]),
-                                            line_of(lines, [*where, "model"]) or line_of(lines, where),
-                                            f"unknown local model {leg.model!r} (known: {', '.join(MODELS)})"))
+            for sev, what, msg in leg_problems(stage, leg):
+                key = [*where, what]
+                if what == "voice" and stage == "tts" and i == 0 and "voice" not in data["tts"] and agent.voice:
+                    key = ["voice"]  # the primary's voice is the agent's top-level one
+                elif what == "language" and not _has(data, key):
+                    key = ["language"]  # the leg took the agent's language
+                problems.append(Problem(sev, ".".join(key), line_of(lines, key) or line_of(lines, where), msg))
             if "timing_file" in leg.options:
                 problems.extend(_check_timing(leg, where, lines))
             for opt_name in unknown_options(leg):
@@ -223,6 +234,7 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                         line_of(lines, [*where, "options", opt_name]),
                                         f"unknown option for {leg.provider}"))
     problems.extend(_check_tools(agent, lines, load_modules))
+    problems.extend(_check_settings(agent, lines, fall_delay_ms))
     if agent.flow is not None:
         problems.extend(Problem("error", p.key, line_of(lines, p.key.split(".")), p.message)
                         for p in check_flow(agent.flow, agent.tools))
@@ -234,6 +246,51 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
     problems.extend(Problem(sev, f"agent_link.{k}", line_of(lines, ["agent_link", k]), msg)
                     for sev, k, msg in (check_link(data["agent_link"], env) if "agent_link" in data else ()))
     return agent, problems
+
+
+def _check_settings(agent: AgentDef, lines: Mapping[str, int], fall_delay_ms: int | None) -> list[Problem]:
+    """Settings that would be accepted and do nothing: ``[filler] per_tool`` with ``delay``
+    (each tool's own delay replaces the fixed one), ``[turn] early_analysis`` without
+    the VAD's falling events (``[vad] fall_delay_ms`` 0) or without Smart Turn."""
+    from brisvox.agent.host.config import NO_FALLING
+    from brisvox.providers.registry import TOOLLESS_LLM
+
+    out: list[Problem] = []
+    offered = list(agent.tools) + ([f.name for n in agent.flow.nodes.values() for f in n.functions]
+                                   if agent.flow is not None else [])
+    for i, leg in enumerate(agent.llm.legs() if agent.llm is not None and offered else ()):
+        if leg.provider in TOOLLESS_LLM:
+            where = ["llm", "provider"] if i == 0 else ["llm", "secondary", "provider"]
+            what = ("its tools are never offered to it, so it cannot " if i == 0 else
+                    "after a failover to it a turn that offers tools is answered that it cannot be done now "
+                    "(no tool runs), so the agent cannot ")
+            out.append(Problem("warning", ".".join(where), line_of(lines, where),
+                               f"{leg.provider} cannot call tools: {what}use {', '.join(offered[:4])}"
+                               f"{' ...' if len(offered) > 4 else ''}; use an LLM that calls tools "
+                               "(openai, anthropic, gemini, ...)"))
+    if agent.filler.get("per_tool") and "delay" in agent.filler:
+        out.append(Problem("error", "filler.delay", line_of(lines, ["filler", "delay"]),
+                           "per_tool = true takes each tool's own delay, so delay would be ignored: "
+                           "remove delay, or set per_tool = false"))
+    if agent.turn.get("early_analysis"):
+        key, line = "turn.early_analysis", line_of(lines, ["turn", "early_analysis"])
+        if agent.turn.get("smart_turn") is False:
+            out.append(Problem("error", key, line, "early analysis is a Smart Turn analysis: with "
+                               "smart_turn = false it never runs; remove early_analysis"))
+        elif fall_delay_ms == 0:
+            out.append(Problem("error", key, line, f"{NO_FALLING}; or remove early_analysis"))
+        elif fall_delay_ms is None:
+            out.append(Problem("warning", key, line, "needs the workers' [vad] fall_delay_ms > 0 (default 0: "
+                               "then it never runs); `brisvoxd check` of the daemon config checks it"))
+    return out
+
+
+def _has(data: Mapping[str, Any], key: list[str]) -> bool:
+    for k in key:
+        if not isinstance(data, Mapping) or k not in data:
+            return False
+        data = data[k]
+    return True
 
 
 def _check_dtmf(agent: AgentDef, lines: Mapping[str, int]) -> list[Problem]:
@@ -424,11 +481,13 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
         inter["backchannels"] = frozenset(str(b).lower() for b in inter["backchannels"])
     interruption = replace(cfg.turn.turn.interruption, **pick(InterruptionConfig, inter))
     turn = replace(cfg.turn.turn, interruption=interruption, **pick(TurnConfig, agent.turn, ("interruption",)))
-    stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.language,
+    # the call's session configs carry the primary's settings; each leg of the resilience layer
+    # connects with its own in their place (brisvox.providers.resilience.leg_own)
+    stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.stt.language if agent.stt else agent.language,
                                        model=agent.stt.model if agent.stt is not None else ""))
     tts = replace(cfg.tts, clip_scope=agent.name,  # the agent's filler clips are shared by its calls
-                  tts=replace(cfg.tts.tts, language=agent.language, model=agent.tts.model,
-                              voice=agent.tts.voice or agent.voice))
+                  tts=replace(cfg.tts.tts, language=agent.tts.language, model=agent.tts.model,
+                              voice=agent.tts.voice))
     keypad = KeypadConfig.from_table(dict(agent.dtmf)) if agent.dtmf else cfg.turn.keypad
     out = replace(cfg, llm=llm, turn=replace(cfg.turn, turn=turn, speculation=spec, keypad=keypad), stt=stt, tts=tts)
     return out if agent.s2s is None else replace(out, s2s=_s2s_config(agent, out, turn))

@@ -98,10 +98,14 @@ class _Leg:
         return _provider(cls.STAGE, v)
 
 
+LANGUAGE = r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$"
+
+
 @section
 class SttSecondary(_Leg):
     STAGE: ClassVar[str] = "stt"
     provider: Annotated[str, _enum("stt")]
+    language: str | None = Field(default=None, pattern=LANGUAGE)  # default: the agent's language
 
 
 @section
@@ -129,6 +133,7 @@ class TtsSecondary(_Leg):
     STAGE: ClassVar[str] = "tts"
     provider: Annotated[str, _enum("tts")]
     voice: str | None = Field(default=None, max_length=200)
+    language: str | None = Field(default=None, pattern=LANGUAGE)  # default: the agent's language
 
 
 @section
@@ -328,7 +333,7 @@ class AgentFile:
     tts: TtsLeg
     name: Name | None = None
     description: str | None = Field(default=None, max_length=500)
-    language: str | None = Field(default=None, pattern=r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$")
+    language: str | None = Field(default=None, pattern=LANGUAGE)
     voice: str | None = Field(default=None, max_length=200)
     greeting: str | None = Field(default=None, max_length=1000)
     tools: tuple[Name, ...] | None = Field(default=None, max_length=64, json_schema_extra=UNIQUE)

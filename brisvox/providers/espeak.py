@@ -10,6 +10,12 @@ failed run ends the session with TtsClosed(reason). No word timings.
 
 It needs no model and no worker: the fallback when the Piper voice is not
 installed, and the cheapest voice for load tests.
+
+:func:`usable_voice` is the offline check of a leg's ``voice`` (``brisvoxd check``):
+the voices ``espeak-ng --voices`` lists (a language code, a file name, and a
+``+variant`` of ``espeak-ng --voices=variant``), case-insensitive as espeak-ng
+matches them; MBROLA voices (``mb/...``) only when the ``mbrola`` binary is
+installed. Any other voice makes espeak-ng exit 1 without a sound.
 """
 
 from __future__ import annotations
@@ -18,12 +24,52 @@ import asyncio
 import contextlib
 import shutil
 import struct
+import subprocess
 from collections.abc import AsyncIterator
+from functools import lru_cache
 
 from brisvox.providers.base import ProviderError, TtsConfig
 from brisvox.providers.openai_tts import SerialTtsSession
 
 RATE = 22_050
+DEFAULT_VOICE = "en-us"
+
+
+def _listing(binary: str, which: str) -> list[list[str]]:
+    out = subprocess.run([binary, f"--voices{which}"], capture_output=True, text=True, timeout=10.0,
+                         check=False).stdout
+    return [line.split() for line in out.splitlines()[1:] if line.strip()]
+
+
+@lru_cache(maxsize=8)
+def voices(binary: str = "espeak-ng") -> tuple[frozenset[str], frozenset[str]] | None:
+    """(voices, variants) espeak-ng accepts after ``-v``, lower-cased; None when ``binary``
+    is not installed. Columns: Pty, Language, Age/Gender, VoiceName, File, Other Languages."""
+    if shutil.which(binary) is None:
+        return None
+    try:
+        rows, variant_rows = _listing(binary, ""), _listing(binary, "=variant")
+    except (OSError, subprocess.SubprocessError):
+        return None
+    mbrola = shutil.which("mbrola") is not None
+    names: set[str] = set()
+    for r in rows:
+        if len(r) < 5 or (r[4].startswith("mb/") and not mbrola):
+            continue
+        names.update({r[1].lower(), r[4].lower()})
+        names.update(x.strip("()").lower() for x in r[5:] if x.startswith("("))
+    variants = {x.lower() for r in variant_rows if len(r) >= 5 for x in (r[3], r[4].rsplit("/", 1)[-1])}
+    return frozenset(names), frozenset(variants)
+
+
+def usable_voice(voice: str, binary: str = "espeak-ng") -> bool | None:
+    """Can espeak-ng speak with ``voice`` (``name`` or ``name+variant``)? None: not installed."""
+    known = voices(binary)
+    if known is None:
+        return None
+    names, variants = known
+    base, _, variant = voice.lower().partition("+")
+    return base in names and (not variant or variant in variants)
 
 
 async def _wav_pcm(stream: asyncio.StreamReader, max_bytes: int) -> AsyncIterator[bytes]:
@@ -48,7 +94,7 @@ async def _wav_pcm(stream: asyncio.StreamReader, max_bytes: int) -> AsyncIterato
 
 
 class EspeakTts:
-    def __init__(self, *, voice: str = "en-us", wpm: int = 170, binary: str = "espeak-ng", timeout: float = 10.0,
+    def __init__(self, *, voice: str = DEFAULT_VOICE, wpm: int = 170, binary: str = "espeak-ng", timeout: float = 10.0,
                  max_bytes: int = 20 << 20, name: str = "espeak") -> None:
         self.name = name
         self.voice = voice

@@ -84,6 +84,8 @@ def to_rows(msgs: Sequence[LlmMessage], max_chars: int) -> list[dict[str, Any]]:
 
 
 class LocalLlm:
+    calls_tools = False  # the model is offered no tools (registry.TOOLLESS_LLM, the resilience layer)
+
     def __init__(self, channel: JobChannel, call_id: str, *, model: str = "", max_tokens: int = 96,
                  temperature: float = 0.0, repeat_penalty: float = 1.0, seed: int = 0,
                  max_context_chars: int = 6000, request_timeout: float = 2.0, name: str = "local_llm") -> None:

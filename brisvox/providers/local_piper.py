@@ -34,6 +34,7 @@ from ipc.frames import ErrorReply, JobAccepted, JobCancel, TtsJob, TtsJobAudio
 from ipc.ring import Ring, RingError
 
 RATE = 22_050
+VOICES = ("joe",)  # the one voice the worker installs (workers.model_catalogue: piper_joe)
 
 
 class _Rings:

@@ -39,6 +39,9 @@ from brisvox.providers.ws_common import EventPipe
 from ipc.frames import ErrorReply, SttJob, SttJobResult
 
 RATE = 16_000
+# the one model the worker installs (workers.model_catalogue: whisper_tiny_en), and what it can hear
+MODELS = ("whisper_tiny_en",)
+LANGUAGES = ("en",)
 MAX_SAMPLES = 30 * RATE
 
 

@@ -18,7 +18,8 @@ nothing of it (:func:`build_call` takes anything with the three legs).
   process's worker client) in the :class:`CallEnv`.
 * Every stage of a call (:func:`build_call`) is wrapped in the resilience
   layer (:mod:`brisvox.providers.resilience`), with the leg's ``secondary``
-  when it has one: a blip of a single provider is recovered for every agent
+  when it has one, each leg connecting with its own voice, model and language
+  (:func:`brisvox.providers.resilience.leg_own`): a blip of a single provider is recovered for every agent
   (retries within the call's and the process's budget, mid-call recovery),
   and a leg with a secondary fails over to it; a process-wide breaker per
   provider leg. :func:`build` alone wraps only a leg with a secondary.
@@ -61,11 +62,14 @@ LOCAL = {"local_whisper", "local_llm", "local_piper"}  # run as jobs in an infer
 
 @dataclass(frozen=True, slots=True)
 class ProviderDef:
-    """One provider leg of a stage."""
+    """One provider leg of a stage: its own model, voice and language (as the agent file
+    resolves them: ``voice``/``language`` of the primary fall back to the agent's, a
+    secondary's ``voice`` and ``model`` to its provider's own defaults), its options."""
 
     provider: str
     model: str = ""
     voice: str = ""
+    language: str = ""
     base_url: str = ""
     api_key_env: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -138,6 +142,83 @@ OPTIONS: dict[str, set[str]] = {
 for _p in ("openai", "ollama", "vllm", "openrouter", "groq", "openai_compatible"):
     OPTIONS[_p] = COMMON_HTTP | {"reasoning_effort", "max_tokens", "top_p", "seed", "parallel_tool_calls",
                                  "frequency_penalty", "presence_penalty", "preset", "user", "stop"}
+
+
+# network providers: the shape of a voice id or model name each accepts (offline: no request)
+_ID = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}$"
+SHAPES: dict[tuple[str, str], tuple[str, str]] = {
+    ("elevenlabs", "voice"): (r"^[A-Za-z0-9]{20}$", "an ElevenLabs voice id: 20 letters and digits"),
+    ("elevenlabs", "model"): (r"^eleven_[a-z0-9_]{1,60}$", "an ElevenLabs model id such as eleven_flash_v2_5"),
+    ("cartesia", "voice"): (r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                            "a Cartesia voice id: a UUID"),
+    ("cartesia", "model"): (r"^sonic[a-z0-9-]{0,60}$", "a Cartesia model such as sonic-2"),
+    ("openai_tts", "voice"): (r"^[a-z]{2,20}$", "an OpenAI voice name such as alloy"),
+    ("openai_tts", "model"): (r"^[a-z0-9.-]*tts[a-z0-9.-]*$", "an OpenAI speech model such as gpt-4o-mini-tts"),
+    ("openai_realtime", "voice"): (r"^[a-z]{2,20}$", "an OpenAI voice name such as marin"),
+    ("gemini_live", "voice"): (r"^[A-Z][a-z]{1,20}$", "a Gemini prebuilt voice name such as Puck"),
+    ("deepgram", "model"): (r"^[a-z0-9][a-z0-9._-]{0,63}$", "a Deepgram model such as nova-3"),
+    **{(p, "model"): (_ID, "a model name without spaces")
+       for p in ("openai", "ollama", "vllm", "openrouter", "groq", "openai_compatible", "anthropic", "gemini",
+                 "openai_realtime", "gemini_live")},
+}
+# providers that take no voice (an STT or LLM leg has no voice key at all) and no model
+NO_VOICE = frozenset({"scripted_tts"})
+NO_MODEL = frozenset({"scripted_tts", "scripted_stt", "scripted", "espeak", "local_piper"})
+# LLM adapters that offer the model no tools (brisvox.providers.local_llm): after a failover to one,
+# a request that offers tools is answered by the resilience layer (providers/resilience/llm.py)
+TOOLLESS_LLM = frozenset({"local_llm"})
+
+
+def leg_problems(stage: str, leg: ProviderDef) -> list[tuple[str, str, str]]:
+    """What this leg's provider cannot use, offline: ``(severity, field, message)`` for its
+    ``voice``, ``model`` and ``language``. espeak-ng's voices are the ones it lists, the local
+    providers' the models the workers install; network providers are checked for shape."""
+    import re
+
+    out: list[tuple[str, str, str]] = []
+    p = leg.provider
+    if leg.voice and p in NO_VOICE:
+        out.append(("error", "voice", f"{p} has no voices: remove voice"))
+    if leg.model and p in NO_MODEL:
+        out.append(("error", "model", f"{p} takes no model: remove model"))
+    if p == "espeak":
+        from brisvox.providers.espeak import DEFAULT_VOICE, usable_voice
+
+        binary = str(leg.options.get("binary", "espeak-ng"))
+        ok = usable_voice(leg.voice or DEFAULT_VOICE, binary)
+        if ok is None:
+            out.append(("warning", "voice", f"{binary} is not installed (Debian package espeak-ng): "
+                        "this leg cannot speak and its voice cannot be checked"))
+        elif not ok:
+            out.append(("error", "voice", f"espeak-ng has no voice {leg.voice!r}: use one of `espeak-ng --voices` "
+                        f"(a language code such as {DEFAULT_VOICE}), or remove voice for {DEFAULT_VOICE}"))
+    elif p == "local_piper":
+        from brisvox.providers.local_piper import VOICES
+
+        if leg.voice and leg.voice not in VOICES:
+            out.append(("error", "voice", f"local_piper has no voice {leg.voice!r} (it has: {', '.join(VOICES)}): "
+                        "remove voice"))
+    elif p == "local_whisper":
+        from brisvox.providers.local_whisper import LANGUAGES
+        from brisvox.providers.local_whisper import MODELS as WHISPER_MODELS
+
+        if leg.model and leg.model not in WHISPER_MODELS:
+            out.append(("error", "model", f"unknown local_whisper model {leg.model!r} "
+                        f"(known: {', '.join(WHISPER_MODELS)}): remove model"))
+        if leg.language and leg.language.split("-")[0] not in LANGUAGES:
+            out.append(("error", "language", f"local_whisper ({', '.join(WHISPER_MODELS)}) transcribes "
+                        f"{', '.join(LANGUAGES)} only, not {leg.language!r}: set language, or use another STT"))
+    elif p == "local_llm":
+        from brisvox.providers.local_llm import MODELS as LLM_MODELS
+
+        if leg.model and leg.model not in LLM_MODELS:
+            out.append(("error", "model", f"unknown local model {leg.model!r} (known: {', '.join(LLM_MODELS)})"))
+    for what in ("voice", "model"):
+        value = getattr(leg, what)
+        shape = SHAPES.get((p, what))
+        if value and shape is not None and not re.fullmatch(shape[0], value):
+            out.append(("error", what, f"{value!r} is not {shape[1]} ({p} cannot use it)"))
+    return out
 
 
 def unknown_options(leg: ProviderDef) -> list[str]:
@@ -263,9 +344,9 @@ def _tts(leg: ProviderDef, env: CallEnv) -> TtsProvider:
         return ScriptedTts(first_audio_ms=t.first_audio_ms, answer_ms=t.answer_ms, chunk_ms=t.chunk_ms,
                            lead_ms=t.lead_ms, clock=env.clock)
     if p == "espeak":
-        from brisvox.providers.espeak import EspeakTts
+        from brisvox.providers.espeak import DEFAULT_VOICE, EspeakTts
 
-        return EspeakTts(voice=leg.voice or "en-us", **o)
+        return EspeakTts(voice=leg.voice or DEFAULT_VOICE, **o)
     if p == "cartesia":
         from brisvox.providers.cartesia import CartesiaTts
 
@@ -317,7 +398,9 @@ def build(stage: str, leg: ProviderDef, env: CallEnv, *, resilient: bool | None 
 
     secondary = FACTORIES[stage](leg.secondary, env) if leg.secondary is not None else None
     skey = resilience.leg_key(leg.secondary) if leg.secondary is not None else ""
-    return resilience.wrap(stage, primary, secondary, resilience.leg_key(leg), skey)
+    own = (resilience.leg_own(stage, leg),
+           resilience.leg_own(stage, leg.secondary) if leg.secondary is not None else {})
+    return resilience.wrap(stage, primary, secondary, resilience.leg_key(leg), skey, own=own)
 
 
 @dataclass

@@ -74,8 +74,8 @@ def test_shipped_agents_check_offline(path: Path) -> None:
     agent, problems = check_agent_file(path, env={})
     assert agent is not None
     assert [p for p in problems if p.severity == "error"] == []
-    for p in problems:
-        assert p.line > 0 and "is not set" in p.message
+    for p in problems:  # only what this host lacks: a key variable, the espeak-ng package
+        assert p.line > 0 and ("is not set" in p.message or "(Debian package espeak-ng)" in p.message), p
 
 
 def test_local_agent_needs_no_key() -> None:

@@ -22,9 +22,36 @@ from brisvox.config.schema import from_table, section
 if TYPE_CHECKING:
     from brisvox.agent.host.actor import ActorConfig
 
+# early analysis runs at the VAD's falling event, which only a [vad] fall_delay_ms > 0 sends
+NO_FALLING = ("needs the workers' [vad] fall_delay_ms > 0 (it is 0: the VAD sends no falling event and the "
+              "early analysis never runs): set [vad] fall_delay_ms (e.g. 100, below min_silence_ms)")
 AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 BUILTIN_AGENTS = Path(__file__).resolve().parents[3] / "configs" / "agents"  # the checkout's agent files
 ECHO = "echo"  # the gateway's built-in line-test agent: no file
+
+
+def timing_problems(final_wait_ms: int, settle_wait_ms: int) -> list[tuple[str, str]]:
+    """The pipeline's timing rules on ``[agents]``, with the fixed bounds they must fit:
+    ``timeouts.finalize > final_wait`` (the STT stage answers an unanswered Finalize
+    itself at 3 s and replaces the session: the turn must give up on a final before) and
+    ``settle_wait <= analysis_job / 2`` (the runner bounds the whole played-text pass by
+    ``analysis_job``, 1 s: a settle wait that reached it would answer Keep and leave
+    unheard text in the context). ``(key, message)`` per broken rule."""
+    from brisvox.agent.pipeline.llm.policy import LlmRunnerConfig
+    from brisvox.providers.base import ProviderTimeouts
+
+    finalize = round(ProviderTimeouts().finalize * 1000)
+    half = round(LlmRunnerConfig().analysis_job * 1000) // 2
+    out: list[tuple[str, str]] = []
+    if final_wait_ms >= finalize:
+        out.append(("final_wait_ms", f"{final_wait_ms} is not below the STT Finalize timeout ({finalize} ms, fixed): "
+                    f"the rule finalize > final_wait lets a turn give up on a final before the STT session is "
+                    f"replaced; set final_wait_ms below {finalize} (default 1500)"))
+    if settle_wait_ms > half:
+        out.append(("settle_wait_ms", f"{settle_wait_ms} is above analysis_job / 2 ({half} ms; the runner bounds the "
+                    f"whole played-text pass by {2 * half} ms): the rule settle_wait <= analysis_job / 2 keeps the "
+                    f"pass inside it; set settle_wait_ms to {half} or less (default 250)"))
+    return out
 
 
 @section
@@ -61,6 +88,8 @@ class AgentsConfig:
         if not AGENT_NAME.match(self.default_agent) or self.default_agent in ("default", "echo"):
             raise ConfigError("default_agent", f"invalid agent name {self.default_agent!r} "
                               "(letters, digits, _ and -; not 'default' or 'echo')")
+        for key, msg in timing_problems(self.final_wait_ms, self.settle_wait_ms):
+            raise ConfigError(key, msg)
 
     @classmethod
     def from_section(cls, table: Mapping[str, Any], where: str) -> AgentsConfig:
@@ -102,7 +131,9 @@ class AgentsConfig:
         to = replace(base.llm.timeouts, llm_first_token=self.first_token_timeout_s, llm_idle=self.idle_timeout_s)
         return replace(
             base,
+            # the one extension of a turn with no text lasts until the STT stage's own Finalize answer
             turn=replace(base.turn, turn=turn, final_wait=self.final_wait_ms / 1000,
+                         late_final_wait=max(0.0, base.stt.timeouts.finalize - self.final_wait_ms / 1000),
                          response_deadline=self.response_deadline_s,
                          # a verdict later than the fallback could not end the turn anyway
                          analysis_timeout=min(self.smart_turn_timeout_ms, self.fallback_silence_ms - 50) / 1000),
@@ -175,9 +206,13 @@ def check_referenced_agents(cfg: Any) -> tuple[list[str], list[str]]:
     daemon config key that references it."""
     from brisvox.agent.definition import check_agent_file
 
-    base = cfg.section("agents").agents_path(getattr(cfg, "path", None))
+    agents = cfg.section("agents")
+    base = agents.agents_path(getattr(cfg, "path", None))
+    fall = int(cfg.section("vad").fall_delay_ms)
     errors: list[str] = []
     warnings: list[str] = []
+    if agents.early_smart_turn and agents.smart_turn and fall == 0:
+        errors.append(f"agents.early_smart_turn: {NO_FALLING}; or set agents.early_smart_turn = false")
     seen: dict[str, str] = {}
     for key, name in referenced_agents(cfg):
         if name in seen:
@@ -188,7 +223,7 @@ def check_referenced_agents(cfg: Any) -> tuple[list[str], list[str]]:
             errors.append(f"{key}: agent {name!r}: no agent file {path} (set agents.agents_dir, "
                           f"or add the file)")
             continue
-        _, problems = check_agent_file(path)
+        _, problems = check_agent_file(path, fall_delay_ms=fall)
         for p in problems:
             line = f"{p.render(str(path))} (agent {name!r}, referenced by {key})"
             (errors if p.severity == "error" else warnings).append(line)

@@ -31,6 +31,7 @@ simulator). Every relay task ends when the stage closes its session.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from brisvox.providers.resilience.core import (
@@ -45,6 +46,7 @@ from brisvox.providers.resilience.core import (
     ResilienceConfig,
     ResilienceStats,
     leg_key,
+    leg_own,
 )
 from brisvox.providers.resilience.llm import ResilientLlm
 from brisvox.providers.resilience.stt import AudioWindow, ResilientStt
@@ -54,9 +56,12 @@ WRAPPERS: dict[str, type[Any]] = {"stt": ResilientStt, "llm": ResilientLlm, "tts
 
 
 def wrap(stage: str, primary: Any, secondary: Any = None, pkey: str = "", skey: str = "", *,
-         resilience: Resilience | None = None, config: ResilienceConfig | None = None) -> Any:
-    """``primary`` (and ``secondary``, optional) of ``stage`` behind the layer, for one call."""
-    return WRAPPERS[stage](primary, secondary, pkey, skey, resilience=resilience, config=config)
+         resilience: Resilience | None = None, config: ResilienceConfig | None = None,
+         own: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})) -> Any:
+    """``primary`` (and ``secondary``, optional) of ``stage`` behind the layer, for one call.
+    ``own``: the session-config fields each leg sets itself (:func:`leg_own`), replaced in
+    the call's config at that leg's every connect."""
+    return WRAPPERS[stage](primary, secondary, pkey, skey, resilience=resilience, config=config, own=own)
 
 
 def unwrap(provider: Any) -> Any:
@@ -68,5 +73,6 @@ def unwrap(provider: Any) -> Any:
 
 __all__ = [
     "AudioWindow", "Breaker", "Bucket", "Budget", "DEFAULT", "NOT_COUNTED", "PROVIDER_STATS", "Resilience", "ResilienceConfig",
-    "ResilienceStats", "ResilientLlm", "ResilientStt", "ResilientTts", "STATS", "leg_key", "unwrap", "wrap",
+    "ResilienceStats", "ResilientLlm", "ResilientStt", "ResilientTts", "STATS", "leg_key", "leg_own", "unwrap",
+    "wrap",
 ]

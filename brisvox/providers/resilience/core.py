@@ -3,8 +3,12 @@
 Owns the rules every resilient wrapper (STT, LLM, TTS) applies to an
 operation (a connect, a request or a mid-call recovery):
 
-* Legs: a primary and an optional secondary, each a provider instance and
-  the process-wide :class:`Breaker` of its key. An operation tries the legs
+* Legs: a primary and an optional secondary, each a provider instance, the
+  process-wide :class:`Breaker` of its key and its own session settings
+  (:attr:`VendorLeg.own`: the voice, model and language of that leg's agent-file
+  table). A leg's connect always gets the call's session config with the leg's
+  own settings in place (:meth:`VendorLeg.configure`): a secondary never
+  receives the primary's voice or model. An operation tries the legs
   in order (:meth:`Legs.order`): a connect or request tries the primary,
   then the secondary; without a secondary it tries the primary twice (a
   single blip is recovered for every agent); a recovery tries the other leg
@@ -45,9 +49,10 @@ failures, request errors and retries also go to :data:`PROVIDER_STATS` by
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, TypeVar
 
 from brisvox.clock import CLOCK, Clock
@@ -256,6 +261,7 @@ class ResilienceStats:
     late_dropped: int = 0
     audio_dropped: int = 0
     warm_failures: int = 0
+    no_tools_answers: int = 0  # LLM: a request with tools answered "not now" after a failover to a tool-less leg
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -263,6 +269,7 @@ class ResilienceStats:
 
 P = TypeVar("P")
 T = TypeVar("T")
+C = TypeVar("C")
 
 
 @dataclass(slots=True)
@@ -270,6 +277,11 @@ class VendorLeg(Generic[P]):
     provider: P
     breaker: Breaker
     key: str
+    own: Mapping[str, Any] = field(default_factory=dict)  # session-config fields this leg sets itself
+
+    def configure(self, config: C) -> C:
+        """The call's session config as this leg connects with it (its own fields replaced)."""
+        return dataclasses.replace(config, **self.own) if self.own else config  # type: ignore[type-var]
 
 
 OK, PROBE, SKIP, STOP = 0, 1, 2, 3
@@ -279,14 +291,16 @@ class Legs(Generic[P]):
     """One call's legs of one stage, its budget and its counters."""
 
     def __init__(self, stage: str, primary: P, secondary: P | None, pkey: str, skey: str,
-                 resilience: Resilience, config: ResilienceConfig) -> None:
+                 resilience: Resilience, config: ResilienceConfig,
+                 own: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})) -> None:
         self.stage = stage
         self.res = resilience
         self.cfg = config
         self.clock = resilience.clock
-        self.legs: list[VendorLeg[P]] = [VendorLeg(primary, resilience.breaker(f"{stage}:{pkey}"), pkey)]
+        self.legs: list[VendorLeg[P]] = [VendorLeg(primary, resilience.breaker(f"{stage}:{pkey}"), pkey,
+                                                   dict(own[0]))]
         if secondary is not None:
-            self.legs.append(VendorLeg(secondary, resilience.breaker(f"{stage}:{skey}"), skey))
+            self.legs.append(VendorLeg(secondary, resilience.breaker(f"{stage}:{skey}"), skey, dict(own[1])))
         self.budget = resilience.budget(config)
         self.st = ResilienceStats()
 
@@ -346,10 +360,11 @@ class Legs(Generic[P]):
         if isinstance(results[0], BaseException):
             raise results[0]
 
-    async def connect(self, fn: Callable[[P, float], Awaitable[T]], timeout: float | None,  # noqa: ASYNC109
-                      failed: int | None = None) -> tuple[int, T]:
+    async def connect(self, fn: Callable[[VendorLeg[P], float], Awaitable[T]],  # noqa: ASYNC109
+                      timeout: float | None, failed: int | None = None) -> tuple[int, T]:
         """Run one connect (``failed`` None) or recovery (``failed`` = the leg that died):
-        the first leg that connects, as (leg index, session)."""
+        the first leg that connects, as (leg index, session). ``fn`` connects one leg
+        (with :meth:`VendorLeg.configure` of the call's session config)."""
         clock = self.clock
         recovery = failed is not None
         deadline = None if timeout is None else clock.now() + timeout
@@ -377,7 +392,7 @@ class Legs(Generic[P]):
                 break
             try:
                 async with clock.timeout(t):
-                    got = await fn(leg.provider, t)
+                    got = await fn(leg, t)
             except asyncio.CancelledError:
                 if probe:
                     leg.breaker.release()
@@ -399,6 +414,11 @@ class Legs(Generic[P]):
             STATS[f"{self.stage}.all_open"] += 1
             raise ProviderError("unavailable", f"{self.stage}: no leg may be tried now")
         raise last or ProviderError("timeout", f"{self.stage}: no leg connected in time")
+
+
+def connect_with(config: Any) -> Callable[[VendorLeg[Any], float], Awaitable[Any]]:
+    """A :meth:`Legs.connect` function: connect a leg with ``config`` and that leg's own settings."""
+    return lambda leg, t: leg.provider.connect(leg.configure(config), t)
 
 
 def as_provider_error(e: BaseException) -> ProviderError:
@@ -423,3 +443,15 @@ async def close_quietly(session: Any, timeout: float) -> None:  # noqa: ASYNC109
 def leg_key(leg: Any) -> str:
     """The breaker key of an agent definition's provider leg."""
     return f"{leg.provider}|{leg.base_url}|{leg.model}|{leg.voice}"
+
+
+def leg_own(stage: str, leg: Any) -> dict[str, Any]:
+    """The session-config fields an agent definition's provider leg sets itself: an STT
+    leg its model and language, a TTS leg its voice, model and language (an empty voice
+    or model: the adapter's own default, never another leg's). An LLM leg's model and
+    options live in its adapter: nothing to replace."""
+    if stage == "stt":
+        return {"model": leg.model, "language": leg.language}
+    if stage == "tts":
+        return {"voice": leg.voice, "model": leg.model, "language": leg.language}
+    return {}

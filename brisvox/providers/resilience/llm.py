@@ -18,16 +18,34 @@ Invariants:
   cancelled or closed-early probe releases its breaker permit.
 * The breaker hears a verdict at the first event (success; probation for a
   probe) or the failure; a Done proves the leg healthy.
+* A leg that cannot call tools (its adapter's ``calls_tools`` is False: the local
+  LLM) is never asked a request that offers tools after a failover: the request
+  is answered by the wrapper itself with :data:`NO_TOOLS_LINE` (a Done, no tool
+  call), so the caller hears that the action cannot be done now and no action is
+  invented by a model that could not perform it. The leg is not contacted (no
+  breaker verdict, no token); each answer is counted (``no_tools_answers``) and
+  the first of the call logged. A request without tools goes to the leg as
+  before. The primary is asked whatever it can do (a tool-less primary is the
+  agent file's choice: ``brisvoxd check`` warns).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from brisvox.providers.base import Done, LlmError, LlmEvent, LlmProvider, LlmRequest, ProviderError
+from brisvox.providers.base import (
+    Done,
+    LlmError,
+    LlmEvent,
+    LlmProvider,
+    LlmRequest,
+    ProviderError,
+    TextDelta,
+)
 from brisvox.providers.resilience.core import (
     DEFAULT,
     NOT_COUNTED,
@@ -40,20 +58,32 @@ from brisvox.providers.resilience.core import (
     VendorLeg,
 )
 
+log = logging.getLogger("brisvox.providers.resilience")
+
+NO_TOOLS_LINE = "Sorry, I can't do that right now. Please try again in a little while."
+
+
+def calls_tools(provider: Any) -> bool:
+    """False for an adapter that offers its model no tools (``calls_tools = False``)."""
+    return bool(getattr(provider, "calls_tools", True))
+
 
 class ResilientLlm:
     """One call's LLM (its budget and counters); ``stats()`` reads the counters."""
 
     def __init__(self, primary: LlmProvider, secondary: LlmProvider | None = None, pkey: str = "",
                  skey: str = "", *, resilience: Resilience | None = None,
-                 config: ResilienceConfig | None = None) -> None:
+                 config: ResilienceConfig | None = None,
+                 own: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})) -> None:
         res = resilience or DEFAULT
         self.cfg = config or res.config
         self.legs: Legs[LlmProvider] = Legs("llm", primary, secondary, pkey or primary.name,
-                                            skey or (secondary.name if secondary else ""), res, self.cfg)
+                                            skey or (secondary.name if secondary else ""), res, self.cfg,
+                                            own)
         self.name = primary.name if secondary is None else f"{primary.name}+{secondary.name}"
         self.primary = primary
         self.secondary = secondary
+        self.logged_no_tools = False
 
     async def warm(self, timeout: float) -> None:  # noqa: ASYNC109
         await self.legs.warm(timeout)
@@ -100,6 +130,9 @@ class ResilientStream:
                     return False
                 legs.count("retry_after_waits")
                 await legs.clock.sleep(wait)
+            if i > 0 and self.request.tools and not calls_tools(legs.legs[i].provider):
+                self._answer_without(legs.legs[i])
+                return True
             adm = await legs.admit_waiting(i, paid=self._tried > 0)
             if adm == STOP:
                 return False
@@ -117,6 +150,20 @@ class ResilientStream:
                 self._cur = _Failed(LlmError(e.kind, e.detail, e.retryable, e.retry_after))
             return True
         return False
+
+    def _answer_without(self, leg: VendorLeg[LlmProvider]) -> None:
+        """The failover went to a leg that cannot call tools: answer that the action cannot be done now."""
+        owner = self.owner
+        owner.legs.count("failovers")
+        owner.legs.count("no_tools_answers")
+        if not owner.logged_no_tools:
+            owner.logged_no_tools = True
+            log.warning("llm failover to %s, which cannot call tools: a request offering %d tool(s) is "
+                        "answered that it cannot be done now (no tool runs) until %s is back",
+                        leg.key.split("|", 1)[0], len(self.request.tools), owner.legs.legs[0].key.split("|", 1)[0])
+        self._leg, self._i, self._probe = None, -1, False
+        self._content = True
+        self._cur = _Failed(TextDelta(NO_TOOLS_LINE), Done("stop"))
 
     async def __anext__(self) -> LlmEvent:
         if self._closed:
@@ -139,6 +186,9 @@ class ResilientStream:
                     if self._last is not None:
                         return self._last
                     return LlmError("unavailable", "no LLM leg may be tried now")
+                if self._content:  # the wrapper's own answer (a tool-less leg): no verdict to hear
+                    ev = await self._cur.__anext__()
+                    return ev
             limit = self.owner.cfg.llm_attempt_timeout if self._different_leg_follows() else None
             try:
                 async with legs.clock.timeout(limit):
@@ -190,19 +240,19 @@ class ResilientStream:
 
 
 class _Failed:
-    """A stream whose request could not even start."""
+    """A stream the wrapper answers itself: a request that could not even start (its
+    error), or a fixed answer."""
 
-    def __init__(self, ev: LlmError) -> None:
-        self._ev: LlmError | None = ev
+    def __init__(self, *events: LlmEvent) -> None:
+        self._evs: list[LlmEvent] = list(events)
 
     def __aiter__(self) -> _Failed:
         return self
 
     async def __anext__(self) -> LlmEvent:
-        ev, self._ev = self._ev, None
-        if ev is None:
+        if not self._evs:
             raise StopAsyncIteration
-        return ev
+        return self._evs.pop(0)
 
     async def aclose(self) -> None:
-        self._ev = None
+        self._evs = []

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from brisvox.providers.base import (
@@ -57,6 +57,7 @@ from brisvox.providers.resilience.core import (
     Resilience,
     ResilienceConfig,
     close_quietly,
+    connect_with,
 )
 from brisvox.providers.scripted_session import EventQueue
 
@@ -106,11 +107,13 @@ class ResilientStt:
 
     def __init__(self, primary: SttProvider, secondary: SttProvider | None = None, pkey: str = "",
                  skey: str = "", *, resilience: Resilience | None = None,
-                 config: ResilienceConfig | None = None) -> None:
+                 config: ResilienceConfig | None = None,
+                 own: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})) -> None:
         res = resilience or DEFAULT
         self.cfg = config or res.config
         self.legs: Legs[SttProvider] = Legs("stt", primary, secondary, pkey or primary.name,
-                                            skey or (secondary.name if secondary else ""), res, self.cfg)
+                                            skey or (secondary.name if secondary else ""), res, self.cfg,
+                                            own)
         self.name = primary.name if secondary is None else f"{primary.name}+{secondary.name}"
         self.primary = primary
         self.secondary = secondary
@@ -123,7 +126,7 @@ class ResilientStt:
         await self.legs.warm(timeout)
 
     async def connect(self, config: SttConfig, timeout: float) -> ResilientSttSession:  # noqa: ASYNC109
-        i, inner = await self.legs.connect(lambda p, t: p.connect(config, t), timeout)
+        i, inner = await self.legs.connect(connect_with(config), timeout)
         cls = SpanRelay if hasattr(inner, "note_span") else ResilientSttSession
         s = cls(self, config, i, inner)
         self.sessions = [x for x in self.sessions if not x.closed][-3:] + [s]
@@ -327,7 +330,7 @@ class ResilientSttSession:
         try:
             await close_quietly(self.inner, self.cfg.close_timeout)
             try:
-                i, inner = await legs.connect(lambda p, t: p.connect(self.config, t), None, failed=self.leg)
+                i, inner = await legs.connect(connect_with(self.config), None, failed=self.leg)
             except ProviderError:
                 legs.count("recovery_failures")
                 return False

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,7 @@ from brisvox.providers.resilience.core import (
     ResilienceConfig,
     as_provider_error,
     close_quietly,
+    connect_with,
 )
 
 _RECOVERING = object()  # what the consumer waits on during a recovery's connect
@@ -111,11 +112,13 @@ class ResilientTts:
 
     def __init__(self, primary: TtsProvider, secondary: TtsProvider | None = None, pkey: str = "",
                  skey: str = "", *, resilience: Resilience | None = None,
-                 config: ResilienceConfig | None = None) -> None:
+                 config: ResilienceConfig | None = None,
+                 own: tuple[Mapping[str, Any], Mapping[str, Any]] = ({}, {})) -> None:
         res = resilience or DEFAULT
         self.cfg = config or res.config
         self.legs: Legs[TtsProvider] = Legs("tts", primary, secondary, pkey or primary.name,
-                                            skey or (secondary.name if secondary else ""), res, self.cfg)
+                                            skey or (secondary.name if secondary else ""), res, self.cfg,
+                                            own)
         self.name = primary.name if secondary is None else f"{primary.name}+{secondary.name}"
         self.primary = primary
         self.secondary = secondary
@@ -129,7 +132,7 @@ class ResilientTts:
         await self.legs.warm(timeout)
 
     async def connect(self, config: TtsConfig, timeout: float) -> ResilientTtsSession:  # noqa: ASYNC109
-        i, inner = await self.legs.connect(lambda p, t: p.connect(config, t), timeout)
+        i, inner = await self.legs.connect(connect_with(config), timeout)
         s = ResilientTtsSession(self, config, i, inner)
         self.sessions = [x for x in self.sessions if not x.closed][-3:] + [s]
         return s
@@ -465,7 +468,7 @@ class ResilientTtsSession:
         i = self.leg
         try:
             async with self.clock.timeout(self.cfg.attempt_timeout):
-                session = await leg.provider.connect(self.config, self.cfg.attempt_timeout)
+                session = await leg.provider.connect(leg.configure(self.config), self.cfg.attempt_timeout)
         except asyncio.CancelledError:
             if adm == PROBE:
                 leg.breaker.release()
@@ -505,7 +508,7 @@ class ResilientTtsSession:
             else:
                 self._waiting = _RECOVERING  # close() ends this wait
                 try:
-                    i, inner = await legs.connect(lambda p, t: p.connect(self.config, t), None, failed=self.leg)
+                    i, inner = await legs.connect(connect_with(self.config), None, failed=self.leg)
                 except ProviderError:
                     legs.count("recovery_failures")
                     return False
