@@ -19,9 +19,10 @@ digest; its outbound calls go to a SIPp callee). Harness: ``tests/system/sbc_har
   trunk is not SRTP), answers the trunk's 407 with the ``uacreg`` row's HA1
   (the trunk logs the challenge and the authenticated retry), and the
   callee's answer and its BYE come back along the route set;
-* a TLS INVITE without credentials, and one with a wrong password, get 407
-  and never reach brisvoxd; an INVITE on the private side from an address
-  that is not a brisvoxd host gets 403;
+* a TLS INVITE without credentials, and one with a wrong password, get 407;
+  one with the right password but a plain RTP/AVP offer gets 488 (a
+  caller's media must be SRTP); none of them reaches brisvoxd; an INVITE on
+  the private side from an address that is not a brisvoxd host gets 403;
 * baresip over TLS with ``mediaenc=srtp-mand`` (SRTP mandatory) calls
   through the SBC: its offer (RTP/SAVP, a=crypto) reaches brisvoxd as
   RTP/AVP without crypto, with rtpengine's private address and
@@ -235,6 +236,13 @@ def test_sbc_tls_srtp_caller_reaches_brisvox_with_barge_in_and_dtmf(short_tmp):
                          if ln.lower().startswith("proxy-authenticate:"))
         wrong = tls_invite(sbc.tls_port, "noauth", digest_header(challenge, "noauth", sbc.tls_port, "not-it"))
         assert wrong.startswith("SIP/2.0 407"), wrong
+        # the right password, but plain RTP: a caller's media must be SRTP
+        again = tls_invite(sbc.tls_port, "plainrtp")
+        challenge = next(ln.split(":", 1)[1].strip() for ln in again.splitlines()
+                         if ln.lower().startswith("proxy-authenticate:"))
+        plain_rtp = tls_invite(sbc.tls_port, "plainrtp",
+                               digest_header(challenge, "plainrtp", sbc.tls_port, accounts.password))
+        assert plain_rtp.startswith("SIP/2.0 488 SRTP Required"), plain_rtp
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
             u.bind((H.CALLER, 0))
             u.settimeout(3)
@@ -297,8 +305,9 @@ def test_sbc_tls_srtp_caller_reaches_brisvox_with_barge_in_and_dtmf(short_tmp):
         to_trunk = sdp_of(msgs, tag="snd", dst=TRUNK_HOST, first_line="INVITE sip:5550100@", call_id=out_id)
         assert f"c=IN IP4 {H.PUB}" in to_trunk and "RTP/AVP" in to_trunk and "a=crypto" not in to_trunk, to_trunk
         assert f"c=IN IP4 {H.PRIV}" in sdp_of(msgs, tag="snd", dst=H.BRISVOX, first_line="SIP/2.0 200", call_id=out_id)
-        strangers = [m for m in msgs if m.tag == "snd" and m.dst_ip == H.BRISVOX and "noauth" in m.header("Call-ID")]
-        assert not strangers, "an unauthenticated INVITE reached brisvoxd"
+        strangers = [m for m in msgs if m.tag == "snd" and m.dst_ip == H.BRISVOX
+                     and m.header("Call-ID") in ("noauth", "plainrtp")]
+        assert not strangers, "a refused INVITE reached brisvoxd"
 
         # -- what the callers heard and the agent recorded ----------------------------------------
         lay.daemon.wait_for(lambda s: len(read_records(short_tmp / "brisvox" / "records")) >= 4, 15,
