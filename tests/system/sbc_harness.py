@@ -647,6 +647,7 @@ SCRIPT = {"user": ["what time do you close", "wait a moment"],
 
 INSTANCE = """
 [gateway]
+max_call_s = {max_call_s}  # brisvoxd hangs the scripted call up: its BYE goes back through the SBC
 max_calls = 8
 max_calls_per_source = 8
 echo_use_workers = false
@@ -693,7 +694,7 @@ def brisvox_config(tmp: Path, sip_port: int, rtp: tuple[int, int]) -> Path:
     base = FAST.format(run=tmp / "run", state=tmp / "state", workers=1, agents=1).replace(
         'level = "info"', 'level = "warning"')
     path = tmp / "brisvoxd.toml"
-    path.write_text(base + INSTANCE.format(tts_rate=TTS_RATE, host=BRISVOX, sip_port=sip_port, rtp_min=rtp[0],
+    path.write_text(base + INSTANCE.format(max_call_s=MAX_CALL_S, tts_rate=TTS_RATE, host=BRISVOX, sip_port=sip_port, rtp_min=rtp[0],
                                            rtp_max=rtp[1], priv=PRIV, caller=CALLER, script=script,
                                            records=tmp / "records"))
     return path
@@ -703,7 +704,8 @@ def brisvox_config(tmp: Path, sip_port: int, rtp: tuple[int, int]) -> Path:
 
 LEAD_S = 0.5  # silence before the question
 BARGE_AFTER_S = 2.4  # silence between the question's clip and the barge-in clip (the answer starts ~1 s in)
-TAIL_S = 7.0  # after the barge-in: the second answer, the keys, the keypad answer
+TAIL_S = 9.0  # after the barge-in: the second answer, the keys, the keypad answer, brisvoxd's BYE
+MAX_CALL_S = 16.5  # brisvoxd's [gateway] max_call_s: it hangs up after the keypad answer started, before the file ends
 KEYS_AT_S = 13.5  # after the call is established: 1, 2, 3, # (KEY_STEP_S apart)
 KEY_STEP_S = 0.3
 
@@ -757,8 +759,8 @@ class CallTimes:
 
 
 def run_call(b: Baresip, target: str, timeout: float = 40.0) -> CallTimes:
-    """Dial ``target``, press 1 2 3 # at :data:`KEYS_AT_S`, wait for the call to end (the caller's
-    file ends: its BYE), then read the dumps."""
+    """Dial ``target``, press 1 2 3 # at :data:`KEYS_AT_S`, wait for the call to end (brisvoxd's
+    BYE at :data:`MAX_CALL_S`), then read the dumps."""
     b.command("dial", target)
     est = b.wait_event("CALL_ESTABLISHED", 10)
     time.sleep(max(0.0, est + KEYS_AT_S - time.monotonic()))

@@ -32,7 +32,9 @@ digest; its outbound calls go to a SIPp callee). Harness: ``tests/system/sbc_har
   bot's audio ends within ``STOP_MS`` of the caller's first loud frame, the
   record counts one interrupt and keeps the cut answer); the keys 1 2 3 #
   it sends as RFC 4733 events reach the agent (the record's keypad entry
-  "1 2 3" and four keys counted);
+  "1 2 3" and four keys counted); brisvoxd ends the call (``max_call_s``)
+  and its BYE reaches the caller over the caller's own TLS connection (the
+  Contact alias);
 * the same call placed at the same time by a second baresip straight to
   brisvoxd over UDP (plain RTP) is the baseline: both calls' turn latencies
   (caller's speech end -> first answer audio at the caller, from the times
@@ -338,7 +340,12 @@ def test_sbc_tls_srtp_caller_reaches_brisvox_with_barge_in_and_dtmf(short_tmp):
             assert f["turn2_ms"] is not None
             figures[name] = {**f, "agent_ms": agent1, "path_ms": f["turn_ms"] - agent1,
                              "path2_ms": f["turn2_ms"] - agent2}
-        assert records["alice"]["end_reason"] == "bye" and records["bob"]["end_reason"] == "bye"
+        # brisvoxd hung both calls up; its BYE reached the SRTP caller over the caller's own TLS connection
+        assert records["alice"]["end_reason"] == records["bob"]["end_reason"] == "max call duration", records
+        byes = [m for m in msgs if m.header("Call-ID") == call_id and m.first_line.startswith("BYE ")]
+        assert [(m.tag, m.dst_ip) for m in byes] == [("rcv", H.PRIV), ("snd", H.CALLER)], byes
+        assert any(m.tag == "rcv" and m.first_line.startswith("SIP/2.0 200") and "BYE" in m.header("CSeq")
+                   and m.header("Call-ID") == call_id for m in msgs)
         d, s = figures["direct"], figures["sbc"]
 
         def ms(v: float | None) -> str:
