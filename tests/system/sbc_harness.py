@@ -706,7 +706,7 @@ LEAD_S = 0.5  # silence before the question
 BARGE_AFTER_S = 2.4  # silence between the question's clip and the barge-in clip (the answer starts ~1 s in)
 TAIL_S = 9.0  # after the barge-in: the second answer, the keys, the keypad answer, brisvoxd's BYE
 MAX_CALL_S = 16.5  # brisvoxd's [gateway] max_call_s: it hangs up after the keypad answer started, before the file ends
-KEYS_AT_S = 13.5  # after the call is established: 1, 2, 3, # (KEY_STEP_S apart)
+KEYS_AT_S = 12.5  # after the call is established (the second answer is over): 1, 2, 3, # (KEY_STEP_S apart)
 KEY_STEP_S = 0.3
 
 

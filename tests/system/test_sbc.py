@@ -285,7 +285,13 @@ def test_sbc_tls_srtp_caller_reaches_brisvox_with_barge_in_and_dtmf(short_tmp):
             raise errors[0]
 
         # -- what crossed the SBC ----------------------------------------------------------------
-        time.sleep(2.5)  # sipdump writes its files every wait (2 s)
+        def bye_answered() -> bool:  # sipdump's writer is a process of its own: until it caught up
+            msgs = sbc.dumped()
+            ids = {m.header("Call-ID") for m in msgs if m.header("User-Agent").startswith("baresip")}
+            return any(m.tag == "rcv" and m.first_line.startswith("SIP/2.0 200") and "BYE" in m.header("CSeq")
+                       and m.header("Call-ID") in ids for m in msgs)
+
+        H.wait_until(bye_answered, 5, "sipdump's record of the caller's 200 to brisvoxd's BYE")
         msgs = sbc.dumped()
         call_id = next(m.header("Call-ID") for m in msgs if m.header("User-Agent").startswith("baresip"))
         offer_in = sdp_of(msgs, tag="rcv", dst=H.PUB, first_line="INVITE sip:agent@", call_id=call_id)
