@@ -126,6 +126,7 @@ class _Proc:
     log_path: Path
 
     def log(self, tail: int = 4000) -> str:
+        """The end of the process's output (``tail`` characters)."""
         try:
             return self.log_path.read_text(errors="replace")[-tail:]
         except OSError:

@@ -22,7 +22,9 @@ digest; its outbound calls go to a SIPp callee). Harness: ``tests/system/sbc_har
 * a TLS INVITE without credentials, and one with a wrong password, get 407;
   one with the right password but a plain RTP/AVP offer gets 488 (a
   caller's media must be SRTP); none of them reaches brisvoxd; an INVITE on
-  the private side from an address that is not a brisvoxd host gets 403;
+  the private side from an address that is not a brisvoxd host gets 403; a
+  flood of OPTIONS from one public address is cut short by pike while the
+  callers (other addresses) go on;
 * baresip over TLS with ``mediaenc=srtp-mand`` (SRTP mandatory) calls
   through the SBC: its offer (RTP/SAVP, a=crypto) reaches brisvoxd as
   RTP/AVP without crypto, with rtpengine's private address and
@@ -54,6 +56,7 @@ the daemon's shared memory removed, also on failure.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 import threading
@@ -114,6 +117,31 @@ def tls_invite(port: int, call_id: str, auth: str = "") -> str:
         while b"\r\n\r\n" not in data:
             data += s.recv(4096)
         return data.split(b"\r\n", 1)[0].decode() + "\n" + data.decode(errors="replace")
+
+
+def options_flood(port: int, source: str, n: int) -> int:
+    """``n`` OPTIONS to the SBC on one TLS connection from ``source``, as fast as it takes them:
+    how many were answered 200 within a second of the last."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    raw = socket.create_connection((H.PUB, port), timeout=3, source_address=(source, 0))
+    with ctx.wrap_socket(raw, server_hostname=H.PUB) as s:
+        lport = s.getsockname()[1]
+        for i in range(n):
+            s.sendall((f"OPTIONS sip:{H.PUB}:{port} SIP/2.0\r\n"
+                       f"Via: SIP/2.0/TLS {source}:{lport};branch=z9hG4bKflood{i};rport\r\n"
+                       f"From: <sip:flood@{source}>;tag=f{i}\r\nTo: <sip:{H.PUB}:{port}>\r\n"
+                       f"Call-ID: flood{i}\r\nCSeq: 1 OPTIONS\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n").encode())
+        data = b""
+        s.settimeout(1.0)
+        with contextlib.suppress(TimeoutError, OSError):
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    return data.count(b"SIP/2.0 200")
 
 
 def digest_header(challenge: str, call_id: str, port: int, password: str) -> str:
@@ -254,6 +282,12 @@ def test_sbc_tls_srtp_caller_reaches_brisvox_with_barge_in_and_dtmf(short_tmp):
                       f"CSeq: 1 INVITE\r\nMax-Forwards: 70\r\nContent-Length: 0\r\n\r\n").encode(),
                      (H.PRIV, sbc.udp_port))
             assert u.recv(4096).startswith(b"SIP/2.0 403"), "an INVITE on the private side from a stranger"
+
+        # a flood from one public address is cut by pike; callers from other addresses go on
+        answered = options_flood(sbc.tls_port, "127.0.0.31", 80)
+        print(f"pike: {answered} of 80 OPTIONS from one address answered, the rest dropped")
+        assert 0 < answered < 80, answered
+        assert "flood from 127.0.0.31" in sbc.log(20000), "pike did not drop the flood"
 
         # -- the calls: baresip TLS + SRTP through the SBC, and the same call direct over UDP -----------
         via_sbc = lay.add(H.Baresip(short_tmp / "caller-sbc",
