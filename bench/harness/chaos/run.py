@@ -67,7 +67,7 @@ api_key_env = "CHAOS_FAKE_KEY"
 
 [tts]
 provider = "cartesia"
-voice = "chaos"
+voice = "00000000-0000-4000-8000-00000000c4a0"  # a Cartesia voice id is a UUID (brisvoxd check)
 base_url = "ws://127.0.0.1:{ports['tts']}/{variant}"
 api_key_env = "CHAOS_FAKE_KEY"
 
