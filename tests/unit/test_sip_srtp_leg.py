@@ -37,7 +37,7 @@ from tests.unit.test_sip_destinations import PEER, answered, finals, request
 
 S80, S32 = "AES_CM_128_HMAC_SHA1_80", "AES_CM_128_HMAC_SHA1_32"
 MEDIA = ("127.0.0.1", 4000)  # the offer's RTP address: the latch
-LAB = {"invite_rate": (), "srtp": "optional", "srtp_allow_insecure_signalling": True}
+LAB = {"invite_rate": (), "refresh_rate": (), "srtp": "optional", "srtp_allow_insecure_signalling": True}  # refresh_rate: the tests re-INVITE back to back
 
 
 def savp_body(*lines: srtp.Crypto | str, proto: str = "RTP/SAVP", extra: str = "") -> bytes:
