@@ -60,7 +60,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from brisvox.providers.base import ProviderError
-from brisvox.providers.keepalive import KEEPALIVE, Keepalive, KeepaliveTransport
+from brisvox.providers.keepalive import KEEPALIVE, PING_STATS, Keepalive, KeepaliveTransport
 from brisvox.runtime.retry import parse_retry_after
 
 MAX_CLIENTS = 64
@@ -148,6 +148,13 @@ async def close_all() -> None:
 
 def pool_entries() -> int:
     return len(_clients)
+
+
+def provider_http_stats() -> dict[str, int]:
+    """The process's shared-client counters (the agent reports them: ``provider_http.*``)."""
+    return {"clients": len(_clients), "clients_built": POOL_STATS.built, "clients_reused": POOL_STATS.reused,
+            "clients_evicted": POOL_STATS.evicted, "pings_sent": PING_STATS.sent,
+            "pings_answered": PING_STATS.answered, "pings_unanswered": PING_STATS.unanswered}
 
 
 def timeout(read: float, connect: float = 5.0, write: float = 5.0) -> httpx.Timeout:

@@ -150,10 +150,14 @@ class KeepaliveTransport(httpx.AsyncHTTPTransport):
         ka = self.keepalive
         while True:
             await asyncio.sleep(ka.ping_interval)
-            conns = _h2_connections(self._pool)
-            if not self._pool.connections:
-                return  # nothing pooled: the next request starts the loop again
-            idle = [c for c in conns if c.is_idle() and c.is_available()]
+            try:
+                if not self._pool.connections:
+                    return  # nothing pooled: the next request starts the loop again
+                idle = [c for c in _h2_connections(self._pool) if c.is_idle() and c.is_available()]
+            except Exception:  # an httpcore that changed under us: say so once, never break requests
+                log.exception("the HTTP/2 PING round cannot read the connection pool; PINGs are off")
+                self.http2 = False
+                return
             if idle:
                 await asyncio.gather(*(ping_once(c, ka.ping_timeout) for c in idle))
 

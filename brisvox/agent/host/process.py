@@ -76,6 +76,7 @@ from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_totals
 from brisvox.providers import resilience
+from brisvox.providers.http import provider_http_stats
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime
 from brisvox.runtime.memory import IdleTrim
@@ -444,6 +445,7 @@ class AgentProcess:
         d["stage_failures"] = dict(self.stage_failures)
         d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>
         d["breakers_open"] = {k: int(b.state != "closed") for k, b in resilience.DEFAULT.breakers.items()}
+        d["provider_http"] = provider_http_stats()  # shared clients, HTTP/2 PINGs: providers/keepalive.py
         return d
 
     # -- main loop ------------------------------------------------------------------
