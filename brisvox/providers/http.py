@@ -154,7 +154,8 @@ def provider_http_stats() -> dict[str, int]:
     """The process's shared-client counters (the agent reports them: ``provider_http.*``)."""
     return {"clients": len(_clients), "clients_built": POOL_STATS.built, "clients_reused": POOL_STATS.reused,
             "clients_evicted": POOL_STATS.evicted, "pings_sent": PING_STATS.sent,
-            "pings_answered": PING_STATS.answered, "pings_unanswered": PING_STATS.unanswered}
+            "pings_answered": PING_STATS.answered, "pings_unanswered": PING_STATS.unanswered,
+            "goaway_closed": PING_STATS.goaway}
 
 
 def timeout(read: float, connect: float = 5.0, write: float = 5.0) -> httpx.Timeout:

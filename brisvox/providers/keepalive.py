@@ -80,11 +80,13 @@ KEEPALIVE = Keepalive()
 
 @dataclass(slots=True)
 class PingStats:
-    """Process-wide: PINGs sent, answered, and connections closed for want of an answer."""
+    """Process-wide: PINGs sent, answered, connections closed for want of an answer, and
+    connections closed because the peer had said GOAWAY while they were idle."""
 
     sent: int = 0
     answered: int = 0
     unanswered: int = 0
+    goaway: int = 0
 
 
 PING_STATS = PingStats()
@@ -101,7 +103,7 @@ def _h2_connections(pool: httpcore.AsyncConnectionPool) -> list[Any]:
 
 async def ping_once(h2c: Any, timeout: float) -> bool:  # noqa: ASYNC109 - the PING's own bound
     """Send one PING on an idle HTTP/2 connection and wait ``timeout`` for the answer;
-    unanswered (or the peer said GOAWAY): close the connection. True: answered."""
+    unanswered, or the peer said GOAWAY: close the connection. True: answered."""
     req = httpcore.Request("GET", "https://ping.invalid/",
                            extensions={"timeout": {"read": timeout, "write": timeout}})
     PING_STATS.sent += 1
@@ -110,14 +112,18 @@ async def ping_once(h2c: Any, timeout: float) -> bool:  # noqa: ASYNC109 - the P
             h2c._h2_state.ping(b"brisvox\x00")
             await h2c._write_outgoing_data(req)
             await h2c._receive_events(req)
-        ok = h2c._connection_terminated is None
+        ok = True
     except Exception:  # noqa: BLE001 - a timeout, a reset, a protocol error: all mean dead
         ok = False
-    if ok:
+    if h2c._connection_terminated is not None:  # GOAWAY (now or earlier): no new stream may start
+        PING_STATS.goaway += 1
+        log.info("closing an idle HTTP/2 provider connection: the peer said GOAWAY")
+    elif ok:
         PING_STATS.answered += 1
         return True
-    PING_STATS.unanswered += 1
-    log.info("closing an HTTP/2 provider connection: its PING was not answered within %.0f s", timeout)
+    else:
+        PING_STATS.unanswered += 1
+        log.info("closing an HTTP/2 provider connection: its PING was not answered within %.0f s", timeout)
     with contextlib.suppress(Exception):
         await h2c.aclose()
     return False

@@ -5,6 +5,8 @@
 * an idle connection sends HTTP/2 PINGs (the interval shortened here; production: 20 s)
   and stays the one connection the next request uses;
 * a connection whose PING goes unanswered is closed, and the next request opens a new one;
+* a GOAWAY the server sends while the connection is idle is read by the PING round, which
+  closes the connection before a request needs it;
 * the idle pool expiry is honoured (a connection idle past it is not reused; the production
   300 s covers a quiet minute);
 * the socket carries SO_KEEPALIVE / TCP_KEEPIDLE 30 / TCP_KEEPINTVL 10 / TCP_KEEPCNT 3
@@ -22,6 +24,7 @@ from collections.abc import AsyncIterator
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import pytest
 
 from brisvox.providers import keepalive as ka
@@ -53,6 +56,7 @@ class H2Server:
         self.pings: list[float] = []
         self.disconnects = 0
         self.deaf = False
+        self.live: list[tuple[h2.connection.H2Connection, asyncio.StreamWriter]] = []
         self.server: asyncio.Server | None = None
         self.port = 0
 
@@ -70,6 +74,7 @@ class H2Server:
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
         conn.initiate_connection()
         writer.write(conn.data_to_send())
+        self.live.append((conn, writer))
         try:
             while True:
                 data = await asyncio.wait_for(reader.read(65536), 30)
@@ -89,11 +94,18 @@ class H2Server:
                         self.pings.append(time.monotonic())
                 writer.write(conn.data_to_send())
                 await writer.drain()
-        except (OSError, TimeoutError, ssl.SSLError):
+        except (OSError, TimeoutError, ssl.SSLError, h2.exceptions.ProtocolError):
             pass
         finally:
+            self.live.remove((conn, writer))
             self.disconnects += 1
             writer.close()
+
+    def goaway(self) -> None:
+        """Say GOAWAY on every open connection (a server that retires them)."""
+        for conn, writer in self.live:
+            conn.close_connection()
+            writer.write(conn.data_to_send())
 
     async def close(self) -> None:
         if self.server is not None:
@@ -169,6 +181,22 @@ def test_a_connection_whose_ping_is_unanswered_is_closed(cert: tuple[str, str]) 
             srv.deaf = False
             r = await shared_client(srv.url, keepalive=fast, verify=trust).get(srv.url)
             assert r.status_code == 200 and srv.handshakes == 2  # a fresh connection, not the dead one
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_an_idle_connection_the_peer_said_goaway_on_is_closed_by_the_ping_round(cert: tuple[str, str]) -> None:
+    fast = ka.Keepalive(ping_interval=0.2, ping_timeout=1.0)
+
+    async def main() -> None:
+        async with serving(cert) as (srv, trust):
+            await warm_origin(srv.url, 3.0, keepalive=fast, verify=trust)
+            before = provider_http_stats()["goaway_closed"]
+            srv.goaway()  # while the connection sits idle: nobody reads it but the PING round
+            assert await until(lambda: srv.disconnects == 1, 5.0)  # closed before any request needed it
+            assert provider_http_stats()["goaway_closed"] == before + 1
+            r = await shared_client(srv.url, keepalive=fast, verify=trust).get(srv.url)
+            assert r.status_code == 200 and srv.handshakes == 2
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
