@@ -168,35 +168,28 @@ def test_the_production_ping_interval_is_20_s_with_10_s_to_answer() -> None:
     assert ka.KEEPALIVE.pool_expiry >= 60.0  # a quiet minute keeps the warm connection
 
 
-def test_a_connection_whose_ping_is_unanswered_is_closed(cert: tuple[str, str]) -> None:
+@pytest.mark.parametrize("peer", ["deaf", "goaway"])
+def test_an_idle_connection_that_is_dead_or_retired_is_closed_by_the_ping_round(cert: tuple[str, str],
+                                                                               peer: str) -> None:
+    """``deaf``: the server stops answering, the PING goes unanswered for 0.4 s; ``goaway``:
+    the server retires the idle connection, and nobody but the PING round reads it. Either
+    way the client closes it before a request needs it, and the next request opens a new one."""
     fast = ka.Keepalive(ping_interval=0.2, ping_timeout=0.4)
+    counter = "pings_unanswered" if peer == "deaf" else "goaway_closed"
 
     async def main() -> None:
         async with serving(cert) as (srv, trust):
             await warm_origin(srv.url, 3.0, keepalive=fast, verify=trust)
-            before = provider_http_stats()["pings_unanswered"]
-            srv.deaf = True
+            before = provider_http_stats()[counter]
+            if peer == "deaf":
+                srv.deaf = True
+            else:
+                srv.goaway()
             assert await until(lambda: srv.disconnects == 1, 5.0)  # the client hung up
-            assert provider_http_stats()["pings_unanswered"] == before + 1
+            assert provider_http_stats()[counter] == before + 1
             srv.deaf = False
             r = await shared_client(srv.url, keepalive=fast, verify=trust).get(srv.url)
             assert r.status_code == 200 and srv.handshakes == 2  # a fresh connection, not the dead one
-
-    asyncio.run(asyncio.wait_for(main(), 30))
-
-
-def test_an_idle_connection_the_peer_said_goaway_on_is_closed_by_the_ping_round(cert: tuple[str, str]) -> None:
-    fast = ka.Keepalive(ping_interval=0.2, ping_timeout=1.0)
-
-    async def main() -> None:
-        async with serving(cert) as (srv, trust):
-            await warm_origin(srv.url, 3.0, keepalive=fast, verify=trust)
-            before = provider_http_stats()["goaway_closed"]
-            srv.goaway()  # while the connection sits idle: nobody reads it but the PING round
-            assert await until(lambda: srv.disconnects == 1, 5.0)  # closed before any request needed it
-            assert provider_http_stats()["goaway_closed"] == before + 1
-            r = await shared_client(srv.url, keepalive=fast, verify=trust).get(srv.url)
-            assert r.status_code == 200 and srv.handshakes == 2
 
     asyncio.run(asyncio.wait_for(main(), 30))
 
