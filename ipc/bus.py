@@ -14,6 +14,10 @@ Invariants:
   after its timeout) is counted and dropped.
 * No ZeroMQ context is created at import time: the supervisor forks before
   any context exists, and each process makes its own.
+* Every socket made by :func:`make_socket` is in :data:`SOCKETS` (type, the
+  endpoints :func:`bind` / :func:`connect` gave it, where it was made) until it
+  is closed or collected: :meth:`SocketRegistry.still_open` names the sockets
+  that keep a context from terminating.
 """
 
 from __future__ import annotations
@@ -22,7 +26,11 @@ import asyncio
 import contextlib
 import itertools
 import os
+import sys
+import threading
 import time
+import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +79,105 @@ def configure(sock: zmq.Socket, *, hwm: int = DEFAULT_HWM, identity: bytes | Non
     return sock
 
 
+@dataclass(frozen=True, slots=True)
+class OpenSocket:
+    """A socket :data:`SOCKETS` found open: its type, endpoints and maker (``file:line function``)."""
+
+    kind: str
+    endpoints: tuple[str, ...]
+    created_by: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {' '.join(self.endpoints) or '(no endpoint)'} made at {self.created_by}"
+
+
+class _Entry:
+    __slots__ = ("ref", "kind", "endpoints", "created_by")
+
+    def __init__(self, sock: zmq.Socket, created_by: str) -> None:
+        self.ref = weakref.ref(sock)
+        self.kind = _kind_name(int(sock.type))
+        self.endpoints: list[str] = []
+        self.created_by = created_by
+
+
+def _kind_name(kind: int) -> str:
+    try:
+        return zmq.SocketType(kind).name
+    except ValueError:
+        return str(kind)
+
+
+def _maker(depth: int = 2) -> str:
+    """``dir/file.py:line function`` of the first caller outside this module."""
+    f = sys._getframe(depth)
+    here = __file__
+    while f.f_back is not None and f.f_code.co_filename == here:
+        f = f.f_back
+    path = Path(f.f_code.co_filename)
+    return f"{path.parent.name}/{path.name}:{f.f_lineno} {f.f_code.co_name}"
+
+
+class SocketRegistry:
+    """The sockets made by :func:`make_socket` in this process, until closed or collected.
+
+    Thread-safe (sockets are made on loops and on control threads); holds only weak
+    references, so it keeps no socket alive; an entry leaves at the next look once
+    its socket is closed or gone."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[int, _Entry] = {}
+
+    def add(self, sock: zmq.Socket, created_by: str) -> None:
+        with self._lock:
+            self._prune()
+            self._entries[id(sock)] = _Entry(sock, created_by)
+
+    def note_endpoint(self, sock: zmq.Socket, ep: str) -> None:
+        with self._lock:
+            e = self._entries.get(id(sock))
+            if e is not None and e.ref() is sock:
+                e.endpoints.append(ep)
+
+    def still_open(self, ctx: zmq.Context | None = None) -> list[OpenSocket]:
+        """The registered sockets not closed yet (of ``ctx``'s underlying context when
+        given: a shadow context's sockets count for the context it shadows)."""
+        want = ctx.underlying if ctx is not None else None
+        out = []
+        with self._lock:
+            self._prune()
+            for e in self._entries.values():
+                sock = e.ref()
+                if sock is None or (want is not None and sock.context.underlying != want):
+                    continue
+                out.append(OpenSocket(e.kind, tuple(e.endpoints), e.created_by))
+        return out
+
+    def _prune(self) -> None:
+        for k, e in list(self._entries.items()):
+            sock = e.ref()
+            if sock is None or sock.closed:
+                del self._entries[k]
+
+
+SOCKETS = SocketRegistry()
+
+
+def describe_open(ctx: zmq.Context | None = None, limit: int = 8) -> str:
+    """The sockets of ``ctx`` still open, for a log line ("none registered" if none)."""
+    got = SOCKETS.still_open(ctx)
+    if not got:
+        return "none registered"
+    more = f"; and {len(got) - limit} more" if len(got) > limit else ""
+    return "; ".join(str(s) for s in got[:limit]) + more
+
+
 def make_socket(ctx: zmq.Context, kind: int, *, hwm: int = DEFAULT_HWM, identity: bytes | None = None) -> Any:
-    return configure(ctx.socket(kind), hwm=hwm, identity=identity)
+    """A socket with the project's options (see :func:`configure`), registered in :data:`SOCKETS`."""
+    sock = configure(ctx.socket(kind), hwm=hwm, identity=identity)
+    SOCKETS.add(sock, _maker())
+    return sock
 
 
 def bind(sock: zmq.Socket, ep: str) -> None:
@@ -83,6 +188,13 @@ def bind(sock: zmq.Socket, ep: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
     sock.bind(ep)
+    SOCKETS.note_endpoint(sock, "bind " + ep)
+
+
+def connect(sock: zmq.Socket, ep: str) -> None:
+    """Connect (and note the endpoint in :data:`SOCKETS`)."""
+    sock.connect(ep)
+    SOCKETS.note_endpoint(sock, "connect " + ep)
 
 
 def request_sync(
@@ -93,7 +205,7 @@ def request_sync(
     ctx = ctx or zmq.Context()
     sock = make_socket(ctx, zmq.DEALER)
     try:
-        sock.connect(ep)
+        connect(sock, ep)
         cid = os.getpid()
         sock.send(encode(frame, cid=cid))
         deadline = time.monotonic() + timeout

@@ -35,7 +35,7 @@ from typing import Any
 
 import zmq
 
-from ipc.bus import bind, make_socket
+from ipc.bus import bind, connect, make_socket
 from ipc.codec import DecodeGuard, Frame, encode
 
 log = logging.getLogger("brisvox.gateway.links")  # the historical name: log filters keep working
@@ -61,6 +61,7 @@ class Links:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fds: list[int] = []
         self.arrival_ns = 0
+        self.closed = False  # after close(): connect() opens nothing (a late Topology push)
 
     # -- setup --------------------------------------------------------------
 
@@ -80,12 +81,13 @@ class Links:
         self._loop.call_soon(cb)
 
     def connect(self, name: str, endpoint: str) -> None:
-        """A DEALER to peer ``name``'s inbox (idempotent; a new endpoint reconnects)."""
-        if self.endpoints.get(name) == endpoint:
+        """A DEALER to peer ``name``'s inbox (idempotent; a new endpoint reconnects;
+        nothing once closed)."""
+        if self.closed or self.endpoints.get(name) == endpoint:
             return
         self.disconnect(name)
         sock = make_socket(self.ctx, zmq.DEALER, identity=self.identity.encode())
-        sock.connect(endpoint)
+        connect(sock, endpoint)
         self.peers[name] = sock
         self.endpoints[name] = endpoint
         self._watch(sock, functools.partial(self._drain_peer, sock, name))
@@ -102,6 +104,7 @@ class Links:
             sock.close(0)
 
     def close(self) -> None:
+        self.closed = True
         for name in list(self.peers):
             self.disconnect(name)
         if self.inbox is not None:

@@ -70,7 +70,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from ipc.bus import AsyncRequester, RequestTimeout, make_socket
+from ipc.bus import AsyncRequester, RequestTimeout, connect, make_socket
 from ipc.codec import Frame, FrameError, encode, note_unexpected
 from ipc.frames import (
     AttachCall,
@@ -170,6 +170,7 @@ class WorkerClient:
         self.counters = {"ticks": 0, "stale_ticks": 0, "reattaches": 0, "local_stops": 0,
                          "attach_failures": 0, "bad_events": 0, "unexpected_type": 0,
                          "hellos": 0, "hello_failed": 0}
+        self.closed = False  # after close(): no link is made again (a late Topology push opens nothing)
         self._pending_reattach: set[str] = set()
         self._became_ready = asyncio.Event()  # set (and replaced) when a worker turns ready
         self._unexpected: set[str] = set()  # frame types without a handler, already logged
@@ -188,10 +189,12 @@ class WorkerClient:
             self._link(index, ep)
 
     def _link(self, index: int, ep: str, hello: bool = True) -> WorkerConnection:
+        if self.closed:
+            raise RuntimeError("the worker client is closed")
         sock = make_socket(self.ctx, zmq.DEALER, identity=self.identity.encode())
         sock.setsockopt(zmq.RECONNECT_IVL, 20)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
-        sock.connect(ep)
+        connect(sock, ep)
         req = AsyncRequester(sock, f"{self.identity}<-worker-{index}", on_frame=self._on_frame)
         req.start()
         link = WorkerConnection(index, ep, sock, req)
@@ -219,10 +222,18 @@ class WorkerClient:
             self.counters["hello_failed"] += 1
 
     async def close(self) -> None:
-        for link in self.workers.values():
-            await link.req.close()
-            link.sock.close(0)
+        """Close every link. The sockets are closed even when this is cancelled or a
+        requester's close fails (an open socket of a shadow context would hold the
+        process's ZeroMQ term at exit); afterwards no link is made again."""
+        self.closed = True
+        links = list(self.workers.values())
         self.workers.clear()
+        try:
+            for link in links:
+                await link.req.close()
+        finally:
+            for link in links:
+                link.sock.close(0)
 
     # -- topology --------------------------------------------------------------
 
@@ -235,6 +246,8 @@ class WorkerClient:
         so each call is detached from it first and then attached elsewhere
         (never two writers of a call's in16).
         """
+        if self.closed:
+            return  # a push that lands while the owner shuts down must not open a link
         loop = asyncio.get_running_loop()
         for row in rows:
             if row.get("role") != "worker":

@@ -419,14 +419,14 @@ class ForkedChildRuntime:
     def _control_loop(self) -> None:
         import zmq
 
-        from ipc.bus import endpoint, make_socket
+        from ipc.bus import connect, endpoint, make_socket
         from ipc.codec import DecodeGuard
 
         ctx = self.zmq_context()
         sock = make_socket(ctx, zmq.DEALER, hwm=1000, identity=f"{self.name}:{self.pid}".encode())
         sock.setsockopt(zmq.RECONNECT_IVL, 50)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
-        sock.connect(endpoint(self.runtime_dir, SUPERVISOR_ENDPOINT))
+        connect(sock, endpoint(self.runtime_dir, SUPERVISOR_ENDPOINT))
         self._connected.set()
         guard = DecodeGuard(f"{self.name} control")
         guard.errors = self.control_errors
@@ -534,8 +534,10 @@ class ForkedChildRuntime:
             t.start()
             t.join(timeout)
             if t.is_alive():
-                log.warning("the ZeroMQ context did not terminate in %.1f s (a socket was left open); "
-                            "exiting anyway", timeout)
+                from ipc.bus import describe_open
+
+                log.warning("the ZeroMQ context did not terminate in %.1f s; sockets still open: %s; "
+                            "exiting anyway", timeout, describe_open(ctx))
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)

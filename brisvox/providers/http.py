@@ -5,7 +5,7 @@ OpenAI speech) reaches its vendor, so that no call pays a TCP + TLS handshake
 on its first request and a ``warm()`` warms a pool the other calls share:
 
 * :func:`shared_client` hands out one ``httpx.AsyncClient`` per
-  (event loop, origin, HTTP/2, connect timeout) from a process-wide map, so
+  (event loop, origin, HTTP/2, connect timeout, keep-alive, verify) from a process-wide map, so
   every call of an agent process reuses the same keep-alive connections and a
   ``warm()`` really warms the pool the next request uses. Credentials are
   never part of the client: adapters send them in per-request headers, so
@@ -32,6 +32,12 @@ on its first request and a ``warm()`` warms a pool the other calls share:
   while the response is open (the handshake or any later chunk) mapped by
   :func:`transport_error`; leaving the ``async with`` closes the response
   (which releases the connection).
+* Keep-alive (:mod:`brisvox.providers.keepalive`): TCP keepalive on every socket (idle
+  30 s, interval 10 s, 3 probes), an HTTP/2 PING every 20 s on an idle connection (10 s to
+  answer, else it is closed) and an idle pool expiry of 300 s, so the first turn after a
+  quiet minute reuses the connection ``warm()`` opened.
+* ``verify``: an ``ssl.SSLContext`` trusting a private CA (a self-hosted endpoint, the
+  tests' loopback server); default: the system's CAs. It is part of the client's key.
 * Proxy variables of the environment are ignored (``trust_env=False``):
   a voice call must not detour through a proxy nobody configured for it.
 
@@ -42,6 +48,7 @@ that has closed is dropped from the map on the next lookup.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -53,6 +60,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from brisvox.providers.base import ProviderError
+from brisvox.providers.keepalive import KEEPALIVE, PING_STATS, Keepalive, KeepaliveTransport
 from brisvox.runtime.retry import parse_retry_after
 
 MAX_CLIENTS = 64
@@ -68,8 +76,9 @@ class PoolStats:
 
 POOL_STATS = PoolStats()
 
-_Key = tuple[int, str, bool, float]
-_clients: OrderedDict[_Key, tuple[weakref.ref[asyncio.AbstractEventLoop], httpx.AsyncClient]] = OrderedDict()
+_Key = tuple[int, str, bool, float, Keepalive, int]
+# the verify context is held with its client: its id in the key stays unique while the entry lives
+_clients: OrderedDict[_Key, tuple[weakref.ref[asyncio.AbstractEventLoop], httpx.AsyncClient, Any]] = OrderedDict()
 
 
 def origin_of(url: str) -> str:
@@ -82,15 +91,16 @@ def origin_of(url: str) -> str:
     return f"{u.scheme}://{host}:{port}"
 
 
-def shared_client(url: str, *, connect_timeout: float = 5.0, max_connections: int = 100) -> httpx.AsyncClient:
+def shared_client(url: str, *, connect_timeout: float = 5.0, max_connections: int = 100,
+                  keepalive: Keepalive = KEEPALIVE, verify: ssl.SSLContext | None = None) -> httpx.AsyncClient:
     """The process's client for ``url``'s origin on the running loop (built once)."""
     loop = asyncio.get_running_loop()
     origin = origin_of(url)
     http2 = origin.startswith("https://")
-    key: _Key = (id(loop), origin, http2, connect_timeout)
+    key: _Key = (id(loop), origin, http2, connect_timeout, keepalive, id(verify) if verify is not None else 0)
     got = _clients.get(key)
     if got is not None:
-        ref, client = got
+        ref, client, _ = got
         if ref() is loop and not client.is_closed:
             _clients.move_to_end(key)
             POOL_STATS.reused += 1
@@ -98,24 +108,23 @@ def shared_client(url: str, *, connect_timeout: float = 5.0, max_connections: in
         del _clients[key]
     _prune()
     while len(_clients) >= MAX_CLIENTS:
-        _, (_, old) = _clients.popitem(last=False)
+        _, (_, old, _) = _clients.popitem(last=False)
         POOL_STATS.evicted += 1
         _close_later(old)
     client = httpx.AsyncClient(
-        http2=http2,
+        transport=KeepaliveTransport(keepalive=keepalive, max_connections=max_connections, http2=http2,
+                                     verify=verify if verify is not None else True),
         trust_env=False,
         timeout=httpx.Timeout(connect=connect_timeout, read=30.0, write=5.0, pool=5.0),
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections,
-                            keepalive_expiry=60.0),
         follow_redirects=False,
     )
-    _clients[key] = (weakref.ref(loop), client)
+    _clients[key] = (weakref.ref(loop), client, verify)
     POOL_STATS.built += 1
     return client
 
 
 def _prune() -> None:
-    for key, (ref, client) in list(_clients.items()):
+    for key, (ref, client, _) in list(_clients.items()):
         loop = ref()
         if loop is None or loop.is_closed() or client.is_closed:
             del _clients[key]
@@ -131,7 +140,7 @@ def _close_later(client: httpx.AsyncClient) -> None:
 async def close_all() -> None:
     """Close the clients of the running loop (process shutdown, tests)."""
     loop = asyncio.get_running_loop()
-    for key, (ref, client) in list(_clients.items()):
+    for key, (ref, client, _) in list(_clients.items()):
         if ref() is loop:
             del _clients[key]
             await client.aclose()
@@ -139,6 +148,14 @@ async def close_all() -> None:
 
 def pool_entries() -> int:
     return len(_clients)
+
+
+def provider_http_stats() -> dict[str, int]:
+    """The process's shared-client counters (the agent reports them: ``provider_http.*``)."""
+    return {"clients": len(_clients), "clients_built": POOL_STATS.built, "clients_reused": POOL_STATS.reused,
+            "clients_evicted": POOL_STATS.evicted, "pings_sent": PING_STATS.sent,
+            "pings_answered": PING_STATS.answered, "pings_unanswered": PING_STATS.unanswered,
+            "goaway_closed": PING_STATS.goaway}
 
 
 def timeout(read: float, connect: float = 5.0, write: float = 5.0) -> httpx.Timeout:
@@ -210,13 +227,14 @@ async def post_stream(url: str, payload: bytes, headers: dict[str, str], *, read
 
 
 async def warm_origin(url: str, budget: float, connect_timeout: float = 5.0,
-                      headers: dict[str, str] | None = None) -> None:
+                      headers: dict[str, str] | None = None, *, keepalive: Keepalive = KEEPALIVE,
+                      verify: ssl.SSLContext | None = None) -> None:
     """Open a pooled connection to ``url``'s origin with an unauthenticated HEAD.
 
     Uses the same shared client as the adapter's requests (same ``connect_timeout``
     key); ``budget`` bounds this warm-up. Any HTTP status counts as warm (the point
     is the TCP/TLS handshake); transport failures raise ProviderError."""
-    client = shared_client(url, connect_timeout=connect_timeout)
+    client = shared_client(url, connect_timeout=connect_timeout, keepalive=keepalive, verify=verify)
     b = min(budget, connect_timeout)
     try:
         resp = await client.head(origin_of(url) + "/", headers=headers or {}, timeout=timeout(b, b))

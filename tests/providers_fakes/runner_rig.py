@@ -12,6 +12,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from brisvox.agent.conversation.request import RequestConfig
 from brisvox.agent.pipeline.llm.policy import LlmRunnerConfig
 from brisvox.agent.pipeline.llm.runner import LlmRunner
 from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
@@ -118,7 +119,8 @@ def scenario_registry(log: ToolLog, *, weather_delay: float = 0.15, booking_dela
 class Rig:
     def __init__(self, provider: LlmProvider, registry: ToolRegistry, *, filler: FillerConfig | None = None,
                  filler_phrases: tuple[str, ...] = ("One moment, please.",),
-                 timeouts: ProviderTimeouts | None = None, speculation: SpeculationConfig | None = None) -> None:
+                 timeouts: ProviderTimeouts | None = None, speculation: SpeculationConfig | None = None,
+                 request: RequestConfig | None = None) -> None:
         self.call = CallContext.detached("rig", call_rate=8000, tts_rate=24000, clock=CLOCK)
         self.tasks = self.call.tasks
         self.watch = self.call.watch
@@ -129,7 +131,7 @@ class Rig:
         self.engine = ToolEngine(registry, "sess-rig", CLOCK)
         cfg = LlmRunnerConfig(system_prompt="You are a test agent.", filler=filler or FillerConfig(enabled=False),
                               filler_phrases=filler_phrases, timeouts=timeouts or ProviderTimeouts(),
-                              speculation=speculation or SpeculationConfig())
+                              speculation=speculation or SpeculationConfig(), request=request or RequestConfig())
         self.runner = LlmRunner(self.call, cfg, Inbox("llm", 32, sys_cap=32), provider, engine=self.engine)
         self.sink = Sink(self.call)
         self.runner.pipe(self.sink)

@@ -21,6 +21,10 @@ request window"):
   down to at most ``tool_result_floor_tokens``, until the window fits
   (:func:`clip_tool_message`: a JSON object that says it was clipped,
   whose cost follows the size KEPT, not the size of the result);
+* a response's provider round-trip data (``Done.provider_data``) is bounded
+  before it enters the context (:func:`provider_data_limit`: 32 KiB and half a
+  message's allowance, ``max_message_tokens * 2`` bytes); the runner drops a
+  larger one (``provider_data_oversized``);
 * a summary is used only while it still matches the context (the messages
   it was made against are the same objects at the same indices); turns
   dropped that it does not cover make the window ``uncovered``.
@@ -78,6 +82,11 @@ class WindowConfig:
     max_tokens: int = 16_000
     max_turns: int = 40
     tool_result_floor_tokens: int = 250
+
+    @property
+    def max_message_tokens(self) -> int:
+        """The most one message may cost in a request: the whole budget (0: no bound)."""
+        return self.max_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +163,30 @@ def request_message_tokens(m: LlmMessage, bytes_per_token: int = 4, per_message:
 def request_tokens(req: LlmRequest) -> int:
     """The size of a request's messages by the default window estimate."""
     return sum(request_message_tokens(m) for m in req.messages)
+
+
+# --- provider data ------------------------------------------------------------------------
+
+PROVIDER_DATA_MAX_BYTES = 32 * 1024
+
+
+def provider_data_limit(cfg: WindowConfig) -> int:
+    """The most bytes (as serialized JSON) of a response's provider round-trip data the
+    context keeps: 32 KiB, and at most half a message's allowance
+    (``max_message_tokens * 2`` bytes: half of its tokens at 4 bytes a token). Data that
+    goes out with every later request must not crowd the window it is counted in."""
+    if cfg.max_message_tokens <= 0:
+        return PROVIDER_DATA_MAX_BYTES
+    return min(PROVIDER_DATA_MAX_BYTES, cfg.max_message_tokens * 2)
+
+
+def provider_data_fits(value: Any, limit: int) -> bool:
+    """``value`` (a response's provider data) is within ``limit`` bytes of JSON. A value
+    that does not serialize fits: the assembler refuses it (``bad_provider_data``)."""
+    try:
+        return len(orjson.dumps(value)) <= limit
+    except (TypeError, orjson.JSONEncodeError):
+        return True
 
 
 # --- clipping -----------------------------------------------------------------------------

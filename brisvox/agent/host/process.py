@@ -76,6 +76,7 @@ from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_totals
 from brisvox.providers import resilience
+from brisvox.providers.http import provider_http_stats
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime
 from brisvox.runtime.memory import IdleTrim
@@ -444,6 +445,7 @@ class AgentProcess:
         d["stage_failures"] = dict(self.stage_failures)
         d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>
         d["breakers_open"] = {k: int(b.state != "closed") for k, b in resilience.DEFAULT.breakers.items()}
+        d["provider_http"] = provider_http_stats()  # shared clients, HTTP/2 PINGs: providers/keepalive.py
         return d
 
     # -- main loop ------------------------------------------------------------------
@@ -458,53 +460,60 @@ class AgentProcess:
         ctx = rt.zmq_context()
         self.links = Links(ctx, self.identity, self._on_frame)
         self.links.start(loop, rt.inbox_endpoint("agent", rt.index))
-        actx = zmq.asyncio.Context.shadow(ctx.underlying)
-        endpoints = {int(r["index"]): rt.inbox_endpoint("worker", int(r["index"])) for r in rt.peers("worker")}
-        self.workers = WorkerClient(
-            actx,
-            self.identity,
-            endpoints,
-            on_event=self._on_event,
-            on_position=self._on_position,
-            on_out_utterance=self._on_out_utterance,
-            endpoint_for=lambda i: rt.inbox_endpoint("worker", i),
-        )
-        await self.workers.start()
-        rt.add_topology_callback(self._topology, loop=loop)  # replays the Topology already received
-        stop = asyncio.Event()
-        drain = False
+        try:
+            actx = zmq.asyncio.Context.shadow(ctx.underlying)
+            endpoints = {int(r["index"]): rt.inbox_endpoint("worker", int(r["index"])) for r in rt.peers("worker")}
+            self.workers = WorkerClient(
+                actx,
+                self.identity,
+                endpoints,
+                on_event=self._on_event,
+                on_position=self._on_position,
+                on_out_utterance=self._on_out_utterance,
+                endpoint_for=lambda i: rt.inbox_endpoint("worker", i),
+            )
+            await self.workers.start()
+            rt.add_topology_callback(self._topology, loop=loop)  # replays the Topology already received
+            stop = asyncio.Event()
+            drain = False
 
-        def on_stop() -> None:
-            nonlocal drain
-            drain = bool(rt.drain)
-            loop.call_soon_threadsafe(stop.set)
+            def on_stop() -> None:
+                nonlocal drain
+                drain = bool(rt.drain)
+                loop.call_soon_threadsafe(stop.set)
 
-        rt.add_shutdown_callback(on_stop)
-        rt.ready({"inbox": rt.inbox_endpoint("agent", rt.index)})
-        log.info("agent %s ready", self.identity)
-        gc_freeze()
-        while not stop.is_set():
-            rt.heartbeat()
-            rt.report(len(self.calls), self.stats())
-            try:
-                async with asyncio.timeout(REPORT_S):
-                    await stop.wait()
-            except TimeoutError:
-                pass
-        self.accepting = False
-        if drain:
-            deadline = time.monotonic() + float(rt.grace_s or 0.0)
-            while self.calls and time.monotonic() < deadline:
+            rt.add_shutdown_callback(on_stop)
+            rt.ready({"inbox": rt.inbox_endpoint("agent", rt.index)})
+            log.info("agent %s ready", self.identity)
+            gc_freeze()
+            while not stop.is_set():
                 rt.heartbeat()
-                await asyncio.sleep(0.25)
-        await asyncio.gather(*(self._end_call(c, "agent_stopping", answer=True) for c in list(self.calls)),
-                             return_exceptions=True)
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=1.0)
-        await self.workers.close()
-        self.links.close()
+                rt.report(len(self.calls), self.stats())
+                try:
+                    async with asyncio.timeout(REPORT_S):
+                        await stop.wait()
+                except TimeoutError:
+                    pass
+            self.accepting = False
+            if drain:
+                deadline = time.monotonic() + float(rt.grace_s or 0.0)
+                while self.calls and time.monotonic() < deadline:
+                    rt.heartbeat()
+                    await asyncio.sleep(0.25)
+            await asyncio.gather(*(self._end_call(c, "agent_stopping", answer=True) for c in list(self.calls)),
+                                 return_exceptions=True)
+            for t in list(self._tasks):
+                t.cancel()
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=1.0)
+        finally:
+            # the sockets are closed however run ends (a failure, a cancellation): one left open on
+            # the asyncio shadow context would hold the process's ZeroMQ term at exit
+            try:
+                if self.workers is not None:
+                    await self.workers.close()
+            finally:
+                self.links.close()
         rt.report(0, self.stats())
         return 0
 

@@ -90,6 +90,7 @@ class RunnerStats:
     requests_clipped: int = 0  # requests whose latest turn had its tool results clipped
     results_clipped: int = 0
     requests_over_budget: int = 0  # over the budget even with every result at the floor
+    provider_data_oversized: int = 0  # responses whose provider data was dropped (over provider_data_limit)
     uncovered_requests: int = 0  # dropped turns no summary covered (a summarizer configured)
     summary_requests: int = 0
     summaries: int = 0

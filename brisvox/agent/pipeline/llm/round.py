@@ -25,7 +25,10 @@ Invariants:
   the partial text). The stream is always closed; a broken adapter's close is ignored.
 * Counts into the runner's :class:`~brisvox.agent.pipeline.llm.policy.RunnerStats`:
   ``requests``, ``errors``, ``first_token_timeouts``, ``idle_timeouts``,
-  ``assemble_errors``, ``input_tokens``, ``output_tokens``.
+  ``assemble_errors``, ``input_tokens``, ``output_tokens``, ``provider_data_oversized``.
+* A response's provider data (a ``ProviderData`` event or ``Done.provider_data``) over
+  ``provider_data_limit`` bytes of JSON (:func:`~brisvox.agent.conversation.request.provider_data_limit`)
+  is dropped and counted (``provider_data_oversized``): the response goes on without it.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Protocol
 
 from brisvox.agent.conversation.assemble import AssembleError, Response, ResponseAssembler
 from brisvox.agent.conversation.context import Context
+from brisvox.agent.conversation.request import PROVIDER_DATA_MAX_BYTES, provider_data_fits
 from brisvox.agent.conversation.timeline import Timeline
 from brisvox.agent.pipeline.llm.policy import RunnerStats
 from brisvox.agent.pipeline.llm.turn import Turn
@@ -64,8 +68,9 @@ class ModelRound:
     """Streams one model response per :meth:`run` (see the module docstring)."""
 
     def __init__(self, provider: LlmProvider, timeouts: ProviderTimeouts, *, clock: Clock, timeline: Timeline,
-                 st: RunnerStats) -> None:
+                 st: RunnerStats, provider_data_limit: int = PROVIDER_DATA_MAX_BYTES) -> None:
         self.provider = provider
+        self.provider_data_limit = provider_data_limit
         self.timeouts = timeouts
         self.clock = clock
         self.timeline = timeline
@@ -123,19 +128,12 @@ class ModelRound:
                     except AssembleError:
                         self.st.assemble_errors += 1
                 elif isinstance(ev, ProviderData):
-                    try:
-                        assembler.push_provider_data(ev.value)
-                    except AssembleError:
-                        self.st.assemble_errors += 1
+                    self._provider_data(assembler, ev.value)
                 elif isinstance(ev, Usage):
                     self.st.input_tokens += ev.input_tokens
                     self.st.output_tokens += ev.output_tokens
                 elif isinstance(ev, Done):
-                    if ev.provider_data is not None:
-                        try:
-                            assembler.push_provider_data(ev.provider_data)
-                        except AssembleError:
-                            self.st.assemble_errors += 1
+                    self._provider_data(assembler, ev.provider_data)
                     break
                 elif isinstance(ev, LlmError):
                     failed = True
@@ -158,6 +156,17 @@ class ModelRound:
         self.st.errors += 1
         assembler.cancel()
         return None
+
+    def _provider_data(self, assembler: ResponseAssembler, value: Any) -> None:
+        if value is None:
+            return
+        if not provider_data_fits(value, self.provider_data_limit):
+            self.st.provider_data_oversized += 1
+            return
+        try:
+            assembler.push_provider_data(value)
+        except AssembleError:
+            self.st.assemble_errors += 1
 
     def _open(self, turn: Turn, claimed: Helper | None, request: Callable[[], LlmRequest]) -> Any:
         """The round's stream: a committed speculation's buffer, else a fresh request;

@@ -76,6 +76,7 @@ from brisvox.agent.conversation.context import (
     SystemMessage,
     UserMessage,
 )
+from brisvox.agent.conversation.request import provider_data_limit
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.pipeline.llm.flow import FlowHook
 from brisvox.agent.pipeline.llm.observer import CallObserver
@@ -152,7 +153,8 @@ class LlmRunner(Stage):
         # the request window and its background summarizer ("agent": the agent's own LLM)
         self.summarizer = Summarizer(cfg.summary, cfg.request, self.st, self.clock, summary_llm or (
             provider if cfg.summary.provider == "agent" else None))
-        self.model_round = ModelRound(provider, cfg.timeouts, clock=self.clock, timeline=self.timeline, st=self.st)
+        self.model_round = ModelRound(provider, cfg.timeouts, clock=self.clock, timeline=self.timeline, st=self.st,
+                                      provider_data_limit=provider_data_limit(cfg.request.window))
         self.tool_phase: ToolPhase | None = None
         if engine is not None:
             filler = FillerPolicy.from_config(cfg.filler)
