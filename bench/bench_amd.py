@@ -8,7 +8,8 @@ batch row per opening, as the worker's tick runs it) and feeds each window
 and its probability to :class:`workers.amd.AmdDetector` (``leave_message``
 on, so the beep is measured too). Two runs: audio only, and audio with an
 oracle transcript (each sentence's text heard 300 ms after it ends, standing
-in for the local STT's final). Prints, per run: accuracy per class, the
+in for the local STT's final); and a third with no VAD probabilities at all
+(the detector's energy fallback). Prints, per run: accuracy per class, the
 confusion matrix, time to verdict p50 / p95 per class (a person's also from
 the start of their speech), the beep onset error (share of beeps found
 within 300 ms of the true start), false beeps, and the detector's CPU per
@@ -57,9 +58,10 @@ def probabilities(openings: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
-def detect(x: np.ndarray, probs: np.ndarray, params: AmdParams, words: list[dict[str, Any]] | None
-           ) -> tuple[list[Any], int, int]:
-    """Feed one opening; returns (events, windows fed, ns spent in feed)."""
+def detect(x: np.ndarray, probs: np.ndarray, params: AmdParams, words: list[dict[str, Any]] | None,
+           vad: bool = True) -> tuple[list[Any], int, int]:
+    """Feed one opening (``vad`` False: no probabilities, the detector's energy fallback);
+    returns (events, windows fed, ns spent in feed)."""
     d = AmdDetector(params, rate=amd_set.RATE)
     heard = sorted(((w["end_ms"] + STT_LAG_MS, w["text"]) for w in words), reverse=True) if words else []
     said: list[str] = []
@@ -72,7 +74,7 @@ def detect(x: np.ndarray, probs: np.ndarray, params: AmdParams, words: list[dict
             events += d.hear(" ".join(said))
         win = x[k * WINDOW8 : (k + 1) * WINDOW8]
         t0 = time.perf_counter_ns()
-        ev = d.feed(win, float(probs[k]))
+        ev = d.feed(win, float(probs[k]) if vad else None)
         ns += time.perf_counter_ns() - t0
         fed += 1
         events += ev
@@ -88,20 +90,21 @@ def _pct(a: list[float], q: float) -> float:
 
 
 def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarray], transcripts: bool,
-             params: AmdParams | None = None) -> dict[str, Any]:
+             params: AmdParams | None = None, vad: bool = True) -> dict[str, Any]:
     base = params or AmdParams()
     p = AmdParams(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
                      "leave_message": True, "transcripts": transcripts})
     conf = {t: dict.fromkeys(VERDICTS, 0) for t in VERDICTS}
     took: dict[str, list[float]] = {t: [] for t in VERDICTS}
     human_from_speech: list[float] = []
+    human_after_reply: list[float] = []
     beep_err: list[float] = []
     beeps = found = false_beeps = 0
     end_err: list[float] = []
     misses: list[str] = []
     ns = fed = 0
     for item, x, pr in zip(man["openings"], audio, probs, strict=True):
-        ev, n, t = detect(x, pr, p, item["words"] if transcripts else None)
+        ev, n, t = detect(x, pr, p, item["words"] if transcripts else None, vad)
         ns += t
         fed += n
         v = next(e for e in ev if isinstance(e, AmdVerdict))
@@ -112,6 +115,7 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
             misses.append(f"{item['name']}->{v.kind}({v.reason}@{v.at_ms})")
         if label == "human" and item["words"]:
             human_from_speech.append(v.at_ms - item["words"][0]["start_ms"])
+            human_after_reply.append(v.at_ms - item["words"][0]["end_ms"])
         beep = next((e for e in ev if isinstance(e, AmdBeep)), None)
         if label == "machine" and item.get("beep_ms", -1) >= 0:
             beeps += 1
@@ -124,7 +128,8 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
         ge = next((e for e in ev if isinstance(e, AmdGreetingEnd)), None)
         if label == "machine" and item.get("beep_ms", -1) < 0 and ge is not None and v.kind == "machine":
             end_err.append(ge.end_ms - item["greeting_end_ms"])
-    return {"confusion": conf, "took": took, "human_from_speech": human_from_speech, "beeps": beeps,
+    return {"confusion": conf, "took": took, "human_from_speech": human_from_speech,
+            "human_after_reply": human_after_reply, "beeps": beeps,
             "beep_found": found, "beep_err": beep_err, "false_beeps": false_beeps, "end_err": end_err,
             "misses": misses, "us_per_20ms": ns / 1000 / max(1, fed) * 20 / 32, "windows": fed}
 
@@ -148,13 +153,16 @@ def rows_of(tag: str, r: dict[str, Any]) -> list[Row]:
             rows.append((f"{tag}: {t} verdict p50", _pct(r["took"][t], 50), "ms", ""))
             rows.append((f"{tag}: {t} verdict p95", _pct(r["took"][t], 95), "ms", "<= 1500" if t == "human" else ""))
     rows.append((f"{tag}: human verdict p95 from speech start", _pct(r["human_from_speech"], 95), "ms", ""))
+    for q in (50, 95):
+        rows.append((f"{tag}: human verdict p{q} after the reply's last word", _pct(r["human_after_reply"], q), "ms", ""))
     if r["beeps"]:
         rows.append((f"{tag}: beeps found within 300 ms ({r['beeps']} beeps)", 100.0 * r["beep_found"] / r["beeps"],
                      "%", ">= 95 %"))
         rows.append((f"{tag}: beep onset error p95", _pct(r["beep_err"], 95), "ms", ""))
     rows.append((f"{tag}: false beeps (no beep in the opening)", r["false_beeps"], "openings", "0"))
     if r["end_err"]:
-        rows.append((f"{tag}: greeting end error p50 (no beep)", _pct(r["end_err"], 50), "ms", ""))
+        for q in (50, 95):
+            rows.append((f"{tag}: greeting end error p{q} (no beep; + = late)", _pct(r["end_err"], q), "ms", ""))
     rows.append((f"{tag}: detector CPU per 20 ms of audio per call", r["us_per_20ms"], "us", ""))
     return rows
 
@@ -174,8 +182,8 @@ def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show
     probs = probabilities(audio)
     t2 = time.perf_counter()
     rows: list[Row] = [("openings", len(audio), "", ">= 200"), ("seed", seed, "", f"tuned on {TUNE_SEED}")]
-    for tag, tr in (("audio", False), ("audio+transcript", True)):
-        r = evaluate(man, probs, audio, tr, params)
+    for tag, tr, vad in (("audio", False, True), ("audio+transcript", True, True), ("energy, no VAD", False, False)):
+        r = evaluate(man, probs, audio, tr, params, vad)
         rows += rows_of(tag, r)
         if show:
             print(f"   -- {tag}: confusion (rows: the truth)\n" + "\n".join("      " + ln for ln in matrix(r).splitlines()))

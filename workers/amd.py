@@ -73,6 +73,8 @@ CNG_HZ = 1100.0
 CED_HZ = 2100.0
 FAX_TOL_HZ = 45.0
 BEEP_BAND = (350.0, 2150.0)
+ENERGY_RATIO = 8.0  # energy fallback: speech is 9 dB above the tracked floor
+ENERGY_HANG = 4  # ... and the 4 windows (128 ms) after it
 FLOOR_DBFS = -50.0  # windows quieter than this are never tonal (and never energy-speech)
 
 _MACHINE_CUES = (
@@ -201,8 +203,8 @@ class AmdDetector:
     """
 
     __slots__ = ("p", "rate", "window", "pos", "t_ms", "verdict", "done", "_hann", "_freqs", "_band",
-                 "_floor_e", "_noise_e", "_turn_start", "_last_speech", "_turns", "_prev_turn", "_speech_ms", "_tone_hz", "_tone_start", "_tone_n", "_held", "_cue",
-                 "_beep_sent", "_pending")
+                 "_floor_e", "_noise_e", "_hang", "_turn_start", "_last_speech", "_turns", "_prev_turn",
+                 "_speech_ms", "_tone_hz", "_tone_start", "_tone_n", "_held", "_beep_sent", "_pending")
 
     def __init__(self, params: AmdParams | None = None, rate: int = 8000, start_pos: int = 0) -> None:
         if rate not in (8000, 16000):
@@ -221,6 +223,7 @@ class AmdDetector:
         full = 32768.0 * 32768.0 * self.window
         self._floor_e = full * 10 ** (FLOOR_DBFS / 10)  # window energy (sum of squares) at the floor
         self._noise_e = -1.0  # tracked noise floor (energy fallback)
+        self._hang = 0  # energy fallback: windows of hangover left
         self._turn_start = -1  # ms: start of the turn in progress (or the last one)
         self._last_speech = -1  # ms: end of the last speech window
         self._turns = 0
@@ -230,7 +233,6 @@ class AmdDetector:
         self._tone_start = -1  # ms
         self._tone_n = 0  # windows in the tone run
         self._held = False  # a cadence "machine" waits for menu cues (transcripts)
-        self._cue: str | None = None
         self._beep_sent = False
         self._pending: list[AmdEvent] = []
 
@@ -244,7 +246,6 @@ class AmdDetector:
         cue = cue_of(text)
         if cue is None:
             return []
-        self._cue = cue
         self._decide(cue, "cue")
         return self._flush()
 
@@ -293,7 +294,13 @@ class AmdDetector:
             self._noise_e = e
         else:
             self._noise_e *= 1.02  # drifts up ~0.6 dB per second of loud audio
-        return e > max(16.0 * self._noise_e, self._floor_e * 10)
+        if e > max(ENERGY_RATIO * self._noise_e, self._floor_e * 10):
+            self._hang = ENERGY_HANG
+        elif self._hang:
+            self._hang -= 1  # Silero's probability lingers after speech too: bridge the weak tails
+        else:
+            return False
+        return True
 
     def _tonal(self, x: np.ndarray, energy: float) -> float:
         """The frequency of the window's tone, or 0.0 when it is not tonal."""
