@@ -111,13 +111,12 @@ class AmdVerdictEvent(Record):
 
 @record("amd_beep")
 class AmdBeepEvent(Record):
-    """A voicemail's beep began at ``pos`` (``hz``: its frequency); its end is ``end_pos``."""
+    """A voicemail's beep began at ``pos`` (``hz``: its frequency): the machine records now."""
 
     call_id: str
     pos: int
     ns: int
     hz: float
-    end_pos: int
 
 
 @record("amd_greeting_end")

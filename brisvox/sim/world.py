@@ -478,7 +478,7 @@ class SimPlatform:
             return AmdVerdictEvent(call_id=cid, pos=pos, ns=0, verdict=s.verdict, confidence=s.confidence,
                                    ms=round(s.after * 1000), rule="scripted")
         if s.kind == "beep":
-            return AmdBeepEvent(call_id=cid, pos=pos, ns=0, hz=1000.0, end_pos=pos + 4000)
+            return AmdBeepEvent(call_id=cid, pos=pos, ns=0, hz=1000.0)
         return AmdGreetingEndEvent(call_id=cid, pos=pos, ns=0)
 
     def _convert(self) -> None:
