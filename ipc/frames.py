@@ -538,6 +538,21 @@ class TtsCut(Frame):
     tts_pos: int
 
 
+@frame("amd_start", to="worker")
+class AmdStart(Frame):
+    """Actor -> worker: a dialled call was answered; classify its opening from ``in16_pos`` on
+    (answering-machine detection, ``workers/amd.py``). The verdict (``amd_verdict``) comes in a
+    WorkerTick by ``max_wait_ms`` of audio; with ``leave_message`` a machine's greeting is then
+    waited out (``amd_beep`` or ``amd_greeting_end``). A second AmdStart for the call replaces
+    the first. Not answered; a call the worker does not serve is ignored (the actor's own
+    deadline then gives ``uncertain``)."""
+
+    call_id: str
+    in16_pos: int
+    max_wait_ms: int
+    leave_message: bool = False
+
+
 @frame("smart_turn", to="worker")
 class SmartTurnRequest(Frame):
     """Actor -> worker job lane: score the 8 s of in16 ending at ``end_pos``.

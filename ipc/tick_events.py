@@ -94,7 +94,42 @@ class VadRecovered(Record):
     ns: int
 
 
-TickEvent = SpeechStart | SpeechStop | SpeechFalling | InputGap | VadFailed | VadRecovered
+@record("amd_verdict")
+class AmdVerdictEvent(Record):
+    """The call's answering-machine verdict (after an ``AmdStart``): ``verdict`` one of human,
+    machine, ivr, fax, uncertain; ``confidence`` 0..1; ``ms`` of audio from the answer;
+    ``pos`` the in16 position where it was decided; ``rule`` what decided it."""
+
+    call_id: str
+    pos: int
+    ns: int
+    verdict: str
+    confidence: float
+    ms: int
+    rule: str = ""
+
+
+@record("amd_beep")
+class AmdBeepEvent(Record):
+    """A voicemail's beep began at ``pos`` (``hz``: its frequency): the machine records now."""
+
+    call_id: str
+    pos: int
+    ns: int
+    hz: float
+
+
+@record("amd_greeting_end")
+class AmdGreetingEndEvent(Record):
+    """A machine's greeting ended at ``pos`` without a beep heard (``leave_message``)."""
+
+    call_id: str
+    pos: int
+    ns: int
+
+
+TickEvent = (SpeechStart | SpeechStop | SpeechFalling | InputGap | VadFailed | VadRecovered | AmdVerdictEvent
+             | AmdBeepEvent | AmdGreetingEndEvent)
 
 
 def to_wire(ev: TickEvent) -> dict[str, Any]:

@@ -73,6 +73,7 @@ import zmq.asyncio
 from ipc.bus import AsyncRequester, RequestTimeout, connect, make_socket
 from ipc.codec import Frame, FrameError, encode, note_unexpected
 from ipc.frames import (
+    AmdStart,
     AttachCall,
     Attached,
     DetachCall,
@@ -407,6 +408,13 @@ class WorkerClient:
         link = self.calls.get(call_id)
         if link is not None and link.worker >= 0:
             await self._send(link.worker, TtsCut(call_id=call_id, epoch=epoch, tts_pos=tts_pos))
+
+    async def amd_start(self, call_id: str, in16_pos: int, max_wait_ms: int, leave_message: bool) -> None:
+        """The dialled call was answered at ``in16_pos``: its worker classifies the opening."""
+        link = self.calls.get(call_id)
+        if link is not None and link.worker >= 0:
+            await self._send(link.worker, AmdStart(call_id=call_id, in16_pos=in16_pos, max_wait_ms=max_wait_ms,
+                                                   leave_message=leave_message))
 
     # -- worker death ----------------------------------------------------------
 

@@ -57,6 +57,7 @@ from ipc.codec import Frame
 from ipc.frames import AttachCall, Attached
 from ipc.ring import Ring, RingError, ring_name
 from ipc.tick_events import SpeechStop, TickEvent
+from workers.amd import AmdDetector, AmdParams
 from workers.config import VadConfig, WorkersConfig
 from workers.resample import RATE16, InputChain, OutputChain, resume_in_pos
 from workers.stats import TickStats
@@ -80,7 +81,8 @@ class AttachedCall:
 
     __slots__ = ("call_id", "subscriber", "incarnation", "gateway", "slot", "rings", "inp", "out", "params", "stream",
                  "health", "pend", "pend_n", "pend_off", "vad_pos", "events", "in16_name", "probe",
-                 "attached_ns", "fall_ref", "need_in", "hold16", "conv_ns", "pub_pos", "native8", "win")
+                 "attached_ns", "fall_ref", "need_in", "hold16", "conv_ns", "pub_pos", "native8", "win",
+                 "amd", "amd_start")
 
     def __init__(self, call_id: str, subscriber: str, gateway: str, slot: int, rings: dict[str, Ring],
                  inp: InputChain, out: OutputChain, params: VadParams, health: VadHealth,
@@ -116,6 +118,10 @@ class AttachedCall:
         self.need_in = 0  # the in position that completes the next VAD window: convert then
         self.conv_ns = 0  # when the input was last converted
         self.pub_pos = -1  # the in16 position last published
+        # answering-machine detection (AmdStart): the detector fed every VAD window from the
+        # answer's in16 position on (`amd_start`: its params, until that window comes)
+        self.amd: AmdDetector | None = None
+        self.amd_start: tuple[int, AmdParams] | None = None
 
     def align(self) -> None:
         """Restart the VAD where the input continues, on the window grid (in16 positions):

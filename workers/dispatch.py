@@ -49,6 +49,7 @@ import zmq
 
 from ipc.codec import DecodeGuard, Frame, encode
 from ipc.frames import (
+    AmdStart,
     AttachCall,
     DetachCall,
     Detached,
@@ -60,6 +61,7 @@ from ipc.frames import (
     TtsUtterance,
 )
 from ipc.ring import Ring
+from workers.amd import AmdParams
 from workers.call_table import AttachedCalls
 from workers.config import RATE, WorkersConfig
 from workers.jobs import Job, JobDone, JobLane
@@ -100,6 +102,7 @@ class RequestDispatch:
             SmartTurnRequest: self.smart_turn,
             TtsUtterance: self._on_tts_utterance,
             TtsCut: self._on_tts_cut,
+            AmdStart: self._on_amd_start,
         }
 
     def load(self, smart: SmartTurnModel | None, jobs: JobLane) -> None:
@@ -161,6 +164,20 @@ class RequestDispatch:
         if c is None:
             return self.stats.error("unknown_call", "tts_cut for a call not attached here", f.call_id)
         c.out.cut(f.epoch, f.tts_pos)
+        return None
+
+    def _on_amd_start(self, ident: bytes, cid: int | str | None, f: AmdStart) -> Frame | None:
+        """Classify the call's opening from ``in16_pos`` on: the realtime lane feeds the
+        detector each VAD window from there (a second AmdStart replaces the first)."""
+        c = self.calls.get(f.call_id)
+        if c is None:
+            return self.stats.error("unknown_call", "amd_start for a call not attached here", f.call_id)
+        try:
+            params = AmdParams(max_wait_ms=f.max_wait_ms, leave_message=f.leave_message)
+        except ValueError as e:
+            return self.stats.error("bad_params", str(e)[:200], f.call_id)
+        c.amd, c.amd_start = None, (max(0, f.in16_pos), params)
+        self.stats.amd_started += 1
         return None
 
     # -- job lane --------------------------------------------------------------

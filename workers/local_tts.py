@@ -80,13 +80,18 @@ class PiperRunner:
     def _read_int(self) -> int:
         return int(struct.unpack("<i", self._read_exact(4))[0])
 
-    def synthesize(self, text: str, speed: float = 1.0,
-                   cancelled: Callable[[], bool] = lambda: False) -> Iterator[np.ndarray]:
+    def synthesize(self, text: str, speed: float = 1.0, cancelled: Callable[[], bool] = lambda: False,
+                   noise: tuple[float, float] | None = None) -> Iterator[np.ndarray]:
+        """Each sentence's PCM. ``noise``: (noise_scale, noise_w_scale) instead of the voice's own
+        ((0, 0): deterministic output)."""
         self.load()
         assert self.proc is not None and self.proc.stdin is not None
         complete = False
+        req: dict[str, object] = {"text": text, "speed": speed}
+        if noise is not None:
+            req["noise_scale"], req["noise_w_scale"] = noise
         try:
-            self.proc.stdin.write(json.dumps({"text": text, "speed": speed}).encode() + b"\n")
+            self.proc.stdin.write(json.dumps(req).encode() + b"\n")
             self.proc.stdin.flush()
             while True:
                 n = self._read_int()

@@ -6,7 +6,10 @@ worker (:mod:`workers.local_tts`), so the GPL library (and the espeak-ng it
 embeds for phonemes) never loads into a brisvox process; the worker talks to
 it over pipes. Protocol (binary, on stdin/stdout):
 
-* request: one JSON line ``{"text": str, "speed": float}``;
+* request: one JSON line ``{"text": str, "speed": float}``, optionally with
+  ``"noise_scale"`` and ``"noise_w_scale"`` (the voice's sampling noise; 0 makes
+  the synthesis deterministic, as the AMD benchmark's set generator needs;
+  absent: the voice's own);
 * answer: for every sentence a little-endian int32 ``n > 0`` followed by
   ``n`` int16 samples (22,050 Hz mono); then ``0`` (end of the request); or a
   negative ``-k`` followed by ``k`` bytes of a UTF-8 error message (the
@@ -46,6 +49,10 @@ def main() -> int:
             req = json.loads(line)
             speed = float(req.get("speed") or 1.0)
             syn = SynthesisConfig(length_scale=1.0 / max(0.5, min(2.0, speed)))
+            if req.get("noise_scale") is not None:
+                syn.noise_scale = max(0.0, min(2.0, float(req["noise_scale"])))
+            if req.get("noise_w_scale") is not None:
+                syn.noise_w_scale = max(0.0, min(2.0, float(req["noise_w_scale"])))
             for chunk in voice.synthesize(str(req.get("text", "")), syn_config=syn):
                 pcm = chunk.audio_int16_bytes
                 out.write(struct.pack("<i", len(pcm) // 2))

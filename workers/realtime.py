@@ -60,6 +60,9 @@ import numpy as np
 from ipc.codec import encode
 from ipc.frames import OutUtterance, WorkerTick
 from ipc.tick_events import (
+    AmdBeepEvent,
+    AmdGreetingEndEvent,
+    AmdVerdictEvent,
     InputGap,
     SpeechFalling,
     SpeechStart,
@@ -68,10 +71,21 @@ from ipc.tick_events import (
     VadRecovered,
     to_wire,
 )
+from workers.amd import AmdBeep, AmdDetector, AmdEvent, AmdVerdict
 from workers.call_table import AttachedCall, AttachedCalls
 from workers.config import VadConfig, WorkersConfig
 from workers.stats import TickStats
-from workers.vad import WINDOW, WINDOW8, SileroBatch, VadEvent, VadStream, refine_start, refine_stop
+from workers.vad import (
+    RATE,
+    RATE8,
+    WINDOW,
+    WINDOW8,
+    SileroBatch,
+    VadEvent,
+    VadStream,
+    refine_start,
+    refine_stop,
+)
 
 log = logging.getLogger("brisvox.workers")
 
@@ -259,6 +273,8 @@ class RealtimeLane:
                         silero.reset(c.slot)
                         c.stream = VadStream(c.params)
                     else:  # failed open: audio flows, no VAD
+                        if c.amd is not None or c.amd_start is not None:  # AMD on energy alone
+                            self._amd(c, c.pend[off : off + w], None, c.vad_pos)
                         c.pend_off = off + w
                         c.vad_pos = end
                         continue
@@ -297,6 +313,8 @@ class RealtimeLane:
             c.vad_pos = end
             c.pend_off += w
             p = probs[i]
+            if c.amd is not None or c.amd_start is not None:
+                self._amd(c, win16[i], p if 0.0 <= p <= 1.0 else None, end - WINDOW)
             if p != p or p < 0.0 or p > 1.0:  # NaN or nonsense: a failed window
                 self._vad_failure(c, end)
                 continue
@@ -310,6 +328,38 @@ class RealtimeLane:
             ev = c.stream.push(p, end)
             if ev is not None:
                 self._emit(c, ev)
+
+    def _amd(self, c: AttachedCall, window: np.ndarray, prob: float | None, start: int) -> None:
+        """Feed the call's answering-machine detector the VAD window that starts at ``start``
+        (in16) and its speech probability; its verdict, beep and greeting end go out with the
+        call's tick events. Windows before the answer are not its."""
+        if c.amd is None:
+            assert c.amd_start is not None
+            first, params = c.amd_start
+            if start + WINDOW <= first:
+                return
+            c.amd, c.amd_start = AmdDetector(params, RATE8 if c.native8 else RATE, start_pos=start), None
+        t0 = time.thread_time_ns()
+        try:
+            out = c.amd.feed(window, prob)
+        except ValueError:  # a window of the wrong shape: a bug, never the audio's fault
+            log.exception("call %s: AMD window refused; detection stopped", c.call_id)
+            c.amd, out = None, []
+        ns = time.monotonic_ns()
+        for ev in out:
+            c.events.append(self._amd_event(c.call_id, ev, ns))
+        if c.amd is not None and c.amd.done:
+            c.amd = None
+        self.stats.amd_ns += time.thread_time_ns() - t0
+
+    def _amd_event(self, call_id: str, ev: AmdEvent, ns: int) -> AmdVerdictEvent | AmdBeepEvent | AmdGreetingEndEvent:
+        if isinstance(ev, AmdVerdict):
+            self.stats.amd_verdicts += 1
+            return AmdVerdictEvent(call_id=call_id, pos=ev.pos, ns=ns, verdict=ev.kind, confidence=ev.confidence,
+                                   ms=ev.at_ms, rule=ev.reason)
+        if isinstance(ev, AmdBeep):
+            return AmdBeepEvent(call_id=call_id, pos=ev.onset_pos, ns=ns, hz=ev.freq_hz)
+        return AmdGreetingEndEvent(call_id=call_id, pos=ev.end_pos, ns=ns)
 
     def _isolate(self, batch: list[AttachedCall], win: np.ndarray, err: Exception) -> list[float]:
         """The batched run failed: run each row alone so one bad call cannot fail the rest."""

@@ -47,6 +47,9 @@ class TickStats:
     tick_max_ns: int = 0
     out_nudges: int = 0  # utterance starts converted and announced outside a tick
     nudge_ns: int = 0  # CPU time of those conversions
+    amd_started: int = 0  # answering-machine detections asked for (AmdStart)
+    amd_verdicts: int = 0  # their verdicts sent
+    amd_ns: int = 0  # CPU time of the tick thread inside the detectors
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, kind: str, detail: str, call_id: str = "") -> ErrorReply:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.file_model import NO_SECRETS, SECRET_KEYS, AgentFile, json_schema
 from brisvox.agent.flows.definition import FlowDef, check_flow, parse_flow
+from brisvox.agent.host.amd_screen import AmdConfig
 from brisvox.agent.link.config import LinkConfig, check_link
 from brisvox.config.errors import ConfigError
 from brisvox.config.lines import key_lines, line_of
@@ -113,6 +114,7 @@ class AgentDef:
     s2s_settings: Mapping[str, Any] = field(default_factory=dict)  # turn_detection, g711_passthrough, ...
     flow: FlowDef | None = None  # the conversation's flow (brisvox/agent/flows/), None: free conversation
     agent_link: LinkConfig | None = None  # [agent_link]: the agent service (docs/AGENT_PROTOCOL.md)
+    amd: AmdConfig = field(default_factory=AmdConfig)  # [amd]: answering-machine detection (host/amd_screen.py)
 
     def legs(self) -> list[tuple[str, ProviderDef]]:
         """(stage, leg) of every stage the agent has."""
@@ -162,13 +164,14 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         flow=parse_flow(data["flow"]) if "flow" in data else None,
         agent_link=LinkConfig.from_table(data["agent_link"]) if "agent_link" in data else None,
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
+        amd=AmdConfig.from_table(data.get("amd", {})),
     )
 
 
 S2S_SETTINGS = ("turn_detection", "g711_passthrough", "max_reconnects", "fallback_line")
 
 
-S2S_NOT = ("flow", "filler", "window")  # sections of the cascaded pipeline an S2S agent cannot honour
+S2S_NOT = ("flow", "filler", "window", "amd")  # sections of the cascaded pipeline an S2S agent cannot honour
 
 
 def _schema_problems(data: Any, lines: Mapping[str, int]) -> list[Problem]:
@@ -240,6 +243,9 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                         for p in check_flow(agent.flow, agent.tools))
     problems.extend(_check_speculation(agent, lines))
     problems.extend(_check_dtmf(agent, lines))
+    if agent.amd.enabled:  # what its actions need: a message to leave, the flow node to enter
+        problems.extend(Problem("error", k, line_of(lines, k.split(".")), msg) for k, msg in
+                        agent.amd.problems(frozenset(agent.flow.nodes) if agent.flow is not None else None))
     if agent.s2s is not None:  # what the cascaded runner does: an S2S call has no runner to do it
         problems.extend(Problem("error", k, line_of(lines, [k]), f"[{k}] does not apply to a speech-to-speech agent "
                                 "(the model hears and speaks itself): remove it") for k in S2S_NOT if k in data)

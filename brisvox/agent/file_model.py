@@ -251,6 +251,24 @@ class Dtmf:
     text: str | None = Field(default=None, min_length=1, max_length=500)
 
 
+AmdAction = Annotated[str, Field(pattern=r"^(continue|hang_up|leave_message|node:[A-Za-z0-9_-]{1,64})$")]
+
+
+@section
+class Amd:
+    """``[amd]``: answering-machine detection on dialled calls (docs/OUTBOUND.md)."""
+
+    enabled: bool | None = None
+    max_wait_ms: int | None = Field(default=None, ge=500, le=10_000)
+    on_human: AmdAction | None = None
+    on_machine: AmdAction | None = None
+    on_ivr: AmdAction | None = None
+    on_fax: AmdAction | None = None
+    on_uncertain: AmdAction | None = None
+    message: str | None = Field(default=None, min_length=1, max_length=1000)
+    beep_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
+
+
 # -- flows (brisvox/agent/flows/) -----------------------------------------------------------------
 
 @section
@@ -353,6 +371,7 @@ class AgentFile:
     speculation: Speculation | None = None
     recording: Recording | None = None
     dtmf: Dtmf | None = None
+    amd: Amd | None = None
 
     @field_validator("tools", "confirm_tools", "tool_modules")
     @classmethod

@@ -27,6 +27,7 @@ from brisvox.agent.conversation.playout_book import PlayoutConfig
 from brisvox.agent.flows.definition import FlowDef
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host.actor import ActorConfig, CallActor
+from brisvox.agent.host.amd_screen import AmdConfig
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.pipeline.chain import CHAIN, S2S_CHAIN, StageSpec
 from brisvox.agent.tool_engine.call_info import CallInfo
@@ -64,6 +65,7 @@ class SimCall:
     llm_provider: Any = None  # another LLM than the scripted FakeLlm (e.g. the rule-based ScriptedLlm)
     call_info: CallInfo | None = None  # the call's metadata its tools see (caller, called, parameters)
     media: str = "answered"  # the call's media state at its start (CallStart.media: "early" for early media)
+    amd: AmdConfig | None = None  # [amd] of the agent: a dialled call (call_info direction outbound) is screened
 
 
 @dataclass(slots=True)
@@ -151,6 +153,7 @@ async def simulate(call: SimCall) -> SimResult:
         call_info=call.call_info,
         greeting=call.greeting,
         media=call.media,
+        amd=call.amd,
         **({"chain": call.chain} | extra),
     )
     before = {t for t in asyncio.all_tasks(loop)}

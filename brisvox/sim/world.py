@@ -51,8 +51,16 @@ from brisvox.agent.host.actor import CallActor
 from brisvox.providers.word_codec import NOISE, THRESHOLD, Decoder, Vocab, encode
 from brisvox.sim.gateway import SimGateway
 from brisvox.sim.memring import MemRing
-from ipc.frames import Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
-from ipc.tick_events import SpeechFalling, SpeechStart, SpeechStop, TickEvent
+from ipc.frames import AmdStart, Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
+from ipc.tick_events import (
+    AmdBeepEvent,
+    AmdGreetingEndEvent,
+    AmdVerdictEvent,
+    SpeechFalling,
+    SpeechStart,
+    SpeechStop,
+    TickEvent,
+)
 
 TICK = 0.02
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -109,6 +117,18 @@ class Media:
     after: float | None = None
     after_bot: float | None = None
     after_bot_words: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AmdScripted:
+    """What the simulated worker's answering-machine detector reports, ``after`` seconds after
+    the actor's AmdStart: ``kind`` "verdict" (with ``verdict`` and ``confidence``), "beep" or
+    "greeting_end". No AmdStart, no report (the actor's own deadline then decides)."""
+
+    kind: str
+    after: float
+    verdict: str = ""
+    confidence: float = 0.0
 
 
 Step = Utter | Press | HangUp | Media
@@ -312,6 +332,7 @@ class WorldConfig:
     smart_turn_fail: bool = False
     smart_turn_latency: float = 0.03
     pause_max: float = 2.5  # a Pause ends by itself after this long (the gateway's pause_max_ms)
+    amd: tuple[AmdScripted, ...] = ()  # the detector's reports, timed from the AmdStart
 
 
 class SimPlatform:
@@ -348,6 +369,8 @@ class SimPlatform:
         self.stopped = False
         self.stale_tts_after_clear = 0  # old-epoch audio the actor wrote after a Clear (must stay 0)
         self.media_log: list[tuple[float, str]] = []  # (t, state) of every Media step
+        self.amd_starts: list[tuple[float, AmdStart]] = []  # (t, frame) of every AmdStart the actor sent
+        self._amd_due: list[tuple[float, AmdScripted]] = []
 
     # the gateway's records, for the scenarios' checks
     @property
@@ -389,6 +412,10 @@ class SimPlatform:
     def to_worker(self, frame: Frame) -> None:
         if isinstance(frame, TtsUtterance):
             self._utt_starts.append((frame.tts_pos, frame.utterance, frame.epoch))
+        elif isinstance(frame, AmdStart):
+            t = asyncio.get_running_loop().time()
+            self.amd_starts.append((t, frame))
+            self._amd_due = sorted(((t + s.after, s) for s in self.cfg.amd), key=lambda x: x[0])
         elif isinstance(frame, TtsCut):
             if frame.tts_pos > self._tts_read:
                 self._tts_read = frame.tts_pos
@@ -445,6 +472,15 @@ class SimPlatform:
                         events.append(SpeechStop(call_id=call_id, pos=self._vad_last_end, at=0, ns=0))
         return events
 
+    def _amd_event(self, s: AmdScripted) -> TickEvent:
+        cid, pos = self.actor.call_id, self.in16.write_pos
+        if s.kind == "verdict":
+            return AmdVerdictEvent(call_id=cid, pos=pos, ns=0, verdict=s.verdict, confidence=s.confidence,
+                                   ms=round(s.after * 1000), rule="scripted")
+        if s.kind == "beep":
+            return AmdBeepEvent(call_id=cid, pos=pos, ns=0, hz=1000.0)
+        return AmdGreetingEndEvent(call_id=cid, pos=pos, ns=0)
+
     def _convert(self) -> None:
         tts = self.tts
         ratio = self.cfg.tts_rate // self.cfg.call_rate
@@ -473,6 +509,8 @@ class SimPlatform:
             now = loop.time()
             self.caller.tick(now, self.in16, self.wire, self)
             events = self._vad(now)
+            while self._amd_due and self._amd_due[0][0] <= now:
+                events.append(self._amd_event(self._amd_due.pop(0)[1]))
             self.actor.on_worker(self.in16.write_pos, events)
             self._convert()
             self.gw.tick(now)

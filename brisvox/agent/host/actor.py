@@ -73,14 +73,16 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-from brisvox.agent.conversation.context import Context
+from brisvox.agent.conversation.context import Context, SystemMessage
 from brisvox.agent.conversation.playout_book import PlayoutConfig
 from brisvox.agent.flows.manager import FlowManager
 from brisvox.agent.host import tracing
+from brisvox.agent.host.amd_screen import AmdConfig
+from brisvox.agent.host.call_amd import CallAmd, dialled
 from brisvox.agent.host.call_events import CallEvents
 from brisvox.agent.host.call_media import MediaLog
 from brisvox.agent.host.call_metrics import METRICS
@@ -118,7 +120,11 @@ from brisvox.agent.tool_engine.registry import ToolRegistry
 from brisvox.clock import CLOCK, Clock
 from brisvox.providers.base import LlmProvider, SttProvider, TtsProvider
 from brisvox.providers.s2s.base import S2sProvider
+from ipc.frames import MEDIA_ANSWERED, MEDIA_EARLY, Hangup
 from ipc.tick_events import (
+    AmdBeepEvent,
+    AmdGreetingEndEvent,
+    AmdVerdictEvent,
     InputGap,
     SpeechFalling,
     SpeechStart,
@@ -204,6 +210,8 @@ class CallActor:
         call_info: CallInfo | None = None,
         events: Callable[[Any], None] | None = None,
         media: str = "answered",
+        amd: AmdConfig | None = None,
+        hangup_later: Callable[[str], None] | None = None,
     ) -> None:
         self.call_id = call_id
         self.greeting = greeting
@@ -257,6 +265,10 @@ class CallActor:
         self.clear_applied_ns: list[int] = []
         self.supervisor = StageSupervisor(self, cfg.supervision)
         self.events = CallEvents(call_id, events, self) if events is not None else None
+        self.hangup_later = hangup_later  # the host's hang-up once the bot is idle (None: the actor's own)
+        # answering-machine screening of a dialled call ([amd]): no word before its verdict
+        self.amd = (CallAmd(_AmdSeam(self), amd, clock) if amd is not None and amd.enabled
+                    and dialled(self.call_info.transport_ids, self.call_info.params) else None)
 
     def _bind(self, named: dict[str, Stage]) -> None:
         """The stages the host and the pump reach directly (plain attributes: no lookup per tick)."""
@@ -279,6 +291,11 @@ class CallActor:
         for s in self.stages:
             s.start()
         self.entry.put_nowait(Start())
+        if self.amd is not None:  # screened: the chain converses (and greets) after the verdict only
+            self.entry.put_nowait(CallMediaChanged(MEDIA_EARLY, self.clock.now()))
+            if self.media.converses:
+                self.amd.answered()
+            return
         if not self.media.converses:  # a dialled call in early media: before the greeting
             self.entry.put_nowait(CallMediaChanged(self.media.state, self.clock.now()))
         if self.greeting.strip():
@@ -293,6 +310,8 @@ class CallActor:
         self._hung_up = True
         self._input_closed = True
         self.end_reason = reason
+        if self.amd is not None:
+            self.amd.close()
         await self.supervisor.aclose()  # a supervised end in progress gives way (not from inside it)
         prev_running = False
         for s in self.stages:  # Stop enters where the chain runs again after a stage that ended
@@ -314,6 +333,8 @@ class CallActor:
         self.ended_wall = time.time()
         self.ended_at = self.clock.now()
         self.record = build_record(self)
+        if self.amd is not None:
+            self.record["amd"] = self.amd.record()
         try:  # telemetry never holds up nor fails a hang-up
             METRICS.observe_record(self.record, self.clear_applied_ns)
             tracing.emit_call(self)
@@ -373,7 +394,7 @@ class CallActor:
         if in16_pos > in_pos:
             if self._audio_end is not None:
                 self._audio_end(in16_pos)
-            if not self.media.converses and not self._speaking:  # early media, music on hold
+            if not self.converses and not self._speaking:  # early media, music on hold, AMD screening
                 self.pump.media_muted_samples += in16_pos - in_pos
                 self._in_pos = in16_pos
                 self._gap = True
@@ -405,7 +426,7 @@ class CallActor:
             match ev:
                 case SpeechStart():
                     self.pump.vad_starts += 1
-                    self._start_muted = not self.media.converses
+                    self._start_muted = not self.converses
                     if self._start_muted:
                         self.pump.media_muted_events += 1
                         continue
@@ -421,7 +442,7 @@ class CallActor:
                     self.entry.put_nowait(UserStoppedSpeaking(at, pos, decided_pos=ev.at))
                 case SpeechFalling():  # the turn driver's early Smart Turn (when its machine wants it)
                     self.pump.vad_fallings += 1
-                    if self._start_muted or not self.media.converses:
+                    if self._start_muted or not self.converses:
                         self.pump.media_muted_events += 1
                         continue
                     self.entry.put_nowait(UserSpeechFalling(at, pos, decided_pos=ev.at))
@@ -432,13 +453,26 @@ class CallActor:
                     self.pump.vad_failures += 1
                 case VadRecovered():
                     self.pump.vad_recoveries += 1
+                case AmdVerdictEvent() | AmdBeepEvent() | AmdGreetingEndEvent():
+                    if self.amd is not None and not self._hung_up:
+                        self.amd.on_event(ev, at)
 
     def on_media(self, state: str, dial: dict[str, Any] | None = None) -> None:
         """The call's media state (a ``CallMedia``): logged, and passed to the chain when it
         changed (the pump keeps the caller's audio from it at once, see the module docstring)."""
         now = self.clock.now()
-        if self.media.note(state, now, dial) and not self._hung_up:
+        changed = self.media.note(state, now, dial)
+        if self.amd is not None and self.amd.screening:  # the chain hears of the answer from the verdict
+            if state == MEDIA_ANSWERED and not self._hung_up:
+                self.amd.answered()
+            return
+        if changed and not self._hung_up:
             self.entry.put_nowait(CallMediaChanged(state, now))
+
+    @property
+    def converses(self) -> bool:
+        """The caller's audio may open turns: the call is answered and not being screened."""
+        return self.media.converses and (self.amd is None or not self.amd.screening)
 
     def on_out_utterance(self, utterance: int, epoch: int, out_pos: int) -> None:
         self.timeline.out_utterance(epoch, self.clock.now())
@@ -533,3 +567,60 @@ def _stage(named: dict[str, Stage], name: str, cls: type[S]) -> S:
     if not isinstance(st, cls):
         raise TypeError(f"the chain's stage {name!r} must be a {cls.__name__}, not {type(st).__name__}")
     return st
+
+
+class _AmdSeam:
+    """The actor as its AMD screening sees it (:class:`~brisvox.agent.host.call_amd.AmdHost`)."""
+
+    __slots__ = ("a", "call_id", "_later")
+
+    def __init__(self, actor: CallActor) -> None:
+        self.a = actor
+        self.call_id = actor.call_id
+        self._later: asyncio.Task[None] | None = None
+
+    def in16_pos(self) -> int:
+        return self.a.source.write_pos
+
+    def to_worker(self, frame: Any) -> None:
+        self.a.link.to_worker(frame)
+
+    def spawn(self, coro: Any, name: str) -> Any:
+        return self.a.tasks.spawn(coro, name)
+
+    def converse(self, note: str, node: str) -> None:
+        a = self.a
+        if note:
+            a.context.push(SystemMessage(note))
+        if node:
+            a.runner.flow_hook.enter_next(node)
+        a.entry.put_nowait(CallMediaChanged(MEDIA_ANSWERED, a.clock.now()))
+        if a.greeting.strip():
+            a.entry.put_nowait(Greet(a.greeting))  # the bot speaks first, now
+
+    def speak(self, text: str) -> None:
+        a = self.a
+        a.entry.put_nowait(CallMediaChanged(MEDIA_ANSWERED, a.clock.now()))
+        a.entry.put_nowait(Greet(text))
+
+    def hang_up_after_playout(self, reason: str) -> None:
+        a = self.a
+        if a.hangup_later is not None:
+            a.hangup_later(reason)
+        elif self._later is None:
+            self._later = asyncio.get_running_loop().create_task(self._hang_up(reason), name=f"amd-end-{a.call_id}")
+
+    async def _hang_up(self, reason: str, limit: float = 30.0) -> None:
+        """Without a host hook: the bot idle (bounded), then Hangup to the gateway and the end."""
+        a = self.a
+        await a.clock.sleep(0.2)
+        deadline = a.clock.now() + limit
+        while not a.hung_up and not a.idle() and a.clock.now() < deadline:
+            await a.clock.sleep(0.1)
+        if not a.hung_up:
+            a.link.to_gateway(Hangup(call_id=a.call_id, reason=reason))
+            await a.hangup(reason)
+
+    def amd_event(self, data: Mapping[str, Any]) -> None:
+        if self.a.events is not None:
+            self.a.events.emit("amd", **data)

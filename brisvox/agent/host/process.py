@@ -288,7 +288,7 @@ class AgentProcess:
             return refuse("no_worker", f"{type(e).__name__}: {e}"[:200])
         link = ProcessLink(self, f.call_id, sender)
         actor_cfg = self.cfg.actor_config(f.tts_rate)
-        registry = telephony = flow = agent_link = recording = None
+        registry = telephony = flow = agent_link = recording = amd = None
         greeting = ""
         if self.cfg.providers == "definitions":
             try:
@@ -305,6 +305,7 @@ class AgentProcess:
             actor_cfg = actor_config(agent, base=actor_cfg)
             recording = recording_of(agent, self._recordings_dir, self.calls_cfg.keep_days)  # [recording]
             greeting = agent.greeting
+            amd = agent.amd  # [amd]: a dialled call is screened before its first word
         else:
             provs = CallProviders(*scripted_providers(self.cfg, f.call_id, f.tts_rate))
         actor = (CallActor if provs.s2s is None else S2sCallActor)(  # a speech-to-speech agent: docs/S2S.md
@@ -328,6 +329,8 @@ class AgentProcess:
             on_stage_failure=self._stage_failed,
             on_hangup=functools.partial(self._ended_itself, f.call_id),
             media=f.media,  # a dialled call in early media: no turn, no greeting until the answer
+            amd=amd,
+            hangup_later=functools.partial(self._hangup_later, f.call_id),
         )
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
         self.idle_trim.note(len(self.calls))

@@ -154,6 +154,12 @@ class FlowHook:
                 self._keypad = target
                 return
 
+    def enter_next(self, node: str) -> None:
+        """The flow moves to ``node`` at the next turn's start (an AMD verdict's ``node:`` action,
+        decided before the call's first turn)."""
+        if self.flow is not None and node in self.flow.flow.nodes:
+            self._keypad = node
+
     def keypad(self, digits: str) -> None:
         """A keypad entry: the transition it makes at the current node is entered when its turn starts."""
         if self.flow is not None:
