@@ -451,3 +451,48 @@ def test_agent_endpoints_are_read_from_the_agent_file_with_their_secret(tmp_path
     os.utime(tmp_path / "sales.toml", (1, 1))  # changed: read again, the secret is gone
     assert c.endpoints.get("agent:sales", "https://s.example.com/h") is None
     assert "SALES_HOOK is not set" in c.endpoints.errors["agent:sales"]
+
+
+def test_campaign_row_done_goes_to_the_endpoints_that_want_it_once_committed(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from brisvox.outbound.webhooks.campaign_events import CampaignEvents
+
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    monkeypatch.setenv("SALES_HOOK", "x")
+    (tmp_path / "sales.toml").write_text('system_prompt = "x"\n[[webhooks]]\nurl = "https://s.example.com/h"\n'
+                                         'secret_env = "SALES_HOOK"\nevents = ["campaign.row.done"]\n')
+    cfg = parse_config({"agents": {"agents_dir": str(tmp_path)}, "webhooks": [
+        {"url": "https://d.example.com/rows", "secret_env": "HOOK_SECRET", "events": ["campaign.row.done"]},
+        {"url": "https://d.example.com/calls", "secret_env": "HOOK_SECRET", "events": ["call.ended"]}]})
+    ce = CampaignEvents(cfg, state_dir=tmp_path / "state")
+
+    async def main() -> bool:
+        return await ce.row_done_committed("spring", 7, "answered", call_id="c9", agent="sales", attempts=2)
+
+    assert asyncio.run(main())
+    assert ce.close()
+    rows = Outbox(tmp_path / "state" / "webhooks.sqlite3").rows()
+    assert sorted((r["scope"], r["url"]) for r in rows) == [("agent:sales", "https://s.example.com/h"),
+                                                            ("daemon", "https://d.example.com/rows")]
+    assert rows[0]["event_id"] == rows[1]["event_id"] and rows[0]["type"] == "campaign.row.done"
+    ce2 = CampaignEvents(cfg, state_dir=tmp_path / "state")
+    assert ce2.targets("nobody") == ce2.targets(None) == [Target("daemon", "https://d.example.com/rows")]
+    ce2.close()
+
+
+def test_the_metrics_have_the_webhook_families() -> None:
+    from brisvox.daemon.metrics import render
+
+    snap = {"daemon": {"uptime_s": 1, "state": "running", "ready": True, "calls": 0}, "children": [
+        {"role": "outbound", "index": 0, "name": "outbound-0", "state": "ready", "stats": {"webhooks": {
+            "attempts": 3, "delivered": 2, "failed": 1, "gave_up": 0, "in_flight": 0, "failures": {"status": 1},
+            "outbox": {"pending": 1, "delivered": 2, "gave_up": 0, "oldest_pending_age_s": 3.5},
+            "latency": {"le": [0.1, 1.0], "counts": [1, 2, 2], "sum": 0.3, "count": 2}}}},
+        {"role": "agent", "index": 0, "name": "agent-0", "state": "ready",
+         "stats": {"webhooks": {"committed": 3, "dropped": 1, "failed": 0, "queued": 0}}}]}
+    text = render(snap)
+    for line in ['brisvox_webhook_deliveries_total{result="delivered"} 2', 'brisvox_webhook_events_total{result="dropped"} 1',
+                 'brisvox_webhook_outbox_rows{state="pending"} 1', "brisvox_webhook_oldest_pending_seconds 3.5",
+                 'brisvox_webhook_attempt_failures_total{kind="status"} 1',
+                 'brisvox_webhook_delivery_seconds_bucket{le="+Inf"} 2', 'brisvox_children{role="outbound",state="ready"} 1']:
+        assert line in text.splitlines(), line

@@ -97,10 +97,11 @@ class Endpoints:
         if scope == DAEMON_SCOPE:
             return self.daemon.get(url)
         if scope.startswith("agent:"):
-            return self._agent(scope[len("agent:"):]).get(url)
+            return self.agent_endpoints(scope[len("agent:"):]).get(url)
         return None
 
-    def _agent(self, name: str) -> dict[str, Endpoint]:
+    def agent_endpoints(self, name: str) -> dict[str, Endpoint]:
+        """The ``[[webhooks]]`` of the agent file ``name`` (re-read when it changed), by URL."""
         if not name or "/" in name or name.startswith("."):
             return {}
         path = self.agents_dir / f"{name}.toml"
