@@ -61,8 +61,12 @@ class CampaignEvents:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
 
-        def done(ok: bool) -> None:
-            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(ok))
+        def settle(ok: bool) -> None:
+            if not fut.done():
+                fut.set_result(ok)
+
+        def done(ok: bool) -> None:  # the writer thread
+            loop.call_soon_threadsafe(settle, ok)
 
         if not self.row_done(campaign, row, outcome, on_commit=done, **kw):
             return False
