@@ -263,3 +263,31 @@ def test_events_survive_a_down_receiver_random_500s_and_a_killed_daemon(short_tm
         rec = ev["data"]["record"]
         assert rec["call_id"] == ev["data"]["call_id"] and ev["data"]["recording"] is None
         assert any(m.get("role") == "user" and "close" in str(m.get("content", "")) for m in rec["conversation"]), rec
+
+
+def test_check_and_start_refuse_private_or_plain_http_webhooks_naming_the_key(short_tmp: Path) -> None:
+    from bench.harness.daemon import child_env, cli
+
+    env = child_env(HOOK_SECRET=SECRET)
+    agents = short_tmp / "agents"
+    agents.mkdir()
+    (agents / "hooked.toml").write_text(AGENT)
+    base = agents_config(agents, short_tmp / "records", default_agent="hooked")
+
+    def config(hook: str) -> Path:
+        return write_config(short_tmp, workers=1, agents=1, extra=base + "\n[[webhooks]]\n" + hook
+                            + '\nsecret_env = "HOOK_SECRET"\n')
+
+    r = cli("check", str(config('url = "https://10.20.30.40/hooks"')), env=env)
+    assert r.returncode == 2 and "webhooks[0].url: 10.20.30.40 resolves to 10.20.30.40" in r.stderr, r.stderr
+    r = cli("start", "--foreground", "--config", str(config('url = "https://169.254.169.254/latest"')), env=env)
+    assert r.returncode == 2 and "webhooks[0].url" in r.stderr and "not a public address" in r.stderr, r.stderr
+    r = cli("check", str(config('url = "http://192.0.2.1/hooks"\nallow_private = true')), env=env)
+    assert r.returncode == 2 and "http:// only to a loopback host" in r.stderr, r.stderr
+    r = cli("check", str(config('url = "https://10.20.30.40/hooks"\nallow_private = true')), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # an agent file's [[webhooks]]: the same refusal, naming the file, its line and the key
+    (agents / "hooked.toml").write_text(AGENT + '\n[[webhooks]]\nurl = "https://127.0.0.1/x"\nsecret_env = "NOPE"\n')
+    r = cli("check", str(agents / "hooked.toml"), env=env)
+    assert r.returncode == 2 and "webhooks[0].url" in r.stdout and "resolves to 127.0.0.1" in r.stdout, r.stdout
+    assert "NOPE is not set" in r.stdout  # the secret's source: a warning offline
