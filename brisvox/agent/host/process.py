@@ -149,7 +149,7 @@ class AgentProcess:
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
         self._agents: dict[str, tuple[float, AgentDef]] = {}  # agent definitions: name -> (mtime, definition)
-        self.hook_routes = HookRoutes(rt.config.section("webhooks").hooks)  # [[webhooks]] of brisvoxd.toml
+        self.hook_routes: HookRoutes | None = None  # [[webhooks]] of brisvoxd.toml, read at the first call
         self.hook_writer: OutboxWriter | None = None  # the outbox's writer thread, made at the first event
         # what the gateways send: frame class -> handler(frame, sender, cid)
         self.handlers: dict[type[Frame], Callable[[Any, str, int | str | None], None]] = {
@@ -356,6 +356,8 @@ class AgentProcess:
 
     def _call_hooks(self, call_id: str, agent: str, agent_hooks: tuple[Any, ...]) -> CallHooks | None:
         """The call's webhook events, or None when no endpoint wants any of them."""
+        if self.hook_routes is None:
+            self.hook_routes = HookRoutes(self.rt.config.section("webhooks").hooks)
         targets = self.hook_routes.targets(agent, agent_hooks)
         if not targets:
             return None
