@@ -64,6 +64,7 @@ IDLE_POLL_S = 0.25  # how often the file is looked at when nothing is due (other
 STOP_GRACE_S = 2.0
 RESOLVE_TIMEOUT_S = 5.0
 PRUNE_EVERY_S = 3600.0
+COUNTS_EVERY_S = 1.0
 USER_AGENT = "brisvox-webhooks/1"
 # seconds from an event's creation to its delivery: 50 ms to a day
 DELIVERY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0)
@@ -168,10 +169,11 @@ class Courier:
     async def run(self, stop: asyncio.Event) -> None:
         import httpx
 
-        self.outbox = await self.db(Outbox, self.path)
+        self.outbox = await self.db(Outbox, self.path, "NORMAL")  # settles: see the outbox's durability note
         outbox = self.outbox
         await self.db(outbox.prune, self.clock())
         next_prune = time.monotonic() + PRUNE_EVERY_S
+        next_counts = 0.0
         client = httpx.AsyncClient(follow_redirects=False, trust_env=False, transport=self.transport,
                                    headers={"User-Agent": USER_AGENT},
                                    limits=httpx.Limits(max_connections=self.concurrency * 2,
@@ -185,7 +187,9 @@ class Courier:
                     t = asyncio.create_task(self.attempt(client, row))
                     self.in_flight.add(t)
                     t.add_done_callback(self._done)
-                self.state = await self.db(outbox.counts, self.clock())
+                if time.monotonic() >= next_counts:  # a scan of the table: once a second
+                    self.state = await self.db(outbox.counts, self.clock())
+                    next_counts = time.monotonic() + COUNTS_EVERY_S
                 if time.monotonic() >= next_prune:
                     await self.db(outbox.prune, self.clock())
                     next_prune = time.monotonic() + PRUNE_EVERY_S

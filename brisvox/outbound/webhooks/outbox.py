@@ -13,8 +13,10 @@ processes (and the outbound role's own services) insert, the courier claims and 
 
 Invariants:
 
-* Durable: ``synchronous = FULL`` in WAL mode, so :meth:`Outbox.enqueue` returns only after
-  its rows are on disk; a row is never deleted before it is delivered or given up (and then
+* Durable: the producers' connections are ``synchronous = FULL`` in WAL mode, so
+  :meth:`Outbox.enqueue` returns only after its rows are on disk; the courier's is ``NORMAL``
+  (a settled attempt survives a crash of any process, and only a power loss can lose it: the
+  event is then sent once more, which at least once allows); a row is never deleted before it is delivered or given up (and then
   only by :meth:`Outbox.prune`, after ``keep_s``).
 * At least once: a claim moves ``next_at`` to the end of a lease (the attempt's timeout plus
   a margin) in the same transaction that selects the rows (``BEGIN IMMEDIATE``); an attempt
@@ -94,7 +96,9 @@ class Target:
 class Outbox:
     """One connection to the outbox file. Not shared between threads (each opens its own)."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], synchronous: str = "FULL") -> None:
+        if synchronous not in ("FULL", "NORMAL"):
+            raise ValueError("synchronous: FULL or NORMAL")
         self.path = Path(path)
         private_dir(self.path.parent)
         os.close(open_private(self.path, 0))  # 0600 before SQLite writes a byte
@@ -102,7 +106,7 @@ class Outbox:
                                   check_same_thread=False)
         self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         self.db.execute("PRAGMA journal_mode = WAL")
-        self.db.execute("PRAGMA synchronous = FULL")
+        self.db.execute(f"PRAGMA synchronous = {synchronous}")
         self.db.executescript(SCHEMA)
         for suffix in ("-wal", "-shm"):
             side = self.path.with_name(self.path.name + suffix)
