@@ -496,3 +496,27 @@ def test_the_metrics_have_the_webhook_families() -> None:
                  'brisvox_webhook_attempt_failures_total{kind="status"} 1',
                  'brisvox_webhook_delivery_seconds_bucket{le="+Inf"} 2', 'brisvox_children{role="outbound",state="ready"} 1']:
         assert line in text.splitlines(), line
+
+
+def test_the_supervisor_table_has_an_outbound_slot_only_with_webhooks_and_a_reload_adds_or_drops_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from brisvox.daemon.child_table import ChildTable
+    from brisvox.daemon.roles import ROLE_MAINS
+    from brisvox.daemon.shutdown import STOP_PHASES
+    from brisvox.daemon.slots import State
+
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    base = {"agents": {"agents_dir": str(tmp_path)}}
+    with_hooks = parse_config({**base, "webhooks": [{"url": "https://h.example.com/", "secret_env": "HOOK_SECRET"}]})
+    without = parse_config(base)
+    cfg = {"now": without}
+    table = ChildTable(lambda: cfg["now"], tmp_path, os.getpid())
+    assert [s.name for s in table.slots if s.role == "outbound"] == []
+    retried, to_stop = table.rescale(with_hooks, 0.0)
+    assert [s.name for s in table.slots][-1] == "outbound-0" and to_stop == []
+    assert ROLE_MAINS["outbound"] == "brisvox.outbound.process:main"
+    assert "outbound" in STOP_PHASES[-1]  # stops with the workers, after the calls
+    slot = table.slots[-1]
+    slot.state = State.READY
+    _, to_stop = table.rescale(without, 1.0)
+    assert to_stop == [slot] and slot.remove and slot.retired  # drained, then removed when it exits
