@@ -13,7 +13,7 @@ real HTTP server on loopback (this process) that records every request:
 4. a new daemon on the same state dir, with the receiver flaky again, resends them.
 
 Checks: after deduplication by event id, each call has exactly one ``call.started``,
-``call.answered`` and ``call.ended`` (15 events, every row of the outbox delivered, none given
+``call.answered``, ``tool.called`` (the scripted model presses a key) and ``call.ended`` (20 events, every row of the outbox delivered, none given
 up); every request's ``Brisvox-Signature`` verifies (the Python SDK's ``verify_webhook``) and a
 repeated id always carries the same body; ``call.ended`` holds the call record (the caller's
 transcript); ``/metrics`` has the outbound child ready and the delivery counters.
@@ -51,6 +51,7 @@ SECRET = "whsec_system_test"
 
 AGENT = """name = "hooked"
 system_prompt = "Scripted agent whose calls send webhooks (no language model)."
+tools = ["send_dtmf"]
 
 [stt]
 provider = "scripted_stt"
@@ -62,6 +63,9 @@ provider = "scripted"
 [llm.options]
 fallback = "We close at nine."
 first_token_ms = 50
+[[llm.options.rules]]
+match = "close"
+steps = [{ tools = [{ name = "send_dtmf", arguments = { digits = "1" } }] }, { reply = "We close at nine." }]
 
 [tts]
 provider = "scripted_tts"
@@ -209,13 +213,13 @@ def test_events_survive_a_down_receiver_random_500s_and_a_killed_daemon(short_tm
         ws = ws_port(d.child(snap, "gateway-0"))
         # 1. down: the first calls' events wait in the outbox, attempted and scheduled again
         first = calls(ws, 2)
-        wait(lambda: len(rows := outbox_rows(state)) == 6 and all(r["attempts"] >= 1 for r in rows), 30,
-             "six events attempted while the receiver is down")
+        wait(lambda: len(rows := outbox_rows(state)) == 8 and all(r["attempts"] >= 1 for r in rows), 30,
+             "eight events attempted while the receiver is down")
         assert all(r["delivered_at"] is None for r in outbox_rows(state))
         # 2. up, flaky: everything so far, and two more calls, delivered
         rx.up(fail=0.35)
         second = calls(ws, 2)
-        wait(lambda: len(rx.accepted()) == 12, 60, "twelve events accepted")
+        wait(lambda: len(rx.accepted()) == 16, 60, "sixteen events accepted")
         code, metrics = d.metrics_text()
         assert code == 200
         lines = metrics.splitlines()
@@ -224,25 +228,25 @@ def test_events_survive_a_down_receiver_random_500s_and_a_killed_daemon(short_tm
         # 3. down again: a fifth call's events committed, then the daemon killed with them undelivered
         rx.down()
         third = calls(ws, 1)
-        wait(lambda: len(outbox_rows(state)) == 15, 30, "the fifth call's events in the outbox")
+        wait(lambda: len(outbox_rows(state)) == 20, 30, "the fifth call's events in the outbox")
     finally:
         d.close()
     pending = [r for r in outbox_rows(state) if r["delivered_at"] is None]
-    assert len(pending) == 3, pending
+    assert len(pending) == 4, pending
     # 4. a new daemon on the same state dir resends them
     rx.up(fail=0.35)
     d2 = daemon(short_tmp, port)
     try:
         d2.start()
         d2.wait_ready(90)
-        wait(lambda: len(rx.accepted()) == 15, 60, "the killed daemon's events resent")
+        wait(lambda: len(rx.accepted()) == 20, 60, "the killed daemon's events resent")
         wait(lambda: all(r["delivered_at"] is not None for r in outbox_rows(state)), 20, "the outbox settled")
     finally:
         d2.close()
         rx.down()
 
     rows = outbox_rows(state)
-    assert len(rows) == 15 and all(r["gave_up_at"] is None for r in rows)
+    assert len(rows) == 20 and all(r["gave_up_at"] is None for r in rows)
     got = rx.accepted()
     assert set(got) == {r["event_id"] for r in rows}
     by_call: dict[str, list[str]] = {}
@@ -250,14 +254,16 @@ def test_events_survive_a_down_receiver_random_500s_and_a_killed_daemon(short_tm
         by_call.setdefault(ev["data"]["call_id"], []).append(ev["type"])
     assert set(by_call) == set(first + second + third)
     for cid, types in by_call.items():
-        assert sorted(types) == ["call.answered", "call.ended", "call.started"], (cid, types)
+        assert sorted(types) == ["call.answered", "call.ended", "call.started", "tool.called"], (cid, types)
     bodies: dict[str, bytes] = {}
     for headers, body, _ in rx.requests:
         ev = verify_webhook(SECRET, headers.get("brisvox-signature"), body)  # every attempt is signed
         assert headers["brisvox-event-id"] == ev["id"] and headers["brisvox-event-type"] == ev["type"]
         assert bodies.setdefault(ev["id"], body) == body  # a retry resends the very same event
     assert sum(1 for *_, code in rx.requests if code == 500) >= 1  # the flaky phases did refuse some
-    assert len(rx.requests) > 15  # so some events came more than once: the receiver's dedup was needed
+    assert len(rx.requests) > 20  # so some events came more than once: the receiver's dedup was needed
+    tools = [ev["data"] for ev in got.values() if ev["type"] == "tool.called"]
+    assert {(t["tool"], t["outcome"]) for t in tools} == {("send_dtmf", "ok")}, tools
     ended = [ev for ev in got.values() if ev["type"] == "call.ended"]
     for ev in ended:
         rec = ev["data"]["record"]
