@@ -520,3 +520,25 @@ def test_the_supervisor_table_has_an_outbound_slot_only_with_webhooks_and_a_relo
     slot.state = State.READY
     _, to_stop = table.rescale(without, 1.0)
     assert to_stop == [slot] and slot.remove and slot.retired  # drained, then removed when it exits
+
+
+def test_with_answering_machine_detection_call_answered_waits_for_the_verdict() -> None:
+    t = HookRoutes([WebhookSettings(url="https://d.example.com/all")]).targets("a", [])
+    w = _Writer()
+    hooks = CallHooks(w, t, "c1", "a", expect_amd=True)  # type: ignore[arg-type]
+    hooks.on_media("answered")
+    assert w.got == []  # the verdict is not known yet
+    hooks.amd({"verdict": "machine", "confidence": 0.93})
+    hooks.amd({"verdict": "human"})  # once
+    (ev, _), = w.got
+    data = orjson.loads(ev.body)["data"]
+    assert data["amd"] == {"verdict": "machine", "confidence": 0.93} and data["answered_at"] <= time.time()
+    w2 = _Writer()
+    h2 = CallHooks(w2, t, "c2", "a", expect_amd=True)  # type: ignore[arg-type]
+    h2.on_media("answered")
+    h2.ended({"end_reason": "caller_hangup"}, None)  # ended before the verdict: answered (amd null), then ended
+    assert [(orjson.loads(e.body)["type"], orjson.loads(e.body)["data"].get("amd")) for e, _ in w2.got] == [
+        ("call.answered", None), ("call.ended", None)]
+    w3 = _Writer()
+    CallHooks(w3, t, "c3", "a").ended({"end_reason": "no_answer"}, None)  # never answered: no call.answered
+    assert [orjson.loads(e.body)["type"] for e, _ in w3.got] == ["call.ended"]

@@ -8,7 +8,10 @@ made by the agent process for each call that has at least one endpoint. The even
   when the actor starts;
 * ``call.answered`` ``{call_id, agent, answered_at, amd}``: once, when the call's media is
   ``answered`` (at the start for an inbound call, at the far end's answer for a dialled
-  one); ``amd``: the answering-machine verdict (null when no detection ran);
+  one); ``amd``: the answering-machine verdict (null when no detection ran). A call whose
+  answering-machine detection runs (``expect_amd``) sends it when :meth:`CallHooks.amd`
+  gives the verdict, with the time of the answer; a call that ends before the verdict
+  sends it (``amd`` null) just before its ``call.ended``;
 * ``tool.called`` ``{call_id, agent, epoch, tool_call_id, tool, outcome}``: one tool call's
   outcome, as recorded (never its arguments or result);
 * ``call.ended`` ``{call_id, agent, reason, record, recording}``: at the hang-up, with
@@ -61,11 +64,13 @@ class CallHooks:
     """One call's webhook events (see the module docstring)."""
 
     def __init__(self, writer: OutboxWriter, targets: dict[str, tuple[Target, ...]], call_id: str,
-                 agent: str) -> None:
+                 agent: str, expect_amd: bool = False) -> None:
         self.writer = writer
         self.targets = targets
         self.call_id = call_id
         self.agent = agent
+        self.expect_amd = expect_amd  # answering-machine detection runs: call.answered waits for its verdict
+        self.answered_at: float | None = None
         self.answered_sent = False
         self.sent = 0
         self.too_large = 0
@@ -102,13 +107,27 @@ class CallHooks:
             self.answered(amd)
 
     def answered(self, amd: Any = None) -> None:
-        """``call.answered`` (once); ``amd``: the answering-machine verdict, None when none ran."""
+        """The call is answered: ``call.answered`` now, or (``expect_amd``) at the verdict."""
+        if self.answered_at is None:
+            self.answered_at = time.time()
+        if not self.expect_amd or amd is not None:
+            self._send_answered(amd)
+
+    def amd(self, verdict: Any) -> None:
+        """The answering-machine verdict (JSON-serialisable): sends the waiting ``call.answered``."""
+        if self.answered_at is None:
+            self.answered_at = time.time()
+        self._send_answered(verdict)
+
+    def _send_answered(self, amd: Any) -> None:
         if self.answered_sent:
             return
         self.answered_sent = True
-        self.emit("call.answered", answered_at=round(time.time(), 3), amd=amd)
+        self.emit("call.answered", answered_at=round(self.answered_at or time.time(), 3), amd=amd)
 
     def ended(self, record: dict[str, Any], recording_file: str | None) -> None:
+        if self.answered_at is not None and not self.answered_sent:  # the verdict never came
+            self._send_answered(None)
         self.emit("call.ended", reason=record.get("end_reason", ""), record=record, recording=recording_file)
 
     def stats(self) -> dict[str, int]:
