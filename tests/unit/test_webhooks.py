@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -542,3 +543,64 @@ def test_with_answering_machine_detection_call_answered_waits_for_the_verdict() 
     w3 = _Writer()
     CallHooks(w3, t, "c3", "a").ended({"end_reason": "no_answer"}, None)  # never answered: no call.answered
     assert [orjson.loads(e.body)["type"] for e, _ in w3.got] == ["call.ended"]
+
+
+class _Rt:
+    """The ChildRuntime members the outbound main uses, recorded."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.callbacks: list[Any] = []
+        self.readied = 0
+        self.reports: list[dict[str, Any]] = []
+
+    def add_shutdown_callback(self, cb: Any) -> None:
+        self.callbacks.append(cb)
+
+    def ready(self, endpoints: Any = None, measured: Any = None) -> None:
+        self.readied += 1
+
+    def heartbeat(self) -> None:
+        pass
+
+    def report(self, calls: int, stats: dict[str, Any] | None = None) -> None:
+        self.reports.append(dict(stats or {}))
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for cb in self.callbacks:
+            cb()
+
+
+class _Service:
+    def __init__(self, name: str, fail: bool = False, forever: bool = True) -> None:
+        self.name, self.fail, self.forever, self.stopped = name, fail, forever, False
+
+    async def run(self, stop: asyncio.Event) -> None:
+        if self.fail:
+            raise RuntimeError("boom")
+        if self.forever:
+            await stop.wait()
+            self.stopped = True
+
+    def stats(self) -> dict[str, Any]:
+        return {"ok": 1}
+
+
+def test_the_outbound_main_runs_its_services_survives_a_failing_one_and_stops_them() -> None:
+    from brisvox.outbound.process import run_services
+
+    rt = _Rt()
+    good, bad = _Service("good"), _Service("bad", fail=True)
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.8, rt.stop)
+        return await run_services(rt, [good, bad])
+
+    assert asyncio.run(main()) == 0
+    assert rt.readied == 1 and good.stopped
+    assert rt.reports and rt.reports[-1] == {"good": {"ok": 1}, "bad": {"ok": 1}}
+    # every service ended without a stop: the role exits 1 (the supervisor restarts it)
+    rt2 = _Rt()
+    assert asyncio.run(run_services(rt2, [_Service("done", forever=False)])) == 1
