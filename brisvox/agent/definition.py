@@ -53,7 +53,8 @@ from brisvox.agent.host.amd_screen import AmdConfig
 from brisvox.agent.link.config import LinkConfig, check_link
 from brisvox.config.errors import ConfigError
 from brisvox.config.lines import key_lines, line_of
-from brisvox.config.schema import failures
+from brisvox.config.schema import failures, from_table
+from brisvox.outbound.webhooks.config import AgentWebhook
 from brisvox.providers.registry import (
     KEY_OPTIONAL,
     LOCAL,
@@ -115,6 +116,7 @@ class AgentDef:
     flow: FlowDef | None = None  # the conversation's flow (brisvox/agent/flows/), None: free conversation
     agent_link: LinkConfig | None = None  # [agent_link]: the agent service (docs/AGENT_PROTOCOL.md)
     amd: AmdConfig = field(default_factory=AmdConfig)  # [amd]: answering-machine detection (host/amd_screen.py)
+    webhooks: tuple[AgentWebhook, ...] = ()  # [[webhooks]]: where this agent's call events go (docs/PROTOCOL.md)
 
     def legs(self) -> list[tuple[str, ProviderDef]]:
         """(stage, leg) of every stage the agent has."""
@@ -165,6 +167,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         agent_link=LinkConfig.from_table(data["agent_link"]) if "agent_link" in data else None,
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
         amd=AmdConfig.from_table(data.get("amd", {})),
+        webhooks=tuple(from_table(AgentWebhook, h, f"webhooks[{i}]") for i, h in enumerate(data.get("webhooks") or ())),
     )
 
 
@@ -251,7 +254,32 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
                                 "(the model hears and speaks itself): remove it") for k in S2S_NOT if k in data)
     problems.extend(Problem(sev, f"agent_link.{k}", line_of(lines, ["agent_link", k]), msg)
                     for sev, k, msg in (check_link(data["agent_link"], env) if "agent_link" in data else ()))
+    problems.extend(_check_webhooks(agent, lines, env))
     return agent, problems
+
+
+def _check_webhooks(agent: AgentDef, lines: Mapping[str, int], env: Mapping[str, str]) -> list[Problem]:
+    """``[[webhooks]]``: each URL's target (a private address without ``allow_private`` is an
+    error), given once; a secret source that cannot be read here is a warning (offline)."""
+    from brisvox.outbound.webhooks.config import url_problems
+
+    out: list[Problem] = []
+    seen: set[str] = set()
+    for i, hook in enumerate(agent.webhooks):
+        where: list[str | int] = ["webhooks", i]
+        line = line_of(lines, [*where, "url"]) or line_of(lines, where)
+        if hook.url in seen:
+            out.append(Problem("error", f"webhooks[{i}].url", line, f"{hook.url[:80]!r} is given twice"))
+        seen.add(hook.url)
+        errors, warnings = url_problems(hook.url, hook.allow_private)
+        out += [Problem("error", f"webhooks[{i}].url", line, m) for m in errors]
+        out += [Problem("warning", f"webhooks[{i}].url", line, m) for m in warnings]
+        try:
+            hook.resolve_secret(f"webhooks[{i}]", env)
+        except ConfigError as e:
+            out.append(Problem("warning", e.key, line_of(lines, where), f"{e.message}: this webhook's events will "
+                               "not be signed and are given up"))
+    return out
 
 
 def _check_settings(agent: AgentDef, lines: Mapping[str, int], fall_delay_ms: int | None) -> list[Problem]:

@@ -33,6 +33,7 @@ from pydantic.json_schema import GenerateJsonSchema
 
 from brisvox.config.errors import ConfigError
 from brisvox.config.schema import section
+from brisvox.outbound.webhooks.config import AgentWebhook
 from brisvox.providers.registry import PROVIDERS
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "config" / "agent.schema.json"
@@ -372,6 +373,8 @@ class AgentFile:
     recording: Recording | None = None
     dtmf: Dtmf | None = None
     amd: Amd | None = None
+    # [[webhooks]]: this agent's calls' events (brisvox/outbound/webhooks/config.py; secret_env/_file/_credential)
+    webhooks: tuple[AgentWebhook, ...] | None = Field(default=None, max_length=16)
 
     @field_validator("tools", "confirm_tools", "tool_modules")
     @classmethod

@@ -107,6 +107,7 @@ def _wait_gone(rdir: Path, timeout: float) -> bool:
 def cmd_start(args: argparse.Namespace) -> int:
     from brisvox.config.exposure import check_open_sip
     from brisvox.daemon.arbiter import Arbiter
+    from brisvox.outbound.webhooks.config import check_webhooks
     from brisvox.runtime.paths import (
         AlreadyRunning,
         PathError,
@@ -120,6 +121,11 @@ def cmd_start(args: argparse.Namespace) -> int:
         cfg = _load(args).with_counts(args.workers, args.agents)
         for line in check_open_sip(cfg):  # an open SIP port is refused (exit 2) unless overridden
             _err(f"warning: {line}")
+        hook_errors, hook_warnings = check_webhooks(cfg)  # the refusals of brisvoxd check
+        for line in hook_warnings:
+            _err(f"warning: {line}")
+        if hook_errors:
+            raise ConfigError("webhooks", "; ".join(hook_errors))
         rdir, sdir = prepare_dirs(cfg)
     except (ConfigError, PathError) as e:
         _err(f"configuration error: {e}")
@@ -385,6 +391,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from brisvox.config.exposure import check_open_sip
     from brisvox.config.secrets import deferred
     from brisvox.daemon.nofile import check_line, would_get
+    from brisvox.outbound.webhooks.config import check_webhooks
     from brisvox.runtime.paths import PathError, check_endpoint_lengths, runtime_dir
 
     if is_agent_file(args.file):
@@ -398,7 +405,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         _err(f"configuration error: {e}")
         return exitcodes.CONFIG
     errors, warnings = check_referenced_agents(cfg)
-    for line in warnings:
+    hook_errors, hook_warnings = check_webhooks(cfg)  # [[webhooks]]: https, public addresses (or allow_private)
+    errors += hook_errors
+    for line in [*warnings, *(f"warning: {w}" for w in hook_warnings)]:
         print(line)
     sip = cfg.section("sip")
     if sip.enabled:

@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import tomllib
@@ -36,7 +37,7 @@ from brisvox.config.schema import from_table, section
 
 CONFIG_ENV = "BRISVOX_CONFIG"
 SYSTEM_CONFIG = Path("/etc/brisvox/brisvoxd.toml")
-ROLES = ("gateway", "worker", "agent")
+ROLES = ("gateway", "worker", "agent", "outbound")
 
 
 @section
@@ -97,6 +98,7 @@ class MemoryPolicy:
     gateway: MemoryLimit = field(default_factory=lambda: MemoryLimit(512, 1024))
     worker: MemoryLimit = field(default_factory=lambda: MemoryLimit(2048, 3072))
     agent: MemoryLimit = field(default_factory=lambda: MemoryLimit(1024, 2048))
+    outbound: MemoryLimit = field(default_factory=lambda: MemoryLimit(256, 512))
 
     def for_role(self, role: str) -> MemoryLimit:
         lim: MemoryLimit = getattr(self, role)
@@ -172,6 +174,10 @@ def _load_class(ref: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+# what makes the daemon start its ``outbound`` child (brisvox/outbound/process.py): any of these says so
+OUTBOUND_WANTED: tuple[str, ...] = ("brisvox.outbound.webhooks.wanted:webhooks_wanted",)
+
+
 def section_parsers() -> dict[str, str]:
     from brisvox.config.sections import SECTION_PARSERS
 
@@ -211,7 +217,16 @@ class DaemonConfig:
         return dataclasses.replace(self, daemon=d)
 
     def count(self, role: str) -> int:
+        if role == "outbound":
+            return 1 if self.wants_outbound else 0
         return {"gateway": 1, "worker": self.daemon.workers, "agent": self.daemon.agents}[role]
+
+    @functools.cached_property
+    def wants_outbound(self) -> bool:
+        """Whether the daemon runs its ``outbound`` child: when something it hosts is configured
+        (:data:`OUTBOUND_WANTED`: each ``module:function(config) -> bool``). Decided once per
+        loaded configuration (a reload loads a new one)."""
+        return any(_load_class(ref)(self) for ref in OUTBOUND_WANTED)
 
 
 def parse_config(data: Mapping[str, Any], path: str | None = None) -> DaemonConfig:
@@ -222,10 +237,14 @@ def parse_config(data: Mapping[str, Any], path: str | None = None) -> DaemonConf
         for name, table in data.items():
             if name not in parsers:
                 raise ConfigError(name, f"unknown section (known: {', '.join(sorted(parsers))})")
+            cls = _load_class(parsers[name])
+            if isinstance(table, list) and getattr(cls, "ARRAY", False):  # [[webhooks]]: an array of tables
+                parsed[name] = cls.from_section(table, name)
+                continue
             if not isinstance(table, dict):
                 raise ConfigError(name, f"expected a table [{name}], got a {type(table).__name__}")
             table = resolve_env_networks(table, name)  # [sip] allow_env (brisvox/config/env_values.py)
-            parsed[name] = _load_class(parsers[name]).from_section(table, name)
+            parsed[name] = cls.from_section(table, name)
         daemon = parsed.pop("daemon", None) or DaemonSection()
         return DaemonConfig(daemon=daemon, sections=parsed, path=path)
     except ConfigError as e:

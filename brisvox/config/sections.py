@@ -17,4 +17,5 @@ SECTION_PARSERS: dict[str, str] = {
     "agents": "brisvox.agent.host.config:AgentsConfig",
     "calls": "brisvox.agent.host.config:CallsConfig",
     "tracing": "brisvox.agent.host.tracing:TracingConfig",
+    "webhooks": "brisvox.outbound.webhooks.config:WebhooksConfig",  # [[webhooks]]: an array of tables
 }

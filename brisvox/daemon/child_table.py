@@ -58,7 +58,7 @@ from ipc.codec import DecodeGuard
 
 log = logging.getLogger("brisvox.supervisor")
 
-ROLE_ORDER = ("gateway", "worker", "agent")
+ROLE_ORDER = ("gateway", "worker", "agent", "outbound")
 
 ChildFrameHandler = Callable[[Slot, Any, float], None]
 
@@ -200,7 +200,7 @@ class ChildTable:
                 s.next_start_at = now
                 retried += 1
         to_stop: list[Slot] = []
-        for role in ("worker", "agent"):
+        for role in ("worker", "agent", "outbound"):  # outbound: 0 or 1, as the new config wants
             want = cfg.count(role)
             have = [s for s in self.slots if s.role == role and not s.remove]
             for i in range(len(have), want):

@@ -56,6 +56,10 @@ def reload_config(running: DaemonConfig, cli_counts: tuple[int | None, int | Non
     new = load_config(running.path) if running.path else DaemonConfig()
     new = resolve_log_format(new.with_counts(*cli_counts))
     notes = check_open_sip(new)  # an open SIP port is refused like at start; with the override: a note
+    # [[webhooks]]: each URL's form was checked by the parse; its host is not resolved here (the
+    # master loop must not wait on DNS): the courier checks the address before every attempt
+    if new.section("webhooks") != running.section("webhooks"):
+        notes.append("[[webhooks]] changes reach the agent and outbound processes when they next start")
     old = running.daemon
     keep = {}
     for key in ("runtime_dir", "state_dir", "metrics"):

@@ -22,7 +22,7 @@ from typing import Any
 from brisvox.daemon import telemetry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-ROLES = ("gateway", "worker", "agent")
+ROLES = ("gateway", "worker", "agent", "outbound")
 STATES = ("starting", "ready", "stopping", "exited", "failed")
 DAEMON_STATES = ("starting", "running", "draining", "stopping")
 _STAT_RE = re.compile(r"[^A-Za-z0-9_.:-]")
@@ -153,4 +153,43 @@ def render(snap: dict[str, Any]) -> str:
              [({"reason": r}, n) for r, n in sorted((d.get("http_refused") or {}).items())])
     o.family("brisvox_supervisor_log_suppressed_total", "counter", "Repeated supervisor log lines not written "
              "(rate-limited), by site.", [({"site": s}, n) for s, n in sorted((d.get("log_suppressed") or {}).items())])
+    webhooks(o, children)
     return "\n".join(o.lines) + "\n" + telemetry.render(children)
+
+
+def webhooks(o: _Out, children: list[dict[str, Any]]) -> None:
+    """The webhook families: the outbound child's courier (``stats.webhooks``) and the agent
+    processes' outbox writers (``stats.webhooks``, summed). Present only when some child reports them."""
+    couriers = [((c.get("stats") or {}).get("webhooks") or {}) for c in children if c["role"] == "outbound"]
+    couriers = [w for w in couriers if isinstance(w, dict) and "delivered" in w]
+    writers = [((c.get("stats") or {}).get("webhooks") or {}) for c in children if c["role"] == "agent"]
+    writers = [w for w in writers if isinstance(w, dict) and "committed" in w]
+    if writers:
+        o.family("brisvox_webhook_events_total", "counter", "Webhook events the agent processes produced, by what "
+                 "became of them: committed to the outbox, dropped (its queue full), failed (the commit failed).",
+                 [({"result": r}, sum(int(w.get(r, 0)) for w in writers)) for r in ("committed", "dropped", "failed")])
+        o.family("brisvox_webhook_outbox_queue", "gauge", "Webhook events queued for the outbox writer, not yet committed.",
+                 [({}, sum(int(w.get("queued", 0)) for w in writers))])
+    if not couriers:
+        return
+    w = couriers[0]
+    o.family("brisvox_webhook_deliveries_total", "counter", "Webhook delivery attempts by result (failed: to be "
+             "retried or given up; gave_up: past the horizon or no longer configured).",
+             [({"result": r}, int(w.get(r, 0))) for r in ("delivered", "failed", "gave_up")])
+    o.family("brisvox_webhook_attempt_failures_total", "counter", "Failed webhook attempts by kind (status, timeout, "
+             "connect, address, http).", [({"kind": k}, n) for k, n in sorted((w.get("failures") or {}).items())])
+    ob = w.get("outbox") or {}
+    o.family("brisvox_webhook_outbox_rows", "gauge", "Rows of the webhook outbox by state (delivered and given-up "
+             "rows are kept a week).", [({"state": k}, int(ob.get(k, 0))) for k in ("pending", "delivered", "gave_up")])
+    o.family("brisvox_webhook_oldest_pending_seconds", "gauge", "Age of the oldest undelivered webhook event.",
+             [({}, float(ob.get("oldest_pending_age_s", 0.0)))])
+    o.family("brisvox_webhook_in_flight", "gauge", "Webhook attempts in flight.", [({}, int(w.get("in_flight", 0)))])
+    lat = w.get("latency") or {}
+    if isinstance(lat.get("le"), list) and isinstance(lat.get("counts"), list):
+        name = "brisvox_webhook_delivery_seconds"
+        o.lines.append(f"# HELP {name} Seconds from a webhook event's creation to its delivery.")
+        o.lines.append(f"# TYPE {name} histogram")
+        for le, n in zip([*lat["le"], "+Inf"], lat["counts"], strict=False):
+            o.lines.append(f'{name}_bucket{{le="{le}"}} {_num(n)}')
+        o.lines.append(f"{name}_sum {_num(float(lat.get('sum', 0.0)))}")
+        o.lines.append(f"{name}_count {_num(int(lat.get('count', 0)))}")

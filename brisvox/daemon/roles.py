@@ -9,4 +9,5 @@ ROLE_MAINS: dict[str, str] = {
     "gateway": "brisvox.gateway.process:main",
     "worker": "workers.process:main",
     "agent": "brisvox.agent.host.process:main",
+    "outbound": "brisvox.outbound.process:main",  # 0 or 1 child: when webhooks (or campaigns) are configured
 }

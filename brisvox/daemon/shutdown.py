@@ -9,8 +9,9 @@ holds, and says when the stop is complete (:meth:`StopPlan.advance`).
 
 Stop: phases. Phase 1 stops the gateway and the agent processes (with
 ``drain`` they stop admitting and finish live calls, up to the drain
-timeout); phase 2 stops the workers once phase 1 is gone (live calls need
-them until then). Each stop is a Shutdown frame, acknowledged by the child,
+timeout); phase 2 stops the workers and the outbound role once phase 1 is gone
+(live calls need the workers until then; the last calls' webhook events are in the
+outbox by then, and what the courier has not delivered stays there for the next start). Each stop is a Shutdown frame, acknowledged by the child,
 escalated to SIGTERM at the grace deadline (or at once if unacknowledged),
 then to SIGKILL.
 
@@ -39,7 +40,7 @@ from brisvox.daemon.slots import Slot, State
 
 log = logging.getLogger("brisvox.supervisor")
 
-STOP_PHASES = (("gateway", "agent"), ("worker",))
+STOP_PHASES = (("gateway", "agent"), ("worker", "outbound"))
 
 
 class StopPlan:

@@ -26,6 +26,9 @@ def status_line(slots: Sequence[Slot]) -> str:
     for role, label in (("gateway", "gateway"), ("worker", "workers"), ("agent", "agents")):
         members = [s for s in slots if s.role == role]
         parts.append(f"{label} {sum(s.state is State.READY for s in members)}/{len(members)}")
+    outbound = [s for s in slots if s.role == "outbound"]
+    if outbound:  # only when webhooks (or campaigns) are configured
+        parts.append(f"outbound {sum(s.state is State.READY for s in outbound)}/{len(outbound)}")
     calls = sum(s.calls for s in slots if s.live)
     line = f"{', '.join(parts)} ready; {calls} calls"
     failed = [s.name for s in slots if s.state is State.FAILED]

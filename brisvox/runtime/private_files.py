@@ -35,6 +35,16 @@ def open_private(path: str | os.PathLike[str], flags: int) -> int:
     return fd
 
 
+def recording_file_name(call_id: str, wall: float) -> str:
+    """A call recording's file name: ``<UTC start, YYYYmmddTHHMMSS>-<call id, made safe>.wav``.
+
+    The agent process names it (from its call's start) in the recording instruction, so the
+    call's ``call.ended`` webhook can say which file it is; the gateway writes that file."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall))
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in call_id)[:80] or "call"
+    return f"{stamp}-{safe}.wav"
+
+
 def private_dir(path: str | os.PathLike[str]) -> Path:
     """``path`` as a directory (made, with its parents, mode :data:`DIR_MODE` if missing)."""
     p = Path(path)

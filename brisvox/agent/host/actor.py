@@ -266,6 +266,7 @@ class CallActor:
         self.supervisor = StageSupervisor(self, cfg.supervision)
         self.events = CallEvents(call_id, events, self) if events is not None else None
         self.hangup_later = hangup_later  # the host's hang-up once the bot is idle (None: the actor's own)
+        self.on_amd: Callable[[dict[str, Any]], None] | None = None  # the verdict, for the host (webhooks)
         # answering-machine screening of a dialled call ([amd]): no word before its verdict
         self.amd = (CallAmd(_AmdSeam(self), amd, clock) if amd is not None and amd.enabled
                     and dialled(self.call_info.transport_ids, self.call_info.params) else None)
@@ -624,3 +625,5 @@ class _AmdSeam:
     def amd_event(self, data: Mapping[str, Any]) -> None:
         if self.a.events is not None:
             self.a.events.emit("amd", **data)
+        if self.a.on_amd is not None:
+            self.a.on_amd(dict(data))

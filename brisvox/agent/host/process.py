@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 from brisvox.agent.host import call_metrics, tracing
 from brisvox.agent.host.actor import CallActor
 from brisvox.agent.host.call_build import call_info_of, open_call, recording_of, recordings_default
+from brisvox.agent.host.call_hooks import CallHooks, HookRoutes
 from brisvox.agent.host.call_record import write_record
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.process_link import ProcessLink
@@ -80,7 +81,7 @@ from brisvox.providers.http import provider_http_stats
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime
 from brisvox.runtime.memory import IdleTrim
-from brisvox.runtime.private_files import prune_older
+from brisvox.runtime.private_files import prune_older, recording_file_name
 from ipc.frames import (
     CallAccepted,
     CallEnd,
@@ -100,6 +101,7 @@ from ipc.tick_events import TickEvent
 
 if TYPE_CHECKING:
     from brisvox.agent.definition import AgentDef
+    from brisvox.outbound.webhooks.writer import OutboxWriter
 
 log = logging.getLogger("brisvox.agent.process")
 
@@ -108,16 +110,18 @@ IN16_RATE = 16000
 
 
 class _CallSlot:
-    __slots__ = ("actor", "link", "rings", "gateway", "ended", "telephony")
+    __slots__ = ("actor", "link", "rings", "gateway", "ended", "telephony", "hooks", "recording_file")
 
     def __init__(self, actor: CallActor, link: ProcessLink, rings: list[Any], gateway: str,
-                 telephony: Any = None) -> None:
+                 telephony: Any = None, hooks: CallHooks | None = None, recording_file: str | None = None) -> None:
         self.actor = actor
         self.link = link
         self.rings = rings
         self.gateway = gateway
         self.ended = False
         self.telephony = telephony
+        self.hooks = hooks  # the call's webhook events (None: no endpoint wants any)
+        self.recording_file = recording_file
 
 
 class AgentProcess:
@@ -146,6 +150,8 @@ class AgentProcess:
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
         self._agents: dict[str, tuple[float, AgentDef]] = {}  # agent definitions: name -> (mtime, definition)
+        self.hook_routes: HookRoutes | None = None  # [[webhooks]] of brisvoxd.toml, read at the first call
+        self.hook_writer: OutboxWriter | None = None  # the outbox's writer thread, made at the first event
         # what the gateways send: frame class -> handler(frame, sender, cid)
         self.handlers: dict[type[Frame], Callable[[Any, str, int | str | None], None]] = {
             CallStart: self._on_call_start,
@@ -225,6 +231,8 @@ class AgentProcess:
     def _on_call_media(self, f: CallMedia, sender: str, cid: int | str | None) -> None:
         if (slot := self._slot(f.call_id)) is not None:
             slot.actor.on_media(f.state, f.dial)
+            if slot.hooks is not None:
+                slot.hooks.on_media(f.state)
 
     def _on_transfer_result(self, f: TransferResult, sender: str, cid: int | str | None) -> None:
         if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
@@ -290,6 +298,7 @@ class AgentProcess:
         actor_cfg = self.cfg.actor_config(f.tts_rate)
         registry = telephony = flow = agent_link = recording = amd = None
         greeting = ""
+        agent_hooks: tuple[Any, ...] = ()
         if self.cfg.providers == "definitions":
             try:
                 agent = self._agent_def(self.cfg.agent_name(f.agent))
@@ -306,6 +315,7 @@ class AgentProcess:
             recording = recording_of(agent, self._recordings_dir, self.calls_cfg.keep_days)  # [recording]
             greeting = agent.greeting
             amd = agent.amd  # [amd]: a dialled call is screened before its first word
+            agent_hooks = agent.webhooks
         else:
             provs = CallProviders(*scripted_providers(self.cfg, f.call_id, f.tts_rate))
         actor = (CallActor if provs.s2s is None else S2sCallActor)(  # a speech-to-speech agent: docs/S2S.md
@@ -332,13 +342,40 @@ class AgentProcess:
             amd=amd,
             hangup_later=functools.partial(self._hangup_later, f.call_id),
         )
-        self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony)
+        if recording is not None:  # the gateway names the WAV so: call.ended can say which file it is
+            recording["file"] = recording_file_name(f.call_id, actor.started_wall)
+        hooks = self._call_hooks(f.call_id, self.cfg.agent_name(f.agent), agent_hooks, actor.amd is not None)
+        if hooks is not None:
+            actor.on_amd = hooks.amd  # call.answered carries the verdict
+        self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony, hooks,
+                                          recording["file"] if recording is not None else None)
         self.idle_trim.note(len(self.calls))
         if agent_link is not None:  # the agent service hears the call (docs/AGENT_PROTOCOL.md)
             agent_link.bind(actor)
+        if hooks is not None:
+            hooks.install(actor)  # after the agent link: the tap passes everything on to it
         actor.start()
+        if hooks is not None:
+            hooks.started(actor)
         self.counters["calls_started"] += 1
         self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker, recording=recording), cid)
+
+    def _call_hooks(self, call_id: str, agent: str, agent_hooks: tuple[Any, ...],
+                    expect_amd: bool = False) -> CallHooks | None:
+        """The call's webhook events, or None when no endpoint wants any of them."""
+        if self.hook_routes is None:
+            self.hook_routes = HookRoutes(self.rt.config.section("webhooks").hooks)
+        targets = self.hook_routes.targets(agent, agent_hooks)
+        if not targets:
+            return None
+        if self.hook_writer is None:
+            from brisvox.outbound.webhooks.outbox import outbox_path
+            from brisvox.outbound.webhooks.writer import OutboxWriter
+            from brisvox.runtime.paths import state_dir
+
+            self.hook_writer = OutboxWriter(outbox_path(state_dir(self.rt.config)))
+            self.hook_writer.start()
+        return CallHooks(self.hook_writer, targets, call_id, agent, expect_amd=expect_amd)
 
     def _recordings_dir(self) -> Path:
         from brisvox.runtime.paths import state_dir
@@ -413,6 +450,8 @@ class AgentProcess:
             record = await slot.actor.hangup(reason)
             add_spec_totals(self.counters, record.get("speculation") or {}, "speculation_")  # -> /metrics
             self._write(record)
+            if slot.hooks is not None:
+                slot.hooks.ended(record, slot.recording_file)
         finally:
             if self.workers is not None:
                 try:
@@ -446,6 +485,8 @@ class AgentProcess:
         d["live_interrupts"] = sum(slot.actor.interrupts() for slot in self.calls.values())
         d["telemetry"] = call_metrics.METRICS.snapshot()  # the supervisor sums it: daemon/telemetry.py
         d["stage_failures"] = dict(self.stage_failures)
+        if self.hook_writer is not None:
+            d["webhooks"] = self.hook_writer.stats()  # the outbox writer: submitted, committed, dropped, ...
         d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>
         d["breakers_open"] = {k: int(b.state != "closed") for k, b in resilience.DEFAULT.breakers.items()}
         d["provider_http"] = provider_http_stats()  # shared clients, HTTP/2 PINGs: providers/keepalive.py
@@ -517,6 +558,10 @@ class AgentProcess:
                     await self.workers.close()
             finally:
                 self.links.close()
+                if self.hook_writer is not None:  # the last calls' events: committed before the process exits
+                    if not await asyncio.to_thread(self.hook_writer.close, 5.0):
+                        log.error("webhook outbox writer did not finish within 5 s: %d events not committed",
+                                  self.hook_writer.q.qsize())
         rt.report(0, self.stats())
         return 0
 

@@ -29,7 +29,9 @@ Invariants:
   than ``HOLD_S`` behind the newest stamp of the call (or ``MAX_SKEW_S``
   behind the other side) is padded with silence first. At close both sides
   are padded to the longer one.
-* Files: ``<dir>/<UTC start>-<call id>.wav``, 16-bit PCM, 2 channels, the
+* Files: ``<dir>/<UTC start>-<call id>.wav``
+  (:func:`~brisvox.runtime.private_files.recording_file_name`; the instruction's ``file``
+  when the agent named it, which its ``call.ended`` webhook reports), 16-bit PCM, 2 channels, the
   call's rate; mode 0600 and the directory 0700
   (:mod:`brisvox.runtime.private_files`). The header is patched after every
   write (stdlib ``wave``), so a crash leaves a readable file up to the last
@@ -57,7 +59,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from brisvox.runtime.private_files import open_private, private_dir, prune_older
+from brisvox.runtime.private_files import (
+    open_private,
+    private_dir,
+    prune_older,
+    recording_file_name,
+)
 
 log = logging.getLogger("brisvox.gateway.core.recorder")
 
@@ -71,10 +78,12 @@ SLACK_OUT_S = 0.03  # bot: release jitter on the pacer's grid
 PRUNE_EVERY_S = 3600.0
 
 
-def file_name(call_id: str, wall: float) -> str:
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(wall))
-    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in call_id)[:80] or "call"
-    return f"{stamp}-{safe}.wav"
+def file_name(call_id: str, wall: float, named: Any = None) -> str:
+    """The instruction's ``file`` when it is a plain ``*.wav`` name, else the rule's own."""
+    if isinstance(named, str) and named.endswith(".wav") and 4 < len(named) <= 200 and os.path.basename(named) == named \
+            and not named.startswith("."):
+        return named
+    return recording_file_name(call_id, wall)
 
 
 class Recording:
@@ -199,7 +208,7 @@ class Recorder:
             return None
         if self._thread is None:
             self.start()
-        self.control(("open", call_id, self.clock(), rate, d, keep, time.time()))
+        self.control(("open", call_id, self.clock(), rate, d, keep, time.time(), instruction.get("file")))
         return Recording(self, call_id)
 
     def put(self, item: tuple[Any, ...]) -> None:
@@ -266,8 +275,8 @@ class Recorder:
     def _apply(self, item: tuple[Any, ...]) -> _Track | None:
         kind, call_id = item[0], item[1]
         if kind == "open":
-            _, _, t0, rate, d, keep, wall = item
-            new = _Track(call_id, rate, t0, Path(d) / file_name(call_id, wall))
+            _, _, t0, rate, d, keep, wall, named = item
+            new = _Track(call_id, rate, t0, Path(d) / file_name(call_id, wall, named))
             self._tracks[call_id] = new
             try:
                 self._open(new, Path(d), keep)

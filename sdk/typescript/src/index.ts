@@ -29,3 +29,4 @@ export {
   type JsonSchema,
   type Limits,
 } from "./protocol.js";
+export { WEBHOOK_SIGNATURE_HEADER, WebhookError, verifyWebhook, type WebhookEvent } from "./webhooks.js";

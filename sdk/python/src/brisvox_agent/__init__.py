@@ -27,6 +27,7 @@ from .errors import (
 )
 from .session import EVENTS, MAX_FRAME_BYTES, PROTOCOL_VERSION, Dialed, Event, Session
 from .tools import CallInfo, Kind, Tool, ToolContext
+from .webhooks import WEBHOOK_SIGNATURE_HEADER, WebhookError, verify_webhook
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SESSION_HEADER",
     "SIGNATURE_HEADER",
+    "WEBHOOK_SIGNATURE_HEADER",
     "Agent",
     "AgentError",
     "CallInfo",
@@ -52,7 +54,9 @@ __all__ = [
     "Tool",
     "ToolContext",
     "ToolError",
+    "WebhookError",
     "__version__",
     "sign",
     "verify",
+    "verify_webhook",
 ]

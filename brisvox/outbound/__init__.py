@@ -1,0 +1,1 @@
+"""The outbound role: services that reach out of the daemon (webhook delivery, campaigns)."""
