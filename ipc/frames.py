@@ -561,6 +561,62 @@ class SmartTurnResult(Frame):
     took_us: int
 
 
+# Answering-machine detection (workers/amd.py, workers/amd_lane.py): runs on the call's
+# worker in the realtime lane, on the VAD's own windows and probabilities. A request is
+# answered at once (JobAccepted or ErrorReply: unknown_call, bad_params, busy); its results
+# stream WITHOUT a correlation id keyed by (call_id, job), like a local job's output.
+
+
+@frame("amd_request", to="worker")
+class AmdRequest(Frame):
+    """Actor -> worker: classify who answered the call (human, machine, ivr, fax, uncertain)
+    from its next VAD window on, with a verdict within ``max_wait_ms`` of audio; with
+    ``leave_message``, after a machine verdict go on to the beep (or the greeting's end).
+    ``transcripts``: AmdTranscript frames will follow (a cadence "machine" then waits for
+    menu cues until ``max_wait_ms``). Reply: JobAccepted, then AmdResult frames. Errors:
+    unknown_call, bad_params (an AmdParams bound), busy (a detection already runs for the
+    call)."""
+
+    call_id: str
+    job: int
+    max_wait_ms: int = 3000
+    leave_message: bool = False
+    transcripts: bool = False
+
+
+@frame("amd_transcript", to="worker")
+class AmdTranscript(Frame):
+    """Actor -> worker, fire-and-forget: the transcript of the call so far (the STT's
+    interim or final) for detection ``job``: greeting and menu cues decide at once."""
+
+    call_id: str
+    job: int
+    text: str
+
+
+@frame("amd_result", to="subscriber")
+class AmdResult(Frame):
+    """Worker -> actor: an answer of detection ``job``. ``event`` "verdict" (``verdict``,
+    ``confidence``, ``reason``; ``pos`` the in16 end of the deciding window), "beep"
+    (``pos`` its onset, ``freq_hz``) or "greeting_end" (no beep came: ``pos`` the
+    greeting's last speech, ``reason`` no_beep | limit) or "end" (the detection stopped
+    without its answers: ``error`` detached | bad_window). ``took_ms``: audio time from the
+    detection's start to the answer. ``done`` on the job's last frame (the verdict, unless a
+    beep or greeting end follows for ``leave_message``)."""
+
+    call_id: str
+    job: int
+    event: str
+    pos: int = 0
+    took_ms: int = 0
+    verdict: str = ""
+    confidence: float = 0.0
+    reason: str = ""
+    freq_hz: float = 0.0
+    done: bool = False
+    error: str = ""
+
+
 # Local model jobs (the no-key stack; workers/local_jobs.py, brisvox/providers/local_*.py).
 # They run on per-kind job lanes of the call's worker, never on the tick thread.
 # Requests carry a correlation id and are answered at once (JobAccepted) or with

@@ -12,7 +12,8 @@ attachment of each of its calls:
   inside speech (a start without its stop) and where that speech started.
 * Frames from the workers are dispatched by one table (frame class ->
   handler): ticks, OutUtterance (``on_out_utterance``) and the streamed
-  local-job output (``on_job_frame``); any other frame is counted
+  job output keyed by ``(call_id, job)``: the local jobs' and the answers of an
+  answering-machine detection (``on_job_frame``); any other frame is counted
   (``unexpected_type``) and logged once per type.
 * The client is one **incarnation** of its identity (a random id, new with
   every client, so with every process): it says so in a SubscriberHello, the
@@ -73,6 +74,7 @@ import zmq.asyncio
 from ipc.bus import AsyncRequester, RequestTimeout, make_socket
 from ipc.codec import Frame, FrameError, encode, note_unexpected
 from ipc.frames import (
+    AmdResult,
     AttachCall,
     Attached,
     DetachCall,
@@ -162,7 +164,7 @@ class WorkerClient:
         self.endpoint_for = endpoint_for  # inbox of a worker first seen in a Topology push
         self.on_event = on_event
         self.on_position = on_position
-        self.on_job_frame = on_job_frame  # streamed local-job output (LlmJobDelta, TtsJobAudio)
+        self.on_job_frame = on_job_frame  # streamed job output (LlmJobDelta, TtsJobAudio, AmdResult)
         self.on_out_utterance = on_out_utterance
         self.request_timeout = request_timeout
         self.workers: dict[int, WorkerConnection] = {}
@@ -179,6 +181,7 @@ class WorkerClient:
             OutUtterance: self._on_out_utterance,
             LlmJobDelta: self._on_job_frame,
             TtsJobAudio: self._on_job_frame,
+            AmdResult: self._on_job_frame,
         }
 
     # -- links ---------------------------------------------------------------

@@ -5,7 +5,7 @@ Owns everything a worker process does for the calls attached to it
 batched VAD, Smart Turn, local model jobs). :class:`Worker` owns the state
 they share (the models, the counters, the socket and its wake pipe, the job
 lanes) and the lifecycle (load and warm the models, bind, the serve loop
-``run``, close, the stats it reports), and HOLDS three collaborators, each
+``run``, close, the stats it reports), and HOLDS four collaborators, each
 handed explicitly what it needs and each stating its invariants:
 
 * ``attached``, :class:`workers.call_table.AttachedCalls`: the calls attached
@@ -19,7 +19,10 @@ handed explicitly what it needs and each stating its invariants:
   and its one dispatch table, typed errors, and the requests of the **job
   lane** (:class:`workers.jobs.JobLane`: Smart Turn, and the local
   STT/TTS/LLM jobs of :mod:`workers.local_jobs`) that the tick never waits
-  for.
+  for;
+* ``amd``, :class:`workers.amd_lane.AmdRuns`: the answering-machine detections
+  of the calls (started by the dispatch, fed every VAD window by the realtime
+  lane, dropped at detach).
 
 Invariants:
 
@@ -48,6 +51,7 @@ from brisvox.runtime.memory import ThreadIdleTrim
 from ipc.bus import bind, endpoint_path, make_socket
 from ipc.codec import DecodeGuard
 from workers import local_jobs as _local_jobs  # noqa: F401 - registers the local STT/TTS/LLM job frames
+from workers.amd_lane import AmdRuns
 from workers.call_table import AttachedCall, AttachedCalls
 from workers.config import SmartTurnConfig, VadConfig, WorkersConfig
 from workers.dispatch import RequestDispatch
@@ -99,10 +103,11 @@ class Worker:
         self.warm_report: dict[str, float] = {}
         self.attached = AttachedCalls(index, self.cfg, self._vad_cfg, self.stats, self._on_detach)
         self.calls: dict[str, AttachedCall] = self.attached.calls
-        self.realtime = RealtimeLane(index, self.cfg, self._vad_cfg, self.attached, self.stats, self.send)
+        self.amd = AmdRuns(self.stats, self.send)
+        self.realtime = RealtimeLane(index, self.cfg, self._vad_cfg, self.attached, self.stats, self.send, self.amd)
         # the frames other modules serve (workers/local_jobs.py) take the worker: bound to it here
         self.dispatch = RequestDispatch(index, self.cfg, self.stats, self.guard, self.attached, self.realtime,
-                                        self.send, self.extra_lanes,
+                                        self.amd, self.send, self.extra_lanes,
                                         {t: partial(h, self) for t, h in FRAME_HANDLERS.items()})
 
     # -- lifecycle -----------------------------------------------------------
@@ -180,6 +185,7 @@ class Worker:
             pass
 
     def _on_detach(self, call_id: str) -> None:
+        self.amd.drop(call_id)
         for hook in DETACH_HOOKS:
             hook(self, call_id)
 
@@ -248,6 +254,7 @@ class Worker:
             "gaps": st.gaps, "events": st.events, "send_failed": st.send_failed,
             "tick_cpu_ms": st.tick_cpu_ns / 1e6, "tick_max_ms": st.tick_max_ns / 1e6,
             "out_nudges": st.out_nudges, "orphan_detaches": st.orphan_detaches,
+            "amd_runs": st.amd_runs, "amd_cpu_ms": st.amd_ns / 1e6,
             "retired_calls": st.retired_calls, "retirements": st.retirements,
             "calls_by_subscriber": {sub: len(calls) for sub, calls in self.attached.by_sub.items()},
             "jobs_queued": self.jobs.queued if self.jobs else 0,

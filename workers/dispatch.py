@@ -4,7 +4,9 @@ Owns :class:`RequestDispatch` (held by :class:`workers.core.Worker`): the
 ROUTER inbox (decode, one reply per request), the dispatch of each control
 frame to its handler through ONE table, :attr:`RequestDispatch.handlers`
 (frame class -> ``handler(ident, cid, frame)``: attach, detach,
-TtsUtterance/TtsCut, SubscriberHello and Smart Turn are its own; the worker
+TtsUtterance/TtsCut, SubscriberHello, Smart Turn and answering-machine
+detection (AmdRequest, AmdTranscript, handed to
+:class:`workers.amd_lane.AmdRuns`) are its own; the worker
 adds, bound to itself, the frames other modules registered in
 :data:`workers.jobs.FRAME_HANDLERS`, the local STT/TTS/LLM job frames of
 :mod:`workers.local_jobs`), the submission of Smart Turn jobs to the job lane
@@ -49,6 +51,8 @@ import zmq
 
 from ipc.codec import DecodeGuard, Frame, encode
 from ipc.frames import (
+    AmdRequest,
+    AmdTranscript,
     AttachCall,
     DetachCall,
     Detached,
@@ -60,6 +64,7 @@ from ipc.frames import (
     TtsUtterance,
 )
 from ipc.ring import Ring
+from workers.amd_lane import AmdRuns
 from workers.call_table import AttachedCalls
 from workers.config import RATE, WorkersConfig
 from workers.jobs import Job, JobDone, JobLane
@@ -77,7 +82,7 @@ class RequestDispatch:
     """The control inbox and the Smart Turn job lane of worker ``index`` (see the module's invariants)."""
 
     def __init__(self, index: int, cfg: WorkersConfig, stats: TickStats, guard: DecodeGuard,
-                 attached: AttachedCalls, realtime: RealtimeLane, send: Callable[[bytes, bytes], bool],
+                 attached: AttachedCalls, realtime: RealtimeLane, amd: AmdRuns, send: Callable[[bytes, bytes], bool],
                  extra_lanes: dict[str, JobLane], handlers: Mapping[type, Handler]) -> None:
         self.index = index
         self.cfg = cfg
@@ -86,6 +91,7 @@ class RequestDispatch:
         self.attached = attached
         self.calls = attached.calls
         self.realtime = realtime
+        self.amd = amd
         self._send = send
         self.extra_lanes = extra_lanes
         self.smart: SmartTurnModel | None = None
@@ -100,6 +106,8 @@ class RequestDispatch:
             SmartTurnRequest: self.smart_turn,
             TtsUtterance: self._on_tts_utterance,
             TtsCut: self._on_tts_cut,
+            AmdRequest: self._on_amd,
+            AmdTranscript: self._on_amd_transcript,
         }
 
     def load(self, smart: SmartTurnModel | None, jobs: JobLane) -> None:
@@ -161,6 +169,13 @@ class RequestDispatch:
         if c is None:
             return self.stats.error("unknown_call", "tts_cut for a call not attached here", f.call_id)
         c.out.cut(f.epoch, f.tts_pos)
+        return None
+
+    def _on_amd(self, ident: bytes, cid: int | str | None, f: AmdRequest) -> Frame | None:
+        return self.amd.start(self.calls.get(f.call_id), ident, f)
+
+    def _on_amd_transcript(self, ident: bytes, cid: int | str | None, f: AmdTranscript) -> Frame | None:
+        self.amd.hear(f)
         return None
 
     # -- job lane --------------------------------------------------------------

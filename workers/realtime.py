@@ -6,7 +6,10 @@ each subscriber last heard from the worker). It is handed what it works on
 explicitly: the attached calls (:class:`workers.call_table.AttachedCalls`:
 their ``calls`` and ``by_sub``, read every tick, and ``detach`` for orphans),
 the worker's counters (:class:`workers.stats.TickStats`), the worker's
-non-blocking ``send`` and, at :meth:`RealtimeLane.load`, the Silero model.
+non-blocking ``send``, the answering-machine detections
+(:class:`workers.amd_lane.AmdRuns`: every VAD window of a call that runs one is
+fed to it with its probability, and stalled ones are expired each tick) and,
+at :meth:`RealtimeLane.load`, the Silero model.
 It runs:
 
 * the **tick**, one every ``tick_ms`` on the main thread: convert ``in`` ->
@@ -68,6 +71,7 @@ from ipc.tick_events import (
     VadRecovered,
     to_wire,
 )
+from workers.amd_lane import AmdRuns
 from workers.call_table import AttachedCall, AttachedCalls
 from workers.config import VadConfig, WorkersConfig
 from workers.stats import TickStats
@@ -82,7 +86,7 @@ class RealtimeLane:
     """The tick and the hot-output path of worker ``index`` (see the module's invariants)."""
 
     def __init__(self, index: int, cfg: WorkersConfig, vad: VadConfig, attached: AttachedCalls,
-                 stats: TickStats, send: Callable[[bytes, bytes], bool]) -> None:
+                 stats: TickStats, send: Callable[[bytes, bytes], bool], amd: AmdRuns) -> None:
         self.index = index
         self.cfg = cfg
         self.vad_cfg = vad
@@ -91,6 +95,7 @@ class RealtimeLane:
         self._detach = attached.detach
         self.stats = stats
         self._send = send
+        self.amd = amd
         self.silero: SileroBatch | None = None
         self.seq = 0
         self.tick_s = cfg.tick_ms / 1000.0
@@ -139,6 +144,8 @@ class RealtimeLane:
                     self._send_out_utterance(c, u.utterance, u.epoch, u.out_pos)
         if self.hot:
             self.hot = {k: v for k, v in self.hot.items() if k in self.calls and self.calls[k].out.next_start() >= 0}
+        if self.amd.runs:
+            self.amd.poll(now)
         c3 = cpu()
         self._publish()
         c4 = cpu()
@@ -239,6 +246,7 @@ class RealtimeLane:
         runs only for calls that are more than one window behind (a stall, a re-attach)."""
         silero = self.silero
         assert silero is not None
+        amd_runs = self.amd.runs
         todo = calls
         for _ in range(self.cfg.max_vad_rounds):
             batches: dict[int, list[AttachedCall]] = {}
@@ -259,6 +267,8 @@ class RealtimeLane:
                         silero.reset(c.slot)
                         c.stream = VadStream(c.params)
                     else:  # failed open: audio flows, no VAD
+                        if amd_runs and c.call_id in amd_runs:
+                            self.amd.feed(c, c.pend[off : off + w], None)
                         c.pend_off = off + w
                         c.vad_pos = end
                         continue
@@ -291,12 +301,15 @@ class RealtimeLane:
             probs = self._isolate(batch, win, e)
         st.vad_runs += 1
         st.vad_rows += n
+        amd_runs = self.amd.runs
         for i in range(n):
             c = batch[i]
             end = c.vad_pos + WINDOW
             c.vad_pos = end
             c.pend_off += w
             p = probs[i]
+            if amd_runs and c.call_id in amd_runs:  # an answering-machine detection: the same window
+                self.amd.feed(c, win16[i], p)
             if p != p or p < 0.0 or p > 1.0:  # NaN or nonsense: a failed window
                 self._vad_failure(c, end)
                 continue

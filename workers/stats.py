@@ -47,6 +47,8 @@ class TickStats:
     tick_max_ns: int = 0
     out_nudges: int = 0  # utterance starts converted and announced outside a tick
     nudge_ns: int = 0  # CPU time of those conversions
+    amd_runs: int = 0  # answering-machine detections started (workers/amd_lane.py)
+    amd_ns: int = 0  # CPU time of their windows
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, kind: str, detail: str, call_id: str = "") -> ErrorReply:
