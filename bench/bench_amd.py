@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -183,9 +184,10 @@ def matrix(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show: bool = True) -> list[Row]:
+def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show: bool = True,
+            out: Path = amd_set.OUT) -> list[Row]:
     t0 = time.perf_counter()
-    man = amd_set.build(seed, scale=scale)
+    man = amd_set.build(seed, out, scale=scale)
     audio = [amd_set.load(man, it) for it in man["openings"]]
     t1 = time.perf_counter()
     probs = probabilities(audio)
