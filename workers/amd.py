@@ -22,8 +22,8 @@ Signals, per window:
   ``machine_speech_ms``, or a new turn after one longer than a person's, is
   ``machine``.
 * **Tones** (one Hann-windowed real FFT per window, 31.25 Hz bins): a window
-  is tonal when one peak (+-2 bins) holds at least ``tone_share`` of its
-  energy above the floor; consecutive tonal windows within ``TONE_DRIFT_HZ``
+  above ``FLOOR_DBFS`` is tonal when one peak (+-2 bins) holds at least
+  ``tone_share`` of its energy; consecutive tonal windows within ``TONE_DRIFT_HZ``
   of each other make a tone. Fax CNG (1100 Hz) or answer tone (2100 Hz)
   lasting ``fax_tone_ms`` with no speech before it is ``fax``; a steady tone
   of 350-2150 Hz lasting ``beep_min_ms`` after speech is the voicemail beep
@@ -48,8 +48,8 @@ Invariants:
   follows (at the latest at ``listen_max_ms``); then the detector is
   ``done`` and ignores further windows at no cost.
 * :meth:`feed` never raises on audio content or probability (NaN, out of
-  range, clipping, DC: all handled); only a window of the wrong length or
-  dtype is a ``ValueError`` (a caller bug).
+  range, clipping, DC: all handled); only a window of the wrong shape is a
+  ``ValueError`` (a caller bug).
 * Per window: one rfft of 256/512 points and O(1) bookkeeping, nothing
   allocated beyond numpy's temporaries; nothing at all once ``done``.
 * Confidences are the measured precision of the rule that decided, on the
@@ -286,14 +286,14 @@ class AmdDetector:
     def _is_speech(self, prob: float | None, energy: float) -> bool:
         if prob is not None and prob == prob and 0.0 <= prob <= 1.0:
             return prob >= self.p.speech_threshold
-        # no (usable) probability: energy 12 dB above a floor that follows the quietest windows
+        # no (usable) probability: energy ENERGY_RATIO (9 dB) above a floor that follows the quietest windows
         e = max(energy, 1.0)
         if self._noise_e < 0:
             self._noise_e = e
         elif e < self._noise_e:
             self._noise_e = e
         else:
-            self._noise_e *= 1.02  # drifts up ~0.6 dB per second of loud audio
+            self._noise_e *= 1.02  # drifts up about 2.7 dB per second of louder audio
         if e > max(ENERGY_RATIO * self._noise_e, self._floor_e * 10):
             self._hang = ENERGY_HANG
         elif self._hang:
