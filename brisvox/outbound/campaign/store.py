@@ -49,6 +49,8 @@ from brisvox.outbound.campaign.outcomes import (
     shown,
 )
 from brisvox.outbound.campaign.scheduler import Due, Settings, after_attempt
+from brisvox.runtime.private_files import open_private as private_fd
+from brisvox.runtime.private_files import private_dir
 
 DB_NAME = "campaigns.sqlite3"
 STATES = ("running", "paused", "cancelled", "done")
@@ -124,14 +126,10 @@ class Attempt:
 
 
 def open_private(path: Path) -> None:
-    """Create ``path`` (and its directory, 0700) owner-only; tighten a looser existing file."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
+    """Create ``path`` owner-only (its directory 0700), or tighten a looser one
+    (:mod:`brisvox.runtime.private_files`, the rule call records follow)."""
+    private_dir(path.parent)
+    os.close(private_fd(path, 0))
 
 
 class CampaignStore:
