@@ -43,6 +43,7 @@ class FakeDialer:
         self.calls: list[str] = []
         self.live_ids = set() if live_ids is None else live_ids  # default: an answered call is over at once
         self.gate: asyncio.Event | None = None
+        self.up = True  # the gateway answers
 
     async def dial(self, target: str, agent: str, ring_timeout_s: float) -> DialResult:
         self.calls.append(target)
@@ -61,6 +62,9 @@ class FakeDialer:
 
     async def live(self, call_ids: Collection[str]) -> set[str] | None:
         return set(call_ids) & self.live_ids
+
+    async def ready(self) -> bool:
+        return self.up
 
 
 async def run_until(runner: CampaignRunner, cond, timeout: float = 10.0) -> None:  # noqa: ANN001
@@ -233,6 +237,41 @@ def test_a_dialer_without_verdict_makes_the_attempt_unknown_not_retried(tmp_path
                           lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
     assert d.calls == ["+49301000000"]
     assert peek(path, "SELECT outcome, detail FROM attempts") == [("unknown", "the gateway does not answer on ipc://x")]
+
+
+def test_no_attempt_is_begun_while_the_gateway_does_not_answer(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 2)
+    d = FakeDialer()
+    d.up = False
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(CampaignRunner(path, d, poll_s=0.02, ready_every_s=0.05).run(stop))
+        await asyncio.sleep(0.4)
+        assert d.calls == [] and peek(path, "SELECT COUNT(*) FROM attempts") == [(0,)]
+        d.up = True
+        await until(lambda: peek(path, "SELECT state FROM campaigns") == [("done",)], task)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
+    assert sorted(d.calls) == ["+49301000000", "+49301000001"]
+
+
+def test_a_zone_this_host_does_not_know_stalls_only_its_campaign(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 1)
+    st = CampaignStore(path)
+    s = Settings(rate=100.0, windows=ALL_DAY)
+    st.create("c2", "echo", "b.csv", s, load("number,timezone\n+4930777777,UTC\n"), time.time())
+    st.db.execute("UPDATE rows SET timezone = 'Gone/Zone' WHERE campaign_id = 1")  # tzdata changed under it
+    st.close()
+    d = FakeDialer()
+    asyncio.run(run_until(CampaignRunner(path, d, poll_s=0.02),
+                          lambda: peek(path, "SELECT state FROM campaigns WHERE name = 'c2'") == [("done",)]))
+    assert d.calls == ["+4930777777"]
+    assert peek(path, "SELECT state FROM rows WHERE campaign_id = 1") == [("pending",)]
 
 
 def test_one_runner_per_file(tmp_path: Path):

@@ -44,5 +44,8 @@ class GatewayDialer:
         got = await asyncio.get_running_loop().run_in_executor(self._pool, live_calls, self.inbox)
         return None if got is None else set(call_ids) & got
 
+    async def ready(self) -> bool:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, live_calls, self.inbox, 2.0) is not None
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

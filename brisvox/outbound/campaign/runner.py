@@ -22,6 +22,11 @@ Invariants:
 * The store is used from the runner's loop only (each call one short
   transaction); the dials run concurrently (a task each, the real dialer's
   blocking request in a thread).
+* No attempt is begun while :meth:`Dialer.ready` says no (the daemon not running, its
+  gateway not answering): a dial that could not be sent is not recorded as made
+  (it would end ``unknown``); the answer holds for ``ready_every_s``.
+* A campaign whose planning fails (a row's time zone this host's tzdata does not
+  know) is skipped, logged at most once a minute; the others go on.
 * On ``stop`` no new dial starts; the dials in flight get ``drain_s`` to finish,
   then are cancelled (their attempts stay without outcome: ``unknown`` at the
   next start).
@@ -40,6 +45,7 @@ from typing import Protocol
 from brisvox.outbound.campaign.outcomes import ANSWERED, UNKNOWN, classify
 from brisvox.outbound.campaign.scheduler import plan
 from brisvox.outbound.campaign.store import Attempt, Campaign, CampaignStore, RunnerLock
+from brisvox.runtime.log_limit import LogLimiter
 
 log = logging.getLogger("brisvox.outbound.campaign")
 DIAL_MARGIN_S = 45.0  # past the ring: Timer B (32 s) and the agent side's start
@@ -67,17 +73,25 @@ class Dialer(Protocol):
         """Which of ``call_ids`` are still calls; None when that cannot be told now."""
         ...
 
+    async def ready(self) -> bool:
+        """Does the gateway answer now? (No attempt is begun while it does not.)"""
+        ...
+
 
 class CampaignRunner:
     """See the module docstring. ``clock``: epoch seconds (calling hours are wall-clock hours)."""
 
     def __init__(self, db_path: str | Path, dialer: Dialer, *, poll_s: float = 0.25, drain_s: float = 30.0,
-                 live_every_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+                 live_every_s: float = 1.0, ready_every_s: float = 1.0,
+                 clock: Callable[[], float] = time.time) -> None:
         self.db_path = Path(db_path)
         self.dialer = dialer
         self.poll_s = poll_s
         self.drain_s = drain_s
         self.live_every_s = live_every_s
+        self.ready_every_s = ready_every_s
+        self._ready_until = -1e18
+        self._limited = LogLimiter(log)
         self.clock = clock
         self.recovered = 0
         self._dialing: dict[int, set[asyncio.Task[None]]] = {}
@@ -118,9 +132,17 @@ class CampaignRunner:
             now = self.clock()
             tasks = self._dialing.setdefault(c.id, set())
             live = await self._live(c, now)
-            p = plan(now, c.settings, in_flight=len(tasks) + live, last_started=store.last_started(c.id),
-                     due=store.due(c.id, now))
+            try:
+                p = plan(now, c.settings, in_flight=len(tasks) + live, last_started=store.last_started(c.id),
+                         due=store.due(c.id, now))
+            except (ValueError, KeyError) as e:  # ZoneInfoNotFoundError is a KeyError
+                self._limited(f"plan_{c.id}", "campaign %s: cannot plan: %s", c.name, e)
+                continue
             store.defer(p.defer)
+            if p.dial and not await self._ready():
+                self._limited("gateway", "campaign runner: the gateway does not answer; no dial starts until it does")
+                wake = now + self.ready_every_s if wake is None else min(wake, now + self.ready_every_s)
+                continue
             for row_id in p.dial:
                 att = store.begin_attempt(row_id, self.clock())  # committed: from here it may be dialled
                 if att is not None:
@@ -135,6 +157,18 @@ class CampaignRunner:
             if not tasks and store.finish_if_done(c.id, now):
                 log.info("campaign %s: every row is done", c.name)
         return wake
+
+    async def _ready(self) -> bool:
+        now = self.clock()
+        if now < self._ready_until:
+            return True
+        try:
+            ok = await asyncio.wait_for(self.dialer.ready(), timeout=10.0)
+        except (TimeoutError, OSError):
+            ok = False
+        if ok:
+            self._ready_until = now + self.ready_every_s
+        return ok
 
     async def _live(self, c: Campaign, now: float) -> int:
         """How many of the campaign's answered calls are still up (asked at most every live_every_s)."""
