@@ -222,3 +222,54 @@ def test_a_campaign_survives_two_sigkills_of_its_runner_exactly_once_per_row_wit
         d.close()
         media.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_sigterm_gives_a_ringing_dial_the_drain_then_exits_and_the_next_start_makes_it_unknown():
+    tmp = Path(tempfile.mkdtemp(prefix="bvc", dir="/tmp"))
+    lo, hi = rtp_range(20)
+    extra = f"\n[gateway]\necho_use_workers = false\n\n[sip]\nport = 0\nrtp_port_min = {lo}\nrtp_port_max = {hi}\n"
+    cfg = write_config(tmp, workers=1, agents=1, extra=extra)
+    d = Daemon(tmp, config=cfg, env={"BRISVOX_TEST_ROLE_MAIN": "gateway=brisvox.gateway.process:main"})
+    port = free_port()
+    db, rlog = tmp / "campaigns.sqlite3", tmp / "runner.log"
+    peer: subprocess.Popen[bytes] | None = None
+    p: subprocess.Popen[bytes] | None = None
+    try:
+        d.start()
+        d.wait_ready(60)
+        peer = far_end(tmp, "ringing", rings_until_cancel(), port)
+        src = tmp / "one.csv"
+        src.write_text(f"number\nsip:+4930555@127.0.0.1:{port}\n")
+        time.sleep(0.5)
+        r = cli("campaign", "start", str(src), "--agent", "echo", "--config", str(cfg), "--db", str(db),
+                "--timezone", "UTC", "--hours", "00:00-24:00", "--days", "all", "--ring-timeout", "20", env=d.env)
+        assert r.returncode == 0, r.stderr
+        p = runner(db, d.run_dir, d.env, rlog)
+        deadline = time.monotonic() + 20
+        while not q(db, "SELECT COUNT(*) FROM attempts")[0][0]:
+            assert time.monotonic() < deadline and p.poll() is None, rlog.read_text()[-2000:]
+            time.sleep(0.05)
+        time.sleep(0.5)  # ringing now (SIPp's 180), for 20 s
+        t = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+        waited = time.monotonic() - t
+        assert waited < 10, waited  # --drain 5, not the ring's 20 s + 40 s
+        assert "still waiting at the stop" in rlog.read_text()
+        assert q(db, "SELECT state, outcome FROM rows") == [("dialing", None)]  # left for the next start
+        p = runner(db, d.run_dir, d.env, rlog)
+        deadline = time.monotonic() + 20
+        while q(db, "SELECT state FROM campaigns") != [("done",)]:
+            assert time.monotonic() < deadline and p.poll() is None, rlog.read_text()[-2000:]
+            time.sleep(0.05)
+        assert q(db, "SELECT state, outcome, attempts FROM rows") == [("done", "unknown", 1)]
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(15) == 0
+        assert len(invites(tmp / "ringing.msg.log")) == 1  # dialled once, never again
+    finally:
+        for proc in (p, peer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        d.close()
+        shutil.rmtree(tmp, ignore_errors=True)

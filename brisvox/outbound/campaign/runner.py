@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -178,7 +179,7 @@ class CampaignRunner:
             try:
                 still = await asyncio.wait_for(self.dialer.live(set(calls)), timeout=10.0)
             except (TimeoutError, OSError) as e:
-                log.warning("campaign %s: cannot ask the gateway for its calls: %s", c.name, e)
+                self._limited("live", "campaign %s: cannot ask the gateway for its calls: %s", c.name, e)
                 still = None
             if still is not None:
                 calls.intersection_update(still)
@@ -195,7 +196,10 @@ class CampaignRunner:
             outcome, detail = UNKNOWN, str(e)[:200] or f"no verdict from the dialer within {limit:g} s"
         except Exception as e:  # noqa: BLE001  (a dialer's failure is the attempt's outcome, not the runner's)
             outcome, detail = UNKNOWN, f"dialer error: {type(e).__name__}: {e}"[:200]
-        store.finish_attempt(att, outcome, detail, call_id, self.clock())
+        try:
+            store.finish_attempt(att, outcome, detail, call_id, self.clock())
+        except sqlite3.Error as e:  # the file locked past its busy timeout, the disk full: unknown at the next start
+            log.error("campaign %s: cannot record attempt %d of %s (%s): %s", c.name, att.n, att.number, outcome, e)
         if outcome == ANSWERED and call_id:
             self._answered.setdefault(c.id, set()).add(call_id)
         self._kick.set()
