@@ -21,12 +21,16 @@ import csv
 import functools
 import io
 import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from brisvox.runtime import exitcodes
+
+MAX_FILE_BYTES = 64 << 20  # 100 000 rows of ordinary width fit many times
+NAME = re.compile(r"^(?![0-9]+$)[A-Za-z0-9._-]{1,64}$")  # not all digits: a number is an id
 
 
 def _err(msg: str) -> None:
@@ -99,6 +103,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     src = Path(args.file)
     try:
         settings = _settings(args)
+        name = args.name or src.stem
+        if not NAME.match(name):
+            raise ValueError(f"--name {name[:80]!r}: 1-64 letters, digits, '.', '_' or '-', not only digits")
+        if src.stat().st_size > MAX_FILE_BYTES:
+            raise ValueError(f"larger than {MAX_FILE_BYTES >> 20} MiB: split the file")
         text = src.read_bytes().decode("utf-8")
         rows = load(text, declared=args.var or (), default_timezone=args.timezone or "")
     except CsvRefused as e:
@@ -121,7 +130,6 @@ def cmd_start(args: argparse.Namespace) -> int:
         _err(f"configuration error: {e}")
         return exitcodes.CONFIG
     try:
-        name = args.name or src.stem
         c = store.create(name, args.agent, str(src.resolve()), settings, rows, time.time())
     except StoreError as e:
         _err(str(e))

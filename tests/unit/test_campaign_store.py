@@ -350,3 +350,18 @@ def test_the_cli_starts_pauses_reports_and_exports(tmp_path: Path, capsys):
     assert brisvoxd(["campaign", "cancel", "leads", *args]) == 0
     assert peek(db, "SELECT outcome FROM rows ORDER BY line") == [("answered",), ("cancelled",)]
     assert brisvoxd(["campaign", "status", "nope", *args]) == 1
+
+
+def test_the_cli_refuses_a_name_that_reads_as_an_id_or_holds_odd_characters(tmp_path: Path, capsys):
+    good = tmp_path / "leads.csv"
+    good.write_text("number\n+4930123456\n")
+    base = ["campaign", "start", str(good), "--agent", "echo", "--timezone", "UTC", "--db", str(tmp_path / "c.db"),
+            "--no-agent-check"]
+    assert brisvoxd([*base, "--name", "12"]) == 2
+    assert brisvoxd([*base, "--name", "a b"]) == 2
+    assert "--name 'a b'" in capsys.readouterr().err
+    assert brisvoxd([*base, "--name", "q4-2026.calls"]) == 0
+    st = CampaignStore(tmp_path / "c.db")
+    assert st.campaign("1") is not None and st.campaign("1").name == "q4-2026.calls"  # an id
+    assert st.campaign("q4-2026.calls") is not None and st.campaign("2") is None
+    st.close()

@@ -193,9 +193,10 @@ class CampaignStore:
                         Settings.from_json(json.loads(r["settings"])), float(r["created_at"]))
 
     def campaign(self, key: str | int) -> Campaign | None:
-        """The campaign named ``key`` (or with that id)."""
-        r = self.db.execute("SELECT * FROM campaigns WHERE name = ? OR id = ?",
-                            (str(key), int(key) if str(key).isdigit() else -1)).fetchone()
+        """The campaign named ``key``, else the one whose id it is."""
+        r = self.db.execute("SELECT * FROM campaigns WHERE name = ?", (str(key),)).fetchone()
+        if r is None and str(key).isdigit():
+            r = self.db.execute("SELECT * FROM campaigns WHERE id = ?", (int(key),)).fetchone()
         return self._campaign(r) if r else None
 
     def campaigns(self, states: Sequence[str] = STATES) -> list[Campaign]:
@@ -208,11 +209,11 @@ class CampaignStore:
         yet dialled ends ``cancelled``; a row waiting for a retry ends with its last attempt's outcome;
         a row being dialled ends with that dial's outcome)."""
         allowed = {"paused": ("running",), "running": ("paused",), "cancelled": ("running", "paused")}[to]
+        found = self.campaign(key)
+        if found is None:
+            raise StoreError(f"no campaign {key!r}")
         with self._write() as db:
-            r = db.execute("SELECT id, state FROM campaigns WHERE name = ? OR id = ?",
-                           (key, int(key) if key.isdigit() else -1)).fetchone()
-            if r is None:
-                raise StoreError(f"no campaign {key!r}")
+            r = db.execute("SELECT id, state FROM campaigns WHERE id = ?", (found.id,)).fetchone()
             if r["state"] not in allowed:
                 raise StoreError(f"campaign {key!r} is {r['state']}: cannot become {to}")
             db.execute("UPDATE campaigns SET state = ?, updated_at = ? WHERE id = ?", (to, now, r["id"]))
@@ -220,16 +221,17 @@ class CampaignStore:
                 db.execute("UPDATE rows SET state = 'done', outcome = COALESCE((SELECT a.outcome FROM attempts a"
                            " WHERE a.row_id = rows.id ORDER BY a.n DESC LIMIT 1), ?)"
                            " WHERE campaign_id = ? AND state IN ('pending', 'waiting')", (CANCELLED, r["id"]))
-        c = self.campaign(key)
+        c = self.campaign(found.id)
         assert c is not None
         return c
 
     def finish_if_done(self, campaign_id: int, now: float) -> bool:
         """Mark a running campaign ``done`` once every row is; whether it is done (or cancelled) now."""
+        left = "SELECT COUNT(*) FROM rows WHERE campaign_id = ? AND state != 'done'"
+        if self.db.execute(left, (campaign_id,)).fetchone()[0]:
+            return False  # read first: most ticks write nothing
         with self._write() as db:
-            left = db.execute("SELECT COUNT(*) FROM rows WHERE campaign_id = ? AND state != 'done'",
-                              (campaign_id,)).fetchone()[0]
-            if left:
+            if db.execute(left, (campaign_id,)).fetchone()[0]:
                 return False
             db.execute("UPDATE campaigns SET state = 'done', updated_at = ? WHERE id = ? AND state = 'running'",
                        (now, campaign_id))
