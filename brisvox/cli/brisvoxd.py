@@ -7,7 +7,8 @@ supervisor (:class:`brisvox.daemon.arbiter.Arbiter`), in the foreground or
 daemonized (the starting command waits until the daemon is ready or failed
 and exits with its verdict). The other commands talk to the running
 supervisor over its command plane (``control.sock`` in the runtime dir);
-``dial`` asks the gateway itself (its inbox, ``gateway-0.sock``), which owns SIP,
+``campaign`` manages outbound campaigns in their SQLite store
+(:mod:`brisvox.cli.campaign`). ``dial`` asks the gateway itself (its inbox, ``gateway-0.sock``), which owns SIP,
 and waits until the callee answered or the dial failed (``--via twilio``: until
 Twilio accepted the calls create).
 
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from brisvox.cli.dial_request import dial, dial_times
 from brisvox.config.daemon import DaemonConfig, find_config, load_config
 from brisvox.config.errors import ConfigError
 from brisvox.runtime import exitcodes
@@ -319,38 +321,6 @@ def cmd_reload(args: argparse.Namespace) -> int:
     return exitcodes.OK
 
 
-def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
-         via: str = "sip", trunk: str = "") -> tuple[bool, dict[str, Any], str]:
-    """Ask the gateway at ``inbox`` to place an outbound call: (ok, data, error). Over SIP once
-    the callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...);
-    through Twilio once Twilio accepted the calls create (data["call_sid"], "status")."""
-    from ipc.bus import RequestTimeout, request_sync
-    from ipc.frames import Command, CommandReply
-
-    wait = (ring_timeout_s or 600.0) + 40.0 if via == "sip" else 20.0  # SIP: the ring, Timer B, the agent
-    try:
-        reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent, "via": via,
-                                                                "ring_timeout_s": ring_timeout_s,
-                                                                **({"trunk": trunk} if trunk else {})}), wait)
-    except RequestTimeout:
-        return False, {}, f"the gateway does not answer on {inbox}"
-    if not isinstance(reply, CommandReply):
-        return False, {}, f"unexpected reply {reply.TYPE}"
-    return bool(reply.ok), dict(reply.data or {}), reply.error
-
-
-DIAL_TIMES = (("ringing_at_ms", "ringing"), ("progress_at_ms", "early media"), ("answered_at_ms", "answered"))
-
-
-def dial_times(data: dict[str, Any]) -> str:
-    """A SIP dial's signalling times, in ms after its INVITE ("-": the callee never sent it)."""
-    def ms(key: str) -> str:
-        v = data.get(key)
-        return f"{v} ms" if isinstance(v, int) and not isinstance(v, bool) else "-"
-
-    return ", ".join(f"{label} {ms(key)}" for key, label in DIAL_TIMES) + " after the INVITE"
-
-
 def cmd_dial(args: argparse.Namespace) -> int:
     """An outbound call (SIP, or ``--via twilio``) through the running daemon's gateway (its inbox, gateway-0)."""
     from ipc.bus import endpoint
@@ -472,6 +442,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_dial_arguments(sp)
     sp.set_defaults(func=cmd_dial)
+
+    from brisvox.cli.campaign import add_parser as add_campaign
+
+    add_campaign(sub)
 
     sp = sub.add_parser("check", help="validate a daemon config (with the agent files it names) or an agent file, offline")
     sp.add_argument("file")

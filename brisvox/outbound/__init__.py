@@ -1,1 +1,1 @@
-"""The outbound role: services that reach out of the daemon (webhook delivery, campaigns)."""
+"""The outbound role: services that reach out of the daemon (webhook delivery, campaigns: :mod:`brisvox.outbound.campaign`)."""

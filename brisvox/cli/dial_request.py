@@ -1,0 +1,66 @@
+"""The gateway's ``dial`` and ``calls`` commands as requests to its inbox (``gateway-0.sock``).
+
+Owns the one client of those commands: ``brisvoxd dial`` / ``brisvox dial``
+(:func:`brisvox.cli.brisvoxd.cmd_dial`) and the outbound campaign runner
+(:mod:`brisvox.outbound.campaign.dialer`) both call :func:`dial`. It imports
+only :mod:`ipc` (a function-level import), so a service can use it without
+pulling in the CLI's command set.
+
+Invariants: every request has a timeout (a SIP dial: its ring plus 40 s for
+Timer B and the agent side; a Twilio one, or ``calls``: 20 s / the timeout
+given); a gateway that does not answer in time is an error whose text starts
+with :data:`GATEWAY_SILENT` (the dial may or may not have been placed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GATEWAY_SILENT = "the gateway does not answer on"
+
+
+def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
+         via: str = "sip", trunk: str = "") -> tuple[bool, dict[str, Any], str]:
+    """Ask the gateway at ``inbox`` to place an outbound call: (ok, data, error). Over SIP once
+    the callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...);
+    through Twilio once Twilio accepted the calls create (data["call_sid"], "status")."""
+    from ipc.bus import RequestTimeout, request_sync
+    from ipc.frames import Command, CommandReply
+
+    wait = (ring_timeout_s or 600.0) + 40.0 if via == "sip" else 20.0  # SIP: the ring, Timer B, the agent
+    try:
+        reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent, "via": via,
+                                                                "ring_timeout_s": ring_timeout_s,
+                                                                **({"trunk": trunk} if trunk else {})}), wait)
+    except RequestTimeout:
+        return False, {}, f"{GATEWAY_SILENT} {inbox}"
+    if not isinstance(reply, CommandReply):
+        return False, {}, f"unexpected reply {reply.TYPE}"
+    return bool(reply.ok), dict(reply.data or {}), reply.error
+
+
+def live_calls(inbox: str, timeout: float = 5.0) -> set[str] | None:
+    """The call ids the gateway at ``inbox`` holds now (its ``calls`` command); None when it
+    does not answer within ``timeout``."""
+    from ipc.bus import RequestTimeout, request_sync
+    from ipc.frames import Command, CommandReply
+
+    try:
+        reply = request_sync(inbox, Command(name="calls"), timeout)
+    except RequestTimeout:
+        return None
+    if not isinstance(reply, CommandReply) or not reply.ok or not isinstance(reply.data, dict):
+        return None
+    return {str(k) for k in reply.data}
+
+
+DIAL_TIMES = (("ringing_at_ms", "ringing"), ("progress_at_ms", "early media"), ("answered_at_ms", "answered"))
+
+
+def dial_times(data: dict[str, Any]) -> str:
+    """A SIP dial's signalling times, in ms after its INVITE ("-": the callee never sent it)."""
+    def ms(key: str) -> str:
+        v = data.get(key)
+        return f"{v} ms" if isinstance(v, int) and not isinstance(v, bool) else "-"
+
+    return ", ".join(f"{label} {ms(key)}" for key, label in DIAL_TIMES) + " after the INVITE"

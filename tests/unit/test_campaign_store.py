@@ -1,0 +1,367 @@
+"""The campaign store and runner on a real SQLite file: the attempt is committed before the dial,
+its outcome after; an interrupted attempt is recovered as unknown and never re-dialled; pause,
+resume and cancel written by another connection (the CLI's) are followed; retries; the cap counts
+answered calls still up; one runner per file; the CLI refuses bad input with line numbers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Collection
+from pathlib import Path
+
+import pytest
+
+from brisvox.cli.brisvoxd import main as brisvoxd
+from brisvox.outbound.campaign.csvload import load
+from brisvox.outbound.campaign.outcomes import classify
+from brisvox.outbound.campaign.runner import CampaignRunner, DialResult
+from brisvox.outbound.campaign.scheduler import Settings
+from brisvox.outbound.campaign.store import CampaignStore, RunnerLock, StoreError
+
+ALL_DAY = ((0, 24 * 60),)
+
+
+def csv_rows(n: int) -> list:
+    return load("number,timezone\n" + "".join(f"+49301000{i:03d},UTC\n" for i in range(n)))
+
+
+class FakeDialer:
+    """Answers each target with the next scripted result (default answered), after ``delay`` s;
+    ``on_dial`` sees each call first. Stands in for the gateway at unit level (the system test
+    dials the real one)."""
+
+    def __init__(self, script: dict[str, list[DialResult]] | None = None, delay: float = 0.0,
+                 on_dial=None, live_ids: set[str] | None = None) -> None:  # noqa: ANN001
+        self.script = script or {}
+        self.delay = delay
+        self.on_dial = on_dial
+        self.calls: list[str] = []
+        self.live_ids = set() if live_ids is None else live_ids  # default: an answered call is over at once
+        self.gate: asyncio.Event | None = None
+        self.up = True  # the gateway answers
+
+    async def dial(self, target: str, agent: str, ring_timeout_s: float) -> DialResult:
+        self.calls.append(target)
+        if self.on_dial is not None:
+            self.on_dial(target)
+        if self.gate is not None:
+            await self.gate.wait()
+        await asyncio.sleep(self.delay)
+        seq = self.script.get(target)
+        if seq:
+            r = seq.pop(0)
+            if isinstance(r, BaseException):
+                raise r
+            return r
+        return DialResult(True, call_id=f"call-{target}")
+
+    async def live(self, call_ids: Collection[str]) -> set[str] | None:
+        return set(call_ids) & self.live_ids
+
+    async def ready(self) -> bool:
+        return self.up
+
+
+async def run_until(runner: CampaignRunner, cond, timeout: float = 10.0) -> None:  # noqa: ANN001
+    stop = asyncio.Event()
+    task = asyncio.ensure_future(runner.run(stop))
+    deadline = time.monotonic() + timeout
+    try:
+        while not cond():
+            assert time.monotonic() < deadline, "condition not reached"
+            assert not task.done(), task.exception()
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def until(cond, task: asyncio.Future, timeout: float = 10.0) -> None:  # noqa: ANN001
+    """Wait for ``cond`` while the runner ``task`` lives (its failure, or the timeout, fails the test)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert not task.done(), task.exception() if not task.cancelled() else "cancelled"
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def new_campaign(path: Path, n: int, **kw: object) -> int:
+    st = CampaignStore(path)
+    try:
+        s = Settings(**{"rate": 100.0, "max_concurrent": 10, "windows": ALL_DAY, **kw})  # type: ignore[arg-type]
+        return st.create("c1", "echo", "test.csv", s, csv_rows(n), time.time()).id
+    finally:
+        st.close()
+
+
+def peek(path: Path, sql: str, args: tuple = ()) -> list[tuple]:
+    """Another connection's view: what is committed."""
+    db = sqlite3.connect(path)
+    try:
+        return db.execute(sql, args).fetchall()
+    finally:
+        db.close()
+
+
+def test_the_file_is_private_and_in_wal_mode(tmp_path: Path):
+    path = tmp_path / "state" / "campaigns.sqlite3"
+    st = CampaignStore(path)
+    assert st.db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert st.db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    new_campaign(path, 1)
+    for p in (path, path.with_name(path.name + "-wal")):
+        assert stat.S_IMODE(os.stat(p).st_mode) == 0o600, p
+    assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+    st.close()
+
+
+def test_each_attempt_is_committed_before_the_dial_and_its_outcome_after(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 3)
+    seen: list[list[tuple]] = []
+
+    def on_dial(target: str) -> None:  # at the moment of dialling, another process sees the attempt
+        seen.append(peek(path, "SELECT r.number, r.state, a.n, a.outcome FROM attempts a JOIN rows r"
+                               " ON r.id = a.row_id WHERE r.number = ?", (target,)))
+
+    d = FakeDialer(on_dial=on_dial)
+    runner = CampaignRunner(path, d, poll_s=0.02)
+    asyncio.run(run_until(runner, lambda: len(d.calls) == 3 and peek(path, "SELECT state FROM campaigns") ==
+                          [("done",)]))
+    assert [s[0][1:] for s in seen] == [("dialing", 1, None)] * 3
+    assert peek(path, "SELECT outcome, call_id FROM attempts ORDER BY id") == [
+        ("answered", f"call-{n}") for n in d.calls]
+    assert peek(path, "SELECT DISTINCT state, outcome FROM rows") == [("done", "answered")]
+
+
+def test_an_interrupted_attempt_is_recovered_unknown_and_never_dialled_again(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 2)
+    st = CampaignStore(path)
+    (due, _) = st.due(1, time.time())
+    att = st.begin_attempt(due.row_id, time.time())
+    assert att is not None
+    st.db.close()  # the runner was killed here: the attempt is on disk, its outcome never came
+    d = FakeDialer()
+    runner = CampaignRunner(path, d, poll_s=0.02)
+    asyncio.run(run_until(runner, lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert runner.recovered == 1
+    assert d.calls == ["+49301000001"]  # only the other row
+    assert peek(path, "SELECT number, outcome, attempts FROM rows ORDER BY id") == [
+        ("+49301000000", "unknown", 1), ("+49301000001", "answered", 1)]
+    assert peek(path, "SELECT outcome, detail LIKE 'interrupted%' FROM attempts WHERE row_id = ?",
+                (att.row_id,)) == [("unknown", 1)]
+
+
+def test_busy_then_answered_is_retried_after_the_delay_within_max_attempts(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 2, max_attempts=2, retry_delay_s=0.3)
+    n0, n1 = "+49301000000", "+49301000001"
+    d = FakeDialer({n0: [DialResult(False, error="busy"), DialResult(True, call_id="x")],
+                    n1: [DialResult(False, error="503 Service Unavailable"),
+                         DialResult(False, error="no answer")]})
+    asyncio.run(run_until(CampaignRunner(path, d, poll_s=0.02),
+                          lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert sorted(d.calls) == [n0, n0, n1, n1]
+    got = peek(path, "SELECT r.number, a.n, a.outcome, a.started_at FROM attempts a JOIN rows r ON r.id = a.row_id"
+                     " ORDER BY r.number, a.n")
+    assert [g[:3] for g in got] == [(n0, 1, "busy"), (n0, 2, "answered"), (n1, 1, "failed"), (n1, 2, "no_answer")]
+    assert got[1][3] - got[0][3] >= 0.3 and got[3][3] - got[2][3] >= 0.3
+    assert peek(path, "SELECT number, outcome FROM rows ORDER BY number") == [(n0, "answered"), (n1, "no_answer")]
+
+
+def test_pause_resume_and_cancel_from_another_connection_are_followed(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 6, rate=20.0, max_concurrent=1)
+    d = FakeDialer(delay=0.05)
+    cli = CampaignStore(path)  # the CLI's connection
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(CampaignRunner(path, d, poll_s=0.02).run(stop))
+        await until(lambda: len(d.calls) >= 2, task)
+        cli.set_state("c1", "paused", time.time())
+        await asyncio.sleep(0.2)  # the dial in flight finishes, no new one starts
+        paused_at = len(d.calls)
+        await asyncio.sleep(0.4)
+        assert len(d.calls) == paused_at and paused_at <= 3
+        cli.set_state("c1", "running", time.time())
+        await until(lambda: len(d.calls) >= paused_at + 1, task)
+        cli.set_state("c1", "cancelled", time.time())
+        await asyncio.sleep(0.3)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
+    states = peek(path, "SELECT outcome, COUNT(*) FROM rows GROUP BY outcome")
+    dialled = len(d.calls)
+    assert 3 <= dialled < 6
+    assert dict(states) == {"answered": dialled, "cancelled": 6 - dialled}
+    assert peek(path, "SELECT state FROM campaigns") == [("cancelled",)]
+    with pytest.raises(StoreError, match="cancelled: cannot become running"):
+        cli.set_state("c1", "running", time.time())
+    cli.close()
+
+
+def test_answered_calls_still_up_count_against_the_cap(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 3, max_concurrent=2)
+    up = {"call-+49301000000", "call-+49301000001"}
+    d = FakeDialer(live_ids=up)
+    runner = CampaignRunner(path, d, poll_s=0.02, live_every_s=0.05)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(runner.run(stop))
+        await until(lambda: len(d.calls) >= 2, task)
+        await asyncio.sleep(0.5)
+        assert len(d.calls) == 2  # both answered calls are up: the third waits
+        up.clear()  # they hang up
+        await until(lambda: len(d.calls) >= 3, task)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
+
+
+def test_a_dialer_without_verdict_makes_the_attempt_unknown_not_retried(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 1, max_attempts=3, retry_on=frozenset({"failed"}))
+    d = FakeDialer({"+49301000000": [TimeoutError("the gateway does not answer on ipc://x")]})
+    asyncio.run(run_until(CampaignRunner(path, d, poll_s=0.02),
+                          lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert d.calls == ["+49301000000"]
+    assert peek(path, "SELECT outcome, detail FROM attempts") == [("unknown", "the gateway does not answer on ipc://x")]
+
+
+def test_no_attempt_is_begun_while_the_gateway_does_not_answer(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 2)
+    d = FakeDialer()
+    d.up = False
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(CampaignRunner(path, d, poll_s=0.02, ready_every_s=0.05).run(stop))
+        await asyncio.sleep(0.4)
+        assert d.calls == [] and peek(path, "SELECT COUNT(*) FROM attempts") == [(0,)]
+        d.up = True
+        await until(lambda: peek(path, "SELECT state FROM campaigns") == [("done",)], task)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
+    assert sorted(d.calls) == ["+49301000000", "+49301000001"]
+
+
+def test_a_zone_this_host_does_not_know_stalls_only_its_campaign(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 1)
+    st = CampaignStore(path)
+    s = Settings(rate=100.0, windows=ALL_DAY)
+    st.create("c2", "echo", "b.csv", s, load("number,timezone\n+4930777777,UTC\n"), time.time())
+    st.db.execute("UPDATE rows SET timezone = 'Gone/Zone' WHERE campaign_id = 1")  # tzdata changed under it
+    st.close()
+    d = FakeDialer()
+    asyncio.run(run_until(CampaignRunner(path, d, poll_s=0.02),
+                          lambda: peek(path, "SELECT state FROM campaigns WHERE name = 'c2'") == [("done",)]))
+    assert d.calls == ["+4930777777"]
+    assert peek(path, "SELECT state FROM rows WHERE campaign_id = 1") == [("pending",)]
+
+
+def test_one_runner_per_file(tmp_path: Path):
+    path = tmp_path / "c.db"
+    a, b = RunnerLock(path), RunnerLock(path)
+    a.acquire()
+    with pytest.raises(StoreError, match="another campaign runner"):
+        b.acquire()
+    a.release()
+    b.acquire()
+    b.release()
+
+
+@pytest.mark.parametrize("ok,error,want", [
+    (True, "", "answered"), (False, "busy", "busy"), (False, "no answer", "no_answer"),
+    (False, "503 Service Unavailable", "failed"), (False, "declined", "failed"), (False, "timeout", "failed"),
+    (False, "refused: max_calls", "refused"), (False, "192.0.2.1 is not in [sip] allow", "refused"),
+    (False, "a number needs [sip] trunk (or dial a sip: URI)", "refused")])
+def test_classify(ok: bool, error: str, want: str):
+    assert classify(ok, error) == want
+
+
+def test_the_cli_refuses_a_bad_csv_with_line_numbers_and_stores_nothing(tmp_path: Path, capsys):
+    db = tmp_path / "c.db"
+    bad = tmp_path / "bad.csv"
+    bad.write_text("number,timezone,name\n+4930123456,UTC,Ann\nnope,UTC,Bo\n+4930123456,Nowhere/Land,Cy\n")
+    assert brisvoxd(["campaign", "start", str(bad), "--agent", "echo", "--db", str(db), "--var", "name",
+                     "--no-agent-check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: malformed number 'nope'" in err
+    assert f"{bad}:4: duplicate of line 2" in err and f"{bad}:4: bad time zone 'Nowhere/Land'" in err
+    assert not db.exists() or peek(db, "SELECT COUNT(*) FROM campaigns") == [(0,)]
+    assert brisvoxd(["campaign", "start", str(bad), "--agent", "echo", "--db", str(db), "--no-agent-check"]) == 2
+    assert "bad.csv:1: unknown variable 'name'" in capsys.readouterr().err
+
+
+def test_the_cli_starts_pauses_reports_and_exports(tmp_path: Path, capsys):
+    db = tmp_path / "c.db"
+    good = tmp_path / "leads.csv"
+    good.write_text("number,name\n+4930123456,Ann\n+4930123457,Bo\n")
+    args = ["--db", str(db)]
+    assert brisvoxd(["campaign", "start", str(good), "--agent", "echo", "--var", "name", "--timezone",
+                     "Europe/Berlin", "--rate", "2", "--hours", "08:00-12:00,13:00-21:00", "--no-agent-check",
+                     *args]) == 0
+    assert "campaign leads (id 1): 2 rows" in capsys.readouterr().out
+    assert brisvoxd(["campaign", "start", str(good), "--agent", "echo", "--var", "name", "--timezone", "UTC",
+                     "--no-agent-check", *args]) == 1  # the name is taken
+    assert brisvoxd(["campaign", "pause", "leads", *args]) == 0
+    assert brisvoxd(["campaign", "pause", "leads", *args]) == 1  # already paused
+    capsys.readouterr()
+    st = CampaignStore(db)
+    att = st.begin_attempt(1, time.time())
+    assert att is None  # paused: nothing may be dialled
+    st.set_state("leads", "running", time.time())
+    att = st.begin_attempt(1, time.time())
+    assert att is not None
+    st.finish_attempt(att, "answered", "answered", "call-7", time.time())
+    assert st.record_amd("call-7", "machine")
+    st.close()
+    assert brisvoxd(["campaign", "status", "leads", "--json", *args]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["outcomes"] == {"answered_machine": 1} and rep["states"] == {"done": 1, "pending": 1}
+    assert rep["rate_now"] == 0.1 and rep["settings"]["windows"] == [[480, 720], [780, 1260]]
+    assert brisvoxd(["campaign", "export", "leads", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "line,number,timezone,outcome,attempts,first_attempt_at,last_attempt_at,last_detail,call_id,amd,name"
+    assert lines[1].startswith("2,+4930123456,Europe/Berlin,answered_machine,1,") and lines[1].endswith(
+        ",answered,call-7,machine,Ann")
+    assert lines[2] == "3,+4930123457,Europe/Berlin,pending,0,,,,,,Bo"
+    out = tmp_path / "out.json"
+    assert brisvoxd(["campaign", "export", "leads", "--format", "json", "-o", str(out), *args]) == 0
+    data = json.loads(out.read_text())
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o600
+    assert [r["outcome"] for r in data["rows"]] == ["answered_machine", None]
+    assert data["rows"][0]["attempts"][0]["call_id"] == "call-7"
+    assert brisvoxd(["campaign", "cancel", "leads", *args]) == 0
+    assert peek(db, "SELECT outcome FROM rows ORDER BY line") == [("answered",), ("cancelled",)]
+    assert brisvoxd(["campaign", "status", "nope", *args]) == 1
+
+
+def test_the_cli_refuses_a_name_that_reads_as_an_id_or_holds_odd_characters(tmp_path: Path, capsys):
+    good = tmp_path / "leads.csv"
+    good.write_text("number\n+4930123456\n")
+    base = ["campaign", "start", str(good), "--agent", "echo", "--timezone", "UTC", "--db", str(tmp_path / "c.db"),
+            "--no-agent-check"]
+    assert brisvoxd([*base, "--name", "12"]) == 2
+    assert brisvoxd([*base, "--name", "a b"]) == 2
+    assert "--name 'a b'" in capsys.readouterr().err
+    assert brisvoxd([*base, "--name", "q4-2026.calls"]) == 0
+    st = CampaignStore(tmp_path / "c.db")
+    assert st.campaign("1") is not None and st.campaign("1").name == "q4-2026.calls"  # an id
+    assert st.campaign("q4-2026.calls") is not None and st.campaign("2") is None
+    st.close()
