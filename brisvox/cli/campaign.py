@@ -47,13 +47,12 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def db_path(args: argparse.Namespace) -> Path:
-    """``--db``, else the daemon's state dir's ``campaigns.sqlite3``."""
-    from brisvox.outbound.campaign.store import DB_NAME
-    from brisvox.runtime.paths import state_dir
+    """``--db``, else the daemon's ``[campaigns] db`` (default: its state dir's ``campaigns.sqlite3``)."""
+    from brisvox.outbound.campaign.config import store_path
 
     if getattr(args, "db", None):
         return Path(args.db)
-    return state_dir(_config(args)) / DB_NAME
+    return store_path(_config(args))
 
 
 def _store(args: argparse.Namespace) -> Any:
@@ -138,6 +137,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         store.close()
     print(f"campaign {c.name} (id {c.id}): {len(rows)} rows, agent {c.agent}, {settings.rate:g} calls/s, "
           f"at most {settings.max_concurrent} at once; running (store {store.path})")
+    if not getattr(args, "db", None) and not _config(args).section("campaigns").enabled:
+        _err("warning: [campaigns] enabled is false in the daemon config: nothing dials this campaign until "
+             "it is true (then brisvoxd reload)")
     return exitcodes.OK
 
 

@@ -175,7 +175,8 @@ def _load_class(ref: str) -> Any:
 
 
 # what makes the daemon start its ``outbound`` child (brisvox/outbound/process.py): any of these says so
-OUTBOUND_WANTED: tuple[str, ...] = ("brisvox.outbound.webhooks.wanted:webhooks_wanted",)
+OUTBOUND_WANTED: tuple[str, ...] = ("brisvox.outbound.webhooks.wanted:webhooks_wanted",
+                                     "brisvox.outbound.campaign.config:campaigns_wanted")
 
 
 def section_parsers() -> dict[str, str]:

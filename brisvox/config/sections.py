@@ -18,4 +18,5 @@ SECTION_PARSERS: dict[str, str] = {
     "calls": "brisvox.agent.host.config:CallsConfig",
     "tracing": "brisvox.agent.host.tracing:TracingConfig",
     "webhooks": "brisvox.outbound.webhooks.config:WebhooksConfig",  # [[webhooks]]: an array of tables
+    "campaigns": "brisvox.outbound.campaign.config:CampaignsConfig",
 }

@@ -27,7 +27,7 @@ from brisvox.runtime.child_runtime import ChildRuntime
 
 log = logging.getLogger("brisvox.outbound")
 
-SERVICES: tuple[str, ...] = ("brisvox.outbound.webhooks.courier:service",)
+SERVICES: tuple[str, ...] = ("brisvox.outbound.webhooks.courier:service", "brisvox.outbound.campaign.service:service")
 REPORT_S = 0.5
 STOP_TIMEOUT_S = 5.0
 

@@ -202,3 +202,57 @@ def test_the_pcap_writer_round_trips(tmp_path: Path):
         off += 16 + incl
     y = np.concatenate(got)
     assert len(y) == 1600 and np.max(np.abs(y.astype(int) - x)) < 300
+
+
+def test_a_campaign_dialled_by_the_daemon_records_each_rows_verdict():
+    """``[campaigns] enabled``: the outbound role runs the campaign ``brisvoxd campaign start``
+    stored; the agent's AMD verdict of each answered call lands in its row (answered_human,
+    answered_machine), and the export says so."""
+    import json
+
+    tmp = Path(tempfile.mkdtemp(prefix="bvamc", dir="/tmp"))
+    agents = tmp / "agents"
+    agents.mkdir()
+    (agents / "caller.toml").write_text(agent_file())
+    lo, hi = rtp_range(40)
+    sip = f"port = 0\nrtp_port_min = {lo}\nrtp_port_max = {hi}"
+    extra = agents_config(agents, tmp / "records", default_agent="caller", sip=sip) + "\n[campaigns]\nenabled = true\n"
+    cfg = write_config(tmp, workers=1, agents=1, extra=extra)
+    d = Daemon(tmp, config=cfg, real_roles=True)
+    write_pcap(tmp / "person.pcap", person())
+    write_pcap(tmp / "voicemail.pcap", voicemail())
+    peers = []
+    try:
+        d.start()
+        d.wait_ready(90)
+        assert d.child(d.status(), "outbound-0"), "no outbound child with [campaigns] enabled"
+        ports = [free_port(), free_port()]
+        peers = [run_peer(tmp, callee(tmp / "person.pcap", hang_up_ms=6000), ports[0]),
+                 run_peer(tmp, callee(tmp / "voicemail.pcap", hang_up_ms=25000), ports[1])]
+        leads = tmp / "leads.csv"
+        leads.write_text(f"number\nsip:person@127.0.0.1:{ports[0]}\nsip:mailbox@127.0.0.1:{ports[1]}\n")
+        r = cli("campaign", "start", str(leads), "--agent", "caller", "--config", str(cfg), "--hours", "00:00-24:00",
+                "--days", "mon-sun", "--timezone", "UTC", "--rate", "1", timeout=30)
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "warning" not in r.stderr, r.stderr
+
+        def done(_: object) -> bool:
+            out = cli("campaign", "export", "leads", "--format", "json", "--config", str(cfg), timeout=30)
+            rows = json.loads(out.stdout)["rows"] if out.returncode == 0 else []
+            shown = {row["number"]: row.get("outcome") for row in rows}
+            return set(shown.values()) == {"answered_human", "answered_machine"}
+
+        d.wait_for(done, 90, "both rows' verdicts")
+        out = json.loads(cli("campaign", "export", "leads", "--format", "json", "--config", str(cfg),
+                             timeout=30).stdout)["rows"]
+        by = {row["number"].split("@")[0]: row["outcome"] for row in out}
+        assert by == {"sip:person": "answered_human", "sip:mailbox": "answered_machine"}, out
+        for p in peers:
+            p.communicate(timeout=40)
+    finally:
+        d.close()
+        for p in peers:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        shutil.rmtree(tmp, ignore_errors=True)

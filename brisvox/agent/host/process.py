@@ -345,8 +345,8 @@ class AgentProcess:
         if recording is not None:  # the gateway names the WAV so: call.ended can say which file it is
             recording["file"] = recording_file_name(f.call_id, actor.started_wall)
         hooks = self._call_hooks(f.call_id, self.cfg.agent_name(f.agent), agent_hooks, actor.amd is not None)
-        if hooks is not None:
-            actor.on_amd = hooks.amd  # call.answered carries the verdict
+        if actor.amd is not None:  # the verdict: in call.answered, and in the campaign's row
+            actor.on_amd = functools.partial(self._amd_verdict, f.call_id, hooks)
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony, hooks,
                                           recording["file"] if recording is not None else None)
         self.idle_trim.note(len(self.calls))
@@ -359,6 +359,19 @@ class AgentProcess:
             hooks.started(actor)
         self.counters["calls_started"] += 1
         self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker, recording=recording), cid)
+
+    def _amd_verdict(self, call_id: str, hooks: CallHooks | None, data: dict[str, Any]) -> None:
+        """A screened call's AMD verdict: the waiting ``call.answered`` webhook gets it, and a
+        campaign's attempt that dialled the call records it (``[campaigns] enabled``)."""
+        if hooks is not None:
+            hooks.amd(data)
+        campaigns = self.rt.config.section("campaigns") if self.rt.config is not None else None
+        if campaigns is not None and campaigns.enabled:
+            from brisvox.outbound.campaign.config import store_path
+            from brisvox.outbound.campaign.store import record_verdict
+
+            self.spawn(asyncio.to_thread(record_verdict, store_path(self.rt.config), call_id,
+                                         str(data.get("verdict") or "")))
 
     def _call_hooks(self, call_id: str, agent: str, agent_hooks: tuple[Any, ...],
                     expect_amd: bool = False) -> CallHooks | None:

@@ -100,6 +100,10 @@ class CampaignRunner:
         self._live_asked: dict[int, float] = {}
         self._kick = asyncio.Event()
 
+    def stats(self) -> dict[str, int]:
+        """Attempts recovered as unknown at the start, dials in flight now."""
+        return {"recovered": self.recovered, "dialing": sum(len(ts) for ts in self._dialing.values())}
+
     async def run(self, stop: asyncio.Event) -> None:
         lock = RunnerLock(self.db_path)
         lock.acquire()

@@ -360,6 +360,23 @@ class CampaignStore:
                    "attempts": mine}
 
 
+CAMPAIGN_VERDICT = {"human": "human", "machine": "machine", "ivr": "machine", "fax": "machine"}
+
+
+def record_verdict(db_path: Path, call_id: str, verdict: str) -> bool:
+    """An agent process's AMD verdict for ``call_id``, into the store if a campaign dialled it
+    (``ivr`` and ``fax`` count as ``machine``; ``uncertain`` leaves the row ``answered``).
+    Blocking (a thread's); never creates the store; False when nothing was recorded."""
+    shown = CAMPAIGN_VERDICT.get(verdict)
+    if shown is None or not db_path.is_file():
+        return False
+    store = CampaignStore(db_path)
+    try:
+        return store.record_amd(call_id, shown)
+    finally:
+        store.close()
+
+
 class RunnerLock:
     """``<db>.runner.lock`` held with ``flock`` while a runner runs: a second runner on the file is refused."""
 
