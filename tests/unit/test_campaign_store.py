@@ -365,3 +365,17 @@ def test_the_cli_refuses_a_name_that_reads_as_an_id_or_holds_odd_characters(tmp_
     assert st.campaign("1") is not None and st.campaign("1").name == "q4-2026.calls"  # an id
     assert st.campaign("q4-2026.calls") is not None and st.campaign("2") is None
     st.close()
+
+
+def test_each_settled_row_is_reported_once_with_its_outcome_and_a_retried_row_only_at_its_end(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 3, max_attempts=2, retry_delay_s=0.01, retry_on=frozenset({"busy"}))
+    d = FakeDialer({"+49301000001": [DialResult(False, error="busy"), DialResult(False, error="busy")],
+                    "+49301000002": [DialResult(False, error="no answer")]})
+    done: list[tuple[str, str, str, int]] = []
+    runner = CampaignRunner(path, d, poll_s=0.02,
+                            on_row_done=lambda c, att, outcome, call_id: done.append((att.number, outcome, call_id,
+                                                                                      att.n)))
+    asyncio.run(run_until(runner, lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert sorted(done) == [("+49301000000", "answered", "call-+49301000000", 1),
+                            ("+49301000001", "busy", "", 2), ("+49301000002", "no_answer", "", 1)]

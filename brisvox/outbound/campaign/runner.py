@@ -84,7 +84,8 @@ class CampaignRunner:
 
     def __init__(self, db_path: str | Path, dialer: Dialer, *, poll_s: float = 0.25, drain_s: float = 30.0,
                  live_every_s: float = 1.0, ready_every_s: float = 1.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 on_row_done: Callable[[Campaign, Attempt, str, str], None] | None = None) -> None:
         self.db_path = Path(db_path)
         self.dialer = dialer
         self.poll_s = poll_s
@@ -94,6 +95,7 @@ class CampaignRunner:
         self._ready_until = -1e18
         self._limited = LogLimiter(log)
         self.clock = clock
+        self.on_row_done = on_row_done  # (campaign, last attempt, the row's outcome, call id): campaign.row.done
         self.recovered = 0
         self._dialing: dict[int, set[asyncio.Task[None]]] = {}
         self._answered: dict[int, set[str]] = {}
@@ -200,10 +202,16 @@ class CampaignRunner:
             outcome, detail = UNKNOWN, str(e)[:200] or f"no verdict from the dialer within {limit:g} s"
         except Exception as e:  # noqa: BLE001  (a dialer's failure is the attempt's outcome, not the runner's)
             outcome, detail = UNKNOWN, f"dialer error: {type(e).__name__}: {e}"[:200]
+        final = None
         try:
-            store.finish_attempt(att, outcome, detail, call_id, self.clock())
+            final = store.finish_attempt(att, outcome, detail, call_id, self.clock())
         except sqlite3.Error as e:  # the file locked past its busy timeout, the disk full: unknown at the next start
             log.error("campaign %s: cannot record attempt %d of %s (%s): %s", c.name, att.n, att.number, outcome, e)
+        if final is not None and self.on_row_done is not None:
+            try:
+                self.on_row_done(c, att, final, call_id)
+            except Exception:  # noqa: BLE001 - an event's producer never fails the dial's bookkeeping
+                log.exception("campaign %s: the row's done event failed", c.name)
         if outcome == ANSWERED and call_id:
             self._answered.setdefault(c.id, set()).add(call_id)
         self._kick.set()
