@@ -44,7 +44,8 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
   :meth:`ProcessLink.to_gateway` which sends Clear with a NOBLOCK send on the
   gateway DEALER, inside the driver's decision step.
 * Once ready, the startup heap is frozen out of the cyclic GC (:func:`gc_freeze`).
-* Every 0.5 s: ``rt.heartbeat()`` and ``rt.report(calls, stats)``, with the process's
+* Every 0.5 s: ``rt.heartbeat()``, every live call's ended turns into the histograms
+  (``CallActor.observe_turns``), and ``rt.report(calls, stats)``, with the process's
   ``telemetry`` (histograms, end reasons: ``call_metrics.py``; ``[tracing]``: ``tracing.py``).
   On stop: refuse new calls; with drain, wait for live calls up to the grace
   period; then hang every call up (records are written) and close.
@@ -78,6 +79,7 @@ from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_tot
 from brisvox.providers import resilience
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime
+from brisvox.runtime.log_limit import LogLimiter
 from brisvox.runtime.memory import IdleTrim
 from brisvox.runtime.private_files import prune_older
 from ipc.frames import (
@@ -141,6 +143,7 @@ class AgentProcess:
             "gateway_lost": 0,
         }
         self.stage_failures: dict[str, int] = {}  # per stage: the first failure of each call
+        self.log_limit = LogLimiter(log)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
@@ -433,6 +436,15 @@ class AgentProcess:
             self.counters["record_failures"] += 1
             log.error("call record not written: %s", e.strerror)
 
+    def observe_turns(self) -> None:
+        """Every live call's turns that ended since the last report, into the histograms."""
+        for call_id, slot in list(self.calls.items()):
+            try:
+                slot.actor.observe_turns()
+            except Exception:  # noqa: BLE001 - telemetry never breaks the report
+                self.log_limit("observe_turns", "call %s: turn telemetry failed", call_id, level=logging.ERROR)
+                self.counters["telemetry_failures"] = self.counters.get("telemetry_failures", 0) + 1
+
     def stats(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.counters)
         if self.links is not None:
@@ -485,6 +497,7 @@ class AgentProcess:
         gc_freeze()
         while not stop.is_set():
             rt.heartbeat()
+            self.observe_turns()
             rt.report(len(self.calls), self.stats())
             try:
                 async with asyncio.timeout(REPORT_S):

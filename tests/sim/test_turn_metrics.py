@@ -1,0 +1,82 @@
+"""Per-turn telemetry on virtual time: each turn reaches the process's histograms when it
+ends (while the call goes on), never twice, and every LLM round is timed by its number."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from brisvox.agent.host.call_metrics import METRICS
+from brisvox.sim.harness import simulate
+from brisvox.sim.scenarios import s02, s03, s08
+from brisvox.sim.vloop import run_virtual
+from tests.sim.test_s2s_stage import S2sCall, S2sReply, Utter, _tools, run
+
+
+def counts() -> dict[str, int]:
+    return {k: w["count"] for k, w in METRICS.snapshot()["hist"].items()}
+
+
+def delta(now: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+    return {k: now[k] - before[k] for k in now}
+
+
+def run_observed(call: Any) -> tuple[Any, list[dict[str, int]], dict[str, int]]:
+    """The call with the host's report cadence (``observe_turns`` every 0.5 s of call time):
+    the histogram counts seen at each look, and after the hang-up (all relative to before)."""
+    before = counts()
+    seen: list[dict[str, int]] = []
+
+    def look(_t: float, actor: Any) -> None:
+        actor.observe_turns()
+        seen.append(delta(counts(), before))
+
+    call.probe, call.probe_every = look, 0.5
+    res = run_virtual(lambda: simulate(call))
+    return res, seen, delta(counts(), before)
+
+
+def test_three_turns_are_on_the_histograms_one_by_one_during_the_call_and_the_hang_up_adds_none():
+    call, _ = s03()
+    res, seen, after = run_observed(call)
+    assert len(res.record["turns"]) == 3
+    during = [d["turn_latency"] for d in seen]
+    assert during == sorted(during) and 1 in during and 2 in during  # one by one, as each ended
+    assert during[-1] == 3  # all three before the hang-up
+    assert after["turn_latency"] == 3 and after["llm_first_token"] == 3 and after["llm_round"] == 3
+    assert after["tts_first_audio"] == 3
+
+
+def test_a_barge_in_stop_is_counted_during_the_call_once_its_clear_was_applied():
+    call, _ = s02()
+    res, seen, after = run_observed(call)
+    assert res.interrupts == 1
+    assert seen[-1]["barge_in_stop"] == 1 == after["barge_in_stop"]
+    assert after["turn_latency"] == len([t for t in res.record["turns"] if t["voice_to_voice_ms"] is not None])
+
+
+def test_a_tool_turn_times_both_model_rounds_and_the_filler_round_between_is_not_one():
+    call, _ = s08()
+    res, _, after = run_observed(call)
+    (turn,) = res.record["turns"]
+    rounds = turn["llm_rounds"]
+    assert turn["rounds"] == len(rounds) == 2 and turn["rounds_dropped"] == 0
+    assert all(r["t_llm_done"] is not None and r["llm_ms"] > 0 and r["first_token_ms"] > 0 for r in rounds)
+    assert turn["t_llm_done"] == rounds[-1]["t_llm_done"]
+    assert after["llm_round"] == 2 and after["llm_first_token"] == 2 and after["turn_latency"] == 1
+
+
+def test_the_s2s_actor_times_every_response_of_a_tool_chain_to_its_end():
+    before = counts()
+    tools, reg = _tools()
+    res, _ = run([Utter("plan my evening", at=0.5)],
+                 [S2sReply("", calls=(S2sCall("get_weather", {"city": "A"}),)),
+                  S2sReply("", calls=(S2sCall("get_weather", {"city": "B"}),)),
+                  S2sReply("done planning")], registry=reg)
+    (turn,) = [t for t in res.record["turns"] if t["llm_rounds"]]
+    rounds = turn["llm_rounds"]
+    assert [r["round"] for r in rounds] == [0, 1, 2]
+    assert all(r["t_llm_done"] is not None and r["llm_ms"] >= 0 for r in rounds), rounds
+    assert rounds[-1]["first_token_ms"] is not None  # the spoken response's first audio
+    assert rounds[0]["t_request"] < rounds[1]["t_request"] < rounds[2]["t_request"]
+    got = delta(counts(), before)
+    assert got["llm_round"] == 3 and got["turn_latency"] == 1
