@@ -46,7 +46,8 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
 * Once ready, the startup heap is frozen out of the cyclic GC (:func:`gc_freeze`).
 * Every 0.5 s: ``rt.heartbeat()``, every live call's ended turns into the histograms
   (``CallActor.observe_turns``), and ``rt.report(calls, stats)``, with the process's
-  ``telemetry`` (histograms, end reasons: ``call_metrics.py``; ``[tracing]``: ``tracing.py``).
+  ``telemetry`` (histograms, end reasons: ``call_metrics.py``; ``[tracing]``: ``tracing.py``)
+  and ``loop`` (the loop-stall probe: ``brisvox/runtime/loop_probe.py``).
   On stop: refuse new calls; with drain, wait for live calls up to the grace
   period; then hang every call up (records are written) and close.
 
@@ -80,6 +81,7 @@ from brisvox.providers import resilience
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime
 from brisvox.runtime.log_limit import LogLimiter
+from brisvox.runtime.loop_probe import LoopProbe
 from brisvox.runtime.memory import IdleTrim
 from brisvox.runtime.private_files import prune_older
 from ipc.frames import (
@@ -144,6 +146,7 @@ class AgentProcess:
         }
         self.stage_failures: dict[str, int] = {}  # per stage: the first failure of each call
         self.log_limit = LogLimiter(log)
+        self.probe: LoopProbe | None = None  # the loop-stall probe, once the loop runs
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
@@ -456,6 +459,8 @@ class AgentProcess:
         d["stage_failures"] = dict(self.stage_failures)
         d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>
         d["breakers_open"] = {k: int(b.state != "closed") for k, b in resilience.DEFAULT.breakers.items()}
+        if self.probe is not None:
+            d["loop"] = self.probe.snapshot()  # the loop-stall probe: daemon/loop_metrics.py
         return d
 
     # -- main loop ------------------------------------------------------------------
@@ -492,6 +497,8 @@ class AgentProcess:
             loop.call_soon_threadsafe(stop.set)
 
         rt.add_shutdown_callback(on_stop)
+        self.probe = LoopProbe(self.identity).start()
+        probe_task = loop.create_task(self.probe.run(), name="loop-probe")
         rt.ready({"inbox": rt.inbox_endpoint("agent", rt.index)})
         log.info("agent %s ready", self.identity)
         gc_freeze()
@@ -518,6 +525,8 @@ class AgentProcess:
             await asyncio.wait(list(self._tasks), timeout=1.0)
         await self.workers.close()
         self.links.close()
+        probe_task.cancel()
+        self.probe.close()
         rt.report(0, self.stats())
         return 0
 

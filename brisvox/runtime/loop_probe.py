@@ -1,0 +1,180 @@
+"""The event-loop stall probe of every role: how late its loop wakes up, and who held it.
+
+Owns :class:`LoopProbe`. A loop owes a wake-up at some instant (:meth:`LoopProbe.owe`)
+and the probe is told when it came (:meth:`LoopProbe.paid`); the difference is the
+loop's lateness, the time everything that became ready meanwhile waited. Three
+drivers, one per kind of loop:
+
+* an asyncio loop (gateway, agent): :meth:`LoopProbe.run`, a task that sleeps
+  :data:`INTERVAL_S` and measures how late its own sleep ended;
+* a timer loop (the worker's tick loop): ``owe(next_tick)`` before it waits,
+  ``paid()`` when the tick runs;
+* a poll loop without a timer of its own (the supervisor's): ``owe(now)`` when the
+  poll returns (what it woke for is due now), ``paid()`` when it goes back to poll:
+  the turn's length, which is how long an event arriving during it waits.
+
+A lateness over :data:`STALL_S` counts as a stall; over :data:`STACK_S` it is logged
+(rate-limited, :class:`~brisvox.runtime.log_limit.LogLimiter`) with the stack of what
+the loop's thread was running: a watchdog thread (:meth:`LoopProbe.start`) wakes when
+an owed wake-up is :data:`STACK_S` overdue and, if it is still unpaid, reads the loop
+thread's frame from ``sys._current_frames()``: the blocking code's own stack, taken
+while it blocks.
+
+:meth:`LoopProbe.snapshot` is what the role reports with its pongs (``stats["loop"]``);
+the supervisor renders every role's on ``/metrics`` (``brisvox/daemon/loop_metrics.py``).
+
+Invariants: ``owe``/``paid`` are called from the loop's thread only and cost two
+clock reads and a few stores (no lock, no syscall); the watchdog only reads what
+they store (each a single attribute, atomic under the GIL) and writes the captured
+stack for the one owed wake-up it saw (``seq``), so a stack is never attributed to
+another stall; it sleeps until the owed instant plus :data:`STACK_S` (or
+:data:`IDLE_WAKE_S`, shorter, while nothing is owed: it sees an owed wake-up before it
+is :data:`STACK_S` late, so the stack is taken at that instant), so it wakes a few
+times a second; a lateness is never negative; counters only grow; the snapshot is
+small and fixed in size.
+
+Sampling: the asyncio driver sees a stall only through a wake-up due during it; a
+stall of ``S`` starting ``u`` before the next due instant (``u`` in ``[0, INTERVAL_S)``)
+is measured ``S - u``. :data:`INTERVAL_S` trades that for CPU (each probe wake is one
+loop iteration: docs/BENCHMARKS.md "Loop-stall probe").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from brisvox.runtime.histogram import Histogram
+from brisvox.runtime.log_limit import LogLimiter
+
+log = logging.getLogger("brisvox.loop")
+
+INTERVAL_S = 0.05  # the asyncio probe's sleep (docs/BENCHMARKS.md "Loop probe": its cost)
+STALL_S = 0.05  # a lateness over this is a stall (counted)
+STACK_S = 0.25  # ... over this it is logged with the stack of what ran
+IDLE_WAKE_S = 0.2  # the watchdog's look while nothing is owed (< STACK_S: it still takes a stack at due + STACK_S)
+LOG_INTERVAL_S = 30.0  # at most one stall line per this (the rest counted)
+STACK_FRAMES = 24  # innermost frames kept of a captured stack
+LAG_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class LoopProbe:
+    """One loop's lateness (see the module docstring). ``name`` labels its log lines."""
+
+    def __init__(self, name: str, *, interval_s: float = INTERVAL_S, stall_s: float = STALL_S,
+                 stack_s: float = STACK_S, clock: Callable[[], float] = time.monotonic,
+                 logger: logging.Logger = log, log_interval_s: float = LOG_INTERVAL_S) -> None:
+        if interval_s <= 0 or stall_s <= 0 or stack_s < stall_s:
+            raise ValueError("loop probe: interval and stall must be > 0, the stack threshold >= the stall's")
+        self.name = name
+        self.interval_s = interval_s
+        self.stall_s = stall_s
+        self.stack_s = stack_s
+        self.clock = clock
+        self.limit = LogLimiter(logger, interval_s=log_interval_s, clock=clock)
+        self.lag = Histogram(LAG_BUCKETS)
+        self.stalls = 0
+        self.long_stalls = 0
+        self.max_lag_s = 0.0
+        self.stacks = 0  # stacks captured by the watchdog
+        self._due: float | None = None  # the owed wake-up (None: nothing owed)
+        self._seq = 0  # which owed wake-up _due is
+        self._thread = threading.get_ident()  # the loop's thread (set again at every owe)
+        self._captured: tuple[int, str] | None = None  # (seq, stack) the watchdog took
+        self._closed = threading.Event()
+        self._watchdog: threading.Thread | None = None
+
+    # -- the loop's side --------------------------------------------------------------
+    def owe(self, at: float) -> None:
+        """The loop owes a wake-up at ``at`` (its clock)."""
+        self._thread = threading.get_ident()
+        self._seq += 1
+        self._due = at
+
+    def paid(self, now: float | None = None) -> float:
+        """The owed wake-up came (at ``now``): its lateness in seconds (0 if nothing was owed)."""
+        due = self._due
+        if due is None:
+            return 0.0
+        now = self.clock() if now is None else now
+        self._due = None
+        late = max(0.0, now - due)
+        self.lag.observe(late)
+        if late > self.max_lag_s:
+            self.max_lag_s = late
+        if late > self.stall_s:
+            self.stalls += 1
+            if late > self.stack_s:
+                self.long_stalls += 1
+                self._log(late)
+        return late
+
+    def _log(self, late: float) -> None:
+        cap = self._captured
+        stack = cap[1] if cap is not None and cap[0] == self._seq else "(not captured: the stall ended first)"
+        self.limit("loop_stall", "%s: event loop stalled %.0f ms; it was running:\n%s", self.name, late * 1000.0,
+                   stack)
+
+    async def run(self) -> None:
+        """The asyncio driver: sleep :attr:`interval_s`, measure how late the sleep ended, repeat
+        (until cancelled)."""
+        clock, interval = self.clock, self.interval_s
+        try:
+            while True:
+                self.owe(clock() + interval)
+                await asyncio.sleep(interval)
+                self.paid()
+        finally:
+            self._due = None
+
+    # -- the watchdog ------------------------------------------------------------------
+    def start(self) -> LoopProbe:
+        """Start the watchdog thread (once); returns self."""
+        if self._watchdog is None:
+            self._watchdog = threading.Thread(target=self._watch, name=f"brisvox-loop-probe-{self.name}",
+                                              daemon=True)
+            self._watchdog.start()
+        return self
+
+    def close(self) -> None:
+        self._closed.set()
+        w = self._watchdog
+        if w is not None and w is not threading.current_thread():
+            w.join(1.0)
+
+    def _watch(self) -> None:
+        closed, clock = self._closed, self.clock
+        seen = -1
+        while not closed.is_set():
+            due, seq = self._due, self._seq
+            if due is None or seq == seen:
+                closed.wait(min(IDLE_WAKE_S, self.stack_s))
+                continue
+            wait = due + self.stack_s - clock()
+            if wait > 0:
+                closed.wait(wait)
+                continue
+            if self._seq == seq and self._due is not None:  # still owed, STACK_S late: who holds the loop
+                seen = seq
+                self._captured = (seq, self._stack_of(self._thread))
+                self.stacks += 1
+
+    @staticmethod
+    def _stack_of(ident: int) -> str:
+        frame = sys._current_frames().get(ident)
+        if frame is None:
+            return "(the loop's thread is gone)"
+        return "".join(traceback.format_stack(frame)[-STACK_FRAMES:]).rstrip()
+
+    # -- reporting ----------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """``stats["loop"]``: the lag histogram (wire form), stalls, long stalls, the max lag."""
+        return {"lag": self.lag.wire(), "stalls": self.stalls, "long_stalls": self.long_stalls,
+                "max_lag_s": round(self.max_lag_s, 6), "stacks": self.stacks,
+                "log_suppressed": sum(self.limit.suppressed.values())}
