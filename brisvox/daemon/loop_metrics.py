@@ -6,7 +6,9 @@ pongs, the supervisor's own in its snapshot's ``daemon``), labelled by the proce
 ``role`` and ``index`` (the supervisor: ``role="supervisor", index="0"``):
 
 * ``brisvox_loop_lag_seconds`` (histogram): every measured wake-up's lateness;
-* ``brisvox_loop_stalls_total`` (counter): wake-ups late by more than 50 ms;
+* ``brisvox_loop_stalls_total{cause}`` (counter): wake-ups late by more than 50 ms, by
+  cause: ``loop`` (the process's own code held its loop) or ``host`` (its thread was
+  waiting for a CPU for all of it but 50 ms: an oversubscribed host);
 * ``brisvox_loop_long_stalls_total`` (counter): ... by more than 250 ms (each logged,
   rate-limited, with the stack of what the loop ran);
 * ``brisvox_loop_lag_max_seconds`` (gauge): the largest lateness since the process started.
@@ -45,6 +47,7 @@ def rows(snap: dict[str, Any]) -> list[tuple[list[str], dict[str, Any]]]:
     procs += [(c["role"], c["index"], (c.get("stats") or {}).get("loop")) for c in snap["children"]]
     for role, index, e in procs:
         if (isinstance(e, dict) and valid_wire(e.get("lag")) and _count(e.get("stalls"))
+                and _count(e.get("host_stalls")) and e["host_stalls"] <= e["stalls"]
                 and _count(e.get("long_stalls")) and _count(e.get("max_lag_s"))):
             out.append(([str(role), str(index)], e))
     return out
@@ -57,8 +60,9 @@ class LoopCollector:
     def collect(self) -> Iterator[Metric]:
         lag = HistogramMetricFamily("brisvox_loop_lag_seconds", "Lateness of each measured event-loop wake-up.",
                                     labels=LABELS)
-        stalls = CounterMetricFamily("brisvox_loop_stalls", "Event-loop wake-ups late by more than 50 ms.",
-                                     labels=LABELS)
+        stalls = CounterMetricFamily("brisvox_loop_stalls", "Event-loop wake-ups late by more than 50 ms, by cause "
+                                     "(loop: its own code held it; host: its thread waited for a CPU).",
+                                     labels=[*LABELS, "cause"])
         longs = CounterMetricFamily("brisvox_loop_long_stalls", "Event-loop wake-ups late by more than 250 ms "
                                     "(logged with the stack of what ran).", labels=LABELS)
         peak = GaugeMetricFamily("brisvox_loop_lag_max_seconds", "Largest event-loop lateness since the process "
@@ -67,7 +71,8 @@ class LoopCollector:
             w = e["lag"]
             buckets = [(repr(float(b)), c) for b, c in zip(w["le"], w["counts"], strict=False)]
             lag.add_metric(labels, [*buckets, ("+Inf", w["counts"][-1])], sum_value=w["sum"])
-            stalls.add_metric(labels, e["stalls"])
+            stalls.add_metric([*labels, "loop"], e["stalls"] - e["host_stalls"])
+            stalls.add_metric([*labels, "host"], e["host_stalls"])
             longs.add_metric(labels, e["long_stalls"])
             peak.add_metric(labels, e["max_lag_s"])
         yield from (lag, stalls, longs, peak)

@@ -13,7 +13,11 @@ drivers, one per kind of loop:
   poll returns (what it woke for is due now), ``paid()`` when it goes back to poll:
   the turn's length, which is how long an event arriving during it waits.
 
-A lateness over :data:`STALL_S` counts as a stall; over :data:`STACK_S` it is logged
+A lateness over :data:`STALL_S` counts as a stall, of one of two causes: ``host`` when the
+loop's thread spent all of it but :data:`STALL_S` waiting for a CPU (runnable, not running:
+the kernel's ``run_delay`` of the thread, ``/proc/self/task/<tid>/schedstat``, read at each
+``paid``: an oversubscribed host, not this process), else ``loop`` (the loop's own code
+held it: a blocking call, a long callback, a GC pause). Over :data:`STACK_S` it is logged
 (rate-limited, :class:`~brisvox.runtime.log_limit.LogLimiter`) with the stack of what
 the loop's thread was running: a watchdog thread (:meth:`LoopProbe.start`) wakes when
 an owed wake-up is :data:`STACK_S` overdue and, if it is still unpaid, reads the loop
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
@@ -65,11 +70,14 @@ LAG_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 
 
 class LoopProbe:
-    """One loop's lateness (see the module docstring). ``name`` labels its log lines."""
+    """One loop's lateness (see the module docstring). ``name`` labels its log lines;
+    ``cpu_wait()``: seconds the loop's thread waited for a CPU since its last call (default:
+    the thread's schedstat; a test passes its own with its own clock)."""
 
     def __init__(self, name: str, *, interval_s: float = INTERVAL_S, stall_s: float = STALL_S,
                  stack_s: float = STACK_S, clock: Callable[[], float] = time.monotonic,
-                 logger: logging.Logger = log, log_interval_s: float = LOG_INTERVAL_S) -> None:
+                 logger: logging.Logger = log, log_interval_s: float = LOG_INTERVAL_S,
+                 cpu_wait: Callable[[], float] | None = None) -> None:
         if interval_s <= 0 or stall_s <= 0 or stack_s < stall_s:
             raise ValueError("loop probe: interval and stall must be > 0, the stack threshold >= the stall's")
         self.name = name
@@ -80,6 +88,7 @@ class LoopProbe:
         self.limit = LogLimiter(logger, interval_s=log_interval_s, clock=clock)
         self.lag = Histogram(LAG_BUCKETS)
         self.stalls = 0
+        self.host_stalls = 0  # of the stalls: the thread waited for a CPU (see the module docstring)
         self.long_stalls = 0
         self.max_lag_s = 0.0
         self.stacks = 0  # stacks captured by the watchdog
@@ -89,6 +98,10 @@ class LoopProbe:
         self._captured: tuple[int, str] | None = None  # (seq, stack) the watchdog took
         self._closed = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._sched_fd = -1  # the loop thread's schedstat (-1: none, or not this kernel)
+        self._sched_tid = 0
+        self._run_delay = 0  # its run_delay (ns) at the last paid
+        self.cpu_wait = cpu_wait or self._schedstat_wait
 
     # -- the loop's side --------------------------------------------------------------
     def owe(self, at: float) -> None:
@@ -105,21 +118,48 @@ class LoopProbe:
         now = self.clock() if now is None else now
         self._due = None
         late = max(0.0, now - due)
+        waited = self.cpu_wait()
         self.lag.observe(late)
         if late > self.max_lag_s:
             self.max_lag_s = late
         if late > self.stall_s:
             self.stalls += 1
+            if late - waited <= self.stall_s:
+                self.host_stalls += 1
             if late > self.stack_s:
                 self.long_stalls += 1
-                self._log(late)
+                self._log(late, waited)
         return late
 
-    def _log(self, late: float) -> None:
+    def _schedstat_wait(self) -> float:
+        """Seconds the loop's thread waited for a CPU since the last ``paid`` (0: unknown)."""
+        tid = threading.get_native_id()
+        if tid != self._sched_tid:
+            self._open_sched(tid)
+        if self._sched_fd < 0:
+            return 0.0
+        try:
+            rd = int(os.pread(self._sched_fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        waited, self._run_delay = rd - self._run_delay, rd
+        return max(0, waited) / 1e9
+
+    def _open_sched(self, tid: int) -> None:
+        if self._sched_fd >= 0:
+            os.close(self._sched_fd)
+        self._sched_tid = tid
+        try:
+            self._sched_fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            self._run_delay = int(os.pread(self._sched_fd, 64, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            self._sched_fd = -1
+
+    def _log(self, late: float, waited: float) -> None:
         cap = self._captured
         stack = cap[1] if cap is not None and cap[0] == self._seq else "(not captured: the stall ended first)"
-        self.limit("loop_stall", "%s: event loop stalled %.0f ms; it was running:\n%s", self.name, late * 1000.0,
-                   stack)
+        self.limit("loop_stall", "%s: event loop stalled %.0f ms (%.0f ms of it waiting for a CPU); it was "
+                   "running:\n%s", self.name, late * 1000.0, min(late, waited) * 1000.0, stack)
 
     async def run(self) -> None:
         """The asyncio driver: sleep :attr:`interval_s`, measure how late the sleep ended, repeat
@@ -144,6 +184,9 @@ class LoopProbe:
 
     def close(self) -> None:
         self._closed.set()
+        if self._sched_fd >= 0:
+            os.close(self._sched_fd)
+            self._sched_fd, self._sched_tid = -1, 0
         w = self._watchdog
         if w is not None and w is not threading.current_thread():
             w.join(1.0)
@@ -174,7 +217,9 @@ class LoopProbe:
 
     # -- reporting ----------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        """``stats["loop"]``: the lag histogram (wire form), stalls, long stalls, the max lag."""
-        return {"lag": self.lag.wire(), "stalls": self.stalls, "long_stalls": self.long_stalls,
+        """``stats["loop"]``: the lag histogram (wire form), stalls (and of them the host's), long
+        stalls, the max lag."""
+        return {"lag": self.lag.wire(), "stalls": self.stalls, "host_stalls": self.host_stalls,
+                "long_stalls": self.long_stalls,
                 "max_lag_s": round(self.max_lag_s, 6), "stacks": self.stacks,
                 "log_suppressed": sum(self.limit.suppressed.values())}

@@ -23,7 +23,7 @@ class FakeClock:
 
 def test_lateness_is_counted_as_a_stall_over_50_ms_and_logged_over_250_ms_rate_limited(caplog):
     clock = FakeClock()
-    p = LoopProbe("gateway-0", clock=clock, log_interval_s=30.0)
+    p = LoopProbe("gateway-0", clock=clock, log_interval_s=30.0, cpu_wait=lambda: 0.0)
     caplog.set_level(logging.WARNING, logger="brisvox.loop")
     for late in (0.0, 0.01, 0.049, 0.06, 0.3, 0.4):
         p.owe(clock.t)
@@ -40,6 +40,38 @@ def test_lateness_is_counted_as_a_stall_over_50_ms_and_logged_over_250_ms_rate_l
     snap = p.snapshot()
     assert snap["lag"]["count"] == 7 and snap["log_suppressed"] == 1
     assert snap["stalls"] == 3 and snap["long_stalls"] == 2
+
+
+def test_a_stall_spent_waiting_for_a_cpu_is_the_hosts_and_says_so():
+    clock = FakeClock()
+    waits = iter([0.0, 0.07, 0.2, 0.0])  # what the thread waited for a CPU before each paid
+    p = LoopProbe("agent-0", clock=clock, cpu_wait=lambda: next(waits))
+    for late in (0.06, 0.1, 0.3, 0.3):
+        p.owe(clock.t)
+        clock.t += late
+        p.paid()
+        clock.t += 60.0  # past the log interval: every long stall logs
+    # 0.06 with no wait: the loop's; 0.1 with 0.07 waited: the host's (0.03 left);
+    # 0.3 with 0.2 waited: 0.1 left, the loop's; 0.3 with none: the loop's
+    assert (p.stalls, p.host_stalls) == (4, 1)
+    snap = p.snapshot()
+    assert snap["stalls"] == 4 and snap["host_stalls"] == 1
+
+
+def test_the_default_cpu_wait_reads_the_threads_schedstat_when_the_kernel_has_it():
+    import os
+    import threading
+
+    p = LoopProbe("x")
+    first = p.cpu_wait()
+    path = f"/proc/self/task/{threading.get_native_id()}/schedstat"
+    if not os.path.exists(path):
+        assert first == 0.0 and p._sched_fd == -1
+        return
+    assert p._sched_fd >= 0 and first >= 0.0
+    assert 0.0 <= p.cpu_wait() < 1.0  # since the last read: a delta, not the thread's total
+    p.close()
+    assert p._sched_fd == -1
 
 
 def block_the_loop_in_a_named_function(seconds: float) -> None:
@@ -92,7 +124,7 @@ def test_a_poll_loop_turn_is_probed_from_its_wake_up_to_its_next_wait_and_the_st
 def test_every_roles_probe_is_on_metrics_with_its_role_and_index():
     def entry(stalls: int, longs: int, lags: list[float]) -> dict:
         clock = FakeClock()
-        p = LoopProbe("x", clock=clock)
+        p = LoopProbe("x", clock=clock, cpu_wait=lambda: 0.0)
         for v in lags:
             p.owe(clock.t)
             clock.t += v
@@ -108,15 +140,16 @@ def test_every_roles_probe_is_on_metrics_with_its_role_and_index():
                 {"role": "agent", "index": 1, "name": "agent-1", "state": "ready",
                  "stats": {"loop": entry(2, 1, [0.06, 0.3])}},
                 {"role": "worker", "index": 0, "name": "worker-0", "state": "ready",
-                 "stats": {"loop": {"lag": "bad", "stalls": 1, "long_stalls": 0, "max_lag_s": 0.0}}},
+                 "stats": {"loop": {"lag": "bad", "stalls": 1, "host_stalls": 0, "long_stalls": 0, "max_lag_s": 0.0}}},
                 {"role": "worker", "index": 1, "name": "worker-1", "state": "starting", "stats": None}]}
     fams = parse(render(snap))
     assert fams["brisvox_loop_stalls_total"]["type"] == "counter"
     assert fams["brisvox_loop_lag_seconds"]["type"] == "histogram"
-    assert value(fams, "brisvox_loop_stalls_total", role="gateway", index="0") == 1
-    assert value(fams, "brisvox_loop_stalls_total", role="agent", index="1") == 2
+    assert value(fams, "brisvox_loop_stalls_total", role="gateway", index="0", cause="loop") == 1
+    assert value(fams, "brisvox_loop_stalls_total", role="gateway", index="0", cause="host") == 0
+    assert value(fams, "brisvox_loop_stalls_total", role="agent", index="1", cause="loop") == 2
     assert value(fams, "brisvox_loop_long_stalls_total", role="agent", index="1") == 1
-    assert value(fams, "brisvox_loop_stalls_total", role="supervisor", index="0") == 0
+    assert value(fams, "brisvox_loop_stalls_total", role="supervisor", index="0", cause="loop") == 0
     assert value(fams, "brisvox_loop_lag_max_seconds", role="agent", index="1") == pytest.approx(0.3)
     assert value(fams, "brisvox_loop_lag_seconds_count", role="gateway", index="0") == 2
     assert value(fams, "brisvox_loop_lag_seconds_bucket", role="gateway", index="0", le="0.05") == 1
