@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from brisvox.agent.host.call_metrics import METRICS
 from brisvox.sim.harness import simulate
-from brisvox.sim.scenarios import s02, s03, s08
+from brisvox.sim.scenarios import s02, s03, s05, s06, s08, s09, s10
 from brisvox.sim.vloop import run_virtual
 from tests.sim.test_s2s_stage import S2sCall, S2sReply, Utter, _tools, run
 
@@ -52,6 +54,24 @@ def test_a_barge_in_stop_is_counted_during_the_call_once_its_clear_was_applied()
     assert res.interrupts == 1
     assert seen[-1]["barge_in_stop"] == 1 == after["barge_in_stop"]
     assert after["turn_latency"] == len([t for t in res.record["turns"] if t["voice_to_voice_ms"] is not None])
+
+
+@pytest.mark.parametrize("scenario", [s02, s05, s06, s08, s09, s10], ids=lambda f: f.__name__)
+def test_what_the_turns_fed_while_the_call_went_on_is_what_its_record_lists(scenario):
+    """Barge-ins, an STT death, a failed LLM request, a tool call, a backchannel, a slow tool:
+    each figure the record has was on the histograms before the hang-up, once."""
+    call, _ = scenario()
+    res, seen, after = run_observed(call)
+    turns = res.record["turns"]
+    rounds = [r for t in turns for r in t["llm_rounds"]]
+    want = {
+        "turn_latency": sum(t["voice_to_voice_ms"] is not None for t in turns),
+        "llm_first_token": sum(r["first_token_ms"] is not None for r in rounds),
+        "llm_round": sum(r["llm_ms"] is not None for r in rounds),
+    }
+    assert {k: after[k] for k in want} == want
+    assert {k: seen[-1][k] for k in want} == want  # all of it before the hang-up
+    assert after["barge_in_stop"] == seen[-1]["barge_in_stop"] <= res.interrupts
 
 
 def test_a_tool_turn_times_both_model_rounds_and_the_filler_round_between_is_not_one():
