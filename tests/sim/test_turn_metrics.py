@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 
 from brisvox.agent.host.call_metrics import METRICS
+from brisvox.providers.s2s.scripted import S2sCall, S2sReply
 from brisvox.sim.harness import simulate
 from brisvox.sim.scenarios import s02, s03, s05, s06, s08, s09, s10
 from brisvox.sim.vloop import run_virtual
-from tests.sim.test_s2s_stage import S2sCall, S2sReply, Utter, _tools, run
+from brisvox.sim.world import Utter
+from tests.sim.test_s2s_stage import _tools, run
 
 
 def counts() -> dict[str, int]:

@@ -12,6 +12,7 @@ from brisvox.agent.host.call_metrics import CallMetrics, TurnMeter
 from brisvox.daemon import telemetry
 from brisvox.daemon.metrics import render
 from brisvox.runtime.histogram import LATENCY_BUCKETS, Histogram, merge, merge_all, valid_wire
+from brisvox.runtime.loop_probe import LoopProbe
 from tests.system.daemon_promparse import parse, value
 
 values = st.lists(st.floats(min_value=0.0, max_value=30.0, allow_nan=False), max_size=60)
@@ -215,7 +216,7 @@ def test_the_grafana_dashboard_queries_only_metrics_the_daemon_exposes():
 
     dash = json.loads((Path(__file__).parents[2] / "deploy/grafana/brisvox.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    snap = snapshot({"telemetry": CallMetrics().snapshot()})
+    snap = snapshot({"telemetry": CallMetrics().snapshot(), "loop": LoopProbe("agent-0").snapshot()})
     snap["daemon"]["pss_bytes"] = 1
     snap["children"][0].update(pid=1, restarts=0, boot_failures=0, hung=0, memory_restarts=0, pss_bytes=1)
     fams = parse(render(snap))
