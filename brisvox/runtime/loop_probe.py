@@ -27,10 +27,11 @@ while it blocks.
 :meth:`LoopProbe.snapshot` is what the role reports with its pongs (``stats["loop"]``);
 the supervisor renders every role's on ``/metrics`` (``brisvox/daemon/loop_metrics.py``).
 
-Invariants: ``owe``/``paid`` are called from the loop's thread only and cost two
-clock reads and a few stores (no lock, no syscall); the watchdog only reads what
-they store (each a single attribute, atomic under the GIL) and writes the captured
-stack for the one owed wake-up it saw (``seq``), so a stack is never attributed to
+Invariants: ``owe``/``paid`` are called from the loop's thread only and cost a clock
+read, a few stores and (``paid``) one ``pread`` of the schedstat (no lock); the watchdog
+only reads what they store (the owed wake-up is one ``(seq, when)`` attribute, stored
+and read whole under the GIL) and keeps a stack only if that same wake-up is still owed
+after the stack was read, tagged with its ``seq``, so a stack is never attributed to
 another stall; it sleeps until the owed instant plus :data:`STACK_S` (or
 :data:`IDLE_WAKE_S`, shorter, while nothing is owed: it sees an owed wake-up before it
 is :data:`STACK_S` late, so the stack is taken at that instant), so it wakes a few
@@ -92,8 +93,8 @@ class LoopProbe:
         self.long_stalls = 0
         self.max_lag_s = 0.0
         self.stacks = 0  # stacks captured by the watchdog
-        self._due: float | None = None  # the owed wake-up (None: nothing owed)
-        self._seq = 0  # which owed wake-up _due is
+        self._owed: tuple[int, float] | None = None  # (seq, when) of the owed wake-up; None: nothing owed
+        self._seq = 0  # the number of the last owed wake-up
         self._thread = threading.get_ident()  # the loop's thread (set again at every owe)
         self._captured: tuple[int, str] | None = None  # (seq, stack) the watchdog took
         self._closed = threading.Event()
@@ -108,16 +109,16 @@ class LoopProbe:
         """The loop owes a wake-up at ``at`` (its clock)."""
         self._thread = threading.get_ident()
         self._seq += 1
-        self._due = at
+        self._owed = (self._seq, at)  # one store: the watchdog reads both or neither
 
     def paid(self, now: float | None = None) -> float:
         """The owed wake-up came (at ``now``): its lateness in seconds (0 if nothing was owed)."""
-        due = self._due
-        if due is None:
+        owed = self._owed
+        if owed is None:
             return 0.0
         now = self.clock() if now is None else now
-        self._due = None
-        late = max(0.0, now - due)
+        self._owed = None
+        late = max(0.0, now - owed[1])
         waited = self.cpu_wait()
         self.lag.observe(late)
         if late > self.max_lag_s:
@@ -171,7 +172,7 @@ class LoopProbe:
                 await asyncio.sleep(interval)
                 self.paid()
         finally:
-            self._due = None
+            self._owed = None
 
     # -- the watchdog ------------------------------------------------------------------
     def start(self) -> LoopProbe:
@@ -195,17 +196,19 @@ class LoopProbe:
         closed, clock = self._closed, self.clock
         seen = -1
         while not closed.is_set():
-            due, seq = self._due, self._seq
-            if due is None or seq == seen:
+            owed = self._owed
+            if owed is None or owed[0] == seen:
                 closed.wait(min(IDLE_WAKE_S, self.stack_s))
                 continue
+            seq, due = owed
             wait = due + self.stack_s - clock()
             if wait > 0:
                 closed.wait(wait)
                 continue
-            if self._seq == seq and self._due is not None:  # still owed, STACK_S late: who holds the loop
+            stack = self._stack_of(self._thread)
+            if self._owed is owed:  # still owed, STACK_S late, after the read: the loop was held in it
                 seen = seq
-                self._captured = (seq, self._stack_of(self._thread))
+                self._captured = (seq, stack)
                 self.stacks += 1
 
     @staticmethod
