@@ -199,8 +199,8 @@ class Worker:
         next_tick = time.monotonic() + interval
         last_report = 0.0
         probe = self.probe.start()
+        probe.owe(next_tick)  # the tick is this loop's own wake-up: how late each one runs
         while not stop.is_set():
-            probe.owe(next_tick)  # the tick is this loop's own wake-up: how late it runs
             now = time.monotonic()
             wait_ms = max(0, int((next_tick - now) * 1000 + 0.999))
             if lane.hot and wait_ms > 1:
@@ -226,6 +226,7 @@ class Worker:
                     next_tick = now + interval
                 else:
                     next_tick += interval
+                probe.owe(next_tick)  # owed from now: a tick that holds the loop makes the next one late
                 dispatch.drain_inbox(sock)
                 lane.tick()
                 if heartbeat is not None:

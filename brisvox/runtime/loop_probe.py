@@ -7,8 +7,9 @@ drivers, one per kind of loop:
 
 * an asyncio loop (gateway, agent): :meth:`LoopProbe.run`, a task that sleeps
   :data:`INTERVAL_S` and measures how late its own sleep ended;
-* a timer loop (the worker's tick loop): ``owe(next_tick)`` before it waits,
-  ``paid()`` when the tick runs;
+* a timer loop (the worker's tick loop): ``owe(next_tick)`` as soon as the next tick
+  is scheduled (before this tick's work, so a tick that holds the loop is seen while it
+  holds it), ``paid()`` when that tick runs;
 * a poll loop without a timer of its own (the supervisor's): ``owe(now)`` when the
   poll returns (what it woke for is due now), ``paid()`` when it goes back to poll:
   the turn's length, which is how long an event arriving during it waits.
