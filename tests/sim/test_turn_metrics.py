@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from brisvox.agent.host.call_metrics import METRICS
-from brisvox.providers.s2s.scripted import S2sCall, S2sReply
-from brisvox.sim.harness import simulate
+from brisvox.providers.s2s.scripted import S2sCall, S2sReply, ScriptedS2s
+from brisvox.sim.harness import SimCall, simulate
 from brisvox.sim.scenarios import s02, s03, s05, s06, s08, s09, s10
 from brisvox.sim.vloop import run_virtual
 from brisvox.sim.world import Utter
-from tests.sim.test_s2s_stage import _tools, run
+from tests.sim.test_s2s_stage import _tools, s2s_cfg
 
 
 def counts() -> dict[str, int]:
@@ -87,18 +87,23 @@ def test_a_tool_turn_times_both_model_rounds_and_the_filler_round_between_is_not
     assert after["llm_round"] == 2 and after["llm_first_token"] == 2 and after["turn_latency"] == 1
 
 
-def test_the_s2s_actor_times_every_response_of_a_tool_chain_to_its_end():
-    before = counts()
-    tools, reg = _tools()
-    res, _ = run([Utter("plan my evening", at=0.5)],
-                 [S2sReply("", calls=(S2sCall("get_weather", {"city": "A"}),)),
-                  S2sReply("", calls=(S2sCall("get_weather", {"city": "B"}),)),
-                  S2sReply("done planning")], registry=reg)
-    (turn,) = [t for t in res.record["turns"] if t["llm_rounds"]]
-    rounds = turn["llm_rounds"]
-    assert [r["round"] for r in rounds] == [0, 1, 2]
-    assert all(r["t_llm_done"] is not None and r["llm_ms"] >= 0 for r in rounds), rounds
-    assert rounds[-1]["first_token_ms"] is not None  # the spoken response's first audio
+def test_the_s2s_actor_times_every_response_and_counts_a_tool_chain_turn_only_once_it_is_answered():
+    """Turn 1 is a chain of three responses (two call tools, silently: the call is idle
+    between them); it is counted when its answer is complete, with all three rounds."""
+    _, reg = _tools()
+    replies = [S2sReply("", calls=(S2sCall("get_weather", {"city": "A"}),)),
+               S2sReply("", calls=(S2sCall("get_weather", {"city": "B"}),)),
+               S2sReply("done planning"), S2sReply("sunny tomorrow")]
+    call = SimCall(steps=[Utter("plan my evening", at=0.5), Utter("and tomorrow", after_bot_done=1.0)], llm=[],
+                   s2s=lambda vocab: ScriptedS2s(vocab, replies), actor=s2s_cfg("provider"), registry=reg)
+    res, seen, after = run_observed(call)
+    first, second = [t for t in res.record["turns"] if t["llm_rounds"]]
+    assert [r["round"] for r in first["llm_rounds"]] == [0, 1, 2] and len(second["llm_rounds"]) == 1
+    rounds = first["llm_rounds"]
+    assert all(r["t_llm_done"] is not None and r["llm_ms"] >= 0 for r in rounds)
+    assert rounds[0]["first_token_ms"] is None and rounds[2]["first_token_ms"] is not None  # only the spoken one
     assert rounds[0]["t_request"] < rounds[1]["t_request"] < rounds[2]["t_request"]
-    got = delta(counts(), before)
-    assert got["llm_round"] == 3 and got["turn_latency"] == 1
+    assert first["t_answered"] >= rounds[2]["t_llm_done"]
+    want = {"turn_latency": 2, "llm_first_token": 2, "llm_round": 4, "tts_first_audio": 2}
+    assert {k: seen[-1][k] for k in want} == want  # before the hang-up
+    assert {k: after[k] for k in want} == want

@@ -69,6 +69,7 @@ def turn_at(tl: Timeline, epoch: int, t0: float, *, v2v: float | None = None, tt
         tl.llm_request(epoch, t0 + 0.1, 0)
         tl.llm_first_token(epoch, t0 + 0.1 + ttft, 0)
         tl.llm_done(epoch, t0 + 0.1 + ttft + 0.5, 0)
+    tl.answered(epoch, t0 + 0.1 + (ttft or 0.0) + 0.5)
     if v2v is not None:
         tl.first_audio_out(epoch, t0 + v2v)
     elif audio_after_token is not None and ttft is not None:
@@ -78,8 +79,8 @@ def turn_at(tl: Timeline, epoch: int, t0: float, *, v2v: float | None = None, tt
 def test_each_turn_feeds_every_histogram_once_when_it_ends_and_the_hang_up_adds_the_end_reason():
     m, tl = CallMetrics(), Timeline()
     meter = TurnMeter(tl, m)
-    turn_at(tl, 1, 10.0, ttft=0.21, audio_after_token=0.25)
     count = lambda: {k: w["count"] for k, w in m.snapshot()["hist"].items()}  # noqa: E731
+    turn_at(tl, 1, 10.0, ttft=0.21, audio_after_token=0.25)
     assert meter.poll(idle=False) == 0  # the newest turn, the bot still answering: not ended
     assert meter.poll(idle=True) == 1  # idle again: its answer played
     assert count() == {"turn_latency": 1, "llm_first_token": 1, "llm_round": 1, "tts_first_audio": 1,
@@ -112,6 +113,29 @@ def test_each_turn_feeds_every_histogram_once_when_it_ends_and_the_hang_up_adds_
     assert count()["turn_latency"] == 3 and meter.turns == 4  # turn 4 had no audio: no latency
     m.observe_end("stage_failed:tts")
     assert m.snapshot()["end_reasons"] == {"hangup": 1, "stage_failed:tts": 1}
+
+
+def test_an_idle_call_between_two_rounds_of_an_answer_has_not_ended_its_turn():
+    """A tool phase (or an S2S tool chain) can leave the call idle with the answer half done."""
+    m, tl = CallMetrics(), Timeline()
+    meter = TurnMeter(tl, m)
+    tl.speech_end(1, 10.0)
+    tl.turn_end(1, 10.1)
+    tl.llm_request(1, 10.1, 0)  # calls a tool, says nothing
+    tl.llm_done(1, 10.3, 0)
+    assert meter.poll(idle=True) == 0
+    tl.llm_request(1, 11.0, 1)  # the tool's result in, the spoken round
+    tl.llm_first_token(1, 11.2, 1)
+    tl.llm_done(1, 11.6, 1)
+    tl.first_audio_out(1, 11.4)
+    tl.answered(1, 11.6)
+    assert meter.poll(idle=False) == 0  # complete, still playing
+    assert meter.poll(idle=True) == 1
+    snap = m.snapshot()["hist"]
+    assert snap["llm_round"]["count"] == 2 and snap["llm_first_token"]["count"] == 1
+    assert abs(snap["tts_first_audio"]["sum"] - 0.2) < 1e-9  # from the turn's first token, round 1's
+    assert abs(snap["turn_latency"]["sum"] - 1.4) < 1e-9
+    assert tl.turn_latencies()[0]["first_token_ms"] is None  # the first round's: it had none
 
 
 def test_every_llm_round_is_timed_by_its_number_up_to_32_and_the_rest_are_counted_dropped():

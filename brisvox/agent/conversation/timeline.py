@@ -5,7 +5,8 @@ VAD stop as the turn driver got it, the Smart Turn verdict of the turn's
 analysis (``verdict_early``: it came before the stop), the turn's latest STT
 final, turn end (the gated release), per LLM round (keyed by the round's number,
 :class:`RoundMarks`) its request, first token and end (``llm_done``: the stream
-ended, whole or not), first audio written to the tts ring, the worker's first utterance position,
+ended, whole or not), the answer's end (``answered``: no round follows), first audio
+written to the tts ring, the worker's first utterance position,
 interruption. Times are call-clock seconds (the loop's clock: in the daemon's
 stdlib asyncio loop that is ``time.monotonic()``, shared by every process of
 the host, so a bench can join them with its own ``time.monotonic()`` stamps).
@@ -45,6 +46,7 @@ class TurnMarks:
     turn_end: float | None = None
     rounds: dict[int, RoundMarks] = field(default_factory=dict)  # round number -> its marks
     rounds_dropped: int = 0  # rounds beyond MAX_ROUNDS: not timed
+    answered: float | None = None  # the bot's answer to the turn ended: no round of it follows
     first_audio_out: float | None = None
     first_out_utterance: float | None = None  # the worker announced the first utterance's out position
     interrupted_at: float | None = None
@@ -78,6 +80,12 @@ class TurnMarks:
             if r.request is not None:
                 return r
         return None
+
+    def first_token(self) -> float | None:
+        """The turn's first token: the earliest of its rounds' (a first round that called a tool
+        silently has none; the spoken one after it has)."""
+        toks = [r.first_token for r in self.rounds.values() if r.first_token is not None]
+        return min(toks) if toks else None
 
     def llm_done(self) -> float | None:
         """The turn's last round's end: set once every timed round that was requested ended."""
@@ -145,6 +153,13 @@ class Timeline:
         if r is not None and r.done is None:
             r.done = at
 
+    def answered(self, epoch: int, at: float) -> None:
+        """The turn's answer is complete (its last round ended: the LLM runner's LlmResponseEnded,
+        the S2S epoch's end); its audio may still be playing."""
+        t = self.turn(epoch)
+        if t.answered is None:
+            t.answered = at
+
     def first_audio_out(self, epoch: int, at: float) -> None:
         t = self.turn(epoch)
         if t.first_audio_out is None:
@@ -162,10 +177,11 @@ class Timeline:
 
     def turn_latencies(self) -> list[dict[str, Any]]:
         """Per turn, milliseconds: end-of-speech -> turn end, turn end -> LLM request,
-        request -> first token (the turn's first round), turn end -> first audio out (the
-        response latency); ``llm_rounds``: every timed round (``round``, ``first_token_ms``,
+        request -> first token (both of the turn's first round), turn end -> first audio out
+        (the response latency); ``llm_rounds``: every timed round (``round``, ``first_token_ms``,
         ``llm_ms``: request -> llm_done, and its raw marks); plus the raw ``t_*`` marks in
-        call-clock seconds (``t_llm_done``: the last round's end)."""
+        call-clock seconds (``t_first_token``: the turn's earliest first token, of any round;
+        ``t_llm_done``: the last round's end; ``t_answered``: the answer complete)."""
         out: list[dict[str, Any]] = []
 
         def ms(a: float | None, b: float | None) -> float | None:
@@ -176,7 +192,6 @@ class Timeline:
                 continue
             first = t.first_round()
             req = first.request if first is not None else None
-            tok = first.first_token if first is not None else None
             rounds = [{"round": k, "first_token_ms": ms(r.request, r.first_token), "llm_ms": ms(r.request, r.done),
                        "t_request": r.request, "t_first_token": r.first_token, "t_llm_done": r.done}
                       for k, r in sorted(t.rounds.items()) if r.request is not None]
@@ -185,7 +200,7 @@ class Timeline:
                     "epoch": t.epoch,
                     "end_of_turn_ms": ms(t.speech_end, t.turn_end),
                     "request_ms": ms(t.turn_end, req),
-                    "first_token_ms": ms(req, tok),
+                    "first_token_ms": ms(req, first.first_token if first is not None else None),
                     "response_ms": ms(t.turn_end, t.first_audio_out),
                     "voice_to_voice_ms": ms(t.speech_end, t.first_audio_out),
                     "rounds": len(rounds) + t.rounds_dropped,
@@ -200,8 +215,9 @@ class Timeline:
                     "t_stt_final": t.stt_final,
                     "t_turn_end": t.turn_end,
                     "t_request": req,
-                    "t_first_token": tok,
+                    "t_first_token": t.first_token(),
                     "t_llm_done": t.llm_done(),
+                    "t_answered": t.answered,
                     "t_first_audio": t.first_audio_out,
                     "t_out_utterance": t.first_out_utterance,
                     "t_interrupted": t.interrupted_at,

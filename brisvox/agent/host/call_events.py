@@ -116,11 +116,10 @@ class CallEvents:
         for t in reversed(fresh):
             self._measured = max(self._measured, t.epoch)
             first = t.first_round()
-            req = first.request if first is not None else None
-            tok = first.first_token if first is not None else None
+            ttft = _ms(first.request, first.first_token) if first is not None else None
             self.emit("turn_metrics", epoch=t.epoch, voice_to_voice_ms=_ms(t.speech_end, t.first_audio_out),
-                      end_of_turn_ms=_ms(t.speech_end, t.turn_end), llm_first_token_ms=_ms(req, tok),
-                      tts_first_audio_ms=_ms(tok, t.first_audio_out))
+                      end_of_turn_ms=_ms(t.speech_end, t.turn_end), llm_first_token_ms=ttft,
+                      tts_first_audio_ms=_ms(t.first_token(), t.first_audio_out))
 
     def stats(self) -> dict[str, int]:
         return {"sent": self.sent, "dropped": self.dropped}

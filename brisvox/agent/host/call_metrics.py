@@ -9,8 +9,10 @@ supervisor; the supervisor sums the entries of every agent process
 
 A turn ends (:meth:`TurnMeter.poll`, which the process calls for every live call at
 its report, every 0.5 s, and the hang-up calls with ``final``) when a later turn of
-the call has begun, when it was interrupted, or when the call is idle again (its
-answer played, or none is owed); at the hang-up every turn not yet counted is. A
+the call has begun, when it was interrupted, or when its answer is complete (the
+timeline's ``answered`` mark: no round follows) and the call is idle again (the answer
+played); at the hang-up every turn not yet counted is. Idle alone is not enough: a
+tool phase between two rounds can leave the call idle with the answer half done. A
 turn without a turn end mark (speech the turn driver never released) has no figures.
 
 Histograms (seconds, :data:`~brisvox.runtime.histogram.LATENCY_BUCKETS`), from the
@@ -20,7 +22,7 @@ turn's timeline marks (``brisvox/agent/conversation/timeline.py``):
   (``voice_to_voice_ms``: the latency a caller hears, minus the playout path);
 * ``llm_first_token``: per timed LLM round, its request -> its first token;
 * ``llm_round``: per timed LLM round, its request -> its end (``llm_done``);
-* ``tts_first_audio``: the turn's first round's first token -> the first audio out
+* ``tts_first_audio``: the turn's first token (of any round) -> the first audio out
   (the TTS request's time to first audio, plus the segmenter's wait for the first phrase);
 * ``barge_in_stop``: the barge-in decision -> the gateway applied the Clear (the
   bot's audio stopped), matched to the first Clear applied after it (a barge-in whose
@@ -85,8 +87,7 @@ class CallMetrics:
                 h["llm_first_token"].observe(r.first_token - r.request)
             if r.done is not None:
                 h["llm_round"].observe(r.done - r.request)
-        first = t.first_round()
-        tok = first.first_token if first is not None else None
+        tok = t.first_token()
         if tok is not None and t.first_audio_out is not None and t.first_audio_out >= tok:
             h["tts_first_audio"].observe(t.first_audio_out - tok)
         self.rounds_dropped += t.rounds_dropped
@@ -134,7 +135,7 @@ class TurnMeter:
             if epoch in self.counted:
                 break  # every older turn is counted already
             t = turns[epoch]
-            if final or later or t.interrupted_at is not None or (idle and epoch == newest):
+            if final or later or t.interrupted_at is not None or (idle and epoch == newest and t.answered is not None):
                 if t.turn_end is not None:
                     self._count(t)
                     n += 1

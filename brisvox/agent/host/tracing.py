@@ -150,9 +150,9 @@ def emit_call(actor: CallActor) -> None:
         for i, (req, tok) in enumerate((r.request, r.first_token) for r in t.ordered() if r.request is not None):
             child("llm", ctx, req, tok if tok is not None else req,
                   {"brisvox.epoch": t.epoch, "brisvox.llm.round": i, "brisvox.llm.first_token": tok is not None})
-        first = t.first_round()
-        if first is not None and first.first_token is not None and t.first_audio_out is not None:
-            child("tts", ctx, first.first_token, t.first_audio_out, {"brisvox.epoch": t.epoch})
+        tok = t.first_token()
+        if tok is not None and t.first_audio_out is not None:
+            child("tts", ctx, tok, t.first_audio_out, {"brisvox.epoch": t.epoch})
         span.end(end_time=ns(max(marks)))
     for r in actor.tool_records():
         at = getattr(r, "at", None)

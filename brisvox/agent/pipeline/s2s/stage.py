@@ -277,7 +277,8 @@ class S2sStage(Stage):
                     self.book.push_sent(r.utt, a.text)
             case M.NewEpoch():
                 self._new_round(a)
-            case M.EndBotTurn():
+            case M.EndBotTurn():  # the epoch's last response ended: its answer is complete
+                self.timeline.answered(a.epoch, self.clock.now())
                 await self.guarded_send(TtsEnded(a.epoch))
             case M.RoundEnded():
                 self._round_done(a.epoch, a.round)
