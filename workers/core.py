@@ -27,6 +27,8 @@ Invariants:
   :meth:`Worker.load`; ``calls`` is the attached calls' own dict.
 * Runs standalone (its own ZeroMQ context and ROUTER inbox: tests and the
   benchmark drive it directly) or inside brisvoxd via :mod:`workers.process`.
+* The serve loop's tick is probed (:class:`brisvox.runtime.loop_probe.LoopProbe`: how
+  late each tick runs; a stall's stack logged), reported as ``loop`` in the stats.
 * Only the thread that runs :meth:`Worker.run` touches the socket
   (:meth:`Worker.send` never blocks; a failed send is counted).
 """
@@ -44,6 +46,7 @@ from typing import Any
 
 import zmq
 
+from brisvox.runtime.loop_probe import LoopProbe
 from brisvox.runtime.memory import ThreadIdleTrim
 from ipc.bus import bind, endpoint_path, make_socket
 from ipc.codec import DecodeGuard
@@ -91,6 +94,7 @@ class Worker:
         self.smart: SmartTurnModel | None = None
         self._idle_trim = ThreadIdleTrim()
         self.stats = TickStats()
+        self.probe = LoopProbe(f"worker-{index}")  # the serve loop's lateness at each tick (``loop`` stats)
         self.guard = DecodeGuard(f"worker-{index} inbox")
         self.sock: Any = None
         self.jobs: JobLane | None = None
@@ -142,6 +146,7 @@ class Worker:
         bind(self.sock, self.endpoint)
 
     def close(self) -> None:
+        self.probe.close()
         if self.jobs is not None:
             self.jobs.stop()
         for lane in self.extra_lanes.values():
@@ -193,6 +198,8 @@ class Worker:
         interval = lane.tick_s
         next_tick = time.monotonic() + interval
         last_report = 0.0
+        probe = self.probe.start()
+        probe.owe(next_tick)  # the tick is this loop's own wake-up: how late each one runs
         while not stop.is_set():
             now = time.monotonic()
             wait_ms = max(0, int((next_tick - now) * 1000 + 0.999))
@@ -212,12 +219,14 @@ class Worker:
                 lane.serve_hot()
             now = time.monotonic()
             if now >= next_tick:
+                probe.paid(now)
                 late = now - next_tick
                 if late > interval:
                     self.stats.overruns += 1
                     next_tick = now + interval
                 else:
                     next_tick += interval
+                probe.owe(next_tick)  # owed from now: a tick that holds the loop makes the next one late
                 dispatch.drain_inbox(sock)
                 lane.tick()
                 if heartbeat is not None:
@@ -257,4 +266,5 @@ class Worker:
             **self._smart_turn_stats(),
             "errors": dict(st.errors),
             "decode_errors": dict(self.guard.errors),
+            "loop": self.probe.snapshot(),
         }

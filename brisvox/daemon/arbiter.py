@@ -32,8 +32,10 @@ handles queued signals through ``handle_<name>`` methods, reaps children
 with ``waitpid(WNOHANG)``, serves frames, commands and HTTP, and runs the
 timers (:meth:`Arbiter.tick`: pings, hung detection, handshake timeouts,
 stop escalation, restarts after backoff, memory checks, the ready
-transition, sd_notify). There are no threads, so nothing fights the loop for
-state.
+transition, sd_notify). There are no threads that touch its state, so nothing
+fights the loop for it (the loop-stall probe's watchdog, :mod:`brisvox.runtime.loop_probe`,
+only reads the loop thread's frame while a turn runs over 250 ms; each turn's length
+is the probe's lateness).
 
 Order at start (fork safety, see :mod:`brisvox.daemon.child`): umask 077
 (every file of the daemon and its children owner-only), take the pid lock,
@@ -87,6 +89,7 @@ from brisvox.daemon.shutdown import StopPlan
 from brisvox.daemon.slots import Slot, State
 from brisvox.runtime import exitcodes
 from brisvox.runtime.log_limit import LogLimiter
+from brisvox.runtime.loop_probe import LoopProbe
 from brisvox.runtime.paths import PidLock, restrict_umask
 
 log = logging.getLogger("brisvox.supervisor")
@@ -149,6 +152,7 @@ class Arbiter:
         self.health = HealthPolicy(self.table, current, self.pid, self.log_limit)
         self.stop_plan = StopPlan(self.table, current)
         self.commands = CommandPlane(self.run_command)
+        self.probe = LoopProbe("supervisor")  # the master loop's turns (``loop`` in the snapshot)
 
     @property
     def slots(self) -> list[Slot]:
@@ -164,6 +168,7 @@ class Arbiter:
         self.init_signals()  # first: a signal that arrives during start is queued, then handled
         try:
             self.start()
+            self.probe.start()
             while not self.done:
                 self.loop_once()
         except StartError as e:
@@ -238,6 +243,7 @@ class Arbiter:
     def cleanup(self) -> None:
         from ipc.ring import SHM_DIR, list_segments
 
+        self.probe.close()
         self.table.close_logs()
         if self.instance:
             for name in list_segments(self.instance):
@@ -326,6 +332,7 @@ class Arbiter:
             except (BlockingIOError, OSError):
                 pass
         now = time.monotonic()
+        self.probe.owe(now)  # what the poll woke for is due now: the turn's length is its lateness
         self.handle_signals()
         self.table.pump_logs(ready)
         # frames before exits: a child that fails its boot sends its error, then exits, and
@@ -337,6 +344,7 @@ class Arbiter:
         if self.http is not None:
             self.http.handle({k: v for k, v in ready.items() if isinstance(k, int)}, now)
         self.tick(now)
+        self.probe.paid()
 
     def next_wait(self, now: float) -> float:
         h = self.config.daemon.health
@@ -530,6 +538,7 @@ class Arbiter:
                 "nofile": self.nofile.as_dict() if self.nofile else None,
                 "http_refused": self.http.refused() if self.http else {},
                 "log_suppressed": dict(self.log_limit.suppressed),
+                "loop": self.probe.snapshot(),
             },
             "children": children,
         }

@@ -9,7 +9,9 @@ every role x state pair of ``brisvox_children`` is present (0 when empty), so
 an alert on ``state="failed"`` has a series to watch. The agents' ``telemetry``
 stats (latency histograms, calls by end reason, provider errors) are not
 ``brisvox_child_stat`` gauges: :mod:`brisvox.daemon.telemetry` sums them across
-the processes and renders them with prometheus-client, after these families.
+the processes and renders them with prometheus-client, after these families; so
+does :mod:`brisvox.daemon.loop_metrics` with every process's ``loop`` entry (the
+loop-stall probe's lateness, per role and index).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from brisvox.daemon import telemetry
+from brisvox.daemon import loop_metrics, telemetry
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 ROLES = ("gateway", "worker", "agent", "outbound")
@@ -134,6 +136,7 @@ def render(snap: dict[str, Any]) -> str:
             ev_rows.append(({**base, "kind": kind}, n))
         stats = dict(c.get("stats") or {})
         stats.pop("telemetry", None)  # histograms and typed counters: brisvox/daemon/telemetry.py
+        stats.pop("loop", None)  # the loop probe's: brisvox/daemon/loop_metrics.py
         for kind, n in sorted((stats.pop("decode_errors", None) or {}).items()):
             if isinstance(n, (int, float)):
                 dec_rows.append(({"process": c["name"], "kind": kind}, n))
@@ -154,7 +157,7 @@ def render(snap: dict[str, Any]) -> str:
     o.family("brisvox_supervisor_log_suppressed_total", "counter", "Repeated supervisor log lines not written "
              "(rate-limited), by site.", [({"site": s}, n) for s, n in sorted((d.get("log_suppressed") or {}).items())])
     webhooks(o, children)
-    return "\n".join(o.lines) + "\n" + telemetry.render(children)
+    return "\n".join(o.lines) + "\n" + telemetry.render(children) + loop_metrics.render(snap)
 
 
 def webhooks(o: _Out, children: list[dict[str, Any]]) -> None:

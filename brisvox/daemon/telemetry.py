@@ -8,9 +8,11 @@ set), :class:`TelemetryCollector` turns the sum into typed families, and
 over a CollectorRegistry holding only that collector):
 
 * histograms (seconds): ``brisvox_turn_latency_seconds``,
-  ``brisvox_llm_first_token_seconds``, ``brisvox_tts_first_audio_seconds``,
-  ``brisvox_barge_in_stop_seconds``;
-* counters: ``brisvox_calls_ended_total{reason}``,
+  ``brisvox_llm_first_token_seconds``, ``brisvox_llm_round_seconds``,
+  ``brisvox_tts_first_audio_seconds``, ``brisvox_barge_in_stop_seconds`` (each turn
+  observed when it ends, not at the hang-up);
+* counters: ``brisvox_calls_ended_total{reason}``, ``brisvox_llm_rounds_dropped_total``
+  (LLM rounds a turn did not time: past its 32nd),
   ``brisvox_provider_errors_total{stage,provider,kind}`` (kind ``failures``,
   ``request_errors``), ``brisvox_provider_retries_total{stage,provider}``.
 
@@ -35,7 +37,8 @@ from brisvox.runtime.histogram import LATENCY_BUCKETS, merge_all
 HISTOGRAMS: dict[str, tuple[str, str]] = {  # wire name -> (metric, help)
     "turn_latency": ("brisvox_turn_latency_seconds",
                      "Per turn: end of the caller's speech to the first bot audio written."),
-    "llm_first_token": ("brisvox_llm_first_token_seconds", "Per turn: the LLM request to its first token."),
+    "llm_first_token": ("brisvox_llm_first_token_seconds", "Per LLM round: its request to its first token."),
+    "llm_round": ("brisvox_llm_round_seconds", "Per LLM round: its request to the end of its stream."),
     "tts_first_audio": ("brisvox_tts_first_audio_seconds",
                         "Per turn: the first LLM token to the first bot audio (TTS time to first audio)."),
     "barge_in_stop": ("brisvox_barge_in_stop_seconds",
@@ -53,9 +56,12 @@ def aggregate(entries: Iterable[Any]) -> dict[str, Any]:
     hists: dict[str, list[dict[str, Any]]] = {k: [] for k in HISTOGRAMS}
     reasons: Counter[str] = Counter()
     providers: Counter[tuple[str, str, str]] = Counter()
+    dropped = 0
     for e in entries:
         if not isinstance(e, dict):
             continue
+        if _num(e.get("llm_rounds_dropped")):
+            dropped += int(e["llm_rounds_dropped"])
         for name, w in (e.get("hist") or {}).items() if isinstance(e.get("hist"), dict) else ():
             if name in hists:
                 hists[name].append(w)
@@ -67,7 +73,7 @@ def aggregate(entries: Iterable[Any]) -> dict[str, Any]:
             if isinstance(row, list) and len(row) == 4 and _num(row[3]):
                 providers[(str(row[0])[:32], str(row[1])[:64], str(row[2])[:32])] += int(row[3])
     return {"hist": {k: merge_all(v) for k, v in hists.items()}, "end_reasons": dict(reasons),
-            "providers": dict(providers)}
+            "providers": dict(providers), "llm_rounds_dropped": dropped}
 
 
 def _le(b: float) -> str:
@@ -94,6 +100,8 @@ class TelemetryCollector:
         for r, n in sorted(self.agg["end_reasons"].items()):
             calls.add_metric([r], n)
         yield calls
+        yield CounterMetricFamily("brisvox_llm_rounds_dropped", "LLM rounds not timed (a turn times its first 32).",
+                                  value=self.agg.get("llm_rounds_dropped", 0))
         errors = CounterMetricFamily("brisvox_provider_errors", "Provider attempts that failed, per stage and provider.",
                                      labels=["stage", "provider", "kind"])
         retries = CounterMetricFamily("brisvox_provider_retries", "Provider attempts that were retries (took a token).",

@@ -4,7 +4,7 @@ Owns the glue between the supervisor's child API and the gateway core: one
 asyncio loop (uvloop when ``[gateway] uvloop`` is set and it is installed),
 the core bound on the configured addresses with its ROUTER inbox at
 ``rt.inbox_endpoint("gateway", index)``, the heartbeat and the load report
-every 500 ms, topology pushes (connect to ready agents and workers; end the
+every 500 ms (with the loop-stall probe's ``loop`` entry: ``brisvox/runtime/loop_probe.py``), topology pushes (connect to ready agents and workers; end the
 calls of a dead agent), reloads (the listeners' sections read again: SIP trunks
 register again), drain (refuse new calls, OPTIONS 503, wait for live
 calls up to the grace period) and stop.
@@ -27,6 +27,7 @@ from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, We
 from brisvox.gateway.transports import assemble
 from brisvox.runtime import exitcodes
 from brisvox.runtime.child_runtime import ChildRuntime
+from brisvox.runtime.loop_probe import LoopProbe
 
 log = logging.getLogger("brisvox.gateway")
 
@@ -80,11 +81,17 @@ async def run(rt: Any, settings: GatewaySettings) -> int:
     rt.add_shutdown_callback(on_stop)
     rt.add_reload_callback(on_reload, loop=loop)
     rt.add_topology_callback(core.update_topology, loop=loop)  # replays the Topology already received
+    probe = LoopProbe(f"gateway-{rt.index}").start()
+    probe_task = loop.create_task(probe.run(), name="loop-probe")
+
+    def stats() -> dict[str, Any]:
+        return {**core.stats(), "loop": probe.snapshot()}
+
     rt.ready(endpoints)
     log.info("gateway ready: %s", endpoints)
     while not stop.is_set():
         rt.heartbeat()
-        rt.report(len(core.table), core.stats())
+        rt.report(len(core.table), stats())
         try:
             async with asyncio.timeout(REPORT_S):
                 await stop.wait()
@@ -96,10 +103,12 @@ async def run(rt: Any, settings: GatewaySettings) -> int:
         deadline = time.monotonic() + grace
         while len(core.table) and time.monotonic() < deadline:
             rt.heartbeat()
-            rt.report(len(core.table), core.stats())
+            rt.report(len(core.table), stats())
             await asyncio.sleep(0.25)
     await core.stop(grace_s=min(2.0, max(0.2, grace)))
-    rt.report(0, core.stats())
+    probe_task.cancel()
+    probe.close()
+    rt.report(0, stats())
     return exitcodes.OK
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from typing import Any
 
 import numpy as np
 import orjson
@@ -96,14 +97,19 @@ async def one_call(port: int, speech: np.ndarray, seed: int) -> dict:
             await ws.send(fr.astype("<i2").tobytes())
             next_t += 0.02
             await asyncio.sleep(max(0.0, next_t - time.monotonic()))
-        await ws.send(stream.stop())
-        try:
-            async with asyncio.timeout(2.0):
-                await task
-        except (TimeoutError, Exception):
-            task.cancel()
+        await hang_up(ws, stream, task)
         out.update(state)
     return out
+
+
+async def hang_up(ws: Any, stream: NativeStream, rx: asyncio.Task[None]) -> None:
+    """Send the stop, then give the receiving task 2 s to see the socket close (cancelled after)."""
+    await ws.send(stream.stop())
+    try:
+        async with asyncio.timeout(2.0):
+            await rx
+    except (TimeoutError, Exception):
+        rx.cancel()
 
 
 def judge(res: dict, record: dict) -> list[str]:

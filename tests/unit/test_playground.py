@@ -16,7 +16,7 @@ import orjson
 import pytest
 
 from brisvox.agent.conversation.context import AssistantMessage, Context, UserMessage
-from brisvox.agent.conversation.timeline import TurnMarks
+from brisvox.agent.conversation.timeline import RoundMarks, TurnMarks
 from brisvox.agent.host import call_events
 from brisvox.agent.host.call_events import CallEvents
 from brisvox.config.errors import ConfigError
@@ -341,7 +341,7 @@ def test_the_answer_goes_out_when_the_call_is_idle_and_the_latencies_once_per_tu
     ev.install(actor)
     actor.runner.ctx.push(UserMessage("hi"))
     actor.runner.ctx.push(AssistantMessage("Hello there."))
-    t = TurnMarks(1, speech_end=10.0, turn_end=10.4, llm_requests=[10.41], llm_first_tokens=[10.6],
+    t = TurnMarks(1, speech_end=10.0, turn_end=10.4, rounds={0: RoundMarks(request=10.41, first_token=10.6)},
                   first_audio_out=10.9)
     actor.timeline.turns[1] = t
     actor.timeline.turns[0] = TurnMarks(0)  # a turn without audio: no figures

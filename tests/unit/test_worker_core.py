@@ -521,3 +521,38 @@ def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_qu
     assert r.kind == "superseded" and r.call_id == "a" and lane.counters["superseded"] == 1
     assert rig.w.stats.errors.get("superseded") == 1
     rig.w.dispatch.jobs = None
+
+
+def hold_the_tick_in_a_named_function(seconds: float) -> None:
+    time.sleep(seconds)  # stands for a tick that overran (a slow model run)
+
+
+def test_the_serve_loop_probe_counts_a_late_tick_and_logs_the_stack_that_held_it(rig, caplog):
+    """The worker's loop-stall driver is its own tick: how late each tick runs."""
+    import logging
+    import threading
+
+    caplog.set_level(logging.WARNING, logger="brisvox.loop")
+    tick, n = rig.w.realtime.tick, {"ticks": 0}
+
+    def slow_once() -> None:
+        n["ticks"] += 1
+        if n["ticks"] == 10:
+            hold_the_tick_in_a_named_function(0.4)
+        tick()
+
+    rig.w.realtime.tick = slow_once
+    stop = threading.Event()
+    reports: list[dict] = []
+    t = threading.Thread(target=rig.w.run, args=(stop,), kwargs={"report": lambda calls, st: reports.append(st)})
+    t.start()
+    time.sleep(1.2)
+    stop.set()
+    t.join(5)
+    p = rig.w.probe
+    assert n["ticks"] > 20 and p.lag.count >= n["ticks"] - 1
+    assert p.stalls == 1 and p.long_stalls == 1 and p.stacks == 1  # the tick after the held one ran 400 ms late
+    assert 0.3 < p.max_lag_s < 0.6
+    (line,) = [r.getMessage() for r in caplog.records if "event loop stalled" in r.getMessage()]
+    assert "worker-0:" in line and "in hold_the_tick_in_a_named_function" in line
+    assert reports and reports[-1]["loop"]["long_stalls"] == 1  # what the worker reports with its pongs

@@ -45,9 +45,11 @@ Owns the life of one call's pipeline on the ring architecture:
 * ``hangup(reason)`` sends Stop through the chain (into every running stage
   whose predecessor no longer runs, so a chain with a failed stage stops
   too), waits (bounded) for every stage to finish, ends every remaining task
-  and returns the call record. ``live_tasks()`` is 0 afterwards (tested). The record
-  feeds the process's latency histograms (:mod:`~brisvox.agent.host.call_metrics`) and,
-  with ``[tracing]`` on, the call's spans (:mod:`~brisvox.agent.host.tracing`).
+  and returns the call record. ``live_tasks()`` is 0 afterwards (tested). Each turn
+  feeds the process's latency histograms (:mod:`~brisvox.agent.host.call_metrics`) once,
+  when it ends (``observe_turns``, which the host calls at every report; the hang-up
+  counts the turns not counted yet and the end reason); with ``[tracing]`` on, the
+  hang-up emits the call's spans (:mod:`~brisvox.agent.host.tracing`).
 * Stage supervision (:mod:`brisvox.agent.host.supervision`): a task of the
   call that dies of an unexpected exception ends the call on purpose (the
   apology through the TTS stage when the output path works, then
@@ -85,7 +87,7 @@ from brisvox.agent.host.amd_screen import AmdConfig
 from brisvox.agent.host.call_amd import CallAmd, dialled
 from brisvox.agent.host.call_events import CallEvents
 from brisvox.agent.host.call_media import MediaLog
-from brisvox.agent.host.call_metrics import METRICS
+from brisvox.agent.host.call_metrics import METRICS, TurnMeter
 from brisvox.agent.host.call_record import build_record
 from brisvox.agent.host.supervision import StageFailure, StageSupervisor, SupervisionConfig
 from brisvox.agent.pipeline.call_config import QueueConfig
@@ -262,7 +264,7 @@ class CallActor:
         self._dtmf_drain: asyncio.Task[None] | None = None
         self._done = asyncio.Event()
         self.record: dict[str, Any] | None = None
-        self.clear_applied_ns: list[int] = []
+        self.meter = TurnMeter(self.timeline)  # each turn into the process's histograms as it ends
         self.supervisor = StageSupervisor(self, cfg.supervision)
         self.events = CallEvents(call_id, events, self) if events is not None else None
         self.hangup_later = hangup_later  # the host's hang-up once the bot is idle (None: the actor's own)
@@ -337,7 +339,8 @@ class CallActor:
         if self.amd is not None:
             self.record["amd"] = self.amd.record()
         try:  # telemetry never holds up nor fails a hang-up
-            METRICS.observe_record(self.record, self.clear_applied_ns)
+            METRICS.observe_end(reason)
+            self.meter.poll(idle=True, final=True)  # the turns not counted yet (each turn once)
             tracing.emit_call(self)
         except Exception:  # noqa: BLE001
             log.exception("call %s: telemetry failed", self.call_id)
@@ -489,8 +492,7 @@ class CallActor:
         """The gateway applied Clear(epoch): epochs <= ``epoch`` are dead; ``position``
         is the last out position released; ``marks`` the end marks the cut discarded."""
         self.pump.cleared += 1
-        if len(self.clear_applied_ns) < 256:
-            self.clear_applied_ns.append(time.monotonic_ns())
+        self.meter.clear_applied(self.clock.now())
         if self.ledger.machine.cleared(epoch, position):  # the first answer per epoch is final
             self.book.note_cleared(epoch + 1, position, marks or ())
 
@@ -527,6 +529,13 @@ class CallActor:
             q.popleft()
 
     # -- introspection -------------------------------------------------------------------
+    def observe_turns(self) -> int:
+        """The turns that ended since the last look, into the process's histograms (the host
+        calls it at every report; the hang-up counts the rest): how many were counted."""
+        if self._hung_up:
+            return 0
+        return self.meter.poll(self.idle())
+
     def idle(self) -> bool:
         """Nobody is talking and no answer is owed (the drain's test)."""
         return self.driver.machine.phase in (Phase.IDLE, Phase.CLOSED)

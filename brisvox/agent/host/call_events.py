@@ -115,11 +115,11 @@ class CallEvents:
                 break
         for t in reversed(fresh):
             self._measured = max(self._measured, t.epoch)
-            req = t.llm_requests[0] if t.llm_requests else None
-            tok = t.llm_first_tokens[0] if t.llm_first_tokens else None
+            first = t.first_round()
+            ttft = _ms(first.request, first.first_token) if first is not None else None
             self.emit("turn_metrics", epoch=t.epoch, voice_to_voice_ms=_ms(t.speech_end, t.first_audio_out),
-                      end_of_turn_ms=_ms(t.speech_end, t.turn_end), llm_first_token_ms=_ms(req, tok),
-                      tts_first_audio_ms=_ms(tok, t.first_audio_out))
+                      end_of_turn_ms=_ms(t.speech_end, t.turn_end), llm_first_token_ms=ttft,
+                      tts_first_audio_ms=_ms(t.first_token(), t.first_audio_out))
 
     def stats(self) -> dict[str, int]:
         return {"sent": self.sent, "dropped": self.dropped}

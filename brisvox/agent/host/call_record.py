@@ -21,7 +21,9 @@ Owns the record format (one JSON object per call) and its storage:
 * ``tools``: each tool call with epoch, id, name, outcome and duration (never
   arguments);
 * ``turns``: per-turn latencies from the timeline, with its raw marks on the
-  call clock; ``clock_offset_s``: ``time.monotonic()`` minus the call clock at
+  call clock (``llm_rounds``: every timed LLM round by its number, with its
+  ``first_token_ms`` and ``llm_ms``, request -> ``t_llm_done``; ``rounds_dropped``:
+  the rounds past the 32 a turn times); ``clock_offset_s``: ``time.monotonic()`` minus the call clock at
   hang-up, so ``t + clock_offset_s`` is a mark on the host's monotonic clock
   (the one every process shares; about 0 on the daemon's stdlib loop), the
   clock the load generator stamps its own times with;

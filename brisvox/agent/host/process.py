@@ -44,8 +44,10 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
   :meth:`ProcessLink.to_gateway` which sends Clear with a NOBLOCK send on the
   gateway DEALER, inside the driver's decision step.
 * Once ready, the startup heap is frozen out of the cyclic GC (:func:`gc_freeze`).
-* Every 0.5 s: ``rt.heartbeat()`` and ``rt.report(calls, stats)``, with the process's
-  ``telemetry`` (histograms, end reasons: ``call_metrics.py``; ``[tracing]``: ``tracing.py``).
+* Every 0.5 s: ``rt.heartbeat()``, every live call's ended turns into the histograms
+  (``CallActor.observe_turns``), and ``rt.report(calls, stats)``, with the process's
+  ``telemetry`` (histograms, end reasons: ``call_metrics.py``; ``[tracing]``: ``tracing.py``)
+  and ``loop`` (the loop-stall probe: ``brisvox/runtime/loop_probe.py``).
   On stop: refuse new calls; with drain, wait for live calls up to the grace
   period; then hang every call up (records are written) and close.
 
@@ -80,6 +82,8 @@ from brisvox.providers import resilience
 from brisvox.providers.http import provider_http_stats
 from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime
+from brisvox.runtime.log_limit import LogLimiter
+from brisvox.runtime.loop_probe import LoopProbe
 from brisvox.runtime.memory import IdleTrim
 from brisvox.runtime.private_files import prune_older, recording_file_name
 from ipc.frames import (
@@ -146,6 +150,8 @@ class AgentProcess:
             "gateway_lost": 0,
         }
         self.stage_failures: dict[str, int] = {}  # per stage: the first failure of each call
+        self.log_limit = LogLimiter(log)
+        self.probe: LoopProbe | None = None  # the loop-stall probe, once the loop runs
         self._tasks: set[asyncio.Task[Any]] = set()
         self._gateways: set[str] = set()
         self.jobs: Any = None  # the local-model job channel over the worker client
@@ -489,6 +495,15 @@ class AgentProcess:
             self.counters["record_failures"] += 1
             log.error("call record not written: %s", e.strerror)
 
+    def observe_turns(self) -> None:
+        """Every live call's turns that ended since the last report, into the histograms."""
+        for call_id, slot in list(self.calls.items()):
+            try:
+                slot.actor.observe_turns()
+            except Exception:  # noqa: BLE001 - telemetry never breaks the report
+                self.log_limit("observe_turns", "call %s: turn telemetry failed", call_id, level=logging.ERROR)
+                self.counters["telemetry_failures"] = self.counters.get("telemetry_failures", 0) + 1
+
     def stats(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.counters)
         if self.links is not None:
@@ -503,6 +518,8 @@ class AgentProcess:
         d["resilience"] = dict(resilience.STATS)  # retries, recoveries, refusals: <stage>.<name>
         d["breakers_open"] = {k: int(b.state != "closed") for k, b in resilience.DEFAULT.breakers.items()}
         d["provider_http"] = provider_http_stats()  # shared clients, HTTP/2 PINGs: providers/keepalive.py
+        if self.probe is not None:
+            d["loop"] = self.probe.snapshot()  # the loop-stall probe: daemon/loop_metrics.py
         return d
 
     # -- main loop ------------------------------------------------------------------
@@ -540,11 +557,14 @@ class AgentProcess:
                 loop.call_soon_threadsafe(stop.set)
 
             rt.add_shutdown_callback(on_stop)
+            self.probe = LoopProbe(self.identity).start()
+            self.spawn(self.probe.run())  # a task of the process: cancelled with the others at the stop
             rt.ready({"inbox": rt.inbox_endpoint("agent", rt.index)})
             log.info("agent %s ready", self.identity)
             gc_freeze()
             while not stop.is_set():
                 rt.heartbeat()
+                self.observe_turns()
                 rt.report(len(self.calls), self.stats())
                 try:
                     async with asyncio.timeout(REPORT_S):
@@ -564,6 +584,8 @@ class AgentProcess:
             if self._tasks:
                 await asyncio.wait(list(self._tasks), timeout=1.0)
         finally:
+            if self.probe is not None:  # its watchdog thread ends with the loop it watches
+                self.probe.close()
             # the sockets are closed however run ends (a failure, a cancellation): one left open on
             # the asyncio shadow context would hold the process's ZeroMQ term at exit
             try:

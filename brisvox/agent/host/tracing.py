@@ -147,12 +147,12 @@ def emit_call(actor: CallActor) -> None:
         heard = t.speech_start if t.speech_start is not None else t.speech_end
         if heard is not None and t.stt_final is not None:
             child("stt", ctx, heard, t.stt_final, {"brisvox.epoch": t.epoch})
-        for i, req in enumerate(t.llm_requests):
-            tok = t.llm_first_tokens[i] if i < len(t.llm_first_tokens) else None
+        for i, (req, tok) in enumerate((r.request, r.first_token) for r in t.ordered() if r.request is not None):
             child("llm", ctx, req, tok if tok is not None else req,
                   {"brisvox.epoch": t.epoch, "brisvox.llm.round": i, "brisvox.llm.first_token": tok is not None})
-        if t.llm_first_tokens and t.first_audio_out is not None:
-            child("tts", ctx, t.llm_first_tokens[0], t.first_audio_out, {"brisvox.epoch": t.epoch})
+        tok = t.first_token()
+        if tok is not None and t.first_audio_out is not None:
+            child("tts", ctx, tok, t.first_audio_out, {"brisvox.epoch": t.epoch})
         span.end(end_time=ns(max(marks)))
     for r in actor.tool_records():
         at = getattr(r, "at", None)

@@ -12,8 +12,9 @@ Invariants:
   stream is a committed speculation's buffer (:meth:`Helper.replay`, whose provider is the
   same wrapped one) or a fresh request (the ``request`` thunk, called only then).
 * The first-token and idle timeouts run on the call clock (none while a committed
-  speculation's helper applies its own); the timeline gets the request mark when the
-  request left and the first-token mark when the first event came.
+  speculation's helper applies its own); the timeline gets, keyed by the round's number,
+  the request mark when the request left, the first-token mark when the first event came
+  and the ``llm_done`` mark when the stream ended (Done, a failure, a timeout or a halt).
 * Every text delta is recorded in ``turn.raw`` BEFORE it is handed to the
   :class:`RoundOutput` (the first delta of a round left-stripped once, whitespace-only
   deltas skipped until there is text); tool-call deltas and provider data go to the
@@ -88,7 +89,7 @@ class ModelRound:
         failed = False
         first_event = True
         first_text = True
-        stream = self._open(turn, claimed, request)
+        stream = self._open(turn, rnd, claimed, request)
         try:
             it = stream.__aiter__()
             while True:
@@ -111,7 +112,7 @@ class ModelRound:
                 if first_event:
                     first_event = False
                     at = claimed.first_at if claimed is not None else None
-                    self.timeline.llm_first_token(turn.epoch, self.clock.now() if at is None else at)
+                    self.timeline.llm_first_token(turn.epoch, self.clock.now() if at is None else at, rnd)
                 if isinstance(ev, TextDelta):
                     text = ev.text
                     if first_text:
@@ -144,6 +145,7 @@ class ModelRound:
             self.st.assemble_errors += 1
             failed = True
         finally:
+            self.timeline.llm_done(turn.epoch, self.clock.now(), rnd)
             try:
                 await stream.aclose()
             except Exception:  # noqa: BLE001 - a broken adapter must not break the turn
@@ -168,11 +170,11 @@ class ModelRound:
         except AssembleError:
             self.st.assemble_errors += 1
 
-    def _open(self, turn: Turn, claimed: Helper | None, request: Callable[[], LlmRequest]) -> Any:
+    def _open(self, turn: Turn, rnd: int, claimed: Helper | None, request: Callable[[], LlmRequest]) -> Any:
         """The round's stream: a committed speculation's buffer, else a fresh request;
         the timeline's request mark is when the request really left."""
         if claimed is not None:
-            self.timeline.llm_request(turn.epoch, claimed.started_at)
+            self.timeline.llm_request(turn.epoch, claimed.started_at, rnd)
             return claimed.replay()
-        self.timeline.llm_request(turn.epoch, self.clock.now())
+        self.timeline.llm_request(turn.epoch, self.clock.now(), rnd)
         return self.provider.stream(request())

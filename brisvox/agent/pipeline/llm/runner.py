@@ -441,6 +441,7 @@ class LlmRunner(Stage):
         if turn.token.cancelled:
             return
         self._enter_filler(turn)  # the turn is settled
+        self.timeline.answered(turn.epoch, self.clock.now())
         await self.guarded_send(LlmResponseEnded(turn.epoch))
         self.summarizer.after_turn(self.ctx, self.tasks, self.name)  # off the request path
         if not turn.spoke:
@@ -454,6 +455,7 @@ class LlmRunner(Stage):
             await self.flow_hook.start_turn(turn, self)
         if turn.token.cancelled:
             return
+        self.timeline.answered(turn.epoch, self.clock.now())
         await self.guarded_send(LlmResponseEnded(turn.epoch))
         if not turn.spoke:
             self.upstream.send(BotEnded(turn.epoch, "silent"))

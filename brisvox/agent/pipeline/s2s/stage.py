@@ -179,7 +179,7 @@ class S2sStage(Stage):
         self._pending_user: list[str] = []
         self._last_commit: float | None = None
         self._last_stop: tuple[float, float] | None = None  # (backdated speech end, arrival) of the newest VAD stop
-        self._first_audio_due: set[int] = set()  # epochs whose first model audio is not stamped yet
+        self._first_audio_due: set[tuple[int, int]] = set()  # (epoch, round)s whose first model audio is not stamped yet
         self._turn_noted = False  # a user turn was reported to the confirmation gate since the last bot turn
         self._greet_waits = False  # a Greet came before the call was answered (early media)
         self._stop_due: int | None = None  # an epoch the provider opened before brisvox's VAD stop came
@@ -277,12 +277,15 @@ class S2sStage(Stage):
                     self.book.push_sent(r.utt, a.text)
             case M.NewEpoch():
                 self._new_round(a)
-            case M.EndBotTurn():
+            case M.EndBotTurn():  # the epoch's last response ended: its answer is complete
+                self.timeline.answered(a.epoch, self.clock.now())
                 await self.guarded_send(TtsEnded(a.epoch))
             case M.RoundEnded():
+                self._round_done(a.epoch, a.round)
                 async with self._ctx_lock:
                     self._commit_round(a.epoch, a.round)
-            case M.RunTools():
+            case M.RunTools():  # a response that called tools ended: its end, then the tool phase
+                self._round_done(a.epoch, a.round)
                 self.tools.run(a)
             case M.BargeIn():
                 self._barge_in(a)
@@ -345,14 +348,23 @@ class S2sStage(Stage):
             self._last_stop = None
             self._response_at = now
             self.timeline.turn_end(a.epoch, end)
-            self.timeline.llm_request(a.epoch, end)
-            self._first_audio_due.add(a.epoch)
+            self.timeline.llm_request(a.epoch, end, 0)
             self._last_commit = None
+        else:  # a later response of the turn (after its tool results): its request is its start
+            self.timeline.llm_request(a.epoch, self.clock.now(), a.round)
+        self._first_audio_due.add((a.epoch, a.round))
+        if len(self._first_audio_due) > 256:  # bounded: responses that never played
+            self._first_audio_due = {k for k in self._first_audio_due if k[0] >= a.epoch}
         if len(self._rounds) > 128:  # bounded: the oldest rounds are in the context or dead
             for k in sorted(self._rounds)[:-64]:
                 r = self._rounds.pop(k)
                 if r.item:
                     self._items.pop(r.item, None)
+
+    def _round_done(self, epoch: int, rnd: int) -> None:
+        """The response of round ``rnd`` ended (completed, cut or failed): its ``llm_done`` mark."""
+        self._first_audio_due.discard((epoch, rnd))
+        self.timeline.llm_done(epoch, self.clock.now(), rnd)
 
     def _note_turn(self) -> None:
         if not self._turn_noted:
@@ -377,9 +389,9 @@ class S2sStage(Stage):
             return
         r = self._round(a.epoch, a.round, a.item_id)
         samples = conv.convert(a.pcm)
-        if a.epoch in self._first_audio_due:
-            self._first_audio_due.discard(a.epoch)
-            self.timeline.llm_first_token(a.epoch, self.clock.now())  # the model's first audio came
+        if (a.epoch, a.round) in self._first_audio_due:
+            self._first_audio_due.discard((a.epoch, a.round))
+            self.timeline.llm_first_token(a.epoch, self.clock.now(), a.round)  # the model's first audio came
         if len(samples) and r.utt is not None:
             r.samples += len(samples)
             self.st.audio_out_chunks += 1
