@@ -10,7 +10,9 @@ Definitions (docs/BENCHMARKS.md "Chaos run"):
 
 * a call's record is found by its call id (native) or its transport ids
   (Twilio streamSid, SIP Call-ID);
-* *killed-agent calls*: the calls agent-1 mapped when it was SIGKILLed; they
+* *killed-agent calls*: the calls agent-1 mapped when it was SIGKILLed, and the
+  live calls the gateway had placed on it (one whose CallStart it was still
+  handling maps no ring yet); they
   have no record; each must have been ended by the gateway (the client saw
   the end) within ``KILL_END_S`` of the kill;
 * *killed-worker calls*: the calls worker-1 mapped when it was SIGKILLed;
