@@ -168,11 +168,20 @@ class FakeCartesia(FakeWs):
 
 
 class FakeElevenLabs(FakeWs):
-    """Audio with character alignment per text message; isFinal after close_context."""
+    """Audio with character alignment per text message (:meth:`audio`: one message, 10 ms of
+    a constant per character, by default); isFinal after close_context."""
 
     def __init__(self, mode: str = "", rate: int = 24000) -> None:
         super().__init__(mode)
         self.rate = rate
+
+    def audio(self, ws: ServerConnection, cid: Any, text: str) -> list[dict[str, Any]]:
+        """The audio messages that answer one text of context ``cid`` on ``ws``."""
+        n = int(self.rate * 0.01 * len(text))
+        chars = list(text)
+        return [{"audio": base64.b64encode(_pcm(n)).decode(), "contextId": cid,
+                 "alignment": {"chars": chars, "charStartTimesMs": [10 * i for i in range(len(chars))],
+                               "charDurationsMs": [10] * len(chars)}}]
 
     async def serve(self, ws: ServerConnection) -> None:
         async for msg in ws:
@@ -190,11 +199,7 @@ class FakeElevenLabs(FakeWs):
                 if self.mode == "cut":
                     ws.transport.abort()
                     return
-                n = int(self.rate * 0.01 * len(text))
-                chars = list(text)
-                await ws.send(orjson.dumps({"audio": base64.b64encode(_pcm(n)).decode(), "contextId": cid,
-                                            "alignment": {"chars": chars,
-                                                          "charStartTimesMs": [10 * i for i in range(len(chars))],
-                                                          "charDurationsMs": [10] * len(chars)}}).decode())
+                for m in self.audio(ws, cid, text):
+                    await ws.send(orjson.dumps(m).decode())
             if obj.get("close_context"):
                 await ws.send(orjson.dumps({"isFinal": True, "contextId": cid}).decode())

@@ -4,9 +4,13 @@
 which fits the 2-core CI budget in about two minutes; ``python -m bench
 chaos`` runs 100) against ``brisvoxd`` with 2 workers and 2 agent processes;
 the fault schedule SIGKILLs agent-1 and worker-1 mid-run, the loopback
-vendors cut an STT and a TTS socket, hang an LLM request and answer one 429,
-and callers read slowly, never echo marks, send malformed messages and hang
-up mid-answer and mid-tool. What each judgment means is in
+vendors cut an STT and a TTS socket, never answer an STT Finalize, kill a
+primary TTS mid-call (the secondary, another vendor with a voice of its own,
+speaks on), hang an LLM request and answer one 429, and callers read slowly,
+never echo marks, send malformed messages and hang up mid-answer and
+mid-tool. Besides every judgment passing, the run must show 0 silent turns,
+0 doubled side effects, 0 leaks and the secondary's voice after the death
+(asserted by key, so a judgment that went missing fails too). What each judgment means is in
 ``bench/harness/chaos/judge.py`` and docs/BENCHMARKS.md ("Chaos run").
 
 The run cleans up after itself whatever happens (the daemon's process group,
@@ -39,5 +43,10 @@ def test_chaos_run_every_judgment(short_tmp):
     other = [c for c in failed if c.key not in KNOWN_DEFECTS]
     summary = "\n".join(f"{c.key}: {c.figure}: {c.value} {c.unit} (target {c.target}) {c.detail}" for c in failed)
     assert not other, summary
+    for key in ("silent_turns", "doubled", "leaks"):
+        c = rep.get(key)
+        assert c.ok and c.value == 0, f"{key}: {c.value} {c.detail}"
+    tts = rep.get("tts_failover")
+    assert tts.ok and not tts.value.startswith("0 of"), f"tts_failover: {tts.value} {tts.detail}"
     if known:
         pytest.xfail("; ".join(f"{c.key}: {KNOWN_DEFECTS[c.key]}" for c in known))

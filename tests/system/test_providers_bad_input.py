@@ -1,7 +1,8 @@
 """Bad provider input through the LLM runner: a counted error and the documented fallback, never a hang.
 
 The runner (``brisvox/agent/pipeline/llm/runner.py``) makes one request per round and never
-retries it (the resilience layer does, and it is not used here), keeps the partial text of a
+retries a failure (the resilience layer does, and it is not used here; only a request with no
+event within the first-token timeout is re-issued once by the round), keeps the partial text of a
 failed response in the context, invents no speech, and ends the turn (LlmResponseEnded; a
 turn with no speech sends BotEnded "silent" upstream). Over the OpenAI-compatible adapter
 against the loopback fake:
@@ -10,7 +11,8 @@ against the loopback fake:
 * an oversized response after some text: ``oversized``, the partial text stays in
   the context;
 * a never-ending stream (keep-alive comments after some text): the runner's
-  idle timeout ends it; a silent server: the first-token timeout (counted);
+  idle timeout ends it; a silent server: the first-token timeout (counted), the request
+  re-issued once, the second timeout ends the turn;
 * a stream cut mid-way: ``closed``, the partial text kept.
 """
 
@@ -92,12 +94,14 @@ def test_never_ending_stream_hits_the_idle_timeout() -> None:
     assert took < 5.0
 
 
-@pytest.mark.serial  # the first-token timeout within 4 s
+@pytest.mark.serial  # two first-token timeouts within 4 s
 def test_silent_server_hits_the_first_token_timeout() -> None:
     r = reply_for("openai", Resp(text=["late"]))
     r.first_byte_delay = 5.0
     rig, sv, spoken, took = run(r)
-    assert rig.runner.st.first_token_timeouts == 1 and len(sv.bodies) == 1  # no retry in the runner
+    # re-issued once (the round's one retry of a silent request), then the turn ends
+    assert rig.runner.st.first_token_timeouts == 2 and rig.runner.st.first_token_retries == 1
+    assert len(sv.bodies) == 2
     assert spoken == "" and silent_turn(rig) and took < 4.0
 
 

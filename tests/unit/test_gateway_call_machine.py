@@ -96,6 +96,32 @@ def test_a_failed_start_answers_the_transport_which_ends_and_releases():
     assert m.handle(M.TransportEnded("start failed")) == (M.StopMedia(), M.Release())
 
 
+def test_a_start_the_agent_never_answered_is_revoked_there_and_released_here():
+    """A CallStart that timed out may still be taken by the agent process later (a restarted
+    agent working through its backlog): the machine tells it the call is over (RevokeStart, a
+    CallEnd nobody waits for) and releases the call as for any failed start."""
+    m = M.CallMachine()
+    m.handle(M.Admit("native", process=True))
+    m.handle(M.TransportStarted())
+    assert m.handle(M.AgentStarted(ok=False, why="agent agent-1: TimeoutError", unanswered=True)) == (
+        M.RevokeStart("start unanswered"), M.Count("calls_failed_start"),
+        M.NotifyReady(False, "agent agent-1: TimeoutError"))
+    assert m.state == M.ENDING and m.agent_done
+    assert m.handle(M.TransportEnded("start failed")) == (M.StopMedia(), M.Release())
+    # the caller hung up during that start: revoked and released at once
+    m2 = M.CallMachine()
+    m2.handle(M.Admit("native", process=True))
+    m2.handle(M.TransportStarted())
+    m2.handle(M.TransportEnded("bye"))
+    assert m2.handle(M.AgentStarted(ok=False, why="t", unanswered=True)) == (
+        M.RevokeStart("start unanswered"), M.Release())
+    # an answered refusal needs no revoke; the echo agent has no process to tell
+    m3 = M.CallMachine()
+    m3.handle(M.Admit("native", process=False))
+    m3.handle(M.TransportStarted())
+    assert M.RevokeStart not in kinds(m3.handle(M.AgentStarted(ok=False, why="t", unanswered=True)))
+
+
 def test_the_caller_hangs_up_during_the_start():
     m = M.CallMachine()
     m.handle(M.Admit("native", process=True))
@@ -169,7 +195,7 @@ NOW = st.floats(min_value=0.0, max_value=100.0)
 EVENTS = st.one_of(
     st.builds(M.Admit, st.sampled_from(["sip", "native"]), st.booleans(), st.booleans()),
     st.just(M.TransportStarted()),
-    st.builds(M.AgentStarted, st.booleans(), st.just("why"), st.booleans(), NOW),
+    st.builds(M.AgentStarted, st.booleans(), st.just("why"), st.booleans(), NOW, st.booleans()),
     st.builds(M.TransportEnded, REASONS, NOW),
     st.builds(M.Hangup, REASONS, LEG, NOW),
     st.builds(M.AgentHangup, REASONS, LEG, NOW),
@@ -181,7 +207,7 @@ EVENTS = st.one_of(
     st.just(M.WorkerLost()),
     st.builds(M.Shutdown, LEG, NOW),
 )
-ONCE = (M.Release, M.StartAgent, M.StopMedia, M.SendCallEnd, M.StopBuiltin, M.NotifyReady)
+ONCE = (M.Release, M.StartAgent, M.StopMedia, M.SendCallEnd, M.RevokeStart, M.StopBuiltin, M.NotifyReady)
 
 
 class Checked:

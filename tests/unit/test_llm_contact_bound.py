@@ -5,8 +5,10 @@ a long ``Retry-After``, request errors), on virtual time.
 
 The documented bound, per model request: a single vendor at most 2 contacts (the first
 attempt and one re-issue by the layer), a primary with a secondary at most 1 each; the runner
-itself never retries (one request per round), so a turn makes at most that many contacts per
-model request it makes (one without tools). Before, the runner's own retry re-issued
+itself never retries a failure (one request per round), so a turn makes at most that many
+contacts per model request it makes (one without tools). The one exception, within the same
+bound: a request with no event within the round's first-token timeout, which the layer
+re-issues only with a secondary, is re-issued once by the round when there is none. Before, the runner's own retry re-issued
 the whole layered request: 4 contacts of a single vendor, 2 of each leg.
 """
 
@@ -30,7 +32,7 @@ FAILURES: dict[str, tuple[tuple[int], tuple[int, int]]] = {
     "error": ((2,), (1, 1)),
     "raise": ((2,), (1, 1)),
     "empty": ((2,), (1, 1)),
-    "hang": ((1,), (1, 1)),  # alone: the round's first-token timeout ends it; with a secondary: 4 s, then it
+    "hang": ((2,), (1, 1)),  # alone: the round re-issues it once at its first-token timeout; with a secondary: 4 s, then it
     "429": ((2,), (1, 1)),  # alone: waited (1 s), then re-issued; with a secondary: at once there
     "429_long": ((1,), (1, 1)),  # alone: longer than retry_after_max, not waited: the turn ends
     "bad_request": ((1,), (1, 0)),  # a request error: never re-issued
@@ -74,7 +76,7 @@ def test_a_single_vendor_is_contacted_at_most_twice_per_turn(mode: str) -> None:
     turns = call([v])
     assert turns[0]["contacts"] == FAILURES[mode][0]
     for t in turns:
-        assert t["requests"] == 1 and t["contacts"][0] <= BOUND["single"] * t["requests"]
+        assert t["requests"] == (2 if mode == "hang" else 1) and t["contacts"][0] <= BOUND["single"]
         # the final failure, as before: nothing invented, one counted error, the turn ends silent
         assert t["text"] == "" and t["errors"] == 1 and t["silent"]
 
@@ -106,10 +108,26 @@ def test_a_tool_turn_contacts_the_vendor_at_most_twice_per_model_request() -> No
     assert t["errors"] == 1 and t["text"] == ""
 
 
-@pytest.mark.parametrize("mode", ["error", "hang", "429"])
+@pytest.mark.parametrize("mode", ["error", "429"])
 def test_the_runner_itself_makes_one_request_per_round(mode: str) -> None:
     """Without the layer a failing vendor is contacted once per turn: the round has no retry
-    of its own, so the layer's bound is the whole bound."""
+    of a failure of its own, so the layer's bound is the whole bound."""
     v = FailingLlm("a", [mode])
     for t in call([v], layered=False):
         assert t["contacts"] == (1,) and t["requests"] == 1 and t["errors"] == 1 and t["silent"]
+
+
+def test_a_silent_vendor_is_re_issued_once_by_the_round_and_a_second_silence_ends_the_turn() -> None:
+    """No event within the first-token timeout: with or without the layer (a single vendor,
+    which the layer never re-issues a silent request to), the round re-issues it once; the
+    second silence ends the turn, silent (2 contacts: the single vendor's bound)."""
+    for layered in (True, False):
+        v = FailingLlm("a", ["hang"])
+        for t in call([v], layered=layered):
+            assert t["contacts"] == (2,) and t["requests"] == 2 and t["errors"] == 1 and t["silent"]
+
+
+def test_a_silent_request_re_issued_by_the_round_answers_the_turn() -> None:
+    v = FailingLlm("a", ["hang", "ok"])
+    [t] = call([v], turns=1)
+    assert t["contacts"] == (2,) and t["requests"] == 2 and t["text"] == ANSWER and t["errors"] == 0

@@ -3,8 +3,9 @@
 A caller speaks the recorded question at each of its :data:`~.script.TURNS`
 turns (:class:`brisvox.client.script.CallerScript`: the same state machine as
 ``brisvox call``), on a 20 ms grid, and keeps what it saw: per-turn latency
-(caller stopped -> first loud bot audio), unanswered turns, who ended the
-call and when. Client-side faults (``CallSpec.fault``):
+(caller stopped -> first loud bot audio), unanswered turns, which voice each
+turn's loud bot audio was in (:func:`voice_of`: the primary TTS's 440 Hz
+tone or the secondary's 660 Hz one), who ended the call and when. Client-side faults (``CallSpec.fault``):
 
 * ``slowread``: the receive side sleeps 60 ms per message (a slow consumer,
   3x slower than the bot's 20 ms frames): the gateway's send buffer fills;
@@ -24,15 +25,18 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import numpy as np
 
 from bench.harness.call_daemon import SPEECH
 from bench.harness.chaos.script import TURNS
 from brisvox.client.native import NativeTransport
 from brisvox.client.script import CallerScript, ScriptTiming, Step
 from brisvox.client.sip import SipTransport
-from brisvox.client.speech import Line, make_line, read_wav
+from brisvox.client.speech import Line, is_loud, make_line, read_wav
 from brisvox.client.transport import BotEvents
 from brisvox.client.twilio import TwilioTransport
 from brisvox.wire.twilio import TwilioStream
@@ -41,6 +45,15 @@ RATE = 8000
 MAX_CALL_S = 60.0
 TIMING = ScriptTiming(lead_in=0.4, answer_wait=8.0, answer_gap=0.8, pause=0.3, tail=0.4)
 READ_DELAY_S = 0.06
+VOICE_SPLIT_HZ = 550.0  # between the primary's 440 Hz tone and the secondary's 660 Hz one (vendors.py)
+
+
+def voice_of(pcm: np.ndarray, rate: int = RATE) -> str:
+    """"primary" or "secondary": the tone's frequency from its zero crossings (two per period)."""
+    x = pcm.astype(np.int32)
+    crossings = int(np.count_nonzero((x[:-1] < 0) != (x[1:] < 0)))
+    hz = crossings * rate / (2 * max(1, len(x)))
+    return "secondary" if hz > VOICE_SPLIT_HZ else "primary"
 
 
 @dataclass(frozen=True)
@@ -173,7 +186,15 @@ async def run_one(spec: CallSpec, line: Line, ws_port: int, sip_port: int) -> Ca
             res.ended_by, res.end_reason, res.t_end = "server", reason, now
         sc.on_end(reason, now)
 
-    events = BotEvents(on_audio=sc.on_bot_audio, on_clear=sc.on_clear, on_dtmf=sc.on_bot_dtmf, on_end=on_end)
+    voices: dict[int, Counter[str]] = {}  # turn index -> loud frames per voice
+
+    def on_audio(pcm: np.ndarray, now: float) -> None:
+        sc.on_bot_audio(pcm, now)
+        turn = sc.attrib
+        if turn is not None and len(pcm) and is_loud(pcm):
+            voices.setdefault(turn.index, Counter())[voice_of(pcm)] += 1
+
+    events = BotEvents(on_audio=on_audio, on_clear=sc.on_clear, on_dtmf=sc.on_bot_dtmf, on_end=on_end)
     t0 = time.monotonic()
     sc.start(t0)
     try:
@@ -235,7 +256,8 @@ async def run_one(spec: CallSpec, line: Line, ws_port: int, sip_port: int) -> Ca
         res.marks_dropped = tr.proxy.dropped
     res.turns = [{"index": t.index, "latency_ms": t.latency_ms, "unanswered": t.unanswered,
                   "t_speech_start": t.t_speech_start, "t_speech_end": t.t_speech_end,
-                  "t_first_audio": t.t_first_audio, "answer_s": round(t.answer_s, 3)}
+                  "t_first_audio": t.t_first_audio, "answer_s": round(t.answer_s, 3),
+                  "voices": dict(voices.get(t.index, {}))}
                  for t in sc.turns if t.kind != "greeting"]
     return res
 

@@ -4,9 +4,11 @@
 from the start of the run, a kind, an argument) on its own thread:
 
 * ``kill`` (argument: a child name, ``worker-1`` / ``agent-1``): read the
-  calls the child maps (``/proc/<pid>/maps``: the call rings it has open --
-  exactly its calls), check the pid is a ``brisvoxd:`` process of this
-  daemon, SIGKILL it; the event keeps the pid, the time and the call ids;
+  calls the child maps (``/proc/<pid>/maps``: the call rings it has open),
+  and for an agent process also the calls the gateway placed on it (its
+  ``calls`` command: a call whose CallStart is still being handled there maps
+  no ring yet), check the pid is a ``brisvoxd:`` process of this daemon,
+  SIGKILL it; the event keeps the pid, the time and the call ids;
 * ``arm`` (argument: ``fault:count``): arm a vendor fault
   (:meth:`.vendors.VendorProcess.arm`).
 
@@ -35,6 +37,8 @@ import psutil
 
 from bench.harness.chaos.vendors import VendorProcess
 from bench.harness.daemon import Daemon
+from ipc.bus import endpoint, request_sync
+from ipc.frames import Command
 from ipc.ring import SHM_DIR
 
 
@@ -180,10 +184,19 @@ class FaultScheduler:
         pid = int(child["pid"] or 0)
         if not pid or not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"brisvoxd:"):
             raise RuntimeError(f"{name} (pid {pid}) is not a live brisvoxd child")
-        ev.calls = sorted(mapped_calls(pid, self.d.instance))
+        calls = mapped_calls(pid, self.d.instance)
+        if name.startswith("agent"):
+            calls |= self._placed_on(name)
+        ev.calls = sorted(calls)
         ev.pid = pid
         ev.t = time.monotonic()
         os.kill(pid, signal.SIGKILL)
+
+    def _placed_on(self, name: str) -> set[str]:
+        """The live calls the gateway placed on agent process ``name`` (its ``calls`` command)."""
+        reply = request_sync(endpoint(self.d.run_dir, "gateway-0"), Command(name="calls"), 2.0)
+        table = getattr(reply, "data", None) or {}
+        return {cid for cid, c in table.items() if c.get("agent_proc") == name and not c.get("transport_done")}
 
     def join(self, timeout: float) -> None:
         if self._thread is not None:

@@ -10,7 +10,9 @@ Definitions (docs/BENCHMARKS.md "Chaos run"):
 
 * a call's record is found by its call id (native) or its transport ids
   (Twilio streamSid, SIP Call-ID);
-* *killed-agent calls*: the calls agent-1 mapped when it was SIGKILLed; they
+* *killed-agent calls*: the calls agent-1 mapped when it was SIGKILLed, and the
+  live calls the gateway had placed on it (one whose CallStart it was still
+  handling maps no ring yet); they
   have no record; each must have been ended by the gateway (the client saw
   the end) within ``KILL_END_S`` of the kill;
 * *killed-worker calls*: the calls worker-1 mapped when it was SIGKILLed;
@@ -26,7 +28,29 @@ Definitions (docs/BENCHMARKS.md "Chaos run"):
 * *booking counter*: no Idempotency-Key was POSTed twice; every booking the
   API made is confirmed in exactly one record, except bookings of calls that
   ended before the result could reach them (cut mid-tool, or on the killed
-  agent), at most one per such call.
+  agent), at most one per such call;
+* *doubled side effects*: booking bodies POSTed twice under one key +
+  bookings confirmed in two records + tool results that reached a context
+  twice (the three counts above, summed);
+* *leaks*: leaked /dev/shm segments + mappings of deleted segments + leaked
+  processes and zombies + segments and processes left after the stop (the
+  counts above, summed);
+* *silent turns*: a caller turn (the question spoken to its end) after which
+  the caller received no loud bot audio at all, neither an answer nor an
+  apology, before it moved on or the call ended. Not counted: the killed
+  agent's calls (no record; the gateway ended them, judged above), turns of
+  the killed worker's calls in flight at the kill (begun before kill +
+  ``FAILOVER_S``, answer window reaching the kill; judged above) and turns
+  after a caller's own hang-up. The call record's side is shown with it: the
+  turn driver's ``empty_turns`` (a turn that ended with no text, so nothing
+  was asked) of the records;
+* *the primary TTS's death* (``ttsdie``): the primary (Cartesia) dies
+  mid-answer 2 and stays down; the secondary (ElevenLabs, voice
+  :data:`.script.SECONDARY_VOICE`) must be heard: every ``ttsdie`` call's
+  last turn in the secondary's voice only (:func:`.callers.voice_of`), no
+  primary audio after secondary audio, at least one call that heard the
+  primary and then the secondary (the death mid-call), and the secondary's
+  wire saw that voice id and no other.
 
 Invariants: judging reads only the run's data (no I/O); a missing datum is a
 failed check, never an exception.
@@ -138,6 +162,59 @@ def _delta(a: dict[str, int], b: dict[str, int], unit: int) -> str:
 
 def _turn_latencies(results: list[CallResult]) -> list[float]:
     return [t["latency_ms"] for r in results for t in r.turns if t["latency_ms"] is not None]
+
+
+ANSWER_WAIT_S = 8.0  # the callers' answer_wait (callers.TIMING): a turn's answer window
+
+
+def _silent_turns(res: list[CallResult], matched: dict[int, dict[str, Any]], t_worker_kill: float | None,
+                  killed_worker: set[str]) -> tuple[list[str], int]:
+    """(labels of silent turns, turns considered): see the module docstring."""
+    silent: list[str] = []
+    n = 0
+    for i, r in enumerate(res):
+        if i not in matched:
+            continue  # the killed agent's calls (judged: ended by the gateway)
+        on_w = matched[i].get("call_id") in killed_worker
+        for t in r.turns:
+            if t["t_speech_end"] is None:
+                continue
+            if r.ended_by == "client" and r.spec.fault.startswith("hangup") and r.t_end is not None \
+                    and r.t_end <= t["t_speech_end"] + ANSWER_WAIT_S:
+                continue  # the caller left before this turn's answer window ended
+            if on_w and t_worker_kill is not None and t["t_speech_start"] is not None \
+                    and t["t_speech_start"] < t_worker_kill + FAILOVER_S \
+                    and t["t_speech_end"] + ANSWER_WAIT_S >= t_worker_kill:
+                continue  # in flight at the worker's kill (judged with it)
+            n += 1
+            if t["t_first_audio"] is None:
+                silent.append(f"{r.spec.label} turn {t['index']} ({matched[i].get('end_reason')})")
+    return silent, n
+
+
+def _judge_tts_death(rep: Report, res: list[CallResult], matched: dict[int, dict[str, Any]],
+                     vs: dict[str, Any]) -> None:
+    """The ``ttsdie`` calls with a record (the killed agent's have none; the killed worker's
+    last turns begin seconds after its kill): see the module docstring."""
+    calls = [r for i, r in enumerate(res) if r.spec.variant == "ttsdie" and i in matched]
+    deaths = len(vs.get("tts_deaths") or [])
+    voices = dict(vs.get("secondary_voices") or {})
+    bad: list[str] = []
+    mid = 0
+    for r in calls:
+        seq = [v for t in sorted(r.turns, key=lambda t: t["index"]) for v in ("primary", "secondary")
+               if (t.get("voices") or {}).get(v)]
+        last = next((t for t in r.turns if t["index"] == script.TURNS), None)
+        lv = (last or {}).get("voices") or {}
+        after = "secondary" in seq and "primary" in seq[seq.index("secondary"):]
+        if last is None or not lv.get("secondary") or lv.get("primary") or after:
+            bad.append(f"{r.spec.label}: {[(t['index'], t.get('voices')) for t in r.turns]}")
+        mid += seq[:1] == ["primary"] and "secondary" in seq
+    ok = bool(calls) and not bad and deaths >= 1 and mid >= 1 and set(voices) == {script.SECONDARY_VOICE}
+    rep.add("tts_failover", "primary TTS died mid-call: calls whose last turn was in the secondary's voice "
+            "(heard primary -> secondary)", f"{len(calls) - len(bad)} of {len(calls)} ({mid})", "calls",
+            f"all, >= 1 mid-call, deaths >= 1, secondary wire voice {script.SECONDARY_VOICE}", ok,
+            f"deaths {deaths}, secondary voices {voices}, refused {vs.get('tts_refused')}; " + "; ".join(bad[:3]))
 
 
 def judge(run: Run, sched: FaultScheduler) -> Report:  # noqa: C901 - one list of judgments, in order
@@ -274,6 +351,23 @@ def judge(run: Run, sched: FaultScheduler) -> Report:  # noqa: C901 - one list o
     rep.add("tool_results", "tool results lost / reached their context twice", f"{lost} / {twice}",
             f"of {n_calls} tool calls", "0 / 0", lost == 0 and twice == 0, "; ".join(lost_where[:3]))
 
+    # -- 6b. doubled side effects (the counts above, summed) -------------------------------------
+    n_doubled = doubles + len(twice_confirmed) + twice
+    rep.add("doubled", "doubled side effects (bodies twice under one key + bookings confirmed twice + tool "
+            "results twice)", n_doubled, "", "0", n_doubled == 0,
+            f"{doubles} + {len(twice_confirmed)} + {twice}")
+
+    # -- 6c. silent turns -----------------------------------------------------------------------------
+    silent, considered = _silent_turns(res, matched, worker_ev.t if worker_ev and not worker_ev.error else None,
+                                       killed_worker)
+    empty = sum(int(((r.get("stats") or {}).get("turn") or {}).get("empty_turns", 0)) for r in matched.values())
+    rep.add("silent_turns", "silent turns (the caller spoke, then got neither bot audio nor an apology)",
+            len(silent), f"of {considered} turns", "0", considered > 0 and not silent,
+            f"records' empty_turns: {empty}; " + "; ".join(silent[:5]))
+
+    # -- 6d. the primary TTS's death mid-call: the secondary's voice heard ------------------------------
+    _judge_tts_death(rep, res, matched, vs)
+
     # -- 7. fds and memory --------------------------------------------------------------------------
     dfd = after.fd_total - idle.fd_total
     rep.add("fds", "open fds of the daemon's tree after - idle", dfd, f"fds (idle {idle.fd_total})",
@@ -284,6 +378,10 @@ def judge(run: Run, sched: FaultScheduler) -> Report:  # noqa: C901 - one list o
                 f"(idle {b / 2**20:.0f} MiB)", f"<= {1 + MEM_TOLERANCE:.2f}", a <= b * (1 + MEM_TOLERANCE),
                 "PSS MiB after-idle by process: " + _delta(after.by_name(after.pss_by), idle.by_name(idle.pss_by),
                                                            2**20) if key == "pss" else "")
+
+    n_leaks = len(leaked_segs) + n_del + leaked_p + n_stop
+    rep.add("leaks", "leaks (segments + deleted mappings + processes and zombies + left after the stop)",
+            n_leaks, "", "0", n_leaks == 0, f"{len(leaked_segs)} + {n_del} + {leaked_p} + {n_stop}")
 
     # -- 8. every call, informational figures ----------------------------------------------------------
     errors = [r for r in res if r.ended_by == "error" or r.error]

@@ -51,6 +51,15 @@ def agent_file(variant: str, ports: dict[str, int]) -> str:
     fn = "slow_tools" if variant == "slowbook" else "tools"
     tools = (f'tools = ["book_table"]\ntool_modules = ["bench.harness.chaos.booking_tool:{fn}"]\n'
              if book else "")
+    secondary = f"""
+[tts.secondary]
+provider = "elevenlabs"
+model = "eleven_flash_v2_5"
+voice = "{script.SECONDARY_VOICE}"
+base_url = "ws://127.0.0.1:{ports['tts2']}/{variant}"
+api_key_env = "CHAOS_FAKE_KEY"
+options = {{ sample_rate = 16000 }}
+""" if variant == "ttsdie" else ""
     return f"""name = "chaos_{variant}"
 system_prompt = "{script.system_prompt(variant)}"
 {tools}
@@ -70,7 +79,7 @@ provider = "cartesia"
 voice = "00000000-0000-4000-8000-00000000c4a0"  # a Cartesia voice id is a UUID (brisvoxd check)
 base_url = "ws://127.0.0.1:{ports['tts']}/{variant}"
 api_key_env = "CHAOS_FAKE_KEY"
-
+{secondary}
 [filler]
 enabled = false
 
@@ -125,7 +134,7 @@ path = "{tmp / 'records'}"
     return write_config(tmp, workers=2, agents=2, extra=extra)
 
 
-CLIENT_FAULTS_WS = [("sttcut", ""), ("sttfin", ""), ("ttscut", ""), ("llmhang", ""), ("llm429", ""),
+CLIENT_FAULTS_WS = [("sttcut", ""), ("sttfin", ""), ("ttscut", ""), ("ttsdie", ""), ("llmhang", ""), ("llm429", ""),
                     ("slowbook", "hangup_tool"),
                     ("talk", "slowread"), ("talk", "malformed"), ("talk", "hangup_answer")]
 
@@ -157,7 +166,8 @@ def schedule(specs: list[CallSpec]) -> list[Fault]:
     count = {v: sum(1 for s in specs if s.variant == v) for v in script.VARIANTS}
     out = [Fault(1.0, "arm", f"stt_cut:{count['sttcut']}"), Fault(2.0, "arm", f"tts_cut:{count['ttscut']}"),
            Fault(3.0, "arm", f"llm_hang:{count['llmhang']}"), Fault(4.0, "arm", f"llm_429:{count['llm429']}"),
-           Fault(4.5, "arm", f"stt_finalize_hang:{count['sttfin']}")]
+           Fault(4.5, "arm", f"stt_finalize_hang:{count['sttfin']}"),
+           Fault(0.0, "arm", f"tts_die:{count['ttsdie']}")]
     out += [Fault(round(span * 0.5, 2), "kill", "agent-1"), Fault(round(span + 2.0, 2), "kill", "worker-1")]
     return out
 

@@ -20,6 +20,9 @@ script and the faults that apply without knowing the call:
 * ``sttfin``: ``talk`` whose STT never answers the Finalize of the last
   utterance (the stage's Finalize timeout replaces the session; the finals
   gate answers the turn from the interim), when armed.
+* ``ttsdie``: ``talk`` whose primary TTS (Cartesia) dies mid-answer 2 and
+  stays down, when armed; its agent has a secondary TTS of another vendor
+  (ElevenLabs) with a voice of its own, which speaks the rest of the call.
 
 Invariants: the LLM's answer depends only on the variant's script and the
 request (how many user turns it carries, whether it ends with a tool result);
@@ -36,7 +39,7 @@ from typing import Any
 from bench.harness.llm_wire import Call, Resp
 
 SCRIPT_OF = {"talk": "talk", "book": "book", "slowbook": "book", "sttcut": "talk", "ttscut": "talk",
-             "llmhang": "talk", "llm429": "talk", "sttfin": "talk"}
+             "llmhang": "talk", "llm429": "talk", "sttfin": "talk", "ttsdie": "talk"}
 VARIANTS = tuple(SCRIPT_OF)
 
 USER = {
@@ -53,6 +56,7 @@ BOOKED = "You are booked, Kaya: {booking}."
 NOT_BOOKED = "Sorry, I could not confirm the booking."
 BOOK_ARGS = {"name": "Kaya", "date": "2026-05-01", "time": "19:00", "people": 2}
 TURNS = 3
+SECONDARY_VOICE = "ChaosSecondVoice0001"  # the ttsdie agents' secondary TTS (an ElevenLabs voice id: 20 characters)
 MARKER = "[chaos:{variant}]"
 
 

@@ -1,8 +1,9 @@
 """The chaos run's loopback vendors: Deepgram (WS), an OpenAI-compatible LLM (SSE), Cartesia (WS),
-the booking API and the fault control, all in one process of their own.
+ElevenLabs (WS, the secondary voice), the booking API and the fault control, all in one process
+of their own.
 
 ``python -m bench.harness.chaos.vendors --ports FILE`` serves until SIGTERM
-and writes ``{"stt": port, "tts": port, "http": port}`` to FILE once bound;
+and writes ``{"stt": port, "tts": port, "tts2": port, "http": port}`` to FILE once bound;
 :class:`VendorProcess` starts and stops it (by pid) and talks to its control
 endpoint. Every URL starts with the call's variant (``/<variant>/...``, see
 :mod:`.script`); the vendors answer that variant's script:
@@ -22,12 +23,26 @@ endpoint. Every URL starts with the call's variant (``/<variant>/...``, see
 * TTS (Cartesia ``/tts/websocket``): a 440 Hz tone, 25 ms per character, in
   100 ms chunks, word timestamps, ``done`` at the flush; an armed ``tts_cut``
   aborts the socket of a ``ttscut`` call after the first chunk of a text;
+  an armed ``tts_die`` kills the primary of the ``ttsdie`` calls: the
+  socket of a ``ttsdie`` call is aborted after the first chunk of its
+  second context (answer 2, partly heard), and from then on every
+  ``ttsdie`` handshake is refused (503: the vendor is down; the time of
+  each death is kept in ``tts_deaths``, on the host's monotonic clock);
+* secondary TTS (ElevenLabs ``/v1/text-to-speech/{voice}/multi-stream-input``,
+  the ``ttsdie`` agents' ``[tts.secondary]``): a 660 Hz tone (the primary's
+  is 440 Hz, so a caller can tell the voices apart), 25 ms per character, in
+  100 ms chunks, character alignment with the first chunk, ``isFinal`` at
+  ``close_context``; the voice id of every connection's path is counted
+  (``secondary_voices``);
 * booking (``POST /bookings``, ``POST /slow/bookings`` answers after 3 s):
   every POST body is counted by its ``Idempotency-Key``; a key seen before
   gets the booking it created (``already_booked``), never a second one.
 
 Invariants: an armed fault fires at most ``count`` times (each firing is
-counted in ``fired``); nothing here depends on which call a connection
+counted in ``fired``); an LLM fault fires at most once per ``REFIRE_S`` (a fault is
+one failed request of one call: the re-issue of the request it failed -- after the
+``Retry-After`` or the first-token timeout, within seconds -- is answered, never taken by
+the count meant for another call of the variant); nothing here depends on which call a connection
 belongs to beyond its variant; every socket binds 127.0.0.1.
 """
 
@@ -46,6 +61,7 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import orjson
@@ -54,11 +70,14 @@ from websockets.asyncio.server import ServerConnection
 from bench.harness.chaos import script
 from bench.harness.http_server import FakeHttpServer, Reply, Request, json_reply
 from bench.harness.llm_wire import error_reply, reply_for
-from bench.harness.ws_vendors import FakeWs
+from bench.harness.ws_vendors import FakeElevenLabs, FakeWs
 
 ROOT = Path(__file__).resolve().parents[3]
 SLOW_BOOKING_S = 3.0
-FAULTS = ("stt_cut", "tts_cut", "llm_hang", "llm_429", "stt_finalize_hang")
+FAULTS = ("stt_cut", "tts_cut", "llm_hang", "llm_429", "stt_finalize_hang", "tts_die")
+REFIRE_S = {"llm_hang": 6.0, "llm_429": 6.0}  # see the invariants
+PRIMARY_HZ = 440.0
+SECONDARY_HZ = 660.0
 
 
 class State:
@@ -67,21 +86,28 @@ class State:
     def __init__(self) -> None:
         self.armed: dict[str, int] = dict.fromkeys(FAULTS, 0)
         self.fired: dict[str, int] = dict.fromkeys(FAULTS, 0)
+        self.last_fired: dict[str, float] = {}
         self.posts: dict[str, int] = {}  # Idempotency-Key -> POST bodies received
         self.bookings: dict[str, str] = {}  # Idempotency-Key -> booking number
         self.counts: dict[str, int] = {"stt_connections": 0, "tts_connections": 0, "llm_requests": 0,
-                                       "stt_finals": 0, "tts_texts": 0}
+                                       "stt_finals": 0, "tts_texts": 0, "tts_refused": 0,
+                                       "secondary_connections": 0, "secondary_texts": 0}
+        self.tts_down: set[str] = set()  # variants whose primary TTS is down (tts_die fired)
+        self.tts_deaths: list[float] = []  # time.monotonic() of each tts_die firing
+        self.secondary_voices: dict[str, int] = {}  # voice id on the secondary's path -> connections
 
     def take(self, fault: str) -> bool:
-        if self.armed[fault] > 0:
+        now = time.monotonic()
+        if self.armed[fault] > 0 and now - self.last_fired.get(fault, -1e9) >= REFIRE_S.get(fault, 0.0):
             self.armed[fault] -= 1
             self.fired[fault] += 1
+            self.last_fired[fault] = now
             return True
         return False
 
     def stats(self) -> dict[str, Any]:
         return {"armed": self.armed, "fired": self.fired, "posts": self.posts, "bookings": self.bookings,
-                **self.counts}
+                "tts_deaths": self.tts_deaths, "secondary_voices": self.secondary_voices, **self.counts}
 
 
 def variant_of(path: str) -> str:
@@ -179,9 +205,9 @@ class ChaosStt(FakeWs):
                 return
 
 
-def tone(n: int, rate: int, phase0: int = 0) -> bytes:
+def tone(n: int, rate: int, phase0: int = 0, hz: float = PRIMARY_HZ) -> bytes:
     t = (np.arange(n) + phase0) / rate
-    return (np.sin(2 * np.pi * 440.0 * t) * 6000).astype("<i2").tobytes()
+    return (np.sin(2 * np.pi * hz * t) * 6000).astype("<i2").tobytes()
 
 
 class ChaosTts(FakeWs):
@@ -189,11 +215,18 @@ class ChaosTts(FakeWs):
         super().__init__()
         self.state = state
 
+    def _check(self, conn: ServerConnection, request: Any) -> Any:
+        if variant_of(request.path) in self.state.tts_down:
+            self.state.counts["tts_refused"] += 1
+            return conn.respond(503, "the primary TTS is down\n")
+        return None
+
     async def serve(self, ws: ServerConnection) -> None:
         assert ws.request is not None
         variant = variant_of(ws.request.path)
         self.state.counts["tts_connections"] += 1
         offsets: dict[str, float] = {}
+        contexts: list[str] = []  # in the order they opened on this connection
         async for msg in ws:
             obj = orjson.loads(msg)
             cid = obj.get("context_id")
@@ -201,6 +234,8 @@ class ChaosTts(FakeWs):
                 continue
             text = obj.get("transcript", "")
             if text:
+                if cid not in contexts:
+                    contexts.append(cid)
                 self.state.counts["tts_texts"] += 1
                 rate = obj["output_format"]["sample_rate"]
                 n = int(rate * 0.025 * len(text))
@@ -210,6 +245,12 @@ class ChaosTts(FakeWs):
                     await ws.send(orjson.dumps({"type": "chunk", "context_id": cid, "status_code": 206,
                                                 "done": False, "data": base64.b64encode(part).decode()}).decode())
                     if i == 0 and variant == "ttscut" and self.state.take("tts_cut"):
+                        ws.transport.abort()
+                        return
+                    if (i == 0 and variant == "ttsdie" and len(contexts) == 2 and cid == contexts[1]
+                            and self.state.take("tts_die")):
+                        self.state.tts_down.add(variant)
+                        self.state.tts_deaths.append(time.monotonic())
                         ws.transport.abort()
                         return
                 t0 = offsets.get(cid, 0.0)
@@ -223,6 +264,42 @@ class ChaosTts(FakeWs):
             if obj.get("continue") is False:
                 await ws.send(orjson.dumps({"type": "done", "context_id": cid, "done": True,
                                             "status_code": 206}).decode())
+
+
+class ChaosSecondaryTts(FakeElevenLabs):
+    """ElevenLabs' multi-context WebSocket in the secondary's own voice: a 660 Hz tone, 25 ms per
+    character in 100 ms chunks at the rate the path asks for, the alignment with the first."""
+
+    def __init__(self, state: State) -> None:
+        super().__init__()
+        self.state = state
+
+    async def serve(self, ws: ServerConnection) -> None:
+        assert ws.request is not None
+        path = ws.request.path.split("?", 1)[0]
+        parts = path.strip("/").split("/")  # <variant>/v1/text-to-speech/<voice>/multi-stream-input
+        voice = parts[-2] if len(parts) >= 2 else ""
+        st = self.state
+        st.counts["secondary_connections"] += 1
+        st.secondary_voices[voice] = st.secondary_voices.get(voice, 0) + 1
+        await super().serve(ws)
+
+    def audio(self, ws: ServerConnection, cid: Any, text: str) -> list[dict[str, Any]]:
+        assert ws.request is not None
+        query = parse_qs(urlsplit(ws.request.path).query)
+        rate = int(query.get("output_format", ["pcm_24000"])[0].removeprefix("pcm_"))
+        self.state.counts["secondary_texts"] += 1
+        n = int(rate * 0.025 * len(text))
+        step = rate // 10
+        out: list[dict[str, Any]] = []
+        for a in range(0, n, step):
+            m: dict[str, Any] = {"audio": base64.b64encode(tone(min(step, n - a), rate, a, SECONDARY_HZ)).decode(),
+                                 "contextId": cid}
+            if a == 0:
+                m["alignment"] = {"chars": list(text), "charStartTimesMs": [25.0 * k for k in range(len(text))],
+                                  "charDurationsMs": [25.0] * len(text)}
+            out.append(m)
+        return out
 
 
 def http_handler(state: State) -> Any:
@@ -268,9 +345,11 @@ async def serve(ports_file: Path) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with ChaosStt(state) as stt, ChaosTts(state) as tts, FakeHttpServer(http_handler(state)) as http:
+    async with (ChaosStt(state) as stt, ChaosTts(state) as tts, ChaosSecondaryTts(state) as tts2,
+                FakeHttpServer(http_handler(state)) as http):
         tmp = ports_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"stt": stt.port, "tts": tts.port, "http": http.port, "pid": os.getpid()}))
+        tmp.write_text(json.dumps({"stt": stt.port, "tts": tts.port, "tts2": tts2.port, "http": http.port,
+                                   "pid": os.getpid()}))
         os.replace(tmp, ports_file)
         parent = os.getppid()
         while not stop.is_set():  # also ends when the parent that started us is gone

@@ -29,7 +29,12 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
   scripted providers the simulation uses too instead (tests:
   ``brisvox/providers/scripted_session.py``, ``seeded_fakes.py``).
 * CallEnd -> hang the actor up, write the call record, detach the worker,
-  close the rings, answer CallEnded.
+  close the rings, answer CallEnded. A CallEnd for a call whose start is still
+  running here (the gateway gave up waiting for CallAccepted and revoked it:
+  a restarted process working through a backlog) marks that start revoked:
+  once built, the call is ended at once like any other (record, worker
+  detached, rings closed; counted ``starts_revoked``) and not accepted, so it
+  is never left in the table.
 * A stage of a call fails (:mod:`brisvox.agent.host.supervision`): counted
   per stage (``stage_failures`` in the stats), and once the actor has
   apologized and hung itself up the call ends as above, with CallEnded
@@ -136,6 +141,7 @@ class AgentProcess:
         self.records_dir = records_dir
         self.identity = f"agent-{rt.index}"
         self.calls: dict[str, _CallSlot] = {}
+        self._starting: dict[str, bool] = {}  # call id -> revoked (a CallEnd came while its start ran)
         self.idle_trim = IdleTrim()
         self.links: Any = None
         self.workers: Any = None
@@ -144,6 +150,7 @@ class AgentProcess:
             "calls_started": 0,
             "calls_ended": 0,
             "calls_refused": 0,
+            "starts_revoked": 0,  # a start the gateway gave up on, ended once built
             "records_written": 0,
             "record_failures": 0,
             "unknown_call_frames": 0,
@@ -208,11 +215,27 @@ class AgentProcess:
         return slot
 
     def _on_call_start(self, f: CallStart, sender: str, cid: int | str | None) -> None:
-        self.spawn(self._start_call(f, sender, cid))
+        self.spawn(self._starting_call(f, sender, cid))
+
+    async def _starting_call(self, f: CallStart, sender: str, cid: int | str | None) -> None:
+        if f.call_id in self._starting:  # a second CallStart while the first one runs
+            self.counters["calls_refused"] += 1
+            self.links.reply(sender, ErrorReply(kind="duplicate", detail="", call_id=f.call_id), cid)
+            return
+        self._starting[f.call_id] = False
+        try:
+            await self._start_call(f, sender, cid)
+        finally:
+            revoked = self._starting.pop(f.call_id, False)
+        if revoked and f.call_id in self.calls:
+            self.counters["starts_revoked"] += 1
+            await self._end_call(f.call_id, "start revoked", answer=False)
 
     def _on_call_end(self, f: CallEnd, sender: str, cid: int | str | None) -> None:
         if f.call_id in self.calls:
             self.spawn(self._end_call(f.call_id, f.reason, answer=True))
+        elif f.call_id in self._starting:
+            self._starting[f.call_id] = True  # the start ends it once built
         else:
             self.links.reply(sender, CallEnded(call_id=f.call_id, reason="unknown call"), cid)
 
@@ -364,6 +387,8 @@ class AgentProcess:
         if hooks is not None:
             hooks.started(actor)
         self.counters["calls_started"] += 1
+        if self._starting.get(f.call_id):
+            return  # revoked meanwhile: ended by the caller (_starting_call), never accepted
         self.links.reply(sender, CallAccepted(call_id=f.call_id, worker=wlink.worker, recording=recording), cid)
 
     def _amd_verdict(self, call_id: str, hooks: CallHooks | None, data: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ Call lifecycle::
     Admit                                  -> "starting"  (rings exist)
     TransportStarted (the leg attached)    -> StartAgent
     AgentStarted(ok)                       -> "active": StartPacing, NotifyReady
-                                              (not ok: "ending", NotifyReady)
+                                              (not ok: "ending", NotifyReady; unanswered:
+                                              RevokeStart first)
     TransportEnded | Hangup | Shutdown ... -> "ending": StopMedia, then SendCallEnd
                                               (an agent process) or StopBuiltin (the echo)
     AgentEnded | BuiltinStopped | Abandon
@@ -37,6 +38,12 @@ Invariants:
   is starting the transport's end leaves the agent side to ``AgentStarted``;
   a call whose agent side never started is released by ``Abandon`` once its
   transport ended (or by ``TransportStarted`` coming after that end).
+* A start the agent process never answered (``AgentStarted.unanswered``: the
+  CallStart timed out or its link broke) may still be taken by that process
+  afterwards (a restarted agent working through its backlog): the machine
+  returns ``RevokeStart`` (a CallEnd nobody waits for) so that such a late
+  start is ended there, and releases the call as for any failed start (the
+  process remembers the revoked id while its start runs). At most once.
 * An action that may re-enter the machine (``HangupLeg``: the leg may report
   its end at once; ``NotifyReady``: ``on_ready`` may end the leg) is the last
   of its list, so the machine is re-entered in its final state.
@@ -91,6 +98,7 @@ class AgentStarted:
     why: str = ""
     builtin: bool = False
     now: float = 0.0
+    unanswered: bool = False  # not ok because the agent process never answered (timeout, link)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +238,14 @@ class SendCallEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class RevokeStart:
+    """Tell the agent process that a start it never answered is over (a CallEnd; no answer
+    is waited for: the call is released as a failed start)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class StopBuiltin:
     """Stop the echo agent (its worker detaches the call); ``BuiltinStopped`` follows."""
 
@@ -251,8 +267,8 @@ class Release:
     """Unlink the call's rings and forget it."""
 
 
-Action = (Count | StartAgent | StartPacing | NotifyReady | StopMedia | SendCallEnd | StopBuiltin
-          | HangupLeg | ForgetWorker | Release)
+Action = (Count | StartAgent | StartPacing | NotifyReady | StopMedia | SendCallEnd | RevokeStart
+          | StopBuiltin | HangupLeg | ForgetWorker | Release)
 
 START_AGENT, START_PACING, STOP_MEDIA = StartAgent(), StartPacing(), StopMedia()
 STOP_BUILTIN, FORGET_WORKER, RELEASE = StopBuiltin(), ForgetWorker(), Release()
@@ -386,11 +402,13 @@ class CallMachine:
             return _NONE
         self.start = STARTED
         self.builtin = e.builtin
+        revoke: tuple[Action, ...] = (RevokeStart("start unanswered"),) if (
+            not e.ok and e.unanswered and self.process) else ()
         if self.transport_done:  # the caller hung up while the agent side started
             if e.ok and self.process:
                 return (self._send_call_end(e.now), *self._release_if_done())
             self.agent_done = True
-            return self._release_if_done()
+            return (*revoke, *self._release_if_done())
         if e.ok:
             self.state = ACTIVE
             return (START_PACING, Count("calls_started"), NotifyReady(True, e.why))
@@ -399,7 +417,7 @@ class CallMachine:
         # rings in the table for good)
         self.agent_done = True
         self.state = ENDING
-        return (Count("calls_failed_start"), NotifyReady(False, e.why))
+        return (*revoke, Count("calls_failed_start"), NotifyReady(False, e.why))
 
     def _transport_ended(self, e: TransportEnded) -> tuple[Action, ...]:
         return self._end_transport(e.reason, e.now)

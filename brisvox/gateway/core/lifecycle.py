@@ -272,7 +272,7 @@ class CallLifecycle:
     # -- the agent side's start (a task) -------------------------------------------------------------
 
     async def _start_agent(self, call: Call) -> None:
-        ok, why, builtin = False, "", False
+        ok, why, builtin, unanswered = False, "", False, False
         try:
             self.load.set_worker(call, self.load.pick_worker())
             if call.agent == ECHO:
@@ -282,15 +282,15 @@ class CallLifecycle:
                 await echo.start()
                 ok = True
             else:
-                ok, why = await self._call_start(call)
+                ok, why, unanswered = await self._call_start(call)
         except Exception as e:  # a broken start must end this call only
             log.exception("starting call %s failed", call.call_id)
             why = f"internal error: {type(e).__name__}"
-        self.feed(call, M.AgentStarted(ok, why, builtin, self.now()))
+        self.feed(call, M.AgentStarted(ok, why, builtin, self.now(), unanswered=unanswered))
         self._tell_media(call)  # a change while the start was on its way
 
-    async def _call_start(self, call: Call) -> tuple[bool, str]:
-        """CallStart to the call's agent process: (accepted, why not)."""
+    async def _call_start(self, call: Call) -> tuple[bool, str, bool]:
+        """CallStart to the call's agent process: (accepted, why not, never answered)."""
         proc = call.agent_proc
         self.load.agent_call_started(proc)
         frame = F.CallStart(
@@ -306,18 +306,18 @@ class CallLifecycle:
             reply = await self.links.request(proc, frame, self.cfg.agent_timeout_s)
         except (TimeoutError, ConnectionError) as e:
             self.metrics.inc("calls_agent_timeout")
-            return False, f"agent {proc}: {type(e).__name__}"
+            return False, f"agent {proc}: {type(e).__name__}", True
         if isinstance(reply, F.CallAccepted):
             if reply.worker >= 0:
                 self.load.set_worker(call, reply.worker)  # another worker took it
             if reply.recording and not call.machine.transport_done:  # the agent asks for a recording
                 call.recording = self.recorder.open(call.call_id, call.call_rate, reply.recording)
-            return True, ""
+            return True, "", False
         if isinstance(reply, F.ErrorReply):
             log.warning("call %s: agent %s refused it: %s %s", call.call_id, proc, reply.kind, reply.detail)
             self.metrics.inc("calls_agent_refused")
-            return False, f"agent refused: {reply.kind}"  # the caller hears the kind; the log, the detail
-        return False, ""
+            return False, f"agent refused: {reply.kind}", False  # the caller hears the kind; the log, the detail
+        return False, "", False
 
     async def _stop_builtin(self, call: Call) -> None:
         try:
@@ -336,6 +336,7 @@ class CallLifecycle:
             M.NotifyReady: self._notify_ready,
             M.StopMedia: self._stop_media,
             M.SendCallEnd: self._send_call_end,
+            M.RevokeStart: self._revoke_start,
             M.StopBuiltin: self._stop_builtin_task,
             M.HangupLeg: self._hangup_leg,
             M.ForgetWorker: lambda call, a: self.load.forget_worker(call),
@@ -364,6 +365,11 @@ class CallLifecycle:
             self._transports_idle.set()
 
     def _send_call_end(self, call: Call, a: M.SendCallEnd) -> None:
+        self.links.send(call.agent_proc, F.CallEnd(call_id=call.call_id, reason=a.reason,
+                                                   ended_ns=time.monotonic_ns()))
+
+    def _revoke_start(self, call: Call, a: M.RevokeStart) -> None:
+        self.metrics.inc("calls_start_revoked")
         self.links.send(call.agent_proc, F.CallEnd(call_id=call.call_id, reason=a.reason,
                                                    ended_ns=time.monotonic_ns()))
 

@@ -91,6 +91,12 @@ class ResilientLlm:
     def stream(self, request: LlmRequest) -> ResilientStream:
         return ResilientStream(self, request)
 
+    def reissues_silent(self) -> bool:
+        """A request with no first event within ``llm_attempt_timeout`` is re-issued here
+        (to the other leg): only with a secondary. Without one the LLM runner's round
+        re-issues a request its first-token timeout ended, once."""
+        return self.secondary is not None
+
     def stats(self) -> dict[str, int]:
         return self.legs.st.as_dict()
 

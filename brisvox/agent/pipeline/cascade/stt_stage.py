@@ -20,6 +20,17 @@ Owns the call's STT session:
   overtake queued audio, so the Finalize is held until an audio frame
   reaching the stop position was processed, or ``max_finalize_defer`` (1 s,
   the stage's own deadline) passed, or the call stops.
+* Finalizes are queued for the session task, bounded at ``finalize_queue``
+  (32): a Finalize past the bound never reaches the provider and is answered
+  synthetically (``finalize_overflow``), in its place in the order: an
+  overflow Finalize is a count owed after the last queued one (and every
+  later Finalize joins that count until the session task reached it), and
+  the session task moves the count onto the newest entry of the ledger of
+  unanswered Finalizes (answered right after that one is) or answers it at
+  once when nothing is unanswered. The ledger is bounded the same way (a
+  Finalize that finds ``finalize_queue`` unanswered is not sent: it joins
+  the newest entry's count). Memory: at most ``finalize_queue`` entries in
+  each, whatever the caller's VAD does.
 * Exactly one UtteranceFinal per Finalize: the answer is the provider's
   ``from_finalize and speech_final`` transcript (oldest Finalize first); a
   Finalize unanswered after ``timeouts.finalize`` declares the session dead;
@@ -120,15 +131,17 @@ class SttStage(Stage):
         self.cfg = cfg
         self.st = SttStats()
         self._audio: deque[tuple[bytes, int, int]] = deque()  # (pcm, in16 start, end)
-        self._finalizes: deque[float] = deque()  # queued for the session task (enqueue time)
+        self._finalizes: deque[float] = deque()  # queued for the session task (enqueue time), <= finalize_queue
+        self._overflow = 0  # Finalizes past the bound: answered synthetically after every queued one
         self._held: deque[tuple[int, float]] = deque()  # (stop pos, defer deadline)
         self._processed_end = -1
         self._wake = asyncio.Event()
         self._grant = False
         self._session_task: asyncio.Task[None] | None = None
         self._stopping = False
-        # owned by the session task
-        self._outstanding: deque[float] = deque()
+        # owned by the session task: the unanswered Finalizes, oldest first, each [sent at, synthetic
+        # answers owed right after its own] (<= finalize_queue entries)
+        self._outstanding: deque[list[float]] = deque()
         self._interim = ""
         self._final_since_uf = False
 
@@ -185,10 +198,12 @@ class SttStage(Stage):
             self.arm(self._held[0][1])
 
     def _queue_finalize(self) -> None:
-        if len(self._finalizes) >= self.cfg.finalize_queue:
+        if self._overflow or len(self._finalizes) >= self.cfg.finalize_queue:
+            # answered synthetically, in order, by the session task (never sent)
             self.st.finalize_overflow += 1
-            # answered synthetically, in order, by the session task
-        self._finalizes.append(self.clock.now())
+            self._overflow += 1
+        else:
+            self._finalizes.append(self.clock.now())
         self._wake.set()
 
     async def on_stop(self) -> None:
@@ -230,10 +245,28 @@ class SttStage(Stage):
         await self._put(UtteranceFinal(synthetic=t is None))
 
     async def _answer_queued_synthetically(self) -> None:
-        while self._finalizes:
-            self._finalizes.popleft()
+        while self._finalizes or self._overflow:
+            if self._finalizes:
+                self._finalizes.popleft()
+            else:
+                self._overflow -= 1
             self.st.finalizes += 1
             await self._answer(None)
+
+    async def _answer_oldest(self, t: Transcript | None) -> None:
+        """Answer the oldest unanswered Finalize, then the overflow answers owed after it."""
+        _, owed = self._outstanding.popleft()
+        await self._answer(t)
+        for _ in range(int(owed)):
+            await self._answer(None)
+
+    async def _owe_after_newest(self, n: int) -> None:
+        """``n`` synthetic answers owed after every Finalize sent so far."""
+        if self._outstanding:
+            self._outstanding[-1][1] += n
+        else:
+            for _ in range(n):
+                await self._answer(None)
 
     # -- the session task ------------------------------------------------------------
     async def _session_main(self) -> None:
@@ -343,10 +376,9 @@ class SttStage(Stage):
                         if not self._outstanding:
                             self.st.late_answers += 1
                             continue
-                        self._outstanding.popleft()
                         if ev.text.strip():
                             healthy = True
-                        await self._answer(ev)
+                        await self._answer_oldest(ev)
                     elif ev.is_final:
                         if ev.text.strip():
                             healthy = True
@@ -371,22 +403,28 @@ class SttStage(Stage):
                         self._finalizes.popleft()
                         self.st.finalizes += 1
                         if len(self._outstanding) >= cfg.finalize_queue:
-                            await self._answer(None)
+                            self.st.finalize_overflow += 1
+                            await self._owe_after_newest(1)
                         else:
                             await session.finalize(to.send)
-                            self._outstanding.append(self.clock.now())
+                            self._outstanding.append([self.clock.now(), 0])
+                        continue
+                    if self._overflow:  # every queued Finalize went before them
+                        n, self._overflow = self._overflow, 0
+                        self.st.finalizes += n
+                        await self._owe_after_newest(n)
                         continue
                 except (ProviderError, TimeoutError, OSError):
                     dead = True
                     break
                 now = self.clock.now()
-                if self._outstanding and now >= self._outstanding[0] + to.finalize:
+                if self._outstanding and now >= self._outstanding[0][0] + to.finalize:
                     self.st.finalize_timeouts += 1
                     dead = True
                     break
                 # no wake for healthy_after: "lived long enough" is judged when the session ends
-                deadline = self._outstanding[0] + to.finalize if self._outstanding else None
-                if events or self._audio or self._finalizes or self._stopping:
+                deadline = self._outstanding[0][0] + to.finalize if self._outstanding else None
+                if events or self._audio or self._finalizes or self._overflow or self._stopping:
                     continue
                 wake.clear()
                 if deadline is None:
@@ -409,8 +447,7 @@ class SttStage(Stage):
             except (TimeoutError, ProviderError, OSError):
                 pass
         while self._outstanding:
-            self._outstanding.popleft()
-            await self._answer(None)
+            await self._answer_oldest(None)
         return healthy
 
     def stats(self) -> dict[str, int]:

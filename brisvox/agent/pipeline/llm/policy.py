@@ -10,7 +10,8 @@ answered ``tool_round_limit`` unrun (and the runner speaks the fallback line);
 without a tool engine a round's calls are answered ``unknown_tool`` and the
 round still counts toward the bound.
 
-The runner never retries a failed model request: the resilience layer around
+The runner never retries a failed model request (but a silent one once, when the
+layer would not: :mod:`brisvox.agent.pipeline.llm.round`): the resilience layer around
 every call's LLM does (:mod:`brisvox.providers.resilience.llm`; the bound is in
 docs/PROVIDERS.md, "How often one vendor is contacted").
 """
@@ -63,6 +64,7 @@ class RunnerStats:
     requests: int = 0
     errors: int = 0
     first_token_timeouts: int = 0
+    first_token_retries: int = 0  # requests re-issued once after a first-token timeout (round.py)
     idle_timeouts: int = 0
     tool_rounds: int = 0
     tool_calls: int = 0

@@ -6,11 +6,21 @@ streams ONE response through the assembler and returns it whole (a
 
 Invariants:
 
-* One request per round, never a retry: the retries of a failed request are the
-  resilience layer's (:mod:`brisvox.providers.resilience.llm`, around the provider of every
-  call), which re-issues a request that failed before its first event; the round's only
-  stream is a committed speculation's buffer (:meth:`Helper.replay`, whose provider is the
-  same wrapped one) or a fresh request (the ``request`` thunk, called only then).
+* One request per round, and one re-issue only of a request that got NO event within
+  the first-token timeout. The retries of a failed request are the resilience layer's
+  (:mod:`brisvox.providers.resilience.llm`, around the provider of every call), which
+  re-issues a request that failed before its first event; a silent request it re-issues
+  only when another leg could take over (``provider.reissues_silent()`` True). Otherwise
+  nobody would: the round's first-token timeout ends the stream from outside the layer,
+  and the turn would be one the caller hears nothing for. So when the provider does not
+  re-issue a silent request itself, a fresh request that timed out before its first event
+  is closed and issued once more, under a first-token timeout of its own
+  (``first_token_retries``; the one bounded retry before any text). A second timeout fails
+  the round. Contacts of one vendor per model request stay within the layer's bound
+  (docs/PROVIDERS.md, "How often one vendor is contacted"): a silent single vendor is
+  contacted twice, as for any other failure. The round's stream is a committed
+  speculation's buffer (:meth:`Helper.replay`, whose provider is the same wrapped one;
+  never re-issued here) or a fresh request (the ``request`` thunk).
 * The first-token and idle timeouts run on the call clock (none while a committed
   speculation's helper applies its own); the timeline gets, keyed by the round's number,
   the request mark when the request left, the first-token mark when the first event came
@@ -25,7 +35,7 @@ Invariants:
   speech). A cancelled turn returns None and leaves ``turn.streaming`` set (the halt keeps
   the partial text). The stream is always closed; a broken adapter's close is ignored.
 * Counts into the runner's :class:`~brisvox.agent.pipeline.llm.policy.RunnerStats`:
-  ``requests``, ``errors``, ``first_token_timeouts``, ``idle_timeouts``,
+  ``requests``, ``errors``, ``first_token_timeouts``, ``first_token_retries``, ``idle_timeouts``,
   ``assemble_errors``, ``input_tokens``, ``output_tokens``, ``provider_data_oversized``.
 * A response's provider data (a ``ProviderData`` event or ``Done.provider_data``) over
   ``provider_data_limit`` bytes of JSON (:func:`~brisvox.agent.conversation.request.provider_data_limit`)
@@ -89,6 +99,7 @@ class ModelRound:
         failed = False
         first_event = True
         first_text = True
+        may_reissue = claimed is None and not self._reissues_silent()
         stream = self._open(turn, rnd, claimed, request)
         try:
             it = stream.__aiter__()
@@ -105,6 +116,14 @@ class ModelRound:
                 except TimeoutError:
                     if first_event:
                         self.st.first_token_timeouts += 1
+                        if may_reissue and not turn.token.cancelled:
+                            may_reissue = False  # once: nothing came, nothing was said
+                            self.st.first_token_retries += 1
+                            self.st.requests += 1
+                            await self._close(stream)
+                            stream = self._open(turn, rnd, None, request)
+                            it = stream.__aiter__()
+                            continue
                     else:
                         self.st.idle_timeouts += 1
                     failed = True
@@ -146,10 +165,7 @@ class ModelRound:
             failed = True
         finally:
             self.timeline.llm_done(turn.epoch, self.clock.now(), rnd)
-            try:
-                await stream.aclose()
-            except Exception:  # noqa: BLE001 - a broken adapter must not break the turn
-                pass
+            await self._close(stream)
         if turn.token.cancelled:
             return None
         if not failed:
@@ -169,6 +185,19 @@ class ModelRound:
             assembler.push_provider_data(value)
         except AssembleError:
             self.st.assemble_errors += 1
+
+    def _reissues_silent(self) -> bool:
+        """The provider re-issues a request that got no first event itself (a layer with a
+        secondary leg): the round then never does."""
+        f = getattr(self.provider, "reissues_silent", None)
+        return bool(f()) if callable(f) else False
+
+    @staticmethod
+    async def _close(stream: Any) -> None:
+        try:
+            await stream.aclose()
+        except Exception:  # noqa: BLE001 - a broken adapter must not break the turn
+            pass
 
     def _open(self, turn: Turn, rnd: int, claimed: Helper | None, request: Callable[[], LlmRequest]) -> Any:
         """The round's stream: a committed speculation's buffer, else a fresh request;

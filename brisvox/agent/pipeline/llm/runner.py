@@ -41,9 +41,11 @@ Owns (the tool loop and its UX: docs/TOOLS.md):
   At most ``max_tool_rounds`` rounds execute tools; the next response's calls
   are answered ``tool_round_limit`` unrun and a fixed fallback line is
   spoken (also when the tool engine's retry budget is exhausted).
-* Errors: the runner never retries a model request (one request per round; the
+* Errors: the runner never retries a failed model request (one request per round; the
   resilience layer around every call's LLM re-issues a request that failed before its
-  first event: docs/PROVIDERS.md, "How often one vendor is contacted"). After a failed
+  first event: docs/PROVIDERS.md, "How often one vendor is contacted"); a request that got
+  no event within the first-token timeout is re-issued once by the round when the layer
+  would not (:mod:`~brisvox.agent.pipeline.llm.round`). After a failed
   round the partial text is kept and the turn ends without invented speech. A turn
   that produced no speech sends BotEnded upstream itself (non-blocking). A crash in
   the round task is contained: the turn is closed like a failed one.
