@@ -25,7 +25,8 @@ from bench.harness.daemon import Daemon, agents_config, cli, write_config
 from brisvox.agent.host.call_record import read_records
 from brisvox.wire.g711 import CODECS
 from tests.system.gateway_harness import free_port, have, rtp_range
-from tests.system.test_sip_media import _BODY, _RESP, PCAP, _sdp, pcap_speech, run_peer
+from tests.system.test_sip_media import _BODY, _RESP, CALLEE_BYE, PCAP, _sdp, pcap_speech, run_peer
+from tests.system.test_sip_media import agent_file as sip_media_agent
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240),
               pytest.mark.skipif(not have("sipp") or not PCAP.exists(), reason="needs sipp (sip-tester)")]
@@ -36,25 +37,8 @@ RATE = 8000
 
 
 def agent_file() -> str:
-    return f"""name = "caller"
-system_prompt = "Scripted agent."
-greeting = "{GREETING}"
-
-[stt]
-provider = "scripted_stt"
-[stt.options]
-text = "hello"
-
-[llm]
-provider = "scripted"
-[llm.options]
-fallback = "I see."
-
-[tts]
-provider = "scripted_tts"
-[tts.options]
-answer_ms = 800
-
+    """The scripted agent of the SIP media tests, screening what it dials."""
+    return sip_media_agent("caller", GREETING, 800) + f"""
 [amd]
 enabled = true
 on_machine = "leave_message"
@@ -105,15 +89,7 @@ def callee(pcap: Path, hang_up_ms: int) -> str:
     invite = ('  <recv request="INVITE">\n    <action>\n'
               '      <ereg regexp=".*" search_in="hdr" header="From:" check_it="true" assign_to="from_hdr"/>\n'
               '    </action>\n  </recv>\n')
-    bye = """      BYE sip:brisvox@[remote_ip]:[remote_port] SIP/2.0
-      Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
-      From: <sip:callee@[local_ip]:[local_port]>;tag=[pid]SIPpTag01[call_number]
-      To:[$from_hdr]
-      [last_Call-ID:]
-      CSeq: 2 BYE
-      Contact: <sip:callee@[local_ip]:[local_port]>
-      Max-Forwards: 70
-      Content-Length: 0"""
+    bye = CALLEE_BYE
     ok = """      SIP/2.0 200 OK
       [last_Via:]
       [last_From:]

@@ -135,13 +135,8 @@ _RESP = """      SIP/2.0 {status}
 _BODY = "\n      Content-Type: application/sdp\n      Content-Length: [len]\n\n"
 
 
-def early_media_callee(early_ms: int, talk_ms: int) -> str:
-    """SIPp as the callee: 180, 183 with SDP and the pcap played, 200 ``early_ms`` later, its BYE
-    ``talk_ms`` after the ACK."""
-    invite = ('  <recv request="INVITE">\n    <action>\n'
-              '      <ereg regexp=".*" search_in="hdr" header="From:" check_it="true" assign_to="from_hdr"/>\n'
-              '    </action>\n  </recv>\n')
-    bye = """      BYE sip:brisvox@[remote_ip]:[remote_port] SIP/2.0
+# SIPp as a callee hanging up: its BYE in the dialog the INVITE opened (``from_hdr``: the INVITE's From)
+CALLEE_BYE = """      BYE sip:brisvox@[remote_ip]:[remote_port] SIP/2.0
       Via: SIP/2.0/[transport] [local_ip]:[local_port];branch=[branch]
       From: <sip:callee@[local_ip]:[local_port]>;tag=[pid]SIPpTag01[call_number]
       To:[$from_hdr]
@@ -150,6 +145,15 @@ def early_media_callee(early_ms: int, talk_ms: int) -> str:
       Contact: <sip:callee@[local_ip]:[local_port]>
       Max-Forwards: 70
       Content-Length: 0"""
+
+
+def early_media_callee(early_ms: int, talk_ms: int) -> str:
+    """SIPp as the callee: 180, 183 with SDP and the pcap played, 200 ``early_ms`` later, its BYE
+    ``talk_ms`` after the ACK."""
+    invite = ('  <recv request="INVITE">\n    <action>\n'
+              '      <ereg regexp=".*" search_in="hdr" header="From:" check_it="true" assign_to="from_hdr"/>\n'
+              '    </action>\n  </recv>\n')
+    bye = CALLEE_BYE
     return S.scenario(
         invite
         + S.send(_RESP.format(status="180 Ringing") + "\n      Content-Length: 0", False)
