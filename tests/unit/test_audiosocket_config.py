@@ -41,3 +41,16 @@ def test_bad_values_name_their_key(table, key):
     with pytest.raises(ConfigError) as e:
         AudioSocketConfig.from_section(table)
     assert e.value.key == key, e.value
+
+
+def test_brisvoxd_check_names_who_may_connect_and_refuses_an_open_listener(tmp_path, capsys):
+    from brisvox.cli.brisvoxd import main as brisvoxd
+
+    ok = tmp_path / "ok.toml"
+    ok.write_text('[audiosocket]\nenabled = true\nhost = "0.0.0.0"\nallow = ["10.0.0.2/32"]\n')
+    assert brisvoxd(["check", str(ok)]) == 0
+    assert "audiosocket: 0.0.0.0:9092 answers 10.0.0.2/32 (audiosocket.allow)" in capsys.readouterr().out
+    open_ = tmp_path / "open.toml"
+    open_.write_text('[audiosocket]\nenabled = true\nhost = "0.0.0.0"\nallow = ["0.0.0.0/0"]\n')
+    assert brisvoxd(["check", str(open_)]) == 2
+    assert "open.toml:4: audiosocket.allow: admits 0.0.0.0/0" in capsys.readouterr().err
