@@ -31,6 +31,7 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from brisvox.config.exposure import as_networks
 from brisvox.gateway.audiosocket.leg import AudioSocketLeg
 from brisvox.gateway.config import AudioSocketConfig
 from brisvox.wire.audiosocket import AudioSocketError, Decoder
@@ -131,7 +132,7 @@ class AudioSocketServer:
     def __init__(self, host: CallHost, cfg: AudioSocketConfig) -> None:
         self.host = host
         self.cfg = cfg
-        self.nets = [ipaddress.ip_network(n, strict=False) for n in cfg.allow]
+        self.nets = [n for entry in cfg.allow for n in as_networks(entry)]  # IPv4-mapped entries as IPv4
         self.server: asyncio.base_events.Server | None = None
         self.conns: set[AudioSocketConn] = set()
         self.per_source: Counter[str] = Counter()
