@@ -172,7 +172,7 @@ TRANSPORTS: dict[str, Transport] = {
         Transport("audiosocket", "audiosocket", None, lacks={
             "marks_echo": "AudioSocket has no mark message: a mark is reported played on release",
             "transfer": "AudioSocket has no transfer message (the dialplan goes on once AudioSocket() returns: "
-                        "hang up with a reason and route the call there)",
+                        "hang up and let its next priority route the call)",
             "fault_budget": "a TCP stream that carried a malformed AudioSocket message is out of step: the "
                             "message is refused, counted, and the leg ends",
         }),

@@ -44,8 +44,11 @@ def message(kind: int, payload: bytes = b"") -> bytes:
     return struct.pack(">BH", kind, len(payload)) + payload
 
 
-class AudioSocketPeer:
-    """Asterisk's side of one AudioSocket call (see the module docstring)."""
+class AudioSocketPeer(asyncio.Protocol):
+    """Asterisk's side of one AudioSocket call (see the module docstring).
+
+    What the server sends is parsed in ``data_received``, so audio that reached the socket
+    before an event the test waits for is counted before the test goes on."""
 
     rate = 8000
 
@@ -56,51 +59,55 @@ class AudioSocketPeer:
         self.send_uuid = send_uuid
         self.call_id = ""
         self.ids = {"uuid": self.uuid}
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
+        self.transport: asyncio.Transport | None = None
         self.kinds: list[int] = []  # every message kind the server sent, in order
         self.eof = asyncio.Event()  # the server closed the connection
+        self._buf = bytearray()
         self._events = BotEvents()
-        self._task: asyncio.Task[None] | None = None
         self._ended = False
 
     async def open(self, events: BotEvents | None = None) -> None:
         self._events = events or BotEvents()
-        self.reader, self.writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), 5.0)
+        loop = asyncio.get_running_loop()
+        await asyncio.wait_for(loop.create_connection(lambda: self, self.host, self.port), 5.0)
         if self.send_uuid:
             await self.send_raw(message(UUID, uuid.UUID(self.uuid).bytes))
-        self._task = asyncio.create_task(self._receive())
 
-    async def _receive(self) -> None:
-        assert self.reader is not None
-        try:
-            while True:
-                head = await self.reader.readexactly(3)
-                kind, length = struct.unpack(">BH", head)
-                payload = await self.reader.readexactly(length)
-                now = time.monotonic()
-                self.kinds.append(kind)
-                if kind == SLIN8:
+    # -- asyncio.Protocol: what the server sends ------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        while len(self._buf) >= 3:
+            kind, length = struct.unpack(">BH", self._buf[:3])
+            if len(self._buf) < 3 + length:
+                return
+            payload = bytes(self._buf[3:3 + length])
+            del self._buf[:3 + length]
+            now = time.monotonic()
+            self.kinds.append(kind)
+            if kind == SLIN8:
+                if not self._ended:
                     self._events.on_audio(np.frombuffer(payload, dtype="<i2"), now)
-                elif kind == HANGUP:
-                    self._end("hangup", now)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            self.eof.set()
-            self._end("closed", time.monotonic())
+            elif kind == HANGUP:
+                self._end("hangup", now)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.eof.set()
+        self._end("closed", time.monotonic())
 
     def _end(self, why: str, now: float) -> None:
         if not self._ended:
             self._ended = True
             self._events.on_end(why, now)
 
+    # -- what the caller's side sends ----------------------------------------------------------
+
     async def send_raw(self, data: bytes) -> None:
-        if self.writer is None or self.writer.is_closing():
-            return
-        self.writer.write(data)
-        with contextlib.suppress(ConnectionError):
-            await asyncio.wait_for(self.writer.drain(), 2.0)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
 
     async def send_audio(self, pcm: np.ndarray) -> None:
         await self.send_raw(message(SLIN8, pcm.astype("<i2").tobytes()))
@@ -120,11 +127,8 @@ class AudioSocketPeer:
     async def close(self) -> None:
         """The caller hangs up: a terminate message, then the socket closes."""
         self._ended = True
-        if self.writer is not None and not self.writer.is_closing():
-            await self.send_raw(message(HANGUP))
-            self.writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.writer.wait_closed(), 2.0)
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(message(HANGUP))
+            self.transport.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.eof.wait(), 2.0)
