@@ -15,6 +15,8 @@ Section by section, what this peer does:
   bytes) a message; ``0x03`` one ASCII DTMF digit (Asterisk 20.x+ forwards the caller's DTMF
   frames); ``0x00`` terminate, sent when the caller hangs up (and socket closure "is also
   sufficient"); ``0xff`` an error with an optional code.
+* "Types", the higher-rate kinds (``0x11``..``0x16`` here: 12 to 48 kHz): a peer made with
+  another ``rate`` sends and expects that kind instead of ``0x10``.
 * What the server sends back: audio of the same kind, played to the caller as it arrives
   (Asterisk queues nothing of its own: there is no flush message, so a peer never sees a
   "clear"), and ``0x00`` when the server ends the call.
@@ -37,6 +39,8 @@ import numpy as np
 from brisvox.client.transport import BotEvents
 
 HANGUP, UUID, DTMF, SLIN8, ERROR = 0x00, 0x01, 0x03, 0x10, 0xFF
+# "Types": the audio kinds of the higher-rate patch (newer Asterisk versions), by rate
+SLIN_KINDS = {8000: 0x10, 12000: 0x11, 16000: 0x12, 24000: 0x13, 32000: 0x14, 44100: 0x15, 48000: 0x16}
 
 
 def message(kind: int, payload: bytes = b"") -> bytes:
@@ -50,9 +54,10 @@ class AudioSocketPeer(asyncio.Protocol):
     What the server sends is parsed in ``data_received``, so audio that reached the socket
     before an event the test waits for is counted before the test goes on."""
 
-    rate = 8000
-
-    def __init__(self, host: str, port: int, call_uuid: str | None = None, *, send_uuid: bool = True) -> None:
+    def __init__(self, host: str, port: int, call_uuid: str | None = None, *, send_uuid: bool = True,
+                 rate: int = 8000) -> None:
+        self.rate = rate
+        self.kind = SLIN_KINDS[rate]  # the audio kind this peer sends and expects back
         self.host = host
         self.port = port
         self.uuid = call_uuid or str(uuid.uuid4())
@@ -88,7 +93,7 @@ class AudioSocketPeer(asyncio.Protocol):
             del self._buf[:3 + length]
             now = time.monotonic()
             self.kinds.append(kind)
-            if kind == SLIN8:
+            if kind == self.kind:
                 if not self._ended:
                     self._events.on_audio(np.frombuffer(payload, dtype="<i2"), now)
             elif kind == HANGUP:
@@ -110,7 +115,7 @@ class AudioSocketPeer(asyncio.Protocol):
             self.transport.write(data)
 
     async def send_audio(self, pcm: np.ndarray) -> None:
-        await self.send_raw(message(SLIN8, pcm.astype("<i2").tobytes()))
+        await self.send_raw(message(self.kind, pcm.astype("<i2").tobytes()))
 
     async def send_dtmf(self, digits: str) -> None:
         for d in digits:

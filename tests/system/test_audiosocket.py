@@ -11,7 +11,9 @@ One gateway (``python -m brisvox.gateway``) with ``[audiosocket]`` on and tight 
 * garbage and protocol misuse (DTMF before the UUID, a second UUID, audio of another rate,
   Asterisk's error message): each ends only its own connection, with its counter and the
   call's end reason;
-* a gateway whose ``allow`` does not hold the source closes every connection at accept.
+* a gateway whose ``allow`` does not hold the source closes every connection at accept;
+* a gateway at ``rate = 16000`` carries kind ``0x12`` audio both ways, sample for sample,
+  and refuses 8 kHz audio on such a call.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from brisvox.client.transport import BotEvents
 from ipc import frames as F
+from ipc.ring import Ring, ring_name
 from tests.system.audiosocket_peer import AudioSocketPeer, message
 from tests.system.gateway_harness import FakeAgent, GatewayProc
 
@@ -89,10 +93,10 @@ def run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
-async def talk(p: AudioSocketPeer) -> None:
+async def talk(p: AudioSocketPeer, samples: int = 160) -> None:
     """20 ms of silence every 20 ms, as Asterisk sends the caller's audio (the media timer is 1 s)."""
     while True:
-        await p.send_audio(np.zeros(160, np.int16))
+        await p.send_audio(np.zeros(samples, np.int16))
         await asyncio.sleep(0.02)
 
 
@@ -219,5 +223,53 @@ def test_a_source_outside_allow_is_closed_at_accept():
             stats = gw.stats()
             assert stats["audiosocket_refused_allowlist"] == 2 and stats["audiosocket_accepted"] == 0
             assert not agent.of(F.CallStart)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_16_khz_gateway_carries_16_khz_audio_both_ways():
+    tmp = Path(tempfile.mkdtemp(prefix="bva", dir="/tmp"))
+
+    async def go(gw: GatewayProc, agent: FakeAgent) -> None:
+        p = AudioSocketPeer("127.0.0.1", gw.audiosocket_port, rate=16000)
+        heard: list[np.ndarray] = []
+        await p.open(BotEvents(on_audio=lambda pcm, now: heard.append(pcm.copy())))
+        talking = asyncio.create_task(talk(p, 320))
+        try:
+            start = await asyncio.to_thread(agent.wait_for, F.CallStart,
+                                            lambda f: (f.transport_ids or {}).get("uuid") == p.uuid, 5.0)
+            assert start.call_rate == 16000 and start.transport == "audiosocket"
+            deadline = time.monotonic() + 5
+            while (await asyncio.to_thread(gw.command, "calls"))[start.call_id]["in_pos"] < 3200:
+                assert time.monotonic() < deadline, "the caller's 16 kHz audio did not reach the in ring"
+                await asyncio.sleep(0.05)
+            bot = (np.arange(3200) % 2000 - 1000).astype(np.int16)  # 200 ms at 16 kHz
+            out = Ring.attach(ring_name(gw.instance, start.call_id, "out", start.ring_key))
+            try:
+                pos = out.write_pos
+                out.write(bot)
+                agent.send(F.OutUtterance(call_id=start.call_id, utterance=1, epoch=1, out_pos=pos))
+                deadline = time.monotonic() + 5
+                while sum(len(a) for a in heard) < len(bot):
+                    assert time.monotonic() < deadline, "the bot's audio did not arrive"
+                    await asyncio.sleep(0.02)
+            finally:
+                out.close()
+            assert np.array_equal(np.concatenate(heard)[:len(bot)], bot)
+            assert {k for k in p.kinds if k >= 0x10} == {0x12} and all(len(a) == 320 for a in heard)
+            talking.cancel()
+            await p.send_raw(message(0x10, b"\x00" * 320))  # 8 kHz audio on a 16 kHz call
+            assert await p.closed_by_server()
+            end = await asyncio.to_thread(agent.wait_for, F.CallEnd, lambda f: f.call_id == start.call_id, 5.0)
+            assert end.reason == "protocol error: wrong_rate"
+        finally:
+            talking.cancel()
+            await asyncio.gather(talking, return_exceptions=True)
+            await p.close()
+
+    try:
+        with FakeAgent(tmp) as agent, GatewayProc(tmp, peers={"agent-0": agent.endpoint}, inbox=True,
+                                                  audiosocket={"rate": 16000}) as gw:
+            run(go(gw, agent))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
