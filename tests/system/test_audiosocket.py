@@ -273,3 +273,33 @@ def test_a_16_khz_gateway_carries_16_khz_audio_both_ways():
             run(go(gw, agent))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_gateway_share_of_one_source_bounds_its_audiosocket_calls():
+    """``[gateway] max_calls_per_source`` (every transport's per-source share) holds for AudioSocket:
+    the call beyond it is told to hang up and closed, counted, and the others go on."""
+    tmp = Path(tempfile.mkdtemp(prefix="bva", dir="/tmp"))
+
+    async def go(gw: GatewayProc, agent: FakeAgent) -> None:
+        peers = [AudioSocketPeer("127.0.0.1", gw.audiosocket_port) for _ in range(3)]
+        try:
+            for p in peers[:2]:
+                await p.open()
+                await asyncio.to_thread(agent.wait_for, F.CallStart,
+                                        lambda f, p=p: (f.transport_ids or {}).get("uuid") == p.uuid, 5.0)
+            await peers[2].open()
+            assert await peers[2].closed_by_server() and peers[2].kinds == [0x00]
+            assert not peers[0].eof.is_set() and not peers[1].eof.is_set()
+            stats = await asyncio.to_thread(gw.stats)
+            assert stats["audiosocket_refused_source"] == 1
+            assert not [f for f in agent.of(F.CallStart) if (f.transport_ids or {}).get("uuid") == peers[2].uuid]
+        finally:
+            for p in peers:
+                await p.close()
+
+    try:
+        with FakeAgent(tmp) as agent, GatewayProc(tmp, peers={"agent-0": agent.endpoint}, inbox=True,
+                                                  gateway={"max_calls_per_source": 2}, audiosocket={}) as gw:
+            run(go(gw, agent))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
