@@ -382,6 +382,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     sip = cfg.section("sip")
     if sip.enabled:
         print(f"sip: {sip.host}:{sip.port} answers {', '.join(sip.allow) or 'no one'} (sip.allow)")
+    audiosocket = cfg.section("audiosocket")
+    if audiosocket.enabled:  # no authentication: the allow list is who can place calls
+        print(f"audiosocket: {audiosocket.host}:{audiosocket.port} answers {', '.join(audiosocket.allow)} "
+              "(audiosocket.allow)")
     low, nofile = check_line(would_get())
     print(f"{'warning: ' if low else ''}{nofile}")
     security = [*open_sip, *audit(cfg, args.file, unresolved)]

@@ -46,7 +46,7 @@ OVERRIDE_KEY = "daemon.unsafe_open_sip"
 DOC = "docs/SECURITY.md, \"SIP and RTP\""
 
 
-def _as_networks(entry: str) -> list[IpNetwork]:
+def as_networks(entry: str) -> list[IpNetwork]:
     """One allow entry as the networks it admits, IPv4-mapped IPv6 addresses read as IPv4."""
     net = ipaddress.ip_network(entry, strict=False)
     if isinstance(net, ipaddress.IPv6Network) and net.prefixlen >= 96 and net.subnet_of(_MAPPED):
@@ -60,7 +60,7 @@ def _as_networks(entry: str) -> list[IpNetwork]:
 
 def wide_networks(allow: tuple[str, ...] | list[str]) -> list[str]:
     """The networks of ``allow`` (collapsed) that admit the whole Internet, as strings; [] when none does."""
-    nets = [n for e in allow for n in _as_networks(e)]
+    nets = [n for e in allow for n in as_networks(e)]
     wide: list[str] = []
     for version in (4, 6):
         family: list[Any] = [n for n in nets if n.version == version]

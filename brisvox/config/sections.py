@@ -14,6 +14,7 @@ SECTION_PARSERS: dict[str, str] = {
     "gateway": "brisvox.gateway.config:GatewayConfig",
     "sip": "brisvox.gateway.config:SipConfig",
     "websocket": "brisvox.gateway.config:WebSocketConfig",
+    "audiosocket": "brisvox.gateway.config:AudioSocketConfig",
     "agents": "brisvox.agent.host.config:AgentsConfig",
     "calls": "brisvox.agent.host.config:CallsConfig",
     "tracing": "brisvox.agent.host.tracing:TracingConfig",

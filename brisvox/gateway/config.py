@@ -1,4 +1,4 @@
-"""Parsed ``[gateway]``, ``[sip]`` and ``[websocket]`` sections of ``brisvoxd.toml``.
+"""Parsed ``[gateway]``, ``[sip]``, ``[websocket]`` and ``[audiosocket]`` sections of ``brisvoxd.toml``.
 
 Owns the gateway's configuration: defaults, validation and the names of the
 keys. Each class is a config section (:func:`brisvox.config.schema.section`, the one
@@ -746,13 +746,60 @@ class WebSocketConfig:
         return None
 
 
+AUDIOSOCKET_RATES = (8000, 16000, 24000, 32000, 44100, 48000)  # AudioSocket's slin kinds the gateway carries
+
+
+@section
+class AudioSocketConfig:
+    """``[audiosocket]``: Asterisk's AudioSocket (``AudioSocket()`` app, ``Dial(AudioSocket/...)``), a TCP listener.
+
+    Invariants (checked when it is built): the protocol has no authentication, so ``allow`` (the
+    source networks a connection may come from) is never empty, and a listener on a non-loopback
+    address refuses to start with an ``allow`` that admits the whole Internet
+    (:func:`brisvox.config.exposure.wide_networks`: a public network wider than a /8 or a /16)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: Port = 9092
+    allow: tuple[str, ...] = ("127.0.0.0/8", "::1/128")  # source networks a connection may come from
+    agent: str = "default"  # the agent every AudioSocket call reaches
+    rate: int = 8000  # the slin rate Asterisk sends (8000: the AudioSocket() app); audio of another rate is refused
+    max_message_bytes: int = Field(default=8192, ge=16, le=65535)  # a longer payload length ends the connection
+    first_message_s: PositiveS = 5.0  # a connection without its UUID message this long is closed
+    media_timeout_s: float = Field(default=20.0, ge=0)  # a call without inbound audio this long is hung up (0: never)
+    max_connections: int = Field(default=1024, ge=1, le=1_000_000)  # open connections (beyond: closed at accept)
+    max_connections_per_source: int = Field(default=64, ge=1, le=1_000_000)  # open connections per source address
+
+    def __post_init__(self) -> None:
+        from brisvox.config.exposure import wide_networks
+
+        _networks("allow", self.allow)
+        _agent("agent", self.agent)
+        if self.rate not in AUDIOSOCKET_RATES:
+            raise ConfigError("rate", f"expected one of {AUDIOSOCKET_RATES}, got {self.rate}")
+        if not self.allow:
+            raise ConfigError("allow", "empty: AudioSocket has no authentication, the allow list is its only gate")
+        wide = wide_networks(self.allow)
+        if self.enabled and not is_loopback(self.host) and wide:
+            raise ConfigError("allow", f"admits {', '.join(wide)}, the whole Internet, on the AudioSocket listener "
+                              f"{self.host}:{self.port} (audiosocket.host): AudioSocket has no authentication, "
+                              "so anyone reaching the port places agent calls. Narrow audiosocket.allow to your "
+                              "Asterisk servers' addresses (e.g. allow = [\"10.0.0.5/32\"]) or bind "
+                              "audiosocket.host to 127.0.0.1 (docs/SECURITY.md, \"AudioSocket\")")
+
+    @classmethod
+    def from_section(cls, table: dict[str, Any] | None, where: str = "audiosocket") -> AudioSocketConfig:
+        return from_table(cls, table, where)
+
+
 @dataclass(frozen=True, slots=True)
 class GatewaySettings:
-    """The three sections together, as the gateway core takes them."""
+    """The gateway's sections together, as the gateway core takes them."""
 
     gateway: GatewayConfig = GatewayConfig()
     sip: SipConfig = SipConfig()
     websocket: WebSocketConfig = WebSocketConfig()
+    audiosocket: AudioSocketConfig = AudioSocketConfig()
 
     @classmethod
     def from_tables(cls, tables: dict[str, Any]) -> GatewaySettings:
@@ -760,4 +807,5 @@ class GatewaySettings:
             GatewayConfig.from_section(tables.get("gateway")),
             SipConfig.from_section(tables.get("sip")),
             WebSocketConfig.from_section(tables.get("websocket")),
+            AudioSocketConfig.from_section(tables.get("audiosocket")),
         )

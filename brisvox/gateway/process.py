@@ -23,7 +23,13 @@ import time
 from typing import Any
 
 from brisvox.config.errors import ConfigError
-from brisvox.gateway.config import GatewayConfig, GatewaySettings, SipConfig, WebSocketConfig
+from brisvox.gateway.config import (
+    AudioSocketConfig,
+    GatewayConfig,
+    GatewaySettings,
+    SipConfig,
+    WebSocketConfig,
+)
 from brisvox.gateway.transports import assemble
 from brisvox.runtime import exitcodes
 from brisvox.runtime.child_runtime import ChildRuntime
@@ -42,8 +48,10 @@ def settings_from_config(cfg: Any) -> GatewaySettings:
     gw = cfg.section("gateway")
     sip = cfg.section("sip")
     ws = cfg.section("websocket")
+    audiosocket = cfg.section("audiosocket")
     assert isinstance(gw, GatewayConfig) and isinstance(sip, SipConfig) and isinstance(ws, WebSocketConfig)
-    return GatewaySettings(gw, sip, ws)
+    assert isinstance(audiosocket, AudioSocketConfig)
+    return GatewaySettings(gw, sip, ws, audiosocket)
 
 
 async def run(rt: Any, settings: GatewaySettings) -> int:

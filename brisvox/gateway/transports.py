@@ -1,6 +1,7 @@
 """The transport registry: one table naming every caller-facing transport.
 
-Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``, ``sip``: the name a call's
+Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``, ``sip``,
+``audiosocket``: the name a call's
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
 WebSocket route uses, the handshake check of its routes (``auth``:
@@ -131,6 +132,12 @@ def _sip_listener(host: CallHost, cfg: Any) -> Listener:
     return SipUserAgent(host, cfg)
 
 
+def _audiosocket_listener(host: CallHost, cfg: Any) -> Listener:
+    from brisvox.gateway.audiosocket.listener import AudioSocketServer
+
+    return AudioSocketServer(host, cfg)
+
+
 TRANSPORTS: dict[str, Transport] = {
     t.name: t
     for t in (
@@ -160,6 +167,15 @@ TRANSPORTS: dict[str, Transport] = {
             "fault_budget": "UDP has no connection to close: SIP and RTP drop and count every malformed "
                             "datagram, and no call ever ends over them",
         }),
+        # clear: AudioSocket has no flush message; the pacer stops sending and Asterisk plays what it
+        # reads as it reads it, so the bot's audio stops at once (docs/TRANSPORTS.md, "AudioSocket")
+        Transport("audiosocket", "audiosocket", None, lacks={
+            "marks_echo": "AudioSocket has no mark message: a mark is reported played on release",
+            "transfer": "AudioSocket has no transfer message (the dialplan goes on once AudioSocket() returns: "
+                        "hang up and let its next priority route the call)",
+            "fault_budget": "a TCP stream that carried a malformed AudioSocket message is out of step: the "
+                            "message is refused, counted, and the leg ends",
+        }),
     )
 }
 
@@ -167,6 +183,7 @@ TRANSPORTS: dict[str, Transport] = {
 LISTENERS: dict[str, ListenerFactory] = {
     "sip": _sip_listener,
     "websocket": _websocket_listener,
+    "audiosocket": _audiosocket_listener,
 }
 
 

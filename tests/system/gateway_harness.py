@@ -158,7 +158,8 @@ class GatewayProc:
     """
 
     def __init__(self, tmp: Path, *, gateway: dict[str, Any] | None = None, sip: dict[str, Any] | None = None,
-                 websocket: dict[str, Any] | None = None, inbox: bool = False,
+                 websocket: dict[str, Any] | None = None, audiosocket: dict[str, Any] | None = None,
+                 inbox: bool = False,
                  peers: dict[str, str] | None = None, extra_args: list[str] | None = None) -> None:
         self.tmp = tmp
         self.tag = f"t{os.getpid()}-{next(_seq)}"  # names its files; the rings' tag is ``instance``
@@ -178,6 +179,8 @@ class GatewayProc:
                                         ("127.0.0.1", "localhost", "::1") else {"trust_loopback": True}),
                           **(websocket or {})},
         }
+        if audiosocket is not None:  # Asterisk's AudioSocket listener, on an ephemeral loopback port
+            tables["audiosocket"] = {"enabled": True, "port": 0, **audiosocket}
         self.config = tmp / f"gw-{self.tag}.toml"
         self.config.write_text(_toml(tables))
         self.inbox = f"ipc://{tmp}/gw-{self.tag}.sock" if inbox else ""
@@ -223,6 +226,10 @@ class GatewayProc:
     @property
     def ws_port(self) -> int:
         return int(self.endpoints["websocket"].rsplit(":", 1)[1])
+
+    @property
+    def audiosocket_port(self) -> int:
+        return int(self.endpoints["audiosocket"].rsplit(":", 1)[1])
 
     def segments(self) -> list[str]:
         return sorted(p.name for p in Path("/dev/shm").glob(f"brisvox.{self.instance}.*"))

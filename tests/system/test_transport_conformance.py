@@ -5,12 +5,13 @@ process (ZeroMQ) serve the whole module; each case places a fresh call
 through one transport of :data:`brisvox.gateway.transports.TRANSPORTS`
 (Twilio Media Streams, native WebSocket, Plivo Audio Streams, Telnyx Media
 Streaming, Vonage Voice WebSockets, Exotel Voicebot streams, SIP/RTP;
-every WebSocket one at ``/<name>``, native at ``/ws``), driven by the client's
-own transports (:mod:`brisvox.client`), raw sockets and the
-:mod:`brisvox.wire` builders, and checks what the caller and the agent see:
+every WebSocket one at ``/<name>``, native at ``/ws``; Asterisk's AudioSocket on its
+own TCP listener), driven by the client's own transports (:mod:`brisvox.client`), an
+AudioSocket peer written from the protocol's text (:mod:`tests.system.audiosocket_peer`),
+raw sockets and the :mod:`brisvox.wire` builders, and checks what the caller and the agent see:
 
 * ``clear``: a Clear stops the bot's audio at the peer within a tick
-  (Twilio and native peers get a ``clear``; SIP's RTP stops) and Cleared
+  (Twilio and native peers get a ``clear``; SIP's RTP and AudioSocket's audio stop) and Cleared
   answers a position no further than what was written;
 * ``lazy_clear``: a lazy Clear read after the newer epoch's audio started
   stops nothing (no transport clear, every frame arrives, counted
@@ -28,7 +29,8 @@ own transports (:mod:`brisvox.client`), raw sockets and the
 * ``hangup``: the agent's Hangup ends the call at the peer; the peer's end
   reaches the agent as CallEnd;
 * ``oversize`` / ``malformed``: refused and counted, and a live call on the
-  same transport goes on;
+  same transport goes on (AudioSocket: a 64 KiB length, an unknown kind byte, each
+  ending its own connection);
 * ``fault_budget``: malformed messages on a live call's own connection are
   counted (the call's ``malformed``) and dropped, and audio keeps flowing
   both ways; one more than the budget (``[websocket] fault_max``, here
@@ -70,6 +72,8 @@ from brisvox.wire.g711 import PCMU
 from brisvox.wire.native import NativeStream, server_message
 from ipc import frames as F
 from ipc.ring import Ring, ring_name
+from tests.system.audiosocket_peer import AudioSocketPeer
+from tests.system.audiosocket_peer import message as as_message
 from tests.system.gateway_harness import FakeAgent, GatewayProc
 from tests.system.twilio_api_fake import ACCOUNT, TOKEN, FakeTwilioApi
 
@@ -79,6 +83,7 @@ FRAME = 160
 RATE = 8000
 WS_MAX = 65536
 SIP_MAX = 8192
+AS_MAX = 4096  # the module gateway's [audiosocket] max_message_bytes
 FAULT_MAX = 5  # the module gateway's fault budget: 5 malformed messages within 10 s
 # distinct values that survive G.711 mu-law exactly, one per 20 ms frame
 LEVELS = np.unique(PCMU.decode(np.arange(256, dtype=np.uint8)))
@@ -115,7 +120,8 @@ def env() -> Iterator[tuple[GatewayProc, FakeAgent]]:
                 gateway={"pause_max_ms": 5000},
                 sip={"max_message_bytes": SIP_MAX},
                 websocket={"max_message_bytes": WS_MAX, "fault_max": FAULT_MAX, "fault_window_s": 10.0,
-                           "routes": ROUTES, **api.config()}) as gw:
+                           "routes": ROUTES, **api.config()},
+                audiosocket={"max_message_bytes": AS_MAX}) as gw:
             yield gw, agent
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -159,6 +165,8 @@ class Peer:
             self.t = VonageTransport(f"ws://127.0.0.1:{gw.ws_port}/vonage", rate=RATE)
         elif kind == "exotel":  # raw/slin at 8 kHz: the tagged levels are 8 kHz frames
             self.t = ExotelTransport(f"ws://127.0.0.1:{gw.ws_port}/exotel", rate=RATE)
+        elif kind == "audiosocket":
+            self.t = AudioSocketPeer("127.0.0.1", gw.audiosocket_port)
         elif kind == "native":
             url = f"ws://127.0.0.1:{gw.ws_port}/ws"
             self.t = NativeEcho(url, RATE) if echo_marks else NativeTransport(url, RATE)
@@ -258,7 +266,7 @@ async def case_clear(p: Peer, agent: FakeAgent) -> None:
     await asyncio.sleep(0.3)
     assert p.n - at_cut <= 2 * FRAME, (p.n, at_cut)  # the frame in flight at most
     assert cleared.epoch == 1 and at_cut - 2 * FRAME <= cleared.position < len(audio)
-    if p.kind != "sip":  # an RTP peer just stops getting packets
+    if p.kind not in ("sip", "audiosocket"):  # an RTP or AudioSocket peer just stops getting audio
         assert p.clears, "no clear message"
 
 
@@ -310,7 +318,7 @@ async def case_dtmf_in(p: Peer, agent: FakeAgent) -> None:
 
 async def case_dtmf_out(p: Peer, agent: FakeAgent) -> None:
     agent.send(F.SendDtmf(call_id=p.call_id, digits="7"))
-    if p.kind in ("twilio", "telnyx", "vonage", "exotel"):  # in-band: 852 Hz + 1209 Hz
+    if p.kind in ("twilio", "telnyx", "vonage", "exotel", "audiosocket"):  # in-band: 852 Hz + 1209 Hz
         assert await p.until(lambda: p.n >= 800)
         x = p.samples()[:800].astype(np.float64)
         spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
@@ -396,6 +404,17 @@ async def case_oversize(p: Peer, agent: FakeAgent) -> None:
         udp(p.gw.sip_port, head + body)
         after = await stats(p.gw)
         assert after["sip_malformed_oversized"] == before.get("sip_malformed_oversized", 0) + 1
+    elif p.kind == "audiosocket":  # a 64 KiB length on another call's connection: refused at its header
+        q = AudioSocketPeer("127.0.0.1", p.gw.audiosocket_port)
+        await q.open()
+        try:
+            await q.send_raw(b"\x10\xff\xff")
+            assert await q.closed_by_server(), "not closed"
+            assert q.kinds[-1:] == [0x00]  # told to hang up first
+        finally:
+            await q.close()
+        after = await stats(p.gw)
+        assert after["audiosocket_malformed_oversized"] == before.get("audiosocket_malformed_oversized", 0) + 1
     else:
         code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{PATHS[p.kind]}", "x" * (WS_MAX + 100))
         assert code == 1009
@@ -413,6 +432,17 @@ async def case_malformed(p: Peer, agent: FakeAgent) -> None:
         malformed = {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("sip_malformed_")}
         assert sum(malformed.values()) == 1, malformed
         assert after["rtp_malformed"] == before.get("rtp_malformed", 0) + 1
+    elif p.kind == "audiosocket":  # an unknown kind byte, then a UUID of the wrong size: each ends its connection
+        for bad, kind in ((as_message(0x42, b"x"), "unknown_kind"), (as_message(0x01, b"short"), "bad_uuid")):
+            q = AudioSocketPeer("127.0.0.1", p.gw.audiosocket_port, send_uuid=False)
+            await q.open()
+            try:
+                await q.send_raw(bad)
+                assert await q.closed_by_server(), kind
+            finally:
+                await q.close()
+            counter = f"audiosocket_malformed_{kind}"
+            assert (await stats(p.gw))[counter] == before.get(counter, 0) + 1, counter
     elif p.kind in ("twilio", "plivo", "telnyx", "vonage", "exotel"):  # a vendor stream closes before the call
         code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{PATHS[p.kind]}", "{not json")
         assert code == 1007

@@ -56,6 +56,17 @@ def test_referenced_agents_of_the_shipped_configs():
     assert referenced_agents(scripted) == []
 
 
+def test_the_audiosocket_agent_is_checked_when_the_listener_is_on(tmp_path):
+    off = parse_config({"websocket": {"enabled": False}, "sip": {"enabled": False},
+                        "audiosocket": {"agent": "sales"}})
+    assert referenced_agents(off) == []
+    on = parse_config({"websocket": {"enabled": False}, "sip": {"enabled": False},
+                       "agents": {"agents_dir": str(tmp_path)}, "audiosocket": {"enabled": True, "agent": "sales"}})
+    assert referenced_agents(on) == [("audiosocket.agent", "sales")]
+    errors, _ = check_referenced_agents(on)
+    assert len(errors) == 1 and errors[0].startswith("audiosocket.agent: agent 'sales': no agent file")
+
+
 def test_smart_turn_timeout_reaches_the_driver_and_stays_below_the_fallback():
     assert AgentsConfig(smart_turn_timeout_ms=800).actor_config(8000).turn.analysis_timeout == 0.8
     capped = AgentsConfig(smart_turn_timeout_ms=1000, fallback_silence_ms=600).actor_config(8000)

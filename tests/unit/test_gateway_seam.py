@@ -69,13 +69,14 @@ def test_the_command_handler_answers(core):
 
 
 def test_the_registry_names_every_transport_its_listener_and_capabilities():
-    assert set(TRANSPORTS) == {"twilio", "native", "plivo", "telnyx", "vonage", "exotel", "sip"}
+    assert set(TRANSPORTS) == {"twilio", "native", "plivo", "telnyx", "vonage", "exotel", "sip", "audiosocket"}
     assert set(websocket_protocols()) == {"twilio", "native", "plivo", "telnyx", "vonage", "exotel"}
     for t in TRANSPORTS.values():
         assert t.section in LISTENERS
         assert set(t.lacks) <= set(CAPABILITIES)
         assert all(why for why in t.lacks.values())
     assert not TRANSPORTS["sip"].offers("marks_echo") and TRANSPORTS["native"].offers("marks_echo")
+    assert TRANSPORTS["audiosocket"].session is None and LISTENERS["audiosocket"] is not None
 
 
 def test_config_validation_takes_route_protocols_from_the_registry():

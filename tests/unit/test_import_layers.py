@@ -9,8 +9,8 @@ no other role (nor the supervisor); the tool engine and the context import no
 provider; the conversation and the tool engine import neither the pipeline,
 the host nor the agent definition, and the conversation imports no tool engine module;
 the pipeline imports not its host, and its subpackages are layered (chain > s2s > cascade >
-llm : speculation > stage), as are the gateway's (mains > registry > carriers | sip >
-ws : control > core, with the configuration and the shared edge modules below them all);
+llm : speculation > stage), as are the gateway's (mains > registry > carriers | sip | audiosocket >
+ws : control > core, the AudioSocket listener > its leg, with the configuration and the shared edge modules below them all);
 ``brisvox.runtime`` imports no other brisvox package; the client reaches the workers only
 through ``workers.api``; nothing but ``tests`` and ``bench`` imports the simulator;
 ``bench`` imports no ``tests`` module. ``make lint`` runs the

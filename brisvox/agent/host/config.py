@@ -171,7 +171,7 @@ class CallsConfig:
 def referenced_agents(cfg: Any) -> list[tuple[str, str]]:
     """``(config key, agent name)`` for every agent file the daemon config ``cfg``
     names (enabled WebSocket routes and the agents they list for
-    ``<route>/<name>``, the SIP default agent and users), with "default"
+    ``<route>/<name>``, the SIP default agent and users, the AudioSocket agent), with "default"
     resolved to ``[agents] default_agent``; the built-in echo agent has no
     file and is left out. Empty when ``[agents] providers`` is not
     "definitions". A WebSocket route reaches no agent it does not list."""
@@ -189,6 +189,9 @@ def referenced_agents(cfg: Any) -> list[tuple[str, str]]:
         out.append(("sip.default_agent", sip.default_agent))
         for user, name in sorted(sip.user_agents.items()):
             out.append((f"sip.users.{user}", name))
+    audiosocket = cfg.section("audiosocket")
+    if audiosocket.enabled:
+        out.append(("audiosocket.agent", audiosocket.agent))
     resolved: list[tuple[str, str]] = []
     for key, name in out:
         if name == ECHO:

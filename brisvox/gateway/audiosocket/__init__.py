@@ -1,0 +1,1 @@
+"""Asterisk AudioSocket over TCP: the ``[audiosocket]`` listener and the call leg of each connection."""
