@@ -1,6 +1,7 @@
 """The transport registry: one table naming every caller-facing transport.
 
-Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``, ``sip``: the name a call's
+Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``,
+``asterisk_ws``, ``sip``: the name a call's
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
 WebSocket route uses, the handshake check of its routes (``auth``:
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from brisvox.gateway.config import WEBSOCKET_PROTOCOLS
 from brisvox.gateway.core.host import DialDone, Dialer, Listener, ListenerFactory
 from brisvox.gateway.ws.auth import (
+    asterisk_ws_auth,
     exotel_auth,
     native_auth,
     plivo_auth,
@@ -119,6 +121,12 @@ def _exotel_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Sessi
     return ExotelSession(host, conn, route)
 
 
+def _asterisk_ws_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.carriers.asterisk_ws import AsteriskWsSession
+
+    return AsteriskWsSession(host, conn, route)
+
+
 def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
     from brisvox.gateway.ws.server import WebSocketServer
 
@@ -154,6 +162,11 @@ TRANSPORTS: dict[str, Transport] = {
             "marks_release": "Exotel echoes every mark: a mark is reported played on its echo",
             "transfer": "an Exotel Voicebot stream cannot transfer (the call flow's next applet, "
                         "e.g. Connect, runs once the stream closes)",
+        }),
+        Transport("asterisk_ws", "websocket", _asterisk_ws_session, auth=asterisk_ws_auth, lacks={
+            "marks_echo": "chan_websocket answers MARK_MEDIA only from 20.18/22.8/23.2 in its JSON format: "
+                          "the gateway paces in real time and reports a mark on release",
+            "transfer": "a chan_websocket channel cannot transfer (AMI Redirect or ARI on the bridged channel does)",
         }),
         Transport("sip", "sip", None, lacks={
             "marks_echo": "SIP peers do not echo marks: they are reported on release",
