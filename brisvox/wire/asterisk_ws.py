@@ -341,7 +341,8 @@ class AsteriskStream:
             return orjson.dumps({"event": "MEDIA_START", **params, "channel_variables": self.variables}).decode()
         return " ".join(["MEDIA_START"] + [f"{k}:{v}" for k, v in params.items()])
 
-    def dtmf_end(self, digit: str) -> str:
+    def dtmf(self, digit: str) -> str:
+        """``DTMF_END`` of ``digit``."""
         if self.fmt == JSON:
             return self.event("DTMF_END", digit=digit)
         return f"DTMF_END digit:{digit} channel_id:{self.channel_id}"

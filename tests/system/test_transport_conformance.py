@@ -4,13 +4,14 @@ One gateway process (``python -m brisvox.gateway``) and one fake agent
 process (ZeroMQ) serve the whole module; each case places a fresh call
 through one transport of :data:`brisvox.gateway.transports.TRANSPORTS`
 (Twilio Media Streams, native WebSocket, Plivo Audio Streams, Telnyx Media
-Streaming, Vonage Voice WebSockets, Exotel Voicebot streams, SIP/RTP;
+Streaming, Vonage Voice WebSockets, Exotel Voicebot streams, Asterisk
+chan_websocket (:mod:`tests.system.asterisk_ws_peer` plays Asterisk), SIP/RTP;
 every WebSocket one at ``/<name>``, native at ``/ws``), driven by the client's
 own transports (:mod:`brisvox.client`), raw sockets and the
 :mod:`brisvox.wire` builders, and checks what the caller and the agent see:
 
 * ``clear``: a Clear stops the bot's audio at the peer within a tick
-  (Twilio and native peers get a ``clear``; SIP's RTP stops) and Cleared
+  (Twilio and native peers get a ``clear``, Asterisk ``FLUSH_MEDIA``; SIP's RTP stops) and Cleared
   answers a position no further than what was written;
 * ``lazy_clear``: a lazy Clear read after the newer epoch's audio started
   stops nothing (no transport clear, every frame arrives, counted
@@ -70,6 +71,7 @@ from brisvox.wire.g711 import PCMU
 from brisvox.wire.native import NativeStream, server_message
 from ipc import frames as F
 from ipc.ring import Ring, ring_name
+from tests.system.asterisk_ws_peer import AsteriskWsPeer
 from tests.system.gateway_harness import FakeAgent, GatewayProc
 from tests.system.twilio_api_fake import ACCOUNT, TOKEN, FakeTwilioApi
 
@@ -159,6 +161,8 @@ class Peer:
             self.t = VonageTransport(f"ws://127.0.0.1:{gw.ws_port}/vonage", rate=RATE)
         elif kind == "exotel":  # raw/slin at 8 kHz: the tagged levels are 8 kHz frames
             self.t = ExotelTransport(f"ws://127.0.0.1:{gw.ws_port}/exotel", rate=RATE)
+        elif kind == "asterisk_ws":  # c(ulaw): the tagged levels survive mu-law
+            self.t = AsteriskWsPeer(f"ws://127.0.0.1:{gw.ws_port}/asterisk_ws")
         elif kind == "native":
             url = f"ws://127.0.0.1:{gw.ws_port}/ws"
             self.t = NativeEcho(url, RATE) if echo_marks else NativeTransport(url, RATE)
@@ -310,7 +314,7 @@ async def case_dtmf_in(p: Peer, agent: FakeAgent) -> None:
 
 async def case_dtmf_out(p: Peer, agent: FakeAgent) -> None:
     agent.send(F.SendDtmf(call_id=p.call_id, digits="7"))
-    if p.kind in ("twilio", "telnyx", "vonage", "exotel"):  # in-band: 852 Hz + 1209 Hz
+    if p.kind in ("twilio", "telnyx", "vonage", "exotel", "asterisk_ws"):  # in-band: 852 Hz + 1209 Hz
         assert await p.until(lambda: p.n >= 800)
         x = p.samples()[:800].astype(np.float64)
         spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
@@ -413,7 +417,7 @@ async def case_malformed(p: Peer, agent: FakeAgent) -> None:
         malformed = {k: v - before.get(k, 0) for k, v in after.items() if k.startswith("sip_malformed_")}
         assert sum(malformed.values()) == 1, malformed
         assert after["rtp_malformed"] == before.get("rtp_malformed", 0) + 1
-    elif p.kind in ("twilio", "plivo", "telnyx", "vonage", "exotel"):  # a vendor stream closes before the call
+    elif p.kind in ("twilio", "plivo", "telnyx", "vonage", "exotel", "asterisk_ws"):  # closes before the call
         code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{PATHS[p.kind]}", "{not json")
         assert code == 1007
         assert (await stats(p.gw))["ws_malformed_bad_json"] == before.get("ws_malformed_bad_json", 0) + 1
@@ -465,6 +469,13 @@ def malformed_messages(p: Peer) -> list[str | bytes]:
             '{"event":"websocket:notify","payload":{}}',  # Vonage's answer to a notify without the mark
             '{"event":"websocket:dtmf","digit":"Z","duration":100}',
         ]
+    elif p.kind == "asterisk_ws":
+        msgs = [
+            "{not json",
+            "DTMF_END digit:Z",
+            "DTMF_END digit",  # a word the plain-text grammar refuses
+            b"\x00" * (RATE + 1),  # over 1 s of ulaw
+        ]
     else:
         msgs = ["{bad", b"\x01", NativeStream.dtmf("Z"), '{"event":"nope"}']
     assert len(msgs) == FAULT_MAX - 1
@@ -486,6 +497,7 @@ async def case_fault_budget(p: Peer, agent: FakeAgent) -> None:
     after = await stats(p.gw)
     kinds = (("bad_json", "bad_base64", "bad_mark", "binary_frame") if p.kind in ("twilio", "plivo", "telnyx", "exotel")
              else ("bad_json", "bad_media", "bad_mark", "bad_dtmf") if p.kind == "vonage"
+             else ("bad_json", "bad_dtmf", "bad_message", "media_too_large") if p.kind == "asterisk_ws"
              else ("bad_json", "odd_frame", "bad_dtmf", "unknown_event"))
     for kind in kinds:
         assert after[f"ws_malformed_{kind}"] == before.get(f"ws_malformed_{kind}", 0) + 1, kind

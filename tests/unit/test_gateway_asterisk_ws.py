@@ -89,7 +89,7 @@ def test_audio_both_ways_one_binary_message_per_20_ms(codec: str, rate: int, fra
 
 def test_dtmf_xoff_error_and_ignored_events() -> None:
     s, host, conn, clock, tx = session()
-    feed(s, tx.dtmf_end("5"))
+    feed(s, tx.dtmf("5"))
     feed(s, "MEDIA_XOFF")
     feed(s, "MEDIA_XON")
     feed(s, "ERROR channel_id:1 error_text:Unknown command")

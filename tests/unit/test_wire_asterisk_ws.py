@@ -55,7 +55,7 @@ def test_a_malformed_channel_variable_is_dropped_and_counted() -> None:
 
 @given(st.sampled_from("0123456789*#ABCDabcd"), st.sampled_from([aw.PLAIN, aw.JSON]))
 def test_dtmf_end_gives_its_digit(digit: str, fmt: str) -> None:
-    ev = aw.parse_event(aw.AsteriskStream(fmt=fmt).dtmf_end(digit).encode())
+    ev = aw.parse_event(aw.AsteriskStream(fmt=fmt).dtmf(digit).encode())
     assert ev.name == "DTMF_END" and aw.dtmf_digit(ev) == digit.upper()
 
 
