@@ -47,6 +47,7 @@ class StreamTransport:
         self.url = url
         self.params = params or {}
         self.headers: dict[str, str] = {}  # extra headers of the upgrade request
+        self.subprotocols: list[str] | None = None  # offered in the upgrade request (the server picks one)
         self.call_id = ""
         self.ws: Any = None
         self._rx: asyncio.Task[None] | None = None
@@ -83,13 +84,15 @@ class StreamTransport:
 
     async def open(self, events: BotEvents) -> None:
         from websockets.asyncio.client import connect
+        from websockets.typing import Subprotocol
 
         self._events = events
         try:
             self.ws = await asyncio.wait_for(
                 connect(self.url, compression=None, ping_interval=None, open_timeout=CONNECT_TIMEOUT_S,
                         close_timeout=CLOSE_TIMEOUT_S, max_size=2**20,
-                        additional_headers=self.headers or None),
+                        additional_headers=self.headers or None,
+                        subprotocols=[Subprotocol(p) for p in self.subprotocols or ()] or None),
                 CONNECT_TIMEOUT_S + 1.0)
             for message in self.hello():
                 await self.ws.send(message)

@@ -80,6 +80,7 @@ class Transport:
     session: SessionFactory | None  # a WebSocket route's session; None: the listener makes its legs
     lacks: Mapping[str, str] = field(default_factory=dict)  # capability -> why this transport has not it
     auth: AuthCheck | None = None  # a WebSocket route's handshake check (brisvox/gateway/ws/auth.py)
+    subprotocol: str = ""  # the WebSocket subprotocol a route answers when the peer offers it
 
     def offers(self, capability: str) -> bool:
         return capability not in self.lacks
@@ -163,7 +164,7 @@ TRANSPORTS: dict[str, Transport] = {
             "transfer": "an Exotel Voicebot stream cannot transfer (the call flow's next applet, "
                         "e.g. Connect, runs once the stream closes)",
         }),
-        Transport("asterisk_ws", "websocket", _asterisk_ws_session, auth=asterisk_ws_auth, lacks={
+        Transport("asterisk_ws", "websocket", _asterisk_ws_session, auth=asterisk_ws_auth, subprotocol="media", lacks={
             "marks_echo": "chan_websocket answers MARK_MEDIA only from 20.18/22.8/23.2 in its JSON format: "
                           "the gateway paces in real time and reports a mark on release",
             "transfer": "a chan_websocket channel cannot transfer (AMI Redirect or ARI on the bridged channel does)",

@@ -8,7 +8,9 @@ docs.asterisk.org/Configuration/Channel-Drivers/WebSocket; the wire is
   ``websocket_client.conf`` entry and, once the server accepts, sends the
   TEXT ``MEDIA_START`` (connection id, channel, format, optimal frame size):
   :meth:`AsteriskWsPeer.hello`. ``username``/``password`` of that entry
-  send ``Authorization: Basic`` (``password=`` here).
+  send ``Authorization: Basic`` (``password=`` here); its ``protocols =
+  media`` (the example of res_websocket_client's documentation) offers the
+  ``media`` subprotocol, which the server must answer.
 * "Media Transfer": the caller's audio goes as BINARY frames of raw audio in
   the dial string's codec, 160 bytes of ulaw every 20 ms
   (:meth:`AsteriskWsPeer.send_audio`); the bot's BINARY frames are played
@@ -46,6 +48,7 @@ class AsteriskWsPeer(StreamTransport):
         self.rate = self.media.rate
         self.ids = {"connection_id": self.stream.connection_id}
         self.commands: list[str] = []
+        self.subprotocols = ["media"]  # websocket_client.conf's protocols = media, as Asterisk's example sets
         if password:
             self.headers["Authorization"] = basic_header("asterisk", password)
 

@@ -1,5 +1,6 @@
 """Asterisk chan_websocket against the real gateway process, the test peer playing Asterisk.
 
+* the handshake answers the ``media`` subprotocol Asterisk offers;
 * the credential: a gateway with ``native_secret`` refuses a connection
   without a Basic password or ``?token=`` (401) and with a wrong one (401),
   and lets in one whose ``websocket_client.conf`` password is the secret;
@@ -37,6 +38,7 @@ async def echo_call(gw: GatewayProc, password: str, path: str = "/asterisk/echo"
     t = AsteriskWsPeer(f"ws://127.0.0.1:{gw.ws_port}{path}", codec, fmt, password=password)
     t.stream.variables = {"CALLERID_NUM": "+33123456789"}
     await t.open(BotEvents(on_audio=lambda pcm, now: got.append(pcm.copy())))
+    assert t.ws.subprotocol == "media"  # offered as websocket_client.conf's protocols = media, answered
     sent = chirp(t.rate)
     frame = t.rate // 50
     t0 = time.monotonic()
