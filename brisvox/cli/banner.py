@@ -27,6 +27,7 @@ STATUS_TIMEOUT_S = 5.0
 ROUTE_KINDS = {"twilio": "Twilio Media Streams", "plivo": "Plivo Audio Streams",
                "telnyx": "Telnyx Media Streaming", "vonage": "Vonage Voice WebSocket",
                "exotel": "Exotel Voicebot stream", "asterisk_ws": "Asterisk chan_websocket",
+               "freeswitch": "FreeSWITCH mod_audio_stream",
                "native": "native protocol"}
 
 

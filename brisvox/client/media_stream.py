@@ -141,9 +141,14 @@ class StreamTransport:
     async def send_audio(self, pcm: np.ndarray) -> None:
         if self._ended or self.ws is None:
             return
-        payload = base64.b64encode(self.encode_audio(pcm)).decode()
+        await self.send(self.stream.media(base64.b64encode(self.encode_audio(pcm)).decode()))
+
+    async def send(self, message: str | bytes) -> None:
+        """One message to the bot, while the call lasts (a failure: the receive task reports the end)."""
+        if self._ended or self.ws is None:
+            return
         try:
-            await self.ws.send(self.stream.media(payload))
+            await self.ws.send(message)
         except Exception:  # noqa: BLE001 - the receive task reports the end
             return
 

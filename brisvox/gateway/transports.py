@@ -1,7 +1,7 @@
 """The transport registry: one table naming every caller-facing transport.
 
 Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``,
-``asterisk_ws``, ``sip``: the name a call's
+``asterisk_ws``, ``freeswitch``, ``sip``: the name a call's
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
 WebSocket route uses, the handshake check of its routes (``auth``:
@@ -38,6 +38,7 @@ from brisvox.gateway.core.host import DialDone, Dialer, Listener, ListenerFactor
 from brisvox.gateway.ws.auth import (
     asterisk_ws_auth,
     exotel_auth,
+    freeswitch_auth,
     native_auth,
     plivo_auth,
     telnyx_auth,
@@ -128,6 +129,12 @@ def _asterisk_ws_session(host: CallHost, conn: WsConnection, route: WsRoute) -> 
     return AsteriskWsSession(host, conn, route)
 
 
+def _freeswitch_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.carriers.freeswitch import FreeSwitchSession
+
+    return FreeSwitchSession(host, conn, route)
+
+
 def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
     from brisvox.gateway.ws.server import WebSocketServer
 
@@ -168,6 +175,10 @@ TRANSPORTS: dict[str, Transport] = {
             "marks_echo": "chan_websocket answers MARK_MEDIA only from 20.18/22.8/23.2 in its JSON format: "
                           "the gateway paces in real time and reports a mark on release",
             "transfer": "a chan_websocket channel cannot transfer (AMI Redirect or ARI on the bridged channel does)",
+        }),
+        Transport("freeswitch", "websocket", _freeswitch_session, auth=freeswitch_auth, lacks={
+            "marks_echo": "mod_audio_stream echoes nothing: a mark is reported on release",
+            "transfer": "a mod_audio_stream stream cannot transfer (the dialplan or ESL's uuid_transfer does)",
         }),
         Transport("sip", "sip", None, lacks={
             "marks_echo": "SIP peers do not echo marks: they are reported on release",

@@ -88,12 +88,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from brisvox.wire.dtmf import DIGITS
 from brisvox.wire.g711 import PCMA, PCMU
-from brisvox.wire.jsontext import MAX_PARAM_VALUE, checked_params, data
-from brisvox.wire.mediastream import L16LE, MediaFormat, StreamError
+from brisvox.wire.jsontext import MAX_PARAM_VALUE, checked_params, data, text
+from brisvox.wire.mediastream import L16LE, MediaFormat, StreamError, json_object
 
 AsteriskError = StreamError  # a refusal (kind, close code, reason: brisvox.wire.mediastream)
 
@@ -181,12 +179,7 @@ def _plain(line: str) -> tuple[str, dict[str, str]]:
 
 
 def _json(raw: bytes, key: str) -> tuple[str, dict[str, Any]]:
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise StreamError("bad_json", "invalid JSON") from None
-    if type(obj) is not dict:
-        raise StreamError("bad_message", "expected a JSON object")
+    obj = json_object(raw)
     name = obj.get(key)
     if type(name) is not str:
         raise StreamError("bad_message", f"a JSON message without its {key!r}")
@@ -327,7 +320,7 @@ class AsteriskStream:
     def event(self, name: str, **params: Any) -> str:
         """Event ``name`` with ``params`` (a ``correlation_id`` is positional in plain text)."""
         if self.fmt == JSON:
-            return orjson.dumps({"event": name, "channel_id": self.channel_id, **params}).decode()
+            return text({"event": name, "channel_id": self.channel_id, **params})
         cid = params.pop("correlation_id", None)
         words = [name] + ([cid] if cid else []) + [f"{k}:{v}" for k, v in params.items()]
         return " ".join(words)
@@ -338,7 +331,7 @@ class AsteriskStream:
                                   "channel_id": self.channel_id, "format": self.media.encoding,
                                   "optimal_frame_size": self.frame_bytes, "ptime": 20}
         if self.fmt == JSON:
-            return orjson.dumps({"event": "MEDIA_START", **params, "channel_variables": self.variables}).decode()
+            return text({"event": "MEDIA_START", **params, "channel_variables": self.variables})
         return " ".join(["MEDIA_START"] + [f"{k}:{v}" for k, v in params.items()])
 
     def dtmf(self, digit: str) -> str:

@@ -84,9 +84,4 @@ class AsteriskWsPeer(StreamTransport):
             await self.ws.close()
 
     async def send_audio(self, pcm: np.ndarray) -> None:
-        if self._ended or self.ws is None:
-            return
-        try:
-            await self.ws.send(self.encode_audio(pcm))
-        except Exception:  # noqa: BLE001 - the receive task reports the end
-            return
+        await self.send(self.encode_audio(pcm))  # one binary frame

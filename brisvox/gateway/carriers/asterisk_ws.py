@@ -134,17 +134,8 @@ class AsteriskWsSession(StreamSession):
     # -- protocol in --------------------------------------------------------------
 
     def on_binary(self, data: bytes) -> None:
-        """The caller's audio: 50 a second, the checks and the ring write inline."""
-        call = self.call
-        n = len(data)
-        if call is None:
-            self.malformed(AsteriskError("media_before_start", "audio before MEDIA_START"))
-        elif n % self._whole:
-            self.malformed(AsteriskError("bad_media", "a binary frame that is not whole samples"))
-        elif n > self._max_bytes:
-            self.malformed(AsteriskError("media_too_large", "a binary frame over 1 s of audio"))
-        elif n:
-            self.host.audio_in(call, self._codec.decode(data), self.rate, n)
+        """The caller's audio (:meth:`StreamSession.audio_frame`)."""
+        self.audio_frame(data, self._codec, self.rate, self._max_bytes, self._whole)
 
     def on_text(self, data: bytes) -> None:
         try:

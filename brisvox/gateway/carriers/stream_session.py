@@ -51,6 +51,7 @@ import orjson
 from brisvox.gateway.config import WsRoute
 from brisvox.gateway.core.calls import AdmissionError, Call
 from brisvox.gateway.core.leg import SESSION_LOG, TransportLeg, ws_close_code
+from brisvox.wire.mediastream import Codec
 
 if TYPE_CHECKING:
     from brisvox.gateway.core.host import CallHost
@@ -146,6 +147,22 @@ class StreamSession(TransportLeg):
 
     def on_binary(self, data: bytes) -> None:
         self.malformed(self.refusal("binary_frame", self.binary_reason))
+
+    def audio_frame(self, data: bytes, codec: Codec, rate: int, max_bytes: int, width: int = 2) -> None:
+        """A binary frame of the caller's audio (the binary-media legs: Vonage, Asterisk, FreeSWITCH):
+        refused before the call (``media_before_start``), when not whole samples of ``width``
+        bytes (``bad_media``) or over ``max_bytes`` (``media_too_large``); else decoded by
+        ``codec`` into the call at ``rate``. 50 a second: the checks and the ring write inline."""
+        call = self.call
+        n = len(data)
+        if call is None:
+            self.malformed(self.refusal("media_before_start", "audio before the stream's start"))
+        elif n % width:
+            self.malformed(self.refusal("bad_media", "a binary frame that is not whole samples"))
+        elif n > max_bytes:
+            self.malformed(self.refusal("media_too_large", "a binary frame over 1 s of audio"))
+        elif n:
+            self.host.audio_in(call, codec.decode(data), rate, n)
 
     def decode(self, data: bytes) -> dict[str, Any] | None:
         """The JSON object of a text message; None (refused as ``bad_json`` or ``bad_message``)

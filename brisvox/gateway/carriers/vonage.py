@@ -106,17 +106,8 @@ class VonageSession(StreamSession):
     # -- protocol in --------------------------------------------------------------
 
     def on_binary(self, data: bytes) -> None:
-        """The caller's audio: 50 a second, one check and the ring write inline."""
-        call = self.call
-        n = len(data)
-        if call is None:
-            self.malformed(VonageError("media_before_start", "audio before websocket:connected"))
-        elif n & 1:
-            self.malformed(VonageError("bad_media", "a binary frame of an odd length"))
-        elif n > self._max_bytes:
-            self.malformed(VonageError("media_too_large", "a binary frame over 1 s of audio"))
-        elif n:
-            self.host.audio_in(call, L16LE.decode(data), self.rate, n)
+        """The caller's audio (:meth:`StreamSession.audio_frame`)."""
+        self.audio_frame(data, L16LE, self.rate, self._max_bytes)
 
     def on_text(self, data: bytes) -> None:
         msg = self.decode(data)  # None: refused already (bad JSON, not an object)
