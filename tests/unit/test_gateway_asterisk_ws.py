@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from websockets.datastructures import Headers
 
+from brisvox.config.errors import ConfigError
 from brisvox.gateway.carriers.asterisk_ws import TRANSFER_REASON, AsteriskWsSession
 from brisvox.gateway.config import WebSocketConfig, WsRoute
 from brisvox.gateway.ws import auth as ws_auth
@@ -141,3 +142,9 @@ def test_auth_basic_password_or_query_token() -> None:
     assert ws_auth.asterisk_ws_auth(cfg, ROUTE, "/asterisk", Headers()) == ws_auth.BAD_TOKEN
     open_cfg = WebSocketConfig.from_section({"host": "127.0.0.1", "trust_loopback": False, "routes": only})
     assert ws_auth.asterisk_ws_auth(open_cfg, ROUTE, "/asterisk", Headers()) == ws_auth.UNCONFIGURED
+
+
+def test_a_public_listener_routing_it_needs_native_secret() -> None:
+    only = [{"path": "/pbx", "protocol": "asterisk_ws", "agent": "echo"}]
+    with pytest.raises(ConfigError, match="native_secret"):
+        WebSocketConfig.from_section({"host": "0.0.0.0", "routes": only})
