@@ -138,6 +138,14 @@ class StreamTransport:
         else:
             await self.other(event, value, now)
 
+    def heard(self, wire: bytes, now: float) -> None:
+        """A binary message of the bot's audio (a carrier whose media is binary): decoded and
+        handed to ``on_audio``; one the codec refuses is counted ``invalid``."""
+        try:
+            self._events.on_audio(self.decode_audio(wire), now)
+        except ValueError:
+            self.invalid += 1
+
     async def send_audio(self, pcm: np.ndarray) -> None:
         if self._ended or self.ws is None:
             return

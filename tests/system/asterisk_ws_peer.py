@@ -66,10 +66,7 @@ class AsteriskWsPeer(StreamTransport):
 
     async def on_message(self, message: str | bytes, now: float) -> None:
         if isinstance(message, bytes):
-            try:
-                self._events.on_audio(self.decode_audio(message), now)
-            except ValueError:
-                self.invalid += 1
+            self.heard(message, now)
             return
         try:
             name, _, _ = aw.parse_command(message.encode())

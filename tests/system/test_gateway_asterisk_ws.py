@@ -13,8 +13,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,7 +25,7 @@ from brisvox.wire import asterisk_ws as aw
 from ipc import frames as F
 from tests.system.asterisk_ws_peer import AsteriskWsPeer
 from tests.system.gateway_harness import FakeAgent, GatewayProc, correlate
-from tests.system.test_gateway_telnyx import chirp
+from tests.system.test_gateway_telnyx import talk
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(60)]
 
@@ -39,20 +40,15 @@ async def echo_call(gw: GatewayProc, password: str, path: str = "/asterisk/echo"
     t.stream.variables = {"CALLERID_NUM": "+33123456789"}
     await t.open(BotEvents(on_audio=lambda pcm, now: got.append(pcm.copy())))
     assert t.ws.subprotocol == "media"  # offered as websocket_client.conf's protocols = media, answered
-    sent = chirp(t.rate)
-    frame = t.rate // 50
-    t0 = time.monotonic()
-    try:
-        for i in range(len(sent) // frame):
-            await t.send_audio(sent[i * frame:(i + 1) * frame])
-            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.monotonic()))
-        for _ in range(50):
-            await t.send_audio(np.zeros(frame, np.int16))
-            await asyncio.sleep(0.02)
-        calls = await asyncio.to_thread(gw.command, "calls")
-    finally:
-        await t.close()
+    sent, calls = await talk(t, gw, t.rate)
     return sent, got, calls
+
+
+def refused_without_and_with_a_wrong_credential(call: Callable[..., Any], gw: GatewayProc) -> None:
+    """``call(gw, credential)`` is refused 401 at the handshake without a credential and with a wrong one."""
+    for bad in ("", "not-the-secret"):
+        with pytest.raises(TransportError, match="401"):
+            asyncio.run(call(gw, bad))
 
 
 @pytest.mark.serial  # echo delay within 150-400 ms
@@ -60,10 +56,7 @@ def test_the_credential_and_slin16_json_end_to_end(tmp_path: Path) -> None:
     with FakeAgent(tmp_path) as agent, GatewayProc(
             tmp_path, peers={"agent-0": agent.endpoint}, inbox=True, gateway={"echo_delay_ms": 200},
             websocket={"native_secret": SECRET, "routes": ROUTES}) as gw:
-        with pytest.raises(TransportError, match="401"):
-            asyncio.run(echo_call(gw, ""))
-        with pytest.raises(TransportError, match="401"):
-            asyncio.run(echo_call(gw, "not-the-secret"))
+        refused_without_and_with_a_wrong_credential(echo_call, gw)
         sent, frames, calls = asyncio.run(echo_call(gw, SECRET))
         (call,) = calls.values()
         assert call["transport"] == "asterisk_ws" and set(call["ids"]) == {"connection_id", "channel", "channel_id"}

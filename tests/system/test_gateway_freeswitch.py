@@ -12,18 +12,18 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from brisvox.client.transport import BotEvents, TransportError
+from brisvox.client.transport import BotEvents
 from brisvox.wire.exotel import MIN_CHUNK_BYTES
 from ipc import frames as F
 from tests.system.freeswitch_peer import FreeSwitchPeer
 from tests.system.gateway_harness import FakeAgent, GatewayProc, correlate
-from tests.system.test_gateway_telnyx import chirp
+from tests.system.test_gateway_asterisk_ws import refused_without_and_with_a_wrong_credential
+from tests.system.test_gateway_telnyx import talk
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(60)]
 
@@ -36,18 +36,7 @@ async def echo_call(gw: GatewayProc, token: str, path: str = "/freeswitch/echo?s
     got: list[np.ndarray] = []
     t = FreeSwitchPeer(f"ws://127.0.0.1:{gw.ws_port}{path}", rate, {"caller": "+33111", "called": "3000"}, token)
     await t.open(BotEvents(on_audio=lambda pcm, now: got.append(pcm.copy())))
-    sent = chirp(rate)
-    frame = rate // 50
-    t0 = time.monotonic()
-    try:
-        for i in range(len(sent) // frame):
-            await t.send_audio(sent[i * frame:(i + 1) * frame])
-            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.monotonic()))
-        for _ in range(50):
-            await t.send_audio(np.zeros(frame, np.int16))
-            await asyncio.sleep(0.02)
-    finally:
-        await t.close()
+    sent, _ = await talk(t, gw, rate)
     return sent, got
 
 
@@ -56,10 +45,7 @@ def test_the_credential_and_16_khz_end_to_end(tmp_path: Path) -> None:
     with FakeAgent(tmp_path) as agent, GatewayProc(
             tmp_path, peers={"agent-0": agent.endpoint}, inbox=True, gateway={"echo_delay_ms": 200},
             websocket={"native_secret": SECRET, "routes": ROUTES}) as gw:
-        with pytest.raises(TransportError, match="401"):
-            asyncio.run(echo_call(gw, ""))
-        with pytest.raises(TransportError, match="401"):
-            asyncio.run(echo_call(gw, "not-the-secret"))
+        refused_without_and_with_a_wrong_credential(echo_call, gw)
         sent, chunks = asyncio.run(echo_call(gw, SECRET))
         sizes = [2 * len(c) for c in chunks]
         assert sizes and all(n % 320 == 0 for n in sizes), sizes

@@ -30,24 +30,15 @@ from brisvox.gateway.ws.auth import Grant
 from brisvox.wire import asterisk_ws as aw
 from brisvox.wire.exotel import basic_header
 from tests.unit.test_gateway_telnyx import RecordingHost, feed
-from tests.unit.test_gateway_ws_faults import BUDGET_REASON, Clock, Conn
+from tests.unit.test_gateway_vonage import BinaryConn
+from tests.unit.test_gateway_ws_faults import BUDGET_REASON, Clock
 
 ROUTE = WsRoute("/asterisk", "asterisk_ws", "echo")
 
 
-class BinConn(Conn):
-    def __init__(self) -> None:
-        super().__init__()
-        self.binaries: list[bytes] = []
-
-    def send_binary(self, data: bytes) -> bool:
-        self.binaries.append(data)
-        return not self.closed
-
-
 def session(codec: str = "ulaw", fmt: str = aw.PLAIN, start: bool = True, path: str = "",
-            **websocket: Any) -> tuple[AsteriskWsSession, RecordingHost, BinConn, Clock, aw.AsteriskStream]:
-    host, conn, clock = RecordingHost(**websocket), BinConn(), Clock()
+            **websocket: Any) -> tuple[AsteriskWsSession, RecordingHost, BinaryConn, Clock, aw.AsteriskStream]:
+    host, conn, clock = RecordingHost(**websocket), BinaryConn(), Clock()
     if path:
         conn.request = SimpleNamespace(path=path)  # type: ignore[attr-defined]
     s = AsteriskWsSession(host, conn, ROUTE)  # type: ignore[arg-type]
@@ -144,7 +135,8 @@ def test_auth_basic_password_or_query_token() -> None:
     assert ws_auth.asterisk_ws_auth(open_cfg, ROUTE, "/asterisk", Headers()) == ws_auth.UNCONFIGURED
 
 
-def test_a_public_listener_routing_it_needs_native_secret() -> None:
-    only = [{"path": "/pbx", "protocol": "asterisk_ws", "agent": "echo"}]
+@pytest.mark.parametrize("protocol", ["asterisk_ws", "freeswitch"])
+def test_a_public_listener_routing_a_pbx_needs_native_secret(protocol: str) -> None:
+    only = [{"path": "/pbx", "protocol": protocol, "agent": "echo"}]
     with pytest.raises(ConfigError, match="native_secret"):
         WebSocketConfig.from_section({"host": "0.0.0.0", "routes": only})

@@ -22,7 +22,6 @@ import orjson
 import pytest
 from websockets.datastructures import Headers
 
-from brisvox.config.errors import ConfigError
 from brisvox.gateway.carriers.freeswitch import TRANSFER_REASON, FreeSwitchSession
 from brisvox.gateway.config import WebSocketConfig, WsRoute
 from brisvox.gateway.ws import auth as ws_auth
@@ -116,9 +115,3 @@ def test_auth_bearer_or_query_token() -> None:
     assert ws_auth.freeswitch_auth(cfg, ROUTE, "/freeswitch", Headers()) == ws_auth.BAD_TOKEN
     lab = WebSocketConfig.from_section({"host": "127.0.0.1", "trust_loopback": False, "routes": only})
     assert ws_auth.freeswitch_auth(lab, ROUTE, "/freeswitch", Headers()) == ws_auth.UNCONFIGURED
-
-
-def test_a_public_listener_routing_it_needs_native_secret() -> None:
-    only = [{"path": "/pbx", "protocol": "freeswitch", "agent": "echo"}]
-    with pytest.raises(ConfigError, match="native_secret"):
-        WebSocketConfig.from_section({"host": "0.0.0.0", "routes": only})

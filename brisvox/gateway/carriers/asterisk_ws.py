@@ -64,7 +64,7 @@ import numpy as np
 
 from brisvox.gateway.carriers.stream_session import StreamSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.core.leg import SESSION_LOG, InbandTones, send_tones
+from brisvox.gateway.core.leg import SESSION_LOG
 from brisvox.wire.asterisk_ws import (
     FORMATS,
     PLAIN,
@@ -117,7 +117,6 @@ class AsteriskWsSession(StreamSession):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
-        self.tones = InbandTones()  # SendDtmf as in-band tones (chan_websocket has no command for it)
         self.fmt = PLAIN
         self._use(FORMATS["ulaw"])
         self._flush = command("FLUSH_MEDIA")
@@ -183,12 +182,6 @@ class AsteriskWsSession(StreamSession):
         if ok and self.call is not None:
             self.call.stats.packets_out += 1
         return ok
-
-    def send_dtmf(self, digits: str) -> int:
-        return self.tones.queue(digits, self.rate)
-
-    def tick_dtmf(self, now: float) -> bool:
-        return send_tones(self, self.tones, self.rate, now)
 
     def send_clear(self) -> None:
         self.tones.drop()

@@ -9,8 +9,8 @@ send: a stream learns it at its start).
 Invariants: ``packets_out`` of the leg's call counts the messages sent;
 :meth:`ChunkedAudio.flush` sends what is kept, padded to the chunk multiple;
 :meth:`ChunkedAudio.end_spurt` flushes unless the call's playout is held by a
-Pause (the kept chunk plays first on Resume); :meth:`ChunkedAudio.after_tones`
-flushes once the last in-band DTMF tone is queued; :meth:`ChunkedAudio.drop`
+Pause (the kept chunk plays first on Resume); :meth:`ChunkedAudio.tick_dtmf`
+flushes once the last in-band DTMF tone is sent; :meth:`ChunkedAudio.drop`
 forgets what is kept (a Clear).
 """
 
@@ -63,10 +63,15 @@ class ChunkedAudio:
         if gate is None or gate.held is None:  # a Pause keeps the chunk: it plays first on Resume
             self.flush()
 
-    def after_tones(self, tones: InbandTones, was_playing: bool) -> None:
-        """The DTMF tick ran: flush once the last tone is out (nothing follows it in this chunk)."""
+    def tick_dtmf(self, tick: Callable[[float], bool], now: float) -> bool:
+        """The leg's DTMF tick (``tick``, its in-band tones), then a flush once the last tone
+        is out (nothing follows it in this chunk); ``tick``'s answer."""
+        tones: InbandTones = self._leg.tones
+        was_playing = tones.playing
+        busy = tick(now)
         if was_playing and not tones.playing:
             self.flush()
+        return busy
 
     def drop(self) -> int:
         return self._chunks.drop()

@@ -97,10 +97,7 @@ class ExotelSession(CarrierStreamSession):
         self._chunks.end_spurt()
 
     def tick_dtmf(self, now: float) -> bool:
-        playing = self.tones.playing
-        busy = super().tick_dtmf(now)
-        self._chunks.after_tones(self.tones, playing)
-        return busy
+        return self._chunks.tick_dtmf(super().tick_dtmf, now)
 
     def send_mark(self, name: str) -> None:
         self.flush()

@@ -49,7 +49,6 @@ import numpy as np
 from brisvox.gateway.carriers.chunked import ChunkedAudio
 from brisvox.gateway.carriers.stream_session import StreamSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.core.leg import InbandTones, send_tones
 from brisvox.wire.audio_stream import (
     CLEAR,
     FORMATS,
@@ -78,7 +77,6 @@ class FreeSwitchSession(StreamSession):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
-        self.tones = InbandTones()  # SendDtmf as in-band tones (the module carries no digit)
         self._chunks = ChunkedAudio(self, lambda: self._prefix)
         self.rate = FORMATS[8000].rate
         self._max_bytes = FORMATS[8000].max_media_bytes
@@ -124,14 +122,8 @@ class FreeSwitchSession(StreamSession):
     def end_spurt(self) -> None:
         self._chunks.end_spurt()
 
-    def send_dtmf(self, digits: str) -> int:
-        return self.tones.queue(digits, self.rate)
-
     def tick_dtmf(self, now: float) -> bool:
-        playing = self.tones.playing
-        busy = send_tones(self, self.tones, self.rate, now)
-        self._chunks.after_tones(self.tones, playing)
-        return busy
+        return self._chunks.tick_dtmf(super().tick_dtmf, now)
 
     def send_clear(self) -> None:
         self._chunks.drop()

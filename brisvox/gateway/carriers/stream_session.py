@@ -26,6 +26,8 @@ Invariants:
   code and a reason naming the budget (with ``hangup_on_error``: the first
   one, with its own reason). No ``start`` within ``start_timeout_s`` is
   ``no_start``; a binary frame is ``binary_frame``.
+* SendDtmf is played in-band (:class:`~brisvox.gateway.core.leg.InbandTones`, at
+  the call's rate) unless the vendor's leg overrides ``send_dtmf`` (Plivo's ``sendDTMF``).
 * A call beyond ``max_calls`` (or while draining) is closed with 1013 and
   "try again later", one beyond its source's share (``[gateway]
   max_calls_per_source``, the source being the client after ``trusted_proxies``)
@@ -50,7 +52,13 @@ import orjson
 
 from brisvox.gateway.config import WsRoute
 from brisvox.gateway.core.calls import AdmissionError, Call
-from brisvox.gateway.core.leg import SESSION_LOG, TransportLeg, ws_close_code
+from brisvox.gateway.core.leg import (
+    SESSION_LOG,
+    InbandTones,
+    TransportLeg,
+    send_tones,
+    ws_close_code,
+)
 from brisvox.wire.mediastream import Codec
 
 if TYPE_CHECKING:
@@ -109,6 +117,7 @@ class StreamSession(TransportLeg):
         self.clock: Callable[[], float] = time.monotonic  # the fault budget's clock
         self._start_timer: asyncio.TimerHandle | None = host.call_later(
             host.settings.websocket.start_timeout_s, self._no_start)
+        self.tones = InbandTones()  # SendDtmf as in-band tones (a vendor with a DTMF message overrides send_dtmf)
 
     # -- refusals --------------------------------------------------------------------
 
@@ -250,6 +259,14 @@ class StreamSession(TransportLeg):
             self.host.transport_ended(self.call, reason)
 
     # -- leg: out --------------------------------------------------------------------
+
+    def send_dtmf(self, digits: str) -> int:
+        """In-band tones at the call's rate (the protocol has no DTMF message)."""
+        return self.tones.queue(digits, self.call.call_rate if self.call is not None else 8000)
+
+    def tick_dtmf(self, now: float) -> bool:
+        call = self.call
+        return call is not None and send_tones(self, self.tones, call.call_rate, now)
 
     @property
     def can_send(self) -> bool:

@@ -60,7 +60,6 @@ import numpy as np
 
 from brisvox.gateway.carriers.stream_session import StreamSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.core.leg import InbandTones, send_tones
 from brisvox.wire.mediastream import L16LE
 from brisvox.wire.vonage import (
     CLEAR,
@@ -93,7 +92,6 @@ class VonageSession(StreamSession):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
-        self.tones = InbandTones()  # SendDtmf as in-band tones (the protocol has no DTMF message)
         self._use(Format())
 
     def _use(self, fmt: Format) -> None:
@@ -150,12 +148,6 @@ class VonageSession(StreamSession):
         if sent and self.call is not None:
             self.call.stats.packets_out += sent
         return ok
-
-    def send_dtmf(self, digits: str) -> int:
-        return self.tones.queue(digits, self.rate)
-
-    def tick_dtmf(self, now: float) -> bool:
-        return send_tones(self, self.tones, self.rate, now)
 
     def send_clear(self) -> None:
         self.tones.drop()
