@@ -26,7 +26,9 @@ STATUS_TIMEOUT_S = 5.0
 # what a route's protocol is called in the banner (another: "<name> protocol")
 ROUTE_KINDS = {"twilio": "Twilio Media Streams", "plivo": "Plivo Audio Streams",
                "telnyx": "Telnyx Media Streaming", "vonage": "Vonage Voice WebSocket",
-               "exotel": "Exotel Voicebot stream", "native": "native protocol"}
+               "exotel": "Exotel Voicebot stream", "asterisk_ws": "Asterisk chan_websocket",
+               "freeswitch": "FreeSWITCH mod_audio_stream",
+               "native": "native protocol"}
 
 
 def lines(snap: dict[str, Any], cfg: Any, foreground: bool) -> list[str]:

@@ -47,6 +47,7 @@ class StreamTransport:
         self.url = url
         self.params = params or {}
         self.headers: dict[str, str] = {}  # extra headers of the upgrade request
+        self.subprotocols: list[str] | None = None  # offered in the upgrade request (the server picks one)
         self.call_id = ""
         self.ws: Any = None
         self._rx: asyncio.Task[None] | None = None
@@ -83,13 +84,15 @@ class StreamTransport:
 
     async def open(self, events: BotEvents) -> None:
         from websockets.asyncio.client import connect
+        from websockets.typing import Subprotocol
 
         self._events = events
         try:
             self.ws = await asyncio.wait_for(
                 connect(self.url, compression=None, ping_interval=None, open_timeout=CONNECT_TIMEOUT_S,
                         close_timeout=CLOSE_TIMEOUT_S, max_size=2**20,
-                        additional_headers=self.headers or None),
+                        additional_headers=self.headers or None,
+                        subprotocols=[Subprotocol(p) for p in self.subprotocols or ()] or None),
                 CONNECT_TIMEOUT_S + 1.0)
             for message in self.hello():
                 await self.ws.send(message)
@@ -135,12 +138,25 @@ class StreamTransport:
         else:
             await self.other(event, value, now)
 
+    def heard(self, wire: bytes, now: float) -> None:
+        """A binary message of the bot's audio (a carrier whose media is binary): decoded and
+        handed to ``on_audio``; one the codec refuses is counted ``invalid``."""
+        try:
+            self._events.on_audio(self.decode_audio(wire), now)
+        except ValueError:
+            self.invalid += 1
+
     async def send_audio(self, pcm: np.ndarray) -> None:
         if self._ended or self.ws is None:
             return
-        payload = base64.b64encode(self.encode_audio(pcm)).decode()
+        await self.send(self.stream.media(base64.b64encode(self.encode_audio(pcm)).decode()))
+
+    async def send(self, message: str | bytes) -> None:
+        """One message to the bot, while the call lasts (a failure: the receive task reports the end)."""
+        if self._ended or self.ws is None:
+            return
         try:
-            await self.ws.send(self.stream.media(payload))
+            await self.ws.send(message)
         except Exception:  # noqa: BLE001 - the receive task reports the end
             return
 

@@ -63,10 +63,7 @@ class VonageTransport(StreamTransport):
 
     async def on_message(self, message: str | bytes, now: float) -> None:
         if isinstance(message, bytes):
-            try:
-                self._events.on_audio(self.decode_audio(message), now)
-            except ValueError:
-                self.invalid += 1
+            self.heard(message, now)
             return
         try:
             event, value = bot_event(orjson.loads(message))

@@ -53,7 +53,7 @@ AGENT_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # (brisvox/gateway/transports.py) has one WebSocket row per name and refuses to load if the two
 # disagree; this module names them itself so that the configuration, at the bottom of the
 # gateway, imports no transport (the registry sits on top and imports every leg).
-WEBSOCKET_PROTOCOLS = ("twilio", "native", "plivo", "telnyx", "vonage", "exotel")
+WEBSOCKET_PROTOCOLS = ("twilio", "native", "plivo", "telnyx", "vonage", "exotel", "asterisk_ws", "freeswitch")
 
 # Calls per core of ``max_calls = "auto"``: the load benchmark held 125 calls on 2 cores
 # (with the load generator on the same cores), rounded down to leave headroom.
@@ -716,6 +716,10 @@ class WebSocketConfig:
             out.append(("native_secret", "vonage"))
         if "exotel" in protos and not self.native_secret:  # and Exotel's Basic password or ?token=
             out.append(("native_secret", "exotel"))
+        if "asterisk_ws" in protos and not self.native_secret:  # chan_websocket's Basic password or ?token=
+            out.append(("native_secret", "asterisk_ws"))
+        if "freeswitch" in protos and not self.native_secret:  # mod_audio_stream's Bearer or ?token=
+            out.append(("native_secret", "freeswitch"))
         if "plivo" in protos and not self.plivo_auth_token:
             out.append(("plivo_auth_token", "plivo"))
         return out

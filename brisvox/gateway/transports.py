@@ -1,7 +1,7 @@
 """The transport registry: one table naming every caller-facing transport.
 
-Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``, ``sip``,
-``audiosocket``: the name a call's
+Owns :data:`TRANSPORTS` (``twilio``, ``native``, ``plivo``, ``telnyx``, ``vonage``, ``exotel``,
+``asterisk_ws``, ``freeswitch``, ``sip``, ``audiosocket``: the name a call's
 ``transport`` field and the ``calls_admitted_<name>`` counter carry, the
 config section of the listener that serves it, the session factory a
 WebSocket route uses, the handshake check of its routes (``auth``:
@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 from brisvox.gateway.config import WEBSOCKET_PROTOCOLS
 from brisvox.gateway.core.host import DialDone, Dialer, Listener, ListenerFactory
 from brisvox.gateway.ws.auth import (
+    asterisk_ws_auth,
     exotel_auth,
+    freeswitch_auth,
     native_auth,
     plivo_auth,
     telnyx_auth,
@@ -79,6 +81,7 @@ class Transport:
     session: SessionFactory | None  # a WebSocket route's session; None: the listener makes its legs
     lacks: Mapping[str, str] = field(default_factory=dict)  # capability -> why this transport has not it
     auth: AuthCheck | None = None  # a WebSocket route's handshake check (brisvox/gateway/ws/auth.py)
+    subprotocol: str = ""  # the WebSocket subprotocol a route answers when the peer offers it
 
     def offers(self, capability: str) -> bool:
         return capability not in self.lacks
@@ -118,6 +121,18 @@ def _exotel_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Sessi
     from brisvox.gateway.carriers.exotel import ExotelSession
 
     return ExotelSession(host, conn, route)
+
+
+def _asterisk_ws_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.carriers.asterisk_ws import AsteriskWsSession
+
+    return AsteriskWsSession(host, conn, route)
+
+
+def _freeswitch_session(host: CallHost, conn: WsConnection, route: WsRoute) -> Session:
+    from brisvox.gateway.carriers.freeswitch import FreeSwitchSession
+
+    return FreeSwitchSession(host, conn, route)
 
 
 def _websocket_listener(host: CallHost, cfg: Any) -> Listener:
@@ -161,6 +176,15 @@ TRANSPORTS: dict[str, Transport] = {
             "marks_release": "Exotel echoes every mark: a mark is reported played on its echo",
             "transfer": "an Exotel Voicebot stream cannot transfer (the call flow's next applet, "
                         "e.g. Connect, runs once the stream closes)",
+        }),
+        Transport("asterisk_ws", "websocket", _asterisk_ws_session, auth=asterisk_ws_auth, subprotocol="media", lacks={
+            "marks_echo": "chan_websocket answers MARK_MEDIA only from 20.18/22.8/23.2 in its JSON format: "
+                          "the gateway paces in real time and reports a mark on release",
+            "transfer": "a chan_websocket channel cannot transfer (AMI Redirect or ARI on the bridged channel does)",
+        }),
+        Transport("freeswitch", "websocket", _freeswitch_session, auth=freeswitch_auth, lacks={
+            "marks_echo": "mod_audio_stream echoes nothing: a mark is reported on release",
+            "transfer": "a mod_audio_stream stream cannot transfer (the dialplan or ESL's uuid_transfer does)",
         }),
         Transport("sip", "sip", None, lacks={
             "marks_echo": "SIP peers do not echo marks: they are reported on release",

@@ -34,6 +34,9 @@ Invariants:
   (:func:`brisvox.wire.jsontext.ascii_int`); any other string is ``bad_start``
   (1007), never a ValueError.
 * :func:`bot_event` never raises: anything unparseable is ``("invalid", None)``.
+* :func:`json_object` (the control messages of chan_websocket and mod_audio_stream,
+  rare, read with the standard library's parser) refuses bad JSON, bad UTF-8 and
+  nesting too deep as ``bad_json``, another JSON value as ``bad_message``.
 * :meth:`L16.decode` refuses an odd-length payload (``bad_media``);
   :attr:`MediaFormat.wire_dtype` is the codec's sample type on the wire.
 """
@@ -41,6 +44,7 @@ Invariants:
 from __future__ import annotations
 
 import binascii
+import json
 from binascii import a2b_base64
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -138,6 +142,18 @@ class StreamError(ValueError):
         self.kind = kind
         self.reason = reason
         self.code = CLOSE_CODES[kind]
+
+
+def json_object(raw: bytes | str) -> dict[str, Any]:
+    """A text message that must be a JSON object; raises :class:`StreamError` (``bad_json``,
+    ``bad_message`` for another JSON value)."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
+        raise StreamError("bad_json", "invalid JSON") from None
+    if type(obj) is not dict:
+        raise StreamError("bad_message", "expected a JSON object")
+    return obj
 
 
 def whole_number(v: Any, what: str, max_digits: int = 6) -> Any:

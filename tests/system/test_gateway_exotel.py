@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from brisvox.gateway.ws.auth import mint_token
 from brisvox.wire.exotel import MIN_CHUNK_BYTES
 from ipc import frames as F
 from tests.system.gateway_harness import FakeAgent, GatewayProc, correlate
-from tests.system.test_gateway_telnyx import chirp
+from tests.system.test_gateway_telnyx import talk
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(60)]
 
@@ -39,19 +38,7 @@ async def echo_call(gw: GatewayProc, rate: int, token: str,
     t = ExotelTransport(f"ws://127.0.0.1:{gw.ws_port}{path}?sample-rate={rate}", {"lang": "en"}, rate=rate,
                         token=token, caller="+919876543210", called="+918047491899")
     await t.open(BotEvents(on_audio=lambda pcm, now: got.append(pcm.copy())))
-    sent = chirp(rate)
-    frame = rate // 50
-    t0 = time.monotonic()
-    try:
-        for i in range(len(sent) // frame):
-            await t.send_audio(sent[i * frame:(i + 1) * frame])
-            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.monotonic()))
-        for _ in range(50):
-            await t.send_audio(np.zeros(frame, np.int16))
-            await asyncio.sleep(0.02)
-        calls = await asyncio.to_thread(gw.command, "calls")
-    finally:
-        await t.close()
+    sent, calls = await talk(t, gw, rate)
     return sent, got, calls
 
 

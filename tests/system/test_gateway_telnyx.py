@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,12 +36,10 @@ def chirp(rate: int, seconds: float = 1.5) -> np.ndarray:
     return (8000 * np.sin(2 * np.pi * (300 + 400 * t) * t)).astype(np.int16)
 
 
-async def echo_call(gw: GatewayProc, encoding: str, rate: int, token: str,
-                    path: str = "/telnyx/echo") -> tuple[np.ndarray, np.ndarray, dict]:
-    got: list[np.ndarray] = []
-    t = TelnyxTransport(f"ws://127.0.0.1:{gw.ws_port}{path}", {"lang": "en"}, encoding=encoding, rate=rate,
-                        token=token, caller="+13122010094", called="+13122123456")
-    await t.open(BotEvents(on_audio=lambda pcm, now: got.append(pcm.copy())))
+async def talk(t: Any, gw: GatewayProc, rate: int) -> tuple[np.ndarray, dict]:
+    """The caller's side of an echo call on the open transport ``t``: a chirp at ``rate`` in
+    real-time 20 ms frames, then 1 s of silence; (what was sent, the gateway's calls at the
+    end). ``t`` is closed whatever happens."""
     sent = chirp(rate)
     frame = rate // 50
     t0 = time.monotonic()
@@ -54,6 +53,16 @@ async def echo_call(gw: GatewayProc, encoding: str, rate: int, token: str,
         calls = await asyncio.to_thread(gw.command, "calls")
     finally:
         await t.close()
+    return sent, calls
+
+
+async def echo_call(gw: GatewayProc, encoding: str, rate: int, token: str,
+                    path: str = "/telnyx/echo") -> tuple[np.ndarray, np.ndarray, dict]:
+    got: list[np.ndarray] = []
+    t = TelnyxTransport(f"ws://127.0.0.1:{gw.ws_port}{path}", {"lang": "en"}, encoding=encoding, rate=rate,
+                        token=token, caller="+13122010094", called="+13122123456")
+    await t.open(BotEvents(on_audio=lambda pcm, now: got.append(pcm.copy())))
+    sent, calls = await talk(t, gw, rate)
     return sent, np.concatenate(got) if got else np.zeros(0, np.int16), calls
 
 

@@ -4,14 +4,16 @@ One gateway process (``python -m brisvox.gateway``) and one fake agent
 process (ZeroMQ) serve the whole module; each case places a fresh call
 through one transport of :data:`brisvox.gateway.transports.TRANSPORTS`
 (Twilio Media Streams, native WebSocket, Plivo Audio Streams, Telnyx Media
-Streaming, Vonage Voice WebSockets, Exotel Voicebot streams, SIP/RTP;
+Streaming, Vonage Voice WebSockets, Exotel Voicebot streams, Asterisk
+chan_websocket (:mod:`tests.system.asterisk_ws_peer` plays Asterisk), FreeSWITCH
+mod_audio_stream (:mod:`tests.system.freeswitch_peer`), SIP/RTP;
 every WebSocket one at ``/<name>``, native at ``/ws``; Asterisk's AudioSocket on its
 own TCP listener), driven by the client's own transports (:mod:`brisvox.client`), an
 AudioSocket peer written from the protocol's text (:mod:`tests.system.audiosocket_peer`),
 raw sockets and the :mod:`brisvox.wire` builders, and checks what the caller and the agent see:
 
 * ``clear``: a Clear stops the bot's audio at the peer within a tick
-  (Twilio and native peers get a ``clear``; SIP's RTP and AudioSocket's audio stop) and Cleared
+  (Twilio and native peers get a ``clear``, Asterisk ``FLUSH_MEDIA``, FreeSWITCH's handler ``{"type":"clear"}``; SIP's RTP and AudioSocket's audio stop) and Cleared
   answers a position no further than what was written;
 * ``lazy_clear``: a lazy Clear read after the newer epoch's audio started
   stops nothing (no transport clear, every frame arrives, counted
@@ -72,8 +74,10 @@ from brisvox.wire.g711 import PCMU
 from brisvox.wire.native import NativeStream, server_message
 from ipc import frames as F
 from ipc.ring import Ring, ring_name
+from tests.system.asterisk_ws_peer import AsteriskWsPeer
 from tests.system.audiosocket_peer import AudioSocketPeer
 from tests.system.audiosocket_peer import message as as_message
+from tests.system.freeswitch_peer import FreeSwitchPeer
 from tests.system.gateway_harness import FakeAgent, GatewayProc
 from tests.system.twilio_api_fake import ACCOUNT, TOKEN, FakeTwilioApi
 
@@ -120,7 +124,9 @@ def env() -> Iterator[tuple[GatewayProc, FakeAgent]]:
                 gateway={"pause_max_ms": 5000},
                 sip={"max_message_bytes": SIP_MAX},
                 websocket={"max_message_bytes": WS_MAX, "fault_max": FAULT_MAX, "fault_window_s": 10.0,
-                           "routes": ROUTES, **api.config()},
+                           # every case connects from 127.0.0.1, back to back: the per-source
+                           # handshake limit (20/s by default) is not what this suite checks
+                           "handshakes_per_s": 200, "routes": ROUTES, **api.config()},
                 audiosocket={"max_message_bytes": AS_MAX}) as gw:
             yield gw, agent
     finally:
@@ -167,6 +173,10 @@ class Peer:
             self.t = ExotelTransport(f"ws://127.0.0.1:{gw.ws_port}/exotel", rate=RATE)
         elif kind == "audiosocket":
             self.t = AudioSocketPeer("127.0.0.1", gw.audiosocket_port)
+        elif kind == "asterisk_ws":  # c(ulaw): the tagged levels survive mu-law
+            self.t = AsteriskWsPeer(f"ws://127.0.0.1:{gw.ws_port}/asterisk_ws")
+        elif kind == "freeswitch":  # mono 8k, L16
+            self.t = FreeSwitchPeer(f"ws://127.0.0.1:{gw.ws_port}/freeswitch")
         elif kind == "native":
             url = f"ws://127.0.0.1:{gw.ws_port}/ws"
             self.t = NativeEcho(url, RATE) if echo_marks else NativeTransport(url, RATE)
@@ -318,7 +328,7 @@ async def case_dtmf_in(p: Peer, agent: FakeAgent) -> None:
 
 async def case_dtmf_out(p: Peer, agent: FakeAgent) -> None:
     agent.send(F.SendDtmf(call_id=p.call_id, digits="7"))
-    if p.kind in ("twilio", "telnyx", "vonage", "exotel", "audiosocket"):  # in-band: 852 Hz + 1209 Hz
+    if p.kind in ("twilio", "telnyx", "vonage", "exotel", "asterisk_ws", "freeswitch", "audiosocket"):  # in-band
         assert await p.until(lambda: p.n >= 800)
         x = p.samples()[:800].astype(np.float64)
         spec = np.abs(np.fft.rfft(x * np.hanning(len(x))))
@@ -443,7 +453,7 @@ async def case_malformed(p: Peer, agent: FakeAgent) -> None:
                 await q.close()
             counter = f"audiosocket_malformed_{kind}"
             assert (await stats(p.gw))[counter] == before.get(counter, 0) + 1, counter
-    elif p.kind in ("twilio", "plivo", "telnyx", "vonage", "exotel"):  # a vendor stream closes before the call
+    elif p.kind in ("twilio", "plivo", "telnyx", "vonage", "exotel", "asterisk_ws", "freeswitch"):  # closes first
         code = await ws_closed_with(f"ws://127.0.0.1:{p.gw.ws_port}{PATHS[p.kind]}", "{not json")
         assert code == 1007
         assert (await stats(p.gw))["ws_malformed_bad_json"] == before.get("ws_malformed_bad_json", 0) + 1
@@ -495,6 +505,20 @@ def malformed_messages(p: Peer) -> list[str | bytes]:
             '{"event":"websocket:notify","payload":{}}',  # Vonage's answer to a notify without the mark
             '{"event":"websocket:dtmf","digit":"Z","duration":100}',
         ]
+    elif p.kind == "asterisk_ws":
+        msgs = [
+            "{not json",
+            "DTMF_END digit:Z",
+            "DTMF_END digit",  # a word the plain-text grammar refuses
+            b"\x00" * (RATE + 1),  # over 1 s of ulaw
+        ]
+    elif p.kind == "freeswitch":
+        msgs = [
+            "{not json",
+            b"\x01",  # a binary frame that is not whole samples
+            '{"type":"dtmf","digit":"Z"}',
+            '["not", "an", "object"]',
+        ]
     else:
         msgs = ["{bad", b"\x01", NativeStream.dtmf("Z"), '{"event":"nope"}']
     assert len(msgs) == FAULT_MAX - 1
@@ -516,6 +540,8 @@ async def case_fault_budget(p: Peer, agent: FakeAgent) -> None:
     after = await stats(p.gw)
     kinds = (("bad_json", "bad_base64", "bad_mark", "binary_frame") if p.kind in ("twilio", "plivo", "telnyx", "exotel")
              else ("bad_json", "bad_media", "bad_mark", "bad_dtmf") if p.kind == "vonage"
+             else ("bad_json", "bad_dtmf", "bad_message", "media_too_large") if p.kind == "asterisk_ws"
+             else ("bad_json", "bad_media", "bad_dtmf", "bad_message") if p.kind == "freeswitch"
              else ("bad_json", "odd_frame", "bad_dtmf", "unknown_event"))
     for kind in kinds:
         assert after[f"ws_malformed_{kind}"] == before.get(f"ws_malformed_{kind}", 0) + 1, kind

@@ -69,8 +69,10 @@ def test_the_command_handler_answers(core):
 
 
 def test_the_registry_names_every_transport_its_listener_and_capabilities():
-    assert set(TRANSPORTS) == {"twilio", "native", "plivo", "telnyx", "vonage", "exotel", "sip", "audiosocket"}
-    assert set(websocket_protocols()) == {"twilio", "native", "plivo", "telnyx", "vonage", "exotel"}
+    assert set(TRANSPORTS) == {"twilio", "native", "plivo", "telnyx", "vonage", "exotel", "asterisk_ws", "freeswitch",
+                              "sip", "audiosocket"}
+    assert set(websocket_protocols()) == {"twilio", "native", "plivo", "telnyx", "vonage", "exotel", "asterisk_ws",
+                                          "freeswitch"}
     for t in TRANSPORTS.values():
         assert t.section in LISTENERS
         assert set(t.lacks) <= set(CAPABILITIES)

@@ -52,7 +52,6 @@ import numpy as np
 
 from brisvox.gateway.carriers.stream_session import StreamSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.core.leg import InbandTones, send_tones
 from brisvox.wire.mediastream import (
     MEDIA_SUFFIX,
     PCMU_8K,
@@ -97,7 +96,6 @@ class CarrierStreamSession(StreamSession):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
-        self.tones = InbandTones()  # SendDtmf as in-band tones (the protocol has no DTMF message)
         self._out: BotMessages | None = None
         self._prefix = b""  # the stream's media prefix, on self for the per-frame send
         self._use(PCMU_8K)
@@ -183,12 +181,6 @@ class CarrierStreamSession(StreamSession):
         if ok and self.call is not None:
             self.call.stats.packets_out += 1
         return ok
-
-    def send_dtmf(self, digits: str) -> int:
-        return self.tones.queue(digits, self.rate)
-
-    def tick_dtmf(self, now: float) -> bool:
-        return send_tones(self, self.tones, self.rate, now)
 
     def send_clear(self) -> None:
         self.tones.drop()

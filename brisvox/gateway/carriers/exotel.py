@@ -30,7 +30,8 @@ Invariants:
   rate like any other (the workers resample). The bot's audio goes out in
   the same format (little-endian L16).
 * The bot's audio reaches Exotel in chunks of at least 3.2 KB, each a
-  multiple of 320 bytes (:class:`brisvox.wire.exotel.Chunker`): the 20 ms
+  multiple of 320 bytes (:class:`brisvox.wire.exotel.Chunker`, sent by
+  :class:`~brisvox.gateway.carriers.chunked.ChunkedAudio`): the 20 ms
   frames the pacer releases are kept until a chunk is full (200 ms at 8 kHz,
   100 ms at 16 kHz, 80 ms at 24 kHz). What is kept is sent, padded to the
   multiple, when the talkspurt ends, before a ``mark`` (the echo must
@@ -47,15 +48,14 @@ Invariants:
 
 from __future__ import annotations
 
-import binascii
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from brisvox.gateway.carriers.carrier_stream import CarrierStreamSession, Opening
+from brisvox.gateway.carriers.chunked import ChunkedAudio
 from brisvox.gateway.config import WsRoute
-from brisvox.wire.exotel import DEFAULT_FORMAT, BotStream, Chunker, parse_start, rate_from_path
-from brisvox.wire.mediastream import MEDIA_SUFFIX
+from brisvox.wire.exotel import DEFAULT_FORMAT, BotStream, parse_start, rate_from_path
 
 if TYPE_CHECKING:
     from brisvox.gateway.core.host import CallHost
@@ -73,7 +73,7 @@ class ExotelSession(CarrierStreamSession):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
-        self._chunks = Chunker()
+        self._chunks = ChunkedAudio(self, lambda: self._prefix)
         self._use(DEFAULT_FORMAT)
 
     def opening(self, msg: dict[str, Any]) -> Opening:
@@ -87,35 +87,17 @@ class ExotelSession(CarrierStreamSession):
         n = len(samples)
         enc = self._enc[:n] if n <= len(self._enc) else np.empty(n, dtype=self._enc.dtype)
         self._codec.encode(samples, out=enc)
-        chunk = self._chunks.add(enc.data)
-        return self._send(chunk) if chunk is not None else not self.conn.closed
-
-    def _send(self, chunk: bytes) -> bool:
-        ok = self.conn.send_text(self._prefix + binascii.b2a_base64(chunk, newline=False) + MEDIA_SUFFIX)
-        if ok and self.call is not None:
-            self.call.stats.packets_out += 1
-        return ok
+        return self._chunks.add(enc.data)
 
     def flush(self) -> None:
         """Send what the chunker keeps (padded to the chunk multiple)."""
-        chunk = self._chunks.flush()
-        if chunk is not None:
-            self._send(chunk)
-
-    def _paused(self) -> bool:
-        gate = getattr(self.call, "gate", None)
-        return gate is not None and gate.held is not None
+        self._chunks.flush()
 
     def end_spurt(self) -> None:
-        if not self._paused():  # a Pause keeps the chunk: it plays first on Resume
-            self.flush()
+        self._chunks.end_spurt()
 
     def tick_dtmf(self, now: float) -> bool:
-        playing = self.tones.playing
-        busy = super().tick_dtmf(now)
-        if playing and not self.tones.playing:
-            self.flush()  # the last tone: nothing follows it in this chunk
-        return busy
+        return self._chunks.tick_dtmf(super().tick_dtmf, now)
 
     def send_mark(self, name: str) -> None:
         self.flush()

@@ -26,6 +26,8 @@ Invariants:
   code and a reason naming the budget (with ``hangup_on_error``: the first
   one, with its own reason). No ``start`` within ``start_timeout_s`` is
   ``no_start``; a binary frame is ``binary_frame``.
+* SendDtmf is played in-band (:class:`~brisvox.gateway.core.leg.InbandTones`, at
+  the call's rate) unless the vendor's leg overrides ``send_dtmf`` (Plivo's ``sendDTMF``).
 * A call beyond ``max_calls`` (or while draining) is closed with 1013 and
   "try again later", one beyond its source's share (``[gateway]
   max_calls_per_source``, the source being the client after ``trusted_proxies``)
@@ -50,7 +52,14 @@ import orjson
 
 from brisvox.gateway.config import WsRoute
 from brisvox.gateway.core.calls import AdmissionError, Call
-from brisvox.gateway.core.leg import SESSION_LOG, TransportLeg, ws_close_code
+from brisvox.gateway.core.leg import (
+    SESSION_LOG,
+    InbandTones,
+    TransportLeg,
+    send_tones,
+    ws_close_code,
+)
+from brisvox.wire.mediastream import Codec
 
 if TYPE_CHECKING:
     from brisvox.gateway.core.host import CallHost
@@ -108,6 +117,7 @@ class StreamSession(TransportLeg):
         self.clock: Callable[[], float] = time.monotonic  # the fault budget's clock
         self._start_timer: asyncio.TimerHandle | None = host.call_later(
             host.settings.websocket.start_timeout_s, self._no_start)
+        self.tones = InbandTones()  # SendDtmf as in-band tones (a vendor with a DTMF message overrides send_dtmf)
 
     # -- refusals --------------------------------------------------------------------
 
@@ -146,6 +156,22 @@ class StreamSession(TransportLeg):
 
     def on_binary(self, data: bytes) -> None:
         self.malformed(self.refusal("binary_frame", self.binary_reason))
+
+    def audio_frame(self, data: bytes, codec: Codec, rate: int, max_bytes: int, width: int = 2) -> None:
+        """A binary frame of the caller's audio (the binary-media legs: Vonage, Asterisk, FreeSWITCH):
+        refused before the call (``media_before_start``), when not whole samples of ``width``
+        bytes (``bad_media``) or over ``max_bytes`` (``media_too_large``); else decoded by
+        ``codec`` into the call at ``rate``. 50 a second: the checks and the ring write inline."""
+        call = self.call
+        n = len(data)
+        if call is None:
+            self.malformed(self.refusal("media_before_start", "audio before the stream's start"))
+        elif n % width:
+            self.malformed(self.refusal("bad_media", "a binary frame that is not whole samples"))
+        elif n > max_bytes:
+            self.malformed(self.refusal("media_too_large", "a binary frame over 1 s of audio"))
+        elif n:
+            self.host.audio_in(call, codec.decode(data), rate, n)
 
     def decode(self, data: bytes) -> dict[str, Any] | None:
         """The JSON object of a text message; None (refused as ``bad_json`` or ``bad_message``)
@@ -233,6 +259,14 @@ class StreamSession(TransportLeg):
             self.host.transport_ended(self.call, reason)
 
     # -- leg: out --------------------------------------------------------------------
+
+    def send_dtmf(self, digits: str) -> int:
+        """In-band tones at the call's rate (the protocol has no DTMF message)."""
+        return self.tones.queue(digits, self.call.call_rate if self.call is not None else 8000)
+
+    def tick_dtmf(self, now: float) -> bool:
+        call = self.call
+        return call is not None and send_tones(self, self.tones, call.call_rate, now)
 
     @property
     def can_send(self) -> bool:

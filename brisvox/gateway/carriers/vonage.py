@@ -60,7 +60,6 @@ import numpy as np
 
 from brisvox.gateway.carriers.stream_session import StreamSession
 from brisvox.gateway.config import WsRoute
-from brisvox.gateway.core.leg import InbandTones, send_tones
 from brisvox.wire.mediastream import L16LE
 from brisvox.wire.vonage import (
     CLEAR,
@@ -93,7 +92,6 @@ class VonageSession(StreamSession):
 
     def __init__(self, host: CallHost, conn: WsConnection, route: WsRoute) -> None:
         super().__init__(host, conn, route)
-        self.tones = InbandTones()  # SendDtmf as in-band tones (the protocol has no DTMF message)
         self._use(Format())
 
     def _use(self, fmt: Format) -> None:
@@ -106,17 +104,8 @@ class VonageSession(StreamSession):
     # -- protocol in --------------------------------------------------------------
 
     def on_binary(self, data: bytes) -> None:
-        """The caller's audio: 50 a second, one check and the ring write inline."""
-        call = self.call
-        n = len(data)
-        if call is None:
-            self.malformed(VonageError("media_before_start", "audio before websocket:connected"))
-        elif n & 1:
-            self.malformed(VonageError("bad_media", "a binary frame of an odd length"))
-        elif n > self._max_bytes:
-            self.malformed(VonageError("media_too_large", "a binary frame over 1 s of audio"))
-        elif n:
-            self.host.audio_in(call, L16LE.decode(data), self.rate, n)
+        """The caller's audio (:meth:`StreamSession.audio_frame`)."""
+        self.audio_frame(data, L16LE, self.rate, self._max_bytes)
 
     def on_text(self, data: bytes) -> None:
         msg = self.decode(data)  # None: refused already (bad JSON, not an object)
@@ -159,12 +148,6 @@ class VonageSession(StreamSession):
         if sent and self.call is not None:
             self.call.stats.packets_out += sent
         return ok
-
-    def send_dtmf(self, digits: str) -> int:
-        return self.tones.queue(digits, self.rate)
-
-    def tick_dtmf(self, now: float) -> bool:
-        return send_tones(self, self.tones, self.rate, now)
 
     def send_clear(self) -> None:
         self.tones.drop()

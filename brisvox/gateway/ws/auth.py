@@ -62,6 +62,13 @@ Invariants:
   sends for ``wss://user:<c>@host/path``; the user name is free), else
   ``?token=<c>``, checked as a Telnyx token; the header, when sent, is the
   credential; without ``native_secret`` the same :func:`unconfigured` rule holds.
+  Asterisk's chan_websocket (:func:`asterisk_ws_auth`) is checked as Exotel is:
+  ``websocket_client.conf``'s ``username``/``password`` send ``Authorization: Basic``
+  (the password is the credential), else ``?token=<c>`` in its ``uri`` (or the dial
+  string's ``v(token=...)``); the same :func:`unconfigured` rule holds.
+  FreeSWITCH's mod_audio_stream (:func:`freeswitch_auth`) is checked as Vonage is:
+  ``Authorization: Bearer <c>`` (the channel variable ``STREAM_EXTRA_HEADERS``
+  adds it) or ``?token=<c>`` in the ``wss-url``; the same :func:`unconfigured` rule holds.
 * Origin: a request without an ``Origin`` header (Twilio, server-side
   clients) passes; one with it passes only if ``allowed_origins`` holds
   ``"*"`` or that origin (case-insensitive, without a trailing ``/``); else
@@ -207,12 +214,32 @@ def telnyx_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> 
 
 
 def vonage_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    return _bearer_or_query(cfg, route, path, headers)
+
+
+def freeswitch_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    return _bearer_or_query(cfg, route, path, headers)
+
+
+def _bearer_or_query(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    """``Authorization: Bearer`` or ``?token=``, checked as a Telnyx token (module invariants:
+    Vonage, FreeSWITCH)."""
     if not cfg.native_secret:
         return unconfigured(cfg)
     return _secret_or_token(cfg, cfg.native_secret, route, _credentials(path, headers))
 
 
 def exotel_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    return _basic_or_query(cfg, route, path, headers)
+
+
+def asterisk_ws_auth(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    return _basic_or_query(cfg, route, path, headers)
+
+
+def _basic_or_query(cfg: Any, route: Any, path: str, headers: Mapping[str, str]) -> Refusal | Grant:
+    """The password of ``Authorization: Basic`` (the header, when sent, is the credential),
+    else ``?token=``, checked as a Telnyx token (module invariants: Exotel, Asterisk)."""
     if not cfg.native_secret:
         return unconfigured(cfg)
     header = _one(headers, "Authorization")

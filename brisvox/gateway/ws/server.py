@@ -74,6 +74,9 @@ Invariants:
   ``Origin`` (403 ``ws_refused_origin``), the protocol's credential (401
   native, 403 Twilio: :mod:`brisvox.gateway.ws.auth`), the route's agent
   list (404 ``ws_refused_agent``; the body does not list the agents).
+* A route whose registry row names a ``subprotocol`` (chan_websocket's ``media``)
+  answers it in ``Sec-WebSocket-Protocol`` when the request offers it; no other
+  subprotocol is ever selected.
 * Bad input (a malformed handshake, a refusal, a session that raised) is
   logged through one :class:`~brisvox.runtime.log_limit.LogLimiter`: a line
   per kind per minute at most, never a traceback per message. The
@@ -156,6 +159,13 @@ AuthCheck = Callable[[Any, WsRoute, str, Mapping[str, str]], "Refusal | Grant"] 
 SessionFactory = Callable[["CallHost", "WsConnection", WsRoute], Session]
 
 
+def offered_subprotocols(headers: Any) -> list[str]:
+    """The subprotocols a request's ``Sec-WebSocket-Protocol`` headers offer (RFC 6455 4.1)."""
+    get_all = getattr(headers, "get_all", None)
+    values = get_all("Sec-WebSocket-Protocol") if get_all is not None else [headers.get("Sec-WebSocket-Protocol", "")]
+    return [p.strip() for v in values for p in (v or "").split(",") if p.strip()]
+
+
 class RouteTransport(Protocol):
     """What the server needs of a route's transport (a row of the registry,
     :data:`brisvox.gateway.transports.TRANSPORTS`, which the registry passes in)."""
@@ -165,6 +175,9 @@ class RouteTransport(Protocol):
 
     @property
     def auth(self) -> AuthCheck | None: ...
+
+    @property
+    def subprotocol(self) -> str: ...
 
 
 class WsConnection(asyncio.BufferedProtocol):
@@ -503,6 +516,9 @@ class WsConnection(asyncio.BufferedProtocol):
         """The checks passed: the 101 answer, and ``route``'s protocol session."""
         server = self.server
         resp = self.proto.accept(req)
+        sub = server.transports[route.protocol].subprotocol
+        if sub and resp.status_code == 101 and sub in offered_subprotocols(req.headers):
+            resp.headers["Sec-WebSocket-Protocol"] = sub  # the one the route speaks, when the peer asks for it
         self.proto.send_response(resp)
         if resp.status_code != 101:
             self._bad_handshake(self.proto.handshake_exc or ValueError(f"status {resp.status_code}"))
