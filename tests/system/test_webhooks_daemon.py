@@ -181,13 +181,13 @@ def outbox_rows(state: Path) -> list[dict[str, Any]]:
         db.close()
 
 
-def wait(pred: Any, timeout: float, what: str) -> None:
+def wait(pred: Any, timeout: float, what: str, detail: Any = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pred():
             return
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f": {detail()}" if detail is not None else ""))
 
 
 def daemon(tmp: Path, port: int) -> Daemon:
@@ -213,8 +213,9 @@ def test_events_survive_a_down_receiver_random_500s_and_a_killed_daemon(short_tm
         ws = ws_port(d.child(snap, "gateway-0"))
         # 1. down: the first calls' events wait in the outbox, attempted and scheduled again
         first = calls(ws, 2)
-        wait(lambda: len(rows := outbox_rows(state)) == 8 and all(r["attempts"] >= 1 for r in rows), 30,
-             "eight events attempted while the receiver is down")
+        wait(lambda: len(rows := outbox_rows(state)) == 8 and all(r["attempts"] >= 1 for r in rows), 60,
+             "eight events attempted while the receiver is down",
+             lambda: ([(r["type"], r["attempts"]) for r in outbox_rows(state)], first))
         assert all(r["delivered_at"] is None for r in outbox_rows(state))
         # 2. up, flaky: everything so far, and two more calls, delivered
         rx.up(fail=0.35)
