@@ -10,10 +10,10 @@ ends' own message logs (``sipp -trace_msg``, their wall-clock timestamps):
 
 * every row ends with exactly one outcome, the one its far end gives (or ``unknown``: an
   attempt in flight at a kill, never re-dialled: no attempt follows an unknown one); each
-  kill lands while a dial rings, so 2 to 2 x 8 unknowns;
+  kill lands while a dial rings, so 2 to 2 x 16 unknowns;
 * no row is dialled more than its retry policy allows (a person or a 503 once, busy and no
   answer twice); each far end saw each row's recorded attempts (an interrupted one at most);
-* the rate cap holds at the far ends: no 9 INVITEs inside one second (100 ms allowed for
+* the rate cap (16/s) holds at the far ends: no 17 INVITEs inside one second (100 ms allowed for
   loopback and scheduling jitter).
 """
 
@@ -41,7 +41,7 @@ from tests.system.test_sip_outbound import _RESP, Media, answered_then_bye, busy
 pytestmark = [pytest.mark.system, pytest.mark.serial, pytest.mark.timeout(240),
               pytest.mark.skipif(not have("sipp"), reason="needs sipp (sip-tester)")]
 
-RATE, CAP, ROWS = 8, 8, 200
+RATE, CAP, ROWS = 16, 16, 200
 KINDS = {"human": 100, "busy": 40, "noanswer": 30, "failed": 30}
 ALLOWED = {"human": 1, "busy": 2, "noanswer": 2, "failed": 1}
 OUTCOME = {"human": "answered", "busy": "busy", "noanswer": "no_answer", "failed": "failed"}
