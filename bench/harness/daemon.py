@@ -9,6 +9,7 @@ so failures are detected in tenths of a second.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,8 +62,12 @@ level = "info"
 
 
 def write_config(tmp: Path, workers: int = 2, agents: int = 1, extra: str = "") -> Path:
+    """A daemon config for a test or a benchmark. Without a ``[websocket]`` table in ``extra`` the
+    WebSocket listener takes a free port (``port = 0``): two daemons on the default port, in
+    tests run side by side, would fail each other's gateway boot ("Address already in use")."""
     path = tmp / "brisvoxd.toml"
-    path.write_text(FAST.format(run=tmp / "run", state=tmp / "state", workers=workers, agents=agents) + extra)
+    ws = "" if re.search(r"^\[websocket\]", extra, re.MULTILINE) else "\n[websocket]\nport = 0\n"
+    path.write_text(FAST.format(run=tmp / "run", state=tmp / "state", workers=workers, agents=agents) + extra + ws)
     return path
 
 
