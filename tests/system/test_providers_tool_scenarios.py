@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import orjson
@@ -259,6 +260,12 @@ def test_s6_barge_in_during_booking_runs_it_once(vendor: str) -> None:
         await asyncio.sleep(0.05)
         await rig.turn(2, "Yes, please book it.")
         while not log.finished:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        # the finished booking's result travels back (a remote tool: over the agent link) into the
+        # engine's mailbox; its note is taken before the next user message, so wait until it is there
+        engine = rig.runner.engine
+        deadline = time.monotonic() + 5.0
+        while engine is not None and not engine.late_notes_waiting() and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.02)
         return await rig.turn(3, "Is it done?")
 

@@ -149,6 +149,10 @@ class Delivery:
         """Late notes dropped on a full mailbox."""
         return self._dropped
 
+    def waiting_notes(self) -> int:
+        """Late notes in the mailbox, to be taken at the next settle (before a user message)."""
+        return len(self._mailbox)
+
     @property
     def late_outcomes(self) -> list[tuple[str, bool]]:
         """(tool, is_error) of each note the last :meth:`take_late_notes` returned."""

@@ -107,6 +107,9 @@ class ToolEngine:
     def late_notes_dropped(self) -> int:
         return self._delivery.dropped_notes()
 
+    def late_notes_waiting(self) -> int:
+        return self._delivery.waiting_notes()
+
     def stats(self) -> ev.ToolStatsSnapshot:
         return self._stats.snapshot()
 
