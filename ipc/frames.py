@@ -188,6 +188,8 @@ class CallStart(Frame):
     events: bool = False  # the caller's side wants the call's events (CallEvent): a native ``events`` start
     ring_key: str = ""  # the call's random ring key (ipc.ring.ring_name): its ring names are unguessable
     media: str = "answered"  # the call's media state as the agent side starts (CallMedia's states)
+    consult_for: str = ""  # a warm transfer's consult leg: the call_id of the caller it consults for
+    consult_summary: str = ""  # that leg's summary for the person (bounded, no CR/LF; set by the gateway's dial)
 
 
 @frame("call_accepted", to="reply")
@@ -381,10 +383,14 @@ class SendDtmf(Frame):
 
 @frame("transfer", to="gateway")
 class Transfer(Frame):
-    """Agent -> gateway: blind transfer (SIP REFER / Twilio REST). Reply: TransferResult."""
+    """Agent -> gateway: blind transfer (SIP REFER / Twilio REST). Reply: TransferResult.
+
+    ``summary`` (optional) travels as the REFER's ``X-Transfer-Summary`` header; the gateway
+    bounds and sanitises it again (printable, no CR/LF) whatever the agent sent."""
 
     call_id: str
     target: str
+    summary: str = ""
 
 
 @frame("transfer_result", to="agent")
@@ -412,10 +418,65 @@ class CallEvent(Frame):
 
 @frame("hangup", to="gateway")
 class Hangup(Frame):
-    """Agent -> gateway: end the call from our side (SIP BYE / WebSocket close)."""
+    """Agent -> gateway: end the call from our side (SIP BYE / WebSocket close).
+
+    ``call_id`` may also name a consult leg whose ``consult_for`` is a call of the sender's
+    (a warm transfer given up); the gateway refuses any other foreign call."""
 
     call_id: str
     reason: str
+
+
+# Warm transfer. The caller's actor places a consult leg with the ``dial`` command
+# (args ``consult_for`` = its own call_id and ``summary``); the gateway starts that leg on an
+# agent with CallStart.consult_for set, and the consult actor speaks the summary and waits
+# for the person's answer. Its ConsultVerdict reaches the caller's actor as ConsultResult;
+# the caller's actor then sends Bridge (or Hangup of the consult leg). A consult leg that ends
+# before its verdict is reported as ConsultResult(outcome="hung_up").
+
+
+@frame("consult_verdict", to="gateway")
+class ConsultVerdict(Frame):
+    """Consult actor -> gateway: the person on consult leg ``call_id`` accepted the caller
+    (said yes / pressed 1, or heard the summary when acceptance is ``after_summary``) or
+    declined. The gateway forwards it to the consulted call's agent as ConsultResult."""
+
+    call_id: str  # the consult leg
+    accepted: bool
+    detail: str = ""
+
+
+@frame("consult_result", to="agent")
+class ConsultResult(Frame):
+    """Gateway -> the caller's agent: what became of consult leg ``consult_id``.
+
+    ``outcome``: ``accepted`` | ``declined`` (the person's verdict) | ``hung_up`` (the leg
+    ended before a verdict)."""
+
+    call_id: str  # the caller's call
+    consult_id: str
+    outcome: str
+    detail: str = ""
+
+
+@frame("bridge", to="gateway")
+class Bridge(Frame):
+    """Agent -> gateway: join the caller ``call_id`` and its consult leg ``other`` (its
+    ``consult_for`` must be ``call_id``, both answered and alive). The gateway then carries
+    media between the two legs itself (each leg's inbound audio becomes the other's outbound,
+    resampled where the rates differ; recording goes on), ends both calls' actors with
+    CallEnd(reason="bridged"), and ends either leg when the other hangs up. Reply:
+    BridgeResult."""
+
+    call_id: str
+    other: str
+
+
+@frame("bridge_result", to="agent")
+class BridgeResult(Frame):
+    call_id: str
+    ok: bool
+    detail: str = ""
 
 
 # --- worker lanes (gateway/actor <-> inference worker) ------------------------------

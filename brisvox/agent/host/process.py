@@ -92,12 +92,14 @@ from brisvox.runtime.loop_probe import LoopProbe
 from brisvox.runtime.memory import IdleTrim
 from brisvox.runtime.private_files import prune_older, recording_file_name
 from ipc.frames import (
+    BridgeResult,
     CallAccepted,
     CallEnd,
     CallEnded,
     CallMedia,
     CallStart,
     Cleared,
+    ConsultResult,
     Dtmf,
     ErrorReply,
     Frame,
@@ -175,6 +177,8 @@ class AgentProcess:
             Dtmf: self._on_dtmf,
             CallMedia: self._on_call_media,
             TransferResult: self._on_transfer_result,
+            ConsultResult: self._on_consult_result,
+            BridgeResult: self._on_bridge_result,
         }
 
     # -- plumbing ---------------------------------------------------------------
@@ -266,6 +270,14 @@ class AgentProcess:
     def _on_transfer_result(self, f: TransferResult, sender: str, cid: int | str | None) -> None:
         if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
             slot.telephony.on_transfer_result(f)
+
+    def _on_consult_result(self, f: ConsultResult, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
+            slot.telephony.on_consult_result(f)
+
+    def _on_bridge_result(self, f: BridgeResult, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
+            slot.telephony.on_bridge_result(f)
 
     def _on_position(self, call_id: str, pos: int) -> None:
         slot = self.calls.get(call_id)

@@ -34,7 +34,16 @@ from typing import Any, Protocol
 
 from brisvox.agent.tool_engine.registry import Tool, ToolContext, ToolError, ToolKind, ToolSpec
 from ipc.codec import Frame
-from ipc.frames import Command, CommandReply, Hangup, SendDtmf, Transfer, TransferResult
+from ipc.frames import (
+    BridgeResult,
+    Command,
+    CommandReply,
+    ConsultResult,
+    Hangup,
+    SendDtmf,
+    Transfer,
+    TransferResult,
+)
 
 BUILTIN_NAMES = ("end_call", "send_dtmf", "transfer_call")
 DTMF = re.compile(r"^[0-9*#A-Da-dwW]{1,32}$")
@@ -91,6 +100,7 @@ class LinkTelephony:
     request: Callable[[Frame, float], Awaitable[Frame]] | None = None  # a request to the call's gateway
     _pending: asyncio.Future[TransferResult] | None = field(default=None, init=False)
     transfers: int = field(default=0, init=False)
+    consult_results: list[ConsultResult | BridgeResult] = field(default_factory=list, init=False)
 
     def hangup(self, reason: str) -> None:
         if self.hangup_hook is not None:
@@ -136,6 +146,16 @@ class LinkTelephony:
         fut = self._pending
         if fut is not None and not fut.done():
             fut.set_result(res)
+
+    def on_consult_result(self, res: ConsultResult) -> None:
+        """A warm transfer's consult leg outcome (the gateway's ConsultResult): queued for the
+        transfer that waits on it; one consult at a time, so a bounded queue of a few."""
+        if len(self.consult_results) < 8:
+            self.consult_results.append(res)
+
+    def on_bridge_result(self, res: BridgeResult) -> None:
+        if len(self.consult_results) < 8:
+            self.consult_results.append(res)
 
 
 def telephony_tools(port: TelephonyPort, *, transfer_targets: tuple[str, ...] = (),

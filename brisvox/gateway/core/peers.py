@@ -225,6 +225,8 @@ class PeerRouter:
             F.SendDtmf: self._on_send_dtmf,
             F.Transfer: self._on_transfer,
             F.CallEvent: self._on_call_event,
+            F.ConsultVerdict: self._on_consult_verdict,
+            F.Bridge: self._on_bridge,
         }
 
     def on_frame(self, frame: F.Frame, sender: str, cid: int | str | None) -> None:
@@ -306,6 +308,14 @@ class PeerRouter:
             return
         sent = call.leg is not None and not call.transport_done and call.leg.send_call_event(f.name, f.data)
         self.metrics.inc("call_events_sent" if sent else "call_events_dropped")
+
+    def _on_consult_verdict(self, f: F.ConsultVerdict, sender: str, cid: int | str | None) -> None:
+        self.metrics.inc("consult_verdicts_refused")  # no consult legs are placed yet
+
+    def _on_bridge(self, f: F.Bridge, sender: str, cid: int | str | None) -> None:
+        self.metrics.inc("bridges_refused")
+        self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=False,
+                                                detail="this gateway cannot bridge calls"), cid)
 
     def _on_transfer(self, f: F.Transfer, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
