@@ -24,7 +24,8 @@ Invariants judged (docs/BENCHMARKS.md "Fuzz campaign"):
 * (i) no process crashed or restarted: the children's pids and restart
   counts are those of before the campaign, and the daemon still runs;
 * (ii) the gateway's call count is back to 0 within ``DRAIN_S`` (35 s: the
-  calls a valid-looking INVITE opened are never ACKed, 64*T1 = 32 s);
+  calls a valid-looking INVITE opened are never ACKed and end at 64*T1, 16 s with the
+  run's ``t1_ms = 250``; the WebSocket calls end at their 10 s ``media_timeout_s``);
 * (iii) no /dev/shm segment of the instance is left, no process maps a
   deleted one;
 * (iv) a valid SIP call and a valid Twilio call are answered right after
@@ -86,12 +87,14 @@ max_calls = 60
 port = 0
 allow = ["127.0.0.0/24"]
 default_agent = "default"  # the campaign's INVITEs to sip:agent@ reach the default agent
-max_transactions = 16384  # a refused INVITE's transaction lives 64*T1 = 32 s: the campaign's would fill 4096
+max_transactions = 16384  # a refused INVITE's transaction lives 64*T1 = 16 s: the campaign's would fill 4096
+t1_ms = 250  # the unACKed calls end at 64*T1 = 16 s (500 ms: 32 s of the run spent waiting for them)
 rtp_port_min = {rtp}
 rtp_port_max = {rtp + 98}
 
 [websocket]
 port = 0
+media_timeout_s = 10.0  # the fuzzed calls that send no audio end after 10 s, not 20
 native_secret = "{fuzz_ws.SECRET}"
 twilio_auth_token = "{fuzz_ws.TOKEN}"
 public_url = "{fuzz_ws.PUBLIC_URL}"
