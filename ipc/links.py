@@ -144,6 +144,18 @@ class Links:
                 return
             self._dispatch(data, name)
 
+    def poll_inbox(self) -> None:
+        """Handle what waits in the inbox now, if anything (a long callback's pause point: the
+        pacer's tick calls it between slices of calls). About a microsecond when it is empty."""
+        sock = self.inbox
+        if sock is not None:
+            try:
+                ready = int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN
+            except zmq.ZMQError:
+                return
+            if ready:
+                self._drain_inbox()
+
     def drain_all(self) -> None:
         """Safety net for a missed edge (called by the gateway's housekeeping)."""
         self._drain_inbox()

@@ -108,6 +108,7 @@ class GatewayCore:
             report_every=max(1, round(cfg.position_interval_ms / (FRAME_S * 1000))),
             on_actions=self._on_gate_actions,
             on_report=self._on_report,
+            between=self.links.poll_inbox,
         )
         self.loop: asyncio.AbstractEventLoop | None = None
         self.listeners: dict[str, Listener] = {}  # config section -> its listener (registry order)

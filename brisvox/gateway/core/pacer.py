@@ -41,6 +41,10 @@ Invariants:
   call: release goes on from the held position at once. A pause never
   outlives the gate's ``pause_max_s``: the tick that finds it older resumes
   it (counted ``pauses_expired``).
+* A tick never holds a control frame back for its whole length: every
+  ``SLICE`` calls it runs ``between`` (the gateway's non-blocking inbox poll),
+  so a Clear that arrived mid-tick is applied before the rest of the tick's
+  calls are served, not after all of them (at 100 calls a tick's body is a few ms).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ log = logging.getLogger("brisvox.gateway.core.pacer")
 
 FRAME_S = 0.020
 MAX_BURST = 3
+SLICE = 16  # calls served between two polls of the inbox within a tick
 UNDERRUN_WINDOW_S = 0.2
 
 
@@ -73,6 +78,7 @@ class Pacer:
         on_actions: Callable[[Call, tuple[Action, ...] | list[Action]], None],
         on_report: Callable[[list[Call]], None],
         on_tick: Callable[[float, int], None] | None = None,
+        between: Callable[[], None] | None = None,
     ) -> None:
         self.metrics = metrics
         self.calls: dict[str, Call] = {}
@@ -80,6 +86,7 @@ class Pacer:
         self.on_actions = on_actions
         self.on_report = on_report
         self.on_tick = on_tick
+        self.between = between
         self.ticks = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
@@ -141,13 +148,16 @@ class Pacer:
         if self.on_tick is not None:
             self.on_tick(now, self.ticks)
         grid = self._scheduled
-        for call in list(self.calls.values()):
+        between = self.between
+        for i, call in enumerate(list(self.calls.values()), 1):
             try:
                 self.service(call, now, grid)
             except Exception:  # one call's failure must not stop the pacing of the others
                 log.exception("pacer: call %s failed", call.call_id)
                 self.metrics.inc("pacer_errors")
                 self.calls.pop(call.call_id, None)
+            if between is not None and i % SLICE == 0:
+                between()  # frames that arrived meanwhile (a Clear) are handled now, not after the tick
         if self.ticks % self.report_every == 0:
             self.on_report(list(self.calls.values()))
         # next grid point; if we fell behind by more than a tick, re-anchor the grid
