@@ -174,6 +174,13 @@ class PlayoutBook:
     def round(self, epoch: int, rnd: int) -> Round | None:
         return self.rounds.get((epoch, rnd))
 
+    def round_over(self, epoch: int, rnd: int) -> bool:
+        """No more of round ``(epoch, rnd)`` will play: its utterance's end mark was played, or
+        it was cut or lost (False while it has no utterance yet)."""
+        r = self.rounds.get((epoch, rnd))
+        u = self.utts.get(r.utterance) if r is not None and r.utterance is not None else None
+        return u is not None and (u.marked_played or u.cut or u.lost)
+
     def register_utterance(self, epoch: int, rnd: int, utt: int) -> bool:
         r = self.rounds.get((epoch, rnd))
         if r is None:

@@ -70,19 +70,25 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.host import call_metrics, tracing
 from brisvox.agent.host.actor import CallActor
 from brisvox.agent.host.call_build import call_info_of, open_call, recording_of, recordings_default
+from brisvox.agent.host.call_consult import CallConsult
 from brisvox.agent.host.call_hooks import CallHooks, HookRoutes
 from brisvox.agent.host.call_record import write_record
+from brisvox.agent.host.call_warm import attach as attach_warm
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.process_link import ProcessLink
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
+from brisvox.agent.host.warm_transfer import WarmConfig
+from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_totals
+from brisvox.clock import CLOCK
 from brisvox.providers import resilience
 from brisvox.providers.http import provider_http_stats
 from brisvox.providers.registry import CallProviders
@@ -357,8 +363,21 @@ class AgentProcess:
             greeting = agent.greeting
             amd = agent.amd  # [amd]: a dialled call is screened before its first word
             agent_hooks = agent.webhooks
+            warm_cfg, agent_dir = agent.warm_transfer, Path(agent.path).parent  # a relative hold_audio's base
         else:
             provs = CallProviders(*scripted_providers(self.cfg, f.call_id, f.tts_rate))
+            warm_cfg, agent_dir = WarmConfig(), None
+        consult = None
+        if f.consult_for and provs.stt is None:
+            await self._undo_attach(f.call_id, rings)
+            return refuse("bad_agent", "a consult leg needs a cascaded agent (stt, llm, tts), not speech-to-speech")
+        if f.consult_for:  # a warm transfer's consult leg: the summary, the person's answer, no conversation
+            consult = CallConsult(f.call_id, f.consult_for, warm_cfg, f.consult_summary, CLOCK, link.to_gateway,
+                                  functools.partial(self._hangup_later, f.call_id))
+            provs = replace(provs, llm=consult.ear, s2s=None)
+            greeting, amd, registry, flow = consult.opening(), None, None, None
+            actor_cfg = replace(actor_cfg, llm=replace(actor_cfg.llm, speculation=SpeculationConfig()),
+                                turn=replace(actor_cfg.turn, speculation=SpeculationConfig()))
         actor = (CallActor if provs.s2s is None else S2sCallActor)(  # a speech-to-speech agent: docs/S2S.md
             f.call_id,
             actor_cfg,
@@ -383,6 +402,10 @@ class AgentProcess:
             amd=amd,
             hangup_later=functools.partial(self._hangup_later, f.call_id),
         )
+        if consult is not None:
+            consult.bind(actor)
+        elif telephony is not None and provs.s2s is None:  # warm_transfer runs through the actor
+            attach_warm(actor, telephony, warm_cfg, agent_dir)
         if recording is not None:  # the gateway names the WAV so: call.ended can say which file it is
             recording["file"] = recording_file_name(f.call_id, actor.started_wall)
         hooks = self._call_hooks(f.call_id, self.cfg.agent_name(f.agent), agent_hooks, actor.amd is not None)
