@@ -88,6 +88,7 @@ from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.host.warm_transfer import WarmConfig
 from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_totals
+from brisvox.agent.tool_engine.builtin import TRANSFER_STATS
 from brisvox.clock import CLOCK
 from brisvox.providers import resilience
 from brisvox.providers.http import provider_http_stats
@@ -571,6 +572,7 @@ class AgentProcess:
         if self.workers is not None:
             d.update({f"workers_{k}": v for k, v in self.workers.counters.items()})
         d["live_interrupts"] = sum(slot.actor.interrupts() for slot in self.calls.values())
+        d.update(TRANSFER_STATS)  # transfers_refused_<target|summary|repeat> (tool_engine/builtin.py)
         d["telemetry"] = call_metrics.METRICS.snapshot()  # the supervisor sums it: daemon/telemetry.py
         d["stage_failures"] = dict(self.stage_failures)
         if self.hook_writer is not None:
