@@ -155,7 +155,7 @@ def test_consult_yes_no_dtmf_and_silence():
     s = ConsultScreen("confirm", verdict_timeout_s=10.0)
     assert s.start("A caller about billing.", "Press 1 or 2.", 0.0) == [Say("A caller about billing. Press 1 or 2.")]
     assert s.spoken(4.0) == [] and s.deadline == 14.0
-    assert s.transcript("hmm who is it", 5.0) == []  # neither: no answer yet
+    assert s.transcript("hmm who is it", 5.0) == [] and s.deadline == 15.0  # neither: asked again, waited again
     assert s.transcript("yes no", 5.5) == []  # both: no answer
     assert s.transcript("yeah sure put them through", 6.0)[0] == Verdict(True, "speech")
     assert s.dtmf("2", 7.0) == [] and s.tick(100.0) == []  # once
@@ -179,6 +179,11 @@ def test_consult_yes_no_dtmf_and_silence():
     e.start("x", "p", 0.0)
     e.ended(0.5)
     assert e.dtmf("1", 1.0) == [] and e.spoken(1.0) == []  # the leg ended: no verdict
+    u = ConsultScreen()
+    u.start("x", "p", 0.0)
+    u.spoken(1.0)
+    assert u.transcript("what", 2.0) == [] and u.transcript("hm", 3.0) == []
+    assert u.transcript("who", 4.0)[0] == Verdict(False, "unclear")
     assert answer_of("Okay.") is True and answer_of("nope") is False and answer_of("maybe") is None
 
 

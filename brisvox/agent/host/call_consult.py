@@ -101,11 +101,22 @@ class CallConsult:
         return self.cfg.consult_prompt if self.screen.verdict is None else ""
 
     def dtmf(self, digit: str) -> None:
+        """A key of the person's: the verdict leaves at once; the reply (and a decline's
+        hang-up) once the bot is idle (a line cannot start over the opening)."""
         acts = self.screen.dtmf(digit, self.clock.now())
-        self._apply(acts)
+        self._apply(acts, hang_up=False)
         said, self._said = self._said, ""
         if said and self.actor is not None:
-            self.actor.say_line(said)
+            self.actor.tasks.spawn(self._reply(said, self.screen.verdict is False), "consult-reply")
+
+    async def _reply(self, text: str, hang_up: bool) -> None:
+        deadline = self.clock.now() + OPENING_BOUND_S
+        while not self._closed and not self.actor.idle() and self.clock.now() < deadline:
+            await self.clock.sleep(0.05)
+        if not self._closed:
+            self.actor.say_line(text)
+            if hang_up:
+                self.hang_up("consult_declined")
 
     def ended(self, reason: str) -> None:
         self.screen.ended(self.clock.now())
@@ -120,15 +131,15 @@ class CallConsult:
             self._task.cancel()
 
     # -- internals
-    def _apply(self, acts: list[ConsultAction]) -> None:
+    def _apply(self, acts: list[ConsultAction], hang_up: bool = True) -> None:
         for a in acts:
             if isinstance(a, Verdict) and not self._sent:
                 self._sent = True
                 log.info("call %s: consult verdict %s (%s)", self.call_id,
                          "accepted" if a.accepted else "declined", a.detail)
                 self.send(ConsultVerdict(call_id=self.call_id, accepted=a.accepted, detail=a.detail))
-                if not a.accepted:
-                    self.hang_up("consult_declined")
+                if not a.accepted and hang_up:
+                    self.hang_up("consult_declined")  # after the reply: the host's hang-up waits for the bot
             elif isinstance(a, Say):
                 self._said = a.text
 

@@ -13,7 +13,8 @@ returns the actions the runner performs:
 
 Rules: DTMF ``1`` or a "yes" accepts, ``2`` or a "no" declines (at any time after the start,
 the opening included: a person may answer before it ends); an answer that is both or
-neither is no answer (the person may say it again); no answer by ``verdict_timeout_s`` after
+neither is no answer (the prompt is said again and the wait starts again; the
+:data:`MAX_UNCLEAR`-th such answer declines, ``unclear``); no answer by ``verdict_timeout_s`` after
 the opening played declines (``no_response``); with ``accept = "after_summary"`` the verdict
 is accepted once the opening played (a "no" or 2 before that still declines).
 
@@ -32,6 +33,7 @@ YES = frozenset({"yes", "yeah", "yep", "yup", "sure", "ok", "okay", "accept", "c
 NO = frozenset({"no", "nope", "decline", "can't", "cannot", "busy", "not"})
 ACCEPTED_REPLY = "Thank you. Connecting you now."
 DECLINED_REPLY = "Okay, I'll let them know. Goodbye."
+MAX_UNCLEAR = 3  # the third answer that is neither yes nor no declines ("unclear")
 _WORD = re.compile(r"[a-z']+")
 
 
@@ -68,7 +70,7 @@ class ConsultScreen:
     """One consult leg's screening (see the module docstring)."""
 
     __slots__ = ("accept", "verdict_timeout_s", "phase", "deadline", "verdict", "detail", "started_at",
-                 "spoken_at", "verdict_at")
+                 "spoken_at", "verdict_at", "unclear")
 
     def __init__(self, accept: str = "confirm", verdict_timeout_s: float = 10.0) -> None:
         if accept not in ("confirm", "after_summary"):
@@ -82,6 +84,7 @@ class ConsultScreen:
         self.started_at: float | None = None
         self.spoken_at: float | None = None
         self.verdict_at: float | None = None
+        self.unclear = 0  # answers that were neither yes nor no
 
     def start(self, summary: str, prompt: str, at: float) -> list[ConsultAction]:
         if self.phase is not Phase.IDLE:
@@ -108,9 +111,14 @@ class ConsultScreen:
         if self.phase not in (Phase.OPENING, Phase.LISTENING):
             return []
         ans = answer_of(text)
-        if ans is None:
-            return []
-        return self._decide(ans, "speech", at)
+        if ans is not None:
+            return self._decide(ans, "speech", at)
+        self.unclear += 1
+        if self.unclear >= MAX_UNCLEAR:
+            return self._decide(False, "unclear", at)
+        if self.phase is Phase.LISTENING:  # the prompt is said again: the wait starts again
+            self.deadline = at + self.verdict_timeout_s
+        return []
 
     def tick(self, now: float) -> list[ConsultAction]:
         if self.deadline is None or now < self.deadline or self.phase is not Phase.LISTENING:
