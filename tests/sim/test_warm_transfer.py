@@ -229,3 +229,36 @@ def test_a_second_warm_transfer_in_the_call_is_refused():
     results = [orjson.loads(m.content) for m in res.actor.context if isinstance(m, ToolMessage)]
     assert results[0]["status"] == "declined" and "already attempted" in str(results[1])
     assert len(gw.dials) == 1
+
+
+def test_a_flow_action_warm_transfers_through_the_engine_and_the_node_goes_on_when_declined():
+    from brisvox.agent.flows.definition import parse_flow
+
+    flow = parse_flow({"start": "menu", "nodes": {
+        "menu": {"task": "Offer billing.", "functions": [{"name": "billing", "next": "billing",
+                                                          "parameters": {"type": "object"}}]},
+        "billing": {"task": "Help with billing yourself if the transfer failed.",
+                    "pre_actions": [{"warm_transfer": TARGET, "reason": "a billing question"}],
+                    "post_actions": [{"end_call": True}]}}})
+    gw = ScriptedGateway(outcome="declined")
+    port = LinkTelephony("sim1", gw.to_gateway, request=gw.request)
+    gw.port = port
+
+    def reg() -> ToolRegistry:
+        r = ToolRegistry()
+        for spec, body in telephony_tools(port, transfer_targets=(TARGET,), names=("warm_transfer", "end_call"),
+                                          warm_timeout_s=CFG.timeout_s):
+            r.register(spec, body)
+        return r
+
+    call = SimCall(steps=[Utter(ASK, at=0.5)], llm=[LlmScript((Call("billing", {}),)),
+                                                     LlmScript((Say("I can help you with billing myself."),))],
+                   registry=reg, flow=flow, setup=lambda actor: attach(actor, port, CFG), quiet=16.0)
+    res = run_virtual(lambda: simulate(call))
+    clean(res)
+    (_, args), = gw.dials
+    assert args["summary"] == "A caller needs help with a billing question."
+    assert res.record["warm_transfer"]["outcome"] == "declined"
+    said = heard(res)
+    assert said.index(CFG.declined_message) < said.index("I can help you with billing myself.")
+    assert res.actor.runner.flow_hook.action_failures == 0
