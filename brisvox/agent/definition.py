@@ -269,6 +269,9 @@ def _check_warm(agent: AgentDef, data: Mapping[str, Any], lines: Mapping[str, in
     used = "warm_transfer" in agent.tools or any(w == "warm_transfer" for w, _ in _flow_transfers(agent, True))
     out = [Problem("error", k, line_of(lines, k.split(".")), msg)
            for k, msg in agent.warm_transfer.problems(Path(agent.path).resolve().parent)]
+    if used and agent.s2s is not None:
+        out.append(Problem("error", "tools", line_of(lines, ["tools"]), "warm_transfer needs a cascaded agent "
+                           "([stt] and [llm]): a speech-to-speech call cannot hold the caller yet"))
     if "warm_transfer" in data and not used:
         out.append(Problem("warning", "warm_transfer", line_of(lines, ["warm_transfer"]),
                            "[warm_transfer] without warm_transfer in tools or a flow action: it changes nothing"))

@@ -310,3 +310,45 @@ post_actions = [{ end_call = true }]
     assert _errors(tmp_path, flow.replace("+4930999", "+4930111")) == []
     errs = _errors(tmp_path, flow.replace("+4930999", "+4930111").replace('"warm_transfer", ', ""))
     assert any("warm_transfer" in m for _, m in errs)
+
+
+# -- the port's waits ---------------------------------------------------------------------------
+
+def test_link_telephony_consult_and_bridge_waits_are_futures_and_bounded():
+    from brisvox.agent.tool_engine.builtin import LinkTelephony
+    from ipc.frames import Bridge, BridgeResult, CommandReply, ConsultResult, Hangup
+
+    async def main() -> None:
+        sent: list[object] = []
+        seen_args: list[dict] = []
+
+        async def request(frame, timeout):  # noqa: ASYNC109
+            seen_args.append(dict(frame.args))
+            return CommandReply(ok=True, data={"call_id": "leg-2"})
+
+        port = LinkTelephony("c1", sent.append, request=request)
+        ok, data, _ = await port.dial("+4930111", "a", "sip", 1.0, trunk="t1",
+                                      extra={"consult_for": "c1", "summary": "s"})
+        assert ok and data["call_id"] == "leg-2"
+        assert seen_args == [{"target": "+4930111", "agent": "a", "via": "sip", "trunk": "t1",
+                              "consult_for": "c1", "summary": "s"}]
+        # a verdict racing the dial's reply is kept for its wait; another leg's does not resolve it
+        port.on_consult_result(ConsultResult(call_id="c1", consult_id="leg-2", outcome="declined"))
+        assert (await port.consult_result("leg-2", 1.0)).outcome == "declined"
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, port.on_consult_result, ConsultResult(call_id="c1", consult_id="leg-9", outcome="x"))
+        loop.call_later(0.02, port.on_consult_result, ConsultResult(call_id="c1", consult_id="leg-3",
+                                                                    outcome="accepted"))
+        assert (await port.consult_result("leg-3", 1.0)).outcome == "accepted"
+        assert await port.consult_result("leg-4", 0.05) is None  # bounded
+        for _ in range(10):
+            port.on_consult_result(ConsultResult(call_id="c1", consult_id="old", outcome="x"))
+        assert len(port.early_results) <= 4  # bounded too
+        loop.call_later(0.01, port.on_bridge_result, BridgeResult(call_id="c1", ok=True))
+        assert await port.bridge("leg-3", 1.0) == (True, "")
+        assert await port.bridge("leg-3", 0.05) == (False, "no answer to the bridge in time")
+        port.hangup_leg("leg-3", "warm_transfer_declined")
+        assert sent == [Bridge(call_id="c1", other="leg-3"), Bridge(call_id="c1", other="leg-3"),
+                        Hangup(call_id="leg-3", reason="warm_transfer_declined")]
+
+    asyncio.run(main())

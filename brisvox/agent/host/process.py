@@ -76,7 +76,13 @@ from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.host import call_metrics, tracing
 from brisvox.agent.host.actor import CallActor
-from brisvox.agent.host.call_build import call_info_of, open_call, recording_of, recordings_default
+from brisvox.agent.host.call_build import (
+    call_info_of,
+    from_definition,
+    open_call,
+    recording_of,
+    recordings_default,
+)
 from brisvox.agent.host.call_consult import CallConsult
 from brisvox.agent.host.call_hooks import CallHooks, HookRoutes
 from brisvox.agent.host.call_record import write_record
@@ -350,8 +356,11 @@ class AgentProcess:
         if self.cfg.providers == "definitions":
             try:
                 agent = self._agent_def(self.cfg.agent_name(f.agent))
-                built = await open_call(agent, f, link.to_gateway, self.job_channel(),  # [agent_link]: dialled
-                                        functools.partial(self._hangup_later, f.call_id), link.request)
+                hang_later = functools.partial(self._hangup_later, f.call_id)
+                built = (from_definition(agent, f.call_id, link.to_gateway, self.job_channel(), hang_later,
+                                         link.request) if f.consult_for  # a consult leg: no agent service
+                         else await open_call(agent, f, link.to_gateway, self.job_channel(),  # [agent_link]: dialled
+                                              hang_later, link.request))
                 provs, registry, telephony, flow, agent_link = built.providers, built.registry, built.telephony, built.flow, built.agent_link
             except Exception as e:  # a bad definition, a missing key, a tool that is not provided
                 await self._undo_attach(f.call_id, rings)
