@@ -262,3 +262,14 @@ def test_a_flow_action_warm_transfers_through_the_engine_and_the_node_goes_on_wh
     said = heard(res)
     assert said.index(CFG.declined_message) < said.index("I can help you with billing myself.")
     assert res.actor.runner.flow_hook.action_failures == 0
+
+
+def test_the_caller_hanging_up_on_hold_hangs_the_consult_leg_up():
+    from brisvox.sim.world import HangUp
+
+    gw = ScriptedGateway(outcome=None, answer_after=1.0)
+    res = run(gw, [Utter(ASK, at=0.5), HangUp(at=10.0)], transfer_script())
+    assert res.live_tasks_after == 0 and res.stray_tasks == []
+    assert gw.sent(Hangup) == [Hangup(call_id="leg-2", reason="warm_transfer_cancelled")]
+    assert res.record["warm_transfer"]["legs"][1]["answered_ms"] is not None
+    assert res.record["warm_transfer"]["outcome"] is None  # it never ended on its own
