@@ -352,3 +352,25 @@ def test_link_telephony_consult_and_bridge_waits_are_futures_and_bounded():
                         Hangup(call_id="leg-3", reason="warm_transfer_declined")]
 
     asyncio.run(main())
+
+
+def test_a_consult_legs_parts_put_the_ear_in_the_models_place_with_no_speculation_or_summary():
+    from dataclasses import replace
+
+    from brisvox.agent.host.actor import ActorConfig
+    from brisvox.agent.host.call_consult import CallConsult, ConsultEar
+    from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
+    from brisvox.clock import CLOCK
+    from brisvox.providers.registry import CallProviders
+    from brisvox.providers.seeded_fakes import FakeLlm, FakeTts
+    from brisvox.providers.word_codec import Vocab
+
+    base = ActorConfig()
+    spec = SpeculationConfig(enabled=True)
+    cfg = replace(base, llm=replace(base.llm, speculation=spec, summary=replace(base.llm.summary, provider="agent")),
+                  turn=replace(base.turn, speculation=spec))
+    consult = CallConsult("leg", "caller", WarmConfig(), "A caller.", CLOCK, lambda f: None, lambda r: None)
+    out_cfg, provs = consult.parts(cfg, CallProviders(stt=None, llm=FakeLlm([]), tts=FakeTts(Vocab())))
+    assert isinstance(provs.llm, ConsultEar) and provs.s2s is None
+    assert not out_cfg.llm.speculation.enabled and not out_cfg.turn.speculation.enabled
+    assert out_cfg.llm.summary.provider == ""

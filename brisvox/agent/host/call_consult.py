@@ -80,6 +80,19 @@ class CallConsult:
         self._closed = False
         self._sent = False
 
+    def parts(self, cfg: Any, providers: Any) -> tuple[Any, Any]:
+        """The leg's actor config and providers: the ear as its LLM (no S2S), and neither a
+        speculative start nor a window summary (the ear hears each of the person's turns once,
+        and only theirs)."""
+        from dataclasses import replace
+
+        from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
+
+        cfg = replace(cfg, llm=replace(cfg.llm, speculation=SpeculationConfig(),
+                                       summary=replace(cfg.llm.summary, provider="")),
+                      turn=replace(cfg.turn, speculation=SpeculationConfig()))
+        return cfg, replace(providers, llm=self.ear, s2s=None)
+
     def opening(self) -> str:
         """The actor's greeting: the summary and the prompt (starts the screen)."""
         acts = self.screen.start(self.summary or "You have a transferred call.", self.cfg.consult_prompt,

@@ -70,7 +70,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +91,6 @@ from brisvox.agent.host.process_link import ProcessLink
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
 from brisvox.agent.host.warm_transfer import WarmConfig
-from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
 from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_totals
 from brisvox.agent.tool_engine.builtin import TRANSFER_STATS
 from brisvox.clock import CLOCK
@@ -384,10 +382,8 @@ class AgentProcess:
         if f.consult_for:  # a warm transfer's consult leg: the summary, the person's answer, no conversation
             consult = CallConsult(f.call_id, f.consult_for, warm_cfg, f.consult_summary, CLOCK, link.to_gateway,
                                   functools.partial(self._hangup_later, f.call_id))
-            provs = replace(provs, llm=consult.ear, s2s=None)
+            actor_cfg, provs = consult.parts(actor_cfg, provs)
             greeting, amd, registry, flow = consult.opening(), None, None, None
-            actor_cfg = replace(actor_cfg, llm=replace(actor_cfg.llm, speculation=SpeculationConfig()),
-                                turn=replace(actor_cfg.turn, speculation=SpeculationConfig()))
         actor = (CallActor if provs.s2s is None else S2sCallActor)(  # a speech-to-speech agent: docs/S2S.md
             f.call_id,
             actor_cfg,
