@@ -374,3 +374,11 @@ def test_a_consult_legs_parts_put_the_ear_in_the_models_place_with_no_speculatio
     assert isinstance(provs.llm, ConsultEar) and provs.s2s is None
     assert not out_cfg.llm.speculation.enabled and not out_cfg.turn.speculation.enabled
     assert out_cfg.llm.summary.provider == ""
+
+
+def test_the_consult_legs_summary_is_bounded_again():
+    from brisvox.agent.host.call_consult import CONSULT_SUMMARY_MAX, CallConsult
+    from brisvox.clock import CLOCK
+
+    c = CallConsult("leg", "caller", WarmConfig(), "a\r\nb " + "word " * 500, CLOCK, lambda f: None, lambda r: None)
+    assert len(c.summary) <= CONSULT_SUMMARY_MAX and c.summary.startswith("a b word")

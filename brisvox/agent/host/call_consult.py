@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from brisvox.agent.host.consult_screen import ConsultAction, ConsultScreen, Say, Verdict
-from brisvox.agent.host.warm_transfer import WarmConfig
+from brisvox.agent.host.warm_transfer import WarmConfig, bound_summary
 from brisvox.clock import Clock
 from brisvox.providers.base import Done, LlmEvent, LlmRequest, TextDelta
 from brisvox.providers.llm_stream import GeneratedStream
@@ -34,6 +34,7 @@ log = logging.getLogger("brisvox.agent.consult")
 
 OPENING_BOUND_S = 20.0  # the opening's playout may take this long past its length estimate
 BRIDGE_GRACE_S = 20.0  # an accepted leg not bridged by then hangs up
+CONSULT_SUMMARY_MAX = 1000  # the largest summary_max_chars
 
 
 class ConsultEar:
@@ -71,7 +72,7 @@ class CallConsult:
                  send: Callable[[Any], None], hang_up: Callable[[str], None]) -> None:
         self.call_id, self.consult_for, self.cfg, self.clock = call_id, consult_for, cfg, clock
         self.screen = ConsultScreen(cfg.accept, cfg.verdict_timeout_s)
-        self.summary = summary
+        self.summary = bound_summary(summary, CONSULT_SUMMARY_MAX)  # bounded again: the frame is the process boundary
         self.send, self.hang_up = send, hang_up
         self.ear = ConsultEar(self)
         self.actor: Any = None

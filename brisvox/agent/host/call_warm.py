@@ -244,7 +244,7 @@ class CallWarm:
         from brisvox.agent.pipeline.llm.summarizer import collect_text, conversation_lines
         from brisvox.providers.base import LlmMessage, LlmRequest
 
-        convo = "\n".join(conversation_lines(self.host.conversation()[1:], 2000)[-40:])
+        convo = "\n".join(conversation_lines(self.host.conversation()[1:], 500)[-40:])
         req = LlmRequest(messages=(LlmMessage("system", SUMMARY_PROMPT.format(chars=cfg.summary_max_chars)),
                                    LlmMessage("user", f"Reason for the transfer: {reason or 'not given'}\n\n{convo}")),
                          temperature=0.0, max_tokens=max(32, cfg.summary_max_chars // 3), tool_choice="none")
