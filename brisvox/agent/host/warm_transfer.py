@@ -26,9 +26,9 @@ played), :meth:`summary_ready`, :meth:`dialled` (the dial's reply), :meth:`consu
 
 Invariants: ``Done`` is returned exactly once per transfer; after it nothing but
 :meth:`record` answers; every wait is bounded (the dial and the verdict by ``timeout_s`` from
-the dial, the bridge by :data:`BRIDGE_WAIT_S`, the summary by ``summary_timeout_s``: each
-deadline is :attr:`deadline`, which :meth:`tick` enforces); a consult leg that answered and
-was not bridged is hung up (``HangUpLeg``) before ``Done``; the caller is off hold
+the dial, the bridge by :data:`BRIDGE_WAIT_S`, the summary by ``summary_timeout_s`` in the runner:
+the machine's deadlines are :attr:`deadline`, which :meth:`tick` enforces); a consult leg that
+answered, may still live and was not bridged is hung up (``HangUpLeg``) before ``Done``; the caller is off hold
 (``Hold(False)``) before any outcome message is spoken.
 """
 
@@ -305,12 +305,6 @@ class WarmTransfer:
             return self._end("bridged", detail, at, hang_leg=False)
         return self._end("failed", detail or "the bridge was refused", at, hang_leg=True)
 
-    def summary_failed(self, at: float) -> list[Action]:
-        """The runner could not build any summary (not even the template): give up."""
-        if self.phase is not Phase.SUMMARIZING:
-            return []
-        return self._end("failed", "no summary", at)
-
     def tick(self, now: float) -> list[Action]:
         if self.deadline is None or now < self.deadline:
             return []
@@ -318,8 +312,6 @@ class WarmTransfer:
             return self._end("no_answer", f"no verdict within {self.cfg.timeout_s:g} s", now, hang_leg=True)
         if self.phase is Phase.BRIDGING:
             return self._end("failed", "no answer to the bridge in time", now, hang_leg=True)
-        if self.phase is Phase.SUMMARIZING:  # the runner's own bound failed: the template is due now
-            return []
         self.deadline = None
         return []
 
