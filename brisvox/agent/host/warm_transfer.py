@@ -25,7 +25,7 @@ played), :meth:`summary_ready`, :meth:`dialled` (the dial's reply), :meth:`consu
   conversation goes on; ``said`` is what the caller was told).
 
 Invariants: ``Done`` is returned exactly once per transfer; after it nothing but
-:meth:`record` answers; every wait is bounded (the dial and the verdict by ``timeout_s`` from
+:meth:`record` answers (and a dial answered after the transfer gave up, which is hung up); every wait is bounded (the dial and the verdict by ``timeout_s`` from
 the dial, the bridge by :data:`BRIDGE_WAIT_S`, the summary by ``summary_timeout_s`` in the runner:
 the machine's deadlines are :attr:`deadline`, which :meth:`tick` enforces); a consult leg that
 answered, may still live and was not bridged is hung up (``HangUpLeg``) before ``Done``; the caller is off hold
@@ -47,7 +47,6 @@ BRIDGE_WAIT_S = 5.0  # the gateway answers a Bridge at once; this bounds a lost 
 HOLD_AUDIO_MAX_BYTES = 4 * 1024 * 1024  # about 2 min of 16 kHz 16-bit mono
 HOLD_AUDIO_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
 TEMPLATE_FIELDS = frozenset({"reason", "caller", "called", "target"})
-OUTCOMES = ("bridged", "no_answer", "busy", "declined", "failed")
 DEFAULT_TEMPLATE = "You have a transferred call. The caller {caller} needs help with: {reason}."
 
 
