@@ -73,3 +73,20 @@ def test_silence_declines_after_the_bound_and_after_summary_accepts_at_the_openi
     res, _, verdicts, _ = consult_call([], cfg)
     assert verdicts == [ConsultVerdict(call_id="sim1", accepted=True, detail="after_summary")]
     assert CFG.consult_prompt not in heard(res)
+
+
+def test_a_leg_started_in_early_media_decides_nothing_before_its_answer():
+    from brisvox.sim.world import Media
+
+    sent: list[object] = []
+
+    async def go():
+        consult = CallConsult("sim1", "caller-1", WarmConfig(accept="after_summary"), SUMMARY, CLOCK, sent.append,
+                              lambda r: None)
+        return await simulate(SimCall(steps=[Media("answered", at=4.0)], llm=[], greeting=consult.opening(),
+                                      llm_provider=consult.ear, setup=consult.bind, media="early", quiet=10.0))
+
+    res = run_virtual(go)
+    (v,) = [f for f in sent if isinstance(f, ConsultVerdict)]
+    assert v.accepted and res.record["consult"]["spoken_ms"] > 4000  # after the answer and the summary
+    assert heard(res).startswith(SUMMARY)

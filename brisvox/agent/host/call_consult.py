@@ -11,8 +11,10 @@ once; after a decline the leg hangs up once the reply played, after an accept it
 the gateway's CallEnd(reason="bridged") (it ends quietly then) and hangs up by itself if no
 bridge came within :data:`BRIDGE_GRACE_S`.
 
-Invariants: one verdict per leg; every wait is bounded (the opening's playout by
-:data:`OPENING_BOUND_S` past its length, the person's answer by ``verdict_timeout_s``);
+Invariants: one verdict per leg; nothing is decided before the opening began (a leg that
+starts in early media is greeted at its answer, :data:`ANSWER_BOUND_S` at most); every wait
+is bounded (the opening's playout by :data:`OPENING_BOUND_S` past its length, the person's
+answer by ``verdict_timeout_s``);
 the task never outlives the call (:meth:`close`); :meth:`record` is the record's ``consult``.
 """
 
@@ -33,6 +35,7 @@ from ipc.frames import ConsultVerdict
 log = logging.getLogger("brisvox.agent.consult")
 
 OPENING_BOUND_S = 20.0  # the opening's playout may take this long past its length estimate
+ANSWER_BOUND_S = 60.0  # a leg started before its answer (early media) waits this long for it
 BRIDGE_GRACE_S = 20.0  # an accepted leg not bridged by then hangs up
 CONSULT_SUMMARY_MAX = 1000  # the largest summary_max_chars
 
@@ -159,6 +162,9 @@ class CallConsult:
 
     async def _run(self) -> None:
         a = self.actor
+        answered_by = self.clock.now() + ANSWER_BOUND_S  # a leg started in early media greets at the answer
+        while not self._closed and a.driver.st.greetings == 0 and self.clock.now() < answered_by:
+            await self.clock.sleep(0.05)
         bound = OPENING_BOUND_S + (len(self.summary) + len(self.cfg.consult_prompt)) / 8.0
         deadline = self.clock.now() + bound
         await self.clock.sleep(0.2)
