@@ -382,3 +382,17 @@ def test_the_consult_legs_summary_is_bounded_again():
 
     c = CallConsult("leg", "caller", WarmConfig(), "a\r\nb " + "word " * 500, CLOCK, lambda f: None, lambda r: None)
     assert len(c.summary) <= CONSULT_SUMMARY_MAX and c.summary.startswith("a b word")
+
+
+def test_a_speech_to_speech_agent_cannot_warm_transfer(tmp_path: Path):
+    from brisvox.agent.definition import check_agent_file
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "agents" / "openai_realtime.toml"
+    text = root.read_text()
+    p = tmp_path / "s2s.toml"
+    assert 'tools = ["end_call"]' in text
+    p.write_text(text.replace('tools = ["end_call"]', 'tools = ["end_call", "warm_transfer"]\n'
+                                                     'transfer_targets = ["+4930111"]'))
+    _, problems = check_agent_file(p, env={}, load_modules=False)
+    errs = [x.message for x in problems if x.severity == "error"]
+    assert errs and "cascaded agent" in errs[0]
