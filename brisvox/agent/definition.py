@@ -18,9 +18,11 @@ offline check ``brisvoxd check FILE`` runs (:func:`check_agent_file`):
   telephony tools, or a ``tool_modules`` entry ``package.module:function``
   returning ``(ToolSpec, tool)`` pairs) is an ERROR naming its line and what
   would provide it; ``confirm_tools`` must be a subset of ``tools`` and name
-  SideEffect tools; ``transfer_call`` needs ``transfer_targets`` (an ERROR: the file is
-  refused, since an open transfer is toll fraud one prompt injection away) and every
-  flow ``transfer`` action's target must be listed there; ``transfer_call`` goes
+  SideEffect tools; ``transfer_call`` and ``warm_transfer`` need ``transfer_targets`` (an
+  ERROR: the file is refused, since an open transfer is toll fraud one prompt injection away)
+  and every flow ``transfer`` / ``warm_transfer`` action's target must be listed there;
+  ``[warm_transfer]``'s template names known fields only and its ``hold_audio`` is a readable
+  mono 16-bit WAV of bounded size (relative to the agent file); ``transfer_call`` goes
   through the confirmation gate unless ``confirm_transfer = false``; a scripted LLM's rules must compile; ``[speculation]`` needs an LLM
   (each leg) that streams (:data:`~brisvox.providers.registry.STREAMING_LLM`), the error
   naming the leg's ``provider`` key; ``[dtmf]`` must build (its ``text`` shows the entry).
@@ -50,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from brisvox.agent.file_model import NO_SECRETS, SECRET_KEYS, AgentFile, json_schema
 from brisvox.agent.flows.definition import FlowDef, check_flow, parse_flow
 from brisvox.agent.host.amd_screen import AmdConfig
+from brisvox.agent.host.warm_transfer import WarmConfig
 from brisvox.agent.link.config import LinkConfig, check_link
 from brisvox.config.errors import ConfigError
 from brisvox.config.lines import key_lines, line_of
@@ -117,6 +120,7 @@ class AgentDef:
     agent_link: LinkConfig | None = None  # [agent_link]: the agent service (docs/AGENT_PROTOCOL.md)
     amd: AmdConfig = field(default_factory=AmdConfig)  # [amd]: answering-machine detection (host/amd_screen.py)
     webhooks: tuple[AgentWebhook, ...] = ()  # [[webhooks]]: where this agent's call events go (docs/PROTOCOL.md)
+    warm_transfer: WarmConfig = field(default_factory=WarmConfig)  # [warm_transfer]: host/warm_transfer.py
 
     def legs(self) -> list[tuple[str, ProviderDef]]:
         """(stage, leg) of every stage the agent has."""
@@ -167,6 +171,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         agent_link=LinkConfig.from_table(data["agent_link"]) if "agent_link" in data else None,
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
         amd=AmdConfig.from_table(data.get("amd", {})),
+        warm_transfer=WarmConfig.from_table(data.get("warm_transfer", {})),
         webhooks=tuple(from_table(AgentWebhook, h, f"webhooks[{i}]") for i, h in enumerate(data.get("webhooks") or ())),
     )
 
@@ -255,7 +260,22 @@ def check_agent_file(path: str | os.PathLike[str], env: Mapping[str, str] | None
     problems.extend(Problem(sev, f"agent_link.{k}", line_of(lines, ["agent_link", k]), msg)
                     for sev, k, msg in (check_link(data["agent_link"], env) if "agent_link" in data else ()))
     problems.extend(_check_webhooks(agent, lines, env))
+    problems.extend(_check_warm(agent, data, lines))
     return agent, problems
+
+
+def _check_warm(agent: AgentDef, data: Mapping[str, Any], lines: Mapping[str, int]) -> list[Problem]:
+    """``[warm_transfer]``: its template and hold audio; a table nothing uses is a warning."""
+    used = "warm_transfer" in agent.tools or any(w == "warm_transfer" for w, _ in _flow_transfers(agent, True))
+    out = [Problem("error", k, line_of(lines, k.split(".")), msg)
+           for k, msg in agent.warm_transfer.problems(Path(agent.path).resolve().parent)]
+    if used and agent.s2s is not None:
+        out.append(Problem("error", "tools", line_of(lines, ["tools"]), "warm_transfer needs a cascaded agent "
+                           "([stt] and [llm]): a speech-to-speech call cannot hold the caller yet"))
+    if "warm_transfer" in data and not used:
+        out.append(Problem("warning", "warm_transfer", line_of(lines, ["warm_transfer"]),
+                           "[warm_transfer] without warm_transfer in tools or a flow action: it changes nothing"))
+    return out
 
 
 def _check_webhooks(agent: AgentDef, lines: Mapping[str, int], env: Mapping[str, str]) -> list[Problem]:
@@ -430,25 +450,27 @@ def _check_tools(agent: AgentDef, lines: Mapping[str, int], load_modules: bool) 
         elif name in provided and not provided[name].side_effect:
             out.append(Problem("error", "confirm_tools", line_of(lines, ["confirm_tools"]),
                                f"{name!r} is ReadOnly: only SideEffect tools take a confirmation"))
-    if "transfer_call" in agent.tools and not agent.transfer_targets:
+    if any(n in agent.tools for n in ("transfer_call", "warm_transfer")) and not agent.transfer_targets:
         out.append(Problem("error", "tools", line_of(lines, ["tools"]), NO_TRANSFER_TARGETS))
     for where, target in _flow_transfers(agent):
         if target not in agent.transfer_targets:
             out.append(Problem("error", where, line_of(lines, where.split(".")) or line_of(lines, ["flow"]),
                                f"the flow transfers to {target!r}, which is not in transfer_targets"))
-    if "confirm_transfer" in lines and "transfer_call" not in agent.tools:
+    if "confirm_transfer" in lines and not any(n in agent.tools for n in ("transfer_call", "warm_transfer")):
         out.append(Problem("warning", "confirm_transfer", line_of(lines, ["confirm_transfer"]),
-                           "confirm_transfer without transfer_call in tools: it changes nothing"))
+                           "confirm_transfer without transfer_call or warm_transfer in tools: it changes nothing"))
     return out
 
 
-def _flow_transfers(agent: AgentDef) -> list[tuple[str, str]]:
-    """(dotted key of the node's actions, target) of every transfer action of the agent's flow."""
+def _flow_transfers(agent: AgentDef, kind: bool = False) -> list[tuple[str, str]]:
+    """(dotted key of the node's actions, target) of every transfer action (blind or warm) of
+    the agent's flow; ``kind``: (``transfer`` | ``warm_transfer``, target) instead."""
     if agent.flow is None:
         return []
-    return [(f"flow.nodes.{name}.{side}", a.transfer) for name, n in agent.flow.nodes.items()
+    return [(("warm_transfer" if a.warm_transfer else "transfer") if kind else f"flow.nodes.{name}.{side}",
+             a.transfer or a.warm_transfer) for name, n in agent.flow.nodes.items()
             for side, acts in (("pre_actions", n.pre_actions), ("post_actions", n.post_actions))
-            for a in acts if a.transfer]
+            for a in acts if a.transfer or a.warm_transfer]
 
 
 def load_agent(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> AgentDef:

@@ -270,21 +270,49 @@ class Amd:
     beep_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
 
 
+Line = Annotated[str, Field(max_length=500)]
+
+
+@section
+class WarmTransfer:
+    """``[warm_transfer]``: the ``warm_transfer`` tool and flow action (docs/TOOLS.md)."""
+
+    hold_message: Line | None = None
+    hold_audio: str | None = Field(default=None, min_length=1, max_length=1024)  # a mono 16-bit WAV
+    timeout_s: float | None = Field(default=None, ge=5, le=300)
+    accept: Literal["confirm", "after_summary"] | None = None
+    summary: Literal["llm", "template"] | None = None
+    summary_template: str | None = Field(default=None, min_length=1, max_length=1000)
+    summary_max_chars: int | None = Field(default=None, ge=40, le=1000)
+    summary_timeout_s: float | None = Field(default=None, gt=0, le=20)
+    via: Literal["sip", "twilio"] | None = None
+    trunk: Name | None = None
+    consult_agent: Name | None = None
+    consult_prompt: Line | None = None
+    verdict_timeout_s: float | None = Field(default=None, ge=2, le=120)
+    no_answer_message: Line | None = None
+    busy_message: Line | None = None
+    declined_message: Line | None = None
+    failed_message: Line | None = None
+
+
 # -- flows (brisvox/agent/flows/) -----------------------------------------------------------------
 
 @section
 class FlowAction:
-    """One pre- or post-action of a node: say a line, end the call, transfer, or run a tool."""
+    """One pre- or post-action of a node: say a line, end the call, transfer (blind or warm), or run a tool."""
 
     say: str | None = Field(default=None, min_length=1, max_length=1000)
     end_call: bool | None = None
     transfer: TRANSFER_TARGET | None = None
+    warm_transfer: TRANSFER_TARGET | None = None
+    reason: str | None = Field(default=None, max_length=200)  # a warm transfer's reason (its summary's)
     tool: Name | None = None
     args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if all(getattr(self, k) is None for k in ("say", "end_call", "transfer", "tool", "args")):
-            raise ConfigError("", "an action needs one of say, end_call, transfer, tool")
+        if all(getattr(self, k) is None for k in ("say", "end_call", "transfer", "warm_transfer", "tool", "args")):
+            raise ConfigError("", "an action needs one of say, end_call, transfer, warm_transfer, tool")
 
 
 @section
@@ -373,6 +401,7 @@ class AgentFile:
     recording: Recording | None = None
     dtmf: Dtmf | None = None
     amd: Amd | None = None
+    warm_transfer: WarmTransfer | None = None
     # [[webhooks]]: this agent's calls' events (brisvox/outbound/webhooks/config.py; secret_env/_file/_credential)
     webhooks: tuple[AgentWebhook, ...] | None = Field(default=None, max_length=16)
 

@@ -66,6 +66,7 @@ class SimCall:
     call_info: CallInfo | None = None  # the call's metadata its tools see (caller, called, parameters)
     media: str = "answered"  # the call's media state at its start (CallStart.media: "early" for early media)
     amd: AmdConfig | None = None  # [amd] of the agent: a dialled call (call_info direction outbound) is screened
+    setup: Callable[[CallActor], None] | None = None  # called with the built actor before it starts (a warm transfer's attach)
 
 
 @dataclass(slots=True)
@@ -156,6 +157,8 @@ async def simulate(call: SimCall) -> SimResult:
         amd=call.amd,
         **({"chain": call.chain} | extra),
     )
+    if call.setup is not None:
+        call.setup(actor)
     before = {t for t in asyncio.all_tasks(loop)}
     actor.start()
     platform.start(actor)

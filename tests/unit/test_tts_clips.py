@@ -238,7 +238,7 @@ def test_a_filler_is_rendered_once_then_played_from_memory_in_order_with_the_pro
         async with StageRig() as rig:
             await rig.render_first()
             assert rig.session.texts == [(1, FILLER)] and rig.stage.st.clips_rendered == 1
-            kept = rig.stage._clip_cache().get(FILLER)
+            kept = rig.stage.clip_cache().get(FILLER)
             assert kept is not None and kept.words == WORDS and len(kept.pcm) == RATE
             # epoch 2: text (utterance 2), the filler (3: the clip), text (4)
             rig.put(line(2, 0, "Let me look."))
@@ -331,7 +331,7 @@ def test_a_first_rendering_that_is_cut_or_carries_more_is_not_kept(cut: str):
                 await settle(0.05)
             rig.session.speak(1, 1.0, WORDS)
             await settle(1.0)
-            assert rig.stage.st.clips_rendered == 0 and len(rig.stage._clip_cache()) == 0
+            assert rig.stage.st.clips_rendered == 0 and len(rig.stage.clip_cache()) == 0
     run_virtual(main)
 
 

@@ -174,6 +174,17 @@ class PlayoutBook:
     def round(self, epoch: int, rnd: int) -> Round | None:
         return self.rounds.get((epoch, rnd))
 
+    def round_over(self, epoch: int, rnd: int) -> bool:
+        """Round ``(epoch, rnd)`` played out: its utterance's end mark was played, it was cut
+        or lost, or every sample of it written so far was released (a round in the middle of
+        a turn has no end mark; a TTS that renders slower than real time may make this true
+        before its last audio, which still plays in order). False while it has no audio yet."""
+        r = self.rounds.get((epoch, rnd))
+        u = self.utts.get(r.utterance) if r is not None and r.utterance is not None else None
+        if u is None:
+            return False
+        return u.marked_played or u.cut or u.lost or (u.out_start is not None and 0 < self.total_out(u) <= u.released)
+
     def register_utterance(self, epoch: int, rnd: int, utt: int) -> bool:
         r = self.rounds.get((epoch, rnd))
         if r is None:

@@ -45,13 +45,17 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 @dataclass(frozen=True, slots=True)
 class FlowAction:
-    """One pre/post action: exactly one of ``say``, ``end_call``, ``transfer``, ``tool``."""
+    """One pre/post action: exactly one of ``say``, ``end_call``, ``transfer``, ``warm_transfer``
+    (with its ``reason``), ``tool``. A warm transfer is no exit: declined or unanswered, the
+    conversation goes on at the node."""
 
     say: str = ""
     end_call: bool = False
     transfer: str = ""
     tool: str = ""
     args: Mapping[str, Any] = field(default_factory=dict)
+    warm_transfer: str = ""
+    reason: str = ""
 
     @property
     def exits(self) -> bool:
@@ -115,7 +119,8 @@ class FlowProblem:
 def _action(d: Mapping[str, Any]) -> FlowAction:
     return FlowAction(say=str(d.get("say", "")), end_call=bool(d.get("end_call", False)),
                       transfer=str(d.get("transfer", "")), tool=str(d.get("tool", "")),
-                      args=dict(d.get("args", {})))
+                      args=dict(d.get("args", {})), warm_transfer=str(d.get("warm_transfer", "")),
+                      reason=str(d.get("reason", "")))
 
 
 def parse_flow(table: Mapping[str, Any]) -> FlowDef:
@@ -176,8 +181,11 @@ def check_flow(flow: FlowDef, tools: Iterable[str]) -> list[FlowProblem]:
                 out.append(FlowProblem(f"{where}.functions", f"function {f.name!r} clashes with a tool or another "
                                                              "function of the node"))
         for a in (*n.pre_actions, *n.post_actions):
-            if sum(bool(x) for x in (a.say, a.end_call, a.transfer, a.tool)) != 1:
-                out.append(FlowProblem(f"{where}.actions", "an action is exactly one of say, end_call, transfer, tool"))
+            if sum(bool(x) for x in (a.say, a.end_call, a.transfer, a.warm_transfer, a.tool)) != 1:
+                out.append(FlowProblem(f"{where}.actions", "an action is exactly one of say, end_call, transfer, "
+                                                           "warm_transfer, tool"))
+            if a.reason and not a.warm_transfer:
+                out.append(FlowProblem(f"{where}.actions", "reason belongs to a warm_transfer action"))
             if a.tool and a.tool not in known_tools:
                 out.append(FlowProblem(f"{where}.actions", f"action tool {a.tool!r} is not provided"))
             elif a.tool == CONFIRM_TOOL_NAME:
@@ -193,7 +201,8 @@ def check_flow(flow: FlowDef, tools: Iterable[str]) -> list[FlowProblem]:
                                        f"node {seen_fn[f.name]!r}: a function name is unique in the flow"))
             seen_fn.setdefault(f.name, name)
         for a in (*n.pre_actions, *n.post_actions):
-            need = "end_call" if a.end_call else "transfer_call" if a.transfer else ""
+            need = ("end_call" if a.end_call else "transfer_call" if a.transfer else
+                    "warm_transfer" if a.warm_transfer else "")
             if need and need not in known_tools:
                 out.append(FlowProblem(f"flow.nodes.{name}.actions", f"the action needs the built-in {need!r} in "
                                                                       "the agent's tools"))

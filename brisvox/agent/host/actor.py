@@ -272,6 +272,8 @@ class CallActor:
         # answering-machine screening of a dialled call ([amd]): no word before its verdict
         self.amd = (CallAmd(_AmdSeam(self), amd, clock) if amd is not None and amd.enabled
                     and dialled(self.call_info.transport_ids, self.call_info.params) else None)
+        self.warm: Any = None  # the call's warm transfer (host/call_warm.py attach): the caller on hold is muted
+        self.consult: Any = None  # a consult leg's screening (host/call_consult.py): its DTMF goes there
 
     def _bind(self, named: dict[str, Stage]) -> None:
         """The stages the host and the pump reach directly (plain attributes: no lookup per tick)."""
@@ -315,6 +317,8 @@ class CallActor:
         self.end_reason = reason
         if self.amd is not None:
             self.amd.close()
+        if self.consult is not None:
+            self.consult.close()
         await self.supervisor.aclose()  # a supervised end in progress gives way (not from inside it)
         prev_running = False
         for s in self.stages:  # Stop enters where the chain runs again after a stage that ended
@@ -338,6 +342,10 @@ class CallActor:
         self.record = build_record(self)
         if self.amd is not None:
             self.record["amd"] = self.amd.record()
+        if self.warm is not None and (warm := self.warm.record()) is not None:
+            self.record["warm_transfer"] = warm  # every leg of the transfer and its times
+        if self.consult is not None:
+            self.record["consult"] = self.consult.record()
         try:  # telemetry never holds up nor fails a hang-up
             METRICS.observe_end(reason)
             self.meter.poll(idle=True, final=True)  # the turns not counted yet (each turn once)
@@ -369,6 +377,11 @@ class CallActor:
     def failure(self) -> StageFailure | None:
         """The stage failure that ended (or is ending) the call, if any."""
         return self.supervisor.failure
+
+    def say_line(self, text: str) -> None:
+        """A fixed line spoken as the bot's own turn (a consult leg's reply to a key press)."""
+        if not self._hung_up and text.strip():
+            self.entry.put_nowait(Greet(text))
 
     def close_input(self) -> None:
         """Discard caller audio and DTMF from now on (marks and positions still count)."""
@@ -475,8 +488,10 @@ class CallActor:
 
     @property
     def converses(self) -> bool:
-        """The caller's audio may open turns: the call is answered and not being screened."""
-        return self.media.converses and (self.amd is None or not self.amd.screening)
+        """The caller's audio may open turns: the call is answered, not being screened, and the
+        caller is not on hold for a warm transfer (their speech then is ignored)."""
+        return (self.media.converses and (self.amd is None or not self.amd.screening)
+                and (self.warm is None or not self.warm.holding))
 
     def on_out_utterance(self, utterance: int, epoch: int, out_pos: int) -> None:
         self.timeline.out_utterance(epoch, self.clock.now())
@@ -507,6 +522,12 @@ class CallActor:
             return
         p, q, inbox = self.pump, self._dtmf, self.driver.inbox
         p.dtmf += 1
+        if self.consult is not None:  # a consult leg: the person's answer, never a turn
+            self.consult.dtmf(digit)
+            return
+        if self.warm is not None and self.warm.holding:  # the caller on hold: no turn
+            p.media_muted_events += 1
+            return
         if not q and inbox.data_room():
             inbox.put_nowait(DtmfFrame(digit))
             return

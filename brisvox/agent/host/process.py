@@ -75,14 +75,25 @@ from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.host import call_metrics, tracing
 from brisvox.agent.host.actor import CallActor
-from brisvox.agent.host.call_build import call_info_of, open_call, recording_of, recordings_default
+from brisvox.agent.host.call_build import (
+    call_info_of,
+    from_definition,
+    open_call,
+    recording_of,
+    recordings_default,
+)
+from brisvox.agent.host.call_consult import CallConsult
 from brisvox.agent.host.call_hooks import CallHooks, HookRoutes
 from brisvox.agent.host.call_record import write_record
+from brisvox.agent.host.call_warm import attach as attach_warm
 from brisvox.agent.host.config import AgentsConfig, CallsConfig, check_referenced_agents
 from brisvox.agent.host.process_link import ProcessLink
 from brisvox.agent.host.s2s_actor import S2sCallActor
 from brisvox.agent.host.scripted_call import scripted_providers
+from brisvox.agent.host.warm_transfer import WarmConfig
 from brisvox.agent.pipeline.speculation.policy import add_totals as add_spec_totals
+from brisvox.agent.tool_engine.builtin import TRANSFER_STATS
+from brisvox.clock import CLOCK
 from brisvox.providers import resilience
 from brisvox.providers.http import provider_http_stats
 from brisvox.providers.registry import CallProviders
@@ -343,8 +354,11 @@ class AgentProcess:
         if self.cfg.providers == "definitions":
             try:
                 agent = self._agent_def(self.cfg.agent_name(f.agent))
-                built = await open_call(agent, f, link.to_gateway, self.job_channel(),  # [agent_link]: dialled
-                                        functools.partial(self._hangup_later, f.call_id), link.request)
+                hang_later = functools.partial(self._hangup_later, f.call_id)
+                built = (from_definition(agent, f.call_id, link.to_gateway, self.job_channel(), hang_later,
+                                         link.request) if f.consult_for  # a consult leg: no agent service
+                         else await open_call(agent, f, link.to_gateway, self.job_channel(),  # [agent_link]: dialled
+                                              hang_later, link.request))
                 provs, registry, telephony, flow, agent_link = built.providers, built.registry, built.telephony, built.flow, built.agent_link
             except Exception as e:  # a bad definition, a missing key, a tool that is not provided
                 await self._undo_attach(f.call_id, rings)
@@ -357,8 +371,19 @@ class AgentProcess:
             greeting = agent.greeting
             amd = agent.amd  # [amd]: a dialled call is screened before its first word
             agent_hooks = agent.webhooks
+            warm_cfg, agent_dir = agent.warm_transfer, Path(agent.path).parent  # a relative hold_audio's base
         else:
             provs = CallProviders(*scripted_providers(self.cfg, f.call_id, f.tts_rate))
+            warm_cfg, agent_dir = WarmConfig(), None
+        consult = None
+        if f.consult_for and provs.stt is None:
+            await self._undo_attach(f.call_id, rings)
+            return refuse("bad_agent", "a consult leg needs a cascaded agent (stt, llm, tts), not speech-to-speech")
+        if f.consult_for:  # a warm transfer's consult leg: the summary, the person's answer, no conversation
+            consult = CallConsult(f.call_id, f.consult_for, warm_cfg, f.consult_summary, CLOCK, link.to_gateway,
+                                  functools.partial(self._hangup_later, f.call_id))
+            actor_cfg, provs = consult.parts(actor_cfg, provs)
+            greeting, amd, registry, flow = consult.opening(), None, None, None
         actor = (CallActor if provs.s2s is None else S2sCallActor)(  # a speech-to-speech agent: docs/S2S.md
             f.call_id,
             actor_cfg,
@@ -383,6 +408,10 @@ class AgentProcess:
             amd=amd,
             hangup_later=functools.partial(self._hangup_later, f.call_id),
         )
+        if consult is not None:
+            consult.bind(actor)
+        elif telephony is not None and provs.s2s is None:  # warm_transfer runs through the actor
+            attach_warm(actor, telephony, warm_cfg, agent_dir)
         if recording is not None:  # the gateway names the WAV so: call.ended can say which file it is
             recording["file"] = recording_file_name(f.call_id, actor.started_wall)
         hooks = self._call_hooks(f.call_id, self.cfg.agent_name(f.agent), agent_hooks, actor.amd is not None)
@@ -548,6 +577,7 @@ class AgentProcess:
         if self.workers is not None:
             d.update({f"workers_{k}": v for k, v in self.workers.counters.items()})
         d["live_interrupts"] = sum(slot.actor.interrupts() for slot in self.calls.values())
+        d.update(TRANSFER_STATS)  # transfers_refused_<target|summary|repeat> (tool_engine/builtin.py)
         d["telemetry"] = call_metrics.METRICS.snapshot()  # the supervisor sums it: daemon/telemetry.py
         d["stage_failures"] = dict(self.stage_failures)
         if self.hook_writer is not None:

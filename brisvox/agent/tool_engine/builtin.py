@@ -21,20 +21,34 @@ agent file says ``confirm_transfer = false``
 also carries an agent service's ``dial`` (:meth:`LinkTelephony.dial`: the
 gateway's ``dial`` command as a request, bounded by its wait; no tool of the
 model's dials).
+``warm_transfer`` (a warm transfer: the caller waits on hold while the person at the target
+hears a summary and accepts or declines; :mod:`brisvox.agent.host.warm_transfer`) exists only
+with ``transfer_targets`` too, runs at most once per call (a second call is refused), and
+hands the whole sequence to the port (:meth:`LinkTelephony.warm_transfer`, bound by the call
+actor to its :class:`~brisvox.agent.host.call_warm.CallWarm`); its result tells the model what
+the caller heard. ``transfer_call`` takes an optional ``summary`` (the REFER's
+``X-Transfer-Summary``: CR/LF and control characters refused, at most
+:data:`SUMMARY_MAX` characters). A refused target or summary is a typed refusal, counted in
+:data:`TRANSFER_STATS` (the agent process's ``transfers_refused_*`` stats) and logged once
+per kind and minute.
 Arguments are never logged (a phone number is personal data).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from brisvox.agent.tool_engine.registry import Tool, ToolContext, ToolError, ToolKind, ToolSpec
+from brisvox.runtime.log_limit import LogLimiter
 from ipc.codec import Frame
 from ipc.frames import (
+    Bridge,
     BridgeResult,
     Command,
     CommandReply,
@@ -45,9 +59,23 @@ from ipc.frames import (
     TransferResult,
 )
 
-BUILTIN_NAMES = ("end_call", "send_dtmf", "transfer_call")
+BUILTIN_NAMES = ("end_call", "send_dtmf", "transfer_call", "warm_transfer")
+TRANSFER_TOOLS = ("transfer_call", "warm_transfer")  # each needs transfer_targets
 DTMF = re.compile(r"^[0-9*#A-Da-dwW]{1,32}$")
 TARGET = re.compile(r"^(\+?[0-9]{3,15}|sips?:[^\s]{3,200})$")
+SUMMARY_MAX = 400  # a blind transfer's X-Transfer-Summary, characters
+UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+log = logging.getLogger("brisvox.agent.tools")
+_log_once = LogLimiter(log)
+TRANSFER_STATS: Counter[str] = Counter()  # refusals by kind (the agent process's stats)
+
+
+def refuse(kind: str, message: str) -> ToolError:
+    """A typed refusal of a transfer (``kind``: ``target``, ``summary``, ``repeat``), counted
+    and logged once per kind and minute (never the arguments)."""
+    TRANSFER_STATS[f"transfers_refused_{kind}"] += 1
+    _log_once(f"transfer_refused_{kind}", "transfer refused (%s): %s", kind, message)
+    return ToolError(message)
 
 END_CALL = ToolSpec(
     "end_call",
@@ -68,10 +96,30 @@ TRANSFER_CALL = ToolSpec(
     "transfer_call",
     "Transfer the caller to another phone number or SIP address (a blind transfer: you leave the call).",
     {"type": "object", "properties": {"target": {"type": "string", "pattern": TARGET.pattern},
-                                      "reason": {"type": "string", "maxLength": 200}},
+                                      "reason": {"type": "string", "maxLength": 200},
+                                      "summary": {"type": "string", "maxLength": SUMMARY_MAX,
+                                                  "description": "one line for the person who answers"}},
      "required": ["target"], "additionalProperties": False},
     ToolKind.SIDE_EFFECT, timeout=10.0, filler_after=1.0,
 )
+WARM_SLACK_S = 40.0  # the hold message, the summary, the bridge and the outcome message
+WARM_TRANSFER = ToolSpec(
+    "warm_transfer",
+    "Transfer the caller with an introduction: the caller waits on hold while the person at the target hears a "
+    "summary of this call and accepts or declines. If they accept, you leave the call; if not, you are back with "
+    "the caller, who has been told why.",
+    {"type": "object", "properties": {"target": {"type": "string", "pattern": TARGET.pattern},
+                                      "reason": {"type": "string", "maxLength": 200}},
+     "required": ["target"], "additionalProperties": False},
+    ToolKind.SIDE_EFFECT, timeout=30.0 + WARM_SLACK_S, filler_after=None,
+)
+
+
+def warm_spec(timeout_s: float) -> ToolSpec:
+    """``warm_transfer`` whose run is bounded by the agent's ``[warm_transfer] timeout_s``."""
+    from dataclasses import replace
+
+    return replace(WARM_TRANSFER, timeout=float(timeout_s) + WARM_SLACK_S)
 
 
 class TelephonyPort(Protocol):
@@ -83,7 +131,9 @@ class TelephonyPort(Protocol):
 
     def send_dtmf(self, digits: str) -> None: ...
 
-    async def transfer(self, target: str, timeout: float) -> tuple[bool, str]: ...  # noqa: ASYNC109
+    async def transfer(self, target: str, timeout: float, summary: str = "") -> tuple[bool, str]: ...  # noqa: ASYNC109
+
+    async def warm_transfer(self, target: str, reason: str) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -98,9 +148,12 @@ class LinkTelephony:
     to_gateway: Callable[[Frame], None]
     hangup_hook: Callable[[str], None] | None = None
     request: Callable[[Frame, float], Awaitable[Frame]] | None = None  # a request to the call's gateway
+    warm: Callable[[str, str], Awaitable[dict[str, Any]]] | None = None  # the actor's CallWarm.run
     _pending: asyncio.Future[TransferResult] | None = field(default=None, init=False)
     transfers: int = field(default=0, init=False)
-    consult_results: list[ConsultResult | BridgeResult] = field(default_factory=list, init=False)
+    _consult: dict[str, asyncio.Future[ConsultResult]] = field(default_factory=dict, init=False)
+    _bridge: asyncio.Future[BridgeResult] | None = field(default=None, init=False)
+    early_results: list[ConsultResult] = field(default_factory=list, init=False)  # before its wait began
 
     def hangup(self, reason: str) -> None:
         if self.hangup_hook is not None:
@@ -111,13 +164,13 @@ class LinkTelephony:
     def send_dtmf(self, digits: str) -> None:
         self.to_gateway(SendDtmf(call_id=self.call_id, digits=digits))
 
-    async def transfer(self, target: str, timeout: float) -> tuple[bool, str]:  # noqa: ASYNC109
+    async def transfer(self, target: str, timeout: float, summary: str = "") -> tuple[bool, str]:  # noqa: ASYNC109
         if self._pending is not None and not self._pending.done():
             return False, "a transfer is already in progress"
         self.transfers += 1
         fut: asyncio.Future[TransferResult] = asyncio.get_running_loop().create_future()
         self._pending = fut
-        self.to_gateway(Transfer(call_id=self.call_id, target=target))
+        self.to_gateway(Transfer(call_id=self.call_id, target=target, summary=summary))
         try:
             async with asyncio.timeout(timeout):
                 res = await fut
@@ -125,13 +178,19 @@ class LinkTelephony:
             return False, "no answer from the carrier in time; the outcome is unknown"
         return res.ok, res.detail
 
+    async def warm_transfer(self, target: str, reason: str) -> dict[str, Any]:
+        if self.warm is None:
+            raise ToolError("this call cannot place a warm transfer")
+        return await self.warm(target, reason)
+
     async def dial(self, target: str, agent: str, via: str, timeout: float,  # noqa: ASYNC109
-                   trunk: str = "") -> tuple[bool, dict[str, Any], str]:
-        """The gateway's ``dial`` (a new outbound call; ``trunk``: the ``[[sip.trunks]]`` entry):
+                   trunk: str = "", extra: Mapping[str, Any] | None = None) -> tuple[bool, dict[str, Any], str]:
+        """The gateway's ``dial`` (a new outbound call; ``trunk``: the ``[[sip.trunks]]`` entry;
+        ``extra``: more args, a warm transfer's ``consult_for`` and ``summary``):
         ``(ok, data, error)``, at most ``timeout`` s."""
         if self.request is None:
             return False, {}, "no gateway to dial through"
-        args = {"target": target, "agent": agent, "via": via, **({"trunk": trunk} if trunk else {})}
+        args = {"target": target, "agent": agent, "via": via, **({"trunk": trunk} if trunk else {}), **(extra or {})}
         try:
             reply = await self.request(Command(name="dial", args=args), timeout)
         except TimeoutError:
@@ -148,21 +207,61 @@ class LinkTelephony:
             fut.set_result(res)
 
     def on_consult_result(self, res: ConsultResult) -> None:
-        """A warm transfer's consult leg outcome (the gateway's ConsultResult): queued for the
-        transfer that waits on it; one consult at a time, so a bounded queue of a few."""
-        if len(self.consult_results) < 8:
-            self.consult_results.append(res)
+        """A warm transfer's consult leg outcome (the gateway's ConsultResult): resolves the
+        wait on that leg; one that comes before its wait began (a verdict racing the dial's
+        reply) is kept (at most a few) for :meth:`consult_result`; the rest is dropped."""
+        fut = self._consult.get(res.consult_id)
+        if fut is not None and not fut.done():
+            fut.set_result(res)
+        elif fut is None and len(self.early_results) < 4:
+            self.early_results.append(res)
+
+    async def consult_result(self, consult_id: str, timeout: float) -> ConsultResult | None:  # noqa: ASYNC109
+        """The ConsultResult of leg ``consult_id``, None after ``timeout`` s."""
+        for r in self.early_results:
+            if r.consult_id == consult_id:
+                self.early_results.remove(r)
+                return r
+        fut: asyncio.Future[ConsultResult] = asyncio.get_running_loop().create_future()
+        self._consult[consult_id] = fut
+        try:
+            async with asyncio.timeout(max(0.0, timeout)):
+                return await fut
+        except TimeoutError:
+            return None
+        finally:
+            self._consult.pop(consult_id, None)
 
     def on_bridge_result(self, res: BridgeResult) -> None:
-        if len(self.consult_results) < 8:
-            self.consult_results.append(res)
+        fut = self._bridge
+        if fut is not None and not fut.done():
+            fut.set_result(res)
+
+    async def bridge(self, other: str, timeout: float) -> tuple[bool, str]:  # noqa: ASYNC109
+        """Bridge the caller and consult leg ``other``: the BridgeResult, bounded."""
+        fut: asyncio.Future[BridgeResult] = asyncio.get_running_loop().create_future()
+        self._bridge = fut
+        self.to_gateway(Bridge(call_id=self.call_id, other=other))
+        try:
+            async with asyncio.timeout(timeout):
+                res = await fut
+        except TimeoutError:
+            return False, "no answer to the bridge in time"
+        finally:
+            self._bridge = None
+        return res.ok, res.detail
+
+    def hangup_leg(self, consult_id: str, reason: str) -> None:
+        """End a consult leg of this call's (a warm transfer given up)."""
+        self.to_gateway(Hangup(call_id=consult_id, reason=reason))
 
 
 def telephony_tools(port: TelephonyPort, *, transfer_targets: tuple[str, ...] = (),
-                    names: tuple[str, ...] = BUILTIN_NAMES) -> list[tuple[ToolSpec, Tool]]:
-    """The built-in tools bound to one call's port (only ``names``; ``transfer_call`` only
-    with ``transfer_targets``: an empty list offers no transfer)."""
-    state: dict[str, Any] = {"ended": False, "transferred": False}
+                    names: tuple[str, ...] = BUILTIN_NAMES,
+                    warm_timeout_s: float = 30.0) -> list[tuple[ToolSpec, Tool]]:
+    """The built-in tools bound to one call's port (only ``names``; ``transfer_call`` and
+    ``warm_transfer`` only with ``transfer_targets``: an empty list offers no transfer)."""
+    state: dict[str, Any] = {"ended": False, "transferred": False, "warm": False}
 
     async def end_call(args: dict[str, Any], ctx: ToolContext) -> Any:
         if state["ended"]:
@@ -178,21 +277,40 @@ def telephony_tools(port: TelephonyPort, *, transfer_targets: tuple[str, ...] = 
         port.send_dtmf(digits.upper().replace("W", "w"))
         return {"status": "sent", "digits": digits}
 
+    def allowed(target: str) -> None:
+        if target not in transfer_targets:
+            raise refuse("target", "that target is not allowed; tell the caller you cannot transfer them there")
+
     async def transfer_call(args: dict[str, Any], ctx: ToolContext) -> Any:
         target = str(args["target"])
-        if target not in transfer_targets:
-            raise ToolError("that target is not allowed; tell the caller you cannot transfer them there")
+        allowed(target)
+        summary = str(args.get("summary") or "")
+        if len(summary) > SUMMARY_MAX or UNSAFE.search(summary):
+            raise refuse("summary", f"the summary must be one line of at most {SUMMARY_MAX} characters; "
+                                    "try again with a shorter one")
         if state["transferred"]:
             return {"status": "already_transferred"}
-        ok, detail = await port.transfer(target, TRANSFER_CALL.timeout - 0.5)
+        wait = TRANSFER_CALL.timeout - 0.5
+        ok, detail = await (port.transfer(target, wait, " ".join(summary.split())) if summary.strip()
+                            else port.transfer(target, wait))
         if not ok:
             raise ToolError(f"the transfer failed: {detail}" if detail else "the transfer failed")
         state["transferred"] = True
         return {"status": "transferred"}
 
+    async def warm_transfer(args: dict[str, Any], ctx: ToolContext) -> Any:
+        target = str(args["target"])
+        allowed(target)
+        if state["warm"] or state["transferred"]:
+            raise refuse("repeat", "a transfer was already attempted in this call; do not try again, "
+                                   "help the caller yourself")
+        state["warm"] = True
+        return await port.warm_transfer(target, str(args.get("reason") or ""))
+
     table: dict[str, tuple[ToolSpec, Tool]] = {
         "end_call": (END_CALL, end_call), "send_dtmf": (SEND_DTMF, send_dtmf),
-        "transfer_call": (TRANSFER_CALL, transfer_call)}
+        "transfer_call": (TRANSFER_CALL, transfer_call), "warm_transfer": (warm_spec(warm_timeout_s), warm_transfer)}
     if not transfer_targets:
-        del table["transfer_call"]
+        for name in TRANSFER_TOOLS:
+            del table[name]
     return [table[n] for n in names if n in table]

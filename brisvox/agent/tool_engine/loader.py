@@ -15,10 +15,10 @@ Owns the loading of application tools and the fail-closed setup of a call's
   always provided; an application tool with a built-in's name is refused.
 * :func:`build_registry` registers exactly the agent's ``tools`` (the
   telephony ones bound to the call's port), then turns the confirmation gate
-  on for ``confirm_tools`` and for ``transfer_call`` (unless the agent file says
+  on for ``confirm_tools`` and for ``transfer_call`` / ``warm_transfer`` (unless the agent file says
   ``confirm_transfer = false``). A listed tool nothing provides raises
   :class:`ToolSetupError`: the call does not start without its tools; so does
-  ``transfer_call`` without ``transfer_targets`` (:data:`NO_TRANSFER_TARGETS`).
+  ``transfer_call`` or ``warm_transfer`` without ``transfer_targets`` (:data:`NO_TRANSFER_TARGETS`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from brisvox.agent.tool_engine.builtin import (
     END_CALL,
     SEND_DTMF,
     TRANSFER_CALL,
+    TRANSFER_TOOLS,
+    WARM_TRANSFER,
     TelephonyPort,
     telephony_tools,
 )
@@ -46,10 +48,11 @@ class ToolSetupError(Exception):
         self.tool = tool
 
 
-NO_TRANSFER_TARGETS = ("transfer_call needs transfer_targets: list the numbers or SIP addresses it may transfer "
-                       "to (without a list the model could be talked into transferring the caller anywhere)")
+NO_TRANSFER_TARGETS = ("transfer_call and warm_transfer need transfer_targets: list the numbers or SIP addresses "
+                       "they may transfer to (without a list the model could be talked into transferring the "
+                       "caller anywhere)")
 _CACHE: dict[str, list[tuple[ToolSpec, Tool]]] = {}
-BUILTIN_SPECS = {s.name: s for s in (END_CALL, SEND_DTMF, TRANSFER_CALL)}
+BUILTIN_SPECS = {s.name: s for s in (END_CALL, SEND_DTMF, TRANSFER_CALL, WARM_TRANSFER)}
 
 
 def _import(ref: str, mod_name: str, base_dir: str | None) -> Any:
@@ -141,10 +144,13 @@ def build_registry(agent: Any, port: TelephonyPort | None) -> ToolRegistry:
     if builtins_wanted:
         if port is None:
             raise ToolSetupError("the telephony tools need the call's telephony port")
-        if "transfer_call" in builtins_wanted and not agent.transfer_targets:
-            raise ToolSetupError(NO_TRANSFER_TARGETS, tool="transfer_call")
+        wanted_transfers = [n for n in TRANSFER_TOOLS if n in builtins_wanted]
+        if wanted_transfers and not agent.transfer_targets:
+            raise ToolSetupError(NO_TRANSFER_TARGETS, tool=wanted_transfers[0])
+        warm = getattr(agent, "warm_transfer", None)
         tele = {s.name: (s, t) for s, t in telephony_tools(port, transfer_targets=tuple(agent.transfer_targets),
-                                                          names=builtins_wanted)}
+                                                          names=builtins_wanted,
+                                                          warm_timeout_s=warm.timeout_s if warm else 30.0)}
     for name in agent.tools:
         entry = tele.get(name) or app.get(name)
         if entry is None:
@@ -152,8 +158,8 @@ def build_registry(agent: Any, port: TelephonyPort | None) -> ToolRegistry:
                                  tool=name)
         reg.register(*entry)
     gated = list(agent.confirm_tools)
-    if "transfer_call" in agent.tools and getattr(agent, "confirm_transfer", True):
-        gated.append("transfer_call")  # a transfer asks the caller first unless the file says not to
+    if getattr(agent, "confirm_transfer", True):  # a transfer asks the caller first unless the file says not to
+        gated += [n for n in TRANSFER_TOOLS if n in agent.tools and n not in gated]
     for name in gated:
         try:
             reg.require_confirmation(name)

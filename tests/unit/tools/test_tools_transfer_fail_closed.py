@@ -51,7 +51,7 @@ def test_no_targets_no_transfer_tool() -> None:
     names = [s.name for s, _ in telephony_tools(Port())]
     assert names == ["end_call", "send_dtmf"]
     names = [s.name for s, _ in telephony_tools(Port(), transfer_targets=("+4930123",))]
-    assert names == ["end_call", "send_dtmf", "transfer_call"]
+    assert names == ["end_call", "send_dtmf", "transfer_call", "warm_transfer"]
 
 
 def test_transfer_only_to_a_listed_target() -> None:

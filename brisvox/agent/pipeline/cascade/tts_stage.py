@@ -264,7 +264,7 @@ class TtsStage(Stage):
         """A fixed line: played from its clip when the cache has it, else rendered by the
         provider (``_text``, which captures it for the cache)."""
         key = (f.epoch, f.round)
-        clip = None if key in self._round_ctx or not f.text.strip() else self._clip_cache().get(f.text)
+        clip = None if key in self._round_ctx or not f.text.strip() else self.clip_cache().get(f.text)
         if clip is None:
             await self._text(f)
             return
@@ -284,7 +284,9 @@ class TtsStage(Stage):
         self._playing.add(cid)
         self.tasks.spawn(self._play(cid, c, clip), "tts-clip")
 
-    def _clip_cache(self) -> ClipCache:
+    def clip_cache(self) -> ClipCache:
+        """The clips of this agent and voice (created on first use; a warm transfer puts its
+        hold audio there)."""
         if self._clips is None:
             t = self.cfg.tts
             name = str(getattr(self.provider, "name", type(self.provider).__name__))
@@ -329,7 +331,7 @@ class TtsStage(Stage):
         cap, c.capture = c.capture, None
         clip = cap.clip() if cap is not None and not c.cancelled else None
         if clip is not None:
-            self._clip_cache().put(clip)
+            self.clip_cache().put(clip)
             self.st.clips_rendered += 1
 
     async def _flush(self, cid: int) -> None:

@@ -25,8 +25,8 @@ needs of the runner while it enters a transition or runs actions:
   does the late result of a ``next_on`` tool a barge-in cut (:meth:`FlowHook.late`).
 * Actions: ``say`` is a fixed line (:meth:`FlowHost.speak`: its own round, into the
   context, played from its pre-rendered clip after its first rendering: the TTS stage's
-  clip cache); ``end_call``, ``transfer`` and ``tool`` call the registry's tool
-  (``end_call``, ``transfer_call`` or the named one) through the tool engine
+  clip cache); ``end_call``, ``transfer``, ``warm_transfer`` and ``tool`` call the registry's
+  tool (``end_call``, ``transfer_call``, ``warm_transfer`` or the named one) through the tool engine
   (:meth:`ToolEngine.act <brisvox.agent.tool_engine.engine.ToolEngine.act>`), as a model's
   call runs: its kind, its timeout, and for a SideEffect tool the idempotency key
   (session, the turn's epoch, the action's id ``flow.<node>.<pre|post|cap>.<index>``), so
@@ -202,6 +202,8 @@ class FlowHook:
                 name, args = "end_call", {"reason": "flow"}
             elif a.transfer:
                 name, args = "transfer_call", {"target": a.transfer}
+            elif a.warm_transfer:
+                name, args = "warm_transfer", {"target": a.warm_transfer, "reason": a.reason or "flow"}
             else:
                 name, args = a.tool, dict(a.args)
             ends = ends or a.exits

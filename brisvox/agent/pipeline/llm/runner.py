@@ -416,6 +416,26 @@ class LlmRunner(Stage):
         rnd = await self._start_round(turn)
         if not into_context:
             turn.filler = (rnd, text)
+        await self._line(turn, rnd, text, clip)
+        if into_context and not turn.token.cancelled:
+            self._push_assistant(turn, rnd, AssistantMessage(text))
+        return rnd
+
+    async def announce(self, text: str, clip: bool = False) -> tuple[int, int] | None:
+        """A fixed line said while a tool of the running turn waits (a warm transfer's hold and
+        outcome messages, its hold audio as clip rounds): its own round of that turn, kept OUT
+        of the context (a tool call is open there; the tool's result tells the model what the
+        caller heard). ``(epoch, round)`` for the playout book, None when no turn is running."""
+        turn = self._turn
+        if turn is None or turn.token.cancelled or self._round_task is None or self._round_task.done():
+            return None
+        await self._flush(turn, turn.cur_round)
+        rnd = await self._start_round(turn)
+        await self._line(turn, rnd, text, clip)
+        return turn.epoch, rnd
+
+    async def _line(self, turn: Turn, rnd: int, text: str, clip: bool) -> None:
+        """A fixed line's text into round ``rnd`` (``clip``: played from its clip), flushed."""
         if clip:
             turn.spoke = True
             turn.unflushed = True
@@ -423,9 +443,6 @@ class LlmRunner(Stage):
         else:
             await self.say(turn, rnd, text)
         await self._flush(turn, rnd)
-        if into_context and not turn.token.cancelled:
-            self._push_assistant(turn, rnd, AssistantMessage(text))
-        return rnd
 
     async def _fallback(self, turn: Turn) -> None:
         self.st.fallbacks += 1

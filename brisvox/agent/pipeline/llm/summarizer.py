@@ -203,25 +203,8 @@ class Summarizer:
         return target
 
     def _render(self, previous: str, msgs: Sequence[Message]) -> str:
-        cut = self.cfg.message_bytes
-        names: dict[str, str] = {}
         lines = [f"Summary so far: {previous}" if previous else "Summary so far: (none)", "",
-                 "New part of the conversation:"]
-        for m in msgs:
-            if isinstance(m, UserMessage):
-                lines.append("Caller: " + _cut(m.content, cut))
-            elif isinstance(m, AssistantMessage):
-                for c in m.tool_calls:
-                    names[c.id] = c.name
-                if m.text.strip():
-                    lines.append("Assistant: " + _cut(m.text, cut))
-                if m.tool_calls:
-                    lines.append("Assistant called: " + ", ".join(c.name for c in m.tool_calls))
-            elif isinstance(m, ToolMessage):
-                what = "error" if m.is_error else "result"
-                lines.append(f"Tool {what} ({names.get(m.call_id, m.call_id)}): " + _cut(m.content, cut))
-            else:
-                lines.append("Note: " + _cut(m.content, cut))
+                 "New part of the conversation:", *conversation_lines(msgs, self.cfg.message_bytes)]
         return "\n".join(lines)
 
     async def _summarize(self, previous: str, msgs: Sequence[Message]) -> str | None:
@@ -286,8 +269,37 @@ class Summarizer:
         log.warning("summary failed (%s), %d in a row: next attempt in %.0f s", why, self.failures, wait)
 
 
+def conversation_lines(msgs: Sequence[Message], cut: int) -> list[str]:
+    """The conversation as plain lines for a summary request ("Caller: ...", "Assistant: ...",
+    tool calls and results, notes), each message cut at ``cut`` bytes."""
+    names: dict[str, str] = {}
+    lines: list[str] = []
+    for m in msgs:
+        if isinstance(m, UserMessage):
+            lines.append("Caller: " + _cut(m.content, cut))
+        elif isinstance(m, AssistantMessage):
+            for c in m.tool_calls:
+                names[c.id] = c.name
+            if m.text.strip():
+                lines.append("Assistant: " + _cut(m.text, cut))
+            if m.tool_calls:
+                lines.append("Assistant called: " + ", ".join(c.name for c in m.tool_calls))
+        elif isinstance(m, ToolMessage):
+            what = "error" if m.is_error else "result"
+            lines.append(f"Tool {what} ({names.get(m.call_id, m.call_id)}): " + _cut(m.content, cut))
+        else:
+            lines.append("Note: " + _cut(m.content, cut))
+    return lines
+
+
 class _Failed(Exception):
     pass
+
+
+async def collect_text(llm: LlmProvider, req: LlmRequest) -> str:
+    """The text of one request's stream (ProviderError-like ``_Failed`` on an LlmError or a
+    stream without Done); the caller bounds it."""
+    return await _collect(llm, req)
 
 
 async def _collect(llm: LlmProvider, req: LlmRequest) -> str:

@@ -1,0 +1,398 @@
+"""The warm transfer's decisions (brisvox/agent/host/warm_transfer.py, consult_screen.py), the
+summary's bound and sanitising, the ``[warm_transfer]`` table's checks, and the tool's rules
+(a listed target only, once per call) through telephony_tools."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import wave
+from pathlib import Path
+
+import pytest
+
+from brisvox.agent.host.consult_screen import ConsultScreen, Say, Verdict, answer_of
+from brisvox.agent.host.warm_transfer import (
+    BRIDGE_WAIT_S,
+    BridgeLegs,
+    Dial,
+    Done,
+    HangUpLeg,
+    Hold,
+    Speak,
+    Summarize,
+    WarmConfig,
+    WarmTransfer,
+    bound_summary,
+    dial_outcome,
+    template_summary,
+)
+from brisvox.agent.tool_engine.builtin import TRANSFER_STATS, telephony_tools
+from brisvox.agent.tool_engine.registry import ToolContext, ToolError
+
+CFG = WarmConfig(hold_message="Please hold.", timeout_s=30.0)
+
+
+def _to_dialling(m: WarmTransfer) -> None:
+    assert m.start(0.0) == [Speak("Please hold.")]
+    assert m.holding
+    assert m.hold_spoken(1.5) == [Hold(True), Summarize("billing")]
+    assert m.summary_ready("The caller\r\nneeds billing help.", "template", 1.6) == [
+        Dial("+4930111", "The caller needs billing help.")]
+    assert m.deadline == pytest.approx(31.6)
+
+
+def test_accepted_is_bridged_and_the_record_has_every_leg_time():
+    m = WarmTransfer(CFG, "+4930111", "billing")
+    _to_dialling(m)
+    assert m.dialled(True, "c2", "", 5.0) == []
+    assert m.consult_result("other", "accepted", "", 6.0) == []  # another leg's result: not ours
+    assert m.consult_result("c2", "accepted", "", 9.0) == [BridgeLegs("c2")]
+    assert m.deadline == pytest.approx(9.0 + BRIDGE_WAIT_S)
+    assert m.bridge_result(True, "", 9.1) == [Done("bridged", "", "")]
+    assert m.done and not m.holding
+    assert m.bridge_result(True, "", 9.2) == [] and m.tick(100.0) == []  # nothing after Done
+    rec = m.record()
+    assert rec["outcome"] == "bridged" and rec["summary_chars"] == len("The caller needs billing help.")
+    caller, consult = rec["legs"]
+    assert caller == {"leg": "caller", "held_ms": 1500, "back_ms": None, "bridged_ms": 9100}
+    assert consult == {"leg": "consult", "call_id": "c2", "dialled_ms": 1600, "answered_ms": 5000,
+                       "verdict": "accepted", "verdict_ms": 9000, "bridged_ms": 9100}
+
+
+@pytest.mark.parametrize(("outcome", "hang", "message"), [
+    ("declined", True, CFG.declined_message), ("hung_up", False, CFG.no_answer_message)])
+def test_a_verdict_other_than_accepted_comes_back_to_the_caller(outcome, hang, message):
+    m = WarmTransfer(CFG, "+4930111", "billing")
+    _to_dialling(m)
+    m.dialled(True, "c2", "", 5.0)
+    acts = m.consult_result("c2", outcome, "", 8.0)
+    assert acts == [*([HangUpLeg("c2")] if hang else []), Hold(False), Speak(message),
+                    Done("no_answer" if outcome == "hung_up" else "declined", message, outcome)]
+    assert m.record()["legs"][0]["back_ms"] == 8000
+
+
+@pytest.mark.parametrize(("error", "outcome"), [("busy", "busy"), ("no answer", "no_answer"),
+                                                ("timeout", "no_answer"), ("declined", "declined"),
+                                                ("404 not found", "failed")])
+def test_a_failed_dial_says_the_matching_message(error, outcome):
+    m = WarmTransfer(CFG, "+4930111", "billing")
+    _to_dialling(m)
+    acts = m.dialled(False, "", error, 4.0)
+    assert acts == [Hold(False), Speak(CFG.message(outcome)), Done(outcome, CFG.message(outcome), error)]
+    assert dial_outcome(error) == outcome
+
+
+def test_no_verdict_in_time_hangs_the_leg_up_and_a_late_answer_is_hung_up_too():
+    m = WarmTransfer(CFG, "+4930111", "billing")
+    _to_dialling(m)
+    m.dialled(True, "c2", "", 5.0)
+    assert m.tick(31.0) == []  # before the deadline
+    acts = m.tick(31.6)
+    assert acts[0] == HangUpLeg("c2") and acts[-1].outcome == "no_answer"
+    assert m.consult_result("c2", "accepted", "", 32.0) == []  # too late: the caller was told
+    m2 = WarmTransfer(CFG, "+4930111", "billing")
+    _to_dialling(m2)
+    assert m2.tick(31.6)[-1] == Done("no_answer", CFG.no_answer_message, "no verdict within 30 s")
+    assert m2.dialled(True, "c9", "", 33.0) == [HangUpLeg("c9")]  # answered after we gave up
+
+
+def test_a_refused_or_lost_bridge_fails_back_to_the_caller():
+    for late in (False, True):
+        m = WarmTransfer(CFG, "+4930111", "billing")
+        _to_dialling(m)
+        m.dialled(True, "c2", "", 5.0)
+        m.consult_result("c2", "accepted", "", 6.0)
+        acts = m.tick(6.0 + BRIDGE_WAIT_S) if late else m.bridge_result(False, "cannot bridge", 6.1)
+        assert acts[0] == HangUpLeg("c2") and acts[-1].outcome == "failed"
+
+
+def test_without_a_hold_message_the_hold_starts_at_once():
+    m = WarmTransfer(WarmConfig(hold_message=""), "+4930111", "")
+    assert m.start(0.0) == [Hold(True), Summarize("")]
+    assert m.start(1.0) == []  # once
+
+
+def test_summary_bound_strips_control_characters_and_cuts_on_a_word():
+    assert bound_summary("a\r\nb\tc\x00d", 100) == "a b c d"
+    text = "the caller wants to move their appointment to next tuesday afternoon"
+    cut = bound_summary(text, 30)
+    assert len(cut) <= 30 and cut.endswith("\u2026") and "\r" not in cut
+    assert text.startswith(cut[:-1]) and text[len(cut) - 1] == " "  # ends where a word ended
+    assert len(bound_summary("x" * 500, 40)) == 40  # one long word is cut hard
+    assert bound_summary(text, len(text)) == text
+
+
+def test_template_summary_and_the_tables_checks(tmp_path: Path):
+    cfg = WarmConfig(summary_template="Caller {caller} about {reason}", summary_max_chars=40)
+    assert template_summary(cfg, "a refund\r\nnow", "+4917") == "Caller +4917 about a refund now"
+    assert WarmConfig(summary_template="{reason} {nope}").problems() == [
+        ("warm_transfer.summary_template", "unknown field(s) 'nope'; known: called, caller, reason, target")]
+    assert WarmConfig(summary_template="{reason").problems()[0][0] == "warm_transfer.summary_template"
+    assert "cannot read" in WarmConfig(hold_audio="missing.wav").problems(tmp_path)[0][1]
+
+    def wav(name: str, channels: int, width: int, rate: int = 8000, frames: int = 8000) -> str:
+        with wave.open(str(tmp_path / name), "wb") as w:
+            w.setnchannels(channels)
+            w.setsampwidth(width)
+            w.setframerate(rate)
+            w.writeframes(b"\x00" * frames * channels * width)
+        return name
+
+    assert WarmConfig(hold_audio=wav("ok.wav", 1, 2)).problems(tmp_path) == []
+    assert "mono 16-bit" in WarmConfig(hold_audio=wav("st.wav", 2, 2)).problems(tmp_path)[0][1]
+    assert "mono 16-bit" in WarmConfig(hold_audio=wav("u8.wav", 1, 1)).problems(tmp_path)[0][1]
+    assert "Hz" in WarmConfig(hold_audio=wav("r.wav", 1, 2, rate=11025)).problems(tmp_path)[0][1]
+    (tmp_path / "big.wav").write_bytes(b"RIFF" + struct.pack("<I", 0) + b"\x00" * (5 << 20))
+    assert "at most" in WarmConfig(hold_audio="big.wav").problems(tmp_path)[0][1]
+    (tmp_path / "junk.wav").write_bytes(b"not a wav")
+    assert "not a PCM WAV" in WarmConfig(hold_audio="junk.wav").problems(tmp_path)[0][1]
+
+
+# -- the consult leg ------------------------------------------------------------------------
+
+def test_consult_yes_no_dtmf_and_silence():
+    s = ConsultScreen("confirm", verdict_timeout_s=10.0)
+    assert s.start("A caller about billing.", "Press 1 or 2.", 0.0) == [Say("A caller about billing. Press 1 or 2.")]
+    assert s.spoken(4.0) == [] and s.deadline == 14.0
+    assert s.transcript("hmm who is it", 5.0) == [] and s.deadline == 15.0  # neither: asked again, waited again
+    assert s.transcript("yes no", 5.5) == []  # both: no answer
+    assert s.transcript("yeah sure put them through", 6.0)[0] == Verdict(True, "speech")
+    assert s.dtmf("2", 7.0) == [] and s.tick(100.0) == []  # once
+    d = ConsultScreen()
+    d.start("x", "p", 0.0)
+    assert d.dtmf("2", 1.0)[0] == Verdict(False, "dtmf")  # during the opening: taken
+    k = ConsultScreen()
+    k.start("x", "p", 0.0)
+    k.spoken(2.0)
+    assert k.dtmf("5", 3.0) == [] and k.dtmf("1", 3.1)[0] == Verdict(True, "dtmf")
+    q = ConsultScreen(verdict_timeout_s=10.0)
+    q.start("x", "p", 0.0)
+    q.spoken(2.0)
+    assert q.tick(11.9) == [] and q.tick(12.0) == [Verdict(False, "no_response")]
+    assert q.record()["verdict"] == "declined" and q.record()["verdict_ms"] == 12000
+    n = ConsultScreen()
+    n.start("x", "p", 0.0)
+    n.spoken(1.0)
+    assert n.transcript("no sorry", 2.0)[0] == Verdict(False, "speech")
+    e = ConsultScreen()
+    e.start("x", "p", 0.0)
+    e.ended(0.5)
+    assert e.dtmf("1", 1.0) == [] and e.spoken(1.0) == []  # the leg ended: no verdict
+    u = ConsultScreen()
+    u.start("x", "p", 0.0)
+    u.spoken(1.0)
+    assert u.transcript("what", 2.0) == [] and u.transcript("hm", 3.0) == []
+    assert u.transcript("who", 4.0)[0] == Verdict(False, "unclear")
+    assert answer_of("Okay.") is True and answer_of("nope") is False and answer_of("maybe") is None
+
+
+def test_after_summary_accepts_when_the_opening_played_unless_declined_before():
+    s = ConsultScreen("after_summary")
+    assert s.start("A caller.", "Press 1 or 2.", 0.0) == [Say("A caller.")]  # no prompt
+    assert s.spoken(3.0) == [Verdict(True, "after_summary")]
+    t = ConsultScreen("after_summary")
+    t.start("A caller.", "", 0.0)
+    assert t.transcript("no", 1.0)[0] == Verdict(False, "speech")
+    assert t.spoken(3.0) == []
+    with pytest.raises(ValueError):
+        ConsultScreen("later")
+
+
+# -- the tool ---------------------------------------------------------------------------------
+
+class Port:
+    call_id = "c1"
+
+    def __init__(self) -> None:
+        self.warm: list[tuple[str, str]] = []
+        self.transfers: list[tuple[str, str]] = []
+
+    def hangup(self, reason: str) -> None: ...
+
+    def send_dtmf(self, digits: str) -> None: ...
+
+    async def transfer(self, target: str, timeout: float, summary: str = "") -> tuple[bool, str]:  # noqa: ASYNC109
+        self.transfers.append((target, summary))
+        return True, ""
+
+    async def warm_transfer(self, target: str, reason: str) -> dict:
+        self.warm.append((target, reason))
+        return {"status": "declined"}
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_the_tool_refuses_an_unlisted_target_and_a_second_transfer_counted():
+    port = Port()
+    tools = {s.name: (s, t) for s, t in telephony_tools(port, transfer_targets=("+4930111",), warm_timeout_s=45)}
+    spec, warm = tools["warm_transfer"]
+    assert spec.timeout > 45 and spec.side_effect and spec.filler_after is None
+    ctx = ToolContext("s", 1, "t1.0")
+    before = dict(TRANSFER_STATS)
+    with pytest.raises(ToolError, match="not allowed"):
+        _run(warm({"target": "+4930999", "reason": "x"}, ctx))
+    assert port.warm == []
+    assert _run(warm({"target": "+4930111", "reason": "billing"}, ctx)) == {"status": "declined"}
+    with pytest.raises(ToolError, match="already attempted"):
+        _run(warm({"target": "+4930111"}, ctx))
+    assert port.warm == [("+4930111", "billing")]
+    assert TRANSFER_STATS["transfers_refused_target"] == before.get("transfers_refused_target", 0) + 1
+    assert TRANSFER_STATS["transfers_refused_repeat"] == before.get("transfers_refused_repeat", 0) + 1
+
+
+def test_blind_transfer_summary_is_bounded_and_one_line():
+    port = Port()
+    _, blind = {s.name: (s, t) for s, t in telephony_tools(port, transfer_targets=("+4930111",))}["transfer_call"]
+    ctx = ToolContext("s", 1, "t1.0")
+    with pytest.raises(ToolError, match="one line"):
+        _run(blind({"target": "+4930111", "summary": "a\r\nX-Evil: 1"}, ctx))
+    with pytest.raises(ToolError, match="one line"):
+        _run(blind({"target": "+4930111", "summary": "x" * 401}, ctx))
+    assert port.transfers == []
+    assert _run(blind({"target": "+4930111", "summary": "  wants   billing "}, ctx)) == {"status": "transferred"}
+    assert port.transfers == [("+4930111", "wants billing")]
+
+
+# -- the agent file -----------------------------------------------------------------------------
+
+def _file(tmp: Path, extra: str) -> Path:
+    from tests.unit.test_providers_agents import BASE
+
+    p = tmp / "a.toml"
+    p.write_text(BASE.format(extra=extra))
+    return p
+
+
+def _errors(tmp: Path, extra: str) -> list[tuple[str, str]]:
+    from brisvox.agent.definition import check_agent_file
+
+    _, problems = check_agent_file(_file(tmp, extra), env={})
+    return [(x.key, x.message) for x in problems if x.severity == "error"]
+
+
+def test_agent_file_warm_transfer_table(tmp_path: Path):
+    from brisvox.agent.definition import check_agent_file, load_agent
+    from brisvox.agent.tool_engine.loader import NO_TRANSFER_TARGETS
+
+    good = ('tools = ["warm_transfer"]\ntransfer_targets = ["+4930111"]\n'
+            '[warm_transfer]\ntimeout_s = 20\naccept = "after_summary"\nsummary = "llm"\nvia = "twilio"\n'
+            'no_answer_message = "Nobody is there."\n')
+    agent = load_agent(_file(tmp_path, good), env={})
+    w = agent.warm_transfer
+    assert (w.timeout_s, w.accept, w.summary, w.via, w.no_answer_message) == (20, "after_summary", "llm", "twilio",
+                                                                             "Nobody is there.")
+    assert w.summary_max_chars == 400 and w.hold_audio == ""  # defaults
+    assert _errors(tmp_path, 'tools = ["warm_transfer"]') == [("tools", NO_TRANSFER_TARGETS)]
+    bad = _errors(tmp_path, good + 'hold_musik = "x.wav"\n')
+    assert [k for k, _ in bad] == ["warm_transfer.hold_musik"] and "unknown" in bad[0][1]
+    assert [k for k, _ in _errors(tmp_path, good + 'summary_max_chars = 5000\n')] == ["warm_transfer.summary_max_chars"]
+    assert [k for k, _ in _errors(tmp_path, good.replace('"after_summary"', '"maybe"'))] == ["warm_transfer.accept"]
+    assert [k for k, _ in _errors(tmp_path, good + 'hold_audio = "none.wav"\n')] == ["warm_transfer.hold_audio"]
+    _, problems = check_agent_file(_file(tmp_path, '[warm_transfer]\ntimeout_s = 20\n'), env={})
+    assert [(x.severity, x.key) for x in problems] == [("warning", "warm_transfer")]  # nothing uses it
+
+
+def test_a_flow_warm_transfer_needs_the_tool_and_a_listed_target(tmp_path: Path):
+    flow = '''tools = ["warm_transfer", "end_call"]
+transfer_targets = ["+4930111"]
+[flow]
+start = "a"
+[flow.nodes.a]
+task = "hand over"
+pre_actions = [{ warm_transfer = "+4930999", reason = "billing" }]
+post_actions = [{ end_call = true }]
+'''
+    errs = _errors(tmp_path, flow)
+    assert [k for k, _ in errs] == ["flow.nodes.a.pre_actions"] and "transfer_targets" in errs[0][1]
+    assert _errors(tmp_path, flow.replace("+4930999", "+4930111")) == []
+    errs = _errors(tmp_path, flow.replace("+4930999", "+4930111").replace('"warm_transfer", ', ""))
+    assert any("warm_transfer" in m for _, m in errs)
+
+
+# -- the port's waits ---------------------------------------------------------------------------
+
+def test_link_telephony_consult_and_bridge_waits_are_futures_and_bounded():
+    from brisvox.agent.tool_engine.builtin import LinkTelephony
+    from ipc.frames import Bridge, BridgeResult, CommandReply, ConsultResult, Hangup
+
+    async def main() -> None:
+        sent: list[object] = []
+        seen_args: list[dict] = []
+
+        async def request(frame, timeout):  # noqa: ASYNC109
+            seen_args.append(dict(frame.args))
+            return CommandReply(ok=True, data={"call_id": "leg-2"})
+
+        port = LinkTelephony("c1", sent.append, request=request)
+        ok, data, _ = await port.dial("+4930111", "a", "sip", 1.0, trunk="t1",
+                                      extra={"consult_for": "c1", "summary": "s"})
+        assert ok and data["call_id"] == "leg-2"
+        assert seen_args == [{"target": "+4930111", "agent": "a", "via": "sip", "trunk": "t1",
+                              "consult_for": "c1", "summary": "s"}]
+        # a verdict racing the dial's reply is kept for its wait; another leg's does not resolve it
+        port.on_consult_result(ConsultResult(call_id="c1", consult_id="leg-2", outcome="declined"))
+        assert (await port.consult_result("leg-2", 1.0)).outcome == "declined"
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.01, port.on_consult_result, ConsultResult(call_id="c1", consult_id="leg-9", outcome="x"))
+        loop.call_later(0.02, port.on_consult_result, ConsultResult(call_id="c1", consult_id="leg-3",
+                                                                    outcome="accepted"))
+        assert (await port.consult_result("leg-3", 1.0)).outcome == "accepted"
+        assert await port.consult_result("leg-4", 0.05) is None  # bounded
+        for _ in range(10):
+            port.on_consult_result(ConsultResult(call_id="c1", consult_id="old", outcome="x"))
+        assert len(port.early_results) <= 4  # bounded too
+        loop.call_later(0.01, port.on_bridge_result, BridgeResult(call_id="c1", ok=True))
+        assert await port.bridge("leg-3", 1.0) == (True, "")
+        assert await port.bridge("leg-3", 0.05) == (False, "no answer to the bridge in time")
+        port.hangup_leg("leg-3", "warm_transfer_declined")
+        assert sent == [Bridge(call_id="c1", other="leg-3"), Bridge(call_id="c1", other="leg-3"),
+                        Hangup(call_id="leg-3", reason="warm_transfer_declined")]
+
+    asyncio.run(main())
+
+
+def test_a_consult_legs_parts_put_the_ear_in_the_models_place_with_no_speculation_or_summary():
+    from dataclasses import replace
+
+    from brisvox.agent.host.actor import ActorConfig
+    from brisvox.agent.host.call_consult import CallConsult, ConsultEar
+    from brisvox.agent.pipeline.speculation.policy import SpeculationConfig
+    from brisvox.clock import CLOCK
+    from brisvox.providers.registry import CallProviders
+    from brisvox.providers.seeded_fakes import FakeLlm, FakeTts
+    from brisvox.providers.word_codec import Vocab
+
+    base = ActorConfig()
+    spec = SpeculationConfig(enabled=True)
+    cfg = replace(base, llm=replace(base.llm, speculation=spec, summary=replace(base.llm.summary, provider="agent")),
+                  turn=replace(base.turn, speculation=spec))
+    consult = CallConsult("leg", "caller", WarmConfig(), "A caller.", CLOCK, lambda f: None, lambda r: None)
+    out_cfg, provs = consult.parts(cfg, CallProviders(stt=None, llm=FakeLlm([]), tts=FakeTts(Vocab())))
+    assert isinstance(provs.llm, ConsultEar) and provs.s2s is None
+    assert not out_cfg.llm.speculation.enabled and not out_cfg.turn.speculation.enabled
+    assert out_cfg.llm.summary.provider == ""
+
+
+def test_the_consult_legs_summary_is_bounded_again():
+    from brisvox.agent.host.call_consult import CONSULT_SUMMARY_MAX, CallConsult
+    from brisvox.clock import CLOCK
+
+    c = CallConsult("leg", "caller", WarmConfig(), "a\r\nb " + "word " * 500, CLOCK, lambda f: None, lambda r: None)
+    assert len(c.summary) <= CONSULT_SUMMARY_MAX and c.summary.startswith("a b word")
+
+
+def test_a_speech_to_speech_agent_cannot_warm_transfer(tmp_path: Path):
+    from brisvox.agent.definition import check_agent_file
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "agents" / "openai_realtime.toml"
+    text = root.read_text()
+    p = tmp_path / "s2s.toml"
+    assert 'tools = ["end_call"]' in text
+    p.write_text(text.replace('tools = ["end_call"]', 'tools = ["end_call", "warm_transfer"]\n'
+                                                     'transfer_targets = ["+4930111"]'))
+    _, problems = check_agent_file(p, env={}, load_modules=False)
+    errs = [x.message for x in problems if x.severity == "error"]
+    assert errs and "cascaded agent" in errs[0]
