@@ -129,3 +129,33 @@ def test_secret_looking_values_are_kept_out_of_the_record() -> None:
         assert secret_value(value)
         assert CallInfo.of(params={"note": value}).record()["params"] == {}
     assert not secret_value("a bearer of good news") and not secret_value("+15550100")
+
+
+def test_a_calls_parameters_fill_the_prompts_placeholders_but_never_a_secret_one() -> None:
+    from brisvox.agent.definition import fill_placeholders, with_call_params
+    from brisvox.agent.host.actor import ActorConfig
+
+    info = CallInfo.of(params={"first_name": "Ada", "account_id": "A-17", "api_token": "t0k",
+                               "note": "Bearer abc.def"})
+    text = "Greet {{ first_name }} ({{account_id}}); {{missing}}{{api_token}}{{note}}; {literal} {{ bad-name }}"
+    assert fill_placeholders(text, info.params) == "Greet Ada (A-17); ; {literal} {{ bad-name }}"
+    cfg = ActorConfig()
+    replace = dataclasses.replace
+    cfg = replace(cfg, llm=replace(cfg.llm, system_prompt="Call {{first_name}}."),
+                  s2s=replace(cfg.s2s, session=replace(cfg.s2s.session, instructions="S2S {{first_name}}")))
+    out = with_call_params(cfg, info.params)
+    assert out.llm.system_prompt == "Call Ada." and out.s2s.session.instructions == "S2S Ada"
+    assert cfg.llm.system_prompt == "Call {{first_name}}."  # the agent's own config is not changed
+
+
+def test_a_dials_params_are_refused_whole_when_malformed_and_never_override_the_gateways() -> None:
+    from brisvox.wire.jsontext import MAX_DIAL_PARAMS, dial_params
+
+    assert dial_params(None) == ({}, "")
+    assert dial_params({"first_name": "Ada"}) == ({"first_name": "Ada"}, "")
+    assert dial_params(["x"])[1] == "params must be an object of strings"
+    assert "at most" in dial_params({f"k{i}": "v" for i in range(MAX_DIAL_PARAMS + 1)})[1]
+    assert "set by the gateway" in dial_params({"From": "sip:evil@x"})[1]
+    assert "a string of at most" in dial_params({"n": 1})[1]
+    assert "a string of at most" in dial_params({"n": "x" * 257})[1]
+    assert "a name is" in dial_params({"a\nb": "x"})[1]

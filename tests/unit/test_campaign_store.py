@@ -13,6 +13,7 @@ import stat
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,12 +42,15 @@ class FakeDialer:
         self.delay = delay
         self.on_dial = on_dial
         self.calls: list[str] = []
+        self.params: dict[str, dict[str, str]] = {}  # target -> the call parameters its dial carried
         self.live_ids = set() if live_ids is None else live_ids  # default: an answered call is over at once
         self.gate: asyncio.Event | None = None
         self.up = True  # the gateway answers
 
-    async def dial(self, target: str, agent: str, ring_timeout_s: float) -> DialResult:
+    async def dial(self, target: str, agent: str, ring_timeout_s: float,
+                   params: Any = None) -> DialResult:
         self.calls.append(target)
+        self.params[target] = dict(params or {})
         if self.on_dial is not None:
             self.on_dial(target)
         if self.gate is not None:
@@ -137,6 +141,19 @@ def test_each_attempt_is_committed_before_the_dial_and_its_outcome_after(tmp_pat
     assert peek(path, "SELECT outcome, call_id FROM attempts ORDER BY id") == [
         ("answered", f"call-{n}") for n in d.calls]
     assert peek(path, "SELECT DISTINCT state, outcome FROM rows") == [("done", "answered")]
+
+
+def test_a_rows_variables_go_with_its_dial_as_the_calls_parameters(tmp_path: Path):
+    path = tmp_path / "c.db"
+    rows = load("number,first_name,account\n+493010001,Ada,A-1\n+493010002,Bob,\n", ("first_name", "account"), "UTC")
+    st = CampaignStore(path)
+    st.create("vars", "echo", "v.csv", Settings(rate=100.0, windows=ALL_DAY), rows, time.time())
+    st.close()
+    d = FakeDialer()
+    asyncio.run(run_until(CampaignRunner(path, d, poll_s=0.02),
+                          lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert d.params == {"+493010001": {"first_name": "Ada", "account": "A-1"},
+                        "+493010002": {"first_name": "Bob", "account": ""}}
 
 
 def test_an_interrupted_attempt_is_recovered_unknown_and_never_dialled_again(tmp_path: Path):

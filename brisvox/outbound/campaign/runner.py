@@ -38,7 +38,7 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -66,8 +66,10 @@ class DialResult:
 class Dialer(Protocol):
     """Places calls (:class:`~.dialer.GatewayDialer`: the running daemon's gateway)."""
 
-    async def dial(self, target: str, agent: str, ring_timeout_s: float) -> DialResult:
-        """Call ``target`` with ``agent``; return once answered or failed."""
+    async def dial(self, target: str, agent: str, ring_timeout_s: float,
+                   params: Mapping[str, str] | None = None) -> DialResult:
+        """Call ``target`` with ``agent`` and the call parameters ``params`` (the row's variables);
+        return once answered or failed."""
         ...
 
     async def live(self, call_ids: Collection[str]) -> set[str] | None:
@@ -196,7 +198,7 @@ class CampaignRunner:
         limit = (ring or DEFAULT_RING_S) + DIAL_MARGIN_S
         call_id = ""
         try:
-            res = await asyncio.wait_for(self.dialer.dial(att.number, att.agent, ring), timeout=limit)
+            res = await asyncio.wait_for(self.dialer.dial(att.number, att.agent, ring, att.variables), timeout=limit)
             outcome, detail, call_id = classify(res.ok, res.error), res.error or "answered", res.call_id
         except TimeoutError as e:
             outcome, detail = UNKNOWN, str(e)[:200] or f"no verdict from the dialer within {limit:g} s"

@@ -34,9 +34,9 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +123,7 @@ class Attempt:
     campaign_id: int
     number: str
     agent: str
+    variables: Mapping[str, str] = field(default_factory=dict)  # the row's: the call's parameters
 
 
 def open_private(path: Path) -> None:
@@ -266,7 +267,7 @@ class CampaignStore:
         """Record (committed, on disk) that ``row_id`` is dialled now; None (nothing recorded, do not
         dial) when the row is not dialable or its campaign not running any more."""
         with self._write() as db:
-            r = db.execute("SELECT r.id, r.attempts, r.number, r.campaign_id, c.agent FROM rows r"
+            r = db.execute("SELECT r.id, r.attempts, r.number, r.campaign_id, r.variables, c.agent FROM rows r"
                            " JOIN campaigns c ON c.id = r.campaign_id WHERE r.id = ?"
                            " AND r.state IN ('pending', 'waiting') AND c.state = 'running'", (row_id,)).fetchone()
             if r is None:
@@ -274,7 +275,8 @@ class CampaignStore:
             n = int(r["attempts"]) + 1
             db.execute("UPDATE rows SET state = 'dialing', attempts = ? WHERE id = ?", (n, row_id))
             cur = db.execute("INSERT INTO attempts (row_id, n, started_at) VALUES (?, ?, ?)", (row_id, n, now))
-            return Attempt(int(cur.lastrowid or 0), row_id, n, int(r["campaign_id"]), r["number"], r["agent"])
+            return Attempt(int(cur.lastrowid or 0), row_id, n, int(r["campaign_id"]), r["number"], r["agent"],
+                           json.loads(r["variables"]))
 
     def finish_attempt(self, attempt: Attempt, outcome: str, detail: str, call_id: str, now: float) -> str | None:
         """Record an attempt's outcome; its row is done (returns the row's outcome) or waits for a
