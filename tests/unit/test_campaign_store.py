@@ -390,9 +390,44 @@ def test_each_settled_row_is_reported_once_with_its_outcome_and_a_retried_row_on
     d = FakeDialer({"+49301000001": [DialResult(False, error="busy"), DialResult(False, error="busy")],
                     "+49301000002": [DialResult(False, error="no answer")]})
     done: list[tuple[str, str, str, int]] = []
-    runner = CampaignRunner(path, d, poll_s=0.02,
-                            on_row_done=lambda c, att, outcome, call_id: done.append((att.number, outcome, call_id,
-                                                                                      att.n)))
+
+    async def on_row_done(row: Any) -> bool:
+        done.append((row.number, row.outcome, row.call_id, row.attempts))
+        return True
+
+    runner = CampaignRunner(path, d, poll_s=0.02, on_row_done=on_row_done)
     asyncio.run(run_until(runner, lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
     assert sorted(done) == [("+49301000000", "answered", "call-+49301000000", 1),
                             ("+49301000001", "busy", "", 2), ("+49301000002", "no_answer", "", 1)]
+    assert peek(path, "SELECT COUNT(*) FROM rows WHERE notified_at IS NULL") == [(0,)]
+
+
+def test_a_rows_event_not_committed_before_a_kill_is_sent_again_at_the_next_start_under_its_id(tmp_path: Path):
+    from brisvox.outbound.webhooks.campaign_events import row_event_id
+
+    path = tmp_path / "c.db"
+    new_campaign(path, 3)
+    refused: set[str] = {"+49301000001"}  # its event is not committed (the runner dies before)
+    sent: list[tuple[str, str, int]] = []
+
+    async def on_row_done(row: Any) -> bool:
+        sent.append((row.number, row.outcome, row.row_id))
+        return row.number not in refused
+
+    asyncio.run(run_until(CampaignRunner(path, FakeDialer(), poll_s=0.02, on_row_done=on_row_done,
+                                         renotify_every_s=3600),
+                          lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert peek(path, "SELECT number FROM rows WHERE notified_at IS NULL") == [("+49301000001",)]
+    # a kill mid-dial: an attempt without outcome, recovered unknown by the next runner, and its event sent
+    st = CampaignStore(path)
+    c = st.create("c2", "echo", "t.csv", Settings(rate=100.0, windows=ALL_DAY), csv_rows(1), time.time())
+    att = st.begin_attempt(st.due(c.id, time.time())[0].row_id, time.time())
+    st.close()
+    assert att is not None
+    refused.clear()
+    sent.clear()
+    asyncio.run(run_until(CampaignRunner(path, FakeDialer(), poll_s=0.02, on_row_done=on_row_done),
+                          lambda: not peek(path, "SELECT 1 FROM rows WHERE notified_at IS NULL")))
+    assert sorted(sent) == [("+49301000000", "unknown", att.row_id), ("+49301000001", "answered", 2)]
+    created = dict(peek(path, "SELECT id, created_at FROM campaigns"))
+    assert row_event_id(created[1], 1, 2) == row_event_id(created[1], 1, 2) != row_event_id(created[1], 1, 3)
