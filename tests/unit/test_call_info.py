@@ -159,3 +159,26 @@ def test_a_dials_params_are_refused_whole_when_malformed_and_never_override_the_
     assert "a string of at most" in dial_params({"n": 1})[1]
     assert "a string of at most" in dial_params({"n": "x" * 257})[1]
     assert "a name is" in dial_params({"a\nb": "x"})[1]
+
+
+def test_the_sip_dial_refuses_bad_params_before_the_listener_and_hands_good_ones_on() -> None:
+    from brisvox.gateway.transports import DIALERS
+
+    class Listener:
+        def __init__(self) -> None:
+            self.dials: list[tuple] = []
+
+        def dial(self, *args: object) -> None:
+            self.dials.append(args)
+
+    lst, replies = Listener(), []
+    sip = DIALERS["sip"].dial
+    sip(lst, None, "sip:a@127.0.0.1", "x", 5.0, lambda d, e: replies.append((d, e)), "", {"to": "sip:b@x"})
+    sip(lst, None, "sip:a@127.0.0.1", "x", 5.0, lambda d, e: replies.append((d, e)), "", "first_name=Ada")
+    assert [e for _, e in replies] == ["params: 'to' is set by the gateway", "params must be an object of strings"]
+    assert lst.dials == []  # nothing placed
+    sip(lst, None, "sip:a@127.0.0.1", "x", 5.0, replies.append, "", {"first_name": "Ada"})
+    assert [(a[0], a[5]) for a in lst.dials] == [("sip:a@127.0.0.1", {"first_name": "Ada"})]
+    twilio, got = DIALERS["twilio"].dial, []
+    twilio(lst, None, "+49301", "x", 5.0, lambda d, e: got.append(e), "", {"first_name": "Ada"})
+    assert got == ["params: a Twilio dial carries none (dial via sip)"]

@@ -431,3 +431,17 @@ def test_a_rows_event_not_committed_before_a_kill_is_sent_again_at_the_next_star
     assert sorted(sent) == [("+49301000000", "unknown", att.row_id), ("+49301000001", "answered", 2)]
     created = dict(peek(path, "SELECT id, created_at FROM campaigns"))
     assert row_event_id(created[1], 1, 2) == row_event_id(created[1], 1, 2) != row_event_id(created[1], 1, 3)
+
+
+def test_a_version_1_store_gains_notified_at_and_its_settled_rows_are_not_sent_again(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 2)
+    db = sqlite3.connect(path)  # a store as version 1 left it: no notified_at, one row done
+    db.executescript("UPDATE rows SET state = 'done', outcome = 'busy' WHERE id = 1;"
+                     "ALTER TABLE rows DROP COLUMN notified_at; PRAGMA user_version = 1;")
+    db.close()
+    st = CampaignStore(path)
+    assert st.db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert st.unnotified() == []  # the row settled before: its event was the old runner's to send
+    assert peek(path, "SELECT id, notified_at FROM rows ORDER BY id") == [(1, 0.0), (2, None)]
+    st.close()
