@@ -481,6 +481,32 @@ def test_campaign_row_done_goes_to_the_endpoints_that_want_it_once_committed(tmp
     ce2.close()
 
 
+def test_a_rows_event_sent_twice_is_one_outbox_row_under_the_rows_id(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from brisvox.outbound.campaign.service import RowEvents
+    from brisvox.outbound.campaign.store import DoneRow
+    from brisvox.outbound.webhooks.campaign_events import CampaignEvents, row_event_id
+
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    cfg = parse_config({"agents": {"agents_dir": str(tmp_path)}, "webhooks": [
+        {"url": "https://d.example.com/rows", "secret_env": "HOOK_SECRET", "events": ["campaign.row.done"]}]})
+    ev = RowEvents(CampaignEvents(cfg, state_dir=tmp_path / "state"))
+    row = DoneRow(5, 2, "spring", 1767139200.25, "sales", "+493010001", "unknown", 1, "")
+
+    async def main() -> list[bool]:
+        return [await ev.row_done(row), await ev.row_done(row)]  # a runner killed before marking it: sent again
+
+    assert asyncio.run(main()) == [True, True]
+    assert ev.close()
+    rows = Outbox(tmp_path / "state" / "webhooks.sqlite3").rows()
+    assert [(r["event_id"], r["type"]) for r in rows] == [(row_event_id(1767139200.25, 2, 5), "campaign.row.done")]
+    nobody = RowEvents(CampaignEvents(parse_config({"agents": {"agents_dir": str(tmp_path)}, "webhooks": [
+        {"url": "https://d.example.com/calls", "secret_env": "HOOK_SECRET", "events": ["call.ended"]}]}),
+        state_dir=tmp_path / "s2"))
+    assert asyncio.run(nobody.row_done(row))  # no endpoint wants it: nothing to send, done
+    nobody.close()
+
+
 def test_the_metrics_have_the_webhook_families() -> None:
     from brisvox.daemon.metrics import render
 
