@@ -182,3 +182,42 @@ def test_the_sip_dial_refuses_bad_params_before_the_listener_and_hands_good_ones
     twilio, got = DIALERS["twilio"].dial, []
     twilio(lst, None, "+49301", "x", 5.0, lambda d, e: got.append(e), "", {"first_name": "Ada"})
     assert got == ["params: a Twilio dial carries none (dial via sip)"]
+
+
+def test_brisvoxd_dial_sends_its_params_in_the_dial_command(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """``brisvoxd dial --param`` against a gateway inbox on a real ZeroMQ socket (this test's)."""
+    import threading
+
+    import zmq
+
+    from brisvox.cli import brisvoxd
+    from ipc.bus import bind, endpoint, make_socket
+    from ipc.codec import decode_env, encode
+
+    ctx = zmq.Context()
+    inbox = make_socket(ctx, zmq.ROUTER)
+    bind(inbox, endpoint(tmp_path, "gateway-0"))
+    asked: list = []
+
+    def gateway() -> None:
+        if inbox.poll(10_000):
+            ident, raw = inbox.recv_multipart()
+            frame, cid = decode_env(raw, 1 << 20)
+            asked.append(frame)
+            inbox.send_multipart([ident, encode(F.CommandReply(ok=True, data={"call_id": "c1", "agent": "a",
+                                                                              "codec": "PCMU"}), cid=cid)])
+
+    t = threading.Thread(target=gateway)
+    t.start()
+    monkeypatch.setattr(brisvoxd, "_running_or_explain", lambda rdir: True)  # no supervisor: its inbox only
+    try:
+        code = brisvoxd.main(["dial", "sip:a@127.0.0.1", "--runtime-dir", str(tmp_path), "--param", "first_name=Ada",
+                              "--param", "note=x=y", "--json"])
+    finally:
+        t.join(15)
+        inbox.close(0)
+        ctx.term()
+    assert code == 0
+    assert asked[0].args["params"] == {"first_name": "Ada", "note": "x=y"}
+    with pytest.raises(SystemExit):
+        brisvoxd.main(["dial", "sip:a@127.0.0.1", "--param", "noequals"])
