@@ -549,6 +549,36 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
     return out if agent.s2s is None else replace(out, s2s=_s2s_config(agent, out, turn))
 
 
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]{0,63})\s*\}\}")
+
+
+def fill_placeholders(text: str, params: Mapping[str, str]) -> str:
+    """``text`` with each ``{{name}}`` replaced by the call parameter ``name`` (a campaign row's
+    variable, a native ``start.params`` entry, ...); a name the call does not carry, or one
+    that may hold a credential (:func:`~brisvox.agent.tool_engine.call_info.secret_name`),
+    becomes "". Anything else in ``text`` is kept as it is (no other syntax, no escaping)."""
+    from brisvox.agent.tool_engine.call_info import secret_name, secret_value
+
+    def one(m: re.Match[str]) -> str:
+        v = params.get(m.group(1), "")
+        return "" if secret_name(m.group(1)) or secret_value(v) else v
+
+    return PLACEHOLDER.sub(one, text) if "{{" in text else text
+
+
+def with_call_params(cfg: Any, params: Mapping[str, str]) -> Any:
+    """The call's :class:`~brisvox.agent.host.actor.ActorConfig` with its prompt (the LLM's system
+    prompt, the S2S session's instructions) filled from the call's parameters (:func:`fill_placeholders`)."""
+    from dataclasses import replace
+
+    out = replace(cfg, llm=replace(cfg.llm, system_prompt=fill_placeholders(cfg.llm.system_prompt, params)))
+    s = out.s2s
+    if "{{" in s.session.instructions:
+        out = replace(out, s2s=replace(s, session=replace(
+            s.session, instructions=fill_placeholders(s.session.instructions, params))))
+    return out
+
+
 def _window_config(agent: AgentDef, llm: Any) -> Any:
     """``[window]`` onto the runner's config: the request window and its summarizer."""
     from dataclasses import replace

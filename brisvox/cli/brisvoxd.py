@@ -330,7 +330,7 @@ def cmd_dial(args: argparse.Namespace) -> int:
         return exitcodes.NOT_RUNNING
     via = getattr(args, "via", None) or "sip"
     ok, data, error = dial(endpoint(rdir, "gateway-0"), args.target, args.agent or "", args.ring_timeout or 0.0, via,
-                           getattr(args, "trunk", None) or "")
+                           getattr(args, "trunk", None) or "", dict(getattr(args, "param", None) or ()))
     if args.json:
         import orjson
 

@@ -24,7 +24,18 @@ def add_dial_arguments(sp: argparse.ArgumentParser) -> None:
                     "twilio route's)")
     sp.add_argument("--ring-timeout", type=float, help="seconds to ring (default: [sip] dial_ring_timeout_s; "
                     "Twilio's 60 s)")
+    sp.add_argument("--param", action="append", default=[], metavar="NAME=VALUE", type=param_arg,
+                    help="a call parameter (repeatable): the agent's CallStart.params, its prompt's {{NAME}} "
+                    "(SIP only; at most 29, not from/to/direction)")
     sp.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def param_arg(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` of ``--param`` (the gateway checks the bounds)."""
+    name, eq, value = text.partition("=")
+    if not eq or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text[:64]!r}")
+    return name, value
 
 
 def add_parser(sub: Any) -> None:

@@ -14,14 +14,17 @@ with :data:`GATEWAY_SILENT` (the dial may or may not have been placed).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 GATEWAY_SILENT = "the gateway does not answer on"
 
 
 def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
-         via: str = "sip", trunk: str = "") -> tuple[bool, dict[str, Any], str]:
-    """Ask the gateway at ``inbox`` to place an outbound call: (ok, data, error). Over SIP once
+         via: str = "sip", trunk: str = "", params: Mapping[str, str] | None = None) -> tuple[bool, dict[str, Any], str]:
+    """Ask the gateway at ``inbox`` to place an outbound call: (ok, data, error). ``params``: the
+    call's parameters (the agent's ``CallStart.params``: a campaign row's variables; the gateway
+    refuses more than ``MAX_DIAL_PARAMS`` or a malformed one, :func:`brisvox.wire.jsontext.dial_params`). Over SIP once
     the callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...);
     through Twilio once Twilio accepted the calls create (data["call_sid"], "status")."""
     from ipc.bus import RequestTimeout, request_sync
@@ -31,7 +34,8 @@ def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
     try:
         reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent, "via": via,
                                                                 "ring_timeout_s": ring_timeout_s,
-                                                                **({"trunk": trunk} if trunk else {})}), wait)
+                                                                **({"trunk": trunk} if trunk else {}),
+                                                                **({"params": dict(params)} if params else {})}), wait)
     except RequestTimeout:
         return False, {}, f"{GATEWAY_SILENT} {inbox}"
     if not isinstance(reply, CommandReply):

@@ -45,6 +45,7 @@ from brisvox.gateway.ws.auth import (
     twilio_auth,
     vonage_auth,
 )
+from brisvox.wire.jsontext import dial_params
 
 if TYPE_CHECKING:
     from brisvox.gateway.config import GatewaySettings, WsRoute
@@ -232,14 +233,21 @@ if websocket_protocols() != WEBSOCKET_PROTOCOLS:  # the config's list and the ro
 
 
 def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-              trunk: str = "") -> None:
-    listener.dial(target, agent, done, ring_s, trunk)
+              trunk: str = "", params: Any = None) -> None:
+    checked, why = dial_params(params)  # the call's parameters (a campaign row's variables): CallStart.params
+    if why:
+        done(None, why)
+        return
+    listener.dial(target, agent, done, ring_s, trunk, checked)
 
 
 def _twilio_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-                 trunk: str = "") -> None:
+                 trunk: str = "", params: Any = None) -> None:
     if trunk:
         done(None, "a trunk is a [[sip.trunks]] entry: dial it via sip")
+        return
+    if params:
+        done(None, "params: a Twilio dial carries none (dial via sip)")
         return
     from brisvox.gateway.control.twilio_dial import dial_twilio
 

@@ -65,6 +65,7 @@ class SimCall:
     llm_provider: Any = None  # another LLM than the scripted FakeLlm (e.g. the rule-based ScriptedLlm)
     call_info: CallInfo | None = None  # the call's metadata its tools see (caller, called, parameters)
     media: str = "answered"  # the call's media state at its start (CallStart.media: "early" for early media)
+    on_actor: Callable[[CallActor], None] | None = None  # sees the actor before it starts (the host's installs)
     amd: AmdConfig | None = None  # [amd] of the agent: a dialled call (call_info direction outbound) is screened
     setup: Callable[[CallActor], None] | None = None  # called with the built actor before it starts (a warm transfer's attach)
 
@@ -160,6 +161,8 @@ async def simulate(call: SimCall) -> SimResult:
     if call.setup is not None:
         call.setup(actor)
     before = {t for t in asyncio.all_tasks(loop)}
+    if call.on_actor is not None:
+        call.on_actor(actor)
     actor.start()
     platform.start(actor)
     t0 = loop.time()

@@ -109,6 +109,32 @@ def checked_params(obj: Any) -> tuple[dict[str, str] | None, int]:
     return out, dropped
 
 
+DIAL_RESERVED = ("from", "to", "direction")  # what the gateway sets itself on a dialled call's parameters
+MAX_DIAL_PARAMS = MAX_PARAMS - len(DIAL_RESERVED)
+
+
+def dial_params(obj: Any) -> tuple[dict[str, str], str]:
+    """A ``dial`` command's ``params``: (the parameters, "") or ({}, why they are refused).
+
+    Unlike :func:`checked_params` nothing is dropped: a dial is an operator's request, so a
+    malformed entry refuses it. A flat object of at most :data:`MAX_DIAL_PARAMS` string
+    values under the same bounds, none named as one of :data:`DIAL_RESERVED`; absent is {}."""
+    if obj is None:
+        return {}, ""
+    if type(obj) is not dict:
+        return {}, "params must be an object of strings"
+    if len(obj) > MAX_DIAL_PARAMS:
+        return {}, f"params: at most {MAX_DIAL_PARAMS} entries"
+    for k, v in obj.items():
+        if type(k) is not str or not 0 < len(k) <= MAX_PARAM_NAME or _CONTROL.search(k):
+            return {}, f"params: a name is 1 to {MAX_PARAM_NAME} characters without control characters"
+        if k.lower() in DIAL_RESERVED:
+            return {}, f"params: {k!r} is set by the gateway"
+        if type(v) is not str or param_text(v) is None:
+            return {}, f"params[{k!r}]: a string of at most {MAX_PARAM_VALUE} characters without control characters"
+    return dict(obj), ""
+
+
 def bounded_params(obj: Any) -> dict[str, str] | None:
     """:func:`checked_params` without the count."""
     return checked_params(obj)[0]

@@ -279,3 +279,34 @@ def test_the_caller_hanging_up_mid_answer_ends_the_session_and_leaks_nothing():
     assert res.live_tasks_after == 0 and not res.stray_tasks
     answers = [m.text for m in res.actor.context if isinstance(m, AssistantMessage)]
     assert len(answers) == 1 and LONG.startswith(answers[0]) and len(answers[0]) < len(LONG)
+
+
+def test_a_speech_to_speech_calls_tools_send_tool_called_webhooks_as_recorded():
+    from brisvox.agent.host.call_hooks import CallHooks
+    from brisvox.outbound.webhooks.outbox import Target
+
+    class Writer:
+        def __init__(self):
+            self.got = []
+
+        def submit(self, event, targets, on_commit=None):
+            self.got.append(orjson_loads(event.body))
+            return True
+
+    w = Writer()
+    hooks = CallHooks(w, {"tool.called": (Target("daemon", "https://h.example.com/"),)}, "sim1", "s2s-agent")
+    tools, reg = _tools()
+    calls = (S2sCall("get_weather", {"city": "Paris"}), S2sCall("get_weather", {"city": 7}))
+    holder = {}
+
+    def make(vocab):
+        holder["p"] = ScriptedS2s(vocab, [S2sReply("let me look", calls=calls), S2sReply("sunny")])
+        return holder["p"]
+
+    res = run_virtual(lambda: simulate(SimCall(steps=[Utter("weather in paris", at=0.5)], llm=[], s2s=make,
+                                               actor=s2s_cfg(), registry=reg, on_actor=hooks.install)))
+    sent = [(e["type"], e["data"]["tool"], e["data"]["outcome"], e["data"]["tool_call_id"]) for e in w.got]
+    recorded = [("tool.called", t["name"], t["outcome"], t["call_id"]) for t in res.record["tools"]]
+    assert sent == recorded and len(sent) == 2, (sent, recorded)
+    assert {o for _, _, o, _ in sent} == {"ok", "invalid_arguments"}
+    assert all(e["data"]["call_id"] == "sim1" and e["data"]["agent"] == "s2s-agent" for e in w.got)

@@ -129,3 +129,95 @@ def test_secret_looking_values_are_kept_out_of_the_record() -> None:
         assert secret_value(value)
         assert CallInfo.of(params={"note": value}).record()["params"] == {}
     assert not secret_value("a bearer of good news") and not secret_value("+15550100")
+
+
+def test_a_calls_parameters_fill_the_prompts_placeholders_but_never_a_secret_one() -> None:
+    from brisvox.agent.definition import fill_placeholders, with_call_params
+    from brisvox.agent.host.actor import ActorConfig
+
+    info = CallInfo.of(params={"first_name": "Ada", "account_id": "A-17", "api_token": "t0k",
+                               "note": "Bearer abc.def"})
+    text = "Greet {{ first_name }} ({{account_id}}); {{missing}}{{api_token}}{{note}}; {literal} {{ bad-name }}"
+    assert fill_placeholders(text, info.params) == "Greet Ada (A-17); ; {literal} {{ bad-name }}"
+    cfg = ActorConfig()
+    replace = dataclasses.replace
+    cfg = replace(cfg, llm=replace(cfg.llm, system_prompt="Call {{first_name}}."),
+                  s2s=replace(cfg.s2s, session=replace(cfg.s2s.session, instructions="S2S {{first_name}}")))
+    out = with_call_params(cfg, info.params)
+    assert out.llm.system_prompt == "Call Ada." and out.s2s.session.instructions == "S2S Ada"
+    assert cfg.llm.system_prompt == "Call {{first_name}}."  # the agent's own config is not changed
+
+
+def test_a_dials_params_are_refused_whole_when_malformed_and_never_override_the_gateways() -> None:
+    from brisvox.wire.jsontext import MAX_DIAL_PARAMS, dial_params
+
+    assert dial_params(None) == ({}, "")
+    assert dial_params({"first_name": "Ada"}) == ({"first_name": "Ada"}, "")
+    assert dial_params(["x"])[1] == "params must be an object of strings"
+    assert "at most" in dial_params({f"k{i}": "v" for i in range(MAX_DIAL_PARAMS + 1)})[1]
+    assert "set by the gateway" in dial_params({"From": "sip:evil@x"})[1]
+    assert "a string of at most" in dial_params({"n": 1})[1]
+    assert "a string of at most" in dial_params({"n": "x" * 257})[1]
+    assert "a name is" in dial_params({"a\nb": "x"})[1]
+
+
+def test_the_sip_dial_refuses_bad_params_before_the_listener_and_hands_good_ones_on() -> None:
+    from brisvox.gateway.transports import DIALERS
+
+    class Listener:
+        def __init__(self) -> None:
+            self.dials: list[tuple] = []
+
+        def dial(self, *args: object) -> None:
+            self.dials.append(args)
+
+    lst, replies = Listener(), []
+    sip = DIALERS["sip"].dial
+    sip(lst, None, "sip:a@127.0.0.1", "x", 5.0, lambda d, e: replies.append((d, e)), "", {"to": "sip:b@x"})
+    sip(lst, None, "sip:a@127.0.0.1", "x", 5.0, lambda d, e: replies.append((d, e)), "", "first_name=Ada")
+    assert [e for _, e in replies] == ["params: 'to' is set by the gateway", "params must be an object of strings"]
+    assert lst.dials == []  # nothing placed
+    sip(lst, None, "sip:a@127.0.0.1", "x", 5.0, replies.append, "", {"first_name": "Ada"})
+    assert [(a[0], a[5]) for a in lst.dials] == [("sip:a@127.0.0.1", {"first_name": "Ada"})]
+    twilio, got = DIALERS["twilio"].dial, []
+    twilio(lst, None, "+49301", "x", 5.0, lambda d, e: got.append(e), "", {"first_name": "Ada"})
+    assert got == ["params: a Twilio dial carries none (dial via sip)"]
+
+
+def test_brisvoxd_dial_sends_its_params_in_the_dial_command(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    """``brisvoxd dial --param`` against a gateway inbox on a real ZeroMQ socket (this test's)."""
+    import threading
+
+    import zmq
+
+    from brisvox.cli import brisvoxd
+    from ipc.bus import bind, endpoint, make_socket
+    from ipc.codec import decode_env, encode
+
+    ctx = zmq.Context()
+    inbox = make_socket(ctx, zmq.ROUTER)
+    bind(inbox, endpoint(tmp_path, "gateway-0"))
+    asked: list = []
+
+    def gateway() -> None:
+        if inbox.poll(10_000):
+            ident, raw = inbox.recv_multipart()
+            frame, cid = decode_env(raw, 1 << 20)
+            asked.append(frame)
+            inbox.send_multipart([ident, encode(F.CommandReply(ok=True, data={"call_id": "c1", "agent": "a",
+                                                                              "codec": "PCMU"}), cid=cid)])
+
+    t = threading.Thread(target=gateway)
+    t.start()
+    monkeypatch.setattr(brisvoxd, "_running_or_explain", lambda rdir: True)  # no supervisor: its inbox only
+    try:
+        code = brisvoxd.main(["dial", "sip:a@127.0.0.1", "--runtime-dir", str(tmp_path), "--param", "first_name=Ada",
+                              "--param", "note=x=y", "--json"])
+    finally:
+        t.join(15)
+        inbox.close(0)
+        ctx.term()
+    assert code == 0
+    assert asked[0].args["params"] == {"first_name": "Ada", "note": "x=y"}
+    with pytest.raises(SystemExit):
+        brisvoxd.main(["dial", "sip:a@127.0.0.1", "--param", "noequals"])

@@ -81,3 +81,13 @@ def test_a_value_with_control_characters_or_too_long_is_refused():
                                       ("sips:alice@10.0.0.1", "sips:alice@10.0.0.1"), ("sip:a b@h", None)])
 def test_normalise_number(raw: str, want: str | None):
     assert normalise_number(raw) == want
+
+
+def test_a_variable_may_not_take_a_name_the_gateway_sets_on_the_call_nor_exceed_its_parameters() -> None:
+    from brisvox.wire.jsontext import MAX_DIAL_PARAMS
+
+    with pytest.raises(CsvRefused, match="'to'"):
+        load("number,to\n+493010001,x\n", ("to",), "UTC")
+    many = [f"v{i}" for i in range(MAX_DIAL_PARAMS + 1)]
+    with pytest.raises(CsvRefused, match=f"at most {MAX_DIAL_PARAMS} variables"):
+        load("number," + ",".join(many) + "\n", many, "UTC")

@@ -13,6 +13,7 @@ import stat
 import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,12 +42,15 @@ class FakeDialer:
         self.delay = delay
         self.on_dial = on_dial
         self.calls: list[str] = []
+        self.params: dict[str, dict[str, str]] = {}  # target -> the call parameters its dial carried
         self.live_ids = set() if live_ids is None else live_ids  # default: an answered call is over at once
         self.gate: asyncio.Event | None = None
         self.up = True  # the gateway answers
 
-    async def dial(self, target: str, agent: str, ring_timeout_s: float) -> DialResult:
+    async def dial(self, target: str, agent: str, ring_timeout_s: float,
+                   params: Any = None) -> DialResult:
         self.calls.append(target)
+        self.params[target] = dict(params or {})
         if self.on_dial is not None:
             self.on_dial(target)
         if self.gate is not None:
@@ -137,6 +141,19 @@ def test_each_attempt_is_committed_before_the_dial_and_its_outcome_after(tmp_pat
     assert peek(path, "SELECT outcome, call_id FROM attempts ORDER BY id") == [
         ("answered", f"call-{n}") for n in d.calls]
     assert peek(path, "SELECT DISTINCT state, outcome FROM rows") == [("done", "answered")]
+
+
+def test_a_rows_variables_go_with_its_dial_as_the_calls_parameters(tmp_path: Path):
+    path = tmp_path / "c.db"
+    rows = load("number,first_name,account\n+493010001,Ada,A-1\n+493010002,Bob,\n", ("first_name", "account"), "UTC")
+    st = CampaignStore(path)
+    st.create("vars", "echo", "v.csv", Settings(rate=100.0, windows=ALL_DAY), rows, time.time())
+    st.close()
+    d = FakeDialer()
+    asyncio.run(run_until(CampaignRunner(path, d, poll_s=0.02),
+                          lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert d.params == {"+493010001": {"first_name": "Ada", "account": "A-1"},
+                        "+493010002": {"first_name": "Bob", "account": ""}}
 
 
 def test_an_interrupted_attempt_is_recovered_unknown_and_never_dialled_again(tmp_path: Path):
@@ -373,9 +390,58 @@ def test_each_settled_row_is_reported_once_with_its_outcome_and_a_retried_row_on
     d = FakeDialer({"+49301000001": [DialResult(False, error="busy"), DialResult(False, error="busy")],
                     "+49301000002": [DialResult(False, error="no answer")]})
     done: list[tuple[str, str, str, int]] = []
-    runner = CampaignRunner(path, d, poll_s=0.02,
-                            on_row_done=lambda c, att, outcome, call_id: done.append((att.number, outcome, call_id,
-                                                                                      att.n)))
+
+    async def on_row_done(row: Any) -> bool:
+        done.append((row.number, row.outcome, row.call_id, row.attempts))
+        return True
+
+    runner = CampaignRunner(path, d, poll_s=0.02, on_row_done=on_row_done)
     asyncio.run(run_until(runner, lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
     assert sorted(done) == [("+49301000000", "answered", "call-+49301000000", 1),
                             ("+49301000001", "busy", "", 2), ("+49301000002", "no_answer", "", 1)]
+    assert peek(path, "SELECT COUNT(*) FROM rows WHERE notified_at IS NULL") == [(0,)]
+
+
+def test_a_rows_event_not_committed_before_a_kill_is_sent_again_at_the_next_start_under_its_id(tmp_path: Path):
+    from brisvox.outbound.webhooks.campaign_events import row_event_id
+
+    path = tmp_path / "c.db"
+    new_campaign(path, 3)
+    refused: set[str] = {"+49301000001"}  # its event is not committed (the runner dies before)
+    sent: list[tuple[str, str, int]] = []
+
+    async def on_row_done(row: Any) -> bool:
+        sent.append((row.number, row.outcome, row.row_id))
+        return row.number not in refused
+
+    asyncio.run(run_until(CampaignRunner(path, FakeDialer(), poll_s=0.02, on_row_done=on_row_done,
+                                         renotify_every_s=3600),
+                          lambda: peek(path, "SELECT state FROM campaigns") == [("done",)]))
+    assert peek(path, "SELECT number FROM rows WHERE notified_at IS NULL") == [("+49301000001",)]
+    # a kill mid-dial: an attempt without outcome, recovered unknown by the next runner, and its event sent
+    st = CampaignStore(path)
+    c = st.create("c2", "echo", "t.csv", Settings(rate=100.0, windows=ALL_DAY), csv_rows(1), time.time())
+    att = st.begin_attempt(st.due(c.id, time.time())[0].row_id, time.time())
+    st.close()
+    assert att is not None
+    refused.clear()
+    sent.clear()
+    asyncio.run(run_until(CampaignRunner(path, FakeDialer(), poll_s=0.02, on_row_done=on_row_done),
+                          lambda: not peek(path, "SELECT 1 FROM rows WHERE notified_at IS NULL")))
+    assert sorted(sent) == [("+49301000000", "unknown", att.row_id), ("+49301000001", "answered", 2)]
+    created = dict(peek(path, "SELECT id, created_at FROM campaigns"))
+    assert row_event_id(created[1], 1, 2) == row_event_id(created[1], 1, 2) != row_event_id(created[1], 1, 3)
+
+
+def test_a_version_1_store_gains_notified_at_and_its_settled_rows_are_not_sent_again(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 2)
+    db = sqlite3.connect(path)  # a store as version 1 left it: no notified_at, one row done
+    db.executescript("UPDATE rows SET state = 'done', outcome = 'busy' WHERE id = 1;"
+                     "ALTER TABLE rows DROP COLUMN notified_at; PRAGMA user_version = 1;")
+    db.close()
+    st = CampaignStore(path)
+    assert st.db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert st.unnotified() == []  # the row settled before: its event was the old runner's to send
+    assert peek(path, "SELECT id, notified_at FROM rows ORDER BY id") == [(1, 0.0), (2, None)]
+    st.close()

@@ -481,6 +481,32 @@ def test_campaign_row_done_goes_to_the_endpoints_that_want_it_once_committed(tmp
     ce2.close()
 
 
+def test_a_rows_event_sent_twice_is_one_outbox_row_under_the_rows_id(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from brisvox.outbound.campaign.service import RowEvents
+    from brisvox.outbound.campaign.store import DoneRow
+    from brisvox.outbound.webhooks.campaign_events import CampaignEvents, row_event_id
+
+    monkeypatch.setenv("HOOK_SECRET", SECRET)
+    cfg = parse_config({"agents": {"agents_dir": str(tmp_path)}, "webhooks": [
+        {"url": "https://d.example.com/rows", "secret_env": "HOOK_SECRET", "events": ["campaign.row.done"]}]})
+    ev = RowEvents(CampaignEvents(cfg, state_dir=tmp_path / "state"))
+    row = DoneRow(5, 2, "spring", 1767139200.25, "sales", "+493010001", "unknown", 1, "")
+
+    async def main() -> list[bool]:
+        return [await ev.row_done(row), await ev.row_done(row)]  # a runner killed before marking it: sent again
+
+    assert asyncio.run(main()) == [True, True]
+    assert ev.close()
+    rows = Outbox(tmp_path / "state" / "webhooks.sqlite3").rows()
+    assert [(r["event_id"], r["type"]) for r in rows] == [(row_event_id(1767139200.25, 2, 5), "campaign.row.done")]
+    nobody = RowEvents(CampaignEvents(parse_config({"agents": {"agents_dir": str(tmp_path)}, "webhooks": [
+        {"url": "https://d.example.com/calls", "secret_env": "HOOK_SECRET", "events": ["call.ended"]}]}),
+        state_dir=tmp_path / "s2"))
+    assert asyncio.run(nobody.row_done(row))  # no endpoint wants it: nothing to send, done
+    nobody.close()
+
+
 def test_the_metrics_have_the_webhook_families() -> None:
     from brisvox.daemon.metrics import render
 
@@ -604,3 +630,66 @@ def test_the_outbound_main_runs_its_services_survives_a_failing_one_and_stops_th
     # every service ended without a stop: the role exits 1 (the supervisor restarts it)
     rt2 = _Rt()
     assert asyncio.run(run_services(rt2, [_Service("done", forever=False)])) == 1
+
+
+def test_the_courier_connects_to_the_address_it_checked_never_to_a_second_resolution(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DNS rebinding: the name answers a public address to the check, a private one after it.
+
+    The test's transport stands for the network: a request addressed to a name is resolved
+    there (as httpx would: the second answer, the private address, an internal server on
+    loopback); one addressed to the public-looking IP reaches the "public" loopback server."""
+    import httpx
+
+    public, private = "93.184.216.34", "10.0.0.7"
+    answers = [[public], [private], [private], [private]]
+    asked: list[str] = []
+
+    def resolve(host: str) -> list[str]:
+        asked.append(host)
+        return answers[min(len(asked) - 1, len(answers) - 1)]
+
+    seen: list[tuple[str, str, Any]] = []
+
+    async def main() -> tuple[Receiver, Receiver, Courier]:
+        async with Receiver(status(200)).serve() as pub, Receiver(status(200)).serve() as internal:
+            inner = httpx.AsyncHTTPTransport()
+
+            class Network(httpx.AsyncBaseTransport):
+                async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                    host = request.url.host
+                    seen.append((host, request.headers.get("host", ""), request.extensions.get("sni_hostname")))
+                    ip = host if host[0].isdigit() else resolve(host)[0]  # a name: resolved again
+                    port = pub.port if ip == public else internal.port
+                    fwd = httpx.Request(request.method, f"http://127.0.0.1:{port}{request.url.raw_path.decode()}",
+                                        headers=request.headers, content=await request.aread())
+                    return await inner.handle_async_request(fwd)
+
+            monkeypatch.setenv("HOOK_SECRET", SECRET)
+            cfg = parse_config({"agents": {"agents_dir": str(tmp_path)}, "webhooks": [
+                {"url": "https://hooks.example.test:8443/in", "secret_env": "HOOK_SECRET", "retry_base_s": 0.05,
+                 "retry_cap_s": 0.2}]})
+            c = Courier(cfg, tmp_path / "o.sqlite3", resolve=resolve, transport=Network())
+            await deliver(c, 1, lambda c: c.counters["delivered"] >= 1)
+            await inner.aclose()
+            return pub, internal, c
+
+    pub, internal, c = asyncio.run(main())
+    assert c.counters["delivered"] == 1
+    assert internal.requests == []  # the private address was never connected
+    assert asked == ["hooks.example.test"]  # resolved once: by the check
+    assert seen == [(public, "hooks.example.test:8443", "hooks.example.test")]  # to the IP, Host and SNI the name
+    headers, body = pub.requests[0]
+    assert headers["host"] == "hooks.example.test:8443"
+    assert verify_webhook(SECRET, headers["brisvox-signature"], body)["type"] == "call.started"
+
+
+def test_pinned_keeps_literal_hosts_and_brackets_ipv6() -> None:
+    from brisvox.outbound.webhooks.courier import pinned
+
+    h: dict[str, str] = {}
+    assert pinned("https://h.example.com/a?b=1", "2606:2800:220:1::1", h) == (
+        "https://[2606:2800:220:1::1]/a?b=1", {"sni_hostname": "h.example.com"})
+    assert h == {"Host": "h.example.com"}
+    h = {}
+    assert pinned("http://127.0.0.1:9/x", "127.0.0.1", h) == ("http://127.0.0.1:9/x", {}) and h == {}

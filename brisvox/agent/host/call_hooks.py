@@ -13,7 +13,8 @@ made by the agent process for each call that has at least one endpoint. The even
   gives the verdict, with the time of the answer; a call that ends before the verdict
   sends it (``amd`` null) just before its ``call.ended``;
 * ``tool.called`` ``{call_id, agent, epoch, tool_call_id, tool, outcome}``: one tool call's
-  outcome, as recorded (never its arguments or result);
+  outcome, as recorded (never its arguments or result), of a cascaded call (its runner's
+  observer) or a speech-to-speech one (its stage's tool phase);
 * ``call.ended`` ``{call_id, agent, reason, record, recording}``: at the hang-up, with
   the call record (:mod:`~brisvox.agent.host.call_record`: transcript, tools, latencies)
   and the recording's file name (null when the call was not recorded).
@@ -90,10 +91,19 @@ class CallHooks:
             self.sent += 1
 
     def install(self, actor: Any) -> None:
-        """Tap the actor's runner for tool outcomes (after the agent link bound itself)."""
+        """Tap the actor for tool outcomes: a cascaded call's runner (after the agent link bound
+        itself), a speech-to-speech call's stage tools (:class:`~brisvox.agent.pipeline.s2s.tools.S2sTools`)."""
+        if "tool.called" not in self.targets:
+            return
         runner = getattr(actor, "runner", None)
-        if "tool.called" in self.targets and runner is not None and hasattr(runner, "observer"):
+        if runner is not None and hasattr(runner, "observer"):
             self.tap = runner.observer = _HookTap(runner.observer, self)
+        tools = getattr(getattr(actor, "s2s", None), "tools", None)
+        if tools is not None and hasattr(tools, "on_outcome"):
+            tools.on_outcome = self.tool_called
+
+    def tool_called(self, epoch: int, call_id: str, tool: str, outcome: str) -> None:
+        self.emit("tool.called", epoch=epoch, tool_call_id=call_id[:128], tool=tool[:64], outcome=outcome[:64])
 
     def started(self, actor: Any) -> None:
         info = actor.call_info.record()
@@ -152,7 +162,7 @@ class _HookTap:
     def on_tool_outcome(self, epoch: int, call_id: str, tool: str, outcome: str) -> None:
         if self.inner is not None:
             self.inner.on_tool_outcome(epoch, call_id, tool, outcome)
-        self.hooks.emit("tool.called", epoch=epoch, tool_call_id=call_id[:128], tool=tool[:64], outcome=outcome[:64])
+        self.hooks.tool_called(epoch, call_id, tool, outcome)
 
     def offered(self, specs: list[ToolSpec]) -> list[ToolSpec]:
         return specs if self.inner is None else self.inner.offered(specs)

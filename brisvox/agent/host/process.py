@@ -364,9 +364,9 @@ class AgentProcess:
                 await self._undo_attach(f.call_id, rings)
                 log.warning("call %s refused: agent %r: %s", f.call_id, f.agent, f"{type(e).__name__}: {e}"[:300])
                 return refuse("bad_agent", f"{type(e).__name__}: {e}"[:200])
-            from brisvox.agent.definition import actor_config
+            from brisvox.agent.definition import actor_config, with_call_params
 
-            actor_cfg = actor_config(agent, base=actor_cfg)
+            actor_cfg = with_call_params(actor_config(agent, base=actor_cfg), call_info_of(f).params)  # {{name}}
             recording = recording_of(agent, self._recordings_dir, self.calls_cfg.keep_days)  # [recording]
             greeting = agent.greeting
             amd = agent.amd  # [amd]: a dialled call is screened before its first word

@@ -334,7 +334,7 @@ class GatewayCore:
         elif self.table.draining:
             done(None, "refused: draining")
         else:
-            dialer.dial(listener, self, target, agent, float(ring), done, trunk[:64])
+            dialer.dial(listener, self, target, agent, float(ring), done, trunk[:64], args.get("params"))
 
     def stats(self) -> dict[str, Any]:
         live = [c.stats for c in self.table.calls.values()]

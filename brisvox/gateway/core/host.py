@@ -148,7 +148,8 @@ class Listener(Protocol):
 
 ListenerFactory = Callable[[CallHost, Any], Listener]  # (the core, its config section) -> the listener
 DialDone = Callable[[dict[str, Any] | None, str], None]
-DialFn = Callable[[Any, CallHost, str, str, float, DialDone, str], None]  # listener, host, target, agent, ring, done, trunk
+# listener, host, target, agent, ring, done, trunk, params (the command's, unchecked: the dial function checks them)
+DialFn = Callable[[Any, CallHost, str, str, float, DialDone, str, Any], None]
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,9 +235,12 @@ class SipDialer:
             d.report(None, "gateway stopped")
         self.outgoing.clear()
 
-    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "") -> None:
-        """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name; "": ``[sip] trunk``);
-        ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
+    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "",
+             params: dict[str, str] | None = None) -> None:
+        """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name; "": ``[sip] trunk``) with
+        the call parameters ``params`` (checked by :func:`brisvox.wire.jsontext.dial_params`; the
+        gateway's ``from``/``to``/``direction`` are added); ``done(data, "")`` with the call id once
+        answered, else ``done(None, why)``."""
         self.counters.count("sip_dial_attempts")
         via: str | SipTrunk = self.cfg.trunk
         if trunk or self.cfg.trunk_named(self.cfg.trunk):
@@ -298,8 +301,9 @@ class SipDialer:
         if isinstance(via, SipTrunk):
             call.transport_ids["sip_trunk"] = via.name
             leg.auth_creds = trunk_credentials(via)
-        params, dropped = checked_params({"from": dialog.local_uri, "to": ruri, "direction": "outbound"})
-        call.params = params or {}
+        kept, dropped = checked_params({**(params or {}), "from": dialog.local_uri, "to": ruri,
+                                        "direction": "outbound"})  # the gateway's own keys win
+        call.params = kept or {}
         call.caller = "brisvox"
         call.called = param_text(uri_number(ruri)) or ""
         if dropped:

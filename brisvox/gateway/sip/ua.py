@@ -162,10 +162,11 @@ class SipUserAgent:
         out.update(self.counters.suppressed())
         return out
 
-    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "") -> None:
-        """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name); ``done(data, "")`` with the
-        call id once answered, else ``done(None, why)``."""
-        self.dialer.dial(target, agent, done, ring_timeout_s, trunk)
+    def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "",
+             params: dict[str, str] | None = None) -> None:
+        """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name) with the call parameters
+        ``params``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
+        self.dialer.dial(target, agent, done, ring_timeout_s, trunk, params)
 
     # -- the transaction user (requests up from the transaction layer) -----------------------
 

@@ -2,7 +2,9 @@
 
 Dials through the gateway of the daemon at ``--runtime-dir`` (default: the
 config's, as ``brisvoxd dial`` finds it) until SIGTERM or SIGINT (then the
-dials in flight get ``--drain`` seconds). Exit codes: 0 stopped; 1 another
+dials in flight get ``--drain`` seconds). With ``--config`` naming a config whose
+``[[webhooks]]`` want it, each done row's ``campaign.row.done`` goes to that daemon's
+outbox (its courier delivers it), as the outbound role's runner sends it. Exit codes: 0 stopped; 1 another
 runner holds the file, or the store cannot be opened; 2 a configuration error.
 Until the daemon's ``outbound`` role hosts :class:`~.runner.CampaignRunner`,
 this is how campaigns run (and how the kill -9 tests run it).
@@ -17,6 +19,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from brisvox.runtime import exitcodes
 
@@ -33,19 +36,34 @@ def _runtime_dir(args: argparse.Namespace) -> Path:
         return runtime_dir(load_config(path.resolve() if path else None))
 
 
+def _events(args: argparse.Namespace) -> Any:
+    """The config's row events (its secrets read: the endpoints are the courier's), or None."""
+    if not args.config:
+        return None
+    from brisvox.config.daemon import find_config, load_config
+    from brisvox.outbound.campaign.service import row_events
+
+    path = find_config(args.config)
+    return row_events(load_config(path.resolve() if path else None))
+
+
 async def _run(args: argparse.Namespace) -> int:
     from brisvox.outbound.campaign.dialer import GatewayDialer
     from brisvox.outbound.campaign.runner import CampaignRunner
 
+    events = _events(args)
     dialer = GatewayDialer(_runtime_dir(args), trunk=args.trunk or "")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await CampaignRunner(args.db, dialer, poll_s=args.poll, drain_s=args.drain).run(stop)
+        await CampaignRunner(args.db, dialer, poll_s=args.poll, drain_s=args.drain,
+                             on_row_done=events.row_done if events is not None else None).run(stop)
     finally:
         dialer.close()
+        if events is not None:  # the last rows' events: committed before the exit
+            await asyncio.to_thread(events.close, 5.0)
     return exitcodes.OK
 
 
@@ -57,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="command", required=True)
     sp = sub.add_parser("run", help="run the campaigns of a store until SIGTERM")
     sp.add_argument("--db", required=True, help="the campaign store (brisvoxd campaign start --db)")
-    sp.add_argument("--config", help="daemon config (to find its runtime dir)")
+    sp.add_argument("--config", help="daemon config (its runtime dir; its [[webhooks]] get campaign.row.done)")
     sp.add_argument("--runtime-dir", help="runtime dir of the daemon whose gateway dials")
     sp.add_argument("--trunk", help="a [[sip.trunks]] name numbers are dialled through (default: [sip] trunk)")
     sp.add_argument("--poll", type=float, default=0.25, help="seconds between looks at the store")

@@ -11,10 +11,12 @@ columns, one row per line after it (RFC 4180 quoting). Columns:
   takes the campaign's default zone (``--timezone``); without either the
   file is refused.
 * every other column is a variable: a value kept with the row (stored,
-  exported). A variable must be declared (``declared``: the names the
-  operator gives with ``--var``, the only declaration there is: agent files
-  declare no per-call variables and nothing templates one into a prompt or
-  a flow); an undeclared column is an unknown variable.
+  exported) and sent with its dial as a call parameter (the agent's
+  ``CallStart.params``: its prompt's ``{{name}}``, its tools' ``call_info``). A
+  variable must be declared (``declared``: the names the operator gives with
+  ``--var``, at most :data:`~brisvox.wire.jsontext.MAX_DIAL_PARAMS` of them, none
+  of the gateway's own ``from``/``to``/``direction``); an undeclared column is an
+  unknown variable.
 
 Invariants: :func:`load` either returns every row or raises
 :class:`CsvRefused` listing the problems (at most :data:`MAX_PROBLEMS`), each
@@ -34,6 +36,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from brisvox.wire.jsontext import DIAL_RESERVED, MAX_DIAL_PARAMS
 
 NUMBER = "number"
 TIMEZONE = "timezone"
@@ -102,10 +106,12 @@ def load(text: str, declared: Collection[str] = (), default_timezone: str = "") 
 
     if default_timezone and not valid_zone(default_timezone):
         raise CsvRefused([(0, f"--timezone {default_timezone[:64]!r} is not an IANA time zone")])
+    if len(set(declared)) > MAX_DIAL_PARAMS:
+        raise CsvRefused([(0, f"at most {MAX_DIAL_PARAMS} variables (--var): each is a parameter of the call")])
     for name in declared:
-        if not _VAR_NAME.match(name) or name in RESERVED:
+        if not _VAR_NAME.match(name) or name in RESERVED or name.lower() in DIAL_RESERVED:
             raise CsvRefused([(0, f"--var {name[:64]!r}: a variable is a name of letters, digits and _ "
-                                  f"(not {' or '.join(RESERVED)})")])
+                                  f"(not {' or '.join(RESERVED + DIAL_RESERVED)})")])
     reader = csv.reader(io.StringIO(text.removeprefix("\ufeff"), newline=""), strict=True)
     try:
         header = next(reader, None)

@@ -3,7 +3,9 @@
 Owns a thread pool for the blocking request of :func:`brisvox.cli.dial_request.dial`
 (each dial waits for its verdict in its own thread, so dials run
 concurrently; the runner bounds how many by each campaign's cap) and the
-``calls`` question. A gateway that does not answer the dial request is a
+``calls`` question. A row's variables go with its dial as the call's parameters (the
+agent's ``CallStart.params``: its tools' ``ctx.call_info.params``, the prompt's
+``{{name}}`` placeholders, the call record). A gateway that does not answer the dial request is a
 :class:`TimeoutError` (the attempt's outcome is then ``unknown``); its refusals
 and the callee's answers are results (:func:`brisvox.cli.dial_request.live_calls`). SIP only:
 a row's number is dialled through ``[sip] trunk`` (or ``trunk``: a
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,9 +35,10 @@ class GatewayDialer:
         self.trunk = trunk
         self._pool = ThreadPoolExecutor(max_threads, thread_name_prefix="campaign-dial")
 
-    async def dial(self, target: str, agent: str, ring_timeout_s: float) -> DialResult:
+    async def dial(self, target: str, agent: str, ring_timeout_s: float,
+                   params: Mapping[str, str] | None = None) -> DialResult:
         ok, data, error = await asyncio.get_running_loop().run_in_executor(
-            self._pool, functools.partial(dial, self.inbox, target, agent, ring_timeout_s, "sip", self.trunk))
+            self._pool, functools.partial(dial, self.inbox, target, agent, ring_timeout_s, "sip", self.trunk, params))
         if not ok and error.startswith(GATEWAY_SILENT):
             raise TimeoutError(error)  # no verdict: the INVITE may have gone out (the runner records unknown)
         return DialResult(ok, str(data.get("call_id") or ""), error)

@@ -27,6 +27,12 @@ Invariants:
   (it would end ``unknown``); the answer holds for ``ready_every_s``.
 * A campaign whose planning fails (a row's time zone this host's tzdata does not
   know) is skipped, logged at most once a minute; the others go on.
+* A done row's ``campaign.row.done`` (``on_row_done``: awaited, True once the event is
+  committed to the outbox) is marked in the store only then; what is not marked (the
+  runner killed in between, a row recovered ``unknown``, a refused send) is sent again at
+  the next start, or the next ``renotify_every_s``, under the same event id
+  (:func:`~brisvox.outbound.webhooks.campaign_events.row_event_id`): every done row's event
+  reaches the outbox at least once, one event after deduplication by id.
 * On ``stop`` no new dial starts; the dials in flight get ``drain_s`` to finish,
   then are cancelled (their attempts stay without outcome: ``unknown`` at the
   next start).
@@ -38,20 +44,22 @@ import asyncio
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from brisvox.outbound.campaign.outcomes import ANSWERED, UNKNOWN, classify
 from brisvox.outbound.campaign.scheduler import plan
-from brisvox.outbound.campaign.store import Attempt, Campaign, CampaignStore, RunnerLock
+from brisvox.outbound.campaign.store import Attempt, Campaign, CampaignStore, DoneRow, RunnerLock
 from brisvox.runtime.log_limit import LogLimiter
 
 log = logging.getLogger("brisvox.outbound.campaign")
 DIAL_MARGIN_S = 45.0  # past the ring: Timer B (32 s) and the agent side's start
 DEFAULT_RING_S = 600.0  # ring_timeout_s 0: the gateway's [sip] dial_ring_timeout_s, at most this
 LIVE_HORIZON_S = 3600.0  # answered calls older than this are not asked about after a restart
+RENOTIFY_EVERY_S = 5.0  # rows whose event could not be committed are sent again this often
+RENOTIFY_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +74,10 @@ class DialResult:
 class Dialer(Protocol):
     """Places calls (:class:`~.dialer.GatewayDialer`: the running daemon's gateway)."""
 
-    async def dial(self, target: str, agent: str, ring_timeout_s: float) -> DialResult:
-        """Call ``target`` with ``agent``; return once answered or failed."""
+    async def dial(self, target: str, agent: str, ring_timeout_s: float,
+                   params: Mapping[str, str] | None = None) -> DialResult:
+        """Call ``target`` with ``agent`` and the call parameters ``params`` (the row's variables);
+        return once answered or failed."""
         ...
 
     async def live(self, call_ids: Collection[str]) -> set[str] | None:
@@ -85,7 +95,8 @@ class CampaignRunner:
     def __init__(self, db_path: str | Path, dialer: Dialer, *, poll_s: float = 0.25, drain_s: float = 30.0,
                  live_every_s: float = 1.0, ready_every_s: float = 1.0,
                  clock: Callable[[], float] = time.time,
-                 on_row_done: Callable[[Campaign, Attempt, str, str], None] | None = None) -> None:
+                 on_row_done: Callable[[DoneRow], Awaitable[bool]] | None = None,
+                 renotify_every_s: float = RENOTIFY_EVERY_S) -> None:
         self.db_path = Path(db_path)
         self.dialer = dialer
         self.poll_s = poll_s
@@ -95,7 +106,10 @@ class CampaignRunner:
         self._ready_until = -1e18
         self._limited = LogLimiter(log)
         self.clock = clock
-        self.on_row_done = on_row_done  # (campaign, last attempt, the row's outcome, call id): campaign.row.done
+        self.on_row_done = on_row_done  # campaign.row.done: True once committed (see the module docstring)
+        self.renotify_every_s = renotify_every_s
+        self._renotify_at = -1e18
+        self.notified = 0
         self.recovered = 0
         self._dialing: dict[int, set[asyncio.Task[None]]] = {}
         self._answered: dict[int, set[str]] = {}
@@ -104,14 +118,15 @@ class CampaignRunner:
 
     def stats(self) -> dict[str, int]:
         """Attempts recovered as unknown at the start, dials in flight now."""
-        return {"recovered": self.recovered, "dialing": sum(len(ts) for ts in self._dialing.values())}
+        return {"recovered": self.recovered, "dialing": sum(len(ts) for ts in self._dialing.values()),
+                "rows_notified": self.notified}
 
     async def run(self, stop: asyncio.Event) -> None:
         lock = RunnerLock(self.db_path)
         lock.acquire()
         store = CampaignStore(self.db_path)
         try:
-            self.recovered = store.recover(self.clock())
+            self.recovered = store.recover(self.clock(), notified=self.on_row_done is None)
             if self.recovered:
                 log.warning("campaign runner: %d attempt(s) interrupted by the last stop are now unknown "
                             "(not dialled again)", self.recovered)
@@ -135,6 +150,9 @@ class CampaignRunner:
 
     async def _tick(self, store: CampaignStore) -> float | None:
         wake: float | None = None
+        if self.on_row_done is not None and time.monotonic() >= self._renotify_at:
+            self._renotify_at = time.monotonic() + self.renotify_every_s
+            await self._notify(store, store.unnotified(RENOTIFY_BATCH))
         for c in store.campaigns(("running",)):
             now = self.clock()
             tasks = self._dialing.setdefault(c.id, set())
@@ -196,7 +214,7 @@ class CampaignRunner:
         limit = (ring or DEFAULT_RING_S) + DIAL_MARGIN_S
         call_id = ""
         try:
-            res = await asyncio.wait_for(self.dialer.dial(att.number, att.agent, ring), timeout=limit)
+            res = await asyncio.wait_for(self.dialer.dial(att.number, att.agent, ring, att.variables), timeout=limit)
             outcome, detail, call_id = classify(res.ok, res.error), res.error or "answered", res.call_id
         except TimeoutError as e:
             outcome, detail = UNKNOWN, str(e)[:200] or f"no verdict from the dialer within {limit:g} s"
@@ -204,17 +222,34 @@ class CampaignRunner:
             outcome, detail = UNKNOWN, f"dialer error: {type(e).__name__}: {e}"[:200]
         final = None
         try:
-            final = store.finish_attempt(att, outcome, detail, call_id, self.clock())
+            final = store.finish_attempt(att, outcome, detail, call_id, self.clock(),
+                                         notified=self.on_row_done is None)
         except sqlite3.Error as e:  # the file locked past its busy timeout, the disk full: unknown at the next start
             log.error("campaign %s: cannot record attempt %d of %s (%s): %s", c.name, att.n, att.number, outcome, e)
         if final is not None and self.on_row_done is not None:
-            try:
-                self.on_row_done(c, att, final, call_id)
-            except Exception:  # noqa: BLE001 - an event's producer never fails the dial's bookkeeping
-                log.exception("campaign %s: the row's done event failed", c.name)
+            await self._notify(store, store.unnotified(1, [att.row_id]))
         if outcome == ANSWERED and call_id:
             self._answered.setdefault(c.id, set()).add(call_id)
         self._kick.set()
+
+    async def _notify(self, store: CampaignStore, rows: list[DoneRow]) -> None:
+        """Send each row's event; mark those committed (the rest: at the next renotify)."""
+        assert self.on_row_done is not None
+        done = []
+        for row in rows:
+            try:
+                ok = await self.on_row_done(row)
+            except Exception:  # noqa: BLE001 - an event's producer never fails the dial's bookkeeping
+                log.exception("campaign %s: the row's done event failed", row.campaign)
+                ok = False
+            if ok:
+                done.append(row.row_id)
+        if done:
+            try:
+                store.mark_notified(done, self.clock())
+                self.notified += len(done)
+            except sqlite3.Error as e:  # sent again later, the same event
+                log.error("campaign runner: cannot mark %d row event(s) sent: %s", len(done), e)
 
     async def _drain(self) -> None:
         tasks = [t for ts in self._dialing.values() for t in ts]

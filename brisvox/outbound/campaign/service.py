@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from brisvox.outbound.campaign.config import campaigns_wanted, store_path
+from brisvox.outbound.campaign.store import DoneRow
 
 
 class CampaignService:
@@ -27,14 +28,9 @@ class CampaignService:
         c = cfg.section("campaigns")
         self.db = store_path(cfg)
         self.dialer = GatewayDialer(runtime_dir(cfg), trunk=c.trunk)
-        self.events = _row_events(cfg)
+        self.events = row_events(cfg)
         self.runner = CampaignRunner(self.db, self.dialer, poll_s=c.poll_s, drain_s=c.drain_s,
-                                     on_row_done=self._row_done if self.events is not None else None)
-
-    def _row_done(self, c: Any, att: Any, outcome: str, call_id: str) -> None:
-        assert self.events is not None
-        self.events.row_done(c.name, att.number, outcome, call_id=call_id or None, agent=att.agent,
-                             attempts=att.n, extra={"campaign_id": c.id, "row_id": att.row_id})
+                                     on_row_done=self.events.row_done if self.events is not None else None)
 
     async def run(self, stop: asyncio.Event) -> None:
         try:
@@ -48,7 +44,25 @@ class CampaignService:
         return self.runner.stats()
 
 
-def _row_events(cfg: Any) -> Any:
+class RowEvents:
+    """A runner's ``on_row_done``: a done row's ``campaign.row.done``, under its row's event id."""
+
+    def __init__(self, events: Any) -> None:
+        self.events = events  # CampaignEvents
+
+    async def row_done(self, row: DoneRow) -> bool:
+        from brisvox.outbound.webhooks.campaign_events import row_event_id
+
+        return bool(await self.events.row_settled(
+            row.campaign, row.number, row.outcome, call_id=row.call_id or None, agent=row.agent,
+            attempts=row.attempts, extra={"campaign_id": row.campaign_id, "row_id": row.row_id},
+            event_id=row_event_id(row.campaign_created_at, row.campaign_id, row.row_id)))
+
+    def close(self, timeout: float = 5.0) -> bool:
+        return bool(self.events.close(timeout))
+
+
+def row_events(cfg: Any) -> RowEvents | None:
     """``campaign.row.done`` to the webhooks that want it (None: no webhook is configured)."""
     from brisvox.outbound.webhooks.wanted import webhooks_wanted
 
@@ -56,7 +70,7 @@ def _row_events(cfg: Any) -> Any:
         return None
     from brisvox.outbound.webhooks.campaign_events import CampaignEvents
 
-    return CampaignEvents(cfg)
+    return RowEvents(CampaignEvents(cfg))
 
 
 def service(rt: Any) -> CampaignService | None:

@@ -26,6 +26,12 @@ Invariants:
   (:data:`~.outcomes.ROW_OUTCOMES`); a row's attempts are numbered 1, 2, ...
   without gaps (UNIQUE(row_id, n)); at most ``max_attempts`` of them.
 * One runner per file: :class:`RunnerLock` (``flock`` on ``<db>.runner.lock``).
+* A done row's ``campaign.row.done`` event: ``notified_at`` stays NULL until the runner
+  knows the event is committed to the webhook outbox (:meth:`CampaignStore.mark_notified`;
+  a runner without webhooks marks it with the outcome); a row done but not notified
+  (the runner killed in between, a recovered ``unknown``) is listed by
+  :meth:`CampaignStore.unnotified` and sent again, under the same event id: at least
+  once, exactly once after deduplication by id.
 """
 
 from __future__ import annotations
@@ -34,9 +40,9 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +60,7 @@ from brisvox.runtime.private_files import private_dir
 
 DB_NAME = "campaigns.sqlite3"
 STATES = ("running", "paused", "cancelled", "done")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: rows.notified_at
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS campaigns (
   id INTEGER PRIMARY KEY,
@@ -77,6 +83,7 @@ CREATE TABLE IF NOT EXISTS rows (
   attempts INTEGER NOT NULL DEFAULT 0,
   next_at REAL NOT NULL,
   outcome TEXT,
+  notified_at REAL,
   UNIQUE (campaign_id, number),
   CHECK ((state = 'done') = (outcome IS NOT NULL))
 );
@@ -123,6 +130,22 @@ class Attempt:
     campaign_id: int
     number: str
     agent: str
+    variables: Mapping[str, str] = field(default_factory=dict)  # the row's: the call's parameters
+
+
+@dataclass(frozen=True, slots=True)
+class DoneRow:
+    """A done row whose ``campaign.row.done`` is to be sent: the row, its last attempt, its campaign."""
+
+    row_id: int
+    campaign_id: int
+    campaign: str
+    campaign_created_at: float
+    agent: str
+    number: str
+    outcome: str
+    attempts: int
+    call_id: str
 
 
 def open_private(path: Path) -> None:
@@ -150,6 +173,10 @@ class CampaignStore:
                 if stmt.strip():
                     self.db.execute(stmt)
             version = self.db.execute("PRAGMA user_version").fetchone()[0]
+            if version == 1:  # the rows settled before events were tracked: not sent again
+                self.db.execute("ALTER TABLE rows ADD COLUMN notified_at REAL")
+                self.db.execute("UPDATE rows SET notified_at = 0 WHERE state = 'done'")
+                version = 0
             if version == 0:
                 self.db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
@@ -219,8 +246,8 @@ class CampaignStore:
             db.execute("UPDATE campaigns SET state = ?, updated_at = ? WHERE id = ?", (to, now, r["id"]))
             if to == "cancelled":
                 db.execute("UPDATE rows SET state = 'done', outcome = COALESCE((SELECT a.outcome FROM attempts a"
-                           " WHERE a.row_id = rows.id ORDER BY a.n DESC LIMIT 1), ?)"
-                           " WHERE campaign_id = ? AND state IN ('pending', 'waiting')", (CANCELLED, r["id"]))
+                           " WHERE a.row_id = rows.id ORDER BY a.n DESC LIMIT 1), ?), notified_at = ?"  # no event
+                           " WHERE campaign_id = ? AND state IN ('pending', 'waiting')", (CANCELLED, now, r["id"]))
         c = self.campaign(found.id)
         assert c is not None
         return c
@@ -266,7 +293,7 @@ class CampaignStore:
         """Record (committed, on disk) that ``row_id`` is dialled now; None (nothing recorded, do not
         dial) when the row is not dialable or its campaign not running any more."""
         with self._write() as db:
-            r = db.execute("SELECT r.id, r.attempts, r.number, r.campaign_id, c.agent FROM rows r"
+            r = db.execute("SELECT r.id, r.attempts, r.number, r.campaign_id, r.variables, c.agent FROM rows r"
                            " JOIN campaigns c ON c.id = r.campaign_id WHERE r.id = ?"
                            " AND r.state IN ('pending', 'waiting') AND c.state = 'running'", (row_id,)).fetchone()
             if r is None:
@@ -274,11 +301,14 @@ class CampaignStore:
             n = int(r["attempts"]) + 1
             db.execute("UPDATE rows SET state = 'dialing', attempts = ? WHERE id = ?", (n, row_id))
             cur = db.execute("INSERT INTO attempts (row_id, n, started_at) VALUES (?, ?, ?)", (row_id, n, now))
-            return Attempt(int(cur.lastrowid or 0), row_id, n, int(r["campaign_id"]), r["number"], r["agent"])
+            return Attempt(int(cur.lastrowid or 0), row_id, n, int(r["campaign_id"]), r["number"], r["agent"],
+                           json.loads(r["variables"]))
 
-    def finish_attempt(self, attempt: Attempt, outcome: str, detail: str, call_id: str, now: float) -> str | None:
+    def finish_attempt(self, attempt: Attempt, outcome: str, detail: str, call_id: str, now: float,
+                       notified: bool = True) -> str | None:
         """Record an attempt's outcome; its row is done (returns the row's outcome) or waits for a
-        retry (returns None). An attempt already finished (recovered) is left as it is."""
+        retry (returns None). An attempt already finished (recovered) is left as it is.
+        ``notified`` False: the row's event is still to be sent (:meth:`mark_notified`)."""
         if outcome not in ATTEMPT_OUTCOMES:
             raise ValueError(f"outcome {outcome!r}")
         with self._write() as db:
@@ -293,22 +323,40 @@ class CampaignStore:
             if retry_at is not None and c["state"] == "cancelled":
                 final, retry_at = outcome, None
             if final is not None:
-                db.execute("UPDATE rows SET state = 'done', outcome = ? WHERE id = ? AND state = 'dialing'",
-                           (final, attempt.row_id))
+                db.execute("UPDATE rows SET state = 'done', outcome = ?, notified_at = ? WHERE id = ?"
+                           " AND state = 'dialing'", (final, now if notified else None, attempt.row_id))
             else:
                 db.execute("UPDATE rows SET state = 'waiting', next_at = ? WHERE id = ? AND state = 'dialing'",
                            (retry_at, attempt.row_id))
             return final
 
-    def recover(self, now: float) -> int:
+    def recover(self, now: float, notified: bool = True) -> int:
         """At a runner's start: every attempt without an outcome (interrupted) and its row become
-        ``unknown`` (see the module docstring). How many."""
+        ``unknown`` (see the module docstring). How many. ``notified`` as :meth:`finish_attempt`'s."""
         with self._write() as db:
             n = db.execute("UPDATE attempts SET outcome = ?, ended_at = ?, detail = 'interrupted: the runner"
                            " stopped during this attempt (it may have been dialled)' WHERE outcome IS NULL",
                            (UNKNOWN, now)).rowcount
-            db.execute("UPDATE rows SET state = 'done', outcome = ? WHERE state = 'dialing'", (UNKNOWN,))
+            db.execute("UPDATE rows SET state = 'done', outcome = ?, notified_at = ? WHERE state = 'dialing'",
+                       (UNKNOWN, now if notified else None))
         return int(n)
+
+    def unnotified(self, limit: int = 500, row_ids: Sequence[int] | None = None) -> list[DoneRow]:
+        """Done rows whose event is not known to be committed (at most ``limit``; only ``row_ids``
+        when given), with their last attempt."""
+        where = "" if row_ids is None else f" AND r.id IN ({','.join(str(int(i)) for i in row_ids) or '0'})"
+        return [DoneRow(int(r["id"]), int(r["campaign_id"]), r["name"], float(r["created_at"]), r["agent"],
+                        r["number"], r["outcome"], int(r["attempts"]), r["call_id"] or "")
+                for r in self.db.execute(
+                    "SELECT r.id, r.campaign_id, c.name, c.created_at, c.agent, r.number, r.outcome, r.attempts,"
+                    " (SELECT a.call_id FROM attempts a WHERE a.row_id = r.id ORDER BY a.n DESC LIMIT 1) AS call_id"
+                    " FROM rows r JOIN campaigns c ON c.id = r.campaign_id"
+                    f" WHERE r.state = 'done' AND r.notified_at IS NULL{where} ORDER BY r.id LIMIT ?", (limit,))]
+
+    def mark_notified(self, row_ids: Sequence[int], now: float) -> None:
+        """The rows' events are committed to the outbox."""
+        with self._write() as db:
+            db.executemany("UPDATE rows SET notified_at = ? WHERE id = ?", [(now, i) for i in row_ids])
 
     def record_amd(self, call_id: str, verdict: str) -> bool:
         """The answering-machine verdict (``human``/``machine``) of an answered attempt's call."""

@@ -7,8 +7,12 @@ agent file's (``agent:<name>``: the file re-read when it changed, its secrets re
 their source then).
 
 One attempt: the URL's host is resolved again and refused when it reaches a private
-address without ``allow_private`` (a name may change after ``brisvoxd check``); the body
-is POSTed with ``Content-Type: application/json``, ``Brisvox-Signature`` (signed at the
+address without ``allow_private`` (a name may change after ``brisvoxd check``); the
+connection then goes to the address that was checked, never to a second resolution
+(:func:`pinned`: the request is addressed to that IP, with the URL's ``Host`` header and,
+for ``https://``, its host name for SNI and the certificate check, httpcore's
+``sni_hostname``), so a name that answers a public address to the check and a private one
+to the connect (DNS rebinding) cannot reach the private one; the body is POSTed with ``Content-Type: application/json``, ``Brisvox-Signature`` (signed at the
 attempt: :mod:`~brisvox.outbound.webhooks.signing`), ``Brisvox-Event-Id`` and
 ``Brisvox-Event-Type``; redirects are not followed; the whole attempt, connect to last
 byte, is bounded by the endpoint's ``timeout_s``, and at most :data:`MAX_RESPONSE` bytes
@@ -28,10 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import ipaddress
 import logging
 import os
 import time
 import tomllib
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,32 +271,38 @@ class Courier:
                            out.error, level=logging.INFO)
             await self.db(self.outbox.retry, row.seq, nxt, out.error)
 
-    async def check_address(self, ep: Endpoint) -> str | None:
-        """Why the endpoint's host may not be reached now, or None."""
-        if ep.settings.allow_private:
-            return None
+    async def check_address(self, ep: Endpoint) -> tuple[str, str | None]:
+        """(the address to connect to, why the endpoint's host may not be reached now or None).
+
+        The host is resolved once; every address must be public unless ``allow_private``;
+        the first one is the one the attempt connects to (:func:`pinned`)."""
         host, _ = url_syntax(ep.url)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 addresses = literal_address(host) or await loop.run_in_executor(None, self.resolve, host)
         except (OSError, TimeoutError) as e:
-            return f"{host} does not resolve: {e}"
-        bad = refused_addresses(addresses)
-        return f"{host} resolves to {', '.join(bad[:3])} (not public; allow_private is false)" if bad else None
+            return "", f"{host} does not resolve: {e}"
+        if not addresses:
+            return "", f"{host} does not resolve: no address"
+        bad = [] if ep.settings.allow_private else refused_addresses(addresses)
+        if bad:
+            return "", f"{host} resolves to {', '.join(bad[:3])} (not public; allow_private is false)"
+        return addresses[0], None
 
     async def post(self, client: Any, ep: Endpoint, row: Row) -> Outcome:
         import httpx
 
-        refused = await self.check_address(ep)
+        address, refused = await self.check_address(ep)
         if refused is not None:
             return Outcome(False, refused, kind="address")
         headers = {"Content-Type": "application/json", HEADER: sign(ep.secret, row.body, int(self.clock())),
                    "Brisvox-Event-Id": row.event_id, "Brisvox-Event-Type": row.type}
+        url, extensions = pinned(ep.url, address, headers)
         timeout = ep.settings.timeout_s
         try:
             async with asyncio.timeout(timeout):
-                async with client.stream("POST", ep.url, content=row.body, headers=headers,
+                async with client.stream("POST", url, content=row.body, headers=headers, extensions=extensions,
                                          timeout=httpx.Timeout(timeout)) as resp:
                     got = 0
                     async for chunk in resp.aiter_raw():
@@ -315,6 +327,28 @@ class Courier:
         return {**self.counters, "in_flight": len(self.in_flight), "failures": dict(self.failures),
                 "outbox": dict(self.state), "latency": self.latency.wire(),
                 "log_suppressed": dict(self.log_limit.suppressed)}
+
+
+def pinned(url: str, address: str, headers: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """``url`` addressed to ``address`` (an IP the check passed), and the request's extensions.
+
+    The URL's host goes into ``headers`` as ``Host`` (with a non-default port) and, for
+    ``https://``, into the ``sni_hostname`` extension: httpcore sends it as SNI and checks
+    the server's certificate against it, so TLS verification stays against the name.
+    A host that is already an IP literal is left as it is."""
+    host, parts = url_syntax(url)
+    if literal_address(host):
+        return url, {}
+    ip = ipaddress.ip_address(address.split("%")[0])
+    netloc = f"[{ip}]" if ip.version == 6 else str(ip)
+    default = 443 if parts.scheme == "https" else 80
+    if parts.port is not None and parts.port != default:
+        netloc += f":{parts.port}"
+        headers["Host"] = f"{host}:{parts.port}"
+    else:
+        headers["Host"] = host
+    extensions: dict[str, Any] = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), extensions
 
 
 def service(rt: Any) -> Courier | None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +79,8 @@ class S2sTools:
         self.late_notes = 0
         self.no_engine = 0
         self.records: list[dict[str, Any]] = []
+        # (epoch, call id, tool, outcome) of each call run, as recorded: the call's tool.called webhook
+        self.on_outcome: Callable[[int, str, str, str], None] | None = None
 
     # -- what the model is told -----------------------------------------------------------
     def specs(self) -> tuple[S2sTool, ...]:
@@ -150,8 +152,14 @@ class S2sTools:
             results = list(execution.results)
         dur = round((st.clock.now() - t0) * 1000.0, 1)
         for tc, r in zip(recorded, results, strict=False):
+            outcome = _outcome(r)
             self.records.append({"epoch": a.epoch, "call_id": tc.id, "name": tc.name,
-                                 "outcome": _outcome(r), "duration_ms": dur})
+                                 "outcome": outcome, "duration_ms": dur})
+            if self.on_outcome is not None:
+                try:
+                    self.on_outcome(a.epoch, tc.id, tc.name, outcome)
+                except Exception:  # noqa: BLE001 - a webhook's producer never fails the tool phase
+                    log.exception("call %s: the tool outcome hook failed", st.call.call_id)
         del self.records[:-256]
         s = st.session
         if s is None or phase.token.cancelled:
