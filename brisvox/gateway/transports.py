@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from brisvox.gateway.config import WEBSOCKET_PROTOCOLS
-from brisvox.gateway.core.host import DialDone, Dialer, Listener, ListenerFactory
+from brisvox.gateway.core.host import DialAdmitted, DialDone, Dialer, Listener, ListenerFactory
 from brisvox.gateway.ws.auth import (
     asterisk_ws_auth,
     exotel_auth,
@@ -232,12 +232,14 @@ if websocket_protocols() != WEBSOCKET_PROTOCOLS:  # the config's list and the ro
 
 
 def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-              trunk: str = "") -> None:
-    listener.dial(target, agent, done, ring_s, trunk)
+              trunk: str = "", admitted: DialAdmitted | None = None) -> None:
+    listener.dial(target, agent, done, ring_s, trunk, admitted)
 
 
 def _twilio_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-                 trunk: str = "") -> None:
+                 trunk: str = "", admitted: DialAdmitted | None = None) -> None:
+    # ``admitted`` is never called: the call is admitted when Twilio's stream arrives (a consult
+    # leg is then claimed by its CallSid: brisvox/gateway/core/consults.py)
     if trunk:
         done(None, "a trunk is a [[sip.trunks]] entry: dial it via sip")
         return

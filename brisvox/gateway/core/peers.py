@@ -50,6 +50,7 @@ import zmq
 
 from brisvox.gateway.config import GatewayConfig
 from brisvox.gateway.core.calls import Call, CallTable
+from brisvox.gateway.core.consults import Consults
 from brisvox.gateway.core.lifecycle import CallLifecycle
 from brisvox.gateway.core.peer_load import PeerLoad
 from brisvox.gateway.core.playout_commands import PlayoutCommands
@@ -69,7 +70,8 @@ class Operator(Protocol):
 
     def command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
-    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None: ...
+    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None],
+             sender: str = "") -> None: ...
 
 
 class PeerRouter:
@@ -78,7 +80,7 @@ class PeerRouter:
     def __init__(self, cfg: GatewayConfig, *, identity: str, ctx: zmq.Context, runtime_dir: Path | None,
                  static_peers: dict[str, str], links: Links, table: CallTable, load: PeerLoad,
                  lifecycle: CallLifecycle, playout: PlayoutCommands, metrics: GatewayMetrics,
-                 operator: Operator, now: Callable[[], float]) -> None:
+                 operator: Operator, now: Callable[[], float], consults: Consults) -> None:
         self.cfg = cfg
         self.identity = identity
         self.ctx = ctx
@@ -91,6 +93,7 @@ class PeerRouter:
         self.playout = playout
         self.metrics = metrics
         self.operator = operator
+        self.consults = consults
         self.now = now
         self.smart_turn_ms: dict[int, float] = {}  # worker index -> its boot-measured Smart Turn ms (auto limit)
         self._echo_client: Any = None
@@ -276,7 +279,7 @@ class PeerRouter:
                 self.links.reply(sender, F.CommandReply(ok=not error, data=data or {"reason": error},
                                                         error=error), cid)
 
-            self.operator.dial(f.args or {}, done)
+            self.operator.dial(f.args or {}, done, sender)
             return
         self.links.reply(sender, F.CommandReply(ok=True, data=self.operator.command(f.name, f.args or {})), cid)
 
@@ -287,7 +290,7 @@ class PeerRouter:
 
     def _on_hangup(self, f: F.Hangup, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
-        if call is not None:
+        if call is not None and self.consults.may_control(call, sender):  # no stranger ends a call
             self.lifecycle.agent_hangup(call, f.reason)
 
     def _on_call_ended(self, f: F.CallEnded, sender: str, cid: int | str | None) -> None:
@@ -310,12 +313,17 @@ class PeerRouter:
         self.metrics.inc("call_events_sent" if sent else "call_events_dropped")
 
     def _on_consult_verdict(self, f: F.ConsultVerdict, sender: str, cid: int | str | None) -> None:
-        self.metrics.inc("consult_verdicts_refused")  # no consult legs are placed yet
+        self.consults.verdict(f, sender)  # forwarded to the caller's agent as ConsultResult, or refused
 
     def _on_bridge(self, f: F.Bridge, sender: str, cid: int | str | None) -> None:
-        self.metrics.inc("bridges_refused")
-        self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=False,
-                                                detail="this gateway cannot bridge calls"), cid)
+        legs = self.consults.bridge(f, sender)
+        if isinstance(legs, str):
+            self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=False, detail=legs), cid)
+            return
+        # answered before the CallEnd("bridged") that follows, so the agent reads the bridge first
+        self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=True, detail=f"bridged with {f.other}"), cid)
+        for call in legs:
+            self.lifecycle.bridged(call)
 
     def _on_transfer(self, f: F.Transfer, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
@@ -328,5 +336,11 @@ class PeerRouter:
 
         if call.leg is None or call.transport_done:
             done(False, "call not connected")
+        elif call.bridged_with or sender != call.agent_proc:
+            self.metrics.inc("transfers_refused_foreign")
+            done(False, "not a call of the sender")
         else:
-            call.leg.transfer(f.target, done)
+            if f.summary and call.transport != "sip":
+                # only a SIP REFER carries it (X-Transfer-Summary); Twilio's REST transfer has no header
+                self.metrics.inc("transfer_summaries_ignored")
+            call.leg.transfer(f.target, done, f.summary)
