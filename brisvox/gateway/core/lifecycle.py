@@ -35,6 +35,13 @@ Invariants (of the execution; the semantics are the machine's):
   ``CallMedia`` for each change once the call is active (a change during the start is
   sent right after its CallAccepted), never after the transport side ended.
 
+* Warm transfer (:mod:`brisvox.gateway.core.consults` decides): a queued Twilio consult
+  leg is claimed at ``start_call``; CallStart carries ``consult_for``/``consult_summary``;
+  ``bridged`` feeds the machine ``Bridged`` (the agent's talkspurt ends there); when a
+  call's transport side ends (``StopMedia``) the hang-ups the consults return (the other
+  leg of a bridge, an unbridged consult leg of a caller) run right after, and a released
+  call's leg goes into its transfer's record.
+
 It holds what it executes with (the call table, the pacer, the recorder, the
 links, the peer load, the metrics) and reaches the loop only through the two
 callables it is given (``spawn``, ``now``).

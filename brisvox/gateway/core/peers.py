@@ -30,6 +30,11 @@ Invariants:
   a worker that is no longer ready leaves its calls without a worker until
   their next OutUtterance names the one they were re-attached to (both
   through each call's machine: a released call is never touched).
+* A Hangup or Transfer is taken only from the agent process that hosts the call (or, for a
+  Hangup, from the caller's process of a consult leg); a bridged call takes neither
+  (:meth:`~brisvox.gateway.core.consults.Consults.may_control`). ConsultVerdict and Bridge go to
+  :class:`~brisvox.gateway.core.consults.Consults`; a Bridge is answered (BridgeResult) before
+  the two CallEnd("bridged") it brings.
 * ``max_calls = "auto"``: the call table's limit follows the slowest Smart Turn
   inference time a worker's row reports (``measured.smart_turn_ms``, from its boot
   self-benchmark; :meth:`GatewayConfig.call_limit`). A figure is kept per worker
