@@ -172,11 +172,13 @@ def test_consult_dial_refusals_are_typed_and_counted(rig, args, sender, counter)
 
 
 def test_a_failed_consult_dial_frees_the_caller_for_another(rig):
-    core, make, _ = rig
+    core, make, sent = rig
     caller, _ = make()
-    dialer_admitting(core, make, fail="busy")
+    placed = dialer_admitting(core, make, fail="busy")
     assert dial(core, {"consult_for": caller.call_id, "summary": "s"}) == (None, "busy")
     assert caller.consult_leg == ""
+    core.transport_ended(placed[0][0], "busy")  # the dial's own reply said it: no ConsultResult
+    assert frames_of(sent, F.ConsultResult) == []
     dialer_admitting(core, make)
     assert dial(core, {"consult_for": caller.call_id, "summary": "s"})[1] == ""
 
@@ -261,6 +263,22 @@ def test_hangup_from_a_stranger_is_refused_and_the_callers_agent_may_end_its_con
     assert person_leg.hangups == ["given up"]
     core.router.on_frame(F.Hangup(call_id=caller.call_id, reason="done"), PROC, None)
     assert caller_leg.hangups == ["done"]
+
+
+def test_control_frames_from_a_stranger_are_refused_and_counted(rig):
+    core, make, sent = rig
+    call, leg = make()
+    for f in (F.Clear(call_id=call.call_id, epoch=1, sent_ns=0), F.Pause(call_id=call.call_id, epoch=1, sent_ns=0),
+              F.SendDtmf(call_id=call.call_id, digits="1"), F.Mark(call_id=call.call_id, name="m", position=1),
+              F.CallEvent(call_id=call.call_id, name="x", data={}),
+              F.CallEnded(call_id=call.call_id, reason="stranger")):
+        core.router.on_frame(f, STRANGER, None)
+    assert core.stats()["frames_refused_foreign"] == 6
+    assert call.gate.held is None and call.stats.clears == 0 and call.stats.dtmf_out == 0
+    assert not call.agent_done and leg.hangups == []
+    core.pacer._loop = type("Loop", (), {"time": staticmethod(lambda: 5.0)})()
+    core.router.on_frame(F.Pause(call_id=call.call_id, epoch=1, sent_ns=0), PROC, None)  # its host: taken
+    assert call.gate.held is not None
 
 
 def test_a_caller_that_hangs_up_ends_its_unbridged_consult_leg(rig):

@@ -129,6 +129,7 @@ class Call:
         self.consult_summary = ""  # that leg's summary (CallStart.consult_summary; bounded, printable)
         self.consult_leg = ""  # a caller: its live consult leg's call id ("twilio:<CallSid>" until the stream)
         self.verdict = ""  # a consult leg: accepted / declined, once its agent said ("": not yet)
+        self.consult_reported = False  # a consult leg whose dial was answered (its end is then a ConsultResult)
         self.bridged_with = ""  # the other leg of this call's bridge ("": not bridged)
         self.relay: RingReader | None = None  # bridged: reads the other leg's in ring (the pacer sends it)
         self.relay_playing = False  # the relay sent a frame on the last tick (a talkspurt is on)

@@ -21,7 +21,8 @@ Invariants:
 * ConsultVerdict is taken once per consult leg, and only from the agent process that hosts
   it; it reaches the caller's agent process as ConsultResult(accepted/declined). A consult
   leg whose transport ends before a verdict (and before a bridge) is reported
-  ConsultResult(hung_up) to the caller's agent, once.
+  ConsultResult(hung_up) to the caller's agent, once, if its dial was answered (a dial that
+  failed, busy or unanswered, is reported by the dial command's reply alone).
 * Bridge joins ``call_id`` and ``other`` only if the sender hosts ``call_id``, ``other`` is
   ``call_id``'s consult leg, both are active, answered, not ending and not bridged, and
   their call rates are equal (the gateway has no resampler of its own: the workers own
@@ -153,6 +154,12 @@ class Consults:
         caller.consult_leg = TWILIO_PENDING + sid
         self.metrics.inc("consult_legs_placed")
 
+    def dial_answered(self, leg_id: str) -> None:
+        """The consult leg's dial was reported answered: from now on its end is a ConsultResult."""
+        leg = self.table.get(leg_id)
+        if leg is not None and leg.consult_for:
+            leg.consult_reported = True
+
     def dial_failed(self, caller_id: str, leg_id: str = "") -> None:
         """The consult dial failed (busy, no answer, ...): the caller may consult again."""
         caller = self.table.get(caller_id)
@@ -173,6 +180,7 @@ class Consults:
         call.consult_for = caller.call_id
         call.consult_summary = pending[1]
         call.times["dialled"] = call.times["admitted"]
+        call.consult_reported = True  # its stream arrived: Twilio's callee answered
         caller.consult_leg = call.call_id
 
     def answered(self, call: Call) -> None:
@@ -272,7 +280,7 @@ class Consults:
                 if not other.transport_done:
                     out.append((other, BRIDGE_ENDED))
             return out
-        if call.consult_for and not call.verdict:
+        if call.consult_for and not call.verdict and call.consult_reported:
             self.metrics.inc("consult_legs_hung_up")
             self._tell_caller(call, "hung_up", call.end_reason[:200])
         if call.consult_leg and not call.consult_leg.startswith(TWILIO_PENDING):

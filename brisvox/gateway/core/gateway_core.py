@@ -368,6 +368,8 @@ class GatewayCore:
             sid = (data or {}).get("call_sid")
             if error:
                 self.consults.dial_failed(caller_id, placed[0] if placed else "")
+            elif placed:
+                self.consults.dial_answered(placed[0])
             elif not placed and isinstance(sid, str) and live is not None:
                 self.consults.queued(live, sid, summary)
             done({**data, "consult_for": caller_id} if data else data, error)

@@ -30,7 +30,10 @@ Invariants:
   a worker that is no longer ready leaves its calls without a worker until
   their next OutUtterance names the one they were re-attached to (both
   through each call's machine: a released call is never touched).
-* A Hangup or Transfer is taken only from the agent process that hosts the call (or, for a
+* Clear, Pause, Resume, Mark, SendDtmf and CallEvent are taken only from the agent process
+  that hosts the call, and not once it is bridged (CallEnded: only from that process, bridged
+  or not) (counted ``frames_refused_foreign``,
+  ``frames_refused_bridged``). A Hangup or Transfer is taken only from the agent process that hosts the call (or, for a
   Hangup, from the caller's process of a consult leg); a bridged call takes neither
   (:meth:`~brisvox.gateway.core.consults.Consults.may_control`). ConsultVerdict and Bridge go to
   :class:`~brisvox.gateway.core.consults.Consults`; a Bridge is answered (BridgeResult) before
@@ -256,8 +259,23 @@ class PeerRouter:
             self.metrics.inc("frames_unknown_call")
         return call
 
+    def _hosted(self, call_id: str, sender: str) -> Call | None:
+        """The call ``call_id`` if ``sender`` is the agent process that hosts it and it is not
+        bridged (its agent side left); else None, counted (``frames_refused_foreign``,
+        ``frames_refused_bridged``): no stranger controls a call."""
+        call = self._call(call_id)
+        if call is None:
+            return None
+        if sender != call.agent_proc:
+            self.metrics.inc("frames_refused_foreign")
+            return None
+        if call.bridged_with:
+            self.metrics.inc("frames_refused_bridged")
+            return None
+        return call
+
     def _on_clear(self, f: F.Clear, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.apply_clear(call, f.epoch, f.sent_ns, self.links.arrival_ns, f.lazy)
 
@@ -269,12 +287,12 @@ class PeerRouter:
             self.playout.note_utterance(call, f.epoch, f.out_pos)
 
     def _on_pause(self, f: F.Pause, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.apply_pause(call, f.epoch)
 
     def _on_resume(self, f: F.Resume, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.apply_resume(call, f.epoch)
 
@@ -289,7 +307,7 @@ class PeerRouter:
         self.links.reply(sender, F.CommandReply(ok=True, data=self.operator.command(f.name, f.args or {})), cid)
 
     def _on_mark(self, f: F.Mark, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.add_mark(call, f.name, f.position)
 
@@ -300,18 +318,20 @@ class PeerRouter:
 
     def _on_call_ended(self, f: F.CallEnded, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
-        if call is not None:
+        if call is not None and sender != call.agent_proc:
+            self.metrics.inc("frames_refused_foreign")  # a stranger cannot end (or release) it
+        elif call is not None:
             self.lifecycle.agent_ended(call, f.reason)
 
     def _on_send_dtmf(self, f: F.SendDtmf, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None and call.leg is not None:
             refused = call.leg.send_dtmf(f.digits)
             call.stats.dtmf_out += len(f.digits) - refused
 
     def _on_call_event(self, f: F.CallEvent, sender: str, cid: int | str | None) -> None:
         """Forwarded to the leg as it is, or dropped and counted (never queued, never answered)."""
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is None:
             return
         sent = call.leg is not None and not call.transport_done and call.leg.send_call_event(f.name, f.data)
