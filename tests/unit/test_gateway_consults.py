@@ -5,6 +5,7 @@ ending the other. Frames the core sends to agent processes are captured at ``Lin
 
 from __future__ import annotations
 
+import wave
 from typing import Any
 
 import numpy as np
@@ -377,6 +378,41 @@ def test_bridged_audio_crosses_bit_exact_both_ways_and_one_legs_end_ends_the_oth
         times = legs[c.call_id]["times"]
         assert times["admitted"] <= times["answered"] <= times["bridged"] <= times["ended"]
     assert "dialled" in legs[leg.call_id]["times"]
+
+
+def contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
+    starts = np.flatnonzero(haystack[: len(haystack) - len(needle) + 1] == needle[0])
+    return any(np.array_equal(haystack[i:i + len(needle)], needle) for i in starts)
+
+
+def test_the_recordings_of_both_bridged_legs_go_on_with_each_direction(rig, tmp_path):
+    """Each leg's WAV keeps its own voice on the left and, from the bridge on, the other
+    leg's voice (what its pacer sent) on the right."""
+    core, make, sent = rig
+    clock = [50.0]
+    core.recorder.clock = lambda: clock[0]
+    caller, _, leg, _ = consult_pair(core, make)
+    for c in (caller, leg):  # as CallAccepted's recording instruction opens it
+        c.recording = core.recorder.open(c.call_id, 8000, {"dir": str(tmp_path / c.call_id), "keep_days": 1})
+    assert bridge(core, sent, caller, leg).ok
+    rng = np.random.default_rng(5)
+    said_a = rng.integers(-20000, 20000, 160 * 20, dtype=np.int16)
+    said_b = rng.integers(-20000, 20000, 160 * 20, dtype=np.int16)
+    for k in range(20):
+        clock[0] += FRAME_S
+        core.audio_in(caller, said_a[k * 160:(k + 1) * 160], 8000)
+        core.audio_in(leg, said_b[k * 160:(k + 1) * 160], 8000)
+        core.pacer.service(caller, clock[0], clock[0])
+        core.pacer.service(leg, clock[0], clock[0])
+    core.transport_ended(leg, "bye")
+    core.transport_ended(caller, "bridge_ended")
+    core.recorder.stop()
+    for c, own, other in ((caller, said_a, said_b), (leg, said_b, said_a)):
+        (path,) = (tmp_path / c.call_id).glob("*.wav")
+        with wave.open(str(path)) as w:
+            assert w.getnchannels() == 2 and w.getframerate() == 8000
+            stereo = np.frombuffer(w.readframes(w.getnframes()), "<i2").reshape(-1, 2)
+        assert contains(stereo[:, 0], own) and contains(stereo[:, 1], other)
 
 
 def test_a_lagging_bridge_drops_its_oldest_audio_and_stays_bounded(rig):
