@@ -213,6 +213,23 @@ def test_a_twilio_consult_leg_is_claimed_by_its_call_sid(rig):
     core.table.release(stream)
 
 
+def test_a_twilio_consult_leg_whose_caller_left_is_hung_up_without_an_agent(rig):
+    core, make, _ = rig
+    caller, _ = make()
+    sid = "CA" + "2" * 32
+    core.dialers = {"twilio": Dialer("websocket", lambda *a: a[5]({"call_sid": sid}, ""), "off")}
+    core.listeners["websocket"] = ListenerStub()  # type: ignore[assignment]
+    assert dial(core, {"via": "twilio", "consult_for": caller.call_id, "summary": "s"})[1] == ""
+    core.transport_ended(caller, "bye")  # the caller hangs up while Twilio rings the person
+    stream = core.admit("twilio", "echo", 8000)
+    stream.transport_ids = {"callSid": sid}
+    leg, ready = Leg(), []
+    core.start_call(stream, leg, lambda ok, why: ready.append(ok))  # no agent side is started
+    assert leg.hangups == ["caller_gone"] and core.stats()["consult_legs_orphaned"] == 1
+    core.transport_ended(stream, "caller_gone")
+    assert stream.state == M.ENDED and ready == []
+
+
 # -- verdicts and hang-ups ------------------------------------------------------------------------
 
 

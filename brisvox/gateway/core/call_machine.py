@@ -375,8 +375,9 @@ class CallMachine:
         self.end_reason = self.end_reason or reason
         if self.state == STARTING:
             # the start's end (AgentStarted) finishes the agent side; with no start, Abandon does
+            # (an Abandon that came first, the transport still up, released the call here)
             self.state = ENDING
-            return (STOP_MEDIA,)
+            return (STOP_MEDIA, *self._release_if_done())
         self.state = ENDING
         out: list[Action] = [STOP_MEDIA]
         if self.builtin:

@@ -18,6 +18,8 @@ Invariants:
   is counted ``consult_dials_refused_<why>`` and logged once a minute.
 * A caller has at most one consult leg at a time (``consult_leg``, set when the leg is
   admitted: SIP at the dial, Twilio when its stream arrives; ``twilio:<CallSid>`` between).
+  A Twilio consult leg whose stream arrives after its caller left is hung up
+  (``caller_gone``) without an agent side.
 * ConsultVerdict is taken once per consult leg, and only from the agent process that hosts
   it; it reaches the caller's agent process as ConsultResult(accepted/declined). A consult
   leg whose transport ends before a verdict (and before a bridge) is reported
@@ -167,21 +169,24 @@ class Consults:
             caller.consult_leg = ""
         self.metrics.inc("consult_dials_failed")
 
-    def claim(self, call: Call) -> None:
-        """A call that starts: a queued Twilio consult leg becomes one (by its CallSid)."""
+    def claim(self, call: Call) -> bool:
+        """A call that starts: a queued Twilio consult leg becomes one (by its CallSid). True: it
+        is the consult leg of a caller who is gone (or consults another leg now): hang it up
+        without starting its agent side (counted ``consult_legs_orphaned``)."""
         sid = call.transport_ids.get("callSid", "")
         pending = self.twilio_pending.pop(sid, None) if sid else None
         if pending is None:
-            return
+            return False
         caller = self.table.get(pending[0])
         if caller is None or caller.transport_done or caller.consult_leg != TWILIO_PENDING + sid:
-            self.metrics.inc("consult_legs_orphaned")  # the caller left first: an ordinary call
-            return
+            self.metrics.inc("consult_legs_orphaned")
+            return True
         call.consult_for = caller.call_id
         call.consult_summary = pending[1]
         call.times["dialled"] = call.times["admitted"]
         call.consult_reported = True  # its stream arrived: Twilio's callee answered
         caller.consult_leg = call.call_id
+        return False
 
     def answered(self, call: Call) -> None:
         """The call's media is answered (or it became active): its answer time, once."""

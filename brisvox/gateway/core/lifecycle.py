@@ -60,7 +60,7 @@ import numpy as np
 from brisvox.gateway.config import GatewayConfig
 from brisvox.gateway.core import call_machine as M
 from brisvox.gateway.core.calls import Call, CallTable, Leg
-from brisvox.gateway.core.consults import Consults
+from brisvox.gateway.core.consults import CALLER_GONE, Consults
 from brisvox.gateway.core.pacer import Pacer
 from brisvox.gateway.core.peer_load import ECHO, ECHO_TTS_RATE, PeerLoad
 from brisvox.gateway.core.recorder import Recorder
@@ -138,7 +138,10 @@ class CallLifecycle:
     def start_call(self, call: Call, leg: Leg, on_ready: Ready) -> None:
         """Attach the transport leg and start the agent side; ``on_ready(ok, why)`` follows."""
         call.leg = leg
-        self.consults.claim(call)  # a Twilio consult leg is known by its CallSid from here
+        if self.consults.claim(call):  # a Twilio consult leg (known by its CallSid) whose caller left
+            self.hangup(call, CALLER_GONE)
+            self.abandon(call)  # no agent side: its leg's end releases it
+            return
         if call.machine.start == M.NOT_STARTED and not call.machine.released:
             self._ready[call.call_id] = on_ready  # answered by NotifyReady, or dropped at the release
         self.feed(call, TRANSPORT_STARTED)
