@@ -1,12 +1,13 @@
-"""Warm transfer's gateway side over real SIP: the real gateway process, two SIPp callees on
-loopback (the caller's leg and the person consulted), and this test as the agent process.
+"""Warm transfer's gateway side over real SIP: the real gateway process, SIPp as the caller
+(an inbound call) and as the person consulted (the consult leg's callee), on loopback, and
+this test as the agent process.
 
 The agent side (the ``warm_transfer`` tool and the consult actor) is not driven here: this
-test speaks its frames itself through the agent link (a FakeAgent on ZeroMQ): it dials the
-caller, dials the consult leg with ``consult_for`` and a summary (its CallStart must carry
-them), sends the consult leg's ConsultVerdict (it must come back as ConsultResult for the
-caller), then Bridge. From then on the caller's RTP (a speech fixture in mu-law) must reach
-the person bit-exact and the person's reach the caller; when the person hangs up, the
+test speaks its frames itself through the agent link (a FakeAgent on ZeroMQ): SIPp calls the
+gateway, the test dials the consult leg with ``consult_for`` and a summary (its CallStart must
+carry them), sends the consult leg's ConsultVerdict (it must come back as ConsultResult for
+the caller), then Bridge. From then on the caller's RTP (a speech fixture in mu-law) must
+reach the person bit-exact and the person's reach the caller; when the person hangs up, the
 gateway must hang the caller up (BYE, ``bridge_ended``), and the ``transfers`` command must
 show both legs with their times.
 """
@@ -35,31 +36,33 @@ from tests.system.gateway_harness import (
     make_fixture,
     wait_for,
 )
-from tests.system.test_sip_outbound import _RESP, _uas, answered_then_bye
+from tests.system.test_sip_outbound import answered_then_bye
 
 pytestmark = [pytest.mark.system,
               pytest.mark.skipif(not (have("sipp") and have("espeak-ng") and have("sox")),
                                  reason="needs sipp, espeak-ng and sox")]
 
 
-def answered_until_bye(media_port: int) -> str:
-    """A SIPp callee that answers (SDP naming ``media_port``) and waits for the gateway's BYE."""
+def caller_until_bye(media_port: int) -> str:
+    """A SIPp caller: INVITE (SDP naming ``media_port``, this test's socket), the answer ACKed,
+    then it waits for the gateway's BYE and answers it."""
     from bench.harness import sipp as S
 
-    sdp = "\n".join(f"      {line}" for line in (
-        "v=0", "o=callee 1 1 IN IP4 127.0.0.1", "s=-", "c=IN IP4 127.0.0.1", "t=0 0",
-        f"m=audio {media_port} RTP/AVP 0", "a=rtpmap:0 PCMU/8000", "a=sendrecv"))
-    ok = S.send(_RESP.format(status="200 OK") + "\n      Content-Type: application/sdp\n"
-                "      Content-Length: [len]\n\n" + sdp)
-    bye_ok = """      SIP/2.0 200 OK
-      [last_Via:]
-      [last_From:]
-      [last_To:]
-      [last_Call-ID:]
-      [last_CSeq:]
-      Content-Length: 0"""
-    return _uas(ok, '  <recv request="ACK"/>\n  <recv request="BYE" timeout="40000"/>\n'
-                + S.send(bye_ok, False))
+    ok = ("      SIP/2.0 200 OK\n      [last_Via:]\n      [last_From:]\n      [last_To:]\n"
+          "      [last_Call-ID:]\n      [last_CSeq:]\n      Content-Length: 0")
+    return S.scenario(S.invite_answered(str(media_port)) + '  <recv request="BYE" timeout="40000"/>\n'
+                      + S.send(ok, False), name="caller")
+
+
+def run_caller(tmp: Path, scen: str, gateway_sip: str, port: int, timeout: int = 60) -> subprocess.Popen[str]:
+    """SIPp calling the gateway from ``port``, logging its messages (the gateway's SDP answer)."""
+    path = tmp / f"caller-{port}.xml"
+    path.write_text(scen)
+    args = ["sipp", "-sf", str(path), "-m", "1", "-s", "default", gateway_sip, "-i", "127.0.0.1",
+            "-p", str(port), "-mi", "127.0.0.1", "-mp", str(free_port_pair_base(4)), "-timeout", f"{timeout}s",
+            "-timeout_error", "-nostdin", "-trace_msg", "-message_file", str(tmp / f"callee-msg-{port}.log"),
+            "-trace_err", "-error_file", str(tmp / f"caller-err-{port}.log")]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
 
 
 def run_callee(tmp: Path, scen: str, port: int, timeout: int = 60) -> subprocess.Popen[str]:
@@ -73,11 +76,13 @@ def run_callee(tmp: Path, scen: str, port: int, timeout: int = 60) -> subprocess
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp)
 
 
-def offered_rtp_port(tmp: Path, port: int) -> int:
-    """The RTP port of the gateway's INVITE to the SIPp callee on ``port`` (its SDP offer)."""
-    m = re.search(r"m=audio (\d+) ", (tmp / f"callee-msg-{port}.log").read_text(errors="replace"))
-    assert m, "no SDP offer in the callee's log"
-    return int(m.group(1))
+def gateway_rtp_port(tmp: Path, port: int, ours: int) -> int:
+    """The RTP port the gateway's SDP (its offer to a callee, its answer to a caller) names in
+    the messages SIPp on ``port`` logged (``ours``: the port our own SDP names)."""
+    log = (tmp / f"callee-msg-{port}.log").read_text(errors="replace")
+    theirs = [int(p) for p in re.findall(r"m=audio (\d+) ", log) if int(p) != ours]
+    assert theirs, "no SDP of the gateway in SIPp's log"
+    return theirs[0]
 
 
 class Media:
@@ -164,25 +169,24 @@ def test_warm_transfer_bridges_two_sip_legs_bit_exact_and_the_persons_bye_ends_t
     caller_port, person_port = free_port(), free_port()
     with FakeAgent(short_tmp) as agent, \
             GatewayProc(short_tmp, inbox=True, peers={"agent-0": agent.endpoint}) as gw:
-        caller_sipp = run_callee(short_tmp, answered_until_bye(caller_media.port), caller_port, timeout=60)
         person_sipp = run_callee(short_tmp, answered_then_bye(person_media.port, 9000), person_port, timeout=60)
+        caller_sipp = run_caller(short_tmp, caller_until_bye(caller_media.port), f"127.0.0.1:{gw.sip_port}",
+                                 caller_port)
         try:
-            time.sleep(0.5)  # SIPp binds its ports
-            reply = command(agent, {"target": f"sip:caller@127.0.0.1:{caller_port}", "agent": "default",
-                                    "ring_timeout_s": 10}, 1)
-            assert reply.ok, (reply.error, gw.stderr())
-            caller_id = reply.data["call_id"]
-            caller_media.peer = ("127.0.0.1", offered_rtp_port(short_tmp, caller_port))  # it speaks first
+            caller_id = agent.wait_for(F.CallStart, timeout=10).call_id  # the caller's inbound call
+            assert wait_for(lambda: caller_id in gw.command("calls"), 5)
+            time.sleep(0.3)  # its ACK, and SIPp's log of the answer
+            caller_media.peer = ("127.0.0.1", gateway_rtp_port(short_tmp, caller_port, caller_media.port))
             # a summary with CR/LF is refused before anything is sent
             bad = command(agent, {"target": f"sip:person@127.0.0.1:{person_port}", "agent": "default",
-                                  "consult_for": caller_id, "summary": "x\r\nX-Evil: 1"}, 2)
+                                  "consult_for": caller_id, "summary": "x\r\nX-Evil: 1"}, 1)
             assert not bad.ok and "control characters" in bad.error
             reply = command(agent, {"target": f"sip:person@127.0.0.1:{person_port}", "agent": "default",
                                     "ring_timeout_s": 10, "consult_for": caller_id,
-                                    "summary": "Anna wants a refund for order 12"}, 3)
+                                    "summary": "Anna wants a refund for order 12"}, 2)
             assert reply.ok, (reply.error, gw.stderr())
             consult_id = reply.data["call_id"]
-            person_media.peer = ("127.0.0.1", offered_rtp_port(short_tmp, person_port))
+            person_media.peer = ("127.0.0.1", gateway_rtp_port(short_tmp, person_port, person_media.port))
             start = agent.wait_for(F.CallStart, lambda f: f.call_id == consult_id)
             assert start.consult_for == caller_id and start.consult_summary == "Anna wants a refund for order 12"
             assert agent.wait_for(F.CallStart, lambda f: f.call_id == caller_id).consult_for == ""
