@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from xml.sax.saxutils import escape as xml_escape
 
 HEAD = '<?xml version="1.0" encoding="ISO-8859-1" ?>\n<!DOCTYPE scenario SYSTEM "sipp.dtd">\n'
 
@@ -106,10 +107,11 @@ def routed_call(ulaw: Path, hold_ms: int) -> str:
                     + send(_routed("BYE", 2)) + '  <recv response="200" crlf="true"/>\n', "routed")
 
 
-def features_call(dtmf_pcap: str) -> str:
+def features_call(dtmf_pcap: str, refer_summary: str = "") -> str:
     """Hold/unhold re-INVITEs, in-band RFC 4733 DTMF, INFO DTMF (``application/dtmf-relay``
     "9", ``application/dtmf`` "7", and a malformed ``application/dtmf`` body answered 400),
-    then the gateway's REFER (answered 202 + NOTIFY 200) and the gateway's BYE."""
+    then the gateway's REFER (answered 202 + NOTIFY 200; with ``refer_summary``, a regexp its
+    ``X-Transfer-Summary`` header must match) and the gateway's BYE."""
     reinvite_hold = send(_req("INVITE", 2, True, _sdp("[media_port]", "sendonly")))
     reinvite_unhold = send(_req("INVITE", 3, True, _sdp("[media_port]", "sendrecv")))
     ack2 = send(_req("ACK", 2, True), retrans=False)
@@ -144,7 +146,10 @@ def features_call(dtmf_pcap: str) -> str:
             + send(info_dtmf(5, "7")) + '  <recv response="200"/>\n'
             + send(info_dtmf(6, "77")) + '  <recv response="400"/>\n'
             + '  <recv request="REFER"><action><ereg regexp="sip:queue@" search_in="hdr" '
-              'header="Refer-To:" check_it="true" assign_to="r1"/></action></recv>\n'
+              'header="Refer-To:" check_it="true" assign_to="r1"/>'
+            + (f'<ereg regexp="{xml_escape(refer_summary, {chr(34): "&quot;"})}" search_in="hdr" header="X-Transfer-Summary:" '
+               'check_it="true" assign_to="r2"/>' if refer_summary else '')
+            + '</action></recv>\n'
             + send("      SIP/2.0 202 Accepted\n      [last_Via:]\n      [last_From:]\n      [last_To:]\n"
                    "      [last_Call-ID:]\n      [last_CSeq:]\n      Contact: sip:sipp@[local_ip]:[local_port]\n"
                    "      Content-Length: 0", retrans=False)
@@ -152,7 +157,7 @@ def features_call(dtmf_pcap: str) -> str:
             + '  <recv request="BYE"/>\n'
             + send("      SIP/2.0 200 OK\n      [last_Via:]\n      [last_From:]\n      [last_To:]\n"
                    "      [last_Call-ID:]\n      [last_CSeq:]\n      Content-Length: 0", retrans=False)
-            + '  <Reference variables="h1,h2,r1"/>\n')
+            + f'  <Reference variables="h1,h2,r1{",r2" if refer_summary else ""}"/>\n')
     return scenario(body, "features")
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from brisvox.gateway.config import WEBSOCKET_PROTOCOLS
-from brisvox.gateway.core.host import DialDone, Dialer, Listener, ListenerFactory
+from brisvox.gateway.core.host import DialAdmitted, DialDone, Dialer, Listener, ListenerFactory
 from brisvox.gateway.ws.auth import (
     asterisk_ws_auth,
     exotel_auth,
@@ -233,16 +233,18 @@ if websocket_protocols() != WEBSOCKET_PROTOCOLS:  # the config's list and the ro
 
 
 def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-              trunk: str = "", params: Any = None) -> None:
+              trunk: str = "", params: Any = None, admitted: DialAdmitted | None = None) -> None:
     checked, why = dial_params(params)  # the call's parameters (a campaign row's variables): CallStart.params
     if why:
         done(None, why)
         return
-    listener.dial(target, agent, done, ring_s, trunk, checked)
+    listener.dial(target, agent, done, ring_s, trunk, checked, admitted)
 
 
 def _twilio_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-                 trunk: str = "", params: Any = None) -> None:
+                 trunk: str = "", params: Any = None, admitted: DialAdmitted | None = None) -> None:
+    # ``admitted`` is never called: the call is admitted when Twilio's stream arrives (a consult
+    # leg is then claimed by its CallSid: brisvox/gateway/core/consults.py)
     if trunk:
         done(None, "a trunk is a [[sip.trunks]] entry: dial it via sip")
         return

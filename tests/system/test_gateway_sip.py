@@ -162,7 +162,8 @@ def test_sipp_hold_dtmf_refer_and_gateway_bye(short_tmp):
     with FakeAgent(short_tmp) as agent, GatewayProc(short_tmp, peers={"agent-0": agent.endpoint}) as gw:
         result: dict[str, subprocess.CompletedProcess[str]] = {}
         sipp = threading.Thread(target=lambda: result.setdefault("r", S.run_sipp(
-            short_tmp, S.features_call(DTMF_PCAP), sip_target(gw), service="sales",
+            short_tmp, S.features_call(DTMF_PCAP, refer_summary='"Anna: refund X-Evil: 1 [\\\\]"now[\\\\]""'),
+            sip_target(gw), service="sales",
             media_port=free_port_pair_base(4), local_port=free_port(), timeout=30)))
         sipp.start()
         start = agent.wait_for(F.CallStart, timeout=10)
@@ -174,7 +175,9 @@ def test_sipp_hold_dtmf_refer_and_gateway_bye(short_tmp):
             time.sleep(0.05)
         # RFC 4733 from the pcap, then SIP INFO dtmf-relay and dtmf (a malformed one is refused 400)
         assert digits == ["1", "9", "7"], digits
-        agent.send(F.Transfer(call_id=start.call_id, target="sip:queue@127.0.0.1"))
+        # the summary's CR/LF cannot start a header of its own: one quoted, escaped line
+        agent.send(F.Transfer(call_id=start.call_id, target="sip:queue@127.0.0.1",
+                              summary='Anna: refund\r\nX-Evil: 1 "now"'))
         res = agent.wait_for(F.TransferResult, timeout=10)
         assert res.ok, res.detail
         end = agent.wait_for(F.CallEnd, timeout=10)

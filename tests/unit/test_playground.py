@@ -257,17 +257,20 @@ def test_the_gateway_forwards_or_counts_each_event() -> None:
 
     sent: list[tuple[str, dict[str, Any]]] = []
     leg = SimpleNamespace(send_call_event=lambda n, d: sent.append((n, d)) or len(sent) < 2)
-    call = SimpleNamespace(leg=leg, transport_done=False)
+    call = SimpleNamespace(leg=leg, transport_done=False, agent_proc="agent-0", bridged_with="")
     counts: dict[str, int] = {}
     core = SimpleNamespace(table=SimpleNamespace(get=lambda cid: call if cid == "c1" else None),
                            metrics=SimpleNamespace(inc=lambda k: counts.__setitem__(k, counts.get(k, 0) + 1)))
     core._call = lambda cid: PeerRouter._call(core, cid)  # type: ignore[arg-type]
+    core._hosted = lambda cid, sender: PeerRouter._hosted(core, cid, sender)  # type: ignore[arg-type]
     handle = PeerRouter._on_call_event
     for cid in ("c1", "c1", "gone"):
         handle(core, CallEvent(call_id=cid, name="bot_turn", data={"text": "x"}), "agent-0", None)  # type: ignore[arg-type]
     call.transport_done = True
     handle(core, CallEvent(call_id="c1", name="bot_turn", data={}), "agent-0", None)  # type: ignore[arg-type]
-    assert counts == {"call_events_sent": 1, "call_events_dropped": 2, "frames_unknown_call": 1}
+    handle(core, CallEvent(call_id="c1", name="bot_turn", data={}), "agent-9", None)  # type: ignore[arg-type]
+    assert counts == {"call_events_sent": 1, "call_events_dropped": 2, "frames_unknown_call": 1,
+                      "frames_refused_foreign": 1}
     assert len(sent) == 2
 
 

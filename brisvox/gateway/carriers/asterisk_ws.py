@@ -187,7 +187,7 @@ class AsteriskWsSession(StreamSession):
         self.tones.drop()
         self.conn.send_text(self._flush)
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
         done(False, TRANSFER_REASON)
 
     def hangup(self, reason: str) -> None:

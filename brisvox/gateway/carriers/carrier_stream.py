@@ -191,5 +191,5 @@ class CarrierStreamSession(StreamSession):
         if self._out is not None:
             self.conn.send_text(self._out.mark(name))
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
         done(False, self.transfer_reason)

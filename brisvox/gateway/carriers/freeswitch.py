@@ -130,7 +130,7 @@ class FreeSwitchSession(StreamSession):
         self.tones.drop()
         self.conn.send_text(CLEAR)
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
         done(False, TRANSFER_REASON)
 
     def hangup(self, reason: str) -> None:

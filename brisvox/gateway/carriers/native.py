@@ -248,7 +248,7 @@ class NativeSession(TransportLeg):
         self.conn.close(ws_close_code(reason), reason)  # the connection cuts it to 123 bytes
         self._ended(reason)
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
         ok = self.conn.send_text(native.transfer(target))
         done(ok, "delegated to the client" if ok else "connection closed")
 

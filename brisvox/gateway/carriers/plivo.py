@@ -159,5 +159,5 @@ class PlivoSession(StreamSession):
             self.conn.send_text(BotStream.send_dtmf(valid))
         return len(digits) - len(valid)
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
         done(False, TRANSFER_REASON)

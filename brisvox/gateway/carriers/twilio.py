@@ -109,7 +109,8 @@ class TwilioSession(CarrierStreamSession):
         call_sid = self.call.transport_ids.get("callSid", "") if self.call is not None else ""
         return api, call_sid
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
+        # ``summary`` is not sent: Twilio's REST call update (new TwiML) has no header to carry it
         api, call_sid = self._api()
         if api is None:
             done(False, self.transfer_reason)

@@ -156,5 +156,5 @@ class VonageSession(StreamSession):
     def send_mark(self, name: str) -> None:
         self.conn.send_text(notify(name))
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
         done(False, TRANSFER_REASON)

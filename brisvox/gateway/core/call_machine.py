@@ -22,6 +22,10 @@ Call lifecycle::
     AgentEnded | BuiltinStopped | Abandon
       | DetachTimeout | ForceRelease       -> "ended": Release (rings unlinked)
 
+    Bridged (a warm transfer joined it to another leg, while "active"): SendCallEnd("bridged");
+    the call stays "active" with no agent side: its CallEnded, or its agent process's loss,
+    ends the agent side only; the transport's end then releases it.
+
 Invariants:
 
 * ``Release`` is returned at most once per call, and only once both sides are
@@ -52,6 +56,11 @@ Invariants:
   change for that long, is hung up while its transport is up (:meth:`CallMachine.timer`
   names it, ``TimerFired`` ends it: ``Count`` then ``HangupLeg``, ``end_reason``
   :data:`MAX_CALL_REASON` or :data:`MEDIA_TIMEOUT_REASON`, which ``CallEnd`` carries).
+* A bridged call (``Bridged``: only while active, with an agent process whose side is not
+  done) is told ``CallEnd("bridged")`` once and never hung up because its agent side ended
+  (``AgentEnded``, ``AgentLost``, ``AgentHangup``): the person and the caller talk on without it. Its transport's
+  end sends no second CallEnd; the detach timeout (counted from the bridge) bounds the wait for
+  CallEnded as for any call.
 * Audio is not an event: the caller's audio arrives 50 times a second per
   call, so ``audio_in`` reads ``transport_done`` as its guard (no object per
   packet); the pacer reads ``state`` the same way every frame.
@@ -173,6 +182,14 @@ class TimerFired:
 
 
 @dataclass(frozen=True, slots=True)
+class Bridged:
+    """The gateway joined the call to another leg (a warm transfer's Bridge): the agent side
+    leaves (CallEnd "bridged"), the transport stays."""
+
+    now: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerLost:
     """The worker serving the call left the topology (its calls are re-attached elsewhere)."""
 
@@ -194,7 +211,7 @@ class ForceRelease:
 
 Event = (Admit | TransportStarted | AgentStarted | TransportEnded | Hangup | AgentHangup | AgentEnded
          | AgentLost | BuiltinStopped | Abandon | DetachTimeout | TimerFired | WorkerLost | Shutdown
-         | ForceRelease)
+         | ForceRelease | Bridged)
 
 
 # --- actions -----------------------------------------------------------------------------
@@ -277,6 +294,7 @@ _NONE: tuple[Action, ...] = ()
 AGENT_LOST_REASON = "agent process died"
 AGENT_ENDED_REASON = "agent ended the call"
 SHUTDOWN_REASON = "shutdown"
+BRIDGED_REASON = "bridged"  # CallEnd.reason of a call a warm transfer bridged
 MAX_CALL_REASON = "max call duration"  # [gateway] max_call_s
 MEDIA_TIMEOUT_REASON = "media timeout"  # [websocket] media_timeout_s
 TIMER_COUNTERS = {MAX_CALL_REASON: "calls_max_duration", MEDIA_TIMEOUT_REASON: "calls_media_timeout"}
@@ -287,7 +305,7 @@ class CallMachine:
 
     __slots__ = ("detach_timeout_s", "state", "transport_done", "agent_done", "process", "builtin",
                  "start", "end_reason", "end_deadline", "call_deadline", "media_timeout_s", "media_seen",
-                 "media_at")
+                 "media_at", "bridged")
 
     def __init__(self, detach_timeout_s: float = 10.0) -> None:
         self.detach_timeout_s = detach_timeout_s
@@ -305,6 +323,7 @@ class CallMachine:
         self.media_timeout_s = 0.0  # no inbound media this long hangs the call up (0: never)
         self.media_seen = -1  # the inbound packet count last seen by timer() ...
         self.media_at = 0.0  # ... and when it last changed
+        self.bridged = False  # joined to another leg: the agent side left, the transport goes on
 
     def handle(self, event: Event) -> tuple[Action, ...]:
         if self.state == ENDED:
@@ -356,14 +375,16 @@ class CallMachine:
         self.end_reason = self.end_reason or reason
         if self.state == STARTING:
             # the start's end (AgentStarted) finishes the agent side; with no start, Abandon does
+            # (an Abandon that came first, the transport still up, released the call here)
             self.state = ENDING
-            return (STOP_MEDIA,)
+            return (STOP_MEDIA, *self._release_if_done())
         self.state = ENDING
         out: list[Action] = [STOP_MEDIA]
         if self.builtin:
             out.append(STOP_BUILTIN)
         elif self.process and not self.agent_done:
-            out.append(self._send_call_end(now))
+            if not self.bridged:  # a bridged call's CallEnd went out at the bridge
+                out.append(self._send_call_end(now))
         else:
             self.agent_done = True
         return (*out, *self._release_if_done())
@@ -427,11 +448,13 @@ class CallMachine:
 
     def _agent_hangup(self, e: AgentHangup) -> tuple[Action, ...]:
         self.agent_done = True
+        if self.bridged:  # it left at the bridge: the legs' own ends end the call
+            return self._release_if_done()
         return self._hang_up(e.reason, e.leg, e.now) or self._release_if_done()
 
     def _agent_ended(self, e: AgentEnded) -> tuple[Action, ...]:
         self.agent_done = True
-        if not self.transport_done:
+        if not self.transport_done and not self.bridged:
             return self._hang_up(e.reason or AGENT_ENDED_REASON, e.leg, e.now)
         return self._release_if_done()
 
@@ -440,6 +463,8 @@ class CallMachine:
             return _NONE
         self.agent_done = True
         lost = Count("calls_agent_lost")
+        if self.bridged:  # the bridge goes on without it
+            return (lost, *self._release_if_done())
         # a call that already waits for CallEnded is released here (it used to stay in the
         # table, both sides done, until the gateway stopped)
         return (lost, *(self._hang_up(AGENT_LOST_REASON, e.leg, e.now) or self._release_if_done()))
@@ -464,6 +489,13 @@ class CallMachine:
         if self.transport_done:
             return _NONE
         return (Count(TIMER_COUNTERS.get(e.reason, "calls_timer")), *self._hang_up(e.reason, e.leg, e.now))
+
+    def _bridged(self, e: Bridged) -> tuple[Action, ...]:
+        if self.state != ACTIVE or self.bridged or self.transport_done or self.agent_done or not self.process:
+            return _NONE
+        self.bridged = True
+        self.end_deadline = e.now + self.detach_timeout_s
+        return (SendCallEnd(BRIDGED_REASON),)
 
     def _worker_lost(self, e: WorkerLost) -> tuple[Action, ...]:
         return (FORGET_WORKER,)
@@ -497,4 +529,5 @@ _HANDLERS: dict[type, Callable[[CallMachine, Any], tuple[Action, ...]]] = {
     WorkerLost: CallMachine._worker_lost,
     Shutdown: CallMachine._shutdown,
     ForceRelease: CallMachine._force_release,
+    Bridged: CallMachine._bridged,
 }

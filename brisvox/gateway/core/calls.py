@@ -78,7 +78,7 @@ class Leg(Protocol):
 
     def hangup(self, reason: str) -> None: ...
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None: ...
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None: ...
 
     def send_call_event(self, name: str, fields: dict[str, Any]) -> bool: ...
 
@@ -124,6 +124,16 @@ class Call:
         self.gate = PlayoutGate(self.stats, max_marks=max_marks, pause_max_s=pause_max_s)
         self.builtin: Any = None  # the echo agent, when it serves the call
         self.recording: Any = None  # its stereo WAV (brisvox/gateway/core/recorder.py), None: not recorded
+        # warm transfer (brisvox/gateway/core/consults.py owns these rules)
+        self.consult_for = ""  # a consult leg: the call id of the caller it consults for
+        self.consult_summary = ""  # that leg's summary (CallStart.consult_summary; bounded, printable)
+        self.consult_leg = ""  # a caller: its live consult leg's call id ("twilio:<CallSid>" until the stream)
+        self.verdict = ""  # a consult leg: accepted / declined, once its agent said ("": not yet)
+        self.consult_reported = False  # a consult leg whose dial was answered (its end is then a ConsultResult)
+        self.bridged_with = ""  # the other leg of this call's bridge ("": not bridged)
+        self.relay: RingReader | None = None  # bridged: reads the other leg's in ring (the pacer sends it)
+        self.relay_playing = False  # the relay sent a frame on the last tick (a talkspurt is on)
+        self.times: dict[str, int] = {"admitted": int(time.time() * 1000)}  # leg events, Unix ms
         # pacing
         self.frame = frame
         self.frame_s = frame / call_rate

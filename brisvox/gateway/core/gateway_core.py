@@ -56,6 +56,7 @@ import zmq
 from brisvox.config.errors import ConfigError
 from brisvox.gateway.config import GatewaySettings
 from brisvox.gateway.core.calls import Call, CallTable, Leg
+from brisvox.gateway.core.consults import Consults
 from brisvox.gateway.core.host import Dialer, Listener, ListenerFactory
 from brisvox.gateway.core.lifecycle import Builtin, CallLifecycle
 from brisvox.gateway.core.pacer import FRAME_S, Pacer
@@ -118,14 +119,15 @@ class GatewayCore:
         self.recorder = Recorder()  # the calls' stereo WAVs, off the loop (its thread starts with the first)
         self.peer_load = PeerLoad()
         self.playout = PlayoutCommands(self.metrics, self.pacer, self.links)
+        self.consults = Consults(self.table, self.links, self.metrics)
         self.lifecycle = CallLifecycle(
             cfg, instance, table=self.table, pacer=self.pacer, recorder=self.recorder, links=self.links,
             load=self.peer_load, metrics=self.metrics, idle_trim=self.idle_trim, spawn=self.spawn,
-            now=self.now, make_builtin=self._make_echo)
+            now=self.now, make_builtin=self._make_echo, consults=self.consults)
         self.router = PeerRouter(
             cfg, identity=identity, ctx=self.ctx, runtime_dir=runtime_dir, static_peers=dict(static_peers or {}),
             links=self.links, table=self.table, load=self.peer_load, lifecycle=self.lifecycle,
-            playout=self.playout, metrics=self.metrics, operator=self, now=self.now)
+            playout=self.playout, metrics=self.metrics, operator=self, now=self.now, consults=self.consults)
 
     # -- wiring: the links' and the pacer's callbacks -------------------------------------
 
@@ -304,7 +306,10 @@ class GatewayCore:
     # -- operators (Operator) --------------------------------------------------------------------
 
     def command(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Introspection for operators and tests (``stats``, ``calls``)."""
+        """Introspection for operators and tests (``stats``, ``calls``, ``transfers``: the last
+        finished warm transfers, each leg's times)."""
+        if name == "transfers":
+            return {"transfers": list(self.consults.history)}
         if name == "calls":
             return {c.call_id: {"transport": c.transport, "agent": c.agent, "state": c.state,
                                 "agent_proc": c.agent_proc, "worker": c.worker,
@@ -312,13 +317,16 @@ class GatewayCore:
                                 "end_reason": c.end_reason,
                                 "age_s": round((time.monotonic_ns() - c.started_ns) / 1e9, 1),
                                 "release_pos": c.release_pos, "in_pos": c.in_ring.write_pos,
-                                "ids": dict(c.transport_ids), **c.stats.as_dict()}
+                                "ids": dict(c.transport_ids), **self.consults.describe(c), **c.stats.as_dict()}
                     for c in self.table.calls.values()}
         return self.stats()
 
-    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None:
+    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None],
+             sender: str = "") -> None:
         """The ``dial`` command: placed by the dialer its ``via`` names (default ``sip``: an outbound
-        SIP call; ``twilio``: a Twilio calls create), through that dialer's listener."""
+        SIP call; ``twilio``: a Twilio calls create), through that dialer's listener. With
+        ``consult_for`` (a live call of ``sender``'s) and ``summary`` it is a warm transfer's consult
+        leg (:mod:`brisvox.gateway.core.consults`)."""
         via = args.get("via") or "sip"
         dialer = self.dialers.get(via) if isinstance(via, str) else None
         listener = self.listeners.get(dialer.section) if dialer is not None else None
@@ -334,7 +342,41 @@ class GatewayCore:
         elif self.table.draining:
             done(None, "refused: draining")
         else:
-            dialer.dial(listener, self, target, agent, float(ring), done, trunk[:64], args.get("params"))
+            caller, summary, why = self.consults.check_dial(args, sender)
+            if why:
+                done(None, f"refused: {why}")
+            elif caller is None:
+                dialer.dial(listener, self, target, agent, float(ring), done, trunk[:64], args.get("params"), None)
+            else:
+                self._dial_consult(dialer, listener, caller, summary, target, agent, float(ring), done, trunk[:64],
+                                  args.get("params"))
+
+    def _dial_consult(self, dialer: Dialer, listener: Listener, caller: Call, summary: str, target: str,
+                      agent: str, ring: float, done: Callable[[dict[str, Any] | None, str], None],
+                      trunk: str, params: Any) -> None:
+        """A consult leg for ``caller``: marked as it is admitted (SIP) or queued (Twilio: its
+        stream claims it by CallSid); a failed dial frees the caller for another."""
+        caller_id = caller.call_id
+        placed: list[str] = []
+
+        def admitted(leg: Call) -> None:
+            live = self.table.get(caller_id)
+            if live is not None:
+                self.consults.placed(live, leg, summary)
+                placed.append(leg.call_id)
+
+        def finished(data: dict[str, Any] | None, error: str) -> None:
+            live = self.table.get(caller_id)
+            sid = (data or {}).get("call_sid")
+            if error:
+                self.consults.dial_failed(caller_id, placed[0] if placed else "")
+            elif placed:
+                self.consults.dial_answered(placed[0])
+            elif not placed and isinstance(sid, str) and live is not None:
+                self.consults.queued(live, sid, summary)
+            done({**data, "consult_for": caller_id} if data else data, error)
+
+        dialer.dial(listener, self, target, agent, ring, finished, trunk, params, admitted)
 
     def stats(self) -> dict[str, Any]:
         live = [c.stats for c in self.table.calls.values()]
@@ -348,6 +390,7 @@ class GatewayCore:
         for listener in self.listeners.values():
             out.update(listener.stats())
         out.update(self.recorder.stats())
+        out.update(self.consults.stats())
         out["pacer_ticks"] = self.pacer.ticks
         ff = self.pacer.first_frame
         out["first_frame_n"] = ff.n

@@ -148,8 +148,11 @@ class Listener(Protocol):
 
 ListenerFactory = Callable[[CallHost, Any], Listener]  # (the core, its config section) -> the listener
 DialDone = Callable[[dict[str, Any] | None, str], None]
-# listener, host, target, agent, ring, done, trunk, params (the command's, unchecked: the dial function checks them)
-DialFn = Callable[[Any, CallHost, str, str, float, DialDone, str, Any], None]
+# listener, host, target, agent, ring, done, trunk, params (the command's, unchecked: the dial function
+# checks them), admitted: called with the dial's Call once it is admitted, before its agent side
+# starts (None: nobody asks; a dialer whose call is admitted later, Twilio's, never calls it)
+DialAdmitted = Callable[["Call"], None]
+DialFn = Callable[[Any, CallHost, str, str, float, DialDone, str, Any, "DialAdmitted | None"], None]
 
 
 @dataclass(frozen=True, slots=True)

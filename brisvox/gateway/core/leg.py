@@ -121,7 +121,7 @@ class TransportLeg:
         """Send the next DTMF packet if one is due; True while DTMF holds the audio."""
         return False
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
         done(False, f"a {self.transport} call cannot be transferred")
 
     def send_call_event(self, name: str, fields: dict[str, Any]) -> bool:

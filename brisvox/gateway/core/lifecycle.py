@@ -35,6 +35,13 @@ Invariants (of the execution; the semantics are the machine's):
   ``CallMedia`` for each change once the call is active (a change during the start is
   sent right after its CallAccepted), never after the transport side ended.
 
+* Warm transfer (:mod:`brisvox.gateway.core.consults` decides): a queued Twilio consult
+  leg is claimed at ``start_call``; CallStart carries ``consult_for``/``consult_summary``;
+  ``bridged`` feeds the machine ``Bridged`` (the agent's talkspurt ends there); when a
+  call's transport side ends (``StopMedia``) the hang-ups the consults return (the other
+  leg of a bridge, an unbridged consult leg of a caller) run right after, and a released
+  call's leg goes into its transfer's record.
+
 It holds what it executes with (the call table, the pacer, the recorder, the
 links, the peer load, the metrics) and reaches the loop only through the two
 callables it is given (``spawn``, ``now``).
@@ -53,6 +60,7 @@ import numpy as np
 from brisvox.gateway.config import GatewayConfig
 from brisvox.gateway.core import call_machine as M
 from brisvox.gateway.core.calls import Call, CallTable, Leg
+from brisvox.gateway.core.consults import CALLER_GONE, Consults
 from brisvox.gateway.core.pacer import Pacer
 from brisvox.gateway.core.peer_load import ECHO, ECHO_TTS_RATE, PeerLoad
 from brisvox.gateway.core.recorder import Recorder
@@ -85,7 +93,8 @@ class CallLifecycle:
     def __init__(self, cfg: GatewayConfig, instance: str, *, table: CallTable, pacer: Pacer,
                  recorder: Recorder, links: Links, load: PeerLoad, metrics: GatewayMetrics,
                  idle_trim: IdleTrim, spawn: Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]],
-                 now: Callable[[], float], make_builtin: Callable[[Call], Builtin]) -> None:
+                 now: Callable[[], float], make_builtin: Callable[[Call], Builtin],
+                 consults: Consults) -> None:
         self.cfg = cfg
         self.instance = instance
         self.table = table
@@ -98,6 +107,7 @@ class CallLifecycle:
         self.spawn = spawn
         self.now = now
         self.make_builtin = make_builtin
+        self.consults = consults  # warm transfer: consult legs and bridges (their rules, not their events)
         self._ready: dict[str, Ready] = {}  # call id -> its start_call's on_ready, until answered
         self._transports_idle = asyncio.Event()
         self.actions = self.action_handlers()
@@ -128,6 +138,10 @@ class CallLifecycle:
     def start_call(self, call: Call, leg: Leg, on_ready: Ready) -> None:
         """Attach the transport leg and start the agent side; ``on_ready(ok, why)`` follows."""
         call.leg = leg
+        if self.consults.claim(call):  # a Twilio consult leg (known by its CallSid) whose caller left
+            self.hangup(call, CALLER_GONE)
+            self.abandon(call)  # no agent side: its leg's end releases it
+            return
         if call.machine.start == M.NOT_STARTED and not call.machine.released:
             self._ready[call.call_id] = on_ready  # answered by NotifyReady, or dropped at the release
         self.feed(call, TRANSPORT_STARTED)
@@ -148,6 +162,15 @@ class CallLifecycle:
     def agent_hangup(self, call: Call, reason: str) -> None:
         """The agent process asks to end the call (Hangup)."""
         self.feed(call, M.AgentHangup(reason, call.leg is not None, self.now()))
+
+    def bridged(self, call: Call) -> None:
+        """A warm transfer joined the call to another leg: its agent side leaves (CallEnd
+        "bridged"), its transport stays (its pacer now sends the other leg's audio)."""
+        if call.gate.playing:  # the agent's audio (hold music) stops here: a new talkspurt follows
+            call.gate.spurt_end()
+            if call.leg is not None:
+                call.leg.end_spurt()
+        self.feed(call, M.Bridged(self.now()))
 
     def agent_ended(self, call: Call, reason: str) -> None:
         """The agent process is done with the call (CallEnded)."""
@@ -245,6 +268,8 @@ class CallLifecycle:
         if dial and dial != call.dial_ms:
             call.dial_ms = dict(dial)
             call.dial_told = False
+        if state == F.MEDIA_ANSWERED:
+            self.consults.answered(call)
         if state != call.media:
             call.media = state
             self.metrics.inc(f"calls_media_{state}")
@@ -299,7 +324,7 @@ class CallLifecycle:
             instance=self.instance, started_ns=call.started_ns,
             transport_ids=dict(call.transport_ids) or None, params=dict(call.params) or None,
             caller=call.caller, called=call.called, events=call.events, ring_key=call.ring_key,
-            media=call.media,
+            media=call.media, consult_for=call.consult_for, consult_summary=call.consult_summary,
         )
         call.media_told = call.media
         try:
@@ -332,7 +357,7 @@ class CallLifecycle:
         return {
             M.Count: self._count,
             M.StartAgent: self._start_agent_task,
-            M.StartPacing: lambda call, a: self.pacer.add(call),
+            M.StartPacing: self._start_pacing,
             M.NotifyReady: self._notify_ready,
             M.StopMedia: self._stop_media,
             M.SendCallEnd: self._send_call_end,
@@ -342,6 +367,11 @@ class CallLifecycle:
             M.ForgetWorker: lambda call, a: self.load.forget_worker(call),
             M.Release: self._release,
         }
+
+    def _start_pacing(self, call: Call, a: M.StartPacing) -> None:
+        self.pacer.add(call)
+        if call.media == F.MEDIA_ANSWERED:
+            self.consults.answered(call)
 
     def _count(self, call: Call, a: M.Count) -> None:
         self.metrics.inc(a.name)
@@ -363,6 +393,8 @@ class CallLifecycle:
             call.recording.close()  # no more audio either way
         if all(c.machine.transport_done for c in self.table.calls.values()):
             self._transports_idle.set()
+        for other, reason in self.consults.transport_done(call):  # the bridge's other leg, a consult leg
+            self.hangup(other, reason)
 
     def _send_call_end(self, call: Call, a: M.SendCallEnd) -> None:
         self.links.send(call.agent_proc, F.CallEnd(call_id=call.call_id, reason=a.reason,
@@ -386,6 +418,7 @@ class CallLifecycle:
         if call.recording is not None:
             call.recording.close()
         self.metrics.fold(call.stats)
+        self.consults.released(call)
         self.load.agent_call_ended(call.agent_proc)
         self.load.set_worker(call, -1)
         self.metrics.inc("calls_ended")

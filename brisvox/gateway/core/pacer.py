@@ -45,6 +45,12 @@ Invariants:
   ``SLICE`` calls it runs ``between`` (the gateway's non-blocking inbox poll),
   so a Clear that arrived mid-tick is applied before the rest of the tick's
   calls are served, not after all of them (at 100 calls a tick's body is a few ms).
+* A bridged call (a warm transfer, :mod:`brisvox.gateway.core.consults`) releases nothing of
+  its ``out`` ring: each tick it sends one frame read from the other leg's ``in`` ring
+  (``call.relay``), as written, so the audio arrives bit-exact and at most one tick after
+  it was written; a backlog beyond ``RELAY_BACKLOG`` frames (the two carriers' clocks
+  drift, a late tick) drops its oldest samples (counted ``bridge_samples_dropped``) so the
+  delay stays bounded; the recording gets each frame sent, as for the agent's audio.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ import time
 from collections.abc import Callable
 
 from brisvox.gateway.core.call_machine import ACTIVE
-from brisvox.gateway.core.calls import Call
+from brisvox.gateway.core.calls import Call, Leg
 from brisvox.gateway.metrics import GatewayMetrics, Histogram
 from brisvox.playout.gate import HELD, Action
 
@@ -64,6 +70,7 @@ log = logging.getLogger("brisvox.gateway.core.pacer")
 FRAME_S = 0.020
 MAX_BURST = 3
 SLICE = 16  # calls served between two polls of the inbox within a tick
+RELAY_BACKLOG = 4  # frames of the other leg's audio a bridged call may lag before the oldest is dropped
 UNDERRUN_WINDOW_S = 0.2
 
 
@@ -190,6 +197,35 @@ class Pacer:
 
     # -- one call -----------------------------------------------------------
 
+    def _relay(self, call: Call, leg: Leg, now: float) -> None:
+        """One frame of the other leg's voice to a bridged call's leg (module invariants)."""
+        reader = call.relay
+        assert reader is not None
+        frame = call.frame
+        avail = reader.available()
+        if avail > RELAY_BACKLOG * frame:
+            drop = avail - frame
+            self.metrics.inc("bridge_samples_dropped", drop)
+            reader.seek(reader.position + drop)
+            avail = frame
+        if avail < frame:
+            if call.relay_playing:
+                call.relay_playing = False
+                leg.end_spurt()  # the other side is silent (no packet): the next one starts a spurt
+            return
+        res = reader.read(frame)
+        if res.lost:
+            call.stats.ring_lost += res.lost
+        if leg.send_audio(res.samples, now):
+            call.stats.frames_out += 1
+            call.stats.samples_out += len(res.samples)
+            if call.recording is not None:
+                call.recording.bot(res.samples)
+        else:
+            call.stats.send_dropped += 1
+        call.relay_playing = True
+        call.last_send = now
+
     def service(self, call: Call, now: float, grid: float | None = None, on_grid: bool = True) -> None:
         """Release what is due for ``call``. ``grid`` is the tick's scheduled time: due times are
         compared with it, not with ``now``, so a tick's lateness never makes a frame go early
@@ -206,6 +242,10 @@ class Pacer:
             call.next_due = now + FRAME_S
             return
         if not leg.can_send:
+            return
+        if call.bridged_with:  # a warm transfer's bridge: the other leg's voice, not the agent's
+            if call.relay is not None:
+                self._relay(call, leg, now)
             return
         gate = call.gate
         if gate.held is not None:

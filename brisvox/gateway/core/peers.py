@@ -30,6 +30,14 @@ Invariants:
   a worker that is no longer ready leaves its calls without a worker until
   their next OutUtterance names the one they were re-attached to (both
   through each call's machine: a released call is never touched).
+* Clear, Pause, Resume, Mark, SendDtmf and CallEvent are taken only from the agent process
+  that hosts the call, and not once it is bridged (CallEnded: only from that process, bridged
+  or not) (counted ``frames_refused_foreign``,
+  ``frames_refused_bridged``). A Hangup or Transfer is taken only from the agent process that hosts the call (or, for a
+  Hangup, from the caller's process of a consult leg); a bridged call takes neither
+  (:meth:`~brisvox.gateway.core.consults.Consults.may_control`). ConsultVerdict and Bridge go to
+  :class:`~brisvox.gateway.core.consults.Consults`; a Bridge is answered (BridgeResult) before
+  the two CallEnd("bridged") it brings.
 * ``max_calls = "auto"``: the call table's limit follows the slowest Smart Turn
   inference time a worker's row reports (``measured.smart_turn_ms``, from its boot
   self-benchmark; :meth:`GatewayConfig.call_limit`). A figure is kept per worker
@@ -50,6 +58,7 @@ import zmq
 
 from brisvox.gateway.config import GatewayConfig
 from brisvox.gateway.core.calls import Call, CallTable
+from brisvox.gateway.core.consults import Consults
 from brisvox.gateway.core.lifecycle import CallLifecycle
 from brisvox.gateway.core.peer_load import PeerLoad
 from brisvox.gateway.core.playout_commands import PlayoutCommands
@@ -69,7 +78,8 @@ class Operator(Protocol):
 
     def command(self, name: str, args: dict[str, Any]) -> dict[str, Any]: ...
 
-    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None]) -> None: ...
+    def dial(self, args: dict[str, Any], done: Callable[[dict[str, Any] | None, str], None],
+             sender: str = "") -> None: ...
 
 
 class PeerRouter:
@@ -78,7 +88,7 @@ class PeerRouter:
     def __init__(self, cfg: GatewayConfig, *, identity: str, ctx: zmq.Context, runtime_dir: Path | None,
                  static_peers: dict[str, str], links: Links, table: CallTable, load: PeerLoad,
                  lifecycle: CallLifecycle, playout: PlayoutCommands, metrics: GatewayMetrics,
-                 operator: Operator, now: Callable[[], float]) -> None:
+                 operator: Operator, now: Callable[[], float], consults: Consults) -> None:
         self.cfg = cfg
         self.identity = identity
         self.ctx = ctx
@@ -91,6 +101,7 @@ class PeerRouter:
         self.playout = playout
         self.metrics = metrics
         self.operator = operator
+        self.consults = consults
         self.now = now
         self.smart_turn_ms: dict[int, float] = {}  # worker index -> its boot-measured Smart Turn ms (auto limit)
         self._echo_client: Any = None
@@ -248,8 +259,23 @@ class PeerRouter:
             self.metrics.inc("frames_unknown_call")
         return call
 
+    def _hosted(self, call_id: str, sender: str) -> Call | None:
+        """The call ``call_id`` if ``sender`` is the agent process that hosts it and it is not
+        bridged (its agent side left); else None, counted (``frames_refused_foreign``,
+        ``frames_refused_bridged``): no stranger controls a call."""
+        call = self._call(call_id)
+        if call is None:
+            return None
+        if sender != call.agent_proc:
+            self.metrics.inc("frames_refused_foreign")
+            return None
+        if call.bridged_with:
+            self.metrics.inc("frames_refused_bridged")
+            return None
+        return call
+
     def _on_clear(self, f: F.Clear, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.apply_clear(call, f.epoch, f.sent_ns, self.links.arrival_ns, f.lazy)
 
@@ -261,12 +287,12 @@ class PeerRouter:
             self.playout.note_utterance(call, f.epoch, f.out_pos)
 
     def _on_pause(self, f: F.Pause, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.apply_pause(call, f.epoch)
 
     def _on_resume(self, f: F.Resume, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.apply_resume(call, f.epoch)
 
@@ -276,46 +302,53 @@ class PeerRouter:
                 self.links.reply(sender, F.CommandReply(ok=not error, data=data or {"reason": error},
                                                         error=error), cid)
 
-            self.operator.dial(f.args or {}, done)
+            self.operator.dial(f.args or {}, done, sender)
             return
         self.links.reply(sender, F.CommandReply(ok=True, data=self.operator.command(f.name, f.args or {})), cid)
 
     def _on_mark(self, f: F.Mark, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None:
             self.playout.add_mark(call, f.name, f.position)
 
     def _on_hangup(self, f: F.Hangup, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
-        if call is not None:
+        if call is not None and self.consults.may_control(call, sender):  # no stranger ends a call
             self.lifecycle.agent_hangup(call, f.reason)
 
     def _on_call_ended(self, f: F.CallEnded, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
-        if call is not None:
+        if call is not None and sender != call.agent_proc:
+            self.metrics.inc("frames_refused_foreign")  # a stranger cannot end (or release) it
+        elif call is not None:
             self.lifecycle.agent_ended(call, f.reason)
 
     def _on_send_dtmf(self, f: F.SendDtmf, sender: str, cid: int | str | None) -> None:
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is not None and call.leg is not None:
             refused = call.leg.send_dtmf(f.digits)
             call.stats.dtmf_out += len(f.digits) - refused
 
     def _on_call_event(self, f: F.CallEvent, sender: str, cid: int | str | None) -> None:
         """Forwarded to the leg as it is, or dropped and counted (never queued, never answered)."""
-        call = self._call(f.call_id)
+        call = self._hosted(f.call_id, sender)
         if call is None:
             return
         sent = call.leg is not None and not call.transport_done and call.leg.send_call_event(f.name, f.data)
         self.metrics.inc("call_events_sent" if sent else "call_events_dropped")
 
     def _on_consult_verdict(self, f: F.ConsultVerdict, sender: str, cid: int | str | None) -> None:
-        self.metrics.inc("consult_verdicts_refused")  # no consult legs are placed yet
+        self.consults.verdict(f, sender)  # forwarded to the caller's agent as ConsultResult, or refused
 
     def _on_bridge(self, f: F.Bridge, sender: str, cid: int | str | None) -> None:
-        self.metrics.inc("bridges_refused")
-        self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=False,
-                                                detail="this gateway cannot bridge calls"), cid)
+        legs = self.consults.bridge(f, sender)
+        if isinstance(legs, str):
+            self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=False, detail=legs), cid)
+            return
+        # answered before the CallEnd("bridged") that follows, so the agent reads the bridge first
+        self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=True, detail=f"bridged with {f.other}"), cid)
+        for call in legs:
+            self.lifecycle.bridged(call)
 
     def _on_transfer(self, f: F.Transfer, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
@@ -328,5 +361,11 @@ class PeerRouter:
 
         if call.leg is None or call.transport_done:
             done(False, "call not connected")
+        elif call.bridged_with or sender != call.agent_proc:
+            self.metrics.inc("transfers_refused_foreign")
+            done(False, "not a call of the sender")
         else:
-            call.leg.transfer(f.target, done)
+            if f.summary and call.transport != "sip":
+                # only a SIP REFER carries it (X-Transfer-Summary); Twilio's REST transfer has no header
+                self.metrics.inc("transfer_summaries_ignored")
+            call.leg.transfer(f.target, done, f.summary)

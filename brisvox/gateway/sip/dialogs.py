@@ -127,6 +127,19 @@ def bye_reason(reason: str) -> str:
     return f'Q.850;cause={q850_cause(reason)};text="{reason_text(reason, REASON_TEXT_MAX)}"'
 
 
+TRANSFER_SUMMARY_MAX = 256  # X-Transfer-Summary: UTF-8 bytes inside the quotes
+
+
+def transfer_summary_header(summary: str) -> tuple[str, bool]:
+    """A blind transfer's summary as the REFER's ``X-Transfer-Summary`` value: an RFC 3261
+    quoted-string (:func:`~brisvox.wire.sip_message.quoted_string`: control characters, CR
+    and LF among them, become spaces, ``"`` and ``\\`` are escaped) of at most
+    :data:`TRANSFER_SUMMARY_MAX` bytes; ``changed``: the text had to be altered (counted)."""
+    body = quoted_string(summary, TRANSFER_SUMMARY_MAX)
+    changed = body.replace('\\"', '"').replace("\\\\", "\\") != summary
+    return f'"{body}"', changed
+
+
 def warning(text: str) -> list[tuple[str, str]]:
     """A Warning header (RFC 3261 20.43, code 305: incompatible media) with ``text`` escaped."""
     return [("warning", f'305 brisvox "{quoted_string(text, 80)}"')]
@@ -622,8 +635,9 @@ class SipDialogs:
                     leg.transfer_done(False, f"transfer failed: {frag[8:60]}")
                     leg.transfer_done = None
 
-    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None]) -> None:
-        """The agent's Transfer: REFER in ``leg``'s dialog; ``done(ok, why)`` once (see the invariants)."""
+    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
+        """The agent's Transfer: REFER in ``leg``'s dialog; ``done(ok, why)`` once (see the invariants).
+        A ``summary`` goes as ``X-Transfer-Summary`` (:func:`transfer_summary_header`)."""
         if leg.state != "confirmed" or leg.ended:
             done(False, "call not confirmed")
             return
@@ -643,8 +657,13 @@ class SipDialogs:
         except ValueError:
             done(False, "invalid target")
             return
-        req = leg.dialog.request("REFER", self.transactions.via_host_for(leg.dialog.transport), extra=[
-            ("refer-to", f"<{target}>"), ("referred-by", f"<{leg.dialog.local_uri}>")])
+        extra = [("refer-to", f"<{target}>"), ("referred-by", f"<{leg.dialog.local_uri}>")]
+        if summary:
+            value, changed = transfer_summary_header(summary)
+            if changed:
+                self.counters.count("sip_transfer_summaries_sanitised")
+            extra.append(("x-transfer-summary", value))
+        req = leg.dialog.request("REFER", self.transactions.via_host_for(leg.dialog.transport), extra=extra)
 
         def on_action(a: Action) -> None:
             if isinstance(a, Deliver) and a.msg.status >= 200:

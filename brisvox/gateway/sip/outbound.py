@@ -86,7 +86,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from brisvox.gateway.config import SipTrunk
-from brisvox.gateway.core.calls import AdmissionError
+from brisvox.gateway.core.calls import AdmissionError, Call
 from brisvox.gateway.sip.client_auth import ClientAuth, resend, trunk_credentials
 from brisvox.gateway.sip.dialogs import bye_reason, negotiate, sdp_refusal
 from brisvox.gateway.sip.rtp import RATE, Addr, RtpPorts, SipCall, SipContext
@@ -236,11 +236,12 @@ class SipDialer:
         self.outgoing.clear()
 
     def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "",
-             params: dict[str, str] | None = None) -> None:
+             params: dict[str, str] | None = None, admitted: Callable[[Call], None] | None = None) -> None:
         """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name; "": ``[sip] trunk``) with
         the call parameters ``params`` (checked by :func:`brisvox.wire.jsontext.dial_params`; the
         gateway's ``from``/``to``/``direction`` are added); ``done(data, "")`` with the call id once
-        answered, else ``done(None, why)``."""
+        answered, else ``done(None, why)``; ``admitted(call)`` as soon as the call is admitted, before
+        the INVITE (a warm transfer's consult leg is marked there, before its agent side can start)."""
         self.counters.count("sip_dial_attempts")
         via: str | SipTrunk = self.cfg.trunk
         if trunk or self.cfg.trunk_named(self.cfg.trunk):
@@ -308,6 +309,8 @@ class SipDialer:
         call.called = param_text(uri_number(ruri)) or ""
         if dropped:
             self.counters.count("call_params_dropped", dropped)
+        if admitted is not None:
+            admitted(call)
         d = Dialing(leg, dest, done, auth=ClientAuth(leg.auth_creds) if leg.auth_creds else None,
                     se_asked=self.cfg.session_expires_s, min_se=self.cfg.min_se_s)
         self.outgoing[inv.call_id] = d

@@ -108,7 +108,7 @@ class LegSignalling(Protocol):
 
     def hangup(self, leg: SipCall, reason: str) -> None: ...
 
-    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None]) -> None: ...
+    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None], summary: str = "") -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,8 +520,8 @@ class SipCall(TransportLeg):
     def hangup(self, reason: str) -> None:
         self.ctx.signalling.hangup(self, reason)
 
-    def transfer(self, target: str, done: Callable[[bool, str], None]) -> None:
-        self.ctx.signalling.refer(self, target, done)
+    def transfer(self, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
+        self.ctx.signalling.refer(self, target, done, summary)
 
 
 def _same(proto: RtpProtocol) -> RtpProtocol:

@@ -84,6 +84,7 @@ from collections.abc import Callable
 from typing import Any
 
 from brisvox.gateway.config import SipConfig
+from brisvox.gateway.core.calls import Call
 from brisvox.gateway.core.host import CallHost
 from brisvox.gateway.sip.authenticator import AuthDecision, SipAuthenticator
 from brisvox.gateway.sip.counters import SipCounters
@@ -163,10 +164,11 @@ class SipUserAgent:
         return out
 
     def dial(self, target: str, agent: str, done: Done, ring_timeout_s: float = 0.0, trunk: str = "",
-             params: dict[str, str] | None = None) -> None:
+             params: dict[str, str] | None = None, admitted: Callable[[Call], None] | None = None) -> None:
         """Call ``target`` (through ``trunk``, a ``[[sip.trunks]]`` name) with the call parameters
-        ``params``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``."""
-        self.dialer.dial(target, agent, done, ring_timeout_s, trunk, params)
+        ``params``; ``done(data, "")`` with the call id once answered, else ``done(None, why)``;
+        ``admitted(call)`` once the call is admitted."""
+        self.dialer.dial(target, agent, done, ring_timeout_s, trunk, params, admitted)
 
     # -- the transaction user (requests up from the transaction layer) -----------------------
 
@@ -238,5 +240,5 @@ class SipUserAgent:
         else:
             self.dialogs.hangup(leg, reason)
 
-    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None]) -> None:
-        self.dialogs.refer(leg, target, done)
+    def refer(self, leg: SipCall, target: str, done: Callable[[bool, str], None], summary: str = "") -> None:
+        self.dialogs.refer(leg, target, done, summary)
