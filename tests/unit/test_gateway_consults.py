@@ -116,7 +116,7 @@ def dialer_admitting(core, make, proc: str = PROC, fail: str = ""):
     the INVITE), then reports it answered (or ``fail``)."""
     placed: list[Any] = []
 
-    def dial(listener, host, target, agent, ring, done, trunk, admitted):
+    def dial(listener, host, target, agent, ring, done, trunk, params, admitted):
         call, leg = make(proc)
         if admitted is not None:
             admitted(call)
@@ -197,7 +197,7 @@ def test_a_twilio_consult_leg_is_claimed_by_its_call_sid(rig):
     core, make, _ = rig
     caller, _ = make()
 
-    def dial_twilio(listener, host, target, agent, ring, done, trunk, admitted):
+    def dial_twilio(listener, host, target, agent, ring, done, trunk, params, admitted):
         done({"via": "twilio", "call_sid": "CA" + "1" * 32, "status": "queued"}, "")
 
     core.dialers = {"twilio": Dialer("websocket", dial_twilio, "off")}
