@@ -73,6 +73,10 @@ __all__ = ["KEY_OPTIONAL", "LOCAL", "PROVIDERS", "ProviderDef", "resolve_key", "
            "Problem", "check_agent_file", "check_main", "is_agent_file", "load_agent", "actor_config", "parse",
            "key_lines", "line_of", "schema", "read"]
 
+# `[audio] denoise` when the file does not say: chosen by `python -m bench denoise` (docs/BENCHMARKS.md)
+DEFAULT_DENOISE = "off"
+
+
 class AgentDefError(ConfigError):
     """A problem of an agent file: ``key`` dotted path, ``line`` 1-based (0: unknown)."""
 
@@ -117,6 +121,7 @@ class AgentDef:
     agent_link: LinkConfig | None = None  # [agent_link]: the agent service (docs/AGENT_PROTOCOL.md)
     amd: AmdConfig = field(default_factory=AmdConfig)  # [amd]: answering-machine detection (host/amd_screen.py)
     webhooks: tuple[AgentWebhook, ...] = ()  # [[webhooks]]: where this agent's call events go (docs/PROTOCOL.md)
+    denoise: str = DEFAULT_DENOISE  # [audio] denoise: noise suppression in the worker (workers/denoise.py)
 
     def legs(self) -> list[tuple[str, ProviderDef]]:
         """(stage, leg) of every stage the agent has."""
@@ -167,6 +172,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         agent_link=LinkConfig.from_table(data["agent_link"]) if "agent_link" in data else None,
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
         amd=AmdConfig.from_table(data.get("amd", {})),
+        denoise=str((data.get("audio") or {}).get("denoise") or DEFAULT_DENOISE),
         webhooks=tuple(from_table(AgentWebhook, h, f"webhooks[{i}]") for i, h in enumerate(data.get("webhooks") or ())),
     )
 
