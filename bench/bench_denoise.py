@@ -25,8 +25,9 @@ project's resampler to 16 kHz (:func:`workers.resample.stream`), the call's
   measured as the mean and the maximum the denoiser holds while 20 ms frames
   arrive.
 
-``--quick``: 2 sentences and 10 s of noise per cell (about 1 minute on 2 busy
-cores); the full run: 6 sentences, 30 s of noise per cell.
+``--quick``: 2 sentences and 10 s of noise per cell (109 s on 2 cores shared at a load
+of 4-6); the full run: 6 sentences, 30 s of noise per cell (about 4 CPU-minutes: 696 s
+at that load). The figures and what they decided: docs/BENCHMARKS.md, "Noise suppression".
 """
 
 from __future__ import annotations
