@@ -165,3 +165,29 @@ def test_agent_file_refuses_an_unknown_denoise():
     assert parse(base, "a.toml").denoise == DEFAULT_DENOISE
 
 
+
+
+def test_input_chain_with_denoise_keeps_in16_on_the_time_grid_across_a_gap(shm_clean):
+    """in16 never runs ahead of the audio it stands for: after an overrun of the ``in`` ring
+    the denoiser's held samples go out (raw) before the gap's zeros, not after them."""
+    from workers.harness import close_rings, create_call_rings
+    from workers.resample import InputChain, in16_pos_for
+
+    rings = create_call_rings(shm_clean, "g", 8000, 16000, seconds=1.0)
+    try:
+        d = Denoiser(RnnoiseModel())
+        inp = InputChain(rings["in"], rings["in16"], 8000, denoise=d)
+        x8 = signal(3, 4.0)[::2]  # 8 kHz
+        lag: list[int] = []
+        gaps = 0
+        pos = 0
+        for chunk in (160, 160, 160, 9000, 160, 160, 12000, 160, 160, 160, 160):  # two overruns
+            rings["in"].write(x8[pos : pos + chunk])
+            pos += chunk
+            inp.step()
+            gaps += inp.gap >= 0
+            lag.append(in16_pos_for(inp.in_pos, 8000) - inp.out_pos)
+        assert gaps == 2
+        assert all(0 <= k <= d.max_hold + 4 for k in lag), lag
+    finally:
+        close_rings(rings)
