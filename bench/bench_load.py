@@ -41,7 +41,9 @@ Speculative LLM start (docs/LATENCY.md): ``BRISVOX_BENCH_SPECULATION`` = ``off``
 words, ``interim_lag_words``; 0: the last interim equals the final, as the bench
 agent ships). Either set, the derived config names a copy of the agent files' folder
 (in the same temporary folder) whose routed agents have those keys set; unset, the
-agent files are used as they are. Every level prints the call records' summed
+agent files are used as they are. ``BRISVOX_BENCH_DENOISE`` = ``off``, ``rnnoise`` or
+``deepfilter`` sets the routed agents' ``[audio] denoise`` the same way (the noise
+suppression in the workers, docs/PROVIDERS.md). Every level prints the call records' summed
 speculation counters (:func:`bench.breakdown.speculation`).
 
 Failure is a message, never a hang: a missing command or config, a port
@@ -143,6 +145,19 @@ def interim_lag() -> int | None:
     return k
 
 
+DENOISE_MODES = ("off", "rnnoise", "deepfilter")
+
+
+def denoise_mode() -> str | None:
+    """``BRISVOX_BENCH_DENOISE``: None (unset: the agent file's own ``[audio] denoise``) or a mode."""
+    raw = os.environ.get("BRISVOX_BENCH_DENOISE", "").strip().lower()
+    if not raw:
+        return None
+    if raw not in DENOISE_MODES:
+        raise harness.ServerError(f"BRISVOX_BENCH_DENOISE {raw!r}: expected one of {', '.join(DENOISE_MODES)}")
+    return raw
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -173,10 +188,12 @@ def set_keys(text: str, section: str, values: dict[str, Any]) -> str:
     return "\n".join(lines[:start + 1] + new + body + lines[end:]) + "\n"
 
 
-def derive_agents(src: Path, agents_dst: Path, spec: str | None, lag: int | None) -> None:
+def derive_agents(src: Path, agents_dst: Path, spec: str | None, lag: int | None,
+                  denoise: str | None = None) -> None:
     """Copy the agent files of bench config ``src`` into ``agents_dst``, with the routed
     agents' (the WebSocket routes' and the default) ``[speculation]`` set to ``spec``'s
-    keys and their ``[stt.options] interim_lag_words`` to ``lag`` (None: left as is)."""
+    keys, their ``[stt.options] interim_lag_words`` to ``lag`` and their ``[audio] denoise``
+    to ``denoise`` (None: left as is)."""
     from brisvox.config.daemon import load_config
 
     cfg = load_config(str(src))
@@ -192,6 +209,8 @@ def derive_agents(src: Path, agents_dst: Path, spec: str | None, lag: int | None
                 text = set_keys(text, "speculation", SPECULATION_MODES[spec])
             if lag is not None:
                 text = set_keys(text, "stt.options", {"interim_lag_words": lag})
+            if denoise is not None:
+                text = set_keys(text, "audio", {"denoise": denoise})
         (agents_dst / f.name).write_text(text)
 
 
@@ -243,6 +262,7 @@ class BrisvoxDaemon:
         self.early_ms = early_turn_ms()
         self.spec = speculation_mode()
         self.lag = interim_lag()
+        self.denoise = denoise_mode()
         self.spec_stats: dict[int, dict[str, Any]] = {}  # N -> the level's speculation counters
         self._run_cmd = self.cmd  # the command of the current level (its derived config)
         self._tmp: Path | None = None  # the level's derived config and records
@@ -253,6 +273,8 @@ class BrisvoxDaemon:
             early += f", speculation {self.spec}"
         if self.lag is not None:
             early += f", interims lag the final by {self.lag} word(s)"
+        if self.denoise is not None:
+            early += f", [audio] denoise = {self.denoise}"
         return f"brisvoxd ({' '.join(self.cmd[1:])}{early}) at {self.url}"
 
     def _derive(self) -> list[str]:
@@ -264,9 +286,9 @@ class BrisvoxDaemon:
         (self._tmp / "calls").mkdir(mode=0o700)
         cfg = self._tmp / "brisvoxd.toml"
         agents = None
-        if self.spec is not None or self.lag is not None:
+        if self.spec is not None or self.lag is not None or self.denoise is not None:
             agents = self._tmp / "agents"
-            derive_agents(Path(self.cmd[i]), agents, self.spec, self.lag)
+            derive_agents(Path(self.cmd[i]), agents, self.spec, self.lag, self.denoise)
         cfg.write_text(derive_config(Path(self.cmd[i]), self._tmp / "calls", self.early_ms, agents))
         return [*self.cmd[:i], str(cfg), *self.cmd[i + 1:]]
 

@@ -502,6 +502,9 @@ class AttachCall(Frame):
     OutUtterance (the gateway needs utterance starts for its epoch filter).
     Errors: bad_ring (missing ring, bad magic/version), bad_rate, bad_params,
     full. An attach naming a new ``incarnation`` first does what SubscriberHello does.
+    ``denoise`` puts noise suppression (workers/denoise.py) between the resampler
+    and ``in16``: the VAD and every reader of in16 get the denoised audio, the
+    ``in`` ring (the recording) stays raw. A re-attach keeps the call's setting.
     """
 
     call_id: str
@@ -514,6 +517,7 @@ class AttachCall(Frame):
     gateway: str = ""
     incarnation: str = ""  # the subscriber process's (SubscriberHello); "" = not said
     ring_key: str = ""  # the call's ring key (CallStart.ring_key): part of every ring name of the call
+    denoise: str = "off"  # the agent's `[audio] denoise`: "off", "rnnoise" or "deepfilter" (else bad_params)
 
 
 @frame("subscriber_hello", to="worker")

@@ -117,6 +117,7 @@ class CallAttachment:
     attached_ns: int = 0
     reattaches: int = 0
     ring_key: str = ""  # the call's ring key (CallStart.ring_key), sent in every AttachCall
+    denoise: str = "off"  # the agent's `[audio] denoise`, sent in every AttachCall
 
 
 @dataclass
@@ -298,6 +299,7 @@ class WorkerClient:
         vad: dict[str, Any] | None = None,
         gateway: str = "",
         ring_key: str = "",
+        denoise: str = "off",
     ) -> CallAttachment:
         """Attach a call, preferring ``worker``; falls over to other ready workers.
 
@@ -306,7 +308,8 @@ class WorkerClient:
         A refusal that is about the call itself (bad_ring, bad_rate,
         bad_params) is not retried elsewhere.
         """
-        link = CallAttachment(call_id, instance, call_rate, tts_rate, vad, gateway, ring_key=ring_key)
+        link = CallAttachment(call_id, instance, call_rate, tts_rate, vad, gateway, ring_key=ring_key,
+                              denoise=denoise)
         self.calls[call_id] = link
         order = self._pick()
         if not order:  # the gateway may have seen a worker turn ready a moment before this process
@@ -330,7 +333,7 @@ class WorkerClient:
             frame = AttachCall(call_id=link.call_id, subscriber=self.identity, instance=link.instance,
                                call_rate=link.call_rate, tts_rate=link.tts_rate,
                                speaking_since=link.speaking_since, vad=link.vad, gateway=link.gateway,
-                               incarnation=self.incarnation, ring_key=link.ring_key)
+                               incarnation=self.incarnation, ring_key=link.ring_key, denoise=link.denoise)
             # tentatively ours before the request: the worker's first tick can be
             # processed before this coroutine resumes, and must not look stale
             link.worker = index

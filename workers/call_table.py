@@ -24,6 +24,13 @@ Invariants:
   and a free Silero slot; otherwise nothing is kept (rings closed) and the
   request gets a typed error (``bad_rate``, ``bad_params``, ``bad_ring``,
   ``full``). Nothing attaches before :meth:`AttachedCalls.load` (no slots).
+* ``[audio] denoise`` (AttachCall ``denoise``): a call with it on gets its own
+  :class:`workers.denoise.Denoiser` inside its InputChain (in16 and the VAD see
+  denoised audio, ``in`` stays raw; native 8 kHz VAD is off for it, the VAD
+  reads in16) and waits ``max_hold`` in16 samples longer for each VAD window;
+  an unknown value, or a model that cannot load, refuses the attach
+  (``bad_params``). A denoiser that fails later fails open (counted in
+  ``denoise_failures``).
 * A re-attach after a worker died during speech starts with a synthesized
   stop (``reason`` ``worker_lost``) where the in16 ring ends.
 * Detach closes the call's rings, frees its slot and then calls ``on_detach``
@@ -59,6 +66,7 @@ from ipc.ring import Ring, RingError, ring_name
 from ipc.tick_events import SpeechStop, TickEvent
 from workers.amd import AmdDetector, AmdParams
 from workers.config import VadConfig, WorkersConfig
+from workers.denoise import MODES, Denoiser, make_model
 from workers.resample import RATE16, InputChain, OutputChain, resume_in_pos
 from workers.stats import TickStats
 from workers.vad import RATE8, WINDOW, WINDOW8, SileroBatch, VadHealth, VadParams, VadStream
@@ -115,6 +123,8 @@ class AttachedCall:
         # convert when in16 (not only `in`) covers the window: a stop's `at` is then always in
         # in16 when it is published (Smart Turn reads up to it; the actor defers until it is)
         self.hold16 = 0 if inp.rate == RATE16 else HOLDBACK16
+        if inp.denoise is not None:  # what the denoiser holds (its frame, its delay)
+            self.hold16 += inp.denoise.max_hold
         self.need_in = 0  # the in position that completes the next VAD window: convert then
         self.conv_ns = 0  # when the input was last converted
         self.pub_pos = -1  # the in16 position last published
@@ -158,6 +168,8 @@ class AttachedCall:
     def close(self) -> None:
         for r in self.rings.values():
             r.close()
+        if self.inp.denoise is not None:
+            self.inp.denoise.close()
 
 
 class _RateMismatch(Exception):
@@ -220,6 +232,9 @@ class AttachedCalls:
             params = self.params.merged(f.vad)
         except ValueError as e:
             return self.stats.error("bad_params", str(e), f.call_id)
+        if f.denoise not in MODES:
+            return self.stats.error("bad_params", f"denoise {f.denoise!r}: expected one of {', '.join(MODES)}",
+                                    f.call_id)
         if not self.free_slots:
             return self.stats.error("full", f"worker-{self.index} serves {len(self.calls)} calls (max_calls)", f.call_id)
         rings: dict[str, Ring] = {}
@@ -233,15 +248,26 @@ class AttachedCalls:
             for r in rings.values():
                 r.close()
             return self.stats.error("bad_rate" if isinstance(e, _RateMismatch) else "bad_ring", str(e), f.call_id)
+        denoiser = None
+        if f.denoise != "off":
+            try:
+                denoiser = Denoiser(make_model(f.denoise), f.call_id, on_fail=self._denoise_failed)
+            except Exception as e:  # the model cannot load here: refuse the call, keep nothing
+                for r in rings.values():
+                    r.close()
+                log.error("call %s: denoise %s unavailable: %s", f.call_id, f.denoise, e)
+                return self.stats.error("bad_params", f"denoise {f.denoise} unavailable: {e}"[:200], f.call_id)
+            self.stats.denoised_calls += 1
         slot = self.free_slots.pop()
         assert self.silero is not None
         self.silero.reset(slot)
-        inp = InputChain(rings["in"], rings["in16"], f.call_rate, self.cfg.max_read_ms / 1000.0)
+        inp = InputChain(rings["in"], rings["in16"], f.call_rate, self.cfg.max_read_ms / 1000.0, denoiser)
         out = OutputChain(rings["tts"], rings["out"], f.tts_rate, f.call_rate, self.cfg.max_read_ms / 1000.0)
         health = VadHealth(self.vad_cfg.max_consecutive_failures, self.vad_cfg.failure_window,
                            self.vad_cfg.recovery_interval)
+        # the VAD reads what the STT reads: with denoise on, the denoised in16 (never raw `in`)
         c = AttachedCall(f.call_id, f.subscriber, f.gateway, slot, rings, inp, out, params, health,
-                 native8=self.vad_cfg.native_8k, incarnation=f.incarnation)
+                 native8=self.vad_cfg.native_8k and denoiser is None, incarnation=f.incarnation)
         if f.speaking_since >= 0:
             # the previous worker died during speech: close it where its in16 ended
             at = inp.out_pos
@@ -250,6 +276,9 @@ class AttachedCalls:
         self.calls[f.call_id] = c
         self.by_sub.setdefault(f.subscriber, []).append(c)
         return Attached(call_id=f.call_id, worker=self.index, in16_pos=inp.out_pos)
+
+    def _denoise_failed(self, e: Exception) -> None:
+        self.stats.denoise_failures += 1
 
     def _unindex(self, c: AttachedCall) -> None:
         lst = self.by_sub.get(c.subscriber)

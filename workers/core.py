@@ -258,6 +258,7 @@ class Worker:
             "tick_cpu_ms": st.tick_cpu_ns / 1e6, "tick_max_ms": st.tick_max_ns / 1e6,
             "out_nudges": st.out_nudges, "orphan_detaches": st.orphan_detaches,
             "retired_calls": st.retired_calls, "retirements": st.retirements,
+            "denoised_calls": st.denoised_calls, "denoise_failures": st.denoise_failures,
             "calls_by_subscriber": {sub: len(calls) for sub, calls in self.attached.by_sub.items()},
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},

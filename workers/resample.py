@@ -17,7 +17,12 @@ so a position means the same in every process):
   sample is the first input sample), so this holds while the stream is
   continuous; at a gap (the reader was overrun) the converter flushes,
   writes zeros for the lost span and restarts, so it holds again after it.
-  The writer may trail by the few samples QQ holds back for interpolation.
+  The writer may trail by the few samples QQ holds back for interpolation,
+  and, with a :class:`workers.denoise.Denoiser` between the resampler and
+  ``in16`` (``[audio] denoise``), by what the denoiser holds
+  (:attr:`~workers.denoise.Denoiser.max_hold` at most; its delay is dropped,
+  so in16 sample ``k`` is still the audio at time ``k``). At a gap the
+  denoiser's held samples are written raw before the zeros.
 * :func:`resume_in_pos` inverts the map, so a worker that takes over a
   call (re-attach after a worker death) continues ``in16`` without a seam.
 * On the output side every utterance starts a fresh stream: its first
@@ -37,12 +42,15 @@ Neither class does ZeroMQ I/O; they return what the core must send.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import soxr
 
 from ipc.ring import Ring
+
+if TYPE_CHECKING:
+    from workers.denoise import Denoiser
 
 RATE16 = 16_000
 QUALITY = "QQ"
@@ -58,7 +66,8 @@ def resume_in_pos(in16_pos: int, rate: int) -> int:
     return -((-in16_pos * rate) // RATE16)
 
 
-def _stream(src: int, dst: int) -> soxr.ResampleStream | None:
+def stream(src: int, dst: int) -> soxr.ResampleStream | None:
+    """The project's streaming resampler (soxr QQ, int16, mono); None when the rates match."""
     if src == dst:
         return None
     return soxr.ResampleStream(src, dst, 1, dtype="int16", quality=QUALITY)
@@ -88,13 +97,14 @@ class InputChain:
     """
 
     __slots__ = ("src", "dst", "rate", "rs", "proc", "in_pos", "out_pos", "max_read", "fresh", "raw", "gap",
-                 "gap_lost", "lost_total", "_zeros")
+                 "gap_lost", "lost_total", "_zeros", "denoise")
 
-    def __init__(self, src: Ring, dst: Ring, rate: int, max_read_s: float = 1.0) -> None:
+    def __init__(self, src: Ring, dst: Ring, rate: int, max_read_s: float = 1.0,
+                 denoise: Denoiser | None = None) -> None:
         self.src = src
         self.dst = dst
         self.rate = rate
-        self.rs = _stream(rate, RATE16)
+        self.rs = stream(rate, RATE16)
         self.proc = _processor(self.rs)
         self.out_pos = dst.write_pos
         self.in_pos = resume_in_pos(self.out_pos, rate)
@@ -108,6 +118,7 @@ class InputChain:
         self.gap_lost = 0
         self.lost_total = 0
         self._zeros = np.zeros(0, dtype=np.int16)
+        self.denoise = denoise  # between the resampler and in16 (None: `[audio] denoise = "off"`)
 
     def step(self) -> int:
         """Convert what arrived; returns the number of in16 samples written."""
@@ -127,6 +138,8 @@ class InputChain:
         self.in_pos = end
         proc = self.proc
         out = x if proc is None else proc(x.reshape(-1, 1), False).reshape(-1)
+        if self.denoise is not None:
+            out = self.denoise.process(out)
         n = len(out)
         if n:
             self.out_pos = self.dst.write(out)
@@ -138,9 +151,15 @@ class InputChain:
         """The reader was overrun: close the stream, pad the lost span with zeros."""
         if self.rs is not None:
             tail = self.rs.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
+            if self.denoise is not None:
+                tail = self.denoise.process(tail)
             if len(tail):
                 self.out_pos = self.dst.write(tail)
             # the audio it held is flushed; what follows is after the gap
+        if self.denoise is not None:  # what the denoiser held goes out raw; its framing restarts
+            held = self.denoise.flush()
+            if len(held):
+                self.out_pos = self.dst.write(held)
         gap_at = self.out_pos
         target = in16_pos_for(new_in_pos, self.rate)
         lost16 = max(0, target - self.out_pos)
@@ -150,7 +169,7 @@ class InputChain:
             self.out_pos = self.dst.write(np.zeros(lost16, dtype=np.int16))
         self.lost_total += new_in_pos - self.in_pos
         self.in_pos = new_in_pos
-        self.rs = _stream(self.rate, RATE16)
+        self.rs = stream(self.rate, RATE16)
         self.proc = _processor(self.rs)
         self.gap = gap_at
         self.gap_lost = lost16
@@ -158,7 +177,7 @@ class InputChain:
         return 0
 
     def reset_stream(self) -> None:
-        self.rs = _stream(self.rate, RATE16)
+        self.rs = stream(self.rate, RATE16)
         self.proc = _processor(self.rs)
 
 
@@ -189,7 +208,7 @@ class OutputChain:
         self.dst = dst
         self.src_rate = src_rate
         self.dst_rate = dst_rate
-        self.rs = _stream(src_rate, dst_rate)
+        self.rs = stream(src_rate, dst_rate)
         self.tts_pos = src.write_pos
         self.seg_tts0 = self.tts_pos
         self.seg_out0 = dst.write_pos
@@ -233,7 +252,7 @@ class OutputChain:
             got = self.src.read_range(self.tts_pos, end)
             if got.lost:  # overrun: restart the segment where the audio still exists
                 self.tts_pos = got.start
-                self.rs = _stream(self.src_rate, self.dst_rate)
+                self.rs = stream(self.src_rate, self.dst_rate)
                 self.seg_tts0 = got.start
                 self.seg_out0 = self.dst.write_pos
             x = got.samples
@@ -249,7 +268,7 @@ class OutputChain:
             self.converted += len(y)
 
     def _restart(self) -> None:
-        self.rs = _stream(self.src_rate, self.dst_rate)
+        self.rs = stream(self.src_rate, self.dst_rate)
         self.seg_tts0 = self.tts_pos
         self.seg_out0 = self.dst.write_pos
 

@@ -50,6 +50,8 @@ class TickStats:
     amd_started: int = 0  # answering-machine detections asked for (AmdStart)
     amd_verdicts: int = 0  # their verdicts sent
     amd_ns: int = 0  # CPU time of the tick thread inside the detectors
+    denoised_calls: int = 0  # calls attached with `[audio] denoise` on
+    denoise_failures: int = 0  # calls whose denoiser failed open (raw audio from then on)
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, kind: str, detail: str, call_id: str = "") -> ErrorReply:

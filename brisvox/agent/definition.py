@@ -76,6 +76,10 @@ __all__ = ["KEY_OPTIONAL", "LOCAL", "PROVIDERS", "ProviderDef", "resolve_key", "
            "Problem", "check_agent_file", "check_main", "is_agent_file", "load_agent", "actor_config", "parse",
            "key_lines", "line_of", "schema", "read"]
 
+# `[audio] denoise` when the file does not say: chosen by `python -m bench denoise` (docs/BENCHMARKS.md)
+DEFAULT_DENOISE = "off"
+
+
 class AgentDefError(ConfigError):
     """A problem of an agent file: ``key`` dotted path, ``line`` 1-based (0: unknown)."""
 
@@ -121,6 +125,7 @@ class AgentDef:
     amd: AmdConfig = field(default_factory=AmdConfig)  # [amd]: answering-machine detection (host/amd_screen.py)
     webhooks: tuple[AgentWebhook, ...] = ()  # [[webhooks]]: where this agent's call events go (docs/PROTOCOL.md)
     warm_transfer: WarmConfig = field(default_factory=WarmConfig)  # [warm_transfer]: host/warm_transfer.py
+    denoise: str = DEFAULT_DENOISE  # [audio] denoise: noise suppression in the worker (workers/denoise.py)
 
     def legs(self) -> list[tuple[str, ProviderDef]]:
         """(stage, leg) of every stage the agent has."""
@@ -172,6 +177,7 @@ def parse(data: Mapping[str, Any], path: str) -> AgentDef:
         s2s_settings={k: v for k, v in data.get("s2s", {}).items() if k in S2S_SETTINGS},
         amd=AmdConfig.from_table(data.get("amd", {})),
         warm_transfer=WarmConfig.from_table(data.get("warm_transfer", {})),
+        denoise=str((data.get("audio") or {}).get("denoise") or DEFAULT_DENOISE),
         webhooks=tuple(from_table(AgentWebhook, h, f"webhooks[{i}]") for i, h in enumerate(data.get("webhooks") or ())),
     )
 

@@ -252,6 +252,16 @@ class Dtmf:
     text: str | None = Field(default=None, min_length=1, max_length=500)
 
 
+DenoiseMode = Literal["off", "rnnoise", "deepfilter"]
+
+
+@section
+class Audio:
+    """``[audio]``: what the worker does to the caller's audio before the VAD and the STT (docs/PROVIDERS.md)."""
+
+    denoise: DenoiseMode | None = None  # default: brisvox.agent.definition.DEFAULT_DENOISE
+
+
 AmdAction = Annotated[str, Field(pattern=r"^(continue|hang_up|leave_message|node:[A-Za-z0-9_-]{1,64})$")]
 
 
@@ -402,6 +412,7 @@ class AgentFile:
     dtmf: Dtmf | None = None
     amd: Amd | None = None
     warm_transfer: WarmTransfer | None = None
+    audio: Audio | None = None
     # [[webhooks]]: this agent's calls' events (brisvox/outbound/webhooks/config.py; secret_env/_file/_credential)
     webhooks: tuple[AgentWebhook, ...] | None = Field(default=None, max_length=16)
 

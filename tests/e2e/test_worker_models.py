@@ -121,11 +121,11 @@ class CoreRig:
                     return f
         raise TimeoutError
 
-    def play(self, x: np.ndarray) -> list[dict]:
+    def play(self, x: np.ndarray, denoise: str = "off") -> list[dict]:
         from ipc.codec import decode
 
         assert isinstance(self.request(AttachCall(call_id="c", subscriber="sub", instance=self.inst,
-                                                  call_rate=self.rate, tts_rate=16000)), Attached)
+                                                  call_rate=self.rate, tts_rate=16000, denoise=denoise)), Attached)
         step = self.rate // 50
         events = []
         for k in range(0, len(x) - step + 1, step):

@@ -335,12 +335,18 @@ class AgentProcess:
             for r in rings:
                 r.close()
             return refuse("no_worker")
+        denoise = "off"
+        if self.cfg.providers == "definitions":
+            try:  # [audio] denoise runs in the worker: known before the attach
+                denoise = self._agent_def(self.cfg.agent_name(f.agent)).denoise
+            except Exception:  # noqa: S110 - a bad definition is refused below (bad_agent), after the attach
+                pass
         try:
             # the gateway chooses the worker (it counts every call of every agent process);
             # another one takes the call only if that one refuses, and CallAccepted says which
             wlink = await self.workers.attach(f.call_id, f.instance, f.call_rate, f.tts_rate,
                                               worker=f.worker if f.worker >= 0 else None, gateway=sender,
-                                              ring_key=f.ring_key)
+                                              ring_key=f.ring_key, denoise=denoise)
         except Exception as e:  # AttachError, timeouts
             for r in rings:
                 r.close()
