@@ -112,6 +112,7 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
     beeps = found = false_beeps = 0
     end_err: list[float] = []
     misses: list[str] = []
+    timelines: list[dict[str, Any]] = []
     ns = fed = 0
     for item, x, pr in zip(man["openings"], audio, probs, strict=True):
         ev, n, t = detect(x, pr, p, item["words"] if transcripts else None, vad)
@@ -124,8 +125,12 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
         if v.kind != label:
             misses.append(f"{item['name']}->{v.kind}({v.reason}@{v.at_ms})")
         if label == "human" and item["words"]:
-            human_from_speech.append(v.at_ms - item["words"][0]["start_ms"])
-            human_after_reply.append(v.at_ms - item["words"][0]["end_ms"])
+            w = item["words"][0]
+            human_from_speech.append(v.at_ms - w["start_ms"])
+            human_after_reply.append(v.at_ms - w["end_ms"])
+            timelines.append({"name": item["name"], "variant": item.get("variant", ""), "speech_ms": w["start_ms"],
+                              "reply_end_ms": w["end_ms"], "verdict_ms": v.at_ms, "kind": v.kind, "rule": v.reason,
+                              "text": w["text"], "voice": item["voice"]})
         beep = next((e for e in ev if isinstance(e, AmdBeep)), None)
         if label == "machine" and item.get("beep_ms", -1) >= 0:
             beeps += 1
@@ -141,7 +146,7 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
     return {"confusion": conf, "took": took, "human_from_speech": human_from_speech,
             "human_after_reply": human_after_reply, "beeps": beeps,
             "beep_found": found, "beep_err": beep_err, "false_beeps": false_beeps, "end_err": end_err,
-            "misses": misses, "us_per_20ms": ns / 1000 / max(1, fed) * 20 / 32, "windows": fed}
+            "misses": misses, "timelines": timelines, "us_per_20ms": ns / 1000 / max(1, fed) * 20 / 32, "windows": fed}
 
 
 TARGETS = {"machine": ">= 95 %", "human": ">= 98 %"}
@@ -163,6 +168,15 @@ def rows_of(tag: str, r: dict[str, Any]) -> list[Row]:
             rows.append((f"{tag}: {t} verdict p50", _pct(r["took"][t], 50), "ms", ""))
             rows.append((f"{tag}: {t} verdict p95", _pct(r["took"][t], 95), "ms", "<= 1500" if t == "human" else ""))
     rows.append((f"{tag}: human verdict p95 from speech start", _pct(r["human_from_speech"], 95), "ms", ""))
+    tl = r["timelines"]
+    if tl:
+        rows.append((f"{tag}: human reply end p95 from the answer (the floor: no verdict before it)",
+                     _pct([t["reply_end_ms"] for t in tl], 95), "ms", ""))
+        rows.append((f"{tag}: people decided within 1500 ms of the answer", 100.0 * sum(t["verdict_ms"] <= 1500
+                     for t in tl) / len(tl), "%", ""))
+        for var in sorted({t["variant"] for t in tl}):
+            sub = [t["verdict_ms"] for t in tl if t["variant"] == var]
+            rows.append((f"{tag}: human verdict p95, {var} ({len(sub)})", _pct(sub, 95), "ms", ""))
     for q in (50, 95):
         rows.append((f"{tag}: human verdict p{q} after the reply's last word", _pct(r["human_after_reply"], q), "ms", ""))
     if r["beeps"]:
@@ -184,8 +198,18 @@ def matrix(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def timelines(r: dict[str, Any], last: int = 0) -> str:
+    """Each person's opening, latest verdict last (``last``: only that many): when their speech
+    started and ended, when the verdict came, by which rule."""
+    tl = sorted(r["timelines"], key=lambda t: t["verdict_ms"])[-last:]
+    head = f"{'opening':<10} {'variant':<18} {'speech':>6} {'end':>6} {'verdict':>7} {'after':>6}  rule / said"
+    return "\n".join([head] + [f"{t['name']:<10} {t['variant']:<18} {t['speech_ms']:>6} {t['reply_end_ms']:>6} "
+                               f"{t['verdict_ms']:>7} {t['verdict_ms'] - t['reply_end_ms']:>6}  {t['kind']}/{t['rule']}"
+                               f" {t['text']!r} {t['voice']}" for t in tl])
+
+
 def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show: bool = True,
-            out: Path = amd_set.OUT) -> list[Row]:
+            out: Path = amd_set.OUT, show_timelines: int = 0) -> list[Row]:
     t0 = time.perf_counter()
     man = amd_set.build(seed, out, scale=scale)
     audio = [amd_set.load(man, it) for it in man["openings"]]
@@ -199,6 +223,9 @@ def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show
         if show:
             print(f"   -- {tag}: confusion (rows: the truth)\n" + "\n".join("      " + ln for ln in matrix(r).splitlines()))
             print(f"      misses: {' '.join(r['misses'][:40])}", flush=True)
+            if show_timelines and tag == "audio":
+                print("   -- people's timelines (ms from the answer), latest verdicts:\n"
+                      + "\n".join("      " + ln for ln in timelines(r, show_timelines).splitlines()))
     if show:
         print(f"   (set {t1 - t0:.1f} s, VAD {t2 - t1:.1f} s, piper voice: {man['piper']})")
     return rows
@@ -232,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_amd")
     ap.add_argument("--seed", type=int, default=REPORT_SEED)
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--timelines", type=int, default=0, metavar="N",
+                    help="print the N people's openings decided last (speech start, end, verdict)")
     a = ap.parse_args(argv)
-    for fig, val, unit, target in measure(a.seed, a.scale):
+    for fig, val, unit, target in measure(a.seed, a.scale, show_timelines=a.timelines):
         v = f"{val:.1f}" if isinstance(val, float) else str(val)
         print(f"   {fig:<58} {v:>10} {unit:<9} {target}")
     return 0
