@@ -10,7 +10,7 @@ import asyncio
 from typing import Any
 
 from brisvox.agent.host.amd_screen import AmdConfig
-from brisvox.agent.host.call_amd import HEAR_EVERY_S, CallAmd, JobTranscriber
+from brisvox.agent.host.call_amd import HEAR_EVERY_S, HEAR_FIRST_S, CallAmd, JobTranscriber
 from brisvox.clock import LoopClock
 from brisvox.providers.base import ProviderError
 from brisvox.sim.vloop import run_virtual
@@ -31,7 +31,7 @@ class Host:
         self.events: list[Any] = []
 
     def in16_pos(self) -> int:
-        return int(asyncio.get_running_loop().time() * 16000)
+        return round(asyncio.get_running_loop().time() * 16000)
 
     def spawn(self, coro: Any, name: str) -> Any:
         t = asyncio.get_running_loop().create_task(coro, name=name)
@@ -94,10 +94,10 @@ def test_the_opening_is_transcribed_while_detecting_and_each_text_goes_to_the_wo
     assert hears and all(f.text == MENU and f.call_id == "c1" for _, f in hears)
     # one job at a time, every HEAR_EVERY_S + its own time, always from the answer to now
     assert all(s == 0 for s, _ in stt.spans) and [e for _, e in stt.spans] == sorted({e for _, e in stt.spans})
-    # 0.4 s: too short to hold a cue; then 0.8 s (done at 1.1), 1.5 s (1.8), 2.2 s (2.5: after the verdict)
+    # 1.2 s (done at 1.5), 1.9 s (2.2), 2.6 s (2.9: after the verdict at 2.45)
     step = HEAR_EVERY_S + stt.took
-    assert [e for _, e in stt.spans] == [round(16000 * (2 * HEAR_EVERY_S + k * step)) for k in range(3)]
-    assert [round(t, 6) for t, _ in hears] == [round(2 * HEAR_EVERY_S + stt.took + k * step, 6) for k in range(2)]
+    assert [e for _, e in stt.spans] == [round(16000 * (HEAR_FIRST_S + k * step)) for k in range(3)]
+    assert [round(t, 6) for t, _ in hears] == [round(HEAR_FIRST_S + stt.took + k * step, 6) for k in range(2)]
     assert [f.end_pos for _, f in hears] == [e for _, e in stt.spans][:2]  # the third came after the verdict
     assert amd.heard == len(hears) and all(t.done() for t in host.tasks)
     assert ("amd", "ivr") in host.events

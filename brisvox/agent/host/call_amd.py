@@ -21,8 +21,9 @@ words tell them apart): with ``[amd] transcripts`` (default on) and a :class:`Tr
 given (:meth:`CallAmd.listen_with`; the agent process gives :class:`JobTranscriber`, the local
 Whisper of the call's worker), the ``AmdStart`` says ``transcripts`` (the detector holds a
 cadence "machine" until its deadline for a menu cue) and, while the screen is detecting, the
-opening from the answer to now is transcribed every :data:`HEAR_EVERY_S` (one job at a time,
-each bounded by :data:`HEAR_TIMEOUT_S`) and each text goes to the worker as an ``AmdHear``.
+opening from the answer to now is transcribed :data:`HEAR_FIRST_S` after the answer, then
+:data:`HEAR_EVERY_S` after each job is done (one job at a time, each bounded by
+:data:`HEAR_TIMEOUT_S`) and each text goes to the worker as an ``AmdHear``.
 The worker's detector makes the verdict from it (a menu cue: ``ivr``; a greeting cue:
 ``machine``): the verdict has one source, the detector, and the actor's deadline. The chain's
 own STT is not used: the pump keeps the screened audio from it (its text would open turns),
@@ -60,6 +61,7 @@ from ipc.tick_events import AmdBeepEvent, AmdGreetingEndEvent, AmdVerdictEvent
 
 log = logging.getLogger("brisvox.agent.amd")
 
+HEAR_FIRST_S = 1.2  # the first transcription: the opening's first words (a menu's "thank you for calling")
 HEAR_EVERY_S = 0.4  # between the end of one transcription of the opening and the next
 HEAR_TIMEOUT_S = 2.0  # one transcription at most (a slower one is dropped: the deadline is near)
 HEAR_MIN_SAMPLES = 8000  # 0.5 s of in16: less than that holds no cue
@@ -82,7 +84,7 @@ class JobTranscriber:
         self.failed = 0
 
     async def __call__(self, start: int, end: int) -> str | None:
-        reply = await stt_job(self.channel, self.call_id, start, end, self.timeout, self.timeout, max_tokens=64)
+        reply = await stt_job(self.channel, self.call_id, start, end, self.timeout, self.timeout, max_tokens=32)
         if isinstance(reply, SttJobResult):
             return reply.text
         self.failed += 1
@@ -222,8 +224,10 @@ class CallAmd:
         """While detecting: the opening so far transcribed, its text to the worker's detector."""
         assert self._transcriber is not None
         last = start
+        wait = HEAR_FIRST_S  # each job costs about the same (Whisper's encoder pads to 30 s): few, well placed
         while not self._closed and self.screen.phase is Phase.DETECTING:
-            await self.clock.sleep(HEAR_EVERY_S)
+            await self.clock.sleep(wait)
+            wait = HEAR_EVERY_S
             end = self.host.in16_pos()
             if end - start < HEAR_MIN_SAMPLES or end <= last:
                 continue
