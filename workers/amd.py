@@ -87,6 +87,7 @@ _IVR_CUES = (
     "press one", "press two", "press 1", "press 2", "press zero", "press 0", "press the pound",
     "for sales", "for support", "for billing", "main menu", "menu options", "listen carefully",
     "para espanol", "para español", "dial the extension", "say or press", "thank you for calling",
+    "you for calling",  # ... as the local Whisper often hears it ("and you for calling"); not "thanks for calling"
     "your call is important",
 )
 

@@ -205,6 +205,8 @@ def test_transcript_cues() -> None:
     assert cue_of("Hi, you've reached Sam. Please leave a message after the tone.") == "machine"
     assert cue_of("Thank you for calling Acme. For sales, press 1.") == "ivr"
     assert cue_of("Hello? Who is this?") is None
+    assert cue_of("and you for calling the county clerk") == "ivr"  # the local Whisper's "thank you for calling"
+    assert cue_of("Thanks for calling Dana.") is None  # a voicemail's opener: its cadence decides
     d = AmdDetector(AmdParams(transcripts=True), rate=RATE)
     d.feed(np.zeros(WIN, dtype=np.int16), 0.9)
     v = d.hear("you've reached the voicemail of Sam")[0]
