@@ -6,10 +6,13 @@ reported figures are not fit to it), scores every opening with the worker's
 own VAD (:class:`workers.vad.SileroBatch`, Silero's native 8 kHz mode, one
 batch row per opening, as the worker's tick runs it) and feeds each window
 and its probability to :class:`workers.amd.AmdDetector` (``leave_message``
-on, so the beep is measured too). Two runs: audio only, and audio with an
-oracle transcript (each sentence's text heard 300 ms after it ends, standing
-in for the local STT's final); and a third with no VAD probabilities at all
-(the detector's energy fallback). Prints, per run: accuracy per class, the
+on, so the beep is measured too). Runs: audio only; audio with an
+oracle transcript (each sentence's text heard 300 ms after it ends); a third
+with no VAD probabilities at all (the detector's energy fallback); and (the
+full ``python -m bench amd``, or ``--local-stt``) audio with the local STT's
+text, Whisper tiny.en transcribing the opening so far as the screening's
+``CallAmd`` asks it (every ``HEAR_EVERY_S`` after the last job, each text heard
+when its job is done, timed on this machine). Prints, per run: accuracy per class, the
 confusion matrix, time to verdict p50 / p95 per class (a person's also from
 the start of their speech), the beep onset error (share of beeps found
 within 300 ms of the true start), false beeps, and the detector's CPU per
@@ -28,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import soxr
 
 from bench import amd_set
+from brisvox.agent.host.call_amd import HEAR_EVERY_S, HEAR_FIRST_S, HEAR_MIN_SAMPLES, HEAR_TIMEOUT_S
 from workers.amd import (
     VERDICTS,
     WINDOW_MS,
@@ -47,6 +52,9 @@ REPORT_SEED = 2
 TUNE_SEED = 1
 STT_LAG_MS = 300
 BEEP_TOL_MS = 300
+HEAR_FIRST_MS = int(HEAR_FIRST_S * 1000)
+HEAR_EVERY_MS = int(HEAR_EVERY_S * 1000)
+HEAR_TIMEOUT_MS = int(HEAR_TIMEOUT_S * 1000)
 
 
 def probabilities(openings: list[np.ndarray]) -> list[np.ndarray]:
@@ -67,21 +75,64 @@ def probabilities(openings: list[np.ndarray]) -> list[np.ndarray]:
     return out
 
 
+class LocalStt:
+    """The worker's local Whisper (:class:`workers.api.WhisperRunner`, the model the ``SttJob``
+    lane runs) over an opening, asked as :class:`brisvox.agent.host.call_amd.CallAmd` asks it
+    while screening: the opening upsampled to in16 as the worker does (soxr QQ), the span
+    from the answer to the wake-up transcribed, the text heard when the job is done (its
+    measured wall time on this machine): the first at ``HEAR_FIRST_S``, the next ``HEAR_EVERY_S``
+    after each job is done."""
+
+    def __init__(self) -> None:
+        from workers.api import WhisperRunner, locate
+
+        self.runner = WhisperRunner(locate("whisper_tiny_en").parent)
+        self.runner.load()
+        self.took_ms: list[float] = []
+        self.texts: dict[str, list[tuple[int, int, str]]] = {}  # opening -> (span end, heard at, text)
+
+    def opening(self, x: np.ndarray) -> np.ndarray:
+        return np.clip(np.round(soxr.resample(x.astype(np.float32), amd_set.RATE, 16000, quality="QQ")),
+                       -32768, 32767).astype(np.int16)
+
+    def transcribe(self, x16: np.ndarray, end_ms: int) -> tuple[str, int]:
+        out = self.runner.transcribe(x16[: end_ms * 16], max_tokens=32)
+        took = int(round(out.took_s * 1000))
+        self.took_ms.append(took)
+        return out.text, took
+
+
 def detect(x: np.ndarray, probs: np.ndarray, params: AmdParams, words: list[dict[str, Any]] | None,
-           vad: bool = True) -> tuple[list[Any], int, int]:
-    """Feed one opening (``vad`` False: no probabilities, the detector's energy fallback);
-    returns (events, windows fed, thread CPU ns spent in feed: other processes' load
-    does not count, the clock reads' own cost (~0.3 us a window) does)."""
+           vad: bool = True, stt: LocalStt | None = None, name: str = "") -> tuple[list[Any], int, int]:
+    """Feed one opening (``vad`` False: no probabilities, the detector's energy fallback;
+    ``words``: the oracle transcript; ``stt``: the local STT's); returns (events, windows fed,
+    thread CPU ns spent in feed: other processes' load does not count, the clock reads' own
+    cost (~0.3 us a window) does)."""
     d = AmdDetector(params, rate=amd_set.RATE)
     heard = sorted(((w["end_ms"] + STT_LAG_MS, w["text"]) for w in words), reverse=True) if words else []
     said: list[str] = []
     events: list[Any] = []
     ns = 0
     fed = 0
+    x16 = stt.opening(x) if stt is not None else x
+    wake, job = HEAR_FIRST_MS, None  # the next wake-up of the screening's transcription; the job out
     for k in range(len(probs)):
         while heard and heard[-1][0] <= d.t_ms + WINDOW_MS:  # said before this window ends
             said.append(heard.pop()[1])
             events += d.hear(" ".join(said))
+        if stt is not None and d.verdict is None:  # CallAmd transcribes while the screen detects
+            now = d.t_ms + WINDOW_MS
+            if job is not None and job[1] <= now:
+                if job[2].strip():
+                    stt.texts.setdefault(name, []).append(job)
+                    events += d.hear(job[2])
+                wake, job = job[1] + HEAR_EVERY_MS, None
+            if job is None and wake <= now:
+                if wake * 16 < HEAR_MIN_SAMPLES:
+                    wake += HEAR_EVERY_MS
+                else:
+                    text, took = stt.transcribe(x16, wake)
+                    job = (wake, wake + min(took, HEAR_TIMEOUT_MS), text if took <= HEAR_TIMEOUT_MS else "")
         win = x[k * WINDOW8 : (k + 1) * WINDOW8]
         t0 = time.thread_time_ns()
         ev = d.feed(win, float(probs[k]) if vad else None)
@@ -100,7 +151,7 @@ def _pct(a: list[float], q: float) -> float:
 
 
 def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarray], transcripts: bool,
-             params: AmdParams | None = None, vad: bool = True) -> dict[str, Any]:
+             params: AmdParams | None = None, vad: bool = True, stt: LocalStt | None = None) -> dict[str, Any]:
     base = params or AmdParams()
     p = AmdParams(**{**{f: getattr(base, f) for f in base.__dataclass_fields__},
                      "leave_message": True, "transcripts": transcripts})
@@ -112,9 +163,10 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
     beeps = found = false_beeps = 0
     end_err: list[float] = []
     misses: list[str] = []
+    timelines: list[dict[str, Any]] = []
     ns = fed = 0
     for item, x, pr in zip(man["openings"], audio, probs, strict=True):
-        ev, n, t = detect(x, pr, p, item["words"] if transcripts else None, vad)
+        ev, n, t = detect(x, pr, p, item["words"] if transcripts and stt is None else None, vad, stt, item["name"])
         ns += t
         fed += n
         v = next(e for e in ev if isinstance(e, AmdVerdict))
@@ -124,8 +176,12 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
         if v.kind != label:
             misses.append(f"{item['name']}->{v.kind}({v.reason}@{v.at_ms})")
         if label == "human" and item["words"]:
-            human_from_speech.append(v.at_ms - item["words"][0]["start_ms"])
-            human_after_reply.append(v.at_ms - item["words"][0]["end_ms"])
+            w = item["words"][0]
+            human_from_speech.append(v.at_ms - w["start_ms"])
+            human_after_reply.append(v.at_ms - w["end_ms"])
+            timelines.append({"name": item["name"], "variant": item.get("variant", ""), "speech_ms": w["start_ms"],
+                              "reply_end_ms": w["end_ms"], "verdict_ms": v.at_ms, "kind": v.kind, "rule": v.reason,
+                              "text": w["text"], "voice": item["voice"]})
         beep = next((e for e in ev if isinstance(e, AmdBeep)), None)
         if label == "machine" and item.get("beep_ms", -1) >= 0:
             beeps += 1
@@ -141,7 +197,7 @@ def evaluate(man: dict[str, Any], probs: list[np.ndarray], audio: list[np.ndarra
     return {"confusion": conf, "took": took, "human_from_speech": human_from_speech,
             "human_after_reply": human_after_reply, "beeps": beeps,
             "beep_found": found, "beep_err": beep_err, "false_beeps": false_beeps, "end_err": end_err,
-            "misses": misses, "us_per_20ms": ns / 1000 / max(1, fed) * 20 / 32, "windows": fed}
+            "misses": misses, "timelines": timelines, "us_per_20ms": ns / 1000 / max(1, fed) * 20 / 32, "windows": fed}
 
 
 TARGETS = {"machine": ">= 95 %", "human": ">= 98 %"}
@@ -163,6 +219,15 @@ def rows_of(tag: str, r: dict[str, Any]) -> list[Row]:
             rows.append((f"{tag}: {t} verdict p50", _pct(r["took"][t], 50), "ms", ""))
             rows.append((f"{tag}: {t} verdict p95", _pct(r["took"][t], 95), "ms", "<= 1500" if t == "human" else ""))
     rows.append((f"{tag}: human verdict p95 from speech start", _pct(r["human_from_speech"], 95), "ms", ""))
+    tl = r["timelines"]
+    if tl:
+        rows.append((f"{tag}: human reply end p95 from the answer (the floor: no verdict before it)",
+                     _pct([t["reply_end_ms"] for t in tl], 95), "ms", ""))
+        rows.append((f"{tag}: people decided within 1500 ms of the answer", 100.0 * sum(t["verdict_ms"] <= 1500
+                     for t in tl) / len(tl), "%", ""))
+        for var in sorted({t["variant"] for t in tl}):
+            sub = [t["verdict_ms"] for t in tl if t["variant"] == var]
+            rows.append((f"{tag}: human verdict p95, {var} ({len(sub)})", _pct(sub, 95), "ms", ""))
     for q in (50, 95):
         rows.append((f"{tag}: human verdict p{q} after the reply's last word", _pct(r["human_after_reply"], q), "ms", ""))
     if r["beeps"]:
@@ -184,8 +249,18 @@ def matrix(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def timelines(r: dict[str, Any], last: int = 0) -> str:
+    """Each person's opening, latest verdict last (``last``: only that many): when their speech
+    started and ended, when the verdict came, by which rule."""
+    tl = sorted(r["timelines"], key=lambda t: t["verdict_ms"])[-last:]
+    head = f"{'opening':<10} {'variant':<18} {'speech':>6} {'end':>6} {'verdict':>7} {'after':>6}  rule / said"
+    return "\n".join([head] + [f"{t['name']:<10} {t['variant']:<18} {t['speech_ms']:>6} {t['reply_end_ms']:>6} "
+                               f"{t['verdict_ms']:>7} {t['verdict_ms'] - t['reply_end_ms']:>6}  {t['kind']}/{t['rule']}"
+                               f" {t['text']!r} {t['voice']}" for t in tl])
+
+
 def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show: bool = True,
-            out: Path = amd_set.OUT) -> list[Row]:
+            out: Path = amd_set.OUT, show_timelines: int = 0, local_stt: bool = False) -> list[Row]:
     t0 = time.perf_counter()
     man = amd_set.build(seed, out, scale=scale)
     audio = [amd_set.load(man, it) for it in man["openings"]]
@@ -193,12 +268,28 @@ def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show
     probs = probabilities(audio)
     t2 = time.perf_counter()
     rows: list[Row] = [("openings", len(audio), "", ">= 200"), ("seed", seed, "", f"tuned on {TUNE_SEED}")]
-    for tag, tr, vad in (("audio", False, True), ("audio+transcript", True, True), ("energy, no VAD", False, False)):
-        r = evaluate(man, probs, audio, tr, params, vad)
+    runs: list[tuple[str, bool, bool, LocalStt | None]] = [
+        ("audio", False, True, None), ("audio+transcript", True, True, None), ("energy, no VAD", False, False, None)]
+    if local_stt:
+        runs.append(("audio+local STT", True, True, LocalStt()))
+    for tag, tr, vad, stt in runs:
+        t3 = time.perf_counter()
+        r = evaluate(man, probs, audio, tr, params, vad, stt)
         rows += rows_of(tag, r)
+        if stt is not None:
+            rows += [(f"{tag}: Whisper jobs (one opening so far each)", len(stt.took_ms), "jobs", ""),
+                     (f"{tag}: Whisper job wall time p50", _pct(stt.took_ms, 50), "ms", ""),
+                     (f"{tag}: Whisper job wall time p95", _pct(stt.took_ms, 95), "ms", ""),
+                     (f"{tag}: run took", time.perf_counter() - t3, "s", "")]
+            if show:
+                for name in [m.split("->")[0] for m in r["misses"]][:12]:
+                    print(f"      heard {name}: {stt.texts.get(name, [])}")
         if show:
             print(f"   -- {tag}: confusion (rows: the truth)\n" + "\n".join("      " + ln for ln in matrix(r).splitlines()))
             print(f"      misses: {' '.join(r['misses'][:40])}", flush=True)
+            if show_timelines and tag == "audio":
+                print("   -- people's timelines (ms from the answer), latest verdicts:\n"
+                      + "\n".join("      " + ln for ln in timelines(r, show_timelines).splitlines()))
     if show:
         print(f"   (set {t1 - t0:.1f} s, VAD {t2 - t1:.1f} s, piper voice: {man['piper']})")
     return rows
@@ -223,7 +314,7 @@ def cpu_16k(seconds: float = 60.0) -> float:
 
 
 def run(quick: bool = False) -> list[Row]:
-    rows = measure(REPORT_SEED, scale=0.25 if quick else 1.0)
+    rows = measure(REPORT_SEED, scale=0.25 if quick else 1.0, local_stt=not quick)
     return rows + [("detector CPU per 20 ms per call, 16 kHz windows (synthetic)", cpu_16k(10.0 if quick else 60.0),
                     "us", "")]
 
@@ -232,8 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.bench_amd")
     ap.add_argument("--seed", type=int, default=REPORT_SEED)
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--timelines", type=int, default=0, metavar="N",
+                    help="print the N people's openings decided last (speech start, end, verdict)")
+    ap.add_argument("--local-stt", action="store_true",
+                    help="a fourth run with the local Whisper transcribing as the screening does (minutes)")
     a = ap.parse_args(argv)
-    for fig, val, unit, target in measure(a.seed, a.scale):
+    for fig, val, unit, target in measure(a.seed, a.scale, show_timelines=a.timelines, local_stt=a.local_stt):
         v = f"{val:.1f}" if isinstance(val, float) else str(val)
         print(f"   {fig:<58} {v:>10} {unit:<9} {target}")
     return 0

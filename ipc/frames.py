@@ -609,13 +609,29 @@ class AmdStart(Frame):
     (answering-machine detection, ``workers/amd.py``). The verdict (``amd_verdict``) comes in a
     WorkerTick by ``max_wait_ms`` of audio; with ``leave_message`` a machine's greeting is then
     waited out (``amd_beep`` or ``amd_greeting_end``). A second AmdStart for the call replaces
-    the first. Not answered; a call the worker does not serve is ignored (the actor's own
+    the first. ``transcripts``: the actor will send ``amd_hear`` (what the opening says), so a
+    greeting told by its cadence is held until ``max_wait_ms`` for a menu cue (``ivr``).
+    Not answered; a call the worker does not serve is ignored (the actor's own
     deadline then gives ``uncertain``)."""
 
     call_id: str
     in16_pos: int
     max_wait_ms: int
     leave_message: bool = False
+    transcripts: bool = False
+
+
+@frame("amd_hear", to="worker")
+class AmdHear(Frame):
+    """Actor -> worker: the transcript of the screened opening from the answer up to in16
+    ``end_pos`` (the local STT's text of that span, the whole of it each time). The call's
+    detector checks it for greeting and menu cues; its verdict goes out as ever (``amd_verdict``
+    in a WorkerTick: the detector alone decides). Not answered; ignored when the call has no
+    detector (not started, or decided). ``text`` longer than 2000 characters is cut."""
+
+    call_id: str
+    text: str
+    end_pos: int
 
 
 @frame("smart_turn", to="worker")

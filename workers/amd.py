@@ -87,6 +87,7 @@ _IVR_CUES = (
     "press one", "press two", "press 1", "press 2", "press zero", "press 0", "press the pound",
     "for sales", "for support", "for billing", "main menu", "menu options", "listen carefully",
     "para espanol", "para español", "dial the extension", "say or press", "thank you for calling",
+    "you for calling",  # ... as the local Whisper often hears it ("and you for calling"); not "thanks for calling"
     "your call is important",
 )
 
@@ -100,10 +101,10 @@ class AmdParams:
     leave_message: bool = False  # after "machine": listen on for the beep / the greeting's end
     transcripts: bool = False  # hear() will be fed: a cadence "machine" waits for menu cues
     speech_threshold: float = 0.5  # a window at or above this probability is speech
-    human_max_speech_ms: int = 1500  # a person's first words last at most this long
+    human_max_speech_ms: int = 1700  # a person's first words last at most this long (VAD-measured)
     human_silence_ms: int = 420  # ... and are followed by this much silence (shorter pauses: one turn)
-    reply_silence_ms: int = 800  # a longer first turn followed by this much silence is a person too
-    machine_speech_ms: int = 1600  # one turn this long is a greeting
+    reply_silence_ms: int = 560  # a longer first turn followed by this much silence is a person too
+    machine_speech_ms: int = 2000  # one turn this long is a greeting
     tone_share: float = 0.85  # share of a window's energy in its peak (+-2 bins) for "tonal"
     beep_min_ms: int = 128  # a tone after speech this long is the beep
     fax_tone_ms: int = 320  # a CNG / answer tone this long (no speech before) is a fax
@@ -173,10 +174,10 @@ AmdEvent = AmdVerdict | AmdBeep | AmdGreetingEnd
 # there carries 0.5. ``beep``: the beep evidence's precision (every beep found was on a
 # machine). With transcripts a cadence "machine" is made only when no menu cue came (held).
 CONFIDENCE = {
-    "fax_tone": 0.96, "beep": 0.99, "cue": 0.99, "short_reply": 0.97, "long_reply": 0.75,
-    "long_greeting": 0.82, "greeting_resumed": 0.5, "deadline_speech": 0.33, "deadline_reply": 0.67,
+    "fax_tone": 0.96, "beep": 0.99, "cue": 0.99, "short_reply": 0.94, "long_reply": 0.67,
+    "long_greeting": 0.85, "greeting_resumed": 0.5, "deadline_speech": 0.5, "deadline_reply": 0.75,
 }
-CONFIDENCE_HEARD = {"long_greeting": 0.93}
+CONFIDENCE_HEARD = {"long_greeting": 0.94, "short_reply": 0.98}
 
 _CUE_RE = re.compile(r"[^a-z0-9ñ' ]+")
 

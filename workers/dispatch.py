@@ -49,6 +49,7 @@ import zmq
 
 from ipc.codec import DecodeGuard, Frame, encode
 from ipc.frames import (
+    AmdHear,
     AmdStart,
     AttachCall,
     DetachCall,
@@ -103,6 +104,7 @@ class RequestDispatch:
             TtsUtterance: self._on_tts_utterance,
             TtsCut: self._on_tts_cut,
             AmdStart: self._on_amd_start,
+            AmdHear: self._on_amd_hear,
         }
 
     def load(self, smart: SmartTurnModel | None, jobs: JobLane) -> None:
@@ -173,11 +175,20 @@ class RequestDispatch:
         if c is None:
             return self.stats.error("unknown_call", "amd_start for a call not attached here", f.call_id)
         try:
-            params = AmdParams(max_wait_ms=f.max_wait_ms, leave_message=f.leave_message)
+            params = AmdParams(max_wait_ms=f.max_wait_ms, leave_message=f.leave_message, transcripts=f.transcripts)
         except ValueError as e:
             return self.stats.error("bad_params", str(e)[:200], f.call_id)
         c.amd, c.amd_start = None, (max(0, f.in16_pos), params)
         self.stats.amd_started += 1
+        return None
+
+    def _on_amd_hear(self, ident: bytes, cid: int | str | None, f: AmdHear) -> Frame | None:
+        """What the screened opening says: the call's detector checks it for cues (its events
+        go out with the call's next tick)."""
+        c = self.calls.get(f.call_id)
+        if c is None:
+            return self.stats.error("unknown_call", "amd_hear for a call not attached here", f.call_id)
+        self.realtime.amd_hear(c, f.text[:2000])
         return None
 
     # -- job lane --------------------------------------------------------------

@@ -352,6 +352,18 @@ class RealtimeLane:
             c.amd = None
         self.stats.amd_ns += time.thread_time_ns() - t0
 
+    def amd_hear(self, c: AttachedCall, text: str) -> None:
+        """The transcript of the call's screened opening (an ``AmdHear``; the tick's thread):
+        its detector's verdict, if a cue decides, goes out with the call's tick events."""
+        if c.amd is None:
+            return
+        self.stats.amd_heard += 1
+        ns = time.monotonic_ns()
+        for ev in c.amd.hear(text):
+            c.events.append(self._amd_event(c.call_id, ev, ns))
+        if c.amd.done:
+            c.amd = None
+
     def _amd_event(self, call_id: str, ev: AmdEvent, ns: int) -> AmdVerdictEvent | AmdBeepEvent | AmdGreetingEndEvent:
         if isinstance(ev, AmdVerdict):
             self.stats.amd_verdicts += 1

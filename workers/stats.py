@@ -49,6 +49,7 @@ class TickStats:
     nudge_ns: int = 0  # CPU time of those conversions
     amd_started: int = 0  # answering-machine detections asked for (AmdStart)
     amd_verdicts: int = 0  # their verdicts sent
+    amd_heard: int = 0  # transcripts of screened openings given to a detector (AmdHear)
     amd_ns: int = 0  # CPU time of the tick thread inside the detectors
     denoised_calls: int = 0  # calls attached with `[audio] denoise` on
     denoise_failures: int = 0  # calls whose denoiser failed open (raw audio from then on)

@@ -278,6 +278,7 @@ class Amd:
     on_uncertain: AmdAction | None = None
     message: str | None = Field(default=None, min_length=1, max_length=1000)
     beep_wait_ms: int | None = Field(default=None, ge=0, le=60_000)
+    transcripts: bool | None = None
 
 
 Line = Annotated[str, Field(max_length=500)]

@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator
 from brisvox.providers.base import ProviderError, SttClosed, SttConfig, SttEvent, Transcript
 from brisvox.providers.worker_jobs import JobChannel
 from brisvox.providers.ws_common import EventPipe
+from ipc.codec import Frame
 from ipc.frames import ErrorReply, SttJob, SttJobResult
 
 RATE = 16_000
@@ -43,6 +44,18 @@ RATE = 16_000
 MODELS = ("whisper_tiny_en",)
 LANGUAGES = ("en",)
 MAX_SAMPLES = 30 * RATE
+
+
+async def stt_job(channel: JobChannel, call_id: str, start: int, end: int, timeout: float,  # noqa: ASYNC109
+                  queue_deadline: float, language: str = "en", max_tokens: int = 96) -> Frame | None:
+    """One transcription of in16 ``[start, end)`` by the call's worker: its answer
+    (SttJobResult or ErrorReply), or None when none came (no worker, ``timeout``)."""
+    job = SttJob(call_id=call_id, start_pos=start, end_pos=end,
+                 deadline_ns=time.monotonic_ns() + int(queue_deadline * 1e9), language=language, max_tokens=max_tokens)
+    try:
+        return await channel.request(job, timeout)
+    except ProviderError:
+        return None
 
 
 class LocalWhisperSession:
@@ -119,14 +132,8 @@ class LocalWhisperSession:
     async def _transcribe(self, start: int, end: int) -> str:
         self.jobs += 1
         p = self.p
-        job = SttJob(call_id=p.call_id, start_pos=start, end_pos=end,
-                     deadline_ns=time.monotonic_ns() + int(p.queue_deadline * 1e9), language=self.language,
-                     max_tokens=p.max_tokens)
-        try:
-            reply = await p.channel.request(job, p.job_timeout)
-        except ProviderError:
-            self.failed += 1
-            return ""
+        reply = await stt_job(p.channel, p.call_id, start, end, p.job_timeout, p.queue_deadline, self.language,
+                              p.max_tokens)
         if isinstance(reply, SttJobResult):
             return reply.text
         self.failed += 1

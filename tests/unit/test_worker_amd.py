@@ -82,8 +82,44 @@ def test_long_greeting_is_machine_while_it_still_talks() -> None:
     f = Feed().play(*parts)
     v = f.verdict()
     assert (v.kind, v.reason) == ("machine", "long_greeting")
-    assert 200 + 1600 - 32 <= v.at_ms <= 200 + 1600 + 300  # machine_speech_ms of one turn (32 ms grid)
+    assert 200 + 2000 - 32 <= v.at_ms <= 200 + 2000 + 300  # machine_speech_ms of one turn (32 ms grid)
     assert f.d.done  # no leave_message: nothing more to do
+
+
+def test_a_quick_hello_then_silence_is_a_person_within_1500_ms_of_the_answer() -> None:
+    rng = np.random.default_rng(21)
+    # "hello?" 0.2-0.6 s after the answer, 0.45 s long, Silero's probability lingering 0.1 s after it
+    f = Feed().play((_sil(rng, 0.2), 0.02), (_speech(rng, 0.45), 0.95), (_sil(rng, 0.1), 0.6),
+                    (_sil(rng, 2.0), 0.02))
+    v = f.verdict()
+    assert (v.kind, v.reason) == ("human", "short_reply") and v.at_ms <= 1500
+    assert 650 + 100 + 420 - 32 <= v.at_ms <= 650 + 100 + 420 + 64  # the probability's tail + 420 ms
+
+
+def test_a_slow_long_reply_is_a_person_soon_after_it_ends() -> None:
+    # "Hello, who is calling?" at 140 wpm: 1.75 s of VAD speech (commas: 100 ms dips), then waiting
+    rng = np.random.default_rng(22)
+    parts: list[tuple[np.ndarray, float | None]] = [(_sil(rng, 0.3), 0.02)]
+    for s in (0.5, 0.55, 0.5):
+        parts += [(_speech(rng, s), 0.95), (_sil(rng, 0.1), 0.1)]
+    f = Feed().play(*parts[:-1], (_sil(rng, 2.5), 0.02))
+    v = f.verdict()
+    end = 300 + 1550 + 200  # the reply's end (speech and its two dips)
+    assert (v.kind, v.reason) == ("human", "long_reply") and end + 560 - 32 <= v.at_ms <= end + 560 + 64
+
+
+def test_a_10_s_greeting_is_never_a_person() -> None:
+    rng = np.random.default_rng(23)
+    for pause in (0.15, 0.3, 0.45, 0.55):  # the pauses between a greeting's sentences
+        parts: list[tuple[np.ndarray, float | None]] = [(_sil(rng, 0.3), 0.02)]
+        t = 0.3
+        while t < 10.3:  # sentences of 0.9-2.4 s, Silero's tail 0.14 s into each pause
+            s = float(rng.uniform(0.9, 2.4))
+            parts += [(_speech(rng, s), 0.95), (_sil(rng, 0.14), 0.6), (_sil(rng, pause - 0.14), 0.05)]
+            t += s + pause
+        for transcripts in (False, True):
+            v = Feed(AmdParams(transcripts=transcripts, max_wait_ms=10_000)).play(*parts).verdict()
+            assert v.kind == "machine", (pause, transcripts, v)
 
 
 def test_beep_after_the_greeting_is_found_with_its_onset() -> None:
@@ -169,6 +205,8 @@ def test_transcript_cues() -> None:
     assert cue_of("Hi, you've reached Sam. Please leave a message after the tone.") == "machine"
     assert cue_of("Thank you for calling Acme. For sales, press 1.") == "ivr"
     assert cue_of("Hello? Who is this?") is None
+    assert cue_of("and you for calling the county clerk") == "ivr"  # the local Whisper's "thank you for calling"
+    assert cue_of("Thanks for calling Dana.") is None  # a voicemail's opener: its cadence decides
     d = AmdDetector(AmdParams(transcripts=True), rate=RATE)
     d.feed(np.zeros(WIN, dtype=np.int16), 0.9)
     v = d.hear("you've reached the voicemail of Sam")[0]
@@ -177,10 +215,10 @@ def test_transcript_cues() -> None:
 
 def test_with_transcripts_a_cadence_machine_waits_for_a_menu_cue() -> None:
     rng = np.random.default_rng(10)
-    f = Feed(AmdParams(transcripts=True)).play((_sil(rng, 0.2), 0.02), (_speech(rng, 2.2), 0.95))
+    f = Feed(AmdParams(transcripts=True)).play((_sil(rng, 0.2), 0.02), (_speech(rng, 2.5), 0.95))
     assert not f.events  # a greeting by cadence, held: a menu cue may come before the deadline
     ev = f.d.hear("Thank you for calling Acme. For support, press two.")
-    assert isinstance(ev[0], AmdVerdict) and ev[0].kind == "ivr" and 2200 <= ev[0].at_ms < 3000
+    assert isinstance(ev[0], AmdVerdict) and ev[0].kind == "ivr" and 2500 <= ev[0].at_ms < 3000
     g = Feed(AmdParams(transcripts=True)).play((_sil(rng, 0.2), 0.02), (_speech(rng, 3.5), 0.95))
     v = g.verdict()
     assert (v.kind, v.reason) == ("machine", "long_greeting") and 3000 <= v.at_ms < 3032

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ipc.codec import encode
-from ipc.frames import AmdStart, ErrorReply
+from ipc.frames import AmdHear, AmdStart, ErrorReply
 from ipc.tick_events import AmdBeepEvent, AmdGreetingEndEvent, AmdVerdictEvent, SpeechStart
 from tests.unit.test_worker_core import FRAME, SR, Rig
 
@@ -113,3 +113,28 @@ def test_amd_start_for_an_unknown_call_or_bad_params_is_a_typed_error(rig):
     rig.w.dispatch.drain_inbox(rig.w.sock)
     assert rig.recv(lambda f: isinstance(f, ErrorReply)).kind == "bad_params"
     assert rig.w.calls["a"].amd_start is None
+
+
+def test_with_transcripts_a_greeting_waits_and_a_menu_cue_heard_makes_it_ivr(rig):
+    rig.call("a")
+    rig.attach("a")
+    start(rig, "a", transcripts=True)
+    assert play(rig, "a", [True] * 125) == []  # 2.5 s of one turn: a greeting by cadence, held
+    rig.send(AmdHear(call_id="a", text="Thank you for calling Acme. For sales, press one.",
+                     end_pos=rig.rings["a"]["in16"].write_pos))
+    evs = play(rig, "a", [True] * 5)
+    (_, v), = evs
+    assert isinstance(v, AmdVerdictEvent) and (v.verdict, v.rule) == ("ivr", "cue") and 2000 <= v.ms < 3000
+    assert rig.w.stats.amd_heard == 1 and rig.w.calls["a"].amd is None
+    rig.send(AmdHear(call_id="a", text="leave a message", end_pos=0))  # decided: ignored, no error
+    assert play(rig, "a", [False] * 5) == []
+
+
+def test_with_transcripts_but_no_cue_the_greeting_is_a_machine_at_the_deadline(rig):
+    rig.call("a")
+    rig.attach("a")
+    start(rig, "a", transcripts=True)
+    rig.send(AmdHear(call_id="a", text="Hi, this is Dana.", end_pos=0))
+    evs = play(rig, "a", [True] * 160)
+    (k, v), = evs
+    assert (v.verdict, v.rule) == ("machine", "long_greeting") and 3000 <= v.ms < 3100 and k >= 149

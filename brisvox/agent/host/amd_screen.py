@@ -46,7 +46,9 @@ DEADLINE_SLACK_S = 0.5  # past the workers' own deadline: their verdict (or its 
 class AmdConfig:
     """``[amd]`` of an agent file (docs/OUTBOUND.md): ``enabled``; ``max_wait_ms``, the verdict's
     deadline after the answer; ``on_<verdict>``, its action; ``message``, what ``leave_message``
-    says; ``beep_wait_ms``, how long after a machine verdict the beep is waited for at most."""
+    says; ``beep_wait_ms``, how long after a machine verdict the beep is waited for at most;
+    ``transcripts``, the opening is transcribed during screening (local STT) so that an IVR menu
+    is told from a voicemail by its words (a cadence "machine" then waits until ``max_wait_ms``)."""
 
     enabled: bool = False
     max_wait_ms: int = 3000
@@ -57,6 +59,7 @@ class AmdConfig:
     on_uncertain: str = "continue"
     message: str = ""
     beep_wait_ms: int = 20000
+    transcripts: bool = True
 
     @classmethod
     def from_table(cls, t: Mapping[str, Any]) -> AmdConfig:

@@ -16,17 +16,32 @@ gives it:
   hang-up once it played;
 * ``HangUp`` -> the hang-up (``amd_<verdict>``, ``amd_message_left``).
 
+What the opening SAYS (an IVR menu and a voicemail greeting have the same cadence; only the
+words tell them apart): with ``[amd] transcripts`` (default on) and a :class:`Transcriber`
+given (:meth:`CallAmd.listen_with`; the agent process gives :class:`JobTranscriber`, the local
+Whisper of the call's worker), the ``AmdStart`` says ``transcripts`` (the detector holds a
+cadence "machine" until its deadline for a menu cue) and, while the screen is detecting, the
+opening from the answer to now is transcribed :data:`HEAR_FIRST_S` after the answer, then
+:data:`HEAR_EVERY_S` after each job is done (one job at a time, each bounded by
+:data:`HEAR_TIMEOUT_S`) and each text goes to the worker as an ``AmdHear``.
+The worker's detector makes the verdict from it (a menu cue: ``ivr``; a greeting cue:
+``machine``): the verdict has one source, the detector, and the actor's deadline. The chain's
+own STT is not used: the pump keeps the screened audio from it (its text would open turns),
+and a cloud STT's account should not pay for screening. A worker without the Whisper model
+(``unsupported``) stops the transcribing for the call: the detector then has cadence only.
+
 Invariants: while :attr:`screening` the pump keeps the caller's audio and VAD events from the
 chain (the actor asks it); the workers' verdict, beep and greeting-end events are fed to the
-screen in order; the timer never outlives the call (``close``); a verdict reaches the call's
-events (``amd`` CallEvent) and the record's ``amd`` section.
+screen in order; the timer and the transcribing task never outlive the call (``close``) nor,
+for the transcribing, the detecting; a verdict reaches the call's events (``amd`` CallEvent)
+and the record's ``amd`` section.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from brisvox.agent.host.amd_screen import (
@@ -36,13 +51,44 @@ from brisvox.agent.host.amd_screen import (
     Converse,
     Detect,
     HangUp,
+    Phase,
     SpeakMessage,
 )
 from brisvox.clock import Clock
-from ipc.frames import AmdStart
+from brisvox.providers.local_whisper import stt_job
+from ipc.frames import AmdHear, AmdStart, ErrorReply, SttJobResult
 from ipc.tick_events import AmdBeepEvent, AmdGreetingEndEvent, AmdVerdictEvent
 
 log = logging.getLogger("brisvox.agent.amd")
+
+HEAR_FIRST_S = 1.2  # the first transcription: the opening's first words (a menu's "thank you for calling")
+HEAR_EVERY_S = 0.4  # between the end of one transcription of the opening and the next
+HEAR_TIMEOUT_S = 2.0  # one transcription at most (a slower one is dropped: the deadline is near)
+HEAR_MIN_SAMPLES = 8000  # 0.5 s of in16: less than that holds no cue
+HEAR_MAX_SAMPLES = 7 * 16_000  # the newest 7 s (the worker's in16 ring holds 8 s by default)
+
+# The text of in16 [start, end): "" for none, None when it cannot be had at all (no model)
+Transcriber = Callable[[int, int], Awaitable[str | None]]
+
+
+class JobTranscriber:
+    """The local STT of the call's worker (Whisper, an ``SttJob``) as a :data:`Transcriber`:
+    a refusal or a timeout is "" (this time), ``unsupported`` (no model there) is None."""
+
+    __slots__ = ("channel", "call_id", "timeout", "failed")
+
+    def __init__(self, channel: Any, call_id: str, timeout: float = HEAR_TIMEOUT_S) -> None:
+        self.channel = channel  # brisvox.providers.worker_jobs.JobChannel
+        self.call_id = call_id
+        self.timeout = timeout
+        self.failed = 0
+
+    async def __call__(self, start: int, end: int) -> str | None:
+        reply = await stt_job(self.channel, self.call_id, start, end, self.timeout, self.timeout, max_tokens=32)
+        if isinstance(reply, SttJobResult):
+            return reply.text
+        self.failed += 1
+        return None if isinstance(reply, ErrorReply) and reply.kind == "unsupported" else ""
 
 
 class AmdHost(Protocol):
@@ -75,7 +121,8 @@ def verdict_note(verdict: str, confidence: float) -> str:
 class CallAmd:
     """See the module docstring."""
 
-    __slots__ = ("host", "clock", "screen", "_timer", "_closed", "_reported")
+    __slots__ = ("host", "clock", "screen", "_timer", "_closed", "_reported", "_transcriber", "_hearing", "heard",
+                 "hear_failed")
 
     def __init__(self, host: AmdHost, cfg: AmdConfig, clock: Clock) -> None:
         self.host = host
@@ -84,6 +131,15 @@ class CallAmd:
         self._timer: asyncio.Task[None] | None = None
         self._closed = False
         self._reported = False  # the verdict went to the call's events
+        self._transcriber: Transcriber | None = None
+        self._hearing: asyncio.Task[None] | None = None
+        self.heard = 0  # AmdHear frames sent
+        self.hear_failed = 0  # transcriptions that gave nothing in time
+
+    def listen_with(self, transcriber: Transcriber) -> None:
+        """The STT that transcribes the screened opening (before the answer; with ``[amd]
+        transcripts`` off it is never used)."""
+        self._transcriber = transcriber
 
     @property
     def screening(self) -> bool:
@@ -112,8 +168,9 @@ class CallAmd:
 
     def close(self) -> None:
         self._closed = True
-        if self._timer is not None and not self._timer.done():
-            self._timer.cancel()
+        for t in (self._timer, self._hearing):
+            if t is not None and not t.done():
+                t.cancel()
 
     # -- internals
     def _apply(self, acts: list[Action]) -> None:
@@ -121,8 +178,13 @@ class CallAmd:
         for a in acts:
             match a:
                 case Detect(max_wait_ms=ms):
-                    h.to_worker(AmdStart(call_id=h.call_id, in16_pos=h.in16_pos(), max_wait_ms=ms,
-                                         leave_message=self.screen.cfg.on_machine == "leave_message"))
+                    pos = h.in16_pos()
+                    hear = self._transcriber is not None and self.screen.cfg.transcripts
+                    h.to_worker(AmdStart(call_id=h.call_id, in16_pos=pos, max_wait_ms=ms,
+                                         leave_message=self.screen.cfg.on_machine == "leave_message",
+                                         transcripts=hear))
+                    if hear and not self._closed:
+                        self._hearing = h.spawn(self._hear(pos), f"amd-hear-{h.call_id}")
                 case Converse(verdict=v, confidence=c, node=node):
                     self._verdict_event()
                     h.converse("" if v == "human" else verdict_note(v, c), node)
@@ -157,3 +219,30 @@ class CallAmd:
                 await self.clock.sleep(delay)
                 continue
             self._apply(self.screen.tick(self.clock.now()))
+
+    async def _hear(self, start: int) -> None:
+        """While detecting: the opening so far transcribed, its text to the worker's detector."""
+        assert self._transcriber is not None
+        last = start
+        wait = HEAR_FIRST_S  # each job costs about the same (Whisper's encoder pads to 30 s): few, well placed
+        while not self._closed and self.screen.phase is Phase.DETECTING:
+            await self.clock.sleep(wait)
+            wait = HEAR_EVERY_S
+            end = self.host.in16_pos()
+            if end - start < HEAR_MIN_SAMPLES or end <= last:
+                continue
+            text: str | None = ""
+            try:
+                async with self.clock.timeout(HEAR_TIMEOUT_S):
+                    text = await self._transcriber(max(start, end - HEAR_MAX_SAMPLES), end)
+            except TimeoutError:
+                pass
+            if text is None:  # no STT there: cadence alone
+                log.info("call %s: amd has no transcripts (the worker has no local STT)", self.host.call_id)
+                return
+            last = end
+            if not text.strip():
+                self.hear_failed += 1
+            elif not self._closed and self.screen.phase is Phase.DETECTING:
+                self.heard += 1
+                self.host.to_worker(AmdHear(call_id=self.host.call_id, text=text[:2000], end_pos=end))

@@ -75,6 +75,7 @@ from typing import TYPE_CHECKING, Any
 
 from brisvox.agent.host import call_metrics, tracing
 from brisvox.agent.host.actor import CallActor
+from brisvox.agent.host.call_amd import JobTranscriber
 from brisvox.agent.host.call_build import (
     call_info_of,
     from_definition,
@@ -423,6 +424,8 @@ class AgentProcess:
         hooks = self._call_hooks(f.call_id, self.cfg.agent_name(f.agent), agent_hooks, actor.amd is not None)
         if actor.amd is not None:  # the verdict: in call.answered, and in the campaign's row
             actor.on_amd = functools.partial(self._amd_verdict, f.call_id, hooks)
+            if (jobs := self.job_channel()) is not None:  # the opening's words: the worker's local STT
+                actor.amd.listen_with(JobTranscriber(jobs, f.call_id))
         self.calls[f.call_id] = _CallSlot(actor, link, rings, sender, telephony, hooks,
                                           recording["file"] if recording is not None else None)
         self.idle_trim.note(len(self.calls))
