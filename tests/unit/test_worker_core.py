@@ -556,3 +556,88 @@ def test_the_serve_loop_probe_counts_a_late_tick_and_logs_the_stack_that_held_it
     (line,) = [r.getMessage() for r in caplog.records if "event loop stalled" in r.getMessage()]
     assert "worker-0:" in line and "in hold_the_tick_in_a_named_function" in line
     assert reports and reports[-1]["loop"]["long_stalls"] == 1  # what the worker reports with its pongs
+
+
+class LingeringBatch(EnergyBatch):
+    """EnergyBatch whose speech probability lingers ``hangover`` windows after the energy
+    falls, per slot, as Silero's does after a voice stops."""
+
+    def __init__(self, capacity: int, hangover: int) -> None:
+        super().__init__(capacity)
+        self.hangover = hangover
+        self.left = [0] * capacity
+
+    def reset(self, slot: int) -> None:
+        self.left[slot] = 0
+
+    def run(self, slots: np.ndarray, windows: np.ndarray) -> np.ndarray:
+        out = super().run(slots, windows)
+        for i, s in enumerate(int(x) for x in slots):
+            if out[i] > 0.5:
+                self.left[s] = self.hangover
+            elif self.left[s] > 0:
+                self.left[s] -= 1
+                out[i] = 1.0
+        return out
+
+
+@pytest.fixture(params=[True, False], ids=["vad8k", "vad16k"])
+def lingering(request, short_tmp, shm_clean):
+    r = Rig(short_tmp, shm_clean, native_8k=request.param)
+    r.model = LingeringBatch(8, hangover=3)  # 96 ms of hangover
+    r.w.realtime.silero = r.model
+    yield r
+    r.close()
+
+
+def test_the_stop_window_is_counted_from_the_voices_end_not_from_the_models_hangover(lingering):
+    rig = lingering
+    rig.call("a")
+    rig.attach("a")
+    evs = rig.run({"a": speech(400, 600, 600)})
+    assert [e.KIND for e in evs] == ["start", "stop"]
+    stop = evs[1]
+    assert abs(stop.pos - 1000 * 16) <= 160  # the voice's end (10 ms blocks), not Silero's last window
+    # decided by the first window that ends min_silence (200 ms) after it: the model's three
+    # windows of hangover would otherwise come on top
+    assert 200 * 16 <= stop.at - stop.pos < 200 * 16 + 512
+    assert rig.w.stats.end_hints == 1 and rig.w.stats.end_hints_moved == 1
+
+
+def test_a_silent_calls_deciding_window_is_scored_and_published_as_its_audio_lands(lingering):
+    """In a silence the call is due: the worker's loop scores its next window as soon as the
+    window's audio is in the ring (no tick), and sends the stop at once."""
+    import threading
+
+    rig = lingering
+    rig.call("a")
+    rig.attach("a")
+    evs = rig.run({"a": speech(400, 600, 200)})  # the ticks saw the first silent window after the hangover
+    assert [e.KIND for e in evs] == ["start"] and "a" in rig.w.realtime.due
+    rig.w.realtime.tick_s = 1.0  # no tick while the rest of the stop window comes in
+    ticks = rig.w.stats.ticks
+    stop = threading.Event()
+    loop = threading.Thread(target=rig.w.run, args=(stop,), daemon=True)
+    loop.start()
+    got = None
+    try:
+        for _ in range(20):  # 400 ms of silence at the caller's pace
+            rig.feed("a", False)
+            t_fed = time.monotonic()
+            deadline = t_fed + 0.02
+            while got is None and time.monotonic() < deadline:
+                if rig.sub.poll(2):
+                    f = decode(rig.sub.recv())
+                    if isinstance(f, WorkerTick):
+                        got = next((e for e in map(from_wire, f.events) if e.KIND == "stop"), None)
+            if got is not None:
+                break
+        ticks_at_stop = rig.w.stats.ticks
+    finally:
+        stop.set()
+        loop.join(2)
+    assert got is not None, "no stop before the next tick"
+    assert ticks_at_stop == ticks  # scored outside the tick
+    assert rig.w.stats.vad_prompt >= 1
+    assert 200 * 16 <= got.at - got.pos < 200 * 16 + 512
+    assert got.at <= rig.rings["a"]["in16"].write_pos  # in16 holds what the stop was decided on
