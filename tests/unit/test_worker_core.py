@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from ipc.bus import endpoint, make_socket
-from ipc.codec import decode, encode
+from ipc.codec import decode, decode_env, encode
 from ipc.frames import (
     AttachCall,
     Attached,
@@ -26,6 +26,7 @@ from ipc.frames import (
     ErrorReply,
     OutUtterance,
     Ping,
+    SmartTurnCancel,
     SmartTurnRequest,
     TtsCut,
     TtsUtterance,
@@ -496,8 +497,8 @@ def test_falling_events_are_opt_in_per_call_and_match_their_stop(rig):
     assert [e.KIND for e in b] == ["start", "stop"]
 
 
-def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_queued_one(rig):
-    """The worker dates each analysis's turn end from its end_pos (earliest end starts first) and
+def test_smart_turn_jobs_queue_by_deadline_and_a_newer_request_supersedes_the_queued_one(rig):
+    """The worker starts the analysis whose deadline comes first (not the first to arrive) and
     a newer request for the same call replaces its queued older one (answered ``superseded``)."""
     from workers.jobs import JobLane
 
@@ -507,19 +508,66 @@ def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_qu
         rig.call(c)
         assert isinstance(rig.attach(c), Attached)
     rig.run({"a": [False] * 25, "b": [False] * 25})  # 500 ms of in16 each
-    far = time.monotonic_ns() + 10**9
-    for call_id, end in (("a", 1600), ("b", 800), ("a", 6400)):
+    now = time.monotonic_ns()
+    for call_id, end, deadline_ms in (("a", 1600, 900), ("b", 800, 700), ("a", 6400, 500)):
         rig.cid += 1
-        rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=far), cid=rig.cid))
+        rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=now + deadline_ms * 10**6),
+                            cid=rig.cid))
         assert rig.w.sock.poll(2000)
         rig.w.dispatch.drain_inbox(rig.w.sock)
     queued = sorted(lane._queue)
-    assert [(j.call_id, j.args["end_pos"]) for _, _, j in queued] == [("b", 800), ("a", 6400)]
-    assert queued[0][0] < queued[1][0]  # b's turn ended 350 ms before a's newer request's
+    assert [(j.call_id, j.args["end_pos"]) for _, _, j in queued] == [("a", 6400), ("b", 800)]
+    assert queued[0][0] == now + 500 * 10**6  # ordered by the request's deadline
     rig.w.dispatch.send_job_results()
     r = rig.recv(lambda f: isinstance(f, ErrorReply))
     assert r.kind == "superseded" and r.call_id == "a" and lane.counters["superseded"] == 1
     assert rig.w.stats.errors.get("superseded") == 1
+    rig.w.dispatch.jobs = None
+
+
+def test_a_cancelled_smart_turn_analysis_still_queued_never_runs_and_is_answered_cancelled(rig):
+    """SmartTurnCancel names the analysis by call and end position: the sender's queued job
+    leaves the queue (its request answered ``cancelled``, counted); another call's, another
+    position's and another sender's stay."""
+    from workers.jobs import JobLane
+
+    lane = JobLane("jobs", rig.w.dispatch.run_job, rig.w.notify, threads=1, capacity=8)  # not started
+    rig.w.dispatch.jobs, rig.w.dispatch.smart = lane, object()  # type: ignore[assignment]
+    for c in ("a", "b"):
+        rig.call(c)
+        assert isinstance(rig.attach(c), Attached)
+    rig.run({"a": [False] * 25, "b": [False] * 25})
+    far = time.monotonic_ns() + 10**9
+    for call_id, end in (("a", 1600), ("b", 1600)):
+        rig.cid += 1
+        rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=far), cid=rig.cid))
+        assert rig.w.sock.poll(2000)
+        rig.w.dispatch.drain_inbox(rig.w.sock)
+    a_cid = rig.cid - 1
+    rig.send(SmartTurnCancel(call_id="a", end_pos=800))  # not the queued analysis's position
+    assert lane.queued == 2 and lane.counters["cancelled"] == 0
+    other = make_socket(rig.ctx, zmq.DEALER, identity=b"sub-1")
+    other.connect(rig.w.endpoint)
+    try:
+        other.send(encode(SmartTurnCancel(call_id="a", end_pos=1600)))  # not the requester
+        assert rig.w.sock.poll(2000)
+        rig.w.dispatch.drain_inbox(rig.w.sock)
+    finally:
+        other.close(0)
+    assert lane.queued == 2
+    rig.send(SmartTurnCancel(call_id="a", end_pos=1600))
+    assert [j.call_id for _, _, j in lane._queue] == ["b"] and lane.counters["cancelled"] == 1
+    rig.w.dispatch.send_job_results()
+    got = None
+    deadline = time.monotonic() + 2
+    while got is None and time.monotonic() < deadline:
+        if rig.sub.poll(50):
+            f, cid = decode_env(rig.sub.recv())
+            if isinstance(f, ErrorReply):
+                got = (f, cid)
+    assert got is not None
+    assert got[0].kind == "cancelled" and got[0].call_id == "a" and got[1] == a_cid  # the request's answer
+    assert rig.w.stats.errors.get("cancelled") == 1
     rig.w.dispatch.jobs = None
 
 
