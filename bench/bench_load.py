@@ -84,8 +84,8 @@ STOP_TIMEOUT_S = 20.0
 # the daemon's own counters reported next to the client's figures (bench/out/brisvox.json)
 SERVER_KEYS: dict[str, tuple[str, ...]] = {
     "gateway": ("call_late_frames_total", "call_underruns_total", "tick_late_p99_ms", "clear_latency_p99_ms"),
-    "worker": ("jobs_done", "jobs_expired", "jobs_superseded", "jobs_cancelled", "vad_prompt", "end_hints",
-               "tick_max_ms", "jobs_wait_us_total", "jobs_wait_us_max", "jobs_run_us_total", "jobs_run_us_max", "jobs_cpu_us_total", "jobs_wait_p95_us", "jobs_cpu_p95_us"),
+    "worker": ("jobs_done", "jobs_expired", "jobs_superseded", "jobs_cancelled", "vad_prompt", "prompt_cpu_ms",
+               "end_hints", "tick_max_ms", "jobs_wait_us_total", "jobs_wait_us_max", "jobs_run_us_total", "jobs_run_us_max", "jobs_cpu_us_total", "jobs_wait_p95_us", "jobs_cpu_p95_us"),
 }
 
 TARGETS = {
@@ -506,7 +506,9 @@ def server_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
                         f"{int(st.get('worker.jobs_expired', 0) or 0)} over {call_s:.0f} call-s"))
         if st.get("worker.vad_prompt") is not None:
             out.append((f"{p} VAD windows scored outside the tick / stop windows from the voice's end",
-                        f"{int(st['worker.vad_prompt'])} / {int(st.get('worker.end_hints', 0) or 0)}", "", ""))
+                        f"{int(st['worker.vad_prompt'])} / {int(st.get('worker.end_hints', 0) or 0)}", "",
+                        f"{(st.get('worker.prompt_cpu_ms', 0) or 0) / max(1.0, call_s):.3f} ms CPU per call-second "
+                        "outside the tick"))
         started = st.get("worker.jobs_done", 0) or 0
         if started and st.get("worker.jobs_wait_us_total") is not None:
             out += [

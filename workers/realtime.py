@@ -107,6 +107,7 @@ log = logging.getLogger("brisvox.workers")
 
 SCALE = np.float32(1.0 / 32768.0)
 DUE_NS = 100 * 1_000_000  # a due call waits this long at most for its next window's audio
+FRAME_MS = 20  # the caller's audio lands in the in ring a frame at a time
 
 
 class RealtimeLane:
@@ -296,8 +297,11 @@ class RealtimeLane:
             self.stats.end_hints_moved += 1
 
     def due_in_ms(self) -> int:
-        """Milliseconds until the audio of the earliest due call's next window should be in
-        its ring (real-time pacing from its write position; 0: now; -1: no call is due).
+        """Milliseconds the loop may sleep before it looks for the earliest due call's next
+        window again (0: its audio is in the ring now; -1: no call is due). Audio comes in
+        whole frames (20 ms on every transport), so the frame that completes the window may
+        land any time once less than ``FRAME_MS`` of it is missing: then 1 ms polls; before
+        that, sleep until it is that close (real-time pacing from the write position).
         Drops the calls that are gone or were due for longer than ``DUE_NS``."""
         best = -1
         now = time.monotonic_ns()
@@ -307,7 +311,7 @@ class RealtimeLane:
                 continue
             src = c.inp.src
             miss = c.need_in - src.write_pos
-            ms = 0 if miss <= 0 else -(-miss * 1000 // src.rate)
+            ms = 0 if miss <= 0 else max(1, -(-miss * 1000 // src.rate) - FRAME_MS)
             if best < 0 or ms < best:
                 best = ms
         return best
