@@ -689,3 +689,22 @@ def test_a_silent_calls_deciding_window_is_scored_and_published_as_its_audio_lan
     assert rig.w.stats.vad_prompt >= 1
     assert 200 * 16 <= got.at - got.pos < 200 * 16 + 512
     assert got.at <= rig.rings["a"]["in16"].write_pos  # in16 holds what the stop was decided on
+
+
+def test_a_due_call_is_polled_every_millisecond_once_its_window_is_less_than_a_frame_away(lingering):
+    """Audio lands a frame (20 ms) at a time: when less than a frame of the due window is
+    missing, the frame that completes it may come any moment (1 ms polls); further away
+    the loop sleeps until it is that close; with the audio there, at once."""
+    rig = lingering
+    rig.call("a")
+    rig.attach("a")
+    rig.run({"a": speech(400, 600, 200)})
+    lane = rig.w.realtime
+    c = rig.w.calls["a"]
+    assert "a" in lane.due
+    w = c.inp.src.write_pos
+    for missing, want in ((0, 0), (-40, 0), (8, 1), (100, 1), (159, 1), (400, 30), (800, 80)):
+        c.need_in = w + missing
+        assert lane.due_in_ms() == want, (missing, want)
+    lane.due["a"] = (c, 0)  # due for longer than DUE_NS: dropped, nothing is due
+    assert lane.due_in_ms() == -1 and not lane.due
