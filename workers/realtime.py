@@ -31,10 +31,11 @@ It runs:
   cost in the next tick.
 
 * the **stop window ends on time**: a call that is speaking and in a silence
-  is "due" (:attr:`RealtimeLane.due`): the worker's loop sleeps until its next
-  window's audio should be in the ``in`` ring (real-time pacing from the write
-  position), then converts and scores that window outside the tick (a batch
-  of its own) and publishes its events at once (:meth:`RealtimeLane.serve_due`),
+  is "due" (:attr:`RealtimeLane.due`): the worker's loop sleeps until less than
+  a frame of its next window is missing from the ``in`` ring (real-time pacing
+  from the write position), polls every millisecond from then on, then converts
+  and scores that window outside the tick (a batch of its own) and publishes
+  its events at once (:meth:`RealtimeLane.serve_due`),
   so a stop leaves with the frame that completes its window instead of at the
   next tick (up to ``tick_ms`` later). At the second silent window the stream
   gets the signal's own end of speech (:func:`workers.vad.refine_stop` over up
@@ -331,13 +332,14 @@ class RealtimeLane:
         if not ready:
             return
         now = time.monotonic_ns()
+        before = sum(c.vad_pos for c in ready)
         for c in ready:
             c.conv_ns = now
             self._input(c)
         self._vad(ready)
         for c in ready:
             c.schedule()
-        self.stats.vad_prompt += len(ready)
+        self.stats.vad_prompt += max(0, sum(c.vad_pos for c in ready) - before) // WINDOW
         self.seq += 1
         for sub in {c.subscriber for c in ready}:
             self._publish_to(sub, [c for c in ready if c.subscriber == sub], now)
