@@ -86,8 +86,8 @@ STOP_TIMEOUT_S = 20.0
 # the daemon's own counters reported next to the client's figures (bench/out/brisvox.json)
 SERVER_KEYS: dict[str, tuple[str, ...]] = {
     "gateway": ("call_late_frames_total", "call_underruns_total", "tick_late_p99_ms", "clear_latency_p99_ms"),
-    "worker": ("jobs_done", "jobs_expired", "tick_max_ms", "jobs_wait_us_total", "jobs_wait_us_max",
-               "jobs_run_us_total", "jobs_run_us_max", "jobs_cpu_us_total", "jobs_wait_p95_us", "jobs_cpu_p95_us"),
+    "worker": ("jobs_done", "jobs_expired", "jobs_superseded", "jobs_cancelled", "vad_prompt", "prompt_cpu_ms",
+               "end_hints", "tick_max_ms", "jobs_wait_us_total", "jobs_wait_us_max", "jobs_run_us_total", "jobs_run_us_max", "jobs_cpu_us_total", "jobs_wait_p95_us", "jobs_cpu_p95_us"),
 }
 
 TARGETS = {
@@ -518,6 +518,19 @@ def server_rows(levels: list[harness.Level]) -> list[tuple[str, Any, str, str]]:
              f"of {int(st.get('worker.jobs_done', 0) + st.get('worker.jobs_expired', 0))}", "0"),
             (f"{p} worker tick max", st.get("worker.tick_max_ms"), "ms", ""),
         ]
+        call_s = lv.summary.get("call_seconds") or 0
+        if call_s and st.get("worker.jobs_done") is not None:
+            skipped = sum(st.get(f"worker.jobs_{k}", 0) or 0 for k in ("superseded", "cancelled", "expired"))
+            out.append((f"{p} Smart Turn analyses run / skipped per call-second",
+                        f"{st['worker.jobs_done'] / call_s:.3f} / {skipped / call_s:.3f}", "",
+                        f"run {int(st['worker.jobs_done'])}, superseded {int(st.get('worker.jobs_superseded', 0) or 0)}, "
+                        f"cancelled {int(st.get('worker.jobs_cancelled', 0) or 0)}, expired "
+                        f"{int(st.get('worker.jobs_expired', 0) or 0)} over {call_s:.0f} call-s"))
+        if st.get("worker.vad_prompt") is not None:
+            out.append((f"{p} VAD windows scored outside the tick / stop windows from the voice's end",
+                        f"{int(st['worker.vad_prompt'])} / {int(st.get('worker.end_hints', 0) or 0)}", "",
+                        f"{(st.get('worker.prompt_cpu_ms', 0) or 0) / max(1.0, call_s):.3f} ms CPU per call-second "
+                        "outside the tick"))
         started = st.get("worker.jobs_done", 0) or 0
         if started and st.get("worker.jobs_wait_us_total") is not None:
             out += [

@@ -637,15 +637,27 @@ class AmdHear(Frame):
 @frame("smart_turn", to="worker")
 class SmartTurnRequest(Frame):
     """Actor -> worker job lane: score the 8 s of in16 ending at ``end_pos``.
-    Reply: SmartTurnResult, or ErrorReply: expired (past ``deadline_ns``
-    before it started), superseded (a newer request for the same call came
-    while this one was still queued), busy (job queue full), timeout (ran too
+    Queued by ``deadline_ns`` (earliest first). Reply: SmartTurnResult, or
+    ErrorReply: expired (past ``deadline_ns`` before it started), superseded
+    (a newer request for the same call came while this one was still
+    queued), cancelled (a SmartTurnCancel came while it was queued), busy (job queue full), timeout (ran too
     long), unknown_call, bad_range (``end_pos`` not in the in16 ring),
     job_failed."""
 
     call_id: str
     end_pos: int
     deadline_ns: int
+
+
+@frame("smart_turn_cancel", to="worker")
+class SmartTurnCancel(Frame):
+    """Actor -> worker, fire-and-forget: the analysis of ``call_id`` ending at ``end_pos`` can
+    no longer change the turn (the caller resumed, the turn ended without it, the call hung
+    up). Still queued: it never runs and its request is answered ``cancelled``; running: it
+    runs to its end and is answered as usual. Nothing else is answered."""
+
+    call_id: str
+    end_pos: int
 
 
 @frame("smart_turn_result", to="reply")

@@ -81,6 +81,7 @@ from ipc.frames import (
     ErrorReply,
     LlmJobDelta,
     OutUtterance,
+    SmartTurnCancel,
     SmartTurnRequest,
     SmartTurnResult,
     SubscriberHello,
@@ -393,6 +394,13 @@ class WorkerClient:
         if isinstance(reply, SmartTurnResult | ErrorReply):
             return reply
         return ErrorReply(kind="unexpected", call_id=call_id, detail=reply.TYPE)
+
+    async def smart_turn_cancel(self, call_id: str, end_pos: int) -> None:
+        """The analysis ending at ``end_pos`` can no longer change the turn: the worker drops
+        it if it is still queued (its request is then answered ``cancelled``)."""
+        link = self.calls.get(call_id)
+        if link is not None and link.worker >= 0:
+            await self._send(link.worker, SmartTurnCancel(call_id=call_id, end_pos=end_pos))
 
     async def _send(self, index: int, frame: Frame) -> None:
         async with asyncio.timeout(self.request_timeout):

@@ -205,6 +205,10 @@ class Worker:
             wait_ms = max(0, int((next_tick - now) * 1000 + 0.999))
             if lane.hot and wait_ms > 1:
                 wait_ms = 1  # an utterance's first audio is due any moment
+            if lane.due:
+                due = lane.due_in_ms()  # a stop window may end before the next tick
+                if 0 <= due < wait_ms:
+                    wait_ms = due
             events = dict(poller.poll(wait_ms)) if wait_ms > 0 else {}
             if sock in events:
                 dispatch.drain_inbox(sock)
@@ -217,6 +221,8 @@ class Worker:
             dispatch.send_job_results()
             if lane.hot:
                 lane.serve_hot()
+            if lane.due:
+                lane.serve_due()
             now = time.monotonic()
             if now >= next_tick:
                 probe.paid(now)
@@ -256,7 +262,8 @@ class Worker:
             "vad_failures": st.vad_failures, "failed_open": st.failed_open, "recoveries": st.recoveries,
             "gaps": st.gaps, "events": st.events, "send_failed": st.send_failed,
             "tick_cpu_ms": st.tick_cpu_ns / 1e6, "tick_max_ms": st.tick_max_ns / 1e6,
-            "out_nudges": st.out_nudges, "orphan_detaches": st.orphan_detaches,
+            "out_nudges": st.out_nudges, "end_hints": st.end_hints, "end_hints_moved": st.end_hints_moved,
+            "vad_prompt": st.vad_prompt, "prompt_cpu_ms": st.prompt_ns / 1e6, "orphan_detaches": st.orphan_detaches,
             "retired_calls": st.retired_calls, "retirements": st.retirements,
             "denoised_calls": st.denoised_calls, "denoise_failures": st.denoise_failures,
             "calls_by_subscriber": {sub: len(calls) for sub, calls in self.attached.by_sub.items()},

@@ -10,8 +10,9 @@ adds, bound to itself, the frames other modules registered in
 :mod:`workers.local_jobs`), the submission of Smart Turn jobs to the job lane
 (:class:`workers.jobs.JobLane`: Smart Turn analyses read the last 8 s straight
 from the call's in16 ring on their own thread; the tick never waits for them;
-they are queued by when their turn ended, earliest first, and a newer request
-for the same call supersedes a queued older one) and the sending of every
+they are queued by their deadline, earliest first; a newer request for the
+same call supersedes a queued older one, and a SmartTurnCancel takes a queued
+one out: an analysis whose verdict could no longer be used is never run) and the sending of every
 lane's results.
 
 It is handed what it works on explicitly: the attached calls
@@ -55,6 +56,7 @@ from ipc.frames import (
     DetachCall,
     Detached,
     ErrorReply,
+    SmartTurnCancel,
     SmartTurnRequest,
     SmartTurnResult,
     SubscriberHello,
@@ -64,7 +66,7 @@ from ipc.frames import (
 from ipc.ring import Ring
 from workers.amd import AmdParams
 from workers.call_table import AttachedCalls
-from workers.config import RATE, WorkersConfig
+from workers.config import WorkersConfig
 from workers.jobs import Job, JobDone, JobLane
 from workers.realtime import RealtimeLane
 from workers.smart_turn import WINDOW_SAMPLES, SmartTurnModel
@@ -101,6 +103,7 @@ class RequestDispatch:
             DetachCall: self._on_detach,
             SubscriberHello: self._on_hello,
             SmartTurnRequest: self.smart_turn,
+            SmartTurnCancel: self._on_smart_turn_cancel,
             TtsUtterance: self._on_tts_utterance,
             TtsCut: self._on_tts_cut,
             AmdStart: self._on_amd_start,
@@ -207,14 +210,22 @@ class RequestDispatch:
             return self.stats.error("expired", "deadline already passed", f.call_id)
         if self.smart is None or self.jobs is None:
             return self.stats.error("unsupported", "smart turn is disabled on this worker", f.call_id)
-        # queue order: when the turn ended (the in16 sample end_pos, dated back from the ring's
-        # write position); a newer request for the same call supersedes a queued older one
-        turn_end_ns = now - (w - f.end_pos) * 1_000_000_000 // RATE
+        # queue order: the request's deadline (the verdict is of no use after it: earliest
+        # deadline first); a newer request for the same call supersedes a queued older one
         job = Job("smart_turn", f.call_id, (ident, cid), f.deadline_ns,
                   self.cfg.job_timeout_ms * 1_000_000, {"ring": c.in16_name, "end_pos": f.end_pos},
-                  received_ns=now, order_ns=max(1, turn_end_ns), supersede=("smart_turn", ident, f.call_id))
+                  received_ns=now, order_ns=f.deadline_ns, supersede=("smart_turn", ident, f.call_id))
         if not self.jobs.submit(job):
             return self.stats.error("busy", f"job queue full ({self.jobs.capacity})", f.call_id)
+        return None
+
+    def _on_smart_turn_cancel(self, ident: bytes, cid: int | str | None, f: SmartTurnCancel) -> Frame | None:
+        """The sender's queued analysis of ``f.call_id`` ending at ``f.end_pos`` is not run
+        (answered ``cancelled``); one already running is left alone. Not answered itself."""
+        if self.jobs is not None:
+            self.jobs.withdraw(lambda j: j.kind == "smart_turn" and j.call_id == f.call_id
+                               and j.route[0] == ident and j.args.get("end_pos") == f.end_pos,
+                               "its verdict can no longer be used")
         return None
 
     def run_job(self, job: Job) -> Frame:

@@ -16,6 +16,11 @@ job's life, so the realtime lane (the tick loop) never waits for a job:
   the same key: the older one is answered ``superseded`` (counted) and never
   runs; its result could no longer matter (a newer Smart Turn request for the
   same call makes the older verdict stale). A running job is never touched.
+* :meth:`JobLane.withdraw` takes the queued (not yet started) jobs that match
+  out of the queue: each is answered ``cancelled`` (counted) and never runs;
+  the owner knows their result could not change anything (a Smart Turn
+  analysis of a pause the caller already ended). A running job is never
+  touched.
 * A job running longer than its timeout is answered ``timeout`` by
   :meth:`JobLane.check_timeouts` (called from the tick loop); its late
   result is dropped when it finally finishes (counted). A Python thread
@@ -113,7 +118,8 @@ class JobLane:
         self._cv = threading.Condition()
         self._running: dict[int, Job] = {}
         self._stop = False
-        self.counters = {"submitted": 0, "refused": 0, "expired": 0, "superseded": 0, "done": 0, "failed": 0,
+        self.counters = {"submitted": 0, "refused": 0, "expired": 0, "superseded": 0, "cancelled": 0,
+                         "done": 0, "failed": 0,
                          "timeouts": 0, "late_results": 0,
                          # queue wait and run time of started jobs (the turn latency a busy lane adds)
                          "wait_us_total": 0, "wait_us_max": 0, "run_us_total": 0, "run_us_max": 0,
@@ -205,6 +211,25 @@ class JobLane:
                     job.cancelled = True
                     n += 1
         return n
+
+    def withdraw(self, match: Callable[[Job], bool], detail: str = "withdrawn") -> int:
+        """Take every queued job that ``match``es out of the queue and answer it ``cancelled``
+        (owner thread); returns how many. Running jobs are not looked at."""
+        with self._cv:
+            keep = [q for q in self._queue if not match(q[2])]
+            gone = [q[2] for q in self._queue if match(q[2])]
+            if not gone:
+                return 0
+            self._queue[:] = keep
+            heapq.heapify(self._queue)
+            for job in gone:
+                job.answered = True
+            self.counters["cancelled"] += len(gone)
+        for job in gone:
+            self.results.append(JobDone(job, ErrorReply(kind="cancelled", call_id=job.call_id,
+                                                        detail=f"{job.kind}: {detail}")))
+        self.notify()
+        return len(gone)
 
     def check_timeouts(self) -> list[JobDone]:
         """Answer every running job past its timeout (owner thread)."""

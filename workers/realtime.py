@@ -30,6 +30,18 @@ It runs:
   one tick long); the conversion costs the realtime lane what it would have
   cost in the next tick.
 
+* the **stop window ends on time**: a call that is speaking and in a silence
+  is "due" (:attr:`RealtimeLane.due`): the worker's loop sleeps until less than
+  a frame of its next window is missing from the ``in`` ring (real-time pacing
+  from the write position), polls every millisecond from then on, then converts
+  and scores that window outside the tick (a batch of its own) and publishes
+  its events at once (:meth:`RealtimeLane.serve_due`),
+  so a stop leaves with the frame that completes its window instead of at the
+  next tick (up to ``tick_ms`` later). At the second silent window the stream
+  gets the signal's own end of speech (:func:`workers.vad.refine_stop` over up
+  to :data:`workers.vad.HINT_REACH`; with ``[vad] refine_boundaries``) and counts
+  its stop window from there, not from Silero's lingering last speech window.
+
 Invariants (failure behaviour):
 
 * One call's failure never stops the tick for the others: a broken input
@@ -40,7 +52,10 @@ Invariants (failure behaviour):
   failures the call fails open (audio flows, no VAD) and is probed again.
 * Gaps (and a VAD that fell ``PEND_S`` behind) close speech with a stop dated
   to the last speech, and the VAD restarts on the window grid.
-* A stop's ``at`` is in in16 when it is published.
+* A stop's ``at`` is in in16 when it is published (the prompt path converts
+  the input before it scores, under the same ``need_in`` as the tick).
+* A call is due for at most ``DUE_NS`` (100 ms) after its last scored window:
+  audio that stopped coming waits for the tick again, the loop never spins.
 * Every subscriber hears from the worker at least every 100 ms (an empty tick
   as a keepalive); one that stays unreachable for ``orphan_timeout_s`` has its
   calls detached.
@@ -76,8 +91,10 @@ from workers.call_table import AttachedCall, AttachedCalls
 from workers.config import VadConfig, WorkersConfig
 from workers.stats import TickStats
 from workers.vad import (
+    HINT_REACH,
     RATE,
     RATE8,
+    SPEAKING,
     WINDOW,
     WINDOW8,
     SileroBatch,
@@ -90,6 +107,8 @@ from workers.vad import (
 log = logging.getLogger("brisvox.workers")
 
 SCALE = np.float32(1.0 / 32768.0)
+DUE_NS = 100 * 1_000_000  # a due call waits this long at most for its next window's audio
+FRAME_MS = 20  # the caller's audio lands in the in ring a frame at a time
 
 
 class RealtimeLane:
@@ -115,6 +134,10 @@ class RealtimeLane:
         # call_id -> deadline (monotonic ns): an announced utterance waits for its first audio
         # (read by the worker's loop: while any, it polls every millisecond)
         self.hot: dict[str, int] = {}
+        # call_id -> (call, until ns): speaking and in a silence, so its next VAD window may decide
+        # the stop; the worker's loop runs that window as soon as its audio is in the ring
+        # (serve_due), for at most DUE_NS (audio that stopped coming waits for the tick again)
+        self.due: dict[str, tuple[AttachedCall, int]] = {}
         # batch scratch per VAD window width (16 kHz, native 8 kHz), sized for max_calls at load()
         self._scratch: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -217,7 +240,10 @@ class RealtimeLane:
         if ev.kind == "start":
             c.fall_ref = (-1, -1)
         if self.vad_cfg.refine_boundaries and not reason:
-            if ev.kind == "stop" and c.fall_ref[0] == ev.pos:
+            if ev.refined:  # an end hint: already the signal's end of speech
+                if ev.kind == "falling":
+                    c.fall_ref = (ev.pos, ev.pos)
+            elif ev.kind == "stop" and c.fall_ref[0] == ev.pos:
                 pos = c.fall_ref[1]  # the stop carries exactly what its falling event announced
             else:
                 pos = self._refine(c, ev)
@@ -247,6 +273,77 @@ class RealtimeLane:
             return refine_stop(got.samples, got.start, ev.pos, ev.at)
         except Exception:  # refinement is an improvement, never a reason to lose an event
             return ev.pos
+
+    def _end_hint(self, c: AttachedCall, end: int) -> None:
+        """Give the call's stream the signal's own end of speech (:func:`refine_stop` over the
+        silence so far, up to ``HINT_REACH`` back), so its stop window counts the caller's
+        silence and not Silero's hangover. A fall already announced keeps the position its
+        falling event carried (the stop must carry the same)."""
+        s = c.stream
+        last = s.last_speech
+        if s.fell and c.fall_ref[0] == last:
+            pos = c.fall_ref[1]
+        else:
+            pos = last
+            try:
+                base = max(0, last - HINT_REACH)
+                got = c.rings["in16"].read_range(base, end)
+                if got.start <= base:
+                    pos = refine_stop(got.samples, got.start, last, end, HINT_REACH)
+            except Exception:  # the hint is an improvement, never a reason to lose the stop
+                pos = last
+        s.speech_ended_at(pos)
+        self.stats.end_hints += 1
+        if s.last_speech < last:
+            self.stats.end_hints_moved += 1
+
+    def due_in_ms(self) -> int:
+        """Milliseconds the loop may sleep before it looks for the earliest due call's next
+        window again (0: its audio is in the ring now; -1: no call is due). Audio comes in
+        whole frames (20 ms on every transport), so the frame that completes the window may
+        land any time once less than ``FRAME_MS`` of it is missing: then 1 ms polls; before
+        that, sleep until it is that close (real-time pacing from the write position).
+        Drops the calls that are gone or were due for longer than ``DUE_NS``."""
+        best = -1
+        now = time.monotonic_ns()
+        for call_id, (c, until) in list(self.due.items()):
+            if now > until or self.calls.get(call_id) is not c:
+                del self.due[call_id]
+                continue
+            src = c.inp.src
+            miss = c.need_in - src.write_pos
+            ms = 0 if miss <= 0 else max(1, -(-miss * 1000 // src.rate) - FRAME_MS)
+            if best < 0 or ms < best:
+                best = ms
+        return best
+
+    def serve_due(self) -> None:
+        """Outside the tick: every due call whose next window's audio is in the ring gets it
+        converted and scored now (a batch of its own) and its events published at once, so a
+        stop goes out when the stop window ends, not at the next tick."""
+        cpu0 = time.thread_time_ns()
+        ready: list[AttachedCall] = []
+        for call_id, (c, _) in list(self.due.items()):
+            if self.calls.get(call_id) is not c:
+                del self.due[call_id]
+            elif c.inp.src.write_pos >= c.need_in:
+                del self.due[call_id]
+                ready.append(c)
+        if not ready:
+            return
+        now = time.monotonic_ns()
+        before = sum(c.vad_pos for c in ready)
+        for c in ready:
+            c.conv_ns = now
+            self._input(c)
+        self._vad(ready)
+        for c in ready:
+            c.schedule()
+        self.stats.vad_prompt += max(0, sum(c.vad_pos for c in ready) - before) // WINDOW
+        self.seq += 1
+        for sub in {c.subscriber for c in ready}:
+            self._publish_to(sub, [c for c in ready if c.subscriber == sub], now)
+        self.stats.prompt_ns += time.thread_time_ns() - cpu0
 
     def _vad(self, calls: list[AttachedCall]) -> None:
         """One batched Silero run per VAD rate over every call with a full window; more
@@ -307,6 +404,9 @@ class RealtimeLane:
             probs = self._isolate(batch, win, e)
         st.vad_runs += 1
         st.vad_rows += n
+        hint = self.vad_cfg.refine_boundaries
+        due = self.due
+        until = time.monotonic_ns() + DUE_NS
         for i in range(n):
             c = batch[i]
             end = c.vad_pos + WINDOW
@@ -325,9 +425,16 @@ class RealtimeLane:
                     log.warning("call %s: VAD recovered", c.call_id)
                     c.events.append(VadRecovered(call_id=c.call_id, pos=end, ns=time.monotonic_ns()))
                 c.probe = False
-            ev = c.stream.push(p, end)
+            s = c.stream
+            if hint and p < s.neg and s.hint_due(end):
+                self._end_hint(c, end)
+            ev = s.push(p, end)
             if ev is not None:
                 self._emit(c, ev)
+            if s.state == SPEAKING and end - s.last_speech >= WINDOW:
+                due[c.call_id] = (c, until)  # in a silence: the next window may decide the stop
+            elif due:
+                due.pop(c.call_id, None)
 
     def _amd(self, c: AttachedCall, window: np.ndarray, prob: float | None, start: int) -> None:
         """Feed the call's answering-machine detector the VAD window that starts at ``start``
@@ -454,24 +561,7 @@ class RealtimeLane:
         now = time.monotonic_ns()
         orphaned: list[str] = []
         for sub, calls in self.by_sub.items():
-            positions: dict[str, int] = {}
-            events: list[dict[str, Any]] = []
-            for c in calls:
-                pos = c.inp.out_pos
-                if pos != c.pub_pos:
-                    positions[c.call_id] = pos
-                    c.pub_pos = pos
-                if c.events:
-                    events.extend([to_wire(e) for e in c.events])
-                    c.events.clear()
-            if not positions and not events and now - self._last_pub.get(sub, 0) < self.keepalive_ns:
-                continue
-            self._last_pub[sub] = now
-            payload = encode(WorkerTick(worker=self.index, seq=self.seq, positions=positions, events=events,
-                                        sent_ns=now))
-            if self._send(sub.encode(), payload):
-                self._unroutable.pop(sub, None)
-            else:
+            if not self._publish_to(sub, calls, now):
                 first = self._unroutable.setdefault(sub, now)
                 if now - first > self.cfg.orphan_timeout_s * 1e9:
                     orphaned.append(sub)
@@ -481,3 +571,26 @@ class RealtimeLane:
                 self.stats.orphan_detaches += 1
                 self._detach(c.call_id)
             self._unroutable.pop(sub, None)
+
+    def _publish_to(self, sub: str, calls: list[AttachedCall], now: int) -> bool:
+        """Send ``sub`` the news of ``calls`` (its calls) as one WorkerTick of the current
+        ``seq``: nothing when there is none and a keepalive is not due. False: not routable."""
+        positions: dict[str, int] = {}
+        events: list[dict[str, Any]] = []
+        for c in calls:
+            pos = c.inp.out_pos
+            if pos != c.pub_pos:
+                positions[c.call_id] = pos
+                c.pub_pos = pos
+            if c.events:
+                events.extend([to_wire(e) for e in c.events])
+                c.events.clear()
+        if not positions and not events and now - self._last_pub.get(sub, 0) < self.keepalive_ns:
+            return True
+        self._last_pub[sub] = now
+        payload = encode(WorkerTick(worker=self.index, seq=self.seq, positions=positions, events=events,
+                                    sent_ns=now))
+        if self._send(sub.encode(), payload):
+            self._unroutable.pop(sub, None)
+            return True
+        return False

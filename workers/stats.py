@@ -47,6 +47,10 @@ class TickStats:
     tick_max_ns: int = 0
     out_nudges: int = 0  # utterance starts converted and announced outside a tick
     nudge_ns: int = 0  # CPU time of those conversions
+    end_hints: int = 0  # stop windows counted from the signal's end of speech (VadStream.speech_ended_at)
+    end_hints_moved: int = 0  # of those, the ones that moved the end before Silero's last speech window
+    vad_prompt: int = 0  # windows of due calls (in a silence) scored outside the tick, as their audio came
+    prompt_ns: int = 0  # CPU time of those runs (conversion, VAD, publish)
     amd_started: int = 0  # answering-machine detections asked for (AmdStart)
     amd_verdicts: int = 0  # their verdicts sent
     amd_heard: int = 0  # transcripts of screened openings given to a detector (AmdHear)

@@ -22,6 +22,14 @@ Invariants of :class:`VadStream`:
 * ``stop.pos`` is one past the last speech sample (the end of the last window
   at or above ``threshold``), emitted once ``min_silence`` of audio followed
   it; it is never later than the window that decided it (``at``).
+* With an end hint (:meth:`VadStream.speech_ended_at`: the signal's own end of
+  speech, from :func:`refine_stop`, inside the current silence) the silence is
+  counted from the hinted position, not from the end of Silero's last speech
+  window: Silero's probability lingers for one to four windows after the voice
+  stops, and the stop window (``min_silence``) is a span of the caller's
+  silence. The stop then carries the hinted ``pos`` (``refined``) and is
+  decided at the first window end ``>= pos + min_silence``. A speech window
+  after the hint drops it (the silence starts again from that window).
 * Every start is followed by exactly one stop before the next start;
   :meth:`VadStream.finish` (a gap, a detach, a failure) closes speech in
   progress with a stop dated to the last speech.
@@ -119,13 +127,14 @@ class VadEvent:
     kind: str
     pos: int
     at: int
+    refined: bool = False  # ``pos`` is the signal's end of speech (an end hint), not a window edge
 
 
 class VadStream:
     """Per-call VAD state machine (see module docs). Returns events, does no I/O."""
 
     __slots__ = ("thr", "neg", "min_speech", "min_silence", "fall_delay", "state", "run_start",
-                 "last_speech", "fell")
+                 "last_speech", "fell", "hinted")
 
     def __init__(self, params: VadParams) -> None:
         self.thr = params.threshold
@@ -137,10 +146,25 @@ class VadStream:
         self.run_start = 0
         self.last_speech = 0
         self.fell = False  # a falling event was sent for the current silence
+        self.hinted = False  # last_speech is an end hint (speech_ended_at) for the current silence
 
     @property
     def speaking(self) -> bool:
         return self.state == SPEAKING
+
+    def hint_due(self, end: int) -> bool:
+        """Speaking, in a silence of at least two windows up to ``end`` (enough confirming
+        silence for :func:`refine_stop`'s noise floor), and no end hint taken for it yet."""
+        return self.state == SPEAKING and not self.hinted and end - self.last_speech >= 2 * WINDOW
+
+    def speech_ended_at(self, pos: int) -> None:
+        """The signal's speech ended at ``pos`` (:func:`refine_stop` over the current
+        silence): count the silence from there. Ignored unless speaking, and never moves
+        the end later than Silero's last speech window or before the run's first window."""
+        if self.state != SPEAKING:
+            return
+        self.hinted = True
+        self.last_speech = max(self.run_start + WINDOW, min(self.last_speech, pos))
 
     def push(self, prob: float, end: int) -> VadEvent | None:
         """Feed the probability of the window ``[end - 512, end)``."""
@@ -148,16 +172,16 @@ class VadStream:
         if st == SPEAKING:
             if prob >= self.thr:
                 self.last_speech = end
-                self.fell = False
+                self.fell = self.hinted = False
             elif prob < self.neg:
                 quiet = end - self.last_speech
                 if quiet >= self.min_silence:
                     self.state = IDLE
-                    self.fell = False
-                    return VadEvent("stop", self.last_speech, end)
+                    hinted, self.fell, self.hinted = self.hinted, False, False
+                    return VadEvent("stop", self.last_speech, end, hinted)
                 if self.fall_delay and not self.fell and quiet >= self.fall_delay:
                     self.fell = True
-                    return VadEvent("falling", self.last_speech, end)
+                    return VadEvent("falling", self.last_speech, end, self.hinted)
             return None
         if st == IDLE:
             if prob < self.thr:
@@ -177,16 +201,20 @@ class VadStream:
 
     def finish(self, at: int) -> VadEvent | None:
         """Close the stream (gap, detach, failure): a stop if speech was in progress."""
-        was = self.state
+        was, hinted = self.state, self.hinted
         self.state = IDLE
-        self.fell = False
+        self.fell = self.hinted = False
         if was == SPEAKING:
-            return VadEvent("stop", self.last_speech, at)
+            return VadEvent("stop", self.last_speech, at, hinted)
         return None
 
 
 BLOCK = 160  # 10 ms blocks for boundary refinement
 REACH = 3 * WINDOW  # how far a boundary may move
+# how far an end hint (VadStream.speech_ended_at) may move the stop back: Silero's probability
+# stays above the threshold for up to four windows after the voice stops (measured on the load
+# bench's caller lines: 70-135 ms after the last loud 10 ms block)
+HINT_REACH = 8 * WINDOW
 FLOOR_RMS = 30.0  # never call anything below -61 dBFS speech
 
 

@@ -35,6 +35,10 @@ Fault switches: ``drop_cleared`` (no final position), ``cleared_delay``,
 ``echo_marks`` (False: a client that never echoes), ``echo_marks_on_clear``
 (cut marks echoed anyway, as a raw Twilio client would: the gate swallows
 them), ``smart_turn_fail``.
+
+Smart Turn analyses take ``smart_turn_latency`` as if queued on the worker's job lane
+the whole time: a ``SmartTurnCancel`` meanwhile answers the request at once with no
+verdict, as the worker answers a queued analysis it drops (``smart_turn_cancelled``).
 The Clear protocol is ``ipc/frames.py``'s: Clear(E) kills epochs <= E; its
 Cleared lists the end marks the cut discarded.
 """
@@ -51,7 +55,17 @@ from brisvox.agent.host.actor import CallActor
 from brisvox.providers.word_codec import NOISE, THRESHOLD, Decoder, Vocab, encode
 from brisvox.sim.gateway import SimGateway
 from brisvox.sim.memring import MemRing
-from ipc.frames import AmdStart, Clear, Frame, Mark, Pause, Resume, TtsCut, TtsUtterance
+from ipc.frames import (
+    AmdStart,
+    Clear,
+    Frame,
+    Mark,
+    Pause,
+    Resume,
+    SmartTurnCancel,
+    TtsCut,
+    TtsUtterance,
+)
 from ipc.tick_events import (
     AmdBeepEvent,
     AmdGreetingEndEvent,
@@ -364,6 +378,8 @@ class SimPlatform:
         self.gw = SimGateway(self.cfg, self.out, self.wire)
         self._dead_below = 0  # epochs below this are dead (the last Clear's epoch + 1)
         self.smart_turn_requests = 0
+        self.smart_turn_cancelled = 0
+        self._smart_turn_waits: dict[int, asyncio.Event] = {}  # end_pos -> set by a SmartTurnCancel
         self.sent: list[Frame] = []
         self._task: asyncio.Task[None] | None = None
         self.stopped = False
@@ -416,6 +432,10 @@ class SimPlatform:
             t = asyncio.get_running_loop().time()
             self.amd_starts.append((t, frame))
             self._amd_due = sorted(((t + s.after, s) for s in self.cfg.amd), key=lambda x: x[0])
+        elif isinstance(frame, SmartTurnCancel):
+            ev = self._smart_turn_waits.get(frame.end_pos)
+            if ev is not None:
+                ev.set()
         elif isinstance(frame, TtsCut):
             if frame.tts_pos > self._tts_read:
                 self._tts_read = frame.tts_pos
@@ -427,7 +447,16 @@ class SimPlatform:
 
     async def smart_turn(self, end_pos: int, timeout: float) -> float | None:  # noqa: ASYNC109
         self.smart_turn_requests += 1
-        await asyncio.sleep(self.cfg.smart_turn_latency)
+        cancel = self._smart_turn_waits[end_pos] = asyncio.Event()
+        try:
+            await asyncio.wait_for(cancel.wait(), self.cfg.smart_turn_latency)
+            self.smart_turn_cancelled += 1
+            return None  # dropped while queued: answered ``cancelled``
+        except TimeoutError:
+            pass
+        finally:
+            if self._smart_turn_waits.get(end_pos) is cancel:
+                del self._smart_turn_waits[end_pos]
         if self.cfg.smart_turn_fail:
             return None
         for u in reversed(self.caller.spoken):

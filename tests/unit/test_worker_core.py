@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from ipc.bus import endpoint, make_socket
-from ipc.codec import decode, encode
+from ipc.codec import decode, decode_env, encode
 from ipc.frames import (
     AttachCall,
     Attached,
@@ -26,6 +26,7 @@ from ipc.frames import (
     ErrorReply,
     OutUtterance,
     Ping,
+    SmartTurnCancel,
     SmartTurnRequest,
     TtsCut,
     TtsUtterance,
@@ -496,8 +497,8 @@ def test_falling_events_are_opt_in_per_call_and_match_their_stop(rig):
     assert [e.KIND for e in b] == ["start", "stop"]
 
 
-def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_queued_one(rig):
-    """The worker dates each analysis's turn end from its end_pos (earliest end starts first) and
+def test_smart_turn_jobs_queue_by_deadline_and_a_newer_request_supersedes_the_queued_one(rig):
+    """The worker starts the analysis whose deadline comes first (not the first to arrive) and
     a newer request for the same call replaces its queued older one (answered ``superseded``)."""
     from workers.jobs import JobLane
 
@@ -507,19 +508,66 @@ def test_smart_turn_jobs_queue_by_turn_end_and_a_newer_request_supersedes_the_qu
         rig.call(c)
         assert isinstance(rig.attach(c), Attached)
     rig.run({"a": [False] * 25, "b": [False] * 25})  # 500 ms of in16 each
-    far = time.monotonic_ns() + 10**9
-    for call_id, end in (("a", 1600), ("b", 800), ("a", 6400)):
+    now = time.monotonic_ns()
+    for call_id, end, deadline_ms in (("a", 1600, 900), ("b", 800, 700), ("a", 6400, 500)):
         rig.cid += 1
-        rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=far), cid=rig.cid))
+        rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=now + deadline_ms * 10**6),
+                            cid=rig.cid))
         assert rig.w.sock.poll(2000)
         rig.w.dispatch.drain_inbox(rig.w.sock)
     queued = sorted(lane._queue)
-    assert [(j.call_id, j.args["end_pos"]) for _, _, j in queued] == [("b", 800), ("a", 6400)]
-    assert queued[0][0] < queued[1][0]  # b's turn ended 350 ms before a's newer request's
+    assert [(j.call_id, j.args["end_pos"]) for _, _, j in queued] == [("a", 6400), ("b", 800)]
+    assert queued[0][0] == now + 500 * 10**6  # ordered by the request's deadline
     rig.w.dispatch.send_job_results()
     r = rig.recv(lambda f: isinstance(f, ErrorReply))
     assert r.kind == "superseded" and r.call_id == "a" and lane.counters["superseded"] == 1
     assert rig.w.stats.errors.get("superseded") == 1
+    rig.w.dispatch.jobs = None
+
+
+def test_a_cancelled_smart_turn_analysis_still_queued_never_runs_and_is_answered_cancelled(rig):
+    """SmartTurnCancel names the analysis by call and end position: the sender's queued job
+    leaves the queue (its request answered ``cancelled``, counted); another call's, another
+    position's and another sender's stay."""
+    from workers.jobs import JobLane
+
+    lane = JobLane("jobs", rig.w.dispatch.run_job, rig.w.notify, threads=1, capacity=8)  # not started
+    rig.w.dispatch.jobs, rig.w.dispatch.smart = lane, object()  # type: ignore[assignment]
+    for c in ("a", "b"):
+        rig.call(c)
+        assert isinstance(rig.attach(c), Attached)
+    rig.run({"a": [False] * 25, "b": [False] * 25})
+    far = time.monotonic_ns() + 10**9
+    for call_id, end in (("a", 1600), ("b", 1600)):
+        rig.cid += 1
+        rig.sub.send(encode(SmartTurnRequest(call_id=call_id, end_pos=end, deadline_ns=far), cid=rig.cid))
+        assert rig.w.sock.poll(2000)
+        rig.w.dispatch.drain_inbox(rig.w.sock)
+    a_cid = rig.cid - 1
+    rig.send(SmartTurnCancel(call_id="a", end_pos=800))  # not the queued analysis's position
+    assert lane.queued == 2 and lane.counters["cancelled"] == 0
+    other = make_socket(rig.ctx, zmq.DEALER, identity=b"sub-1")
+    other.connect(rig.w.endpoint)
+    try:
+        other.send(encode(SmartTurnCancel(call_id="a", end_pos=1600)))  # not the requester
+        assert rig.w.sock.poll(2000)
+        rig.w.dispatch.drain_inbox(rig.w.sock)
+    finally:
+        other.close(0)
+    assert lane.queued == 2
+    rig.send(SmartTurnCancel(call_id="a", end_pos=1600))
+    assert [j.call_id for _, _, j in lane._queue] == ["b"] and lane.counters["cancelled"] == 1
+    rig.w.dispatch.send_job_results()
+    got = None
+    deadline = time.monotonic() + 2
+    while got is None and time.monotonic() < deadline:
+        if rig.sub.poll(50):
+            f, cid = decode_env(rig.sub.recv())
+            if isinstance(f, ErrorReply):
+                got = (f, cid)
+    assert got is not None
+    assert got[0].kind == "cancelled" and got[0].call_id == "a" and got[1] == a_cid  # the request's answer
+    assert rig.w.stats.errors.get("cancelled") == 1
     rig.w.dispatch.jobs = None
 
 
@@ -556,3 +604,107 @@ def test_the_serve_loop_probe_counts_a_late_tick_and_logs_the_stack_that_held_it
     (line,) = [r.getMessage() for r in caplog.records if "event loop stalled" in r.getMessage()]
     assert "worker-0:" in line and "in hold_the_tick_in_a_named_function" in line
     assert reports and reports[-1]["loop"]["long_stalls"] == 1  # what the worker reports with its pongs
+
+
+class LingeringBatch(EnergyBatch):
+    """EnergyBatch whose speech probability lingers ``hangover`` windows after the energy
+    falls, per slot, as Silero's does after a voice stops."""
+
+    def __init__(self, capacity: int, hangover: int) -> None:
+        super().__init__(capacity)
+        self.hangover = hangover
+        self.left = [0] * capacity
+
+    def reset(self, slot: int) -> None:
+        self.left[slot] = 0
+
+    def run(self, slots: np.ndarray, windows: np.ndarray) -> np.ndarray:
+        out = super().run(slots, windows)
+        for i, s in enumerate(int(x) for x in slots):
+            if out[i] > 0.5:
+                self.left[s] = self.hangover
+            elif self.left[s] > 0:
+                self.left[s] -= 1
+                out[i] = 1.0
+        return out
+
+
+@pytest.fixture(params=[True, False], ids=["vad8k", "vad16k"])
+def lingering(request, short_tmp, shm_clean):
+    r = Rig(short_tmp, shm_clean, native_8k=request.param)
+    r.model = LingeringBatch(8, hangover=3)  # 96 ms of hangover
+    r.w.realtime.silero = r.model
+    yield r
+    r.close()
+
+
+def test_the_stop_window_is_counted_from_the_voices_end_not_from_the_models_hangover(lingering):
+    rig = lingering
+    rig.call("a")
+    rig.attach("a")
+    evs = rig.run({"a": speech(400, 600, 600)})
+    assert [e.KIND for e in evs] == ["start", "stop"]
+    stop = evs[1]
+    assert abs(stop.pos - 1000 * 16) <= 160  # the voice's end (10 ms blocks), not Silero's last window
+    # decided by the first window that ends min_silence (200 ms) after it: the model's three
+    # windows of hangover would otherwise come on top
+    assert 200 * 16 <= stop.at - stop.pos < 200 * 16 + 512
+    assert rig.w.stats.end_hints == 1 and rig.w.stats.end_hints_moved == 1
+
+
+def test_a_silent_calls_deciding_window_is_scored_and_published_as_its_audio_lands(lingering):
+    """In a silence the call is due: the worker's loop scores its next window as soon as the
+    window's audio is in the ring (no tick), and sends the stop at once."""
+    import threading
+
+    rig = lingering
+    rig.call("a")
+    rig.attach("a")
+    evs = rig.run({"a": speech(400, 600, 200)})  # the ticks saw the first silent window after the hangover
+    assert [e.KIND for e in evs] == ["start"] and "a" in rig.w.realtime.due
+    rig.w.realtime.tick_s = 1.0  # no tick while the rest of the stop window comes in
+    ticks = rig.w.stats.ticks
+    stop = threading.Event()
+    loop = threading.Thread(target=rig.w.run, args=(stop,), daemon=True)
+    loop.start()
+    got = None
+    try:
+        for _ in range(20):  # 400 ms of silence at the caller's pace
+            rig.feed("a", False)
+            t_fed = time.monotonic()
+            deadline = t_fed + 0.02
+            while got is None and time.monotonic() < deadline:
+                if rig.sub.poll(2):
+                    f = decode(rig.sub.recv())
+                    if isinstance(f, WorkerTick):
+                        got = next((e for e in map(from_wire, f.events) if e.KIND == "stop"), None)
+            if got is not None:
+                break
+        ticks_at_stop = rig.w.stats.ticks
+    finally:
+        stop.set()
+        loop.join(2)
+    assert got is not None, "no stop before the next tick"
+    assert ticks_at_stop == ticks  # scored outside the tick
+    assert rig.w.stats.vad_prompt >= 1
+    assert 200 * 16 <= got.at - got.pos < 200 * 16 + 512
+    assert got.at <= rig.rings["a"]["in16"].write_pos  # in16 holds what the stop was decided on
+
+
+def test_a_due_call_is_polled_every_millisecond_once_its_window_is_less_than_a_frame_away(lingering):
+    """Audio lands a frame (20 ms) at a time: when less than a frame of the due window is
+    missing, the frame that completes it may come any moment (1 ms polls); further away
+    the loop sleeps until it is that close; with the audio there, at once."""
+    rig = lingering
+    rig.call("a")
+    rig.attach("a")
+    rig.run({"a": speech(400, 600, 200)})
+    lane = rig.w.realtime
+    c = rig.w.calls["a"]
+    assert "a" in lane.due
+    w = c.inp.src.write_pos
+    for missing, want in ((0, 0), (-40, 0), (8, 1), (100, 1), (159, 1), (400, 30), (800, 80)):
+        c.need_in = w + missing
+        assert lane.due_in_ms() == want, (missing, want)
+    lane.due["a"] = (c, 0)  # due for longer than DUE_NS: dropped, nothing is due
+    assert lane.due_in_ms() == -1 and not lane.due

@@ -304,3 +304,25 @@ def test_a_queued_job_whose_deadline_passes_is_answered_expired_not_run_even_whe
     assert done["doomed"].kind == "expired" and "doomed" not in ran
     assert isinstance(done["fine"], SmartTurnResult) and lane.lane.counters["expired"] == 1
     lane.lane.stop()
+
+
+def test_withdrawn_queued_jobs_never_run_and_a_running_one_is_left_alone():
+    ran: list[str] = []
+    lane, gate = _blocked_lane(ran)
+    keep, gone_a, gone_b = job("keep"), job("stale"), job("stale")
+    for j in (keep, gone_a, gone_b):
+        assert lane.lane.submit(j)
+    assert lane.lane.withdraw(lambda j: j.call_id == "blocker") == 0  # running: not looked at
+    assert lane.lane.withdraw(lambda j: j.call_id == "stale", "the caller resumed") == 2
+    assert lane.lane.queued == 1 and lane.lane.counters["cancelled"] == 2
+    assert lane.lane.withdraw(lambda j: j.call_id == "stale") == 0  # answered once
+    gate.set()
+    done = {id(d.job): d.reply for d in lane.collect(4)}
+    assert len(done) == 4
+    for j in (gone_a, gone_b):
+        assert done[id(j)].kind == "cancelled" and "the caller resumed" in done[id(j)].detail
+    assert isinstance(done[id(keep)], SmartTurnResult)
+    assert ran == ["blocker", "keep"]  # the withdrawn jobs never ran
+    assert lane.lane.counters["done"] == 2
+    lane.lane.stop()
+

@@ -169,3 +169,55 @@ def test_falling_is_sent_once_per_fall_and_announces_the_stop_position():
     with pytest.raises(ValueError):
         VadParams(min_silence_ms=200, fall_delay_ms=200)
     assert VadStream(VadParams()).fall_delay == 0  # off by default
+
+
+def test_an_end_hint_counts_the_stop_window_from_the_signals_end_of_speech():
+    """Silero's last speech windows linger after the voice stops; with the signal's own end
+    (the hint) the stop comes min_silence after it, carries it, and is flagged refined."""
+    p = VadParams(min_speech_ms=0, min_silence_ms=200)
+    s = VadStream(p)
+    assert run(s, [0.9] * 6) == [("start", 0, WINDOW)]  # speech windows end at 6 * WINDOW
+    voice_end = 4 * WINDOW - 200  # two and a half windows of hangover
+    assert not s.hint_due(7 * WINDOW) and s.hint_due(8 * WINDOW)  # two windows of silence first
+    for end in (7 * WINDOW, 8 * WINDOW):
+        assert s.push(0.0, end) is None
+    s.speech_ended_at(voice_end)
+    assert not s.hint_due(9 * WINDOW)  # one hint per silence
+    ev = None
+    end = 8 * WINDOW
+    while ev is None:
+        end += WINDOW
+        ev = s.push(0.0, end)
+    assert (ev.kind, ev.pos, ev.refined) == ("stop", voice_end, True)
+    # decided by the first window end at least min_silence after the voice's end
+    assert voice_end + p.min_silence_samples <= ev.at < voice_end + p.min_silence_samples + WINDOW
+    # without the hint the same probabilities stop a whole hangover later
+    u = VadStream(p)
+    evs = run(u, [0.9] * 6 + [0.0] * 8)
+    assert evs[1][0] == "stop" and evs[1][2] - ev.at >= 2 * WINDOW
+
+
+def test_an_end_hint_never_moves_the_end_later_and_speech_after_it_drops_it():
+    s = VadStream(VadParams(min_speech_ms=0, min_silence_ms=200))
+    run(s, [0.9] * 4 + [0.0] * 2)
+    s.speech_ended_at(10 * WINDOW)  # later than Silero's last speech window: ignored
+    assert s.last_speech == 4 * WINDOW
+    s = VadStream(VadParams(min_speech_ms=0, min_silence_ms=200))
+    run(s, [0.9] * 4 + [0.0] * 2)
+    s.speech_ended_at(-5)  # before the run: clamped to its first window
+    assert s.last_speech == WINDOW
+    s.push(0.9, 7 * WINDOW)  # the caller goes on: the silence starts again, no hint
+    assert s.last_speech == 7 * WINDOW and not s.hinted
+    evs = run(s, [0.0] * 8, first_end=8 * WINDOW)
+    assert evs[0][0] == "stop" and evs[0][1] == 7 * WINDOW
+    idle = VadStream(VadParams())
+    idle.speech_ended_at(100)  # not speaking: nothing to hint
+    assert not idle.hinted and idle.last_speech == 0
+
+
+def test_finish_after_an_end_hint_closes_speech_at_the_hinted_end():
+    s = VadStream(VadParams(min_speech_ms=0, min_silence_ms=200))
+    run(s, [0.9] * 4 + [0.0] * 2)
+    s.speech_ended_at(3 * WINDOW)
+    ev = s.finish(7 * WINDOW)
+    assert ev is not None and (ev.kind, ev.pos, ev.refined) == ("stop", 3 * WINDOW, True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ipc.frames import AmdStart, Frame, SmartTurnResult, TtsCut, TtsUtterance
+from ipc.frames import AmdStart, Frame, SmartTurnCancel, SmartTurnResult, TtsCut, TtsUtterance
 
 if TYPE_CHECKING:
     from brisvox.agent.host.process import AgentProcess
@@ -52,6 +52,8 @@ class ProcessLink:
             coro = wc.tts_cut(self.call_id, frame.epoch, frame.tts_pos)
         elif isinstance(frame, AmdStart):
             coro = wc.amd_start(self.call_id, frame.in16_pos, frame.max_wait_ms, frame.leave_message)
+        elif isinstance(frame, SmartTurnCancel):
+            coro = wc.smart_turn_cancel(self.call_id, frame.end_pos)
         else:
             self.dropped += 1
             return

@@ -38,6 +38,13 @@ Owns:
   position synchronously (:meth:`TurnDriver.note_audio_end`; an AudioFrame
   still works the same way), so in the daemon the stop never finds it behind; a failed or late analysis is counted and the
   machine's fallback silence ends the turn.
+* An analysis that can no longer change the turn is not run: after every step the
+  driver asks the machine (``wants_verdict``) about each analysis still on its way
+  and about a deferred one; for one it no longer wants (the caller resumed, the turn
+  ended on the fallback silence, the call hung up) it sends ``SmartTurnCancel`` (the
+  worker drops it while it is still queued) or drops the deferred request, counted
+  ``analyses_cancelled``. The verdict of a cancelled analysis (``None`` when it was
+  dropped) is stale to the machine by the same test, so no turn is decided on it.
 * Early analysis (the machine's ``early_analysis``): a UserSpeechFalling feeds
   ``VadFalling``; its ``RequestAnalysis(early=True)`` is asked for the audio up to
   the falling's ``decided_pos`` (the speech and the pause so far), through the
@@ -105,6 +112,7 @@ from brisvox.agent.pipeline.stage.pipeline_frames import (
     UtteranceFinal,
     Wake,
 )
+from ipc.frames import SmartTurnCancel
 
 log = logging.getLogger("brisvox.agent.turn")
 
@@ -152,6 +160,7 @@ class DriverStats:
     analyses: int = 0
     analyses_failed: int = 0
     analyses_deferred: int = 0
+    analyses_cancelled: int = 0  # asked for (or deferred) and no longer wanted: cancelled or never sent
     gate_holds: int = 0
     gate_timeouts: int = 0
     gate_extensions: int = 0
@@ -195,6 +204,8 @@ class TurnDriver(Stage):
         self._last_audio_end = -1
         self._stops: deque[tuple[float, int]] = deque(maxlen=8)  # (at, pos)
         self._pending_analysis: tuple[int, int, float] | None = None  # (id, pos, deadline)
+        self._inflight: dict[int, int] = {}  # analysis id -> end pos: asked, no verdict yet
+        self._cancelled: set[int] = set()  # analysis ids cancelled, their (stale) verdict still to come
         self._fall_pos = -1  # the analysis end of the latest falling (early analysis)
         self._open_turn = 0  # epoch of the turn whose text is collected (0: none)
         self._greeting = ""
@@ -263,7 +274,10 @@ class TurnDriver(Stage):
                 vid: int
                 prob: float | None
                 vid, prob = frame.value  # type: ignore[misc]
-                if prob is None:
+                self._inflight.pop(vid, None)
+                if vid in self._cancelled:
+                    self._cancelled.discard(vid)
+                elif prob is None:
                     self.st.analyses_failed += 1
                 self._mark_verdict(vid, now)
                 await self._feed(tm.Verdict(vid, prob, now))
@@ -286,7 +300,7 @@ class TurnDriver(Stage):
             self.machine.handle(tm.Hangup())
             self.keypad.handle(dtmf.Close())
             self._held = None
-            self._pending_analysis = None
+            self._cancel_stale()
             self._response = None
             self._machine_deadline = None
             self.deadline = None
@@ -294,6 +308,7 @@ class TurnDriver(Stage):
             return
         else:
             await self.send(frame)
+        self._cancel_stale()
         self._rearm()
 
     async def on_deadline(self, now: float) -> None:
@@ -322,6 +337,7 @@ class TurnDriver(Stage):
         if self.keypad.deadline is not None and now >= self.keypad.deadline:
             await self._keys(self.keypad.handle(dtmf.Tick(now)))
         await self._spec_gate(now)
+        self._cancel_stale()
         self._rearm()
 
     def _rearm(self) -> None:
@@ -487,6 +503,26 @@ class TurnDriver(Stage):
                 return p
         return self._stops[-1][1] if self._stops else max(0, self._last_audio_end)
 
+    def _cancel_stale(self) -> None:
+        """Drop the deferred analysis and cancel those on their way that the machine no
+        longer wants (a verdict of theirs would be stale): the worker does not run what is
+        still queued. Called after every step (synchronous: it only sends a frame)."""
+        m = self.machine
+        pa = self._pending_analysis
+        if pa is not None and not m.wants_verdict(pa[0]):
+            self._pending_analysis = None
+            self.st.analyses_cancelled += 1
+        if not self._inflight:
+            return
+        for vid in [v for v in self._inflight if v not in self._cancelled and not m.wants_verdict(v)]:
+            self._cancelled.add(vid)
+            self.st.analyses_cancelled += 1
+            if self.link is not None:
+                try:
+                    self.link.to_worker(SmartTurnCancel(call_id=self.call.call_id, end_pos=self._inflight[vid]))
+                except Exception:  # the analysis then runs for nothing; its verdict is stale anyway
+                    log.exception("smart turn cancel failed")
+
     def _send_analysis(self) -> None:
         pa = self._pending_analysis
         self._pending_analysis = None
@@ -495,6 +531,7 @@ class TurnDriver(Stage):
         vid, pos, _ = pa
         self.st.analyses += 1
         link = self.link
+        self._inflight[vid] = pos
         if link is None:
             self.inbox.put_nowait(Wake("verdict", (vid, None)))
             return

@@ -564,14 +564,24 @@ class TurnMachine:
             return self._barge_in(now)
         return []
 
-    def _verdict(self, v: Verdict) -> list[Action]:
+    def wants_verdict(self, vid: int) -> bool:
+        """Would a verdict of analysis ``vid`` still be used (kept for the stop of its fall, or
+        deciding the current pause)? False: it would be stale (the caller resumed, the turn
+        ended without it, a newer analysis replaced it): running it can change nothing.
+        The same conditions as the verdict's handling, so the two cannot disagree."""
         e = self._early
-        if e is not None and v.id == e.id and not e.done:  # early: kept for the stop of this fall
+        if e is not None and vid == e.id and not e.done:
+            return True
+        return vid == self.analysis_id and self.phase is Phase.USER_PAUSED
+
+    def _verdict(self, v: Verdict) -> list[Action]:
+        if not self.wants_verdict(v.id):
+            return [Note("stale_verdict")]
+        e = self._early
+        if e is not None and v.id == e.id:  # early: kept for the stop of this fall
             e.done = True
             e.probability = v.probability
             return [Note("early_verdict")]
-        if v.id != self.analysis_id or self.phase is not Phase.USER_PAUSED:
-            return [Note("stale_verdict")]
         return self._decide(v.probability, v.now)
 
     def _decide(self, probability: float | None, now: float) -> list[Action]:
