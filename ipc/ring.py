@@ -32,7 +32,10 @@ Invariants:
   ``lost``.
 * Aligned 8-byte stores and loads are single instructions on the 64-bit
   hosts we support and stores are not reordered with other stores (x86-TSO);
-  the publish order above is what keeps readers consistent.
+  the publish order above is what keeps readers consistent. The header is read
+  and stored through a native ``q`` memoryview (an aligned 8-byte load/store per
+  field, about three times cheaper per access than a numpy scalar), which is
+  why the module refuses a big-endian host at import.
 
 Segments live in ``/dev/shm`` and are named ``brisvox.<instance>.<call>-<key>.<kind>``
 (see :func:`ring_name`): ``key`` is random per call (:func:`new_ring_key`, 64 bits
@@ -58,6 +61,7 @@ import os
 import re
 import secrets
 import stat
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +80,8 @@ _R = 2 * _LINE
 _F = 3 * _LINE
 _C = 4 * _LINE
 MAX_CAPACITY = 1 << 26  # 64 Mi samples: 70 min at 16 kHz
+if sys.byteorder != "little":  # the header is little-endian and read through a native view
+    raise ImportError("ipc.ring: the shared-memory layout needs a little-endian host")
 _NAME_RE = re.compile(r"^brisvox\.([A-Za-z0-9-]+)\.([A-Za-z0-9_-]+)\.([a-z0-9]+)$")
 _KEY_RE = re.compile(r"^[0-9a-f]{16,64}$")
 MODE = 0o600  # the only mode a ring segment may have
@@ -241,15 +247,15 @@ class Ring:
     def __init__(self, name: str, mm: mmap.mmap, owner: bool) -> None:
         self.name = name
         self._mm = mm
-        self._hdr = np.frombuffer(mm, dtype="<i8", count=HEADER_BYTES // 8, offset=0)
-        if int(self._hdr[0]) != MAGIC:
+        self._hdr = memoryview(mm)[:HEADER_BYTES].cast("q")  # native = little-endian (checked at import)
+        if self._hdr[0] != MAGIC:
             self._release()
             raise RingError(f"ring {name}: bad magic")
-        if int(self._hdr[1]) != VERSION:
+        if self._hdr[1] != VERSION:
             self._release()
-            raise RingError(f"ring {name}: version {int(self._hdr[1])}, expected {VERSION}")
-        self.capacity = int(self._hdr[2])
-        self.rate = int(self._hdr[3])
+            raise RingError(f"ring {name}: version {self._hdr[1]}, expected {VERSION}")
+        self.capacity = self._hdr[2]
+        self.rate = self._hdr[3]
         if self.capacity <= 0 or self.capacity & (self.capacity - 1) or self.capacity > MAX_CAPACITY:
             self._release()
             raise RingError(f"ring {name}: bad capacity {self.capacity}")
@@ -328,6 +334,8 @@ class Ring:
         return ring
 
     def _release(self) -> None:
+        if self._hdr is not None:
+            self._hdr.release()  # the mapping cannot close while a view exports it
         self._hdr = None  # type: ignore[assignment]
         self._buf = None  # type: ignore[assignment]
         try:
@@ -355,11 +363,11 @@ class Ring:
 
     @property
     def write_pos(self) -> int:
-        return int(self._hdr[_W])
+        return self._hdr[_W]
 
     @property
     def floor(self) -> int:
-        return int(self._hdr[_F])
+        return self._hdr[_F]
 
     @property
     def closed(self) -> bool:
@@ -377,8 +385,8 @@ class Ring:
         """
         n = len(samples)
         if n == 0:
-            return int(self._hdr[_W])
-        w = int(self._hdr[_W])
+            return self._hdr[_W]
+        w = self._hdr[_W]
         end = w + n
         if n > self.capacity:
             samples = samples[n - self.capacity :]
@@ -399,7 +407,7 @@ class Ring:
 
     def cut(self, position: int) -> int:
         """Raise the floor to ``position`` (never lowers it); returns the floor."""
-        f = int(self._hdr[_F])
+        f = self._hdr[_F]
         if position > f:
             self._hdr[_F] = position
             return position
@@ -407,7 +415,7 @@ class Ring:
 
     def cut_at_write(self) -> int:
         """Clear: discard everything written so far. Returns the cut position."""
-        return self.cut(int(self._hdr[_W]))
+        return self.cut(self._hdr[_W])
 
     def mark_closed(self) -> None:
         self._hdr[_C] = 1
@@ -427,12 +435,12 @@ class Ring:
         """
         if end < start:
             raise ValueError(f"bad range [{start}, {end})")
-        w = int(self._hdr[_W])
+        w = self._hdr[_W]
         end = min(end, w)
         start = min(start, end)
         lo = min(max(start, w - self.capacity), end)  # a range wholly overwritten reads empty
         out = self._copy(lo, end)
-        valid_from = int(self._hdr[_R]) - self.capacity
+        valid_from = self._hdr[_R] - self.capacity
         if valid_from > lo:
             drop = min(valid_from - lo, len(out))
             out = out[drop:]
@@ -446,23 +454,24 @@ class Ring:
         tick reads every call's ring 50 times a second); on None, fall back
         to :meth:`read_range` to learn what was lost.
         """
-        if start < 0 or end > int(self._hdr[_W]):
+        if start < 0 or end > self._hdr[_W]:
             return None
         out = self._copy(start, end)
-        if int(self._hdr[_R]) - self.capacity > start:
+        if self._hdr[_R] - self.capacity > start:
             return None
         return out
 
     def _copy(self, lo: int, hi: int) -> np.ndarray:
         n = hi - lo
-        out = np.empty(n, dtype=np.int16)
         if n <= 0:
-            return out
+            return np.empty(0, dtype=np.int16)
         i = lo & self._mask
-        first = min(n, self.capacity - i)
-        out[:first] = self._buf[i : i + first]
-        if first < n:
-            out[first:] = self._buf[: n - first]
+        if i + n <= self.capacity:  # no wrap (nearly always): one slice copy, no second array
+            return self._buf[i : i + n].copy()
+        first = self.capacity - i
+        out = np.empty(n, dtype=np.int16)
+        out[:first] = self._buf[i:]
+        out[first:] = self._buf[: n - first]
         return out
 
 
@@ -497,7 +506,7 @@ class RingReader:
         hi = w if max_samples is None else min(w, pos + max_samples)
         hi = max(hi, pos)
         out = ring._copy(pos, hi)
-        valid_from = int(ring._hdr[_R]) - ring.capacity
+        valid_from = ring._hdr[_R] - ring.capacity
         if valid_from > pos:
             drop = min(valid_from - pos, len(out))
             out = out[drop:]

@@ -69,6 +69,8 @@ class Inbox:
         "_up",
         "_data",
         "_waiter",
+        "_timer",
+        "_timer_at",
         "_space",
         "dropped",
         "sys_dropped",
@@ -87,6 +89,8 @@ class Inbox:
         self._up: deque[PipelineFrame] = deque()
         self._data: deque[PipelineFrame] = deque()
         self._waiter: asyncio.Future[bool] | None = None  # the one getter (the stage task), parked
+        self._timer: asyncio.TimerHandle | None = None  # the armed deadline timer (kept across gets)
+        self._timer_at = 0.0  # ... and the deadline it is armed for
         self._space = asyncio.Event()
         self._space.set()
         self.dropped = 0
@@ -166,7 +170,14 @@ class Inbox:
 
         One getter at a time (the stage's task). It parks on a bare future that the
         next put resolves, and the deadline is a plain loop timer resolving the same
-        future (False): no Event waiter list, no Timeout context per wait."""
+        future (False): no Event waiter list, no Timeout context per wait.
+
+        The timer outlives the wait: a stage keeps the same deadline over many frames
+        (a turn or mark timeout spans a whole utterance), so a get for the deadline the
+        timer is already armed for reuses it instead of scheduling and cancelling one
+        loop timer per frame; it is cancelled only when the deadline changes or goes
+        away. A timer that fires with no getter parked resolves nothing (the next get
+        sees the deadline has passed by the loop clock)."""
         while True:
             f = self._pop()
             if f is not None:
@@ -174,18 +185,39 @@ class Inbox:
             loop = asyncio.get_running_loop()
             if deadline is not None and deadline <= loop.time():
                 return None
+            timer = self._timer
+            if deadline is None:
+                if timer is not None:
+                    timer.cancel()
+                    self._timer = None
+            elif timer is None or self._timer_at != deadline:
+                if timer is not None:
+                    timer.cancel()
+                self._timer = loop.call_at(deadline, self._expire)
+                self._timer_at = deadline
             fut: asyncio.Future[bool] = loop.create_future()
             self._waiter = fut
-            timer = loop.call_at(deadline, _expire, fut) if deadline is not None else None
             try:
                 put = await fut
             finally:
-                if timer is not None:
-                    timer.cancel()
                 if self._waiter is fut:
                     self._waiter = None
             if not put:
                 return self._pop()
+
+    def _expire(self) -> None:
+        """The deadline timer fired: wake the parked getter with False (nothing put)."""
+        self._timer = None
+        w = self._waiter
+        if w is not None and not w.done():
+            self._waiter = None
+            w.set_result(False)
+
+    def cancel_timer(self) -> None:
+        """Drop the armed deadline timer (the stage is done with this inbox)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def has_interrupt_after(self, epoch: int) -> bool:
         """An Interrupt for a newer epoch is queued (a send may be abandoned)."""
@@ -200,11 +232,6 @@ class Inbox:
             "up_over": self.up_over,
             "max_queued": self.max_queued,
         }
-
-
-def _expire(fut: asyncio.Future[bool]) -> None:
-    if not fut.done():
-        fut.set_result(False)
 
 
 class EpochWatch:
@@ -344,6 +371,12 @@ class Stage:
 
     # -- loop
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.inbox.cancel_timer()  # no deadline timer outlives the stage's task
+
+    async def _run(self) -> None:
         inbox = self.inbox
         while True:
             frame = await inbox.get(self.deadline)
