@@ -208,6 +208,8 @@ def on_detach(worker: Any, call_id: str) -> None:
     st = _STATE.get(id(worker))
     if st is None:
         return
+    if st.whisper is not None:
+        st.whisper.forget(call_id)
     with st.lock:  # writes hold the lock too: a running job finds the ring closed and ends
         ring = st.rings.pop(call_id, None)
         if ring is not None:
@@ -253,7 +255,8 @@ def run_stt(worker: Any, job: Job) -> Frame:
         got = ring.read_range(int(a["start"]), int(a["end"]))
     finally:
         ring.close()
-    out = st.whisper.transcribe(np.asarray(got.samples), a["language"], int(a["max_tokens"]))
+    out = st.whisper.transcribe(np.asarray(got.samples), a["language"], int(a["max_tokens"]), call_id=job.call_id,
+                                at=got.start)
     return SttJobResult(call_id=job.call_id, text=out.text, start_pos=got.start, end_pos=got.start + len(got.samples),
                         queued_us=(job.started_ns - job.received_ns) // 1000, took_us=int(out.took_s * 1e6))
 
