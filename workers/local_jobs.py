@@ -210,6 +210,10 @@ def on_detach(worker: Any, call_id: str) -> None:
         return
     if st.whisper is not None:
         st.whisper.forget(call_id)
+    with st.lock:
+        runners = list(st.llama.values())
+    for runner in runners:  # the LLM lane may hold the context: the cache and owner are its own, see forget
+        runner.forget(call_id)
     with st.lock:  # writes hold the lock too: a running job finds the ring closed and ends
         ring = st.rings.pop(call_id, None)
         if ring is not None:
@@ -345,7 +349,7 @@ def run_llm(worker: Any, job: Job) -> Frame:
         lane = worker.extra_lanes["llm"]
         out = runner.generate(a["messages"], int(a["max_tokens"]), float(a["temperature"]),
                               cancelled=lambda: job.cancelled, emit=lambda t: lane.emit(job, frame(text=t)),
-                              repeat_penalty=float(a["repeat_penalty"]), seed=int(a["seed"]))
+                              repeat_penalty=float(a["repeat_penalty"]), seed=int(a["seed"]), call_id=job.call_id)
         return frame(done=True, stop_reason=out.stop_reason, input_tokens=out.input_tokens,
                      output_tokens=out.output_tokens)
     except Exception as e:  # noqa: BLE001 - the stream must end with a done frame
