@@ -10,7 +10,10 @@ over the native protocol at 8 kHz, one after the other, each asking
 :data:`CALL_SIZE` of the 20 fixed questions of :mod:`bench.llm_rubric`
 (spoken by the Piper joe voice with its noise off, deterministic, cached in
 ``bench/out/local_call``, via :class:`bench.amd_set.Voices`), and joins each
-answered client turn to its call record turn.
+answered client turn to its call record turn. Two agents take turns call by
+call, so one run compares them under the same load: ``local`` as shipped, and
+:data:`BASELINE`, the same file with ``[stt.options] early = false`` (the
+final transcribed from the VAD stop, as before).
 
 Per turn (the marks of :mod:`bench.breakdown`, critical path, each step clamped
 to the marks before it so a turn's steps sum to its latency):
@@ -26,7 +29,9 @@ to the marks before it so a turn's steps sum to its latency):
   tts ring (the segmenter's first chunk, then Piper);
 
 printed as p50/p95 with the table of every turn; the target is p50 <= 1.0 s and
-p95 <= 1.3 s. Bounded: every call has a timeout, the daemon is killed by process
+p95 <= 1.3 s. Then, in this process, after the daemon stopped: the LLM's first
+token when two calls take turns on one runner, with and without the per-call
+state cache (:func:`llm_interleaved`; sequential calls never share a context). Bounded: every call has a timeout, the daemon is killed by process
 group at the end. ``--quick``: one call of :data:`QUICK` questions. The host is
 shared: give figures of one run side by side, with the load average printed.
 """
@@ -61,6 +66,8 @@ CALL_TIMEOUT_S = 240.0
 BOOT_TIMEOUT_S = 180.0
 P50_TARGET_MS = 1000.0
 P95_TARGET_MS = 1300.0
+BASELINE = "local_baseline"
+VARIANTS = (("local (as shipped)", ""), ("baseline: early = false", BASELINE))  # (label, /ws/<agent> path)
 MATCH_S = 0.6  # a record turn's speech end within this of the client's caller-stopped stamp
 
 # (config line as shipped, what the benchmark puts instead); each must match exactly once
@@ -71,16 +78,29 @@ EDITS: tuple[tuple[str, str], ...] = (
     (r"^\[sip\]\nenabled = true", "[sip]\nenabled = false"),
     (r"^port = 8765", "port = 0"),
     (r'^agents_dir = ""', 'agents_dir = "{agents}"'),
+    (r'^(path = "/ws"\nprotocol = "native"\nagent = "default"\n)agents = \["echo"\]',
+     r'\1agents = ["echo", "{baseline}"]'),
     (r'^(\[calls\]\nrecords = true[^\n]*\n)path = ""', r'\1path = "{records}"'),
 )
 
 
 def make_run_config(tmp: Path, text: str | None = None) -> Path:
     """``configs/brisvoxd.toml`` with the benchmark's edits (:data:`EDITS`); a shipped line that
-    no longer matches raises (the benchmark must not silently measure another stack)."""
+    no longer matches raises (the benchmark must not silently measure another stack). The agent
+    files: ``configs/agents/local.toml`` as shipped, and :data:`BASELINE`, the same with
+    ``early = false`` (what the stack did before transcribing while the caller speaks)."""
+    agents = tmp / "agents"
+    agents.mkdir(parents=True, exist_ok=True)
+    local = (ROOT / "configs" / "agents" / "local.toml").read_text()
+    (agents / "local.toml").write_text(local)
+    base, n = re.subn(r'^name = "local"', f'name = "{BASELINE}"', local, flags=re.MULTILINE)
+    base, m = re.subn(r"^early = true\b", "early = false", base, flags=re.MULTILINE)
+    if n != 1 or m != 1:
+        raise RuntimeError("configs/agents/local.toml: no single name = \"local\" or [stt.options] early = true")
+    (agents / f"{BASELINE}.toml").write_text(base)
     text = text if text is not None else (ROOT / "configs" / "brisvoxd.toml").read_text()
-    vals = {"run": tmp / "run", "state": tmp / "state", "agents": ROOT / "configs" / "agents",
-            "records": tmp / "records"}
+    vals = {"run": tmp / "run", "state": tmp / "state", "agents": tmp / "agents", "records": tmp / "records",
+            "baseline": BASELINE}
     for pat, repl in EDITS:
         text, n = re.subn(pat, repl.format(**vals), text, flags=re.MULTILINE)
         if n != 1:
@@ -115,10 +135,11 @@ def question_wavs(n: int) -> list[Path]:
     return out
 
 
-def place_call(port: int, wavs: list[Path], tmp: Path) -> dict[str, Any]:
+def place_call(port: int, agent: str, wavs: list[Path], tmp: Path) -> dict[str, Any]:
     out = tmp / f"call-{time.monotonic_ns()}.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    args = [sys.executable, "-m", "brisvox.cli.brisvox", "call", f"ws://127.0.0.1:{port}/ws", "--rate", str(RATE),
+    path = f"/ws/{agent}" if agent else "/ws"
+    args = [sys.executable, "-m", "brisvox.cli.brisvox", "call", f"ws://127.0.0.1:{port}{path}", "--rate", str(RATE),
             "--events", "--no-transcribe", "--json", str(out), "--pause", "1.0", "--wait", "15"]
     for w in wavs:
         args += ["--play", str(w)]
@@ -213,28 +234,66 @@ def summary(rows: list[dict[str, Any]], asked: int) -> list[Row]:
     return out
 
 
+INTERLEAVED = ("What is the capital of France?", "How many days are in a week?", "What color is the sky on a clear day?",
+               "What is two plus two?", "What do bees make?")
+
+
+def llm_interleaved(turns: int) -> list[Row]:
+    """Two calls taking turns on one :class:`workers.local_llm.LlamaRunner` (as two calls on one
+    worker do): first token of every turn after the first, without the per-call state cache (no call
+    ids: each turn finds the other call's tokens in the context) and with it, alternating rounds."""
+    from bench.llm_rubric import SYSTEM
+    from workers.local_llm import DEFAULT_LLM, LlamaRunner
+    from workers.models import locate
+
+    r = LlamaRunner(locate(DEFAULT_LLM))
+    r.load()
+    got: dict[bool, list[float]] = {False: [], True: []}
+    for cached in (False, True, False, True):
+        msgs = {c: [{"role": "system", "content": SYSTEM + extra}] for c, extra in (("A", ""), ("B", " You work for a bank."))}
+        for i, q in enumerate(INTERLEAVED[:turns]):
+            for c in "AB":
+                msgs[c].append({"role": "user", "content": q})
+                out: list[str] = []
+                o = r.generate(msgs[c], 48, 0.0, lambda: False, out.append, call_id=c if cached else "")
+                msgs[c].append({"role": "assistant", "content": "".join(out).strip()})
+                if i:
+                    got[cached].append(o.first_token_s * 1000.0)
+        r.forget("A")
+        r.forget("B")
+    return [(f"LLM first token, 2 calls alternating on one worker, {'with' if c else 'without'} the per-call "
+             "state cache p50 / p95", f"{pct(v, 0.5):.0f} / {pct(v, 0.95):.0f}", "ms", f"{len(v)} turns")
+            for c, v in got.items()]
+
+
 def run(quick: bool = False) -> list[Row]:
     n = QUICK if quick else len(QUESTIONS)
     wavs = question_wavs(n)
     tmp = Path(tempfile.mkdtemp(prefix="bvlc", dir="/tmp"))
     load0 = os.getloadavg()
     d = Daemon(tmp, make_run_config(tmp), real_roles=True)
-    rows: list[dict[str, Any]] = []
+    rows: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in VARIANTS}
     try:
         d.start()
         snap = d.wait_ready(BOOT_TIMEOUT_S)
         port = int(d.child(snap, "gateway-0")["endpoints"]["websocket"].rsplit(":", 1)[1])
-        for i in range(0, n, CALL_SIZE):
-            res = place_call(port, wavs[i : i + CALL_SIZE], tmp)
-            rec = wait_record(tmp / "records", res["call_id"])
-            for r in turn_rows(res, rec):
-                r["index"] += i
-                rows.append(r)
+        for i in range(0, n, CALL_SIZE):  # the variants take turns call by call: the same load on both
+            for label, agent in VARIANTS:
+                res = place_call(port, agent, wavs[i : i + CALL_SIZE], tmp)
+                rec = wait_record(tmp / "records", res["call_id"])
+                for r in turn_rows(res, rec):
+                    r["index"] += i
+                    rows[label].append(r)
     finally:
         d.close()
         shutil.rmtree(tmp, ignore_errors=True)
     load1 = os.getloadavg()
-    print(table(rows), flush=True)
-    out = summary(rows, n)
-    out.append(("load average (1 min) at start / end", f"{load0[0]:.2f} / {load1[0]:.2f}", "", "shared host"))
+    out: list[Row] = []
+    for label, _ in VARIANTS:
+        print(f"{label}:\n{table(rows[label])}", flush=True)
+        out += [(f"{label}: {fig}", *rest) for fig, *rest in summary(rows[label], n)]
+    out += llm_interleaved(2 if quick else len(INTERLEAVED))
+    load2 = os.getloadavg()
+    out.append(("load average (1 min) at start / after the calls / end", f"{load0[0]:.2f} / {load1[0]:.2f} / "
+                f"{load2[0]:.2f}", "", "shared host"))
     return out
