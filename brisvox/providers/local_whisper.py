@@ -28,7 +28,8 @@ call's last transcription by the ring span of its voiced part, so the
 Finalize's job right after, whose voiced part is the same span when the tail
 stayed quiet, is answered from it without running the model: the final is the
 batch transcription of the same samples, ready as early as the quiet tail
-allows. Speech after the quiet gap re-arms it (one early job per gap); a
+allows. Speech after the quiet gap re-arms it (one early job per gap, and
+never one while another is queued or running, or a Finalize is queued); a
 tail that is not quiet (noise above the floor) leaves the Finalize to do the
 work, as without it. Jobs run in order (one queue), so the Finalize's job
 follows the early one.
@@ -81,6 +82,7 @@ class LocalWhisperSession:
         self.early_jobs = 0
         self._loud = 0  # loud samples received since the last early job (or Finalize)
         self._quiet = 0  # samples received since the last loud chunk
+        self._early_open = False  # an early job is queued or running: no second one beside it
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     # -- contract ------------------------------------------------------------------------
@@ -103,7 +105,8 @@ class LocalWhisperSession:
         if self._loud >= MIN_SPEECH_S * RATE and self._quiet >= QUIET_S * RATE:
             start, end = self._span()
             self._loud = 0
-            if end > start:
+            if end > start and not self._early_open and not self._queue:  # a queued Finalize does it anyway
+                self._early_open = True
                 self.early_jobs += 1
                 self._queue.append((start, end, True))
                 self._wake.set()
@@ -158,13 +161,16 @@ class LocalWhisperSession:
             start, end, early = self._queue.popleft()
             text = ""
             if end > start:
-                text = await self._transcribe(start, end)
+                text = await self._transcribe(start, end, counted=not early)
             if early:
+                self._early_open = False
                 continue
             await self._pipe.put(Transcript(text, True, True, True, 1.0 if text else 0.0,
                                             start / RATE, end / RATE, self.language))
 
-    async def _transcribe(self, start: int, end: int) -> str:
+    async def _transcribe(self, start: int, end: int, counted: bool = True) -> str:
+        """The worker's text for ``[start, end)`` ("" on a failure, counted in ``failed`` when
+        ``counted``: an early job that fails costs nothing, the Finalize's job asks again)."""
         self.jobs += 1
         p = self.p
         job = SttJob(call_id=p.call_id, start_pos=start, end_pos=end,
@@ -173,16 +179,16 @@ class LocalWhisperSession:
         try:
             reply = await p.channel.request(job, p.job_timeout)
         except ProviderError:
-            self.failed += 1
+            self.failed += counted
             return ""
         if isinstance(reply, SttJobResult):
             return reply.text
-        self.failed += 1
+        self.failed += counted
         if isinstance(reply, ErrorReply) and reply.kind == "bad_range" and start > 0:
             # an estimate off by a tick past the ring's end: retry up to the newest position
             newest = p.channel.in16_pos(p.call_id)
             if start < newest < end:
-                return await self._transcribe(start, newest)
+                return await self._transcribe(start, newest, counted)
         return ""
 
 

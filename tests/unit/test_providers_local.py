@@ -166,6 +166,41 @@ def test_whisper_asks_early_once_the_audio_goes_quiet_and_the_finalize_asks_the_
     assert len(jobs) == 1  # early = false: the Finalize's job only
 
 
+def test_whisper_never_queues_a_second_early_job_beside_one_still_running() -> None:
+    class Slow(Chan):
+        def __init__(self) -> None:
+            super().__init__(span_text)
+            self.gate = asyncio.Event()
+
+        async def request(self, frame: Frame, timeout: float) -> Frame:  # noqa: ASYNC109
+            self.requests.append(frame)
+            await self.gate.wait()
+            return span_text(frame)[0]
+
+    ch = Slow()
+
+    async def main() -> tuple[int, int, Any]:
+        s = await LocalWhisperStt(ch, "c").connect(SttConfig(), 1.0)
+        it = s.events().__aiter__()
+        pos = 16_000
+        for _ in range(2):  # speech, a quiet gap, speech again, a quiet gap: the first job still runs
+            for pcm in [_tone(640)] * 10 + [b"\0\0" * 640] * 5:
+                s.note_span(pos, pos + 640)
+                pos += 640
+                await s.send_audio(pcm, 1.0)
+            await asyncio.sleep(0.01)
+        during = len(ch.requests)
+        ch.gate.set()
+        await s.finalize(1.0)
+        ev = await asyncio.wait_for(it.__anext__(), 2)
+        await s.close(1.0)
+        return during, s.early_jobs, ev
+
+    during, early, ev = asyncio.run(main())
+    assert during == 1 and early == 1
+    assert len(ch.requests) == 2 and ev.from_finalize  # the early job, then the Finalize's
+
+
 def test_whisper_refused_job_answers_empty() -> None:
     ch = Chan(lambda f: (ErrorReply(kind="busy", call_id="c"), []), pos=32_000)
 
