@@ -11,9 +11,10 @@ over the native protocol at 8 kHz, one after the other, each asking
 (spoken by the Piper joe voice with its noise off, deterministic, cached in
 ``bench/out/local_call``, via :class:`bench.amd_set.Voices`), and joins each
 answered client turn to its call record turn. Two agents take turns call by
-call, so one run compares them under the same load: ``local`` as shipped, and
-:data:`BASELINE`, the same file with ``[stt.options] early = false`` (the
-final transcribed from the VAD stop, as before).
+call, so one run compares them under the same load: ``local`` as shipped
+(``[stt.options] early = false``: the final transcribed from the VAD stop), and
+:data:`VARIANT`, the same file with ``early = true`` (transcribed once the
+caller's audio went quiet).
 
 Per turn (the marks of :mod:`bench.breakdown`, critical path, each step clamped
 to the marks before it so a turn's steps sum to its latency):
@@ -66,8 +67,8 @@ CALL_TIMEOUT_S = 240.0
 BOOT_TIMEOUT_S = 180.0
 P50_TARGET_MS = 1000.0
 P95_TARGET_MS = 1300.0
-BASELINE = "local_baseline"
-VARIANTS = (("local (as shipped)", ""), ("baseline: early = false", BASELINE))  # (label, /ws/<agent> path)
+VARIANT = "local_early"
+VARIANTS = (("local (as shipped)", ""), ("early = true", VARIANT))  # (label, /ws/<agent> path)
 MATCH_S = 0.6  # a record turn's speech end within this of the client's caller-stopped stamp
 
 # (config line as shipped, what the benchmark puts instead); each must match exactly once
@@ -79,7 +80,7 @@ EDITS: tuple[tuple[str, str], ...] = (
     (r"^port = 8765", "port = 0"),
     (r'^agents_dir = ""', 'agents_dir = "{agents}"'),
     (r'^(path = "/ws"\nprotocol = "native"\nagent = "default"\n)agents = \["echo"\]',
-     r'\1agents = ["echo", "{baseline}"]'),
+     r'\1agents = ["echo", "{variant}"]'),
     (r'^(\[calls\]\nrecords = true[^\n]*\n)path = ""', r'\1path = "{records}"'),
 )
 
@@ -87,20 +88,20 @@ EDITS: tuple[tuple[str, str], ...] = (
 def make_run_config(tmp: Path, text: str | None = None) -> Path:
     """``configs/brisvoxd.toml`` with the benchmark's edits (:data:`EDITS`); a shipped line that
     no longer matches raises (the benchmark must not silently measure another stack). The agent
-    files: ``configs/agents/local.toml`` as shipped, and :data:`BASELINE`, the same with
-    ``early = false`` (what the stack did before transcribing while the caller speaks)."""
+    files: ``configs/agents/local.toml`` as shipped, and :data:`VARIANT`, the same with
+    ``early = true`` (transcribe while the caller speaks)."""
     agents = tmp / "agents"
     agents.mkdir(parents=True, exist_ok=True)
     local = (ROOT / "configs" / "agents" / "local.toml").read_text()
     (agents / "local.toml").write_text(local)
-    base, n = re.subn(r'^name = "local"', f'name = "{BASELINE}"', local, flags=re.MULTILINE)
-    base, m = re.subn(r"^early = true\b", "early = false", base, flags=re.MULTILINE)
+    var, n = re.subn(r'^name = "local"', f'name = "{VARIANT}"', local, flags=re.MULTILINE)
+    var, m = re.subn(r"^early = false\b", "early = true", var, flags=re.MULTILINE)
     if n != 1 or m != 1:
-        raise RuntimeError("configs/agents/local.toml: no single name = \"local\" or [stt.options] early = true")
-    (agents / f"{BASELINE}.toml").write_text(base)
+        raise RuntimeError("configs/agents/local.toml: no single name = \"local\" or [stt.options] early = false")
+    (agents / f"{VARIANT}.toml").write_text(var)
     text = text if text is not None else (ROOT / "configs" / "brisvoxd.toml").read_text()
     vals = {"run": tmp / "run", "state": tmp / "state", "agents": tmp / "agents", "records": tmp / "records",
-            "baseline": BASELINE}
+            "variant": VARIANT}
     for pat, repl in EDITS:
         text, n = re.subn(pat, repl.format(**vals), text, flags=re.MULTILINE)
         if n != 1:

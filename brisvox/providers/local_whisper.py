@@ -19,7 +19,7 @@ previous Finalize includes the whole time the bot spoke, and the worker can
 only read what its in16 ring still holds, 8 s by default; the worker trims
 the span to its voiced part).
 
-Transcribe while the caller speaks (``early``, on by default): when the audio
+Transcribe while the caller speaks (``early``, off by default): when the audio
 received since the previous Finalize held speech and then stayed below the
 worker's energy floor for :data:`QUIET_S` (its 150 ms pad and a frame), the
 session asks the worker for the span so far at once, before the VAD's stop
@@ -195,7 +195,7 @@ class LocalWhisperSession:
 class LocalWhisperStt:
     def __init__(self, channel: JobChannel, call_id: str, *, max_tokens: int = 96, preroll: float = 0.2,
                  job_timeout: float = 8.0, queue_deadline: float = 3.0, max_span: float = 6.0,
-                 early: bool = True, name: str = "local_whisper") -> None:
+                 early: bool = False, name: str = "local_whisper") -> None:
         self.name = name
         self.early = bool(early)
         self.max_span = max_span

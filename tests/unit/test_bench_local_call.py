@@ -2,7 +2,7 @@
 
 * every edit matches the shipped ``configs/brisvoxd.toml`` exactly once and the result loads as a
   daemon config (a changed shipped line fails here, not silently in the benchmark);
-* the baseline agent is ``configs/agents/local.toml`` with its name and ``early = false`` only;
+* the compared agent is ``configs/agents/local.toml`` with its name and ``early = true`` only;
 * the table join: a client turn joins the record turn whose speech end is nearest, and each step
   is the mark's distance from the one before it on the critical path.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from bench.bench_local_call import BASELINE, ROOT, make_run_config, turn_rows
+from bench.bench_local_call import ROOT, VARIANT, make_run_config, turn_rows
 from brisvox.config.daemon import load_config
 
 
@@ -25,13 +25,13 @@ def test_the_config_is_make_runs_with_the_bench_edits(tmp_path: Path) -> None:
     assert cfg["agents"]["agents_dir"] == str(tmp_path / "agents")
     assert cfg["calls"]["path"] == str(tmp_path / "records")
     ws = next(r for r in cfg["websocket"]["routes"] if r["path"] == "/ws")
-    assert BASELINE in ws["agents"]
+    assert VARIANT in ws["agents"]
     load_config(path)  # the daemon accepts it
     local = tomllib.loads((tmp_path / "agents" / "local.toml").read_text())
-    base = tomllib.loads((tmp_path / "agents" / f"{BASELINE}.toml").read_text())
-    assert base["stt"]["options"].pop("early") is False and local["stt"]["options"].pop("early") is True
-    assert base.pop("name") == BASELINE and local.pop("name") == "local"
-    assert base == local
+    var = tomllib.loads((tmp_path / "agents" / f"{VARIANT}.toml").read_text())
+    assert var["stt"]["options"].pop("early") is True and local["stt"]["options"].pop("early") is False
+    assert var.pop("name") == VARIANT and local.pop("name") == "local"
+    assert var == local
 
 
 def test_a_client_turn_joins_the_nearest_record_turn() -> None:

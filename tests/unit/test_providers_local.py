@@ -180,7 +180,7 @@ def test_whisper_never_queues_a_second_early_job_beside_one_still_running() -> N
     ch = Slow()
 
     async def main() -> tuple[int, int, Any]:
-        s = await LocalWhisperStt(ch, "c").connect(SttConfig(), 1.0)
+        s = await LocalWhisperStt(ch, "c", early=True).connect(SttConfig(), 1.0)
         it = s.events().__aiter__()
         pos = 16_000
         for _ in range(2):  # speech, a quiet gap, speech again, a quiet gap: the first job still runs
