@@ -208,6 +208,12 @@ def on_detach(worker: Any, call_id: str) -> None:
     st = _STATE.get(id(worker))
     if st is None:
         return
+    if st.whisper is not None:
+        st.whisper.forget(call_id)
+    with st.lock:
+        runners = list(st.llama.values())
+    for runner in runners:  # the LLM lane may hold the context: the cache and owner are its own, see forget
+        runner.forget(call_id)
     with st.lock:  # writes hold the lock too: a running job finds the ring closed and ends
         ring = st.rings.pop(call_id, None)
         if ring is not None:
@@ -253,7 +259,8 @@ def run_stt(worker: Any, job: Job) -> Frame:
         got = ring.read_range(int(a["start"]), int(a["end"]))
     finally:
         ring.close()
-    out = st.whisper.transcribe(np.asarray(got.samples), a["language"], int(a["max_tokens"]))
+    out = st.whisper.transcribe(np.asarray(got.samples), a["language"], int(a["max_tokens"]), call_id=job.call_id,
+                                at=got.start)
     return SttJobResult(call_id=job.call_id, text=out.text, start_pos=got.start, end_pos=got.start + len(got.samples),
                         queued_us=(job.started_ns - job.received_ns) // 1000, took_us=int(out.took_s * 1e6))
 
@@ -342,7 +349,7 @@ def run_llm(worker: Any, job: Job) -> Frame:
         lane = worker.extra_lanes["llm"]
         out = runner.generate(a["messages"], int(a["max_tokens"]), float(a["temperature"]),
                               cancelled=lambda: job.cancelled, emit=lambda t: lane.emit(job, frame(text=t)),
-                              repeat_penalty=float(a["repeat_penalty"]), seed=int(a["seed"]))
+                              repeat_penalty=float(a["repeat_penalty"]), seed=int(a["seed"]), call_id=job.call_id)
         return frame(done=True, stop_reason=out.stop_reason, input_tokens=out.input_tokens,
                      output_tokens=out.output_tokens)
     except Exception as e:  # noqa: BLE001 - the stream must end with a done frame

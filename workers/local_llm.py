@@ -7,7 +7,14 @@ streamed chat completion whose text is handed to ``emit`` in small batches
 (every ``batch_tokens`` tokens or ``batch_s`` seconds, so a reply is a few
 frames, not one per token), stopping at the next token once the job is
 cancelled. llama.cpp keeps the KV cache of the previous prompt, so a turn
-that extends the previous conversation pays only for the new tokens.
+that extends the previous conversation pays only for the new tokens; when
+calls take turns on the one context, the runner parks the state of the call
+that held it in a :class:`workers.llm_state_cache.CallStateCache` (LRU, at most
+:data:`CACHED_CALLS` calls and :data:`CACHED_BYTES` bytes) and restores the
+next call's, so each call keeps its prefix across turns; :meth:`LlamaRunner.forget`
+drops a call's state at its detach. The prompt is the model's own chat template
+(as ``create_chat_completion`` formats it), tokenized here so the prefix can be
+compared before the context is touched.
 
 Decoding is deterministic at temperature 0 (greedy); above it the job's
 ``seed`` fixes the sampling, so the same conversation gets the same answer.
@@ -23,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.llm_state_cache import CallStateCache, SavedState, common_prefix
+
 # catalogue name -> what it is (workers.models holds the files); the first is the default
 LLM_MODELS: dict[str, str] = {
     "qwen_coder_05b": "Qwen2.5-Coder-0.5B-Instruct Q4_K_M",
@@ -30,6 +39,8 @@ LLM_MODELS: dict[str, str] = {
     "qwen_coder_15b": "Qwen2.5-Coder-1.5B-Instruct Q4_K_M (heavy, optional install)",
 }
 DEFAULT_LLM = next(iter(LLM_MODELS))
+CACHED_CALLS = 8  # parked per-call states per model (a worker's calls beyond it re-evaluate their prefix)
+CACHED_BYTES = 256 << 20  # ... and their bytes at most (a 500-token state of the 0.5B is ~7 MB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,38 +59,114 @@ class LlamaRunner:
         self.threads = threads
         self.llm: Any = None
         self.load_s = 0.0
+        self.cache = CallStateCache(CACHED_CALLS, CACHED_BYTES)
+        self.owner = ""  # the call whose tokens the context holds ("" none, or a job without a call)
+        self._format: Any = None
 
     def load(self) -> None:
         if self.llm is not None:
             return
         t0 = time.perf_counter()
         from llama_cpp import Llama
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        self.llm = Llama(str(self.model_path), n_ctx=self.n_ctx, n_threads=self.threads,
-                         n_threads_batch=self.threads, verbose=False)
+        llm = Llama(str(self.model_path), n_ctx=self.n_ctx, n_threads=self.threads,
+                    n_threads_batch=self.threads, verbose=False)
+        # the formatter create_chat_completion would use (Llama.__init__: the GGUF's template)
+        eos, bos = llm.token_eos(), llm.token_bos()
+        text = llm._model.token_get_text  # noqa: SLF001 - as Llama.__init__ reads the tokens' text
+        self._format = Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"],
+                                           eos_token=text(eos) if eos != -1 else "",
+                                           bos_token=text(bos) if bos != -1 else "", stop_token_ids=[eos])
+        self.llm = llm
         self.load_s = time.perf_counter() - t0
+
+    def prompt(self, messages: list[dict[str, Any]]) -> tuple[list[int], Any]:
+        """The prompt tokens of ``messages`` and the formatter's answer (its stops)."""
+        self.load()
+        res = self._format(messages=messages)
+        return self.llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True), res
+
+    def live_tokens(self) -> list[int]:
+        return [int(t) for t in self.llm.input_ids[: self.llm.n_tokens]]
+
+    def _save(self) -> SavedState:
+        import ctypes
+
+        import llama_cpp
+
+        ctx = self.llm._ctx.ctx  # noqa: SLF001 - Llama.save_state without its n_tokens x n_vocab logits copy
+        size = llama_cpp.llama_state_get_size(ctx)
+        buf = (ctypes.c_uint8 * int(size))()
+        n = int(llama_cpp.llama_state_get_data(ctx, buf, size))
+        if n > size:
+            raise RuntimeError("llama_state_get_data overran its buffer")
+        return SavedState(tuple(self.live_tokens()), ctypes.string_at(buf, n))
+
+    def _restore(self, st: SavedState) -> None:
+        """Load ``st`` into the context. The logits are not restored: the prompt extends the
+        state's tokens, and llama.cpp evaluates at least the last token again before sampling."""
+        import ctypes
+
+        import llama_cpp
+
+        llm = self.llm
+        buf = (ctypes.c_uint8 * len(st.data)).from_buffer_copy(st.data)
+        if llama_cpp.llama_state_set_data(llm._ctx.ctx, buf, len(st.data)) != len(st.data):  # noqa: SLF001
+            raise RuntimeError("llama_state_set_data refused the state")
+        n = len(st.tokens)
+        llm.input_ids[:n] = st.tokens
+        llm.n_tokens = n
+        llm._requires_eval = True  # noqa: SLF001 - as Llama.load_state leaves it
+
+    def switch(self, call_id: str, prompt: list[int]) -> str:
+        """Give the context to ``call_id`` for ``prompt``: park the holder's state, restore the
+        call's own when it shares more of the prompt than the context does. Returns what happened:
+        "live" (the call held it), "restored", "shared" (kept another call's tokens: their common
+        prefix, e.g. the system prompt, still counts) or "cold"."""
+        if call_id and call_id == self.owner:
+            return "live"
+        if self.owner and self.llm.n_tokens:
+            self.cache.put(self.owner, self._save())
+        self.owner = call_id
+        live = common_prefix(self.live_tokens(), prompt)
+        st = self.cache.take(call_id, prompt, live) if call_id else None
+        if st is not None:
+            self._restore(st)
+            return "restored"
+        return "shared" if live else "cold"
+
+    def forget(self, call_id: str) -> None:
+        """The call ended: drop its parked state; the context keeps its tokens for the shared prefix.
+        Runs on the worker's main thread while the lane may run a job: a job of this call still
+        running parks its state again at the next switch, and the LRU bound evicts it."""
+        self.cache.drop(call_id)
+        if self.owner == call_id:
+            self.owner = ""
 
     def generate(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float,
                  cancelled: Callable[[], bool], emit: Callable[[str], None],
                  batch_tokens: int = 4, batch_s: float = 0.04, repeat_penalty: float = 1.0,
-                 seed: int = 0) -> LlmOutcome:
+                 seed: int = 0, call_id: str = "") -> LlmOutcome:
         self.load()
         t0 = time.perf_counter()
+        prompt, fmt = self.prompt(messages)
+        self.switch(call_id, prompt)
         first = 0.0
         buf: list[str] = []
         last = t0
         out_tokens = 0
         stop = "stop"
-        stream = self.llm.create_chat_completion(messages=messages, max_tokens=max(1, max_tokens),
-                                                 temperature=temperature, repeat_penalty=repeat_penalty,
-                                                 seed=seed, stream=True)
+        stream = self.llm.create_completion(prompt=prompt, max_tokens=max(1, max_tokens), temperature=temperature,
+                                            repeat_penalty=repeat_penalty, seed=seed, stream=True,
+                                            stop=fmt.stop or [], stopping_criteria=fmt.stopping_criteria)
         try:
             for chunk in stream:
                 if cancelled():
                     stop = "cancelled"
                     break
                 ch = chunk["choices"][0]
-                piece = ch.get("delta", {}).get("content")
+                piece = ch.get("text")
                 if piece:
                     out_tokens += 1
                     if not first:
@@ -99,5 +186,4 @@ class LlamaRunner:
                 close()
         if buf and stop != "cancelled":
             emit("".join(buf))
-        n_in = sum(len(str(m.get("content", ""))) for m in messages) // 4
-        return LlmOutcome(stop, n_in, out_tokens, first, time.perf_counter() - t0)
+        return LlmOutcome(stop, len(prompt), out_tokens, first, time.perf_counter() - t0)

@@ -11,11 +11,20 @@ utterance is trimmed to its voiced part (20 ms frames above an energy floor,
 30 s are read, decoding is greedy with ``max_new_tokens`` capped, no
 conditioning on previous text, a no-repeat-ngram guard and the
 compression-ratio / no-speech filters on.
-Single-threaded use only (one lane thread).
+Transcribe while the caller speaks: the actor asks for the utterance so far as
+soon as the caller's audio has gone quiet (before the VAD's stop), and again at
+the stop. Each call's last transcription is remembered by the ring span of its
+voiced part; a request whose voiced part is the same span (the audio after it
+stayed below the floor) gets that text back at once, so the final at the stop
+costs nothing when the tail was silence, and is exactly what a batch
+transcription of it would be (same samples, greedy decoding). One entry per
+call, dropped at its detach (:meth:`WhisperRunner.forget`).
+Single-threaded use only (one lane thread); ``forget`` may run on any thread.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,18 +40,24 @@ PAD = 150 * RATE // 1000
 FLOOR_DBFS = -45.0
 
 
-def voiced(samples: np.ndarray) -> np.ndarray:
-    """The part of ``samples`` between the first and the last frame above the energy floor."""
+def voiced_bounds(samples: np.ndarray) -> tuple[int, int]:
+    """``[lo, hi)`` of ``samples`` between the first and the last 20 ms frame above the energy
+    floor, widened by :data:`PAD` (``(0, 0)``: nothing above it). Frames are counted from
+    ``samples[0]``; an incomplete last frame is not looked at."""
     n = len(samples) // FRAME
     if n == 0:
-        return samples[:0]
+        return 0, 0
     x = samples[: n * FRAME].astype(np.float32).reshape(n, FRAME) / 32768.0
     rms = np.sqrt(np.mean(x * x, axis=1) + 1e-12)
     loud = np.nonzero(20.0 * np.log10(rms) > FLOOR_DBFS)[0]
     if len(loud) == 0:
-        return samples[:0]
-    lo = max(0, loud[0] * FRAME - PAD)
-    hi = min(len(samples), (loud[-1] + 1) * FRAME + PAD)
+        return 0, 0
+    return max(0, int(loud[0]) * FRAME - PAD), min(len(samples), (int(loud[-1]) + 1) * FRAME + PAD)
+
+
+def voiced(samples: np.ndarray) -> np.ndarray:
+    """The part of ``samples`` between the first and the last frame above the energy floor."""
+    lo, hi = voiced_bounds(samples)
     return samples[lo:hi]
 
 
@@ -51,6 +66,7 @@ class SttOutcome:
     text: str
     audio_s: float
     took_s: float
+    cached: bool = False
 
 
 class WhisperRunner:
@@ -59,6 +75,10 @@ class WhisperRunner:
         self.threads = threads
         self.model: Any = None
         self.load_s = 0.0
+        self.cached = 0  # transcriptions answered from a call's previous one
+        # call_id -> ((ring lo, ring hi, language, max_tokens) of its last transcription, text): one per call
+        self._last: dict[str, tuple[tuple[int, int, str, int], str]] = {}
+        self._lock = threading.Lock()
 
     def load(self) -> None:
         if self.model is not None:
@@ -70,12 +90,27 @@ class WhisperRunner:
                                   cpu_threads=self.threads, num_workers=1)
         self.load_s = time.perf_counter() - t0
 
-    def transcribe(self, samples: np.ndarray, language: str = "en", max_tokens: int = 96) -> SttOutcome:
+    def transcribe(self, samples: np.ndarray, language: str = "en", max_tokens: int = 96, *, call_id: str = "",
+                   at: int = 0) -> SttOutcome:
+        """The text of the voiced part of ``samples``. With ``call_id``, ``samples[0]`` is the in16
+        position ``at`` of that call's ring: when the voiced part is the same ring span (and the same
+        language and token cap) as the call's previous transcription, that text is answered without
+        running the model (``cached``): the model would get the same samples and decode greedily."""
         self.load()
         t0 = time.perf_counter()
-        x = voiced(samples[-MAX_SAMPLES:])
+        at += max(0, len(samples) - MAX_SAMPLES)  # the ring position of the kept tail's first sample
+        samples = samples[-MAX_SAMPLES:]
+        lo, hi = voiced_bounds(samples)
+        x = samples[lo:hi]
         if len(x) < MIN_SAMPLES:
             return SttOutcome("", len(x) / RATE, time.perf_counter() - t0)
+        key = (at + lo, at + hi, language, max_tokens)
+        if call_id:
+            with self._lock:
+                hit = self._last.get(call_id)
+            if hit is not None and hit[0] == key:
+                self.cached += 1
+                return SttOutcome(hit[1], len(x) / RATE, time.perf_counter() - t0, cached=True)
         audio = x.astype(np.float32) / 32768.0
         segments, _info = self.model.transcribe(
             audio, language=language or "en", task="transcribe", beam_size=1, best_of=1, temperature=0.0,
@@ -84,4 +119,12 @@ class WhisperRunner:
             compression_ratio_threshold=2.4, no_speech_threshold=0.6, suppress_blank=True,
         )
         text = " ".join(s.text.strip() for s in segments).strip()
+        if call_id:
+            with self._lock:
+                self._last[call_id] = (key, text)
         return SttOutcome(text, len(x) / RATE, time.perf_counter() - t0)
+
+    def forget(self, call_id: str) -> None:
+        """Drop the call's remembered transcription (its detach; any thread)."""
+        with self._lock:
+            self._last.pop(call_id, None)

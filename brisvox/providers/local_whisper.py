@@ -19,6 +19,21 @@ previous Finalize includes the whole time the bot spoke, and the worker can
 only read what its in16 ring still holds, 8 s by default; the worker trims
 the span to its voiced part).
 
+Transcribe while the caller speaks (``early``, off by default): when the audio
+received since the previous Finalize held speech and then stayed below the
+worker's energy floor for :data:`QUIET_S` (its 150 ms pad and a frame), the
+session asks the worker for the span so far at once, before the VAD's stop
+arrives; its answer is not a transcript (no event). The worker remembers a
+call's last transcription by the ring span of its voiced part, so the
+Finalize's job right after, whose voiced part is the same span when the tail
+stayed quiet, is answered from it without running the model: the final is the
+batch transcription of the same samples, ready as early as the quiet tail
+allows. Speech after the quiet gap re-arms it (one early job per gap, and
+never one while another is queued or running, or a Finalize is queued); a
+tail that is not quiet (noise above the floor) leaves the Finalize to do the
+work, as without it. Jobs run in order (one queue), so the Finalize's job
+follows the early one.
+
 A refused or failed job answers its Finalize with empty text (counted in
 ``failed``): the turn proceeds with what it has, as after an STT death.
 ``warm()`` sends the empty span once per worker per process: the worker
@@ -33,6 +48,8 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
+import numpy as np
+
 from brisvox.providers.base import ProviderError, SttClosed, SttConfig, SttEvent, Transcript
 from brisvox.providers.worker_jobs import JobChannel
 from brisvox.providers.ws_common import EventPipe
@@ -44,6 +61,9 @@ RATE = 16_000
 MODELS = ("whisper_tiny_en",)
 LANGUAGES = ("en",)
 MAX_SAMPLES = 30 * RATE
+FLOOR_DBFS = -45.0  # the worker's voiced-part floor (workers.local_stt.FLOOR_DBFS)
+QUIET_S = 0.17  # the worker pads the voiced part by 150 ms past its last loud 20 ms frame
+MIN_SPEECH_S = 0.2  # less loud audio than this is not asked for early (the worker skips clips under 0.2 s)
 
 
 async def stt_job(channel: JobChannel, call_id: str, start: int, end: int, timeout: float,  # noqa: ASYNC109
@@ -63,7 +83,7 @@ class LocalWhisperSession:
         self.p = provider
         self.language = language or "en"
         self._pipe = EventPipe(256)
-        self._queue: deque[tuple[int, int]] = deque()
+        self._queue: deque[tuple[int, int, bool]] = deque()  # (start, end, early)
         self._wake = asyncio.Event()
         self._received = 0  # samples since the last Finalize
         self._end_est = 0
@@ -72,14 +92,52 @@ class LocalWhisperSession:
         self._closed = False
         self.failed = 0
         self.jobs = 0
+        self.early_jobs = 0
+        self._loud = 0  # loud samples received since the last early job (or Finalize)
+        self._quiet = 0  # samples received since the last loud chunk
+        self._early_open = False  # an early job is queued or running: no second one beside it
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     # -- contract ------------------------------------------------------------------------
     async def send_audio(self, pcm: bytes, timeout: float) -> None:  # noqa: ASYNC109
         if self._closed:
             raise ProviderError("closed", "session closed")
-        self._received += len(pcm) // 2
+        n = len(pcm) // 2
+        self._received += n
         self._end_est = self.p.channel.in16_pos(self.p.call_id)
+        if self.p.early and n:
+            self._listen(pcm, n)
+
+    def _listen(self, pcm: bytes, n: int) -> None:
+        x = np.frombuffer(pcm, dtype="<i2", count=n).astype(np.float32) / 32768.0
+        if 10.0 * np.log10(float(np.mean(x * x)) + 1e-12) > FLOOR_DBFS:
+            self._loud += n
+            self._quiet = 0
+            return
+        self._quiet += n
+        if self._loud >= MIN_SPEECH_S * RATE and self._quiet >= QUIET_S * RATE:
+            start, end = self._span()
+            self._loud = 0
+            if end > start and not self._early_open and not self._queue:  # a queued Finalize does it anyway
+                self._early_open = True
+                self.early_jobs += 1
+                self._queue.append((start, end, True))
+                self._wake.set()
+
+    def _span(self) -> tuple[int, int]:
+        """The in16 span of the audio since the previous Finalize (``preroll`` before it, at most
+        ``max_span`` long); (0, 0) when there was none."""
+        pre = int(self.p.preroll * RATE)
+        if self._span_start is not None and self._span_end is not None:
+            start, end = self._span_start, self._span_end
+        elif self._received:
+            end = self._end_est
+            start = end - self._received
+        else:
+            return 0, 0
+        if end > start:
+            start = max(0, start - pre, end - min(MAX_SAMPLES, int(self.p.max_span * RATE)))
+        return start, end
 
     def note_span(self, start: int, end: int) -> None:
         if self._span_start is None:
@@ -89,19 +147,10 @@ class LocalWhisperSession:
     async def finalize(self, timeout: float) -> None:  # noqa: ASYNC109
         if self._closed:
             raise ProviderError("closed", "session closed")
-        pre = int(self.p.preroll * RATE)
-        if self._span_start is not None and self._span_end is not None:
-            start, end = self._span_start, self._span_end
-        elif self._received:
-            end = self._end_est
-            start = end - self._received
-        else:
-            start = end = 0
-        if end > start:
-            start = max(0, start - pre, end - min(MAX_SAMPLES, int(self.p.max_span * RATE)))
-        self._received = 0
+        start, end = self._span()
+        self._received = self._loud = self._quiet = 0
         self._span_start = self._span_end = None
-        self._queue.append((start, end))
+        self._queue.append((start, end, False))
         self._wake.set()
 
     def events(self) -> AsyncIterator[SttEvent]:
@@ -122,34 +171,40 @@ class LocalWhisperSession:
             while not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
-            start, end = self._queue.popleft()
+            start, end, early = self._queue.popleft()
             text = ""
             if end > start:
-                text = await self._transcribe(start, end)
+                text = await self._transcribe(start, end, counted=not early)
+            if early:
+                self._early_open = False
+                continue
             await self._pipe.put(Transcript(text, True, True, True, 1.0 if text else 0.0,
                                             start / RATE, end / RATE, self.language))
 
-    async def _transcribe(self, start: int, end: int) -> str:
+    async def _transcribe(self, start: int, end: int, counted: bool = True) -> str:
+        """The worker's text for ``[start, end)`` ("" on a failure, counted in ``failed`` when
+        ``counted``: an early job that fails costs nothing, the Finalize's job asks again)."""
         self.jobs += 1
         p = self.p
         reply = await stt_job(p.channel, p.call_id, start, end, p.job_timeout, p.queue_deadline, self.language,
                               p.max_tokens)
         if isinstance(reply, SttJobResult):
             return reply.text
-        self.failed += 1
+        self.failed += counted
         if isinstance(reply, ErrorReply) and reply.kind == "bad_range" and start > 0:
             # an estimate off by a tick past the ring's end: retry up to the newest position
             newest = p.channel.in16_pos(p.call_id)
             if start < newest < end:
-                return await self._transcribe(start, newest)
+                return await self._transcribe(start, newest, counted)
         return ""
 
 
 class LocalWhisperStt:
     def __init__(self, channel: JobChannel, call_id: str, *, max_tokens: int = 96, preroll: float = 0.2,
                  job_timeout: float = 8.0, queue_deadline: float = 3.0, max_span: float = 6.0,
-                 name: str = "local_whisper") -> None:
+                 early: bool = False, name: str = "local_whisper") -> None:
         self.name = name
+        self.early = bool(early)
         self.max_span = max_span
         self.channel = channel
         self.call_id = call_id

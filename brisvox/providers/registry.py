@@ -120,7 +120,7 @@ class CallEnv:
 
 COMMON_HTTP = {"connect_timeout", "read_timeout", "max_response_bytes", "max_event_bytes", "max_seconds", "headers"}
 OPTIONS: dict[str, set[str]] = {
-    "local_whisper": {"max_tokens", "preroll", "job_timeout", "queue_deadline", "max_span"},
+    "local_whisper": {"max_tokens", "preroll", "job_timeout", "queue_deadline", "max_span", "early"},
     "scripted_stt": {"timing_file", "final_ms", "interim_ms", "interim_delay_ms", "text", "interim_lag_words"},
     "deepgram": {"endpointing", "keepalive_interval", "smart_format", "punctuate", "diarize", "numerals",
                  "filler_words", "utterance_end_ms", "vad_events", "keyterm", "keywords"},
@@ -259,7 +259,8 @@ def _stt(leg: ProviderDef, env: CallEnv) -> SttProvider:
         from brisvox.providers.local_whisper import LocalWhisperStt
 
         return LocalWhisperStt(_channel(leg, env), env.call_id,
-                               **_opts(leg, "max_tokens", "preroll", "job_timeout", "queue_deadline", "max_span"))
+                               **_opts(leg, "max_tokens", "preroll", "job_timeout", "queue_deadline", "max_span",
+                                     "early"))
     if leg.provider == "scripted_stt":
         from brisvox.providers.scripted_speech import ScriptedStt, timing
 

@@ -1,6 +1,8 @@
 """The actor side of the local providers over a scripted job channel (no models, no worker).
 
-* LocalWhisper: one from_finalize transcript per Finalize, in order; the span
+* LocalWhisper: an early job once the audio went quiet for the worker's pad (not
+  before, once per gap, none with ``early = false``), with the Finalize's start; one
+  from_finalize transcript per Finalize, in order; the span
   is the stage's exact span when noted, else estimated from the worker's in16
   position and the audio received (with pre-roll); an empty utterance is
   answered at once without a job; a refused job answers with empty text
@@ -85,13 +87,15 @@ class Chan(JobRouter):
         self.sent.append(frame)
 
 
-def test_whisper_one_answer_per_finalize_in_order() -> None:
-    def respond(f: Frame) -> tuple[Frame, list[Frame]]:
-        assert isinstance(f, SttJob)
-        return SttJobResult(call_id="c", text=f"{f.start_pos}-{f.end_pos}", start_pos=f.start_pos,
-                            end_pos=f.end_pos, queued_us=0, took_us=0), []
+def span_text(f: Frame) -> tuple[Frame, list[Frame]]:
+    """A transcription job answered with its span as the text."""
+    assert isinstance(f, SttJob)
+    return SttJobResult(call_id="c", text=f"{f.start_pos}-{f.end_pos}", start_pos=f.start_pos,
+                        end_pos=f.end_pos, queued_us=0, took_us=0), []
 
-    ch = Chan(respond, pos=48_000)
+
+def test_whisper_one_answer_per_finalize_in_order() -> None:
+    ch = Chan(span_text, pos=48_000)
 
     async def main() -> list[Any]:
         s = await LocalWhisperStt(ch, "c", preroll=0.1).connect(SttConfig(), 1.0)
@@ -111,6 +115,90 @@ def test_whisper_one_answer_per_finalize_in_order() -> None:
     assert b.text == "" and b.from_finalize and b.speech_final
     assert c.text == "30400-48000"
     assert len(ch.requests) == 2
+
+
+def _tone(n: int) -> bytes:
+    t = np.arange(n) / 16000.0
+    return (np.sin(2 * np.pi * 220.0 * t) * 8000).astype("<i2").tobytes()
+
+
+def test_whisper_asks_early_once_the_audio_goes_quiet_and_the_finalize_asks_the_same_span() -> None:
+    ch = Chan(span_text, pos=0)
+
+    async def main(early: bool) -> tuple[list[Any], list[Frame]]:
+        s = await LocalWhisperStt(ch, "c", preroll=0.1, early=early).connect(SttConfig(), 1.0)
+        it = s.events().__aiter__()
+        pos = 16_000
+
+        async def chunk(pcm: bytes) -> None:
+            nonlocal pos
+            n = len(pcm) // 2
+            s.note_span(pos, pos + n)
+            pos += n
+            await s.send_audio(pcm, 1.0)
+            await asyncio.sleep(0)
+
+        for _ in range(10):  # 0.4 s of speech
+            await chunk(_tone(640))
+        for _ in range(3):  # 120 ms quiet: not yet (the worker pads 150 ms)
+            await chunk(b"\0\0" * 640)
+        await asyncio.sleep(0.01)
+        assert ch.requests == []
+        for _ in range(2):  # 200 ms quiet: asked once
+            await chunk(b"\0\0" * 640)
+        await asyncio.sleep(0.01)
+        assert len(ch.requests) == (1 if early else 0)
+        for _ in range(3):  # more quiet: no second early job for the same gap
+            await chunk(b"\0\0" * 640)
+        await s.finalize(1.0)
+        out = [await asyncio.wait_for(it.__anext__(), 2)]
+        await s.close(1.0)
+        return out, [f for f in ch.requests if isinstance(f, SttJob)]
+
+    (final,), jobs = asyncio.run(main(True))
+    assert len(jobs) == 2  # the early job, then the Finalize's
+    early, last = jobs
+    assert early.start_pos == last.start_pos == 16_000 - 1600  # the same start (pre-roll): the worker's frames align
+    assert early.end_pos == 16_000 + 10 * 640 + 5 * 640 and last.end_pos == 16_000 + 18 * 640
+    assert final.text == f"{last.start_pos}-{last.end_pos}"  # one event, the Finalize's answer
+    ch.requests.clear()
+    (_,), jobs = asyncio.run(main(False))
+    assert len(jobs) == 1  # early = false: the Finalize's job only
+
+
+def test_whisper_never_queues_a_second_early_job_beside_one_still_running() -> None:
+    class Slow(Chan):
+        def __init__(self) -> None:
+            super().__init__(span_text)
+            self.gate = asyncio.Event()
+
+        async def request(self, frame: Frame, timeout: float) -> Frame:  # noqa: ASYNC109
+            self.requests.append(frame)
+            await self.gate.wait()
+            return span_text(frame)[0]
+
+    ch = Slow()
+
+    async def main() -> tuple[int, int, Any]:
+        s = await LocalWhisperStt(ch, "c", early=True).connect(SttConfig(), 1.0)
+        it = s.events().__aiter__()
+        pos = 16_000
+        for _ in range(2):  # speech, a quiet gap, speech again, a quiet gap: the first job still runs
+            for pcm in [_tone(640)] * 10 + [b"\0\0" * 640] * 5:
+                s.note_span(pos, pos + 640)
+                pos += 640
+                await s.send_audio(pcm, 1.0)
+            await asyncio.sleep(0.01)
+        during = len(ch.requests)
+        ch.gate.set()
+        await s.finalize(1.0)
+        ev = await asyncio.wait_for(it.__anext__(), 2)
+        await s.close(1.0)
+        return during, s.early_jobs, ev
+
+    during, early, ev = asyncio.run(main())
+    assert during == 1 and early == 1
+    assert len(ch.requests) == 2 and ev.from_finalize  # the early job, then the Finalize's
 
 
 def test_whisper_refused_job_answers_empty() -> None:
