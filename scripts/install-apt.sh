@@ -23,7 +23,8 @@ if [[ $(id -u) -ne 0 ]]; then
   fi
   SUDO="sudo"
 fi
-echo "install: Debian packages ${missing[*]}"
+echo "install: Debian packages ${missing[*]} (apt-get; about 1-5 minutes on a fresh machine)"
+t0=$SECONDS
 export DEBIAN_FRONTEND=noninteractive
 log=$(mktemp /tmp/brisvox-apt.XXXXXX.log)
 if ! $SUDO apt-get update -q >"$log" 2>&1; then
@@ -36,6 +37,7 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$log
   exit 1
 fi
 rm -f "$log"
+echo "install: Debian packages done ($((SECONDS - t0)) s)"
 # Debian starts kamailio at install with its stock config, on port 5060 of every address:
 # the port `make run`'s brisvoxd listens on. The fleet test runs its own kamailio, so a
 # kamailio this script just installed is stopped and disabled.

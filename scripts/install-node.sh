@@ -16,6 +16,8 @@ major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
 command -v npm >/dev/null || fail "'npm' not found next to node $(node -v); fix: $fix_node"
 
 log=$(mktemp /tmp/brisvox-npm.XXXXXX.log)
+echo "install: the TypeScript SDK's npm packages and its build (npm ci; about 10-60 s, log: $log)"
+t0=$SECONDS
 if ! (cd "$sdk" && npm ci --no-audit --no-fund --loglevel=error) >"$log" 2>&1; then
   what=$(grep -m1 -E 'npm (ERR|error)' "$log" | sed -E 's/^npm (ERR!|error) *//')
   fail "'npm ci' in $sdk failed (${what:-see the log}; log: $log); fix: check the network or the npm registry setting ('npm config get registry'), then 'make test' again"
@@ -24,3 +26,4 @@ if ! (cd "$sdk" && npm run --silent build) >"$log" 2>&1; then
   fail "building the TypeScript SDK failed ($(grep -m1 -E 'error TS[0-9]+' "$log" || tail -1 "$log"); log: $log); fix: 'cd $sdk && npm run build' shows every error"
 fi
 rm -f "$log"
+echo "install: TypeScript SDK done ($((SECONDS - t0)) s)"

@@ -34,5 +34,13 @@ pipi() {  # pip install, quiet; on failure name the distribution that failed
 }
 # a newer pip when the index has one (Debian 12's venv pip is 23.0); an old one still works
 $venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null 2>&1 || true
+if [[ -f $venv/.brisvox-installed && $venv/.brisvox-installed -nt constraints.txt && $venv/.brisvox-installed -nt pyproject.toml ]]; then
+  echo "install: Python packages [$extras] (checking what .venv has; a few seconds)"
+else
+  echo "install: Python packages [$extras] into .venv (pip; about 2-6 minutes on a fresh machine, log: $log)"
+fi
+t0=$SECONDS
 pipi -q -c constraints.txt -e ".[$extras]"
 rm -f "$log"
+touch $venv/.brisvox-installed
+echo "install: Python packages [$extras] done ($((SECONDS - t0)) s)"
