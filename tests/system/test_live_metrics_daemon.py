@@ -142,7 +142,9 @@ def stalls(fams: dict, role: str, cause: str = "loop") -> float:
     return value(fams, "brisvox_loop_stalls_total", role=role, index="0", cause=cause)
 
 
-@pytest.mark.serial
+# Not serial: it judges only the stalls the process's own code caused (cause="loop"); a stall
+# where the loop's thread waited for a CPU is the host's (cause="host", the kernel's run_delay)
+# and is printed, not judged, so a loaded host does not fail it.
 def test_twenty_real_time_calls_cause_no_loop_stall_in_the_agent_or_the_gateway(short_tmp):
     speech, rate = sf.read(SPEECH, dtype="int16")
     assert rate == RATE
