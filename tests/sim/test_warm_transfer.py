@@ -41,11 +41,12 @@ CFG = WarmConfig(hold_message="Please hold while I connect you.", timeout_s=12.0
 class ScriptedGateway:
     """The gateway's side of the consult: the dial answered (or failed) after ``answer_after``
     s, the consult verdict ``outcome`` after ``verdict_after`` s more (None: never), Bridge
-    answered ``bridge_ok`` at once."""
+    answered ``bridge_ok`` at once. ``after_ring``: the dial answered that long after its own
+    ``ring_timeout_s`` instead (a gateway whose ring timer fired, or a last-moment answer)."""
 
     def __init__(self, answer: str = "ok", outcome: str | None = "accepted", answer_after: float = 2.0,
-                 verdict_after: float = 3.0, bridge_ok: bool = True) -> None:
-        self.answer, self.outcome = answer, outcome
+                 verdict_after: float = 3.0, bridge_ok: bool = True, after_ring: float | None = None) -> None:
+        self.answer, self.outcome, self.after_ring = answer, outcome, after_ring
         self.answer_after, self.verdict_after, self.bridge_ok = answer_after, verdict_after, bridge_ok
         self.port: LinkTelephony | None = None
         self.frames: list[tuple[float, object]] = []
@@ -64,8 +65,9 @@ class ScriptedGateway:
     async def request(self, frame: Command, timeout: float) -> CommandReply:  # noqa: ASYNC109
         assert frame.name == "dial"
         self.dials.append((self.now(), dict(frame.args or {})))
-        await asyncio.sleep(min(self.answer_after, timeout + 1))
-        if self.answer_after > timeout:
+        after = self.answer_after if self.after_ring is None else (frame.args or {})["ring_timeout_s"] + self.after_ring
+        await asyncio.sleep(min(after, timeout + 1))
+        if after > timeout:
             raise TimeoutError
         if self.answer != "ok":
             return CommandReply(ok=False, data={"reason": self.answer}, error=self.answer)
@@ -193,6 +195,25 @@ def test_a_busy_target_and_a_dial_never_answered():
     res = run(gw, [Utter(ASK, at=0.5)], transfer_script("Anything else?"))
     clean(res)
     assert tool_result(res)["status"] == "no_answer"
+
+
+def test_the_gateways_reply_when_its_ring_timer_fires_is_not_lost():
+    """The dial rings for what is left of ``timeout_s`` and its request waits for the reply the
+    gateway sends when that ring timer fires: a no-answer is the gateway's, and a leg answered
+    at the last moment is hung up at once (not left to hear a summary nobody waits for)."""
+    gw = ScriptedGateway(answer="no answer", after_ring=0.05)  # the SIP gateway's words
+    res = run(gw, [Utter(ASK, at=0.5)], transfer_script("Anything else?"))
+    clean(res)
+    out = tool_result(res)
+    assert out["status"] == "no_answer" and out["detail"] == "no answer", out
+    assert out["caller_heard"][-1] == CFG.no_answer_message
+    (_, args), = gw.dials
+    assert args["ring_timeout_s"] == 12  # the whole timeout_s: the summary (a template) took no time
+    gw = ScriptedGateway(after_ring=0.05, outcome=None)
+    res = run(gw, [Utter(ASK, at=0.5)], transfer_script("Anything else?"))
+    clean(res)
+    assert tool_result(res)["status"] == "no_answer"
+    assert gw.sent(Hangup) == [Hangup(call_id="leg-2", reason="warm_transfer_no_answer")]
 
 
 def test_the_callers_speech_on_hold_starts_no_turn():

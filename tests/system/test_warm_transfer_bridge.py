@@ -98,6 +98,8 @@ class Media:
         self.got = bytearray()
         self.peer: tuple[str, int] | None = None
         self.payload = b""
+        self.heard: list[tuple[float, bytes]] = []  # (monotonic arrival, payload) of each mu-law packet
+        self.events: list[bytes] = []  # RFC 4733 payloads queued by dtmf(), sent on the grid before audio
         self.play = threading.Event()
         self.played = threading.Event()
         self.stop = threading.Event()
@@ -105,7 +107,7 @@ class Media:
         self.th.start()
 
     def _run(self) -> None:
-        seq, ts, pos = 1, 0, 0
+        seq, ts, pos, event_ts = 1, 0, 0, 0
         next_at = time.monotonic()
         while not self.stop.is_set():
             try:
@@ -113,6 +115,7 @@ class Media:
                 if len(data) > 12 and data[0] >> 6 == 2 and (data[1] & 0x7F) == 0:
                     self.peer = addr
                     self.got += data[12:]
+                    self.heard.append((time.monotonic(), data[12:]))
             except TimeoutError:
                 pass
             except OSError:
@@ -124,6 +127,14 @@ class Media:
             if now < next_at:
                 continue
             next_at += 0.02
+            if self.events:  # one RFC 4733 event: its packets share the timestamp of its start
+                event = self.events.pop(0)
+                first = event[2:4] == b"\x00\xa0"
+                event_ts = ts if first else event_ts
+                self.sock.sendto(struct.pack("!BBHII", 0x80, 101 | (0x80 if first else 0), seq & 0xFFFF, event_ts,
+                                             0x5EED0000 + self.port) + event, self.peer)
+                seq, ts = seq + 1, ts + 160
+                continue
             if self.play.is_set() and pos < len(self.payload):
                 chunk, pos = self.payload[pos:pos + 160], pos + 160
                 if pos >= len(self.payload):
@@ -133,6 +144,12 @@ class Media:
             self.sock.sendto(struct.pack("!BBHII", 0x80, 0, seq & 0xFFFF, ts, 0x5EED0000 + self.port) + chunk,
                              self.peer)
             seq, ts = seq + 1, ts + 160
+
+    def dtmf(self, digit: str) -> None:
+        """Press ``digit`` (0-9): an RFC 4733 event of 100 ms on the RTP stream, its end sent 3 times."""
+        code = int(digit)
+        self.events += [struct.pack("!BBH", code, 10, 160 * k) for k in range(1, 6)]
+        self.events += [struct.pack("!BBH", code, 0x80 | 10, 800)] * 3
 
     def close(self) -> None:
         self.stop.set()

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -63,6 +64,7 @@ log = logging.getLogger("brisvox.agent.warm_transfer")
 
 HOLD_LOOP_S = 8.0  # the hold audio looped: at most its first 8 s (the clip cache is shared and bounded)
 HOLD_PIECE_S = 2.0
+DIAL_REPLY_GRACE_S = 1.0  # the consult dial's request outlives its ring timeout by this much
 SUMMARY_PROMPT = ("You write the short spoken introduction of a phone call being transferred to a colleague. "
                   "From the conversation below, say who is calling (if known), what they need and anything "
                   "already done, in at most {chars} characters, plain sentences, no preamble, no lists.")
@@ -222,10 +224,13 @@ class CallWarm:
     async def _dial(self, target: str, summary: str) -> list[Action]:
         m, cfg = self.machine, self.cfg
         assert m is not None and m.deadline is not None
-        left = m.deadline - self.clock.now()
-        ok, data, error = await self.host.dial(target, cfg.consult_agent or self.host.agent(), cfg.via, left,
-                                               cfg.trunk, {"consult_for": self.host.call_id, "summary": summary,
-                                                           "ring_timeout_s": max(1, int(cfg.timeout_s))})
+        ring = max(1, math.ceil(m.deadline - self.clock.now()))  # what is left of timeout_s, whole seconds
+        # the gateway replies once its ring timer fired: the request waits past it (else its no-answer, or a
+        # last-moment answer whose leg must be hung up, is lost and the outcome is "unknown")
+        ok, data, error = await self.host.dial(target, cfg.consult_agent or self.host.agent(), cfg.via,
+                                               ring + DIAL_REPLY_GRACE_S, cfg.trunk,
+                                               {"consult_for": self.host.call_id, "summary": summary,
+                                                "ring_timeout_s": ring})
         acts = m.dialled(ok, str(data.get("call_id") or ""), error, self.clock.now())
         if m.phase is not Phase.CONSULTING:
             return acts
