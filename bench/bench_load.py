@@ -33,7 +33,10 @@ agent files' folder of the original; the records' timeline marks are joined with
 the load generator's own stamps per call and turn (:mod:`bench.breakdown`) and
 printed as rows. ``BRISVOX_BENCH_EARLY_TURN_MS`` (e.g. ``100``) also sets the
 workers' ``[vad] fall_delay_ms`` to it and ``[agents] early_smart_turn`` on
-(``0``: both off), to measure the early Smart Turn analysis.
+(``0``: off, the fall delay left as the config has it), to measure the early Smart
+Turn analysis; ``BRISVOX_BENCH_EARLY_FINALIZE_MS`` the same for ``[agents]
+early_finalize`` (the STT's Finalize at the falling event; the bench config ships it
+on at 100 ms, so ``0`` measures without it).
 
 Speculative LLM start (docs/LATENCY.md): ``BRISVOX_BENCH_SPECULATION`` = ``off``,
 ``final`` (``[speculation] enabled``) or ``partial`` (also ``on_partial``), and
@@ -98,17 +101,18 @@ TARGETS = {
 }
 
 
-def early_turn_ms() -> int | None:
-    """``BRISVOX_BENCH_EARLY_TURN_MS``: None (unset: the config's own), 0 (off) or the fall delay."""
-    raw = os.environ.get("BRISVOX_BENCH_EARLY_TURN_MS", "").strip()
+def early_turn_ms(name: str = "BRISVOX_BENCH_EARLY_TURN_MS") -> int | None:
+    """``BRISVOX_BENCH_EARLY_TURN_MS`` (or ``name``, e.g. ``BRISVOX_BENCH_EARLY_FINALIZE_MS``):
+    None (unset: the config's own), 0 (off) or the fall delay."""
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
     try:
         ms = int(raw)
     except ValueError:
-        raise harness.ServerError(f"BRISVOX_BENCH_EARLY_TURN_MS {raw!r}: expected milliseconds") from None
+        raise harness.ServerError(f"{name} {raw!r}: expected milliseconds") from None
     if ms < 0:
-        raise harness.ServerError("BRISVOX_BENCH_EARLY_TURN_MS must be >= 0")
+        raise harness.ServerError(f"{name} must be >= 0")
     return ms
 
 
@@ -214,10 +218,11 @@ def derive_agents(src: Path, agents_dst: Path, spec: str | None, lag: int | None
         (agents_dst / f.name).write_text(text)
 
 
-def derive_config(src: Path, records: Path, early_ms: int | None, agents_dir: Path | None = None) -> str:
+def derive_config(src: Path, records: Path, early_ms: int | None, agents_dir: Path | None = None,
+                  early_finalize_ms: int | None = None) -> str:
     """The bench config ``src`` writing call records into ``records``, with its agent files
-    where the original finds them (or in ``agents_dir``), and the early Smart Turn
-    setting when asked."""
+    where the original finds them (or in ``agents_dir``), and the early Smart Turn and
+    early finalize settings when asked (both set and above 0: the same fall delay)."""
     from brisvox.config.daemon import load_config
 
     if agents_dir is None:
@@ -225,9 +230,15 @@ def derive_config(src: Path, records: Path, early_ms: int | None, agents_dir: Pa
     text = src.read_text()
     text = set_keys(text, "calls", {"records": True, "path": str(records), "keep_days": 0})
     text = set_keys(text, "agents", {"agents_dir": str(agents_dir)})
+    if early_ms and early_finalize_ms and early_ms != early_finalize_ms:
+        raise harness.ServerError("BRISVOX_BENCH_EARLY_TURN_MS and BRISVOX_BENCH_EARLY_FINALIZE_MS set the "
+                                  "same [vad] fall_delay_ms: give them one value")
     if early_ms is not None:
         text = set_keys(text, "agents", {"early_smart_turn": early_ms > 0})
-        text = set_keys(text, "vad", {"fall_delay_ms": early_ms})
+    if early_finalize_ms is not None:
+        text = set_keys(text, "agents", {"early_finalize": early_finalize_ms > 0})
+    if fall := max(early_ms or 0, early_finalize_ms or 0):  # 0 leaves the config's (the other may use it)
+        text = set_keys(text, "vad", {"fall_delay_ms": fall})
     return text
 
 
@@ -260,6 +271,7 @@ class BrisvoxDaemon:
         self.server_stats: dict[int, dict[str, float]] = {}  # N -> the daemon's own counters at the end
         self.records: dict[int, list[dict[str, Any]]] = {}  # N -> the call records of the level
         self.early_ms = early_turn_ms()
+        self.early_finalize_ms = early_turn_ms("BRISVOX_BENCH_EARLY_FINALIZE_MS")
         self.spec = speculation_mode()
         self.lag = interim_lag()
         self.denoise = denoise_mode()
@@ -269,6 +281,8 @@ class BrisvoxDaemon:
 
     def describe(self) -> str:
         early = "" if self.early_ms is None else f", early Smart Turn fall_delay_ms={self.early_ms}"
+        if self.early_finalize_ms is not None:
+            early += f", early finalize fall_delay_ms={self.early_finalize_ms}"
         if self.spec is not None:
             early += f", speculation {self.spec}"
         if self.lag is not None:
@@ -289,7 +303,8 @@ class BrisvoxDaemon:
         if self.spec is not None or self.lag is not None or self.denoise is not None:
             agents = self._tmp / "agents"
             derive_agents(Path(self.cmd[i]), agents, self.spec, self.lag, self.denoise)
-        cfg.write_text(derive_config(Path(self.cmd[i]), self._tmp / "calls", self.early_ms, agents))
+        cfg.write_text(derive_config(Path(self.cmd[i]), self._tmp / "calls", self.early_ms, agents,
+                                     self.early_finalize_ms))
         return [*self.cmd[:i], str(cfg), *self.cmd[i + 1:]]
 
     def _take_records(self) -> None:

@@ -311,7 +311,8 @@ def _check_webhooks(agent: AgentDef, lines: Mapping[str, int], env: Mapping[str,
 def _check_settings(agent: AgentDef, lines: Mapping[str, int], fall_delay_ms: int | None) -> list[Problem]:
     """Settings that would be accepted and do nothing: ``[filler] per_tool`` with ``delay``
     (each tool's own delay replaces the fixed one), ``[turn] early_analysis`` without
-    the VAD's falling events (``[vad] fall_delay_ms`` 0) or without Smart Turn."""
+    the VAD's falling events (``[vad] fall_delay_ms`` 0) or without Smart Turn,
+    ``[turn] early_finalize`` without falling events."""
     from brisvox.agent.host.config import NO_FALLING
     from brisvox.providers.registry import TOOLLESS_LLM
 
@@ -342,6 +343,14 @@ def _check_settings(agent: AgentDef, lines: Mapping[str, int], fall_delay_ms: in
         elif fall_delay_ms is None:
             out.append(Problem("warning", key, line, "needs the workers' [vad] fall_delay_ms > 0 (default 0: "
                                "then it never runs); `brisvoxd check` of the daemon config checks it"))
+    if agent.turn.get("early_finalize"):
+        key, line = "turn.early_finalize", line_of(lines, ["turn", "early_finalize"])
+        if fall_delay_ms == 0:
+            out.append(Problem("error", key, line, f"{NO_FALLING}; or remove early_finalize"))
+        elif fall_delay_ms is None:
+            out.append(Problem("warning", key, line, "needs the workers' [vad] fall_delay_ms > 0 (default 0: "
+                               "then the stop finalizes as without it); `brisvoxd check` of the daemon "
+                               "config checks it"))
     return out
 
 
@@ -545,7 +554,9 @@ def actor_config(agent: AgentDef, base: ActorConfig | None = None) -> ActorConfi
     turn = replace(cfg.turn.turn, interruption=interruption, **pick(TurnConfig, agent.turn, ("interruption",)))
     # the call's session configs carry the primary's settings; each leg of the resilience layer
     # connects with its own in their place (brisvox.providers.resilience.leg_own)
-    stt = replace(cfg.stt, stt=replace(cfg.stt.stt, language=agent.stt.language if agent.stt else agent.language,
+    early_fin = agent.turn.get("early_finalize")
+    stt = replace(cfg.stt, early_finalize=cfg.stt.early_finalize if early_fin is None else bool(early_fin),
+                  stt=replace(cfg.stt.stt, language=agent.stt.language if agent.stt else agent.language,
                                        model=agent.stt.model if agent.stt is not None else ""))
     tts = replace(cfg.tts, clip_scope=agent.name,  # the agent's filler clips are shared by its calls
                   tts=replace(cfg.tts.tts, language=agent.tts.language, model=agent.tts.model,

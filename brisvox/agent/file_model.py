@@ -218,6 +218,7 @@ class Turn:
     silence: float | None = Field(default=None, ge=0.1, le=5)
     smart_turn: bool | None = None
     early_analysis: bool | None = None
+    early_finalize: bool | None = None
     fallback_silence: float | None = Field(default=None, ge=0.1, le=10)
     complete_threshold: float | None = Field(default=None, ge=0, le=1)
 

@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 
 from brisvox.agent.pipeline.cascade.stt_stage import SttStage, SttStageConfig
-from brisvox.agent.pipeline.stage.base import Inbox, Stage
+from brisvox.agent.pipeline.stage.base import Inbox
 from brisvox.agent.pipeline.stage.call_context import CallContext
 from brisvox.agent.pipeline.stage.pipeline_frames import (
     AudioFrame,
-    PipelineFrame,
     Start,
     Stop,
     UserStoppedSpeaking,
@@ -34,17 +33,9 @@ from brisvox.clock import CLOCK
 from brisvox.providers.word_codec import Vocab
 from brisvox.sim.fakes import FakeStt, SttFault
 from brisvox.sim.vloop import run_virtual
+from tests.sim.stage_kit import Collect
 
 STOPS = 40
-
-
-class Collect(Stage):
-    def __init__(self, call: CallContext) -> None:
-        super().__init__(call, None, Inbox("collect", 4096, sys_cap=256))
-        self.frames: list[PipelineFrame] = []
-
-    async def process(self, frame: PipelineFrame) -> None:
-        self.frames.append(frame)
 
 
 @dataclass

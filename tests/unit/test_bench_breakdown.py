@@ -113,3 +113,29 @@ def test_bench_agents_get_the_speculation_and_interim_lag_asked_for(tmp_path, mo
         bench_load.speculation_mode()
     monkeypatch.setenv("BRISVOX_BENCH_INTERIM_LAG", "1")
     assert bench_load.interim_lag() == 1
+
+
+def test_the_early_settings_of_the_derived_bench_config(tmp_path: Path) -> None:
+    """The bench config ships early finalize at a 100 ms fall delay; 0 turns it off and keeps
+    the fall delay only when the early Smart Turn still needs it; two fall delays are refused."""
+    from bench import bench_load
+    from brisvox.config.daemon import parse_config
+
+    src = Path(__file__).resolve().parents[2] / "configs" / "brisvoxd.bench.toml"
+
+    def derived(turn: int | None, fin: int | None) -> dict:
+        text = bench_load.derive_config(src, tmp_path / "calls", turn, tmp_path, fin)
+        parse_config(tomllib.loads(text))  # a config the daemon takes
+        return tomllib.loads(text)
+
+    shipped = derived(None, None)
+    assert shipped["agents"]["early_finalize"] is True and shipped["vad"]["fall_delay_ms"] == 100
+    off = derived(None, 0)
+    assert off["agents"]["early_finalize"] is False
+    both = derived(60, 60)
+    assert both["agents"]["early_smart_turn"] is True and both["vad"]["fall_delay_ms"] == 60
+    only_turn = derived(80, 0)
+    assert only_turn["agents"]["early_finalize"] is False and only_turn["vad"]["fall_delay_ms"] == 80
+    assert derived(0, None)["agents"]["early_finalize"] is True  # the early Smart Turn off, finalize as shipped
+    with pytest.raises(bench_load.harness.ServerError):
+        derived(60, 100)

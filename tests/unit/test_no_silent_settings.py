@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from brisvox.agent.definition import check_agent_file, load_agent
+from brisvox.agent.definition import actor_config, check_agent_file, load_agent
 from brisvox.agent.host.config import AgentsConfig, check_referenced_agents
 from brisvox.config.daemon import parse_config
 from brisvox.config.errors import ConfigError
@@ -151,6 +151,26 @@ def test_a_daemon_config_checks_early_analysis_against_the_workers_vad(tmp_path:
                            "websocket": {"enabled": True}})
     errs, _ = check_referenced_agents(daemon)
     assert any(e.startswith("agents.early_smart_turn: needs the workers' [vad] fall_delay_ms > 0") for e in errs)
+
+
+def test_early_finalize_needs_falling_events_and_reaches_the_stt_stage(tmp_path: Path) -> None:
+    top = "[turn]\nearly_finalize = true\n"
+    [(k, msg)] = errors(check(tmp_path, top=top, fall_delay_ms=0))
+    assert k == "turn.early_finalize" and "[vad] fall_delay_ms" in msg
+    assert errors(check(tmp_path, top=top, fall_delay_ms=100)) == []
+    assert [(s, k) for s, k, _ in check(tmp_path, top=top)] == [("warning", "turn.early_finalize")]
+    (tmp_path / "a.toml").write_text(BASE.format(top=top, stt="", llm="", tts=""))
+    assert actor_config(load_agent(tmp_path / "a.toml")).stt.early_finalize is True
+    daemon = parse_config({"agents": {"agents_dir": str(tmp_path), "default_agent": "a", "early_finalize": True},
+                           "websocket": {"enabled": True}})
+    errs, _ = check_referenced_agents(daemon)
+    assert any(e.startswith("agents.early_finalize: needs the workers' [vad] fall_delay_ms > 0") for e in errs)
+    on = AgentsConfig.from_section({"early_finalize": True}, "agents").actor_config()
+    assert on.stt.early_finalize is True
+    assert AgentsConfig.from_section({}, "agents").actor_config().stt.early_finalize is False
+    off = BASE.format(top="[turn]\nearly_finalize = false\n", stt="", llm="", tts="")
+    (tmp_path / "a.toml").write_text(off)
+    assert actor_config(load_agent(tmp_path / "a.toml"), on).stt.early_finalize is False  # the file wins
 
 
 @pytest.mark.parametrize(("key", "value", "ok"), [

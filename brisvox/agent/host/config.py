@@ -71,6 +71,9 @@ class AgentsConfig:
     # analyse at the VAD's "falling" event and reuse the verdict at the stop of the same fall
     # (needs the workers' [vad] fall_delay_ms > 0; without falling events it changes nothing)
     early_smart_turn: bool = False
+    # ask the STT for the final at the VAD's "falling" event, so it is ready when the stop comes;
+    # the stop of the same fall sends no second Finalize (same need: [vad] fall_delay_ms > 0)
+    early_finalize: bool = False
     interruption: Literal["recommended", "off"] = "recommended"
     final_wait_ms: int = Field(default=1500, ge=0, le=10_000)  # finals gate: wait this long for owed STT finals
     response_deadline_s: float = Field(default=20.0, ge=1.0, le=600.0)  # backstop: a turn that never sounds
@@ -137,6 +140,7 @@ class AgentsConfig:
                          response_deadline=self.response_deadline_s,
                          # a verdict later than the fallback could not end the turn anyway
                          analysis_timeout=min(self.smart_turn_timeout_ms, self.fallback_silence_ms - 50) / 1000),
+            stt=replace(base.stt, early_finalize=self.early_finalize),
             llm=replace(
                 base.llm,
                 system_prompt=self.system_prompt,
@@ -216,6 +220,8 @@ def check_referenced_agents(cfg: Any) -> tuple[list[str], list[str]]:
     warnings: list[str] = []
     if agents.early_smart_turn and agents.smart_turn and fall == 0:
         errors.append(f"agents.early_smart_turn: {NO_FALLING}; or set agents.early_smart_turn = false")
+    if agents.early_finalize and fall == 0:
+        errors.append(f"agents.early_finalize: {NO_FALLING}; or set agents.early_finalize = false")
     seen: dict[str, str] = {}
     for key, name in referenced_agents(cfg):
         if name in seen:

@@ -20,6 +20,23 @@ Owns the call's STT session:
   overtake queued audio, so the Finalize is held until an audio frame
   reaching the stop position was processed, or ``max_finalize_defer`` (1 s,
   the stage's own deadline) passed, or the call stops.
+* Early finalize (``early_finalize``; needs the VAD's falling events, the
+  workers' ``[vad] fall_delay_ms`` > 0): a UserSpeechFalling (silence began at
+  ``pos``, the stop of this fall will carry exactly ``pos``) sends the Finalize
+  of that fall at once (held the same way until audio reaching ``pos`` was
+  processed), so its final is on its way before the stop is decided. The stop
+  whose ``pos`` equals the falling's, with no UserStartedSpeaking between, sends
+  no Finalize of its own: it claims the early one, whose answer is then the
+  stop's UtteranceFinal (emitted by the session task when the answer comes
+  after the claim, or by the stage right after forwarding the stop when the
+  answer came before: its text already went out then, so the order of text,
+  stop and UtteranceFinal is kept). An early Finalize that no stop claims (the
+  caller went on: a newer falling, a stop of another ``pos``, a start) is an
+  orphan: its answer emits its final text and NO UtteranceFinal, so the words
+  join the next stop's final and the driver's one-UtteranceFinal-per-stop
+  count is unchanged. At most one early Finalize per fall; none while a
+  quarter of ``finalize_queue`` is queued (counted ``early_skipped``: the stop
+  then finalizes as without early finalize).
 * Finalizes are queued for the session task, bounded at ``finalize_queue``
   (32): a Finalize past the bound never reaches the provider and is answered
   synthetically (``finalize_overflow``), in its place in the order: an
@@ -31,7 +48,7 @@ Owns the call's STT session:
   Finalize that finds ``finalize_queue`` unanswered is not sent: it joins
   the newest entry's count). Memory: at most ``finalize_queue`` entries in
   each, whatever the caller's VAD does.
-* Exactly one UtteranceFinal per Finalize: the answer is the provider's
+* Exactly one UtteranceFinal per Finalize of a stop (an orphan early one has none): the answer is the provider's
   ``from_finalize and speech_final`` transcript (oldest Finalize first); a
   Finalize unanswered after ``timeouts.finalize`` declares the session dead;
   a dead or missing session answers every outstanding or new Finalize
@@ -55,6 +72,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from brisvox.agent.pipeline.stage.base import Inbox, Stage, cancel_and_join
@@ -64,6 +82,7 @@ from brisvox.agent.pipeline.stage.pipeline_frames import (
     PipelineFrame,
     Start,
     Stop,
+    UserSpeechFalling,
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscript,
@@ -88,6 +107,7 @@ class SttStageConfig:
     audio_queue: int = 64
     finalize_queue: int = 32
     max_finalize_defer: float = 1.0
+    early_finalize: bool = False  # Finalize at the VAD's falling event; the stop of the same fall reuses it
     max_reconnects: int = 3
     reconnect_backoff: float = 1.0
     healthy_after: float = 10.0
@@ -118,8 +138,24 @@ class SttStats:
     audio_dropped: int = 0
     audio_no_session: int = 0
     finalize_overflow: int = 0
+    early_finalizes: int = 0  # sent at a falling
+    early_claimed: int = 0  # answered the stop of their fall (no second Finalize)
+    early_orphaned: int = 0  # the caller went on: the text joined the next stop's final
+    early_skipped: int = 0  # not sent: the queue was a quarter full (the stop finalized as usual)
     interims_dropped: int = 0
     degraded: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Fin:
+    """One Finalize on its way. A stop's is ``claimed`` from the start; an early one
+    (sent at a falling) is claimed by the stop of its fall, or never (an orphan).
+    ``answered``: the answer came while the early one was unclaimed (its text went
+    out, its UtteranceFinal is owed to the claim; ``synthetic`` how it was answered)."""
+
+    claimed: bool = True
+    answered: bool = False
+    synthetic: bool = False
 
 
 class SttStage(Stage):
@@ -131,19 +167,21 @@ class SttStage(Stage):
         self.cfg = cfg
         self.st = SttStats()
         self._audio: deque[tuple[bytes, int, int]] = deque()  # (pcm, in16 start, end)
-        self._finalizes: deque[float] = deque()  # queued for the session task (enqueue time), <= finalize_queue
+        self._finalizes: deque[_Fin] = deque()  # queued for the session task, <= finalize_queue
         self._overflow = 0  # Finalizes past the bound: answered synthetically after every queued one
-        self._held: deque[tuple[int, float]] = deque()  # (stop pos, defer deadline)
+        self._held: deque[tuple[int, float, _Fin]] = deque()  # (stop or falling pos, defer deadline, its Finalize)
+        self._early: tuple[int, _Fin] | None = None  # the early Finalize of the current fall (its pos), unclaimed
         self._processed_end = -1
         self._wake = asyncio.Event()
         self._grant = False
         self._session_task: asyncio.Task[None] | None = None
         self._stopping = False
         # owned by the session task: the unanswered Finalizes, oldest first, each [sent at, synthetic
-        # answers owed right after its own] (<= finalize_queue entries)
-        self._outstanding: deque[list[float]] = deque()
+        # answers owed right after its own, the _Fin] (<= finalize_queue entries)
+        self._outstanding: deque[list] = deque()
         self._interim = ""
         self._final_since_uf = False
+        self._uf_due: deque[_Fin] = deque()  # early Finalizes answered, then claimed: their UF owed now
 
     # -- stage side ------------------------------------------------------------------
     async def process(self, frame: PipelineFrame) -> None:
@@ -159,21 +197,43 @@ class SttStage(Stage):
             self._processed_end = end
             held = self._held
             while held and held[0][0] <= end:
-                held.popleft()
-                self._queue_finalize()
+                self._queue_finalize(held.popleft()[2])
             return
         if isinstance(frame, UserStoppedSpeaking):
             await self.send(frame)
-            if not self._held and self._processed_end >= frame.pos:
-                self._queue_finalize()
-            else:
-                self.st.finalize_deferred += 1
-                dl = self.clock.now() + self.cfg.max_finalize_defer
-                self._held.append((frame.pos, dl))
-                self.arm(dl)
+            early, self._early = self._early, None
+            if early is not None and early[0] == frame.pos:  # the stop of the early Finalize's fall
+                fin = early[1]
+                fin.claimed = True
+                self.st.early_claimed += 1
+                if fin.answered:  # its text is out (or going): the session task closes the stop now
+                    self._uf_due.append(fin)
+                    self._wake.set()
+                return
+            if early is not None:
+                self.st.early_orphaned += 1
+            self._finalize_at(frame.pos, _Fin())
+            return
+        if isinstance(frame, UserSpeechFalling):
+            await self.send(frame)
+            if not self.cfg.early_finalize:
+                return
+            if self._early is not None:  # a newer fall: the caller spoke on since the last one
+                self.st.early_orphaned += 1
+                self._early = None
+            if self._overflow or len(self._finalizes) + len(self._held) >= max(1, self.cfg.finalize_queue // 4):
+                self.st.early_skipped += 1
+                return
+            fin = _Fin(claimed=False)
+            self._early = (frame.pos, fin)
+            self.st.early_finalizes += 1
+            self._finalize_at(frame.pos, fin)
             return
         if isinstance(frame, UserStartedSpeaking):
             await self.send(frame)
+            if self._early is not None:
+                self.st.early_orphaned += 1
+                self._early = None
             self._grant = True
             self._wake.set()
             return
@@ -183,27 +243,39 @@ class SttStage(Stage):
             return
         if isinstance(frame, Stop):
             while self._held:
-                self._held.popleft()
-                self._queue_finalize()
+                self._queue_finalize(self._held.popleft()[2])
             await self.send(frame)
             return
         await self.send(frame)
 
+    def _finalize_at(self, pos: int, fin: _Fin) -> None:
+        """Queue ``fin`` once audio reaching ``pos`` was processed (held until then, at
+        most ``max_finalize_defer``)."""
+        if not self._held and self._processed_end >= pos:
+            self._queue_finalize(fin)
+        else:
+            self.st.finalize_deferred += 1
+            dl = self.clock.now() + self.cfg.max_finalize_defer
+            self._held.append((pos, dl, fin))
+            self.arm(dl)
+
     async def on_deadline(self, now: float) -> None:
         while self._held and self._held[0][1] <= now:
-            self._held.popleft()
             self.st.finalize_defer_expired += 1
-            self._queue_finalize()
+            self._queue_finalize(self._held.popleft()[2])
         if self._held:
             self.arm(self._held[0][1])
 
-    def _queue_finalize(self) -> None:
+    def _queue_finalize(self, fin: _Fin) -> None:
         if self._overflow or len(self._finalizes) >= self.cfg.finalize_queue:
             # answered synthetically, in order, by the session task (never sent)
             self.st.finalize_overflow += 1
+            if not fin.claimed:  # an early one: answered empty now; a claim closes the stop at once
+                fin.answered = fin.synthetic = True
+                return
             self._overflow += 1
         else:
-            self._finalizes.append(self.clock.now())
+            self._finalizes.append(fin)
         self._wake.set()
 
     async def on_stop(self) -> None:
@@ -229,34 +301,55 @@ class SttStage(Stage):
     async def _emit_final(self, text: str) -> None:
         await self._put(UserTranscript(text, True))
 
-    async def _answer(self, t: Transcript | None) -> None:
-        """Answer the oldest outstanding Finalize: ``t`` the provider's answer, None synthetic."""
-        if t is not None and t.text.strip():
-            await self._emit_final(t.text)
-        elif not self._final_since_uf and self._interim.strip():
-            self.st.interims_promoted += 1
-            await self._emit_final(self._interim)
+    async def _answer(self, t: Transcript | None, fin: _Fin | None = None) -> None:
+        """Answer the oldest outstanding Finalize: ``t`` the provider's answer, None synthetic.
+        ``fin`` None: an overflow answer (a stop's)."""
+        await self._close_due()  # a claimed early Finalize is older than this one
         if t is None:
             self.st.synthetic += 1
         else:
             self.st.answered += 1
+        if fin is not None and not fin.claimed:  # early, no stop yet: the text now, the UF to the claim
+            fin.answered, fin.synthetic = True, t is None  # before any await: a claim from now on is due
+            if t is not None and t.text.strip():
+                self._final_since_uf, self._interim = True, ""
+                await self._emit_final(t.text)
+            return
+        if t is not None and t.text.strip():
+            await self._emit_final(t.text)
+            self._final_since_uf = True
+        await self._close_utterance(t is None, self._put)
+
+    async def _close_due(self) -> None:
+        """The UtteranceFinals of early Finalizes claimed after their answer (in claim order)."""
+        while self._uf_due:
+            await self._close_utterance(self._uf_due.popleft().synthetic, self._put)
+
+    async def _close_utterance(self, synthetic: bool, put: Callable[[PipelineFrame], Awaitable[None]]) -> None:
+        """The UtteranceFinal of a stop, after promoting the latest interim when no final segment
+        came since the last one (the caller's words are not lost)."""
+        if not self._final_since_uf and self._interim.strip():
+            self.st.interims_promoted += 1
+            await put(UserTranscript(self._interim, True))
         self._interim = ""
         self._final_since_uf = False
-        await self._put(UtteranceFinal(synthetic=t is None))
+        await put(UtteranceFinal(synthetic=synthetic))
 
     async def _answer_queued_synthetically(self) -> None:
+        await self._close_due()
         while self._finalizes or self._overflow:
+            fin = None
             if self._finalizes:
-                self._finalizes.popleft()
+                fin = self._finalizes.popleft()
             else:
                 self._overflow -= 1
             self.st.finalizes += 1
-            await self._answer(None)
+            await self._answer(None, fin)
 
     async def _answer_oldest(self, t: Transcript | None) -> None:
         """Answer the oldest unanswered Finalize, then the overflow answers owed after it."""
-        _, owed = self._outstanding.popleft()
-        await self._answer(t)
+        _, owed, fin = self._outstanding.popleft()
+        await self._answer(t, fin)
         for _ in range(int(owed)):
             await self._answer(None)
 
@@ -319,6 +412,8 @@ class SttStage(Stage):
             self._audio.clear()
         await self._answer_queued_synthetically()
         self._wake.clear()
+        if self._finalizes or self._overflow or self._uf_due or self._stopping:
+            return  # queued while the answers above were awaited: their wake was cleared
         if until is None:
             await self._wake.wait()
         else:
@@ -366,6 +461,7 @@ class SttStage(Stage):
             while not dead:
                 if not healthy and self.clock.now() - started >= cfg.healthy_after:
                     healthy = True
+                await self._close_due()
                 while events:
                     ev = events.popleft()
                     if isinstance(ev, SttClosed):
@@ -400,14 +496,17 @@ class SttStage(Stage):
                             note_span(start, end)  # SttSpanSink: the in16 positions of this chunk
                         await session.send_audio(pcm, to.send)
                     if self._finalizes:
-                        self._finalizes.popleft()
+                        fin = self._finalizes.popleft()
                         self.st.finalizes += 1
                         if len(self._outstanding) >= cfg.finalize_queue:
                             self.st.finalize_overflow += 1
-                            await self._owe_after_newest(1)
+                            if fin.claimed:
+                                await self._owe_after_newest(1)
+                            else:  # an early one past the ledger's bound: answered empty at once
+                                await self._answer(None, fin)
                         else:
                             await session.finalize(to.send)
-                            self._outstanding.append([self.clock.now(), 0])
+                            self._outstanding.append([self.clock.now(), 0, fin])
                         continue
                     if self._overflow:  # every queued Finalize went before them
                         n, self._overflow = self._overflow, 0
@@ -424,7 +523,7 @@ class SttStage(Stage):
                     break
                 # no wake for healthy_after: "lived long enough" is judged when the session ends
                 deadline = self._outstanding[0][0] + to.finalize if self._outstanding else None
-                if events or self._audio or self._finalizes or self._overflow or self._stopping:
+                if events or self._audio or self._finalizes or self._overflow or self._uf_due or self._stopping:
                     continue
                 wake.clear()
                 if deadline is None:
