@@ -205,7 +205,7 @@ def campaigns(o: _Out, children: list[dict[str, Any]]) -> None:
     """The campaign families: the outbound child's runner (``stats.campaigns.by_campaign``, read
     from its store by :mod:`brisvox.outbound.campaign.meter`: at most 20 campaigns, the running
     and paused ones and those ended in the last 15 minutes). Present only when a runner reports;
-    labelled ``campaign`` (the id) and ``name``."""
+    labelled ``campaign`` (the id) and ``campaign_name``."""
     runners = [((c.get("stats") or {}).get("campaigns") or {}) for c in children if c["role"] == "outbound"]
     shown = [r["by_campaign"] for r in runners if isinstance(r, dict) and isinstance(r.get("by_campaign"), list)]
     if not shown:
@@ -215,7 +215,7 @@ def campaigns(o: _Out, children: list[dict[str, Any]]) -> None:
     def rows(fn: Any) -> list[tuple[dict[str, Any], float]]:
         out = []
         for c in cs:
-            base = {"campaign": c["id"], "name": str(c.get("name", ""))[:64]}
+            base = {"campaign": c["id"], "campaign_name": str(c.get("name", ""))[:64]}
             for extra, v in fn(c):
                 if isinstance(v, (int, float)):
                     out.append(({**base, **extra}, v))

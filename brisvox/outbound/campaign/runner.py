@@ -42,7 +42,9 @@ Invariants:
   (:meth:`~.store.CampaignStore.mark_all_notified`: no event is owed where none is sent).
 * The counters ``/metrics`` shows (``stats()["by_campaign"]``) are read in the meter's thread
   (:class:`~.meter.Meter`), at most every ``meter_every_s``, never on this loop; the calls in
-  flight are this runner's own count.
+  flight are this runner's own count: its answered calls are asked about (``live``) for
+  every campaign that has some, paused and ended ones too, until the gateway no longer
+  carries them.
 * On ``stop`` no new dial starts; the dials in flight get ``drain_s`` to finish,
   then are cancelled (their attempts stay without outcome: ``unknown`` at the
   next start).
@@ -128,6 +130,7 @@ class CampaignRunner:
         self._live_asked: dict[int, float] = {}
         self._kick = asyncio.Event()
         self._open: set[int] = set()  # the campaigns running or paused at the last tick
+        self._names: dict[int, str] = {}
         self.meter_every_s = meter_every_s
         self._meter: Meter | None = None
         self._meter_task: asyncio.Task[object] | None = None
@@ -180,7 +183,8 @@ class CampaignRunner:
     async def _tick(self, store: CampaignStore) -> float | None:
         wake: float | None = None
         self._meter_tick()
-        opened = {c.id for c in store.campaigns(("running", "paused"))}
+        open_now = store.campaigns(("running", "paused"))
+        opened = {c.id for c in open_now}
         ended, self._open = self._open - opened, opened
         if ended and self.on_row_done is None:
             store.mark_all_notified(self.clock())
@@ -190,10 +194,14 @@ class CampaignRunner:
             if await self._notify(store, batch) == RENOTIFY_BATCH:  # a full batch all sent: more may wait
                 self._renotify_at = -1e18
                 wake = self.clock()
-        for c in store.campaigns(("running",)):
+        for c in open_now:
+            self._names[c.id] = c.name
+            if c.state != "running":
+                await self._live(c.id, c.name, self.clock())  # its calls still count (resume, /metrics)
+                continue
             now = self.clock()
             tasks = self._dialing.setdefault(c.id, set())
-            live = await self._live(c, now)
+            live = await self._live(c.id, c.name, now)
             try:
                 p = plan(now, c.settings, in_flight=len(tasks) + live, last_started=store.last_started(c.id),
                          due=store.due(c.id, now))
@@ -218,6 +226,8 @@ class CampaignRunner:
                 wake = nxt if wake is None else min(wake, nxt)
             if not tasks and store.finish_if_done(c.id, now):
                 log.info("campaign %s: every row is done", c.name)
+        for cid in [i for i, calls in self._answered.items() if calls and i not in opened]:  # ended, calls up
+            await self._live(cid, self._names.get(cid, str(cid)), self.clock())
         return wake
 
     async def _ready(self) -> bool:
@@ -232,15 +242,15 @@ class CampaignRunner:
             self._ready_until = now + self.ready_every_s
         return ok
 
-    async def _live(self, c: Campaign, now: float) -> int:
+    async def _live(self, cid: int, name: str, now: float) -> int:
         """How many of the campaign's answered calls are still up (asked at most every live_every_s)."""
-        calls = self._answered.setdefault(c.id, set())
-        if calls and now - self._live_asked.get(c.id, -1e18) >= self.live_every_s:
-            self._live_asked[c.id] = now
+        calls = self._answered.setdefault(cid, set())
+        if calls and now - self._live_asked.get(cid, -1e18) >= self.live_every_s:
+            self._live_asked[cid] = now
             try:
                 still = await asyncio.wait_for(self.dialer.live(set(calls)), timeout=10.0)
             except (TimeoutError, OSError) as e:
-                self._limited("live", "campaign %s: cannot ask the gateway for its calls: %s", c.name, e)
+                self._limited("live", "campaign %s: cannot ask the gateway for its calls: %s", name, e)
                 still = None
             if still is not None:
                 calls.intersection_update(still)
