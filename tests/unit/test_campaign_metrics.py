@@ -15,7 +15,14 @@ from brisvox.outbound.campaign.runner import CampaignRunner, DialResult
 from brisvox.outbound.campaign.scheduler import Settings
 from brisvox.outbound.campaign.store import CampaignStore
 from tests.system.daemon_promparse import parse, value
-from tests.unit.test_campaign_store import ALL_DAY, HoldingDialer, csv_rows, new_campaign, peek, until
+from tests.unit.test_campaign_store import (
+    ALL_DAY,
+    HoldingDialer,
+    csv_rows,
+    new_campaign,
+    peek,
+    until,
+)
 
 
 def scrape(runner: CampaignRunner) -> dict[str, Any]:
@@ -61,13 +68,16 @@ def test_the_runners_counters_are_on_metrics_and_follow_the_rows(tmp_path: Path)
         st = CampaignStore(path)  # an agent process records its call's AMD verdict
         assert st.record_amd(f"call-{n[2]}", "human")
         st.close()
-        d.hold[n[0]].set()  # the last row answers; the campaign is done
+        d.live_ids.add(f"call-{n[0]}")  # the last row answers and its call stays up; the campaign is done
+        d.hold[n[0]].set()
         await until(lambda: v("brisvox_campaign_state", state="done") == 1, task)
+        assert v("brisvox_campaign_calls_in_flight") == 1
+        d.live_ids.clear()  # the call ends after its campaign did: asked about still
+        await until(lambda: v("brisvox_campaign_calls_in_flight") == 0, task)
         assert v("brisvox_campaign_rows", state="done") == 4 and v("brisvox_campaign_rows", state="dialing") == 0
         assert v("brisvox_campaign_attempt_outcomes_total", outcome="answered") == 3
         assert v("brisvox_campaign_rows_done", outcome="answered_human") == 1
         assert v("brisvox_campaign_rows_done", outcome="answered") == 2
-        assert v("brisvox_campaign_calls_in_flight") == 0
         stop.set()
         await asyncio.wait_for(task, 10)
 

@@ -483,8 +483,8 @@ def outbox_events(tmp_path: Path) -> list[tuple[str, str, str]]:
     ob = Outbox(tmp_path / "state" / "webhooks.sqlite3")
     try:
         out = []
-        for seq, event_id, body in ob.db.execute("SELECT seq, event_id, body FROM deliveries"
-                                                 " WHERE type = 'campaign.row.done' ORDER BY seq"):
+        for event_id, body in ob.db.execute("SELECT event_id, body FROM deliveries"
+                                            " WHERE type = 'campaign.row.done' ORDER BY seq"):
             data = json.loads(body)["data"]
             out.append((event_id, data["row_id"], data["outcome"]))
         return out
