@@ -11,7 +11,9 @@ stats (latency histograms, calls by end reason, provider errors) are not
 ``brisvox_child_stat`` gauges: :mod:`brisvox.daemon.telemetry` sums them across
 the processes and renders them with prometheus-client, after these families; so
 does :mod:`brisvox.daemon.loop_metrics` with every process's ``loop`` entry (the
-loop-stall probe's lateness, per role and index).
+loop-stall probe's lateness, per role and index). The outbound child's webhook courier
+and campaign runner have their own families (:func:`webhooks`, :func:`campaigns`); the
+runner's per-campaign list is not a ``brisvox_child_stat`` (a list is not flattened).
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def render(snap: dict[str, Any]) -> str:
     o.family("brisvox_supervisor_log_suppressed_total", "counter", "Repeated supervisor log lines not written "
              "(rate-limited), by site.", [({"site": s}, n) for s, n in sorted((d.get("log_suppressed") or {}).items())])
     webhooks(o, children)
+    campaigns(o, children)
     return "\n".join(o.lines) + "\n" + telemetry.render(children) + loop_metrics.render(snap)
 
 
@@ -196,3 +199,50 @@ def webhooks(o: _Out, children: list[dict[str, Any]]) -> None:
             o.lines.append(f'{name}_bucket{{le="{le}"}} {_num(n)}')
         o.lines.append(f"{name}_sum {_num(float(lat.get('sum', 0.0)))}")
         o.lines.append(f"{name}_count {_num(int(lat.get('count', 0)))}")
+
+
+def campaigns(o: _Out, children: list[dict[str, Any]]) -> None:
+    """The campaign families: the outbound child's runner (``stats.campaigns.by_campaign``, read
+    from its store by :mod:`brisvox.outbound.campaign.meter`: at most 20 campaigns, the running
+    and paused ones and those ended in the last 15 minutes). Present only when a runner reports;
+    labelled ``campaign`` (the id) and ``campaign_name``."""
+    runners = [((c.get("stats") or {}).get("campaigns") or {}) for c in children if c["role"] == "outbound"]
+    shown = [r["by_campaign"] for r in runners if isinstance(r, dict) and isinstance(r.get("by_campaign"), list)]
+    if not shown:
+        return
+    cs = [c for c in shown[0] if isinstance(c, dict) and isinstance(c.get("id"), int)][:20]
+
+    def rows(fn: Any) -> list[tuple[dict[str, Any], float]]:
+        out = []
+        for c in cs:
+            base = {"campaign": c["id"], "campaign_name": str(c.get("name", ""))[:64]}
+            for extra, v in fn(c):
+                if isinstance(v, (int, float)):
+                    out.append(({**base, **extra}, v))
+        return out
+
+    def by(key: str, label: str) -> Any:
+        return lambda c: [({label: str(k)[:32]}, v) for k, v in (c.get(key) or {}).items()]
+
+    o.family("brisvox_campaign_state", "gauge", "1 for the campaign's state (running, paused, cancelled, done).",
+             rows(lambda c: [({"state": s}, 1 if c.get("state") == s else 0)
+                             for s in ("running", "paused", "cancelled", "done")]))
+    o.family("brisvox_campaign_rows", "gauge", "The campaign's rows by state (pending, dialing, waiting for a "
+             "retry, done).", rows(by("rows", "state")))
+    o.family("brisvox_campaign_rows_done", "gauge", "The campaign's done rows by outcome as status shows it "
+             "(answered_human, answered_machine once AMD said; cancelled: ended by a cancel).",
+             rows(by("outcomes", "outcome")))
+    o.family("brisvox_campaign_attempts_total", "counter", "Dials the campaign began (each committed before "
+             "its INVITE).", rows(lambda c: [({}, c.get("attempts"))]))
+    o.family("brisvox_campaign_retries_total", "counter", "Dials that were a row's second or later attempt.",
+             rows(lambda c: [({}, c.get("retries"))]))
+    o.family("brisvox_campaign_attempt_outcomes_total", "counter", "The campaign's finished dials by outcome "
+             "(refused: the gateway placed nothing).", rows(by("attempt_outcomes", "outcome")))
+    o.family("brisvox_campaign_dial_rate", "gauge", "Dials begun per second over the last 10 s.",
+             rows(lambda c: [({}, c.get("rate"))]))
+    o.family("brisvox_campaign_dial_rate_limit", "gauge", "The campaign's --rate (dials per second).",
+             rows(lambda c: [({}, c.get("rate_cap"))]))
+    o.family("brisvox_campaign_calls_in_flight", "gauge", "Dials waiting for their verdict plus answered calls "
+             "still up.", rows(lambda c: [({}, c.get("in_flight"))]))
+    o.family("brisvox_campaign_calls_in_flight_limit", "gauge", "The campaign's --max-concurrent.",
+             rows(lambda c: [({}, c.get("max_concurrent"))]))

@@ -445,3 +445,180 @@ def test_a_version_1_store_gains_notified_at_and_its_settled_rows_are_not_sent_a
     assert st.unnotified() == []  # the row settled before: its event was the old runner's to send
     assert peek(path, "SELECT id, notified_at FROM rows ORDER BY id") == [(1, 0.0), (2, None)]
     st.close()
+
+
+class HoldingDialer(FakeDialer):
+    """A FakeDialer whose ``hold`` targets wait for their event, then get their ``script`` result:
+    dials in flight for as long as the test wants."""
+
+    def __init__(self, script: dict[str, list[DialResult]] | None = None, hold: Collection[str] = ()) -> None:
+        super().__init__(script)
+        self.hold = {t: asyncio.Event() for t in hold}
+
+    async def dial(self, target: str, agent: str, ring_timeout_s: float, params: Any = None) -> DialResult:
+        if target not in self.hold:
+            return await super().dial(target, agent, ring_timeout_s, params)
+        self.calls.append(target)
+        await self.hold[target].wait()
+        seq = self.script.get(target)
+        return seq.pop(0) if seq else DialResult(True, call_id=f"call-{target}")
+
+
+def row_events_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The outbound role's real ``on_row_done`` (service.RowEvents) into a real outbox."""
+    from brisvox.config.daemon import parse_config
+    from brisvox.outbound.campaign.service import RowEvents
+    from brisvox.outbound.webhooks.campaign_events import CampaignEvents
+
+    monkeypatch.setenv("HOOK_SECRET", "whsec_unit")
+    cfg = parse_config({"agents": {"agents_dir": str(tmp_path)}, "webhooks": [
+        {"url": "https://d.example.com/rows", "secret_env": "HOOK_SECRET", "events": ["campaign.row.done"]}]})
+    return RowEvents(CampaignEvents(cfg, state_dir=tmp_path / "state"))
+
+
+def outbox_events(tmp_path: Path) -> list[tuple[str, str, str]]:
+    """(event id, number, outcome) of every campaign.row.done row of the outbox."""
+    from brisvox.outbound.webhooks.outbox import Outbox
+
+    ob = Outbox(tmp_path / "state" / "webhooks.sqlite3")
+    try:
+        out = []
+        for event_id, body in ob.db.execute("SELECT event_id, body FROM deliveries"
+                                            " WHERE type = 'campaign.row.done' ORDER BY seq"):
+            data = json.loads(body)["data"]
+            out.append((event_id, data["row_id"], data["outcome"]))
+        return out
+    finally:
+        ob.close()
+
+
+def test_a_cancel_sends_one_row_done_per_row_it_ended_across_a_crash_and_an_in_flight_row_keeps_its_outcome(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from brisvox.outbound.webhooks.campaign_events import row_event_id
+
+    path = tmp_path / "c.db"
+    cid = new_campaign(path, 5, max_concurrent=2, max_attempts=3, retry_delay_s=3600.0,
+                       retry_on=frozenset({"busy", "no_answer"}))
+    n = [f"+49301000{i:03d}" for i in range(5)]
+    # row 0 answered, row 1 busy (waits an hour for its retry), rows 2 and 3 in flight at the cancel
+    # (2 answered, 3 not answered: retryable, but its campaign is cancelled), row 4 never dialled
+    d = HoldingDialer({n[1]: [DialResult(False, error="busy")], n[3]: [DialResult(False, error="no answer")]},
+                      hold=(n[2], n[3]))
+    events = row_events_to(tmp_path, monkeypatch)
+    crashing = True  # the first runner: each event the cancel owes is committed, then the runner dies unmarked
+    sent: list[tuple[str, str]] = []
+
+    async def on_row_done(row: Any) -> bool:
+        sent.append((row.number, row.outcome))
+        ok = await events.row_done(row)
+        return ok and not (crashing and row.number in (n[1], n[4]))
+
+    cli = CampaignStore(path)
+
+    async def first_runner() -> None:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(CampaignRunner(path, d, poll_s=0.02, on_row_done=on_row_done,
+                                                    renotify_every_s=3600).run(stop))
+        await until(lambda: len(d.calls) == 4 and peek(path, "SELECT COUNT(*) FROM rows WHERE state = 'dialing'")
+                    == [(2,)] and len(sent) == 1, task)  # row 0 settled, 1 waits, 2 and 3 dialling
+        assert peek(path, "SELECT state FROM rows ORDER BY id") == [("done",), ("waiting",), ("dialing",),
+                                                                     ("dialing",), ("pending",)]
+        cli.set_state("c1", "cancelled", time.time())
+        await until(lambda: len(sent) == 3, task)  # the runner saw the cancel: rows 1 and 4 sent at once
+        for t in (n[2], n[3]):  # the dials in flight end
+            d.hold[t].set()
+        await until(lambda: len(sent) == 5, task)
+        await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(first_runner())
+    assert sorted(sent) == [(n[0], "answered"), (n[1], "busy"), (n[2], "answered"), (n[3], "no_answer"),
+                                 (n[4], "cancelled")]
+    assert d.calls == n[:4]  # nothing dialled after the cancel, row 3 not retried
+    assert peek(path, "SELECT number FROM rows WHERE notified_at IS NULL ORDER BY id") == [(n[1],), (n[4],)]
+    # the next runner sends what the crash left unmarked, under the same ids: one outbox event per row
+    crashing = False
+    sent.clear()
+    asyncio.run(run_until(CampaignRunner(path, FakeDialer(), poll_s=0.02, on_row_done=on_row_done),
+                          lambda: not peek(path, "SELECT 1 FROM rows WHERE notified_at IS NULL")))
+    assert sorted(sent) == [(n[1], "busy"), (n[4], "cancelled")]
+    assert events.close()
+    created = peek(path, "SELECT created_at FROM campaigns")[0][0]
+    ids = {r: row_event_id(created, cid, r) for r in range(1, 6)}
+    got = outbox_events(tmp_path)
+    assert sorted(got) == sorted([(ids[1], 1, "answered"), (ids[2], 2, "busy"), (ids[3], 3, "answered"),
+                                  (ids[4], 4, "no_answer"), (ids[5], 5, "cancelled")])
+    assert peek(path, "SELECT outcome FROM rows ORDER BY id") == [("answered",), ("busy",), ("answered",),
+                                                                  ("no_answer",), ("cancelled",)]
+    # a third runner owes nothing
+    sent.clear()
+    asyncio.run(run_until(CampaignRunner(path, FakeDialer(), poll_s=0.02, on_row_done=on_row_done),
+                          lambda: True))
+    assert sent == []
+    cli.close()
+
+
+def test_a_cancel_that_dies_mid_transaction_ends_no_row_and_owes_no_event(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 3)
+    cli = CampaignStore(path)
+    # the process dies while the cancel's UPDATE is half way through its rows (a trigger aborts it there)
+    cli.db.execute("CREATE TEMP TRIGGER crash BEFORE UPDATE OF state ON rows WHEN OLD.id = 2"
+                   " BEGIN SELECT RAISE(ABORT, 'killed'); END")
+    with pytest.raises(sqlite3.IntegrityError, match="killed"):
+        cli.set_state("c1", "cancelled", time.time())
+    assert peek(path, "SELECT state FROM campaigns") == [("running",)]
+    assert peek(path, "SELECT state, outcome, notified_at FROM rows") == [("pending", None, None)] * 3
+    assert cli.unnotified() == []
+    cli.db.execute("DROP TRIGGER crash")
+    cli.set_state("c1", "cancelled", time.time())
+    assert [(r.row_id, r.outcome, r.attempts) for r in cli.unnotified()] == [(1, "cancelled", 0), (2, "cancelled", 0),
+                                                                           (3, "cancelled", 0)]
+    cli.close()
+
+
+def test_a_runner_without_webhooks_owes_no_event_for_the_rows_a_cancel_ended(tmp_path: Path):
+    path = tmp_path / "c.db"
+    new_campaign(path, 2)
+    cli = CampaignStore(path)
+    cli.set_state("c1", "cancelled", time.time())  # no runner runs: the rows wait for one
+    assert len(cli.unnotified()) == 2
+    asyncio.run(run_until(CampaignRunner(path, FakeDialer(), poll_s=0.02),
+                          lambda: not peek(path, "SELECT 1 FROM rows WHERE notified_at IS NULL")))
+    cli.create("c2", "echo", "t.csv", Settings(rate=100.0, windows=ALL_DAY), csv_rows(1), time.time())
+    cli.set_state("c2", "paused", time.time())
+
+    async def scenario() -> None:  # a cancel of a paused campaign while the runner runs
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(CampaignRunner(path, FakeDialer(), poll_s=0.02).run(stop))
+        await asyncio.sleep(0.1)
+        cli.set_state("c2", "cancelled", time.time())
+        await until(lambda: not peek(path, "SELECT 1 FROM rows WHERE notified_at IS NULL"), task)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(scenario())
+    assert peek(path, "SELECT outcome, COUNT(*) FROM rows GROUP BY outcome") == [("cancelled", 3)]
+    cli.close()
+
+
+def test_status_and_both_exports_show_the_rows_a_cancel_ended(tmp_path: Path, capsys):
+    db = tmp_path / "c.db"
+    new_campaign(db, 2)
+    st = CampaignStore(db)
+    att = st.begin_attempt(1, time.time())
+    assert att is not None
+    st.finish_attempt(att, "answered", "answered", "call-1", time.time())
+    st.close()
+    args = ["--db", str(db)]
+    assert brisvoxd(["campaign", "cancel", "c1", *args]) == 0
+    capsys.readouterr()
+    assert brisvoxd(["campaign", "status", "c1", *args]) == 0
+    assert "outcomes: answered 1, cancelled 1" in capsys.readouterr().out
+    assert brisvoxd(["campaign", "export", "c1", *args]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("3,+49301000001,UTC,cancelled,0,") and len(lines) == 3
+    assert brisvoxd(["campaign", "export", "c1", "--format", "json", *args]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(r["outcome"], r["attempts"]) for r in data["rows"]][1] == ("cancelled", [])

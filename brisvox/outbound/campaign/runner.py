@@ -33,6 +33,18 @@ Invariants:
   the next start, or the next ``renotify_every_s``, under the same event id
   (:func:`~brisvox.outbound.webhooks.campaign_events.row_event_id`): every done row's event
   reaches the outbox at least once, one event after deduplication by id.
+* A cancelled campaign's rows that the cancel ended (``cancelled``, or a row waiting for a
+  retry: its last attempt's outcome) are done and unnotified in the store, as a row whose
+  event was refused: the runner sends their events at its next renotify, at once when it
+  sees a campaign leave ``running``/``paused``, batch after batch while batches fill and
+  succeed; a row whose dial was in flight at the cancel is ended by that dial (its real
+  outcome, one event). A runner without ``on_row_done`` marks those rows notified instead
+  (:meth:`~.store.CampaignStore.mark_all_notified`: no event is owed where none is sent).
+* The counters ``/metrics`` shows (``stats()["by_campaign"]``) are read in the meter's thread
+  (:class:`~.meter.Meter`), at most every ``meter_every_s``, never on this loop; the calls in
+  flight are this runner's own count: its answered calls are asked about (``live``) for
+  every campaign that has some, paused and ended ones too, until the gateway no longer
+  carries them.
 * On ``stop`` no new dial starts; the dials in flight get ``drain_s`` to finish,
   then are cancelled (their attempts stay without outcome: ``unknown`` at the
   next start).
@@ -49,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from brisvox.outbound.campaign.meter import Meter
 from brisvox.outbound.campaign.outcomes import ANSWERED, UNKNOWN, classify
 from brisvox.outbound.campaign.scheduler import plan
 from brisvox.outbound.campaign.store import Attempt, Campaign, CampaignStore, DoneRow, RunnerLock
@@ -60,6 +73,7 @@ DEFAULT_RING_S = 600.0  # ring_timeout_s 0: the gateway's [sip] dial_ring_timeou
 LIVE_HORIZON_S = 3600.0  # answered calls older than this are not asked about after a restart
 RENOTIFY_EVERY_S = 5.0  # rows whose event could not be committed are sent again this often
 RENOTIFY_BATCH = 500
+METER_EVERY_S = 5.0  # /metrics' campaign counters are read from the store this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +110,7 @@ class CampaignRunner:
                  live_every_s: float = 1.0, ready_every_s: float = 1.0,
                  clock: Callable[[], float] = time.time,
                  on_row_done: Callable[[DoneRow], Awaitable[bool]] | None = None,
-                 renotify_every_s: float = RENOTIFY_EVERY_S) -> None:
+                 renotify_every_s: float = RENOTIFY_EVERY_S, meter_every_s: float = METER_EVERY_S) -> None:
         self.db_path = Path(db_path)
         self.dialer = dialer
         self.poll_s = poll_s
@@ -115,11 +129,21 @@ class CampaignRunner:
         self._answered: dict[int, set[str]] = {}
         self._live_asked: dict[int, float] = {}
         self._kick = asyncio.Event()
+        self._open: set[int] = set()  # the campaigns running or paused at the last tick
+        self._names: dict[int, str] = {}
+        self.meter_every_s = meter_every_s
+        self._meter: Meter | None = None
+        self._meter_task: asyncio.Task[object] | None = None
+        self._meter_at = -1e18
 
-    def stats(self) -> dict[str, int]:
-        """Attempts recovered as unknown at the start, dials in flight now."""
+    def stats(self) -> dict[str, object]:
+        """Attempts recovered as unknown at the start, dials in flight now, row events sent; and
+        ``by_campaign``: the meter's last snapshot, each with its calls in flight now (dials
+        waiting for their verdict plus answered calls still up)."""
+        shown = [{**c, "in_flight": len(self._dialing.get(c["id"], ())) + len(self._answered.get(c["id"], ()))}
+                 for c in (self._meter.snapshot if self._meter is not None else ())]
         return {"recovered": self.recovered, "dialing": sum(len(ts) for ts in self._dialing.values()),
-                "rows_notified": self.notified}
+                "rows_notified": self.notified, "by_campaign": shown}
 
     async def run(self, stop: asyncio.Event) -> None:
         lock = RunnerLock(self.db_path)
@@ -130,9 +154,13 @@ class CampaignRunner:
             if self.recovered:
                 log.warning("campaign runner: %d attempt(s) interrupted by the last stop are now unknown "
                             "(not dialled again)", self.recovered)
+            if self.on_row_done is None:
+                store.mark_all_notified(self.clock())  # what a cancel ended while no runner ran
             since = self.clock() - LIVE_HORIZON_S
             for c in store.campaigns(("running", "paused")):
                 self._answered[c.id] = set(store.answered_calls(c.id, since))
+                self._open.add(c.id)
+            self._meter = Meter(self.db_path)
             while not stop.is_set():
                 wake = await self._tick(store)
                 delay = self.poll_s if wake is None else min(self.poll_s, max(0.0, wake - self.clock()))
@@ -145,18 +173,35 @@ class CampaignRunner:
                         w.cancel()
         finally:
             await self._drain()
+            if self._meter_task is not None:
+                self._meter_task.cancel()
+            if self._meter is not None:
+                self._meter.close()
             store.close()
             lock.release()
 
     async def _tick(self, store: CampaignStore) -> float | None:
         wake: float | None = None
-        if self.on_row_done is not None and time.monotonic() >= self._renotify_at:
+        self._meter_tick()
+        open_now = store.campaigns(("running", "paused"))
+        opened = {c.id for c in open_now}
+        ended, self._open = self._open - opened, opened
+        if ended and self.on_row_done is None:
+            store.mark_all_notified(self.clock())
+        if self.on_row_done is not None and (ended or time.monotonic() >= self._renotify_at):
             self._renotify_at = time.monotonic() + self.renotify_every_s
-            await self._notify(store, store.unnotified(RENOTIFY_BATCH))
-        for c in store.campaigns(("running",)):
+            batch = store.unnotified(RENOTIFY_BATCH)
+            if await self._notify(store, batch) == RENOTIFY_BATCH:  # a full batch all sent: more may wait
+                self._renotify_at = -1e18
+                wake = self.clock()
+        for c in open_now:
+            self._names[c.id] = c.name
+            if c.state != "running":
+                await self._live(c.id, c.name, self.clock())  # its calls still count (resume, /metrics)
+                continue
             now = self.clock()
             tasks = self._dialing.setdefault(c.id, set())
-            live = await self._live(c, now)
+            live = await self._live(c.id, c.name, now)
             try:
                 p = plan(now, c.settings, in_flight=len(tasks) + live, last_started=store.last_started(c.id),
                          due=store.due(c.id, now))
@@ -181,6 +226,8 @@ class CampaignRunner:
                 wake = nxt if wake is None else min(wake, nxt)
             if not tasks and store.finish_if_done(c.id, now):
                 log.info("campaign %s: every row is done", c.name)
+        for cid in [i for i, calls in self._answered.items() if calls and i not in opened]:  # ended, calls up
+            await self._live(cid, self._names.get(cid, str(cid)), self.clock())
         return wake
 
     async def _ready(self) -> bool:
@@ -195,15 +242,15 @@ class CampaignRunner:
             self._ready_until = now + self.ready_every_s
         return ok
 
-    async def _live(self, c: Campaign, now: float) -> int:
+    async def _live(self, cid: int, name: str, now: float) -> int:
         """How many of the campaign's answered calls are still up (asked at most every live_every_s)."""
-        calls = self._answered.setdefault(c.id, set())
-        if calls and now - self._live_asked.get(c.id, -1e18) >= self.live_every_s:
-            self._live_asked[c.id] = now
+        calls = self._answered.setdefault(cid, set())
+        if calls and now - self._live_asked.get(cid, -1e18) >= self.live_every_s:
+            self._live_asked[cid] = now
             try:
                 still = await asyncio.wait_for(self.dialer.live(set(calls)), timeout=10.0)
             except (TimeoutError, OSError) as e:
-                self._limited("live", "campaign %s: cannot ask the gateway for its calls: %s", c.name, e)
+                self._limited("live", "campaign %s: cannot ask the gateway for its calls: %s", name, e)
                 still = None
             if still is not None:
                 calls.intersection_update(still)
@@ -232,24 +279,37 @@ class CampaignRunner:
             self._answered.setdefault(c.id, set()).add(call_id)
         self._kick.set()
 
-    async def _notify(self, store: CampaignStore, rows: list[DoneRow]) -> None:
-        """Send each row's event; mark those committed (the rest: at the next renotify)."""
+    def _meter_tick(self) -> None:
+        """Start a refresh of the /metrics counters when one is due and none runs."""
+        if self._meter is None or (self._meter_task is not None and not self._meter_task.done()):
+            return
+        if time.monotonic() >= self._meter_at:
+            self._meter_at = time.monotonic() + self.meter_every_s
+            self._meter_task = asyncio.ensure_future(self._meter.refresh(self.clock()))
+
+    async def _notify(self, store: CampaignStore, rows: list[DoneRow]) -> int:
+        """Send the rows' events (at once: the outbox writer commits them in one transaction);
+        mark those committed (the rest: at the next renotify). How many were marked."""
         assert self.on_row_done is not None
-        done = []
-        for row in rows:
+        on_row_done = self.on_row_done
+
+        async def one(row: DoneRow) -> bool:
             try:
-                ok = await self.on_row_done(row)
+                return bool(await on_row_done(row))
             except Exception:  # noqa: BLE001 - an event's producer never fails the dial's bookkeeping
                 log.exception("campaign %s: the row's done event failed", row.campaign)
-                ok = False
-            if ok:
-                done.append(row.row_id)
+                return False
+
+        oks = await asyncio.gather(*(one(row) for row in rows))
+        done = [row.row_id for row, ok in zip(rows, oks, strict=True) if ok]
         if done:
             try:
                 store.mark_notified(done, self.clock())
                 self.notified += len(done)
             except sqlite3.Error as e:  # sent again later, the same event
                 log.error("campaign runner: cannot mark %d row event(s) sent: %s", len(done), e)
+                return 0
+        return len(done)
 
     async def _drain(self) -> None:
         tasks = [t for ts in self._dialing.values() for t in ts]

@@ -28,10 +28,12 @@ Invariants:
 * One runner per file: :class:`RunnerLock` (``flock`` on ``<db>.runner.lock``).
 * A done row's ``campaign.row.done`` event: ``notified_at`` stays NULL until the runner
   knows the event is committed to the webhook outbox (:meth:`CampaignStore.mark_notified`;
-  a runner without webhooks marks it with the outcome); a row done but not notified
-  (the runner killed in between, a recovered ``unknown``) is listed by
-  :meth:`CampaignStore.unnotified` and sent again, under the same event id: at least
-  once, exactly once after deduplication by id.
+  a runner without webhooks marks it with the outcome, and the rows a cancel ended with
+  :meth:`CampaignStore.mark_all_notified`); a row done but not notified (the runner killed
+  in between, a recovered ``unknown``, a row a cancel ended: the CLI's transaction marks
+  it done and leaves it unnotified) is listed by :meth:`CampaignStore.unnotified` and
+  sent, again if need be, under the same event id: at least once, exactly once after
+  deduplication by id (the outbox's own, and the receiver's).
 """
 
 from __future__ import annotations
@@ -234,7 +236,9 @@ class CampaignStore:
     def set_state(self, key: str, to: str, now: float) -> Campaign:
         """Pause (from running), resume (from paused) or cancel (from running or paused: every row not
         yet dialled ends ``cancelled``; a row waiting for a retry ends with its last attempt's outcome;
-        a row being dialled ends with that dial's outcome)."""
+        a row being dialled is left to :meth:`finish_attempt`, which ends it with that dial's outcome).
+        The rows a cancel ends are done and not notified, in the same transaction: their
+        ``campaign.row.done`` is sent by the runner as any other row's (:meth:`unnotified`)."""
         allowed = {"paused": ("running",), "running": ("paused",), "cancelled": ("running", "paused")}[to]
         found = self.campaign(key)
         if found is None:
@@ -244,10 +248,10 @@ class CampaignStore:
             if r["state"] not in allowed:
                 raise StoreError(f"campaign {key!r} is {r['state']}: cannot become {to}")
             db.execute("UPDATE campaigns SET state = ?, updated_at = ? WHERE id = ?", (to, now, r["id"]))
-            if to == "cancelled":
+            if to == "cancelled":  # notified_at NULL: each row's event is the runner's to send (once)
                 db.execute("UPDATE rows SET state = 'done', outcome = COALESCE((SELECT a.outcome FROM attempts a"
-                           " WHERE a.row_id = rows.id ORDER BY a.n DESC LIMIT 1), ?), notified_at = ?"  # no event
-                           " WHERE campaign_id = ? AND state IN ('pending', 'waiting')", (CANCELLED, now, r["id"]))
+                           " WHERE a.row_id = rows.id ORDER BY a.n DESC LIMIT 1), ?), notified_at = NULL"
+                           " WHERE campaign_id = ? AND state IN ('pending', 'waiting')", (CANCELLED, r["id"]))
         c = self.campaign(found.id)
         assert c is not None
         return c
@@ -358,6 +362,13 @@ class CampaignStore:
         with self._write() as db:
             db.executemany("UPDATE rows SET notified_at = ? WHERE id = ?", [(now, i) for i in row_ids])
 
+    def mark_all_notified(self, now: float) -> int:
+        """A runner without webhooks: every done row's event counts as sent (there is nowhere to send
+        it; the rows a cancel ended, which no dial of this runner finished). How many."""
+        with self._write() as db:
+            return int(db.execute("UPDATE rows SET notified_at = ? WHERE state = 'done' AND notified_at IS NULL",
+                                  (now,)).rowcount)
+
     def record_amd(self, call_id: str, verdict: str) -> bool:
         """The answering-machine verdict (``human``/``machine``) of an answered attempt's call."""
         if verdict not in AMD_VERDICTS:
@@ -390,6 +401,39 @@ class CampaignStore:
         attempts = self.db.execute("SELECT COUNT(*) FROM attempts a JOIN rows r ON r.id = a.row_id"
                                    " WHERE r.campaign_id = ?", (campaign_id,)).fetchone()[0]
         return {"rows": sum(states.values()), "states": states, "outcomes": outcomes, "attempts": int(attempts)}
+
+    def metered(self, ended_since: float, limit: int) -> list[Campaign]:
+        """The campaigns ``/metrics`` shows: every running or paused one, and those that ended
+        (cancelled, done) at or after ``ended_since``, newest first, at most ``limit``."""
+        return [self._campaign(r) for r in self.db.execute(
+            "SELECT * FROM campaigns WHERE state IN ('running', 'paused') OR updated_at >= ?"
+            " ORDER BY id DESC LIMIT ?", (ended_since, limit))]
+
+    def tallies(self, campaign_id: int) -> dict[str, Any]:
+        """What ``/metrics`` counts of a campaign, in aggregate queries (no row is read into Python):
+        rows by state; done rows by outcome as shown (``answered_human`` / ``answered_machine``
+        once AMD said); attempts made, finished attempts by outcome, retries (attempts after a
+        row's first)."""
+        states = {r[0]: int(r[1]) for r in self.db.execute(
+            "SELECT state, COUNT(*) FROM rows WHERE campaign_id = ? GROUP BY state", (campaign_id,))}
+        outcomes: dict[str, int] = {}
+        for r in self.db.execute(
+                "SELECT r.outcome, CASE WHEN r.outcome = 'answered' THEN (SELECT a.amd FROM attempts a"
+                " WHERE a.row_id = r.id ORDER BY a.n DESC LIMIT 1) END AS amd, COUNT(*) FROM rows r"
+                " WHERE r.campaign_id = ? AND r.state = 'done' GROUP BY 1, 2", (campaign_id,)):
+            key = shown(r[0], r[1]) or r[0]
+            outcomes[key] = outcomes.get(key, 0) + int(r[2])
+        attempts: dict[str, int] = {}
+        made = retries = 0
+        for r in self.db.execute(
+                "SELECT a.outcome, COUNT(*), SUM(a.n > 1) FROM attempts a JOIN rows r ON r.id = a.row_id"
+                " WHERE r.campaign_id = ? GROUP BY a.outcome", (campaign_id,)):
+            made += int(r[1])
+            retries += int(r[2] or 0)
+            if r[0] is not None:
+                attempts[r[0]] = int(r[1])
+        return {"states": states, "outcomes": outcomes, "attempts": made, "attempt_outcomes": attempts,
+                "retries": retries}
 
     def rows(self, campaign_id: int) -> Iterator[dict[str, Any]]:
         """Every row with its attempts (oldest first), in file order: what exports hold."""
