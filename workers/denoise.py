@@ -327,8 +327,9 @@ class _ModeLoader:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                p = self.queue.get(timeout=POLL_S)
+            need_spare = self.want_spare and self.prepared and self._spare is None
+            try:  # the requests first; a spare (taken by a call, or never built) as soon as none waits
+                p = self.queue.get_nowait() if need_spare else self.queue.get(timeout=POLL_S)
             except queue.Empty:
                 p = None
             if p is not None:
@@ -339,7 +340,7 @@ class _ModeLoader:
                 except Exception as e:  # noqa: BLE001 - the call fails open with it
                     p.fail(e)
                 continue
-            if self.want_spare and self.prepared and self._spare is None and not self._stop.is_set():
+            if need_spare and not self._stop.is_set():
                 try:
                     m = self._build()
                 except Exception:  # noqa: BLE001 - no spare: the next call waits for its own build
@@ -384,7 +385,7 @@ class _ModeLoader:
                 break
 
 
-POLL_S = 0.2  # how often an idle loader thread looks for its stop (and its spare)
+POLL_S = 0.2  # how often an idle loader thread looks for its stop
 
 
 class ModelLoader:
