@@ -1,8 +1,9 @@
 """Noise suppression of a call's caller audio, in the worker, before the VAD and the STT.
 
 Owns the per-call :class:`Denoiser` (held by :class:`workers.resample.InputChain`
-between the resampler and the ``in16`` ring) and the two frame models it can run
-(``[audio] denoise`` of the agent, carried by AttachCall):
+between the resampler and the ``in16`` ring), the two frame models it can run
+(``[audio] denoise`` of the agent, carried by AttachCall) and :class:`ModelLoader`,
+which builds them off the tick thread (handing each over through a :class:`PendingModel`):
 
 * ``rnnoise`` -- :class:`RnnoiseModel`, RNNoise (the ``pyrnnoise`` wheel's
   ``librnnoise``): 48 kHz, 10 ms frames (480 samples), 10 ms algorithmic delay.
@@ -23,8 +24,8 @@ per mode, started at the mode's first AttachCall. Measured on this 2-core host
 on an idle core, 1.5-2.4 s on a busy one), so every DeepFilterNet model is built on
 the loader's thread; ``librnnoise`` loads in 0.6 ms and the first ``rnnoise_create``
 of a process takes 5 ms, every later one 0.1 ms, so the loader's thread builds the
-first RNNoise model of a worker and the attach builds the others itself. While a call's model loads, its
-:class:`Denoiser` holds a :class:`PendingModel` and passes the audio through raw;
+first RNNoise model of a worker and the attach builds the others itself. While a
+call's model loads, its :class:`Denoiser` holds a :class:`PendingModel` and passes the audio through raw;
 it switches to the model at its first audio after the load. After its queue drains,
 a mode's thread keeps one spare model built (DeepFilterNet: about 16 MB), so only the
 first call of a mode on a worker, or a call in a burst beyond the spare, starts raw.
