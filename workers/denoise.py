@@ -226,6 +226,10 @@ def make_model(mode: str) -> FrameModel:
     return spec.build()
 
 
+# a PendingModel's states
+_LOADING, _READY, _FAILED, _TAKEN, _CANCELLED = "loading", "ready", "failed", "taken", "cancelled"
+
+
 class PendingModel:
     """One call's model while it is built off the tick thread: the loader's thread
     delivers it (or the error), the call's :class:`Denoiser` takes it on the tick thread.
@@ -301,12 +305,11 @@ class PendingModel:
         self._done.set()
 
 
-_LOADING, _READY, _FAILED, _TAKEN, _CANCELLED = "loading", "ready", "failed", "taken", "cancelled"
-
-
 class _ModeLoader:
     """The loader thread of one mode: builds the models its queue asks for, one at a time,
-    then keeps one spare built for the next call. Started at the mode's first request."""
+    then keeps one spare built for the next call. Started at the mode's first request.
+    ``prepared`` and ``builds`` are written by its thread only; the spare changes hands
+    under ``_lock`` (taken by a request, or handed to a call that asked while it was built)."""
 
     def __init__(self, mode: str, spec: ModelSpec, capacity: int, spare: bool) -> None:
         self.mode = mode
