@@ -28,9 +28,11 @@ Invariants:
   :class:`workers.denoise.Denoiser` inside its InputChain (in16 and the VAD see
   denoised audio, ``in`` stays raw; native 8 kHz VAD is off for it, the VAD
   reads in16) and waits ``max_hold`` in16 samples longer for each VAD window;
-  an unknown value, or a model that cannot load, refuses the attach
-  (``bad_params``). A denoiser that fails later fails open (counted in
-  ``denoise_failures``).
+  an unknown value refuses the attach (``bad_params``). The attach never waits
+  for a model to load: :class:`workers.denoise.ModelLoader` builds it on its own
+  thread (DeepFilterNet: 0.3-2.4 s) and the call's audio passes through raw
+  until it is there (``denoise_late``); a model that cannot load, or fails
+  later, fails open (counted in ``denoise_failures``).
 * A re-attach after a worker died during speech starts with a synthesized
   stop (``reason`` ``worker_lost``) where the in16 ring ends.
 * Detach closes the call's rings, frees its slot and then calls ``on_detach``
@@ -66,7 +68,7 @@ from ipc.ring import Ring, RingError, ring_name
 from ipc.tick_events import SpeechStop, TickEvent
 from workers.amd import AmdDetector, AmdParams
 from workers.config import VadConfig, WorkersConfig
-from workers.denoise import MODES, Denoiser, make_model
+from workers.denoise import MODES, Denoiser, ModelLoader
 from workers.resample import RATE16, InputChain, OutputChain, resume_in_pos
 from workers.stats import TickStats
 from workers.vad import RATE8, WINDOW, WINDOW8, SileroBatch, VadHealth, VadParams, VadStream
@@ -191,6 +193,8 @@ class AttachedCalls:
         self.calls: dict[str, AttachedCall] = {}
         self.by_sub: dict[str, list[AttachedCall]] = {}
         self.free_slots: list[int] = []
+        # the calls' denoise models, built off the tick thread (tests may replace it before an attach)
+        self.denoise_models = ModelLoader(capacity=cfg.max_calls)
 
     def load(self, silero: SileroBatch, capacity: int) -> None:
         """The loaded VAD model: its ``capacity`` state slots are free (before any attach)."""
@@ -249,15 +253,11 @@ class AttachedCalls:
                 r.close()
             return self.stats.error("bad_rate" if isinstance(e, _RateMismatch) else "bad_ring", str(e), f.call_id)
         denoiser = None
-        if f.denoise != "off":
-            try:
-                denoiser = Denoiser(make_model(f.denoise), f.call_id, on_fail=self._denoise_failed)
-            except Exception as e:  # the model cannot load here: refuse the call, keep nothing
-                for r in rings.values():
-                    r.close()
-                log.error("call %s: denoise %s unavailable: %s", f.call_id, f.denoise, e)
-                return self.stats.error("bad_params", f"denoise {f.denoise} unavailable: {e}"[:200], f.call_id)
+        if f.denoise != "off":  # never waits for a load: a model still loading passes the audio raw
+            denoiser = Denoiser(self.denoise_models.request(f.denoise), f.call_id, on_fail=self._denoise_failed)
             self.stats.denoised_calls += 1
+            if denoiser.pending is not None and denoiser.pending.loading:
+                self.stats.denoise_late += 1
         slot = self.free_slots.pop()
         assert self.silero is not None
         self.silero.reset(slot)
@@ -306,3 +306,4 @@ class AttachedCalls:
             c.close()
         self.calls.clear()
         self.by_sub.clear()
+        self.denoise_models.close()

@@ -57,6 +57,7 @@ class TickStats:
     amd_ns: int = 0  # CPU time of the tick thread inside the detectors
     denoised_calls: int = 0  # calls attached with `[audio] denoise` on
     denoise_failures: int = 0  # calls whose denoiser failed open (raw audio from then on)
+    denoise_late: int = 0  # calls whose model was still loading at attach (raw audio until it was there)
     errors: dict[str, int] = field(default_factory=dict)
 
     def error(self, kind: str, detail: str, call_id: str = "") -> ErrorReply:

@@ -126,6 +126,9 @@ class CoreRig:
 
         assert isinstance(self.request(AttachCall(call_id="c", subscriber="sub", instance=self.inst,
                                                   call_rate=self.rate, tts_rate=16000, denoise=denoise)), Attached)
+        den = self.w.calls["c"].inp.denoise
+        if den is not None and den.pending is not None:  # the model loads on its own thread (raw audio
+            assert den.pending.wait(60)  # meanwhile); this rig plays faster than real time: wait for it
         step = self.rate // 50
         events = []
         for k in range(0, len(x) - step + 1, step):
