@@ -37,7 +37,7 @@ Invariants:
   Hangup, from the caller's process of a consult leg); a bridged call takes neither
   (:meth:`~brisvox.gateway.core.consults.Consults.may_control`). ConsultVerdict and Bridge go to
   :class:`~brisvox.gateway.core.consults.Consults`; a Bridge is answered (BridgeResult) before
-  the two CallEnd("bridged") it brings.
+  the CallEnd("bridged") it brings (two; one, the consult leg's, for a Bridge with ``keep``).
 * ``max_calls = "auto"``: the call table's limit follows the slowest Smart Turn
   inference time a worker's row reports (``measured.smart_turn_ms``, from its boot
   self-benchmark; :meth:`GatewayConfig.call_limit`). A figure is kept per worker
@@ -347,8 +347,9 @@ class PeerRouter:
             return
         # answered before the CallEnd("bridged") that follows, so the agent reads the bridge first
         self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=True, detail=f"bridged with {f.other}"), cid)
-        for call in legs:
-            self.lifecycle.bridged(call)
+        caller, leg = legs
+        self.lifecycle.bridged(caller, keep=f.keep)  # keep: its agent stays attached (BridgeEnded later)
+        self.lifecycle.bridged(leg)
 
     def _on_transfer(self, f: F.Transfer, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
