@@ -337,7 +337,7 @@ class CallMachine:
 
     __slots__ = ("detach_timeout_s", "state", "transport_done", "agent_done", "process", "builtin",
                  "start", "end_reason", "end_deadline", "call_deadline", "media_timeout_s", "media_seen",
-                 "media_at", "bridged", "bridge_kept")
+                 "media_at", "bridged", "bridge_kept", "hanging_up")
 
     def __init__(self, detach_timeout_s: float = 10.0) -> None:
         self.detach_timeout_s = detach_timeout_s
@@ -357,6 +357,7 @@ class CallMachine:
         self.media_at = 0.0  # ... and when it last changed
         self.bridged = False  # joined to another leg: the agent side left, the transport goes on
         self.bridge_kept = False  # ... and the agent side stayed attached (Bridged(keep)): no CallEnd sent
+        self.hanging_up = False  # we asked the leg to hang up (HangupLeg): its end is on the way
 
     def handle(self, event: Event) -> tuple[Action, ...]:
         if self.state == ENDED:
@@ -429,6 +430,7 @@ class CallMachine:
         if self.transport_done:
             return _NONE
         if leg:
+            self.hanging_up = True
             return (HangupLeg(reason),)
         return self._end_transport(reason, now)
 
@@ -538,7 +540,7 @@ class CallMachine:
             return _NONE
         if not self.bridge_kept:
             return self._hang_up(BRIDGE_ENDED_REASON, e.leg, e.now)
-        if self.end_reason:
+        if self.hanging_up:
             return _NONE  # our hang-up is under way (the gateway's stop, a timer): it ends the call
         if self.agent_done:  # the agent side left during the bridge: nobody to go back to
             return (Count("bridges_lost_hung_up"), *self._hang_up(BRIDGE_LOST_REASON, e.leg, e.now))
@@ -552,6 +554,7 @@ class CallMachine:
         if self.transport_done:
             return _NONE
         if e.leg:
+            self.hanging_up = True
             return (HangupLeg(SHUTDOWN_REASON),)
         return self._end_transport(SHUTDOWN_REASON, e.now)
 
