@@ -305,10 +305,10 @@ def test_the_caller_hanging_up_on_hold_hangs_the_consult_leg_up():
 
 
 def test_the_persons_leg_dropping_after_the_bridge_brings_the_caller_back_with_an_apology():
-    gw = ScriptedGateway(lost_after=6.0)
+    gw = ScriptedGateway(lost_after=8.0)
     steps = [Utter(ASK, at=0.5),
-             Utter("hello is this billing", at=9.0),  # to the person, during the bridge: no turn of the agent's
-             Utter("can you take a message then", at=19.0)]
+             Utter("hello is this billing", at=14.0),  # to the person, during the bridge: no turn of the agent's
+             Utter("can you take a message then", at=28.0)]
     res = run(gw, steps, transfer_script("", "Of course, what is the message?"))
     clean(res)
     assert tool_result(res)["status"] == "bridged"
@@ -325,6 +325,6 @@ def test_the_persons_leg_dropping_after_the_bridge_brings_the_caller_back_with_a
     rec = res.record["warm_transfer"]
     assert rec["outcome"] == "bridge_lost" and rec["detail"] == "bye"
     caller = rec["legs"][0]
-    assert caller["bridged_ms"] is not None and caller["bridge_lost_ms"] - caller["bridged_ms"] >= 5900
+    assert caller["bridged_ms"] is not None and caller["bridge_lost_ms"] - caller["bridged_ms"] >= 7900
     assert caller["back_ms"] == caller["bridge_lost_ms"]
     assert res.actor.pump.media_muted_events >= 1
