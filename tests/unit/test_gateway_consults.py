@@ -494,6 +494,8 @@ def test_the_persons_hangup_brings_a_kept_caller_back_to_its_agent(rig):
         t += FRAME_S
     assert np.array_equal(np.concatenate(caller_leg.sent), person)  # the bridge carried the person
     caller.out_ring.write(np.full(800, 99, np.int16))  # the agent's words during the bridge (the hold's tail)
+    core.router.on_frame(F.Mark(call_id=caller.call_id, name="r1-end", position=800), PROC, None)  # booked
+    assert frames_of(sent, F.MarkPlayed) == [] and core.stats().get("frames_refused_bridged", 0) == 0
     core.audio_in(leg, np.full(160, 5, np.int16), 8000)  # the person's last packet, never sent
     core.transport_ended(leg, "bye")
     assert caller_leg.hangups == [] and not caller.transport_done  # the caller is NOT hung up
@@ -502,6 +504,8 @@ def test_the_persons_hangup_brings_a_kept_caller_back_to_its_agent(rig):
         ended_ns=frames_of(sent, F.BridgeEnded)[0][1].ended_ns))]
     assert caller.bridged_with == "" and caller.relay is None and not caller.machine.bridged
     assert caller_leg.spurts_ended >= 1  # the person's talkspurt ended at the un-bridge
+    # the dropped reply's end mark is reported passed, so the agent's book ends that reply
+    assert [(p, f.name) for p, f in frames_of(sent, F.MarkPlayed)] == [(PROC, "r1-end")]
     st = core.stats()
     assert st["bridges_lost"] == 1 and st["bridges_lost_resumed"] == 1 and st["bridged_calls_active"] == 0
     assert "bridge_lost" in caller.times and caller.times["bridge_lost"] >= caller.times["bridged"]

@@ -21,8 +21,10 @@ result tells the model what became of it. It does the machine's actions through 
 * ``BridgeLegs`` -> Bridge (with ``keep``: the actor stays attached, unheard, for the bridge)
   and its BridgeResult (bounded); ``HangUpLeg`` -> Hangup of the leg;
 * after the run, :meth:`bridge_lost` (the gateway's BridgeEnded: the person's leg ended, the
-  caller is back) -> ``Resume``: the note into the context, then ``bridge_lost_message`` as
-  the bot's own turn (:meth:`WarmHost.resume`), so the conversation goes on from there.
+  caller is back) -> ``Resume``: once the bot is idle (a reply the model gave during the
+  bridge was never heard: the gateway dropped its audio; bounded by :data:`RESUME_WAIT_S`),
+  the note into the context, then ``bridge_lost_message`` as the bot's own turn
+  (:meth:`WarmHost.resume`), so the conversation goes on from there.
 
 Invariants: while :attr:`holding` (on hold, and bridged to the person) the caller's speech
 starts no turn (the actor keeps the audio from the chain, as on a hold); one transfer per call (a second :meth:`run` raises
@@ -70,6 +72,7 @@ log = logging.getLogger("brisvox.agent.warm_transfer")
 
 HOLD_LOOP_S = 8.0  # the hold audio looped: at most its first 8 s (the clip cache is shared and bounded)
 HOLD_PIECE_S = 2.0
+RESUME_WAIT_S = 3.0  # back from a lost bridge: the bot's reply from the bridge's time ends first, at most this
 DIAL_REPLY_GRACE_S = 1.0  # the consult dial's request outlives its ring timeout by this much
 SUMMARY_PROMPT = ("You write the short spoken introduction of a phone call being transferred to a colleague. "
                   "From the conversation below, say who is calling (if known), what they need and anything "
@@ -366,11 +369,22 @@ class _ActorSeam:
         self.port.hangup_leg(consult_id, reason)
 
     def resume(self, note: str, said: str) -> None:
-        if self.a.hung_up:
+        if not self.a.hung_up:
+            self.a.tasks.spawn(self._resume(note, said), f"bridge-lost-{self.call_id}")
+
+    async def _resume(self, note: str, said: str) -> None:
+        """Once the bot is idle (bounded by :data:`RESUME_WAIT_S`: a reply the model gave during
+        the bridge is over once the gateway dropped its audio and reported the position), the
+        note into the context and ``said`` as the bot's own turn (a bot turn starts only idle)."""
+        a = self.a
+        deadline = a.clock.now() + RESUME_WAIT_S
+        while not a.idle() and not a.hung_up and a.clock.now() < deadline:
+            await a.clock.sleep(0.05)
+        if a.hung_up:
             return
-        self.a.context.push(SystemMessage(note))
+        a.context.push(SystemMessage(note))
         if said:
-            self.a.say_line(said)
+            a.say_line(said)
 
 
 def attach(actor: Any, port: Any, cfg: WarmConfig, base: Path | None = None) -> CallWarm:
