@@ -33,7 +33,15 @@ from brisvox.providers.seeded_fakes import Call, LlmScript, Say
 from brisvox.sim.harness import SimCall, oracle_mismatches, simulate
 from brisvox.sim.vloop import run_virtual
 from brisvox.sim.world import Utter
-from ipc.frames import Bridge, BridgeEnded, BridgeResult, Command, CommandReply, ConsultResult, Hangup
+from ipc.frames import (
+    Bridge,
+    BridgeEnded,
+    BridgeResult,
+    Command,
+    CommandReply,
+    ConsultResult,
+    Hangup,
+)
 
 TARGET = "+4930111"
 ASK = "please put me through to billing"

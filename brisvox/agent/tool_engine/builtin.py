@@ -49,10 +49,10 @@ from brisvox.runtime.log_limit import LogLimiter
 from ipc.codec import Frame
 from ipc.frames import (
     Bridge,
+    BridgeEnded,
     BridgeResult,
     Command,
     CommandReply,
-    BridgeEnded,
     ConsultResult,
     Hangup,
     SendDtmf,
