@@ -1,7 +1,10 @@
 """Warm transfer in the gateway core, on real rings and the real core (no sockets): the consult
 leg's dial and its refusals, verdicts forwarded or refused, Hangup from strangers refused, the
-Bridge's validation, the bridge's audio bit-exact both ways, and the end of one bridged leg
-ending the other. Frames the core sends to agent processes are captured at ``Links.send``."""
+Bridge's validation, the bridge's audio bit-exact both ways, and the end of one bridged leg:
+the caller's end ends the person's leg; the person's end brings a caller bridged with ``keep``
+back to its agent (BridgeEnded, nothing of the person's or the bridge-time agent audio left
+queued), or hangs it up (``bridge_lost``: its agent left; ``bridge_ended``: not kept). Frames
+the core sends to agent processes are captured at ``Links.send``."""
 
 from __future__ import annotations
 
