@@ -462,14 +462,18 @@ class ConsultResult(Frame):
 @frame("bridge", to="gateway")
 class Bridge(Frame):
     """Agent -> gateway: join the caller ``call_id`` and its consult leg ``other`` (its
-    ``consult_for`` must be ``call_id``, both answered and alive). The gateway then carries
-    media between the two legs itself (each leg's inbound audio becomes the other's outbound,
-    resampled where the rates differ; recording goes on), ends both calls' actors with
-    CallEnd(reason="bridged"), and ends either leg when the other hangs up. Reply:
-    BridgeResult."""
+    ``consult_for`` must be ``call_id``, both answered and alive, at one call rate). The
+    gateway then carries media between the two legs itself (each leg's inbound audio becomes
+    the other's outbound; recording goes on) and ends the consult leg's actor with
+    CallEnd(reason="bridged"). The caller's actor: without ``keep``, ended the same way, and
+    the person's hang-up then ends the caller too (``bridge_ended``); with ``keep``, it stays
+    attached but unheard during the bridge (the gateway takes none of its audio or playout
+    frames), and when the person's leg ends the caller comes back to it: BridgeEnded. The
+    caller's hang-up always ends the person's leg. Reply: BridgeResult."""
 
     call_id: str
     other: str
+    keep: bool = False  # the caller's actor stays attached (and hears BridgeEnded)
 
 
 @frame("bridge_result", to="agent")
@@ -477,6 +481,22 @@ class BridgeResult(Frame):
     call_id: str
     ok: bool
     detail: str = ""
+
+
+@frame("bridge_ended", to="agent")
+class BridgeEnded(Frame):
+    """Gateway -> the caller's agent (a Bridge with ``keep``): the bridge of ``call_id`` and
+    ``other`` (the consult leg) is over because that leg ended (``reason``: its end reason,
+    the person's BYE, a drop, its ``max_call_s``) while the caller's leg is still up. The
+    caller is back with the agent: its pacer plays the agent's audio again (nothing of the
+    person's, nor anything the agent wrote during the bridge, is left queued), and its
+    playout frames, DTMF and hang-up are taken again. Sent once per bridge, never after the
+    caller's own end."""
+
+    call_id: str  # the caller's call
+    other: str  # the consult leg that ended
+    reason: str = ""
+    ended_ns: int = 0  # time.monotonic_ns() when the gateway saw the leg end
 
 
 # --- worker lanes (gateway/actor <-> inference worker) ------------------------------

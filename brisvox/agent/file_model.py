@@ -306,6 +306,7 @@ class WarmTransfer:
     busy_message: Line | None = None
     declined_message: Line | None = None
     failed_message: Line | None = None
+    bridge_lost_message: Line | None = None
 
 
 # -- flows (brisvox/agent/flows/) -----------------------------------------------------------------

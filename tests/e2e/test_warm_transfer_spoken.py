@@ -8,7 +8,9 @@ but the desk agent's STT is ``local_whisper`` (a job on the worker), not a scrip
 * the person's SIPp answers; the person's RTP hears the summary and the prompt, then speaks
   "Yes, put them through." (espeak-ng, mu-law) and nothing else: no RFC 4733 key;
 * the consult leg's screen takes the Whisper transcript as the answer (``detail = "speech"``),
-  the gateway bridges the legs, and the caller hears the person's next words.
+  the gateway bridges the legs, and the caller hears the person's next words;
+* the person hangs up: the caller is back with the agent (outcome ``bridge_lost``) until it
+  hangs up itself.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from tests.system.gateway_harness import free_port, have, make_fixture, rtp_rang
 from tests.system.test_sip_media import gateway
 from tests.system.test_sip_outbound import answered_then_bye
 from tests.system.test_sip_outbound import run_callee as run_person
-from tests.system.test_warm_transfer_bridge import Media, caller_until_bye, contains
+from tests.system.test_warm_transfer_bridge import Media, contains
 from tests.system.test_warm_transfer_daemon import (
     REASON,
     agent_file,
+    caller_hanging_up,
     new_records,
     quiet_for,
     start_call,
@@ -98,7 +101,7 @@ def test_the_person_says_yes_and_the_legs_are_bridged(desk):  # type: ignore[no-
     person = run_person(tmp, answered_then_bye(person_media.port, 16000), port, timeout=60)
     caller = None
     try:
-        caller = start_call(tmp, sip, caller_until_bye(caller_media.port), caller_media)
+        caller = start_call(tmp, sip, caller_hanging_up(caller_media.port, 36000), caller_media)
         caller_media.dtmf("5")
         wait(lambda: quiet_for(person_media, 0.4), 20, "the summary and the prompt to the person")
         person_media.payload = yes + gap + speech
@@ -112,15 +115,15 @@ def test_the_person_says_yes_and_the_legs_are_bridged(desk):  # type: ignore[no-
         time.sleep(0.3)  # the last packets through the bridge
         assert contains(ulaw_decode(bytes(caller_media.got)), ulaw_decode(speech)), "person -> caller not bit-exact"
 
-        out, err = person.communicate(timeout=30)  # its BYE ends both legs
+        out, err = person.communicate(timeout=30)  # its BYE: the caller is back with the agent
         assert person.returncode == 0, (out[-2000:], err[-2000:])
-        out, err = caller.communicate(timeout=20)
+        out, err = caller.communicate(timeout=40)  # the caller's own BYE
         assert caller.returncode == 0, (out[-2000:], err[-2000:])
         d.wait_for(lambda s: len(new_records(tmp, before)) >= 2, 20, "both call records")
         recs = new_records(tmp, before)
         mine = next(r for r in recs if r.get("warm_transfer"))
         leg = next(r for r in recs if r.get("consult"))
-        assert mine["warm_transfer"]["outcome"] == "bridged", mine["warm_transfer"]
+        assert mine["warm_transfer"]["outcome"] == "bridge_lost", mine["warm_transfer"]
         assert leg["consult"]["verdict"] == "accepted" and leg["consult"]["detail"] == "speech", leg["consult"]
         said = [m["text"] for m in leg["conversation"] if m["role"] == "assistant" and m.get("text")]
         heard = [m["content"] for m in leg["conversation"] if m["role"] == "user" and m.get("content")]

@@ -9,7 +9,10 @@ and the BridgeResult (the gateway side is not needed to judge the caller's side)
   the hold audio stops, the caller hears the matching message, the model is told, a leg that
   may still live is hung up, and the conversation goes on (the next turn is answered);
 * while on hold the caller's speech starts no turn;
-* the LLM summary: one bounded request, CR/LF stripped; a second warm transfer is refused.
+* the LLM summary: one bounded request, CR/LF stripped; a second warm transfer is refused;
+* the person's leg drops after the bridge (BridgeEnded): the caller hears the apology, the
+  model reads why in the context, and the conversation goes on; speech during the bridge
+  started no turn.
 """
 
 from __future__ import annotations
@@ -30,7 +33,15 @@ from brisvox.providers.seeded_fakes import Call, LlmScript, Say
 from brisvox.sim.harness import SimCall, oracle_mismatches, simulate
 from brisvox.sim.vloop import run_virtual
 from brisvox.sim.world import Utter
-from ipc.frames import Bridge, BridgeResult, Command, CommandReply, ConsultResult, Hangup
+from ipc.frames import (
+    Bridge,
+    BridgeEnded,
+    BridgeResult,
+    Command,
+    CommandReply,
+    ConsultResult,
+    Hangup,
+)
 
 TARGET = "+4930111"
 ASK = "please put me through to billing"
@@ -42,11 +53,13 @@ class ScriptedGateway:
     """The gateway's side of the consult: the dial answered (or failed) after ``answer_after``
     s, the consult verdict ``outcome`` after ``verdict_after`` s more (None: never), Bridge
     answered ``bridge_ok`` at once. ``after_ring``: the dial answered that long after its own
-    ``ring_timeout_s`` instead (a gateway whose ring timer fired, or a last-moment answer)."""
+    ``ring_timeout_s`` instead (a gateway whose ring timer fired, or a last-moment answer).
+    ``lost_after``: the person's leg ends that long after the bridge (BridgeEnded; None: never)."""
 
     def __init__(self, answer: str = "ok", outcome: str | None = "accepted", answer_after: float = 2.0,
-                 verdict_after: float = 3.0, bridge_ok: bool = True, after_ring: float | None = None) -> None:
-        self.answer, self.outcome, self.after_ring = answer, outcome, after_ring
+                 verdict_after: float = 3.0, bridge_ok: bool = True, after_ring: float | None = None,
+                 lost_after: float | None = None) -> None:
+        self.answer, self.outcome, self.after_ring, self.lost_after = answer, outcome, after_ring, lost_after
         self.answer_after, self.verdict_after, self.bridge_ok = answer_after, verdict_after, bridge_ok
         self.port: LinkTelephony | None = None
         self.frames: list[tuple[float, object]] = []
@@ -61,6 +74,9 @@ class ScriptedGateway:
             assert self.port is not None
             asyncio.get_running_loop().call_later(0.05, self.port.on_bridge_result,
                                                   BridgeResult(call_id=frame.call_id, ok=self.bridge_ok))
+            if self.lost_after is not None and self.bridge_ok and frame.keep:
+                asyncio.get_running_loop().call_later(self.lost_after, self.port.on_bridge_ended, BridgeEnded(
+                    call_id=frame.call_id, other=frame.other, reason="bye"))
 
     async def request(self, frame: Command, timeout: float) -> CommandReply:  # noqa: ASYNC109
         assert frame.name == "dial"
@@ -140,7 +156,7 @@ def test_accepted_bridges_after_hold_message_and_hold_audio(tmp_path: Path):
     (t_dial, args), = gw.dials
     assert args["consult_for"] == "sim1" and args["target"] == TARGET and args["via"] == "sip"
     assert args["summary"] == "A caller needs help with a billing question."
-    assert gw.sent(Bridge) == [Bridge(call_id="sim1", other="leg-2")]
+    assert gw.sent(Bridge) == [Bridge(call_id="sim1", other="leg-2", keep=True)]  # the actor stays attached
     assert gw.sent(Hangup) == []
     assert CFG.hold_message in heard(res)
     assert res.actor.tts.st.clips_played >= 2  # the hold audio: looped clip rounds while the dial rang
@@ -294,3 +310,29 @@ def test_the_caller_hanging_up_on_hold_hangs_the_consult_leg_up():
     assert gw.sent(Hangup) == [Hangup(call_id="leg-2", reason="warm_transfer_cancelled")]
     assert res.record["warm_transfer"]["legs"][1]["answered_ms"] is not None
     assert res.record["warm_transfer"]["outcome"] is None  # it never ended on its own
+
+
+def test_the_persons_leg_dropping_after_the_bridge_brings_the_caller_back_with_an_apology():
+    gw = ScriptedGateway(lost_after=8.0)
+    steps = [Utter(ASK, at=0.5),
+             Utter("hello is this billing", at=14.0),  # to the person, during the bridge: no turn of the agent's
+             Utter("can you take a message then", at=28.0)]
+    res = run(gw, steps, transfer_script("", "Of course, what is the message?"))
+    clean(res)
+    assert tool_result(res)["status"] == "bridged"
+    said = heard(res)
+    assert CFG.bridge_lost_message in said
+    assert said.index(CFG.bridge_lost_message) < said.index("Of course, what is the message?")
+    users = [m.content for m in res.actor.context if isinstance(m, UserMessage)]
+    assert users == [ASK, "can you take a message then"]  # the words to the person were not a turn
+    notes = [m.content for m in res.actor.context if type(m).__name__ == "SystemMessage"
+             and "failed after the bridge" in m.content]
+    assert len(notes) == 1 and TARGET in notes[0] and "cannot be used again" in notes[0]
+    req = res.llm.probe.requests[-1]  # the model answered knowing the transfer failed
+    assert any("failed after the bridge" in m.text for m in req.messages)
+    rec = res.record["warm_transfer"]
+    assert rec["outcome"] == "bridge_lost" and rec["detail"] == "bye"
+    caller = rec["legs"][0]
+    assert caller["bridged_ms"] is not None and caller["bridge_lost_ms"] - caller["bridged_ms"] >= 7900
+    assert caller["back_ms"] == caller["bridge_lost_ms"]
+    assert res.actor.pump.media_muted_events >= 1

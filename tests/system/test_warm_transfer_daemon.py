@@ -8,8 +8,10 @@ The caller presses 5/6/7 (RFC 4733 on its RTP); the scripted model answers each 
 * accepted (5): the person answers, hears the summary (the consult leg's record says it was
   the opening), presses 1 (RFC 4733 on the person's RTP); the gateway bridges the legs: the
   caller hears the person's audio and the person the caller's, payload for payload; the
-  person's BYE ends the caller's leg; both records and the gateway's ``transfers`` show the
-  legs with their times;
+  person's BYE does not end the caller's leg: the caller is back with the agent, who says its
+  ``bridge_lost_message`` (bot audio again on the caller's wire), until the caller hangs up;
+  both records and the gateway's ``transfers`` show the legs with their times (the caller's
+  ``bridge_lost`` among them);
 * no answer (6): the person's SIPp rings (180) and never answers: the agent is back with the
   caller (bot audio again, the no-answer message) within ``timeout_s`` + 1 s of the dial,
   and the ringing leg is cancelled;
@@ -38,7 +40,7 @@ from tests.system.test_sip_media import agent_file as sip_media_agent
 from tests.system.test_sip_media import gateway
 from tests.system.test_sip_outbound import _RESP, _uas, answered_then_bye, busy
 from tests.system.test_sip_outbound import run_callee as run_person
-from tests.system.test_warm_transfer_bridge import Media, caller_until_bye, contains, run_caller
+from tests.system.test_warm_transfer_bridge import Media, contains, run_caller
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120),
               pytest.mark.skipif(not (have("sipp") and have("espeak-ng") and have("sox")),
@@ -162,7 +164,7 @@ def start_call(tmp: Path, sip: int, scen: str, media: Media) -> subprocess.Popen
     return caller
 
 
-def test_accepted_the_person_hears_the_summary_presses_1_and_the_legs_are_bridged_bit_exact(desk):
+def test_accepted_the_legs_are_bridged_bit_exact_and_the_persons_bye_brings_the_caller_back(desk):
     d, tmp, sip, ports = desk
     speech = make_fixture(tmp)["ulaw"].read_bytes()[: 160 * 100]  # 2 s of speech
     before = {r["call_id"] for r in read_records(tmp / "records")}
@@ -170,7 +172,7 @@ def test_accepted_the_person_hears_the_summary_presses_1_and_the_legs_are_bridge
     person = run_person(tmp, answered_then_bye(person_media.port, 9000), ports["5"], timeout=60)
     caller = None
     try:
-        caller = start_call(tmp, sip, caller_until_bye(caller_media.port), caller_media)
+        caller = start_call(tmp, sip, caller_hanging_up(caller_media.port, 24000), caller_media)
         caller_media.dtmf("5")
         wait(lambda: quiet_for(person_media, 0.4), 15, "the summary and the prompt to the person")
         person_media.dtmf("1")
@@ -189,7 +191,16 @@ def test_accepted_the_person_hears_the_summary_presses_1_and_the_legs_are_bridge
 
         out, err = person.communicate(timeout=20)  # its BYE, 9 s after its answer
         assert person.returncode == 0, (out[-2000:], err[-2000:])
-        out, err = caller.communicate(timeout=20)  # the gateway's BYE to the caller
+        gone = time.monotonic()
+        assert caller.poll() is None, "the caller was hung up with the person"
+        wait(lambda: first_audio_after(caller_media, gone) is not None, 5, "the agent's apology")
+        back = first_audio_after(caller_media, gone)
+        assert back is not None and back - gone <= 2.0, back - gone  # at once, not after RESUME_WAIT_S
+        calls = gateway(d, "calls")
+        (me,) = [c for c in calls.values() if isinstance(c, dict) and c.get("times", {}).get("bridge_lost")]
+        assert me["bridged_with"] == "" and me["times"]["bridged"] <= me["times"]["bridge_lost"], me
+        assert gateway(d, "stats").get("bridges_lost_resumed", 0) >= 1
+        out, err = caller.communicate(timeout=30)  # the caller's own BYE, 24 s after its answer
         assert caller.returncode == 0, (out[-2000:], err[-2000:])
 
         d.wait_for(lambda s: len(new_records(tmp, before)) >= 2, 20, "both call records")
@@ -197,11 +208,14 @@ def test_accepted_the_person_hears_the_summary_presses_1_and_the_legs_are_bridge
         mine = next(r for r in recs if r.get("warm_transfer"))
         leg = next(r for r in recs if r.get("consult"))
         wt = mine["warm_transfer"]
-        assert wt["outcome"] == "bridged", wt
+        assert wt["outcome"] == "bridge_lost", wt
         caller_leg, consult_leg = wt["legs"]
         assert consult_leg["call_id"] == leg["call_id"] and consult_leg["verdict"] == "accepted", wt
         assert caller_leg["held_ms"] <= consult_leg["dialled_ms"] <= consult_leg["answered_ms"] \
-            <= consult_leg["verdict_ms"] <= consult_leg["bridged_ms"] == caller_leg["bridged_ms"], wt
+            <= consult_leg["verdict_ms"] <= consult_leg["bridged_ms"] == caller_leg["bridged_ms"] \
+            < caller_leg["bridge_lost_ms"], wt
+        convo = orjson.dumps(mine["conversation"]).decode()
+        assert "failed after the bridge" in convo, convo[-2000:]  # the model was told why the caller is back
         assert leg["consult"]["detail"] == "dtmf", leg["consult"]  # the person's RFC 4733 1
         assert leg["consult"]["consult_for"] == mine["call_id"] and leg["consult"]["verdict"] == "accepted", leg
         said = [m["text"] for m in leg["conversation"] if m["role"] == "assistant" and m.get("text")]

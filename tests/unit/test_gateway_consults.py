@@ -1,7 +1,10 @@
 """Warm transfer in the gateway core, on real rings and the real core (no sockets): the consult
 leg's dial and its refusals, verdicts forwarded or refused, Hangup from strangers refused, the
-Bridge's validation, the bridge's audio bit-exact both ways, and the end of one bridged leg
-ending the other. Frames the core sends to agent processes are captured at ``Links.send``."""
+Bridge's validation, the bridge's audio bit-exact both ways, and the end of one bridged leg:
+the caller's end ends the person's leg; the person's end brings a caller bridged with ``keep``
+back to its agent (BridgeEnded, nothing of the person's or the bridge-time agent audio left
+queued), or hangs it up (``bridge_lost``: its agent left; ``bridge_ended``: not kept). Frames
+the core sends to agent processes are captured at ``Links.send``."""
 
 from __future__ import annotations
 
@@ -462,7 +465,173 @@ def test_max_call_duration_ends_a_bridged_pair(rig):
     assert person_leg.hangups == ["bridge_ended"]
 
 
+# -- a kept bridge: the person's leg ends, the caller goes back to its agent --------------------
+
+
+def kept_bridge(core, sent, make):
+    caller, caller_leg, leg, person_leg = consult_pair(core, make)
+    core.router.on_frame(F.Bridge(call_id=caller.call_id, other=leg.call_id, keep=True), PROC, 1)
+    assert frames_of(sent, F.BridgeResult)[-1][1].ok
+    core.router.on_frame(F.CallEnded(call_id=leg.call_id, reason="bridged"), OTHER_PROC, None)  # the consult actor left
+    return caller, caller_leg, leg, person_leg
+
+
+def test_a_kept_bridge_ends_only_the_consult_legs_agent(rig):
+    core, make, sent = rig
+    caller, caller_leg, leg, person_leg = kept_bridge(core, sent, make)
+    assert [(p, f.call_id, f.reason) for p, f in frames_of(sent, F.CallEnd)] == [(OTHER_PROC, leg.call_id, "bridged")]
+    assert caller.bridged_with == leg.call_id and caller.machine.bridge_kept and not caller.agent_done
+    # its agent's playout frames are still refused while bridged: the caller hears the person only
+    core.router.on_frame(F.Pause(call_id=caller.call_id, epoch=1, sent_ns=0), PROC, None)
+    assert caller.gate.held is None and core.stats()["frames_refused_bridged"] == 1
+
+
+def test_the_persons_hangup_brings_a_kept_caller_back_to_its_agent(rig):
+    core, make, sent = rig
+    caller, caller_leg, leg, person_leg = kept_bridge(core, sent, make)
+    t = 100.0
+    person = np.arange(160 * 3, dtype=np.int16)
+    for k in range(3):
+        core.audio_in(leg, person[k * 160:(k + 1) * 160], 8000)
+        core.pacer.service(caller, t, t)
+        t += FRAME_S
+    assert np.array_equal(np.concatenate(caller_leg.sent), person)  # the bridge carried the person
+    caller.out_ring.write(np.full(800, 99, np.int16))  # the agent's words during the bridge (the hold's tail)
+    core.router.on_frame(F.Mark(call_id=caller.call_id, name="r1-end", position=800), PROC, None)  # booked
+    assert frames_of(sent, F.MarkPlayed) == [] and core.stats().get("frames_refused_bridged", 0) == 0
+    core.audio_in(leg, np.full(160, 5, np.int16), 8000)  # the person's last packet, never sent
+    core.transport_ended(leg, "bye")
+    assert caller_leg.hangups == [] and not caller.transport_done  # the caller is NOT hung up
+    assert frames_of(sent, F.BridgeEnded) == [(PROC, F.BridgeEnded(
+        call_id=caller.call_id, other=leg.call_id, reason="bye",
+        ended_ns=frames_of(sent, F.BridgeEnded)[0][1].ended_ns))]
+    assert caller.bridged_with == "" and caller.relay is None and not caller.machine.bridged
+    assert caller_leg.spurts_ended >= 1  # the person's talkspurt ended at the un-bridge
+    # the dropped reply's end mark is reported passed, so the agent's book ends that reply
+    assert [(p, f.name) for p, f in frames_of(sent, F.MarkPlayed)] == [(PROC, "r1-end")]
+    st = core.stats()
+    assert st["bridges_lost"] == 1 and st["bridges_lost_resumed"] == 1 and st["bridged_calls_active"] == 0
+    assert "bridge_lost" in caller.times and caller.times["bridge_lost"] >= caller.times["bridged"]
+    n = len(caller_leg.sent)
+    core.pacer.service(caller, t, t)
+    t += FRAME_S
+    assert len(caller_leg.sent) == n  # nothing queued of the person's, nor the agent's words from the bridge
+    apology = np.arange(1000, 1000 + 160 * 2, dtype=np.int16)
+    caller.out_ring.write(apology)
+    for _ in range(2):
+        core.pacer.service(caller, t, t)
+        t += FRAME_S
+    assert np.array_equal(np.concatenate(caller_leg.sent[n:]), apology)  # the agent's voice again, bit-exact
+    # an ordinary call of its agent again: its playout frames and its hang-up are taken
+    core.pacer._loop = type("Loop", (), {"time": staticmethod(lambda: t)})()
+    core.router.on_frame(F.Pause(call_id=caller.call_id, epoch=1, sent_ns=0), PROC, None)
+    assert caller.gate.held is not None
+    core.router.on_frame(F.Hangup(call_id=caller.call_id, reason="done"), PROC, None)
+    assert caller_leg.hangups == ["done"]
+    core.transport_ended(caller, "done")
+    rec = core.command("transfers", {})["transfers"][-1]
+    assert rec["legs"][caller.call_id]["times"]["bridge_lost"] == caller.times["bridge_lost"]
+    assert rec["legs"][leg.call_id]["end_reason"] == "bye"
+    assert len(frames_of(sent, F.BridgeEnded)) == 1
+
+
+def test_an_unbridged_caller_may_consult_again(rig):
+    core, make, sent = rig
+    caller, _, leg, _ = kept_bridge(core, sent, make)
+    core.transport_ended(leg, "bye")
+    placed = dialer_admitting(core, make, OTHER_PROC)
+    assert dial(core, {"consult_for": caller.call_id, "summary": "again"})[1] == ""
+    assert caller.consult_leg == placed[0][0].call_id
+
+
+@pytest.mark.parametrize("how", ["call_ended", "agent_lost", "hangup"])
+def test_a_kept_caller_whose_agent_left_during_the_bridge_is_hung_up_bridge_lost(rig, how):
+    core, make, sent = rig
+    caller, caller_leg, leg, person_leg = kept_bridge(core, sent, make)
+    if how == "call_ended":
+        core.router.on_frame(F.CallEnded(call_id=caller.call_id, reason="stage_failed:llm"), PROC, None)
+    elif how == "agent_lost":
+        core.lifecycle.agent_lost(PROC)
+    else:  # its kept agent's Hangup: the agent side leaves, the bridge goes on
+        core.router.on_frame(F.Hangup(call_id=caller.call_id, reason="agent max duration"), PROC, None)
+    assert caller.agent_done and caller_leg.hangups == [] and person_leg.hangups == []
+    assert core.stats().get("hangups_refused_bridged", 0) == 0
+    core.transport_ended(leg, "bye")
+    assert caller_leg.hangups == ["bridge_lost"] and frames_of(sent, F.BridgeEnded) == []
+    assert core.stats()["bridges_lost_hung_up"] == 1
+    core.transport_ended(caller, "bridge_lost")
+    assert caller.state == M.ENDED
+    assert core.command("transfers", {})["transfers"][-1]["legs"][caller.call_id]["end_reason"] == "bridge_lost"
+
+
+def test_a_kept_callers_own_hangup_still_ends_the_persons_leg(rig):
+    core, make, sent = rig
+    caller, caller_leg, leg, person_leg = kept_bridge(core, sent, make)
+    core.transport_ended(caller, "bye")
+    assert person_leg.hangups == ["bridge_ended"] and frames_of(sent, F.BridgeEnded) == []
+    assert [(f.call_id, f.reason) for _, f in frames_of(sent, F.CallEnd) if f.call_id == caller.call_id] == \
+        [(caller.call_id, "bye")]  # its kept agent hears of the end now
+    core.transport_ended(leg, "bridge_ended")
+    assert frames_of(sent, F.BridgeEnded) == [] and core.stats().get("bridges_lost", 0) == 0
+
+
+def test_the_gateways_stop_does_not_bring_a_kept_caller_back(rig):
+    core, make, sent = rig
+    caller, caller_leg, leg, person_leg = kept_bridge(core, sent, make)
+    core.lifecycle.hang_up_all()
+    assert caller_leg.hangups == ["shutdown"] and person_leg.hangups == ["shutdown"]
+    core.transport_ended(leg, "shutdown")  # the person's leg reports its end first
+    assert frames_of(sent, F.BridgeEnded) == [] and caller_leg.hangups == ["shutdown"]
+
+
+def test_a_bridge_without_keep_still_hangs_the_caller_up_when_the_person_leaves(rig):
+    core, make, sent = rig
+    caller, caller_leg, leg, person_leg = consult_pair(core, make)
+    assert bridge(core, sent, caller, leg).ok
+    core.transport_ended(leg, "bye")
+    assert caller_leg.hangups == ["bridge_ended"] and frames_of(sent, F.BridgeEnded) == []
+
+
 # -- the call machine ------------------------------------------------------------------------
+
+
+def active_machine() -> M.CallMachine:
+    m = M.CallMachine(detach_timeout_s=5.0)
+    m.handle(M.Admit("sip", process=True))
+    m.handle(M.TransportStarted())
+    m.handle(M.AgentStarted(ok=True))
+    return m
+
+
+def test_machine_kept_bridge_sends_no_call_end_and_unbridges_once():
+    m = active_machine()
+    assert m.handle(M.Bridged(now=1.0, keep=True)) == ()
+    assert m.bridged and m.bridge_kept
+    assert m.handle(M.Unbridged(leg=True, now=2.0)) == (M.Count("bridges_lost_resumed"), M.SEND_BRIDGE_ENDED)
+    assert not m.bridged and not m.bridge_kept
+    assert m.handle(M.Unbridged(leg=True, now=2.5)) == ()  # once per bridge
+    assert m.handle(M.TransportEnded("bye", 3.0)) == (M.STOP_MEDIA, M.SendCallEnd("bye"))
+
+
+def test_machine_kept_bridge_whose_agent_left_hangs_up_bridge_lost():
+    m = active_machine()
+    m.handle(M.Bridged(now=1.0, keep=True))
+    assert m.handle(M.AgentEnded("stage_failed:llm", leg=True)) == ()  # the bridge goes on
+    assert m.handle(M.Unbridged(leg=True, now=2.0)) == (M.Count("bridges_lost_hung_up"), M.HangupLeg("bridge_lost"))
+    assert m.handle(M.TransportEnded("bridge_lost", 3.0)) == (M.STOP_MEDIA, M.RELEASE)
+
+
+def test_machine_unbridged_without_keep_hangs_up_and_a_hangup_under_way_wins():
+    m = active_machine()
+    m.handle(M.Bridged(now=1.0))
+    assert m.handle(M.Unbridged(leg=True, now=2.0)) == (M.HangupLeg("bridge_ended"),)
+    k = active_machine()
+    k.handle(M.Bridged(now=1.0, keep=True))
+    k.handle(M.Shutdown(leg=True, now=1.5))
+    assert k.handle(M.Unbridged(leg=True, now=2.0)) == ()  # the stop ends it, no BridgeEnded
+    assert active_machine().handle(M.Unbridged(leg=True, now=2.0)) == ()  # not bridged: nothing
+
+
 
 
 def test_machine_bridged_sends_call_end_once_and_its_agent_end_does_not_hang_up():

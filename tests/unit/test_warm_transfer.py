@@ -19,6 +19,8 @@ from brisvox.agent.host.warm_transfer import (
     Done,
     HangUpLeg,
     Hold,
+    Phase,
+    Resume,
     Speak,
     Summarize,
     WarmConfig,
@@ -50,14 +52,66 @@ def test_accepted_is_bridged_and_the_record_has_every_leg_time():
     assert m.consult_result("c2", "accepted", "", 9.0) == [BridgeLegs("c2")]
     assert m.deadline == pytest.approx(9.0 + BRIDGE_WAIT_S)
     assert m.bridge_result(True, "", 9.1) == [Done("bridged", "", "")]
-    assert m.done and not m.holding
+    assert m.done and m.holding  # bridged: the caller talks to the person, their speech is no turn
     assert m.bridge_result(True, "", 9.2) == [] and m.tick(100.0) == []  # nothing after Done
     rec = m.record()
     assert rec["outcome"] == "bridged" and rec["summary_chars"] == len("The caller needs billing help.")
     caller, consult = rec["legs"]
-    assert caller == {"leg": "caller", "held_ms": 1500, "back_ms": None, "bridged_ms": 9100}
+    assert caller == {"leg": "caller", "held_ms": 1500, "back_ms": None, "bridged_ms": 9100, "bridge_lost_ms": None}
     assert consult == {"leg": "consult", "call_id": "c2", "dialled_ms": 1600, "answered_ms": 5000,
                        "verdict": "accepted", "verdict_ms": 9000, "bridged_ms": 9100}
+
+
+def test_the_persons_leg_ending_after_the_bridge_resumes_once_with_the_apology_and_a_note():
+    m = WarmTransfer(CFG, "+4930111", "billing")
+    assert m.bridge_lost("bye", 1.0) == []  # no bridge yet: a stray BridgeEnded does nothing
+    _to_dialling(m)
+    m.dialled(True, "c2", "", 5.0)
+    m.consult_result("c2", "accepted", "", 9.0)
+    assert m.bridge_lost("bye", 9.05) == []  # still bridging
+    m.bridge_result(True, "", 9.1)
+    (act,) = m.bridge_lost("bye", 20.0)
+    assert isinstance(act, Resume) and act.said == CFG.bridge_lost_message
+    assert "+4930111" in act.note and "bye" in act.note and CFG.bridge_lost_message in act.note
+    assert "cannot be used again" in act.note
+    assert m.done and not m.holding and m.outcome == "bridge_lost" and m.detail == "bye"
+    assert m.bridge_lost("bye", 21.0) == []  # once
+    rec = m.record()
+    assert rec["outcome"] == "bridge_lost"
+    assert rec["legs"][0] == {"leg": "caller", "held_ms": 1500, "back_ms": 20000, "bridged_ms": 9100,
+                              "bridge_lost_ms": 20000}
+    silent = WarmTransfer(WarmConfig(hold_message="", bridge_lost_message=" "), "+4930111", "x")
+    silent.phase, silent.consult_id = Phase.BRIDGED, "c2"
+    (act,) = silent.bridge_lost("", 1.0)
+    assert act.said == "" and "was told" not in act.note and silent.detail == "the consult leg ended"
+
+
+def test_call_warm_bridge_lost_puts_the_note_in_the_context_then_says_the_line():
+    from brisvox.agent.host.call_warm import CallWarm
+
+    class Host:
+        call_id = "c1"
+        ring_rate = 16000
+
+        def __init__(self) -> None:
+            self.resumed: list[tuple[str, str]] = []
+
+        def resume(self, note: str, said: str) -> None:
+            self.resumed.append((note, said))
+
+    class Clock:
+        def now(self) -> float:
+            return 5.0
+
+    host = Host()
+    warm = CallWarm(host, CFG, Clock())  # type: ignore[arg-type]
+    assert warm.bridge_lost("bye") is False and host.resumed == []  # no transfer ran
+    warm.machine = m = WarmTransfer(CFG, "+4930111", "billing")
+    m.phase, m.consult_id, m.started_at = Phase.BRIDGED, "c2", 0.0
+    assert warm.bridge_lost("bye") is True
+    ((note, said),) = host.resumed
+    assert said == CFG.bridge_lost_message and "failed after the bridge" in note
+    assert warm.heard == [CFG.bridge_lost_message] and warm.bridge_lost("bye") is False
 
 
 @pytest.mark.parametrize(("outcome", "hang", "message"), [
@@ -316,7 +370,7 @@ post_actions = [{ end_call = true }]
 
 def test_link_telephony_consult_and_bridge_waits_are_futures_and_bounded():
     from brisvox.agent.tool_engine.builtin import LinkTelephony
-    from ipc.frames import Bridge, BridgeResult, CommandReply, ConsultResult, Hangup
+    from ipc.frames import Bridge, BridgeEnded, BridgeResult, CommandReply, ConsultResult, Hangup
 
     async def main() -> None:
         sent: list[object] = []
@@ -348,8 +402,15 @@ def test_link_telephony_consult_and_bridge_waits_are_futures_and_bounded():
         assert await port.bridge("leg-3", 1.0) == (True, "")
         assert await port.bridge("leg-3", 0.05) == (False, "no answer to the bridge in time")
         port.hangup_leg("leg-3", "warm_transfer_declined")
+        port.on_bridge_ended(BridgeEnded(call_id="c1", other="leg-3"))  # no hook: dropped
+        ended: list[BridgeEnded] = []
+        port.bridge_ended = ended.append  # a warm transfer attached: its Bridge keeps the actor
+        await port.bridge("leg-3", 0.01)
+        port.on_bridge_ended(BridgeEnded(call_id="c1", other="leg-3", reason="bye"))
+        assert ended == [BridgeEnded(call_id="c1", other="leg-3", reason="bye")]
         assert sent == [Bridge(call_id="c1", other="leg-3"), Bridge(call_id="c1", other="leg-3"),
-                        Hangup(call_id="leg-3", reason="warm_transfer_declined")]
+                        Hangup(call_id="leg-3", reason="warm_transfer_declined"),
+                        Bridge(call_id="c1", other="leg-3", keep=True)]
 
     asyncio.run(main())
 

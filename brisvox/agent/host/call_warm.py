@@ -18,10 +18,16 @@ result tells the model what became of it. It does the machine's actions through 
   bounded by ``summary_timeout_s``; the template when it fails, times out or answers nothing;
 * ``Dial`` -> the gateway's ``dial`` with ``consult_for`` and ``summary``, bounded by what is
   left of ``timeout_s``; then the leg's ConsultResult, bounded the same way;
-* ``BridgeLegs`` -> Bridge and its BridgeResult (bounded); ``HangUpLeg`` -> Hangup of the leg.
+* ``BridgeLegs`` -> Bridge (with ``keep``: the actor stays attached, unheard, for the bridge)
+  and its BridgeResult (bounded); ``HangUpLeg`` -> Hangup of the leg;
+* after the run, :meth:`bridge_lost` (the gateway's BridgeEnded: the person's leg ended, the
+  caller is back) -> ``Resume``: once the bot is idle (a reply the model gave during the
+  bridge was never heard: the gateway dropped its audio; bounded by :data:`RESUME_WAIT_S`),
+  the note into the context, then ``bridge_lost_message`` as the bot's own turn
+  (:meth:`WarmHost.resume`), so the conversation goes on from there.
 
-Invariants: while :attr:`holding` the caller's speech starts no turn (the actor keeps the
-audio from the chain, as on a hold); one transfer per call (a second :meth:`run` raises
+Invariants: while :attr:`holding` (on hold, and bridged to the person) the caller's speech
+starts no turn (the actor keeps the audio from the chain, as on a hold); one transfer per call (a second :meth:`run` raises
 ToolError); every await is bounded; a cancelled run (the call ending) hangs up a consult leg
 that answered; :meth:`record` is the call record's ``warm_transfer`` (every leg and its times).
 """
@@ -39,6 +45,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from brisvox.agent.conversation.context import SystemMessage
 from brisvox.agent.host.warm_transfer import (
     BRIDGE_WAIT_S,
     Action,
@@ -48,6 +55,7 @@ from brisvox.agent.host.warm_transfer import (
     HangUpLeg,
     Hold,
     Phase,
+    Resume,
     Speak,
     Summarize,
     WarmConfig,
@@ -64,6 +72,7 @@ log = logging.getLogger("brisvox.agent.warm_transfer")
 
 HOLD_LOOP_S = 8.0  # the hold audio looped: at most its first 8 s (the clip cache is shared and bounded)
 HOLD_PIECE_S = 2.0
+RESUME_WAIT_S = 3.0  # back from a lost bridge: the bot's reply from the bridge's time ends first, at most this
 DIAL_REPLY_GRACE_S = 1.0  # the consult dial's request outlives its ring timeout by this much
 SUMMARY_PROMPT = ("You write the short spoken introduction of a phone call being transferred to a colleague. "
                   "From the conversation below, say who is calling (if known), what they need and anything "
@@ -93,6 +102,7 @@ class WarmHost(Protocol):
     def consult_result(self, consult_id: str, timeout: float) -> Awaitable[Any]: ...  # noqa: ASYNC109
     def bridge(self, other: str, timeout: float) -> Awaitable[tuple[bool, str]]: ...  # noqa: ASYNC109
     def hangup_leg(self, consult_id: str, reason: str) -> None: ...
+    def resume(self, note: str, said: str) -> None: ...  # the note into the context, ``said`` as a turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,13 +184,27 @@ class CallWarm:
         assert done is not None
         log.info("call %s: warm transfer %s", self.host.call_id, done.outcome)
         if done.outcome == "bridged":
-            return {"status": "bridged", "note": "the caller now talks to the person at the target; you have left "
-                                                 "the call: say nothing more"}
+            return {"status": "bridged", "note": "the caller now talks to the person at the target and cannot hear "
+                                                 "you: say nothing more (if that line drops you will be told)"}
         return {"status": done.outcome, "detail": done.detail[:200], "caller_heard": list(self.heard),
                 "note": "the caller has been told this already: do not repeat it; go on helping them"}
 
     def record(self) -> dict[str, Any] | None:
         return self.machine.record() if self.machine is not None else None
+
+    def bridge_lost(self, reason: str) -> bool:
+        """The gateway's BridgeEnded: the caller is back (see the module docstring). False when
+        no bridge of this call's was on (a stray frame: nothing done)."""
+        m = self.machine
+        acts = m.bridge_lost(reason, self.clock.now()) if m is not None else []
+        for a in acts:
+            if isinstance(a, Resume):
+                log.info("call %s: the bridged consult leg ended (%s): the caller is back", self.host.call_id,
+                         reason[:80] or "no reason")
+                if a.said:
+                    self.heard.append(a.said)
+                self.host.resume(a.note, a.said)
+        return bool(acts)
 
     # -- the actions
     async def _do(self, a: Action) -> list[Action]:
@@ -344,12 +368,32 @@ class _ActorSeam:
     def hangup_leg(self, consult_id: str, reason: str) -> None:
         self.port.hangup_leg(consult_id, reason)
 
+    def resume(self, note: str, said: str) -> None:
+        if not self.a.hung_up:
+            self.a.tasks.spawn(self._resume(note, said), f"bridge-lost-{self.call_id}")
+
+    async def _resume(self, note: str, said: str) -> None:
+        """Once the bot is idle (bounded by :data:`RESUME_WAIT_S`: a reply the model gave during
+        the bridge is over once the gateway dropped its audio and reported the position), the
+        note into the context and ``said`` as the bot's own turn (a bot turn starts only idle)."""
+        a = self.a
+        deadline = a.clock.now() + RESUME_WAIT_S
+        while not a.idle() and not a.hung_up and a.clock.now() < deadline:
+            await a.clock.sleep(0.05)
+        if a.hung_up:
+            return
+        a.context.push(SystemMessage(note))
+        if said:
+            a.say_line(said)
+
 
 def attach(actor: Any, port: Any, cfg: WarmConfig, base: Path | None = None) -> CallWarm:
     """Give ``actor`` (a cascaded CallActor) its warm transfer over ``port`` (a LinkTelephony):
-    the port's ``warm_transfer`` runs it, the actor mutes the caller while it holds and puts
-    its record in the call record."""
+    the port's ``warm_transfer`` runs it (its Bridge keeps the actor attached), the port's
+    BridgeEnded reaches :meth:`CallWarm.bridge_lost`, the actor mutes the caller while it holds
+    (and while bridged) and puts its record in the call record."""
     warm = CallWarm(_ActorSeam(actor, port), cfg, actor.clock, base)
     actor.warm = warm
     port.warm = warm.run
+    port.bridge_ended = lambda f: warm.bridge_lost(f.reason)
     return warm

@@ -104,6 +104,7 @@ from brisvox.runtime.loop_probe import LoopProbe
 from brisvox.runtime.memory import IdleTrim
 from brisvox.runtime.private_files import prune_older, recording_file_name
 from ipc.frames import (
+    BridgeEnded,
     BridgeResult,
     CallAccepted,
     CallEnd,
@@ -191,6 +192,7 @@ class AgentProcess:
             TransferResult: self._on_transfer_result,
             ConsultResult: self._on_consult_result,
             BridgeResult: self._on_bridge_result,
+            BridgeEnded: self._on_bridge_ended,
         }
 
     # -- plumbing ---------------------------------------------------------------
@@ -290,6 +292,10 @@ class AgentProcess:
     def _on_bridge_result(self, f: BridgeResult, sender: str, cid: int | str | None) -> None:
         if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
             slot.telephony.on_bridge_result(f)
+
+    def _on_bridge_ended(self, f: BridgeEnded, sender: str, cid: int | str | None) -> None:
+        if (slot := self._slot(f.call_id)) is not None and slot.telephony is not None:
+            slot.telephony.on_bridge_ended(f)  # the caller back from a warm transfer's bridge
 
     def _on_position(self, call_id: str, pos: int) -> None:
         slot = self.calls.get(call_id)

@@ -9,7 +9,8 @@ of the agent file (:class:`WarmConfig`; docs/TOOLS.md).
 
 Inputs, each with the clock's ``at``: :meth:`start`, :meth:`hold_spoken` (the hold message
 played), :meth:`summary_ready`, :meth:`dialled` (the dial's reply), :meth:`consult_result`,
-:meth:`bridge_result`, :meth:`tick`. Each returns the actions the runner performs:
+:meth:`bridge_result`, :meth:`tick`, :meth:`bridge_lost` (the gateway's BridgeEnded). Each
+returns the actions the runner performs:
 
 * ``Speak(text)``: say a line to the caller (the hold message, an outcome message); the runner
   reports :meth:`hold_spoken` after the hold message;
@@ -20,16 +21,23 @@ played), :meth:`summary_ready`, :meth:`dialled` (the dial's reply), :meth:`consu
 * ``Dial(target, summary)``: the ``dial`` command with the consult args;
 * ``BridgeLegs(consult_id)``: send Bridge;
 * ``HangUpLeg(consult_id)``: Hangup of the consult leg (it may still live);
-* ``Done(outcome, said)``: the transfer is over: ``bridged`` (the actor ends with
-  CallEnd(reason="bridged")), or ``no_answer`` | ``busy`` | ``declined`` | ``failed`` (the
-  conversation goes on; ``said`` is what the caller was told).
+* ``Done(outcome, said)``: the transfer is over: ``bridged`` (the tool's result; the actor
+  stays attached but unheard, phase ``bridged``, until the call ends or the bridge does), or
+  ``no_answer`` | ``busy`` | ``declined`` | ``failed`` (the conversation goes on; ``said`` is
+  what the caller was told);
+* ``Resume(said, note)``: after ``Done("bridged")``, the person's leg ended while the caller
+  stayed (BridgeEnded): the caller is back with the agent, who says ``said``
+  (``bridge_lost_message``) as its own turn; ``note`` goes into the conversation for the
+  model (the transfer failed after the bridge; no second warm transfer in this call).
 
 Invariants: ``Done`` is returned exactly once per transfer; after it nothing but
 :meth:`record` answers (and a dial answered after the transfer gave up, which is hung up); every wait is bounded (the dial and the verdict by ``timeout_s`` from
 the dial, the bridge by :data:`BRIDGE_WAIT_S`, the summary by ``summary_timeout_s`` in the runner:
 the machine's deadlines are :attr:`deadline`, which :meth:`tick` enforces); a consult leg that
 answered, may still live and was not bridged is hung up (``HangUpLeg``) before ``Done``; the caller is off hold
-(``Hold(False)``) before any outcome message is spoken.
+(``Hold(False)``) before any outcome message is spoken. While bridged :attr:`holding` is true (the
+caller talks to the person: their speech and keys start no turn of the agent's); ``Resume`` is
+returned at most once, only from the bridged phase, and the outcome becomes ``bridge_lost``.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ class WarmConfig:
     busy_message: str = "I'm sorry, the line is busy. I'm back with you; how else can I help?"
     declined_message: str = "I'm sorry, they can't take the call right now. I'm back with you; how else can I help?"
     failed_message: str = "I'm sorry, I couldn't connect you. I'm back with you; how else can I help?"
+    bridge_lost_message: str = "Sorry, the line to my colleague dropped. I'm back with you."
 
     @classmethod
     def from_table(cls, t: Mapping[str, Any]) -> WarmConfig:
@@ -195,13 +204,19 @@ class HangUpLeg:
 
 
 @dataclass(frozen=True, slots=True)
+class Resume:
+    said: str
+    note: str
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     outcome: str
     said: str = ""
     detail: str = ""
 
 
-Action = Speak | Hold | Summarize | Dial | BridgeLegs | HangUpLeg | Done
+Action = Speak | Hold | Summarize | Dial | BridgeLegs | HangUpLeg | Done | Resume
 
 
 class Phase(Enum):
@@ -211,6 +226,7 @@ class Phase(Enum):
     DIALLING = "dialling"
     CONSULTING = "consulting"
     BRIDGING = "bridging"
+    BRIDGED = "bridged"  # Done("bridged") returned: the caller talks to the person, the agent waits unheard
     DONE = "done"
 
 
@@ -219,7 +235,7 @@ class WarmTransfer:
 
     __slots__ = ("cfg", "target", "reason", "phase", "deadline", "consult_id", "summary", "outcome",
                  "detail", "started_at", "dialled_at", "answered_at", "verdict_at", "verdict", "bridged_at",
-                 "ended_at", "summary_source", "held_at")
+                 "ended_at", "summary_source", "held_at", "lost_at")
 
     def __init__(self, cfg: WarmConfig, target: str, reason: str) -> None:
         self.cfg = cfg
@@ -240,6 +256,7 @@ class WarmTransfer:
         self.verdict_at: float | None = None
         self.bridged_at: float | None = None
         self.ended_at: float | None = None
+        self.lost_at: float | None = None  # the bridge ended with the person's leg (BridgeEnded)
 
     @property
     def holding(self) -> bool:
@@ -248,7 +265,8 @@ class WarmTransfer:
 
     @property
     def done(self) -> bool:
-        return self.phase is Phase.DONE
+        """Over (``Done`` returned): also while bridged."""
+        return self.phase in (Phase.DONE, Phase.BRIDGED)
 
     def start(self, at: float) -> list[Action]:
         if self.phase is not Phase.IDLE:
@@ -304,6 +322,20 @@ class WarmTransfer:
             return self._end("bridged", detail, at, hang_leg=False)
         return self._end("failed", detail or "the bridge was refused", at, hang_leg=True)
 
+    def bridge_lost(self, detail: str, at: float) -> list[Action]:
+        """The gateway's BridgeEnded: the person's leg ended and the caller is back (see the
+        module docstring)."""
+        if self.phase is not Phase.BRIDGED:
+            return []
+        self.phase, self.outcome, self.lost_at = Phase.DONE, "bridge_lost", at
+        self.detail = detail or "the consult leg ended"
+        said = self.cfg.bridge_lost_message.strip()
+        heard = f' and was told: "{said}"' if said else ""
+        note = (f"The warm transfer to {self.target} failed after the bridge: the line to the person dropped "
+                f"({self.detail[:100]}). The caller is back with you{heard}. Do not apologize again; go on "
+                "helping them (for example take a message). warm_transfer cannot be used again in this call.")
+        return [Resume(said, note)]
+
     def tick(self, now: float) -> list[Action]:
         if self.deadline is None or now < self.deadline:
             return []
@@ -325,8 +357,9 @@ class WarmTransfer:
         return {"target": self.target, "outcome": self.outcome or None, "detail": self.detail[:200],
                 "summary_source": self.summary_source, "summary_chars": len(self.summary),
                 "legs": [{"leg": "caller", "held_ms": ms(self.held_at),
-                          "back_ms": ms(self.ended_at) if self.outcome and self.outcome != "bridged" else None,
-                          "bridged_ms": ms(self.bridged_at)},
+                          "back_ms": (ms(self.lost_at) if self.lost_at is not None else
+                                      ms(self.ended_at) if self.outcome and self.outcome != "bridged" else None),
+                          "bridged_ms": ms(self.bridged_at), "bridge_lost_ms": ms(self.lost_at)},
                          {"leg": "consult", "call_id": self.consult_id or None, "dialled_ms": ms(self.dialled_at),
                           "answered_ms": ms(self.answered_at), "verdict": self.verdict or None,
                           "verdict_ms": ms(self.verdict_at), "bridged_ms": ms(self.bridged_at)}],
@@ -344,6 +377,7 @@ class WarmTransfer:
         if hang_leg and self.consult_id:
             acts.append(HangUpLeg(self.consult_id))
         if outcome == "bridged":
+            self.phase = Phase.BRIDGED  # BridgeEnded may still bring the caller back (bridge_lost)
             return [*acts, Done(outcome, "", detail)]
         said = self.cfg.message(outcome).strip()
         acts.append(Hold(False))

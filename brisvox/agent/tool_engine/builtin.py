@@ -49,6 +49,7 @@ from brisvox.runtime.log_limit import LogLimiter
 from ipc.codec import Frame
 from ipc.frames import (
     Bridge,
+    BridgeEnded,
     BridgeResult,
     Command,
     CommandReply,
@@ -149,6 +150,8 @@ class LinkTelephony:
     hangup_hook: Callable[[str], None] | None = None
     request: Callable[[Frame, float], Awaitable[Frame]] | None = None  # a request to the call's gateway
     warm: Callable[[str, str], Awaitable[dict[str, Any]]] | None = None  # the actor's CallWarm.run
+    # the actor's CallWarm.bridge_lost; set: a Bridge keeps the actor attached (BridgeEnded comes here)
+    bridge_ended: Callable[[BridgeEnded], Any] | None = None
     _pending: asyncio.Future[TransferResult] | None = field(default=None, init=False)
     transfers: int = field(default=0, init=False)
     _consult: dict[str, asyncio.Future[ConsultResult]] = field(default_factory=dict, init=False)
@@ -237,11 +240,17 @@ class LinkTelephony:
         if fut is not None and not fut.done():
             fut.set_result(res)
 
+    def on_bridge_ended(self, f: BridgeEnded) -> None:
+        """The gateway's BridgeEnded (a kept bridge's person left): to the warm transfer, or dropped."""
+        if self.bridge_ended is not None:
+            self.bridge_ended(f)
+
     async def bridge(self, other: str, timeout: float) -> tuple[bool, str]:  # noqa: ASYNC109
-        """Bridge the caller and consult leg ``other``: the BridgeResult, bounded."""
+        """Bridge the caller and consult leg ``other``: the BridgeResult, bounded. With a
+        :attr:`bridge_ended` hook the Bridge asks to keep this actor attached."""
         fut: asyncio.Future[BridgeResult] = asyncio.get_running_loop().create_future()
         self._bridge = fut
-        self.to_gateway(Bridge(call_id=self.call_id, other=other))
+        self.to_gateway(Bridge(call_id=self.call_id, other=other, keep=self.bridge_ended is not None))
         try:
             async with asyncio.timeout(timeout):
                 res = await fut

@@ -25,6 +25,12 @@ Call lifecycle::
     Bridged (a warm transfer joined it to another leg, while "active"): SendCallEnd("bridged");
     the call stays "active" with no agent side: its CallEnded, or its agent process's loss,
     ends the agent side only; the transport's end then releases it.
+    Bridged(keep) (the caller of a Bridge with ``keep``): no CallEnd, the agent side stays
+    attached (unheard: the pacer sends the other leg's voice).
+    Unbridged (the other leg of the bridge ended first): kept with its agent side still
+    there -> not bridged any more: Count, SendBridgeEnded (the caller is back with its
+    agent); kept but the agent side left meanwhile -> Count, HangupLeg("bridge_lost");
+    not kept -> HangupLeg("bridge_ended").
 
 Invariants:
 
@@ -61,6 +67,13 @@ Invariants:
   (``AgentEnded``, ``AgentLost``, ``AgentHangup``): the person and the caller talk on without it. Its transport's
   end sends no second CallEnd; the detach timeout (counted from the bridge) bounds the wait for
   CallEnded as for any call.
+* A kept bridge (``Bridged(keep=True)``, the caller's leg only) sends no CallEnd: the agent
+  side stays, and an end of it during the bridge (CallEnded, a Hangup, its process lost) ends
+  the agent side only, as above. The transport's end then sends CallEnd as for any call.
+  ``Unbridged`` (the other leg ended) returns ``SendBridgeEnded`` at most once per bridge,
+  only while the transport is up, no hang-up of ours is under way and the agent side is
+  still there; a call that cannot go back to its agent is hung up instead (``bridge_lost``,
+  kept; ``bridge_ended``, not kept): no caller is left on a dead bridge.
 * Audio is not an event: the caller's audio arrives 50 times a second per
   call, so ``audio_in`` reads ``transport_done`` as its guard (no object per
   packet); the pacer reads ``state`` the same way every frame.
@@ -184,8 +197,18 @@ class TimerFired:
 @dataclass(frozen=True, slots=True)
 class Bridged:
     """The gateway joined the call to another leg (a warm transfer's Bridge): the agent side
-    leaves (CallEnd "bridged"), the transport stays."""
+    leaves (CallEnd "bridged"), the transport stays; ``keep``: the agent side stays attached
+    (the caller of a Bridge with ``keep``)."""
 
+    now: float = 0.0
+    keep: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Unbridged:
+    """The other leg of the call's bridge ended while this one is up (the person hung up)."""
+
+    leg: bool
     now: float = 0.0
 
 
@@ -211,7 +234,7 @@ class ForceRelease:
 
 Event = (Admit | TransportStarted | AgentStarted | TransportEnded | Hangup | AgentHangup | AgentEnded
          | AgentLost | BuiltinStopped | Abandon | DetachTimeout | TimerFired | WorkerLost | Shutdown
-         | ForceRelease | Bridged)
+         | ForceRelease | Bridged | Unbridged)
 
 
 # --- actions -----------------------------------------------------------------------------
@@ -255,6 +278,12 @@ class SendCallEnd:
 
 
 @dataclass(frozen=True, slots=True)
+class SendBridgeEnded:
+    """The call's bridge is over and it goes back to its (kept) agent side: the gateway stops
+    the relay, drops what the agent wrote meanwhile, and tells the agent (BridgeEnded)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RevokeStart:
     """Tell the agent process that a start it never answered is over (a CallEnd; no answer
     is waited for: the call is released as a failed start)."""
@@ -285,16 +314,19 @@ class Release:
 
 
 Action = (Count | StartAgent | StartPacing | NotifyReady | StopMedia | SendCallEnd | RevokeStart
-          | StopBuiltin | HangupLeg | ForgetWorker | Release)
+          | StopBuiltin | HangupLeg | ForgetWorker | Release | SendBridgeEnded)
 
 START_AGENT, START_PACING, STOP_MEDIA = StartAgent(), StartPacing(), StopMedia()
 STOP_BUILTIN, FORGET_WORKER, RELEASE = StopBuiltin(), ForgetWorker(), Release()
+SEND_BRIDGE_ENDED = SendBridgeEnded()
 _NONE: tuple[Action, ...] = ()
 
 AGENT_LOST_REASON = "agent process died"
 AGENT_ENDED_REASON = "agent ended the call"
 SHUTDOWN_REASON = "shutdown"
 BRIDGED_REASON = "bridged"  # CallEnd.reason of a call a warm transfer bridged
+BRIDGE_ENDED_REASON = "bridge_ended"  # a bridged leg hung up because the other one ended
+BRIDGE_LOST_REASON = "bridge_lost"  # a kept caller hung up: the person left, and so did its agent side
 MAX_CALL_REASON = "max call duration"  # [gateway] max_call_s
 MEDIA_TIMEOUT_REASON = "media timeout"  # [websocket] media_timeout_s
 TIMER_COUNTERS = {MAX_CALL_REASON: "calls_max_duration", MEDIA_TIMEOUT_REASON: "calls_media_timeout"}
@@ -305,7 +337,7 @@ class CallMachine:
 
     __slots__ = ("detach_timeout_s", "state", "transport_done", "agent_done", "process", "builtin",
                  "start", "end_reason", "end_deadline", "call_deadline", "media_timeout_s", "media_seen",
-                 "media_at", "bridged")
+                 "media_at", "bridged", "bridge_kept", "hanging_up")
 
     def __init__(self, detach_timeout_s: float = 10.0) -> None:
         self.detach_timeout_s = detach_timeout_s
@@ -324,6 +356,8 @@ class CallMachine:
         self.media_seen = -1  # the inbound packet count last seen by timer() ...
         self.media_at = 0.0  # ... and when it last changed
         self.bridged = False  # joined to another leg: the agent side left, the transport goes on
+        self.bridge_kept = False  # ... and the agent side stayed attached (Bridged(keep)): no CallEnd sent
+        self.hanging_up = False  # we asked the leg to hang up (HangupLeg): its end is on the way
 
     def handle(self, event: Event) -> tuple[Action, ...]:
         if self.state == ENDED:
@@ -383,7 +417,7 @@ class CallMachine:
         if self.builtin:
             out.append(STOP_BUILTIN)
         elif self.process and not self.agent_done:
-            if not self.bridged:  # a bridged call's CallEnd went out at the bridge
+            if not self.bridged or self.bridge_kept:  # a bridged call's CallEnd went out at the bridge
                 out.append(self._send_call_end(now))
         else:
             self.agent_done = True
@@ -396,6 +430,7 @@ class CallMachine:
         if self.transport_done:
             return _NONE
         if leg:
+            self.hanging_up = True
             return (HangupLeg(reason),)
         return self._end_transport(reason, now)
 
@@ -494,8 +529,23 @@ class CallMachine:
         if self.state != ACTIVE or self.bridged or self.transport_done or self.agent_done or not self.process:
             return _NONE
         self.bridged = True
+        if e.keep:
+            self.bridge_kept = True
+            return _NONE
         self.end_deadline = e.now + self.detach_timeout_s
         return (SendCallEnd(BRIDGED_REASON),)
+
+    def _unbridged(self, e: Unbridged) -> tuple[Action, ...]:
+        if not self.bridged or self.transport_done:
+            return _NONE
+        if not self.bridge_kept:
+            return self._hang_up(BRIDGE_ENDED_REASON, e.leg, e.now)
+        if self.hanging_up:
+            return _NONE  # our hang-up is under way (the gateway's stop, a timer): it ends the call
+        if self.agent_done:  # the agent side left during the bridge: nobody to go back to
+            return (Count("bridges_lost_hung_up"), *self._hang_up(BRIDGE_LOST_REASON, e.leg, e.now))
+        self.bridged = self.bridge_kept = False
+        return (Count("bridges_lost_resumed"), SEND_BRIDGE_ENDED)
 
     def _worker_lost(self, e: WorkerLost) -> tuple[Action, ...]:
         return (FORGET_WORKER,)
@@ -504,6 +554,7 @@ class CallMachine:
         if self.transport_done:
             return _NONE
         if e.leg:
+            self.hanging_up = True
             return (HangupLeg(SHUTDOWN_REASON),)
         return self._end_transport(SHUTDOWN_REASON, e.now)
 
@@ -530,4 +581,5 @@ _HANDLERS: dict[type, Callable[[CallMachine, Any], tuple[Action, ...]]] = {
     Shutdown: CallMachine._shutdown,
     ForceRelease: CallMachine._force_release,
     Bridged: CallMachine._bridged,
+    Unbridged: CallMachine._unbridged,
 }

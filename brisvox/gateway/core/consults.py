@@ -31,12 +31,26 @@ Invariants:
   the only one, and the gateway may not import them; two legs at different rates are
   refused ``rates differ``). A bridged call's pacer sends the other leg's ``in`` ring (a
   reader from the bridge's position on: nothing said before the bridge is replayed).
-* When a bridged leg's transport ends, the other is hung up (``bridge_ended``) and both
-  relays are dropped at once (the ended leg's rings are unlinked only at its release, after
-  that). A caller whose transport ends while its consult leg is unbridged hangs that leg up
-  (``caller_gone``).
-* Hangup from an agent process is taken for a call it hosts (not bridged) or for the
-  consult leg of a call it hosts; any other is refused and counted
+* When a bridged leg's transport ends, both relays are dropped at once (the ended leg's
+  rings are unlinked only at its release, after that) and the other leg is dealt with: the
+  caller's end hangs the person's leg up (``bridge_ended``); the person's end (their BYE, a
+  drop, a timer) is :data:`BRIDGE_LOST` for the caller, which the lifecycle feeds its machine
+  as ``Unbridged``: a caller bridged with ``keep`` whose agent side is still attached goes
+  back to it (:meth:`Consults.unbridged`: not bridged any more, its ``times["bridge_lost"]``,
+  counted ``bridges_lost``; the agent hears BridgeEnded and apologizes), any other caller is
+  hung up (``bridge_lost`` when kept and its agent left, ``bridge_ended`` when not kept), so
+  no caller is left on a dead bridge. Why keep the caller's agent attached rather than end it
+  at the bridge and play a prompt: the gateway has no voice of its own (no TTS, no prompt
+  files), and only the agent, which holds the conversation, can apologize in the call's
+  voice and go on (take a message, another way to help); the cost is that a bridged caller
+  keeps its agent slot and worker until its call ends. A caller whose transport ends while
+  its consult leg is unbridged hangs that leg up (``caller_gone``).
+* Once un-bridged the caller is an ordinary call of its agent again (Hangup, playout frames,
+  another consult dial are taken); the consult leg keeps ``consult_for``, and both legs stay
+  in the transfer's record (the ``transfers`` history).
+* Hangup from an agent process is taken for a call it hosts (not bridged; bridged with
+  ``keep`` while its agent side is attached: the agent side leaves, the bridge goes on) or
+  for the consult leg of a call it hosts; any other is refused and counted
   (``hangups_refused_foreign``, ``hangups_refused_bridged``).
 * The last :data:`HISTORY` finished warm transfers (both legs' times and outcome) stay
   readable (the ``transfers`` command) after their calls left the table.
@@ -49,6 +63,7 @@ import time
 from collections import deque
 from typing import Any
 
+from brisvox.gateway.core import call_machine as M
 from brisvox.gateway.core.call_machine import ACTIVE
 from brisvox.gateway.core.calls import Call, CallTable
 from brisvox.gateway.metrics import GatewayMetrics
@@ -61,7 +76,8 @@ REFUSAL_LOG = LogLimiter(log)  # one line per refusal kind per minute, the rest 
 
 MAX_SUMMARY = 500  # a consult leg's summary (CallStart.consult_summary), characters
 HISTORY = 64  # finished warm transfers kept for the ``transfers`` command
-BRIDGE_ENDED = "bridge_ended"
+BRIDGE_ENDED = M.BRIDGE_ENDED_REASON  # the caller's end hangs the person's leg up with it
+BRIDGE_LOST = M.BRIDGE_LOST_REASON  # the person's end, for the caller: Unbridged (see the module docstring)
 CALLER_GONE = "caller_gone"
 TWILIO_PENDING = "twilio:"
 
@@ -226,6 +242,8 @@ class Consults:
         """A Hangup of ``call`` from ``sender`` may be taken (see the module docstring; counted
         when not)."""
         if call.bridged_with:
+            if sender == call.agent_proc and call.machine.bridge_kept and not call.machine.agent_done:
+                return True  # its kept agent side leaves; the bridge goes on (the machine's rule)
             self._refuse("hangups_refused_bridged", f"hangup of bridged call {call.call_id}")
             return False
         if sender == call.agent_proc:
@@ -237,7 +255,7 @@ class Consults:
         return False
 
     def bridge(self, f: F.Bridge, sender: str) -> tuple[Call, Call] | str:
-        """The two legs to join, or why not (counted ``bridges_refused``)."""
+        """The two legs to join (the caller first), or why not (counted ``bridges_refused``)."""
         a, b = self.table.get(f.call_id), self.table.get(f.other)
         why = ""
         if a is None or b is None:
@@ -283,7 +301,8 @@ class Consults:
             if other is not None:
                 other.relay = None  # never read a ring that is about to be unlinked
                 if not other.transport_done:
-                    out.append((other, BRIDGE_ENDED))
+                    lost = call.consult_for == other.call_id  # the person left: the caller may go back
+                    out.append((other, BRIDGE_LOST if lost else BRIDGE_ENDED))
             return out
         if call.consult_for and not call.verdict and call.consult_reported:
             self.metrics.inc("consult_legs_hung_up")
@@ -293,6 +312,19 @@ class Consults:
             if leg is not None and not leg.transport_done and not leg.bridged_with:
                 out.append((leg, CALLER_GONE))
         return out
+
+    def unbridged(self, caller: Call, at_ms: int = 0) -> str:
+        """``caller``'s bridge ended with the person's leg and it goes back to its agent (its
+        machine said so: SendBridgeEnded): not bridged any more, the time and the count. The
+        consult leg's id (for BridgeEnded)."""
+        other = caller.bridged_with
+        caller.bridged_with = ""
+        caller.relay = None
+        caller.relay_playing = False
+        caller.times["bridge_lost"] = at_ms or now_ms()
+        self.metrics.inc("bridges_lost")
+        log.info("call %s: its bridged consult leg %s ended: back with its agent", caller.call_id, other)
+        return other
 
     def released(self, call: Call) -> None:
         """``call`` left the table: its leg goes into its warm transfer's record, which joins the

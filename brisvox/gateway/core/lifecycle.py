@@ -37,10 +37,13 @@ Invariants (of the execution; the semantics are the machine's):
 
 * Warm transfer (:mod:`brisvox.gateway.core.consults` decides): a queued Twilio consult
   leg is claimed at ``start_call``; CallStart carries ``consult_for``/``consult_summary``;
-  ``bridged`` feeds the machine ``Bridged`` (the agent's talkspurt ends there); when a
-  call's transport side ends (``StopMedia``) the hang-ups the consults return (the other
-  leg of a bridge, an unbridged consult leg of a caller) run right after, and a released
-  call's leg goes into its transfer's record.
+  ``bridged`` feeds the machine ``Bridged`` (the agent's talkspurt ends there; ``keep`` for
+  the caller of a Bridge with ``keep``); when a call's transport side ends (``StopMedia``)
+  what the consults return runs right after: hang-ups (the person's leg of a caller who
+  left, an unbridged consult leg of a caller) and, for the caller of a person who left,
+  ``Unbridged``, whose ``SendBridgeEnded`` ends the relay's talkspurt, drops the agent's
+  audio written during the bridge (:meth:`~brisvox.gateway.core.pacer.Pacer.unbridged`) and
+  sends BridgeEnded; a released call's leg goes into its transfer's record.
 
 It holds what it executes with (the call table, the pacer, the recorder, the
 links, the peer load, the metrics) and reaches the loop only through the two
@@ -60,7 +63,7 @@ import numpy as np
 from brisvox.gateway.config import GatewayConfig
 from brisvox.gateway.core import call_machine as M
 from brisvox.gateway.core.calls import Call, CallTable, Leg
-from brisvox.gateway.core.consults import CALLER_GONE, Consults
+from brisvox.gateway.core.consults import BRIDGE_LOST, CALLER_GONE, Consults
 from brisvox.gateway.core.pacer import Pacer
 from brisvox.gateway.core.peer_load import ECHO, ECHO_TTS_RATE, PeerLoad
 from brisvox.gateway.core.recorder import Recorder
@@ -163,14 +166,15 @@ class CallLifecycle:
         """The agent process asks to end the call (Hangup)."""
         self.feed(call, M.AgentHangup(reason, call.leg is not None, self.now()))
 
-    def bridged(self, call: Call) -> None:
+    def bridged(self, call: Call, keep: bool = False) -> None:
         """A warm transfer joined the call to another leg: its agent side leaves (CallEnd
-        "bridged"), its transport stays (its pacer now sends the other leg's audio)."""
+        "bridged"; with ``keep`` it stays attached, unheard), its transport stays (its pacer
+        now sends the other leg's audio)."""
         if call.gate.playing:  # the agent's audio (hold music) stops here: a new talkspurt follows
             call.gate.spurt_end()
             if call.leg is not None:
                 call.leg.end_spurt()
-        self.feed(call, M.Bridged(self.now()))
+        self.feed(call, M.Bridged(self.now(), keep=keep))
 
     def agent_ended(self, call: Call, reason: str) -> None:
         """The agent process is done with the call (CallEnded)."""
@@ -366,6 +370,7 @@ class CallLifecycle:
             M.HangupLeg: self._hangup_leg,
             M.ForgetWorker: lambda call, a: self.load.forget_worker(call),
             M.Release: self._release,
+            M.SendBridgeEnded: self._send_bridge_ended,
         }
 
     def _start_pacing(self, call: Call, a: M.StartPacing) -> None:
@@ -394,11 +399,26 @@ class CallLifecycle:
         if all(c.machine.transport_done for c in self.table.calls.values()):
             self._transports_idle.set()
         for other, reason in self.consults.transport_done(call):  # the bridge's other leg, a consult leg
-            self.hangup(other, reason)
+            if reason == BRIDGE_LOST:  # the person left: the caller goes back to its agent, or is hung up
+                self.feed(other, M.Unbridged(other.leg is not None, self.now()))
+            else:
+                self.hangup(other, reason)
 
     def _send_call_end(self, call: Call, a: M.SendCallEnd) -> None:
         self.links.send(call.agent_proc, F.CallEnd(call_id=call.call_id, reason=a.reason,
                                                    ended_ns=time.monotonic_ns()))
+
+    def _send_bridge_ended(self, call: Call, a: M.SendBridgeEnded) -> None:
+        """The caller is back with its agent: the relay's talkspurt ends, the agent's audio from
+        the bridge's time is dropped, the agent is told."""
+        if call.relay_playing and call.leg is not None:
+            call.leg.end_spurt()  # the person's voice stops here: the agent's starts a new talkspurt
+        other = self.consults.unbridged(call)
+        self.pacer.unbridged(call)
+        ended = self.table.get(other)
+        self.links.send(call.agent_proc, F.BridgeEnded(call_id=call.call_id, other=other,
+                                                       reason=(ended.end_reason if ended else "")[:200],
+                                                       ended_ns=time.monotonic_ns()))
 
     def _revoke_start(self, call: Call, a: M.RevokeStart) -> None:
         self.metrics.inc("calls_start_revoked")

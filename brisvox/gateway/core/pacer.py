@@ -51,6 +51,10 @@ Invariants:
   it was written; a backlog beyond ``RELAY_BACKLOG`` frames (the two carriers' clocks
   drift, a late tick) drops its oldest samples (counted ``bridge_samples_dropped``) so the
   delay stays bounded; the recording gets each frame sent, as for the agent's audio.
+  A caller un-bridged (the person left, its kept agent takes it back: :meth:`Pacer.unbridged`)
+  skips its ``out`` reader to the ring's write position: what the agent wrote during the
+  bridge (the hold audio's tail, a word after the bridge) is dropped, counted as stale, and
+  its marks reported passed; the agent's next utterance plays as any other.
 """
 
 from __future__ import annotations
@@ -187,6 +191,21 @@ class Pacer:
     def forget_announcement(self, call: Call) -> None:
         """A Clear closed the gate: the announced utterance will not play."""
         self._announced.pop(call.call_id, None)
+
+    def unbridged(self, call: Call) -> None:
+        """``call`` left its bridge for its agent's audio (see the module docstring)."""
+        ring, reader = call.out_ring, call.out_reader
+        pos = max(reader.position, ring.floor)
+        skip = ring.write_pos - pos
+        if skip > 0:
+            call.stats.stale_samples += skip
+            self.metrics.inc("bridge_stale_samples", skip)
+        reader.seek(ring.write_pos)
+        call.partial_wait = False
+        leg = call.leg
+        acts = call.gate.released(reader.position, leg.marks_by_echo if leg is not None else False)
+        if acts:
+            self.on_actions(call, acts)
 
     def kick(self, call: Call) -> None:
         """Release what is due for ``call`` now (the first frame of a response goes out at once)."""

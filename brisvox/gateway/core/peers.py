@@ -32,12 +32,12 @@ Invariants:
   through each call's machine: a released call is never touched).
 * Clear, Pause, Resume, Mark, SendDtmf and CallEvent are taken only from the agent process
   that hosts the call, and not once it is bridged (CallEnded: only from that process, bridged
-  or not) (counted ``frames_refused_foreign``,
-  ``frames_refused_bridged``). A Hangup or Transfer is taken only from the agent process that hosts the call (or, for a
+  or not; Mark also from a kept agent while bridged: it books the ``out`` ring only) (counted
+  ``frames_refused_foreign``, ``frames_refused_bridged``). A Hangup or Transfer is taken only from the agent process that hosts the call (or, for a
   Hangup, from the caller's process of a consult leg); a bridged call takes neither
   (:meth:`~brisvox.gateway.core.consults.Consults.may_control`). ConsultVerdict and Bridge go to
   :class:`~brisvox.gateway.core.consults.Consults`; a Bridge is answered (BridgeResult) before
-  the two CallEnd("bridged") it brings.
+  the CallEnd("bridged") it brings (two; one, the consult leg's, for a Bridge with ``keep``).
 * ``max_calls = "auto"``: the call table's limit follows the slowest Smart Turn
   inference time a worker's row reports (``measured.smart_turn_ms``, from its boot
   self-benchmark; :meth:`GatewayConfig.call_limit`). A figure is kept per worker
@@ -259,17 +259,18 @@ class PeerRouter:
             self.metrics.inc("frames_unknown_call")
         return call
 
-    def _hosted(self, call_id: str, sender: str) -> Call | None:
+    def _hosted(self, call_id: str, sender: str, kept: bool = False) -> Call | None:
         """The call ``call_id`` if ``sender`` is the agent process that hosts it and it is not
-        bridged (its agent side left); else None, counted (``frames_refused_foreign``,
-        ``frames_refused_bridged``): no stranger controls a call."""
+        bridged (its agent side left; ``kept``: or bridged with its agent kept, for a frame that
+        only books the ``out`` ring, never reaches the leg); else None, counted
+        (``frames_refused_foreign``, ``frames_refused_bridged``): no stranger controls a call."""
         call = self._call(call_id)
         if call is None:
             return None
         if sender != call.agent_proc:
             self.metrics.inc("frames_refused_foreign")
             return None
-        if call.bridged_with:
+        if call.bridged_with and not (kept and call.machine.bridge_kept and not call.machine.agent_done):
             self.metrics.inc("frames_refused_bridged")
             return None
         return call
@@ -307,7 +308,9 @@ class PeerRouter:
         self.links.reply(sender, F.CommandReply(ok=True, data=self.operator.command(f.name, f.args or {})), cid)
 
     def _on_mark(self, f: F.Mark, sender: str, cid: int | str | None) -> None:
-        call = self._hosted(f.call_id, sender)
+        # a kept agent's marks during a bridge are booked: reported passed when the caller is
+        # back (Pacer.unbridged), so the agent's reply from the bridge's time ends (its book)
+        call = self._hosted(f.call_id, sender, kept=True)
         if call is not None:
             self.playout.add_mark(call, f.name, f.position)
 
@@ -347,8 +350,9 @@ class PeerRouter:
             return
         # answered before the CallEnd("bridged") that follows, so the agent reads the bridge first
         self.links.reply(sender, F.BridgeResult(call_id=f.call_id, ok=True, detail=f"bridged with {f.other}"), cid)
-        for call in legs:
-            self.lifecycle.bridged(call)
+        caller, leg = legs
+        self.lifecycle.bridged(caller, keep=f.keep)  # keep: its agent stays attached (BridgeEnded later)
+        self.lifecycle.bridged(leg)
 
     def _on_transfer(self, f: F.Transfer, sender: str, cid: int | str | None) -> None:
         call = self._call(f.call_id)
