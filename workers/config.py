@@ -40,6 +40,9 @@ class WorkersConfig:
     job_threads: int = Field(default=1, ge=1, le=16)
     job_queue: int = Field(default=32, ge=1, le=4096)  # per job thread
     job_timeout_ms: int = Field(default=1000, ge=10, le=600_000)
+    # the job threads (Smart Turn, local models) run this much nicer than the tick thread and the
+    # other roles (0: the same priority): a model run never holds a core the media paths want
+    job_nice: int = Field(default=10, ge=0, le=19)
     orphan_timeout_s: float = Field(default=10.0, ge=0.5, le=3600.0)  # detach calls of an unreachable subscriber
 
     @classmethod

@@ -132,7 +132,7 @@ class Worker:
             self.smart.warm()
             self.warm_report["smart_turn_s"] = time.perf_counter() - t1
         self.jobs = JobLane("jobs", self.dispatch.run_job, self.notify, threads=self.cfg.job_threads,
-                            capacity=self.cfg.job_queue * self.cfg.job_threads)
+                            capacity=self.cfg.job_queue * self.cfg.job_threads, nice=self.cfg.job_nice)
         self.dispatch.load(self.smart, self.jobs)
         self.jobs.start()
 

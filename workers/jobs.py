@@ -31,6 +31,13 @@ job's life, so the realtime lane (the tick loop) never waits for a job:
   CPU time (the job thread's own, ``cpu_us_total``: onnxruntime runs on it with
   one intra-op thread). :meth:`JobLane.recent` gives the p50 / p95 of the queue
   wait and of the CPU time over the last :data:`RECENT` started jobs.
+* ``nice`` > 0: each job thread lowers its own scheduling priority by that much
+  at its start (Linux: ``setpriority`` on the thread's id; raising a nice value
+  needs no privilege). A 30-70 ms model run then never holds a core that the
+  tick thread, the gateway or the agents want: the kernel runs them first and
+  the job takes what is left (docs/BENCHMARKS.md, "Job threads at a lower
+  priority"). A thread whose priority cannot be changed runs at the process's
+  (logged once, counted ``nice_failures``).
 * Results are handed to the owner through ``results`` (a deque) plus the
   ``notify`` callback (the core writes a byte to its wake pipe), so only the
   owner's thread touches its ZeroMQ socket.
@@ -44,6 +51,7 @@ import collections
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -105,8 +113,10 @@ class JobLane:
         threads: int = 1,
         capacity: int = 32,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        nice: int = 0,
     ) -> None:
         self.name = name
+        self.nice = max(0, nice)
         self.runner = runner
         self.notify = notify
         self.capacity = max(1, capacity)
@@ -123,7 +133,7 @@ class JobLane:
                          "timeouts": 0, "late_results": 0,
                          # queue wait and run time of started jobs (the turn latency a busy lane adds)
                          "wait_us_total": 0, "wait_us_max": 0, "run_us_total": 0, "run_us_max": 0,
-                         "cpu_us_total": 0}
+                         "cpu_us_total": 0, "nice_failures": 0}
         self._waits: collections.deque[int] = collections.deque(maxlen=RECENT)  # us, started jobs
         self._cpus: collections.deque[int] = collections.deque(maxlen=RECENT)  # us, finished jobs
         self._threads = [
@@ -263,8 +273,23 @@ class JobLane:
         self.results.append(JobDone(job, reply))
         self.notify()
 
+    def _lower_priority(self) -> None:
+        """This thread's nice value raised by ``nice`` (see the module docstring)."""
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self.nice))
+        except (OSError, AttributeError) as e:
+            with self._cv:
+                self.counters["nice_failures"] += 1
+                first = self.counters["nice_failures"] == 1
+            if first:
+                log.warning("job lane %s: cannot lower its threads' priority (%s): they run at the worker's",
+                            self.name, e)
+
     def _loop(self) -> None:
         me = threading.get_ident()
+        if self.nice:
+            self._lower_priority()
         while True:
             with self._cv:
                 while not self._queue and not self._stop:

@@ -93,7 +93,7 @@ def _lane(worker: Any, kind: str) -> JobLane:
     lane: JobLane | None = worker.extra_lanes.get(kind)
     if lane is None:
         lane = JobLane(kind, lambda job: _RUNNERS[job.kind](worker, job), worker.notify, threads=1,
-                       capacity=LANE_CAPACITY)
+                       capacity=LANE_CAPACITY, nice=worker.cfg.job_nice)
         lane.start()
         worker.extra_lanes[kind] = lane
     return lane

@@ -326,3 +326,45 @@ def test_withdrawn_queued_jobs_never_run_and_a_running_one_is_left_alone():
     assert lane.lane.counters["done"] == 2
     lane.lane.stop()
 
+
+
+def test_job_threads_run_nicer_than_the_thread_that_started_them():
+    import os
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+
+    def runner(j: Job) -> SmartTurnResult:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return result(j)
+
+    lane = Lane(runner, threads=2, nice=5)
+    for i in range(4):
+        assert lane.lane.submit(job(f"c{i}"))
+    assert len(lane.collect(4)) == 4
+    assert seen and all(p == min(19, base + 5) for p in seen), (base, seen)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the caller's is untouched
+    assert lane.lane.counters["nice_failures"] == 0
+    lane.lane.stop()
+    plain: list[int] = []
+    lane = Lane(lambda j: (plain.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())), result(j))[1])
+    assert lane.lane.submit(job("d")) and len(lane.collect(1)) == 1
+    assert plain == [base]  # nice 0 (the default): the lane's threads keep the process's priority
+    lane.lane.stop()
+
+
+def test_a_thread_whose_priority_cannot_change_still_runs_its_jobs(monkeypatch):
+    import os
+
+    def refuse(*a: object) -> None:
+        raise PermissionError("not here")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    lane = Lane(result, threads=2, nice=5)
+    assert lane.lane.submit(job("a"))
+    assert [d.reply.call_id for d in lane.collect(1)] == ["a"]
+    deadline = time.monotonic() + 2.0
+    while lane.lane.counters["nice_failures"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert lane.lane.counters["nice_failures"] == 2  # each thread tried once
+    lane.lane.stop()
