@@ -17,7 +17,6 @@ from __future__ import annotations
 import shutil
 import socket
 import tempfile
-import time
 from pathlib import Path
 
 import httpx

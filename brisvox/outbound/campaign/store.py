@@ -57,9 +57,8 @@ from brisvox.outbound.campaign.outcomes import (
     shown,
 )
 from brisvox.outbound.campaign.scheduler import Due, Settings, after_attempt
-from brisvox.runtime.private_files import FILE_MODE
+from brisvox.runtime.private_files import FILE_MODE, private_dir
 from brisvox.runtime.private_files import open_private as private_fd
-from brisvox.runtime.private_files import private_dir
 
 DB_NAME = "campaigns.sqlite3"
 STATES = ("running", "paused", "cancelled", "done")
