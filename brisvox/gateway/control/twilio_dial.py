@@ -17,6 +17,17 @@ Invariants:
   the create (``call_sid``, Twilio's ``status``, normally ``queued``), else the reason. The
   call id of the pipeline's call does not exist yet (it is made when the stream starts):
   the CallSid is what names the call until then.
+* Every create asks for status callbacks (``StatusCallback`` = the webhook's origin plus
+  :func:`~brisvox.gateway.control.twilio_status.status_path`, events
+  :data:`~brisvox.gateway.control.twilio_status.EVENTS`), which the webhook verifies and
+  records. With ``await_answer`` the report waits for the call's first decisive status
+  (:meth:`~brisvox.gateway.control.twilio_status.CallStatuses.wait`): answered (``data`` with
+  ``status``, ``ringing_at_ms``, ``answered_at_ms``) or the SIP dial's words (``busy``, ``no
+  answer``, ``failed``, ``canceled``); nothing decisive within the ring (Twilio's 60 s
+  without one) plus :data:`STATUS_GRACE_S` is :data:`NO_STATUS` (the call may be up).
+  Counted ``twilio_dial_answered``, ``twilio_dial_<status>``, ``twilio_dial_status_timeout``.
+* A dial's ``params`` (checked by the dial registry, :func:`brisvox.wire.jsontext.dial_params`)
+  are kept with its CallSid in that table and given to the call's stream by the webhook.
 * Nothing is sent to Twilio unless every key it needs is set (the refusal names the first
   missing one: ``twilio_account_sid``, ``twilio_from``, ``public_url``, ``twiml_path``), the
   target is an E.164 number or a ``sip:`` URI (:data:`~brisvox.gateway.control.twilio_rest.E164_RE`,

@@ -52,9 +52,18 @@ Invariants:
   ``https://<Host>``, plus the path and query as sent. Without the token
   the webhook is open only on a loopback listener or with
   ``allow_unauthenticated`` (else 403 ``ws_refused_unconfigured``).
+* ``POST <twiml_path>/status`` is Twilio's status callback of a call this gateway created
+  (:mod:`brisvox.gateway.control.twilio_status`): the same head checks, then the same form,
+  Host, signature (of that URL) and AccountSid checks (:meth:`Webhook.verified`), counted
+  ``ws_twilio_status`` and refused as ``ws_refused_twilio_status_form``/``_signature``/``_account``;
+  then one ``CallStatus`` Twilio defines (else 400 ``ws_refused_twilio_status_form``), recorded
+  in :attr:`Webhook.statuses` and answered 200 with no body (``ws_twilio_status_ok``). The
+  TwiML fetch of an outbound call records it ``in-progress`` (Twilio fetches ``Url`` at the
+  answer) and puts the parameters its dial carried (:meth:`~brisvox.gateway.control.twilio_status.CallStatuses.carry`)
+  among the stream's, under the From/To/direction the gateway sets.
 * A request that never completes is dropped by the server's handshake timeout.
 * Every value placed in the TwiML is XML-escaped; the From/To parameters are
-  cut to :data:`MAX_PARAM` characters. A call whose form says ``Direction=outbound-...``
+  cut to :data:`MAX_PARAM` characters, a dial's to ``MAX_PARAM_VALUE`` (the dial checked them). A call whose form says ``Direction=outbound-...``
   (one :mod:`brisvox.gateway.control.twilio_dial` placed) also gets ``direction = "outbound"``.
 """
 
