@@ -241,3 +241,12 @@ def test_a_second_store_in_one_process_never_costs_the_first_its_commits(tmp_pat
     assert names == ["a", "b"]
     first.close()
     second.close()
+
+
+def test_the_status_path_may_not_be_a_routes():
+    from brisvox.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="twiml_path"):
+        WebSocketConfig.from_section({"twiml_path": "/twiml", "routes": [
+            {"path": "/twiml/status", "protocol": "twilio", "agent": "default"}]})
+    assert WebSocketConfig.from_section({"twiml_path": "/twiml", "routes": TWIML_ROUTES}).twiml_path == "/twiml"
