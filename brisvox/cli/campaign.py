@@ -88,7 +88,8 @@ def _settings(args: argparse.Namespace) -> Any:
     kw: dict[str, Any] = {"rate": args.rate, "max_concurrent": args.max_concurrent,
                           "windows": parse_hours(args.hours), "days": parse_days(args.days),
                           "max_attempts": args.max_attempts, "retry_delay_s": args.retry_delay,
-                          "retry_multiplier": args.retry_backoff, "ring_timeout_s": args.ring_timeout}
+                          "retry_multiplier": args.retry_backoff, "ring_timeout_s": args.ring_timeout,
+                          "via": args.via}
     if retry_on is not None:
         kw["retry_on"] = retry_on
     return Settings(**kw)
@@ -302,6 +303,9 @@ def add_parser(sub: Any) -> None:
                     "(default no_answer,busy,failed)")
     sp.add_argument("--ring-timeout", type=float, default=0.0, help="seconds to ring (default: the gateway's "
                     "[sip] dial_ring_timeout_s)")
+    sp.add_argument("--via", choices=("sip", "twilio"), default="sip", help="how rows are dialled: sip "
+                    "([campaigns] trunk) or twilio (the REST API: [websocket] twilio_account_sid, twilio_from, "
+                    "public_url, twiml_path; default sip)")
     sp.add_argument("--no-agent-check", action="store_true", help="do not look for the agent's file offline")
     common(sp)
     sp.set_defaults(func=cmd_start)

@@ -8,8 +8,9 @@ pulling in the CLI's command set.
 
 Invariants: every request has a timeout (a SIP dial: its ring plus 40 s for
 Timer B and the agent side; a Twilio one, or ``calls``: 20 s / the timeout
-given); a gateway that does not answer in time is an error whose text starts
-with :data:`GATEWAY_SILENT` (the dial may or may not have been placed).
+given; an awaited Twilio one: its ring plus 50 s); a gateway that does not answer in time
+is an error whose text starts with :data:`GATEWAY_SILENT` (the dial may or may not have been
+placed).
 """
 
 from __future__ import annotations
@@ -18,23 +19,35 @@ from collections.abc import Mapping
 from typing import Any
 
 GATEWAY_SILENT = "the gateway does not answer on"
+TWILIO_PREFIX = "twilio:"  # a Twilio call named by its CallSid (dial's answer, live_calls)
+NO_STATUS = "no call status from Twilio"  # an awaited Twilio dial that heard nothing decisive (twilio_dial)
 
 
 def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
-         via: str = "sip", trunk: str = "", params: Mapping[str, str] | None = None) -> tuple[bool, dict[str, Any], str]:
+         via: str = "sip", trunk: str = "", params: Mapping[str, str] | None = None,
+         await_answer: bool = False) -> tuple[bool, dict[str, Any], str]:
     """Ask the gateway at ``inbox`` to place an outbound call: (ok, data, error). ``params``: the
     call's parameters (the agent's ``CallStart.params``: a campaign row's variables; the gateway
     refuses more than ``MAX_DIAL_PARAMS`` or a malformed one, :func:`brisvox.wire.jsontext.dial_params`). Over SIP once
     the callee answered (data["call_id"]) or the dial failed (error: "busy", "no answer", ...);
-    through Twilio once Twilio accepted the calls create (data["call_sid"], "status")."""
+    through Twilio once Twilio accepted the calls create (data["call_sid"], "status"), or with
+    ``await_answer`` as over SIP: once Twilio's status callback (or its fetch of the webhook) said
+    the callee answered (data["call_sid"], "status" ``in-progress``) or the dial failed (error:
+    "busy", "no answer", "failed", "canceled", or :data:`NO_STATUS`: nothing decisive came)."""
     from ipc.bus import RequestTimeout, request_sync
     from ipc.frames import Command, CommandReply
 
-    wait = (ring_timeout_s or 600.0) + 40.0 if via == "sip" else 20.0  # SIP: the ring, Timer B, the agent
+    if via == "sip":
+        wait = (ring_timeout_s or 600.0) + 40.0  # the ring, Timer B, the agent
+    elif await_answer:  # the ring (Twilio's default 60 s), the gateway's grace for the status, the create
+        wait = (ring_timeout_s or 60.0) + 30.0 + 20.0
+    else:
+        wait = 20.0
     try:
         reply = request_sync(inbox, Command(name="dial", args={"target": target, "agent": agent, "via": via,
                                                                 "ring_timeout_s": ring_timeout_s,
                                                                 **({"trunk": trunk} if trunk else {}),
+                                                                **({"await_answer": True} if await_answer else {}),
                                                                 **({"params": dict(params)} if params else {})}), wait)
     except RequestTimeout:
         return False, {}, f"{GATEWAY_SILENT} {inbox}"
@@ -44,7 +57,8 @@ def dial(inbox: str, target: str, agent: str = "", ring_timeout_s: float = 0.0,
 
 
 def live_calls(inbox: str, timeout: float = 5.0) -> set[str] | None:
-    """The call ids the gateway at ``inbox`` holds now (its ``calls`` command); None when it
+    """The call ids the gateway at ``inbox`` holds now (its ``calls`` command), and for a Twilio
+    call ``twilio:<CallSid>`` too (an awaited Twilio dial's answer names it so); None when it
     does not answer within ``timeout``."""
     from ipc.bus import RequestTimeout, request_sync
     from ipc.frames import Command, CommandReply
@@ -55,7 +69,9 @@ def live_calls(inbox: str, timeout: float = 5.0) -> set[str] | None:
         return None
     if not isinstance(reply, CommandReply) or not reply.ok or not isinstance(reply.data, dict):
         return None
-    return {str(k) for k in reply.data}
+    return {str(k) for k in reply.data} | {f"{TWILIO_PREFIX}{c['ids']['callSid']}" for c in reply.data.values()
+                                            if isinstance(c, dict) and isinstance(c.get("ids"), dict)
+                                            and isinstance(c["ids"].get("callSid"), str)}
 
 
 DIAL_TIMES = (("ringing_at_ms", "ringing"), ("progress_at_ms", "early media"), ("answered_at_ms", "answered"))

@@ -565,9 +565,11 @@ def _twilio_control(cfg: Any) -> None:
     if not re.match(r"^https?://[^/\s]+$", cfg.twilio_api_base):
         raise ConfigError("twilio_api_base", "expected http(s)://host[:port] without a path")
     path = cfg.twiml_path
-    if path and (not re.match(r"^/[A-Za-z0-9/_.-]*$", path) or path == HEALTHZ_PATH
-                 or any(r.path == path for r in cfg.routes)):
-        raise ConfigError("twiml_path", f"expected a path starting with / that is neither {HEALTHZ_PATH} nor a route's")
+    status = path.rstrip("/") + "/status"  # the status callbacks' (brisvox/gateway/control/twilio_status.py)
+    if path and (not re.match(r"^/[A-Za-z0-9/_.-]*$", path) or HEALTHZ_PATH in (path, status)
+                 or any(r.path in (path, status) for r in cfg.routes)):
+        raise ConfigError("twiml_path", f"expected a path starting with / that is neither {HEALTHZ_PATH} nor a route's "
+                          "(nor is its /status)")
     if cfg.twilio_from and not re.match(r"^\+[1-9][0-9]{1,14}$", cfg.twilio_from):
         raise ConfigError("twilio_from", "expected an E.164 number (+ and 2 to 15 digits)")
     if cfg.twilio_require_stream_token and not path:

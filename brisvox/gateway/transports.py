@@ -233,7 +233,9 @@ if websocket_protocols() != WEBSOCKET_PROTOCOLS:  # the config's list and the ro
 
 
 def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-              trunk: str = "", params: Any = None, admitted: DialAdmitted | None = None) -> None:
+              trunk: str = "", params: Any = None, admitted: DialAdmitted | None = None,
+              await_answer: bool = True) -> None:
+    # ``await_answer``: a SIP dial always answers once the callee did (or the dial failed)
     checked, why = dial_params(params)  # the call's parameters (a campaign row's variables): CallStart.params
     if why:
         done(None, why)
@@ -242,18 +244,22 @@ def _sip_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: fl
 
 
 def _twilio_dial(listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
-                 trunk: str = "", params: Any = None, admitted: DialAdmitted | None = None) -> None:
+                 trunk: str = "", params: Any = None, admitted: DialAdmitted | None = None,
+                 await_answer: bool = False) -> None:
     # ``admitted`` is never called: the call is admitted when Twilio's stream arrives (a consult
-    # leg is then claimed by its CallSid: brisvox/gateway/core/consults.py)
+    # leg is then claimed by its CallSid: brisvox/gateway/core/consults.py). ``params`` reach the
+    # call as its stream's parameters (the webhook's TwiML); ``await_answer``: the reply waits for
+    # the call's first decisive status (brisvox/gateway/control/twilio_status.py)
     if trunk:
         done(None, "a trunk is a [[sip.trunks]] entry: dial it via sip")
         return
-    if params:
-        done(None, "params: a Twilio dial carries none (dial via sip)")
+    checked, why = dial_params(params)
+    if why:
+        done(None, why)
         return
     from brisvox.gateway.control.twilio_dial import dial_twilio
 
-    dial_twilio(listener, host, target, agent, ring_s, done)
+    dial_twilio(listener, host, target, agent, ring_s, done, checked, await_answer)
 
 
 # via -> how it is dialled

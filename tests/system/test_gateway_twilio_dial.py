@@ -50,7 +50,12 @@ def test_dial_via_twilio_creates_the_call_and_it_runs_through_the_webhook_and_st
         (create,) = api.creates()
         assert create.authorized and create.path == f"/2010-04-01/Accounts/{ACCOUNT}/Calls.json"
         assert create.fields == {"To": ["+4930123456"], "From": [FROM], "Url": [f"http://127.0.0.1:{port}/twiml"],
-                                 "Method": ["POST"], "Timeout": ["25"]}
+                                 "Method": ["POST"], "Timeout": ["25"],
+                                 # the call's progress, POSTed back signed (twilio_status; the fake sends
+                                 # none unless asked: status_callbacks)
+                                 "StatusCallback": [f"http://127.0.0.1:{port}/twiml/status"],
+                                 "StatusCallbackMethod": ["POST"],
+                                 "StatusCallbackEvent": ["initiated", "ringing", "answered", "completed"]}
         # Twilio fetches the webhook once answered, then opens the stream: the call runs
         deadline = time.monotonic() + 3
         live: dict = {}

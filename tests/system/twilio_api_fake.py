@@ -20,6 +20,16 @@ answers (:meth:`FakeTwilioApi.place`): the signed webhook POST to ``Url``, the
 ``connected``, ``start`` with the CallSid and the TwiML's parameters), caller audio
 for a while, the bot's audio measured (:class:`PlacedCall` in :attr:`FakeTwilioApi.placed`).
 
+With ``status_callbacks=True`` (default off) a create that names a ``StatusCallback`` gets the
+call's progress POSTed there as Twilio does (:meth:`FakeTwilioApi.progress`): form-encoded,
+signed like the webhook (``X-Twilio-Signature`` over that URL and the sorted form), the
+``StatusCallbackEvent`` events asked for (``completed`` always), each with its ``CallStatus``.
+:attr:`FakeTwilioApi.callee` says how the callee of a ``To`` behaves: ``answered`` (the default:
+``ringing``, ``in-progress``, then the call placed when ``place_calls``, then ``completed``),
+``busy``, ``no-answer`` (``ringing``, then ``no-answer`` after :attr:`FakeTwilioApi.ring_s`) or
+``failed``. Every callback sent is in :attr:`FakeTwilioApi.callbacks` (CallSid, CallStatus,
+the HTTP status the gateway answered).
+
 Every request is recorded (:attr:`FakeTwilioApi.requests`). Runs on a thread.
 """
 
@@ -83,6 +93,10 @@ class FakeTwilioApi:
         self.place_seconds = 6.0
         self.place_tone = True  # the callee says something (1 s of 440 Hz) before falling silent
         self.placed: dict[str, PlacedCall] = {}
+        self.status_callbacks = False  # POST signed status callbacks to a create's StatusCallback
+        self.callee: dict[str, str] = {}  # To -> answered | busy | no-answer | failed (default answered)
+        self.ring_s = 0.3  # how long a callee rings before it answers or Twilio gives up (no-answer)
+        self.callbacks: list[tuple[str, str, int]] = []  # (CallSid, CallStatus, the gateway's answer)
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         api = self
@@ -157,7 +171,9 @@ class FakeTwilioApi:
                 self.answer(201, {"sid": sid, "account_sid": api.account, "to": one["To"], "from": one["From"],
                                   "status": "queued", "direction": "outbound-api", "api_version": "2010-04-01",
                                   "uri": f"/2010-04-01/Accounts/{api.account}/Calls/{sid}.json"})
-                if api.place_calls:
+                if api.status_callbacks and one.get("StatusCallback"):
+                    api.progress(sid, one, fields.get("StatusCallbackEvent", []))
+                elif api.place_calls:
                     api.place(sid, one)
 
             def answer(self, status: int, doc: dict[str, Any]) -> None:
@@ -259,6 +275,60 @@ class FakeTwilioApi:
         finally:
             await t.close()
         call.end = call.end or "callee hung up"
+
+    # -- the status callbacks of a created call, as Twilio sends them ---------------------------
+
+    def progress(self, sid: str, form: dict[str, str], events: list[str]) -> None:
+        th = threading.Thread(target=lambda: asyncio.run(self._progress(sid, form, set(events) | {"completed"})),
+                              daemon=True)
+        self._threads.append(th)
+        th.start()
+
+    async def _progress(self, sid: str, form: dict[str, str], events: set[str]) -> None:
+        import httpx
+
+        from brisvox.wire import twilio
+
+        kind = self.callee.get(form["To"], "answered")
+        seq = 0
+        async with httpx.AsyncClient(trust_env=False, timeout=5.0) as client:
+            async def send(event: str, status: str, **extra: str) -> None:
+                nonlocal seq
+                if event not in events:
+                    return
+                cb = {"AccountSid": self.account, "ApiVersion": "2010-04-01", "CallSid": sid, "CallStatus": status,
+                      "Called": form["To"], "Caller": form["From"], "Direction": "outbound-api",
+                      "From": form["From"], "To": form["To"], "CallbackSource": "call-progress-events",
+                      "SequenceNumber": str(seq), "Timestamp": time.strftime("%a, %d %b %Y %H:%M:%S +0000"),
+                      **extra}
+                seq += 1
+                url = form["StatusCallback"]
+                headers = {"Content-Type": "application/x-www-form-urlencoded",
+                           "X-Twilio-Signature": twilio.signature(self.token, url, cb)}
+                try:
+                    r = await client.post(url, content=urlencode(cb), headers=headers)
+                    code = r.status_code
+                except httpx.HTTPError:
+                    code = 0
+                with self._lock:
+                    self.callbacks.append((sid, status, code))
+
+            await asyncio.sleep(0.05)  # the create's answer first, as from Twilio
+            await send("initiated", "initiated")
+            if kind in ("busy", "failed"):
+                return await send("completed", kind, CallDuration="0")
+            await send("ringing", "ringing")
+            await asyncio.sleep(self.ring_s)
+            if kind == "no-answer":
+                return await send("completed", "no-answer", CallDuration="0")
+            t0 = time.monotonic()
+            await send("answered", "in-progress")
+            if self.place_calls:
+                call = PlacedCall(sid)
+                with self._lock:
+                    self.placed[sid] = call
+                await self._place(call, form)
+            await send("completed", "completed", CallDuration=str(int(time.monotonic() - t0)))
 
     def __enter__(self) -> FakeTwilioApi:
         self.thread.start()

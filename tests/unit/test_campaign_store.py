@@ -46,10 +46,12 @@ class FakeDialer:
         self.live_ids = set() if live_ids is None else live_ids  # default: an answered call is over at once
         self.gate: asyncio.Event | None = None
         self.up = True  # the gateway answers
+        self.vias: list[str] = []  # each dial's via
 
     async def dial(self, target: str, agent: str, ring_timeout_s: float,
-                   params: Any = None) -> DialResult:
+                   params: Any = None, via: str = "sip") -> DialResult:
         self.calls.append(target)
+        self.vias.append(via)
         self.params[target] = dict(params or {})
         if self.on_dial is not None:
             self.on_dial(target)
@@ -455,9 +457,10 @@ class HoldingDialer(FakeDialer):
         super().__init__(script)
         self.hold = {t: asyncio.Event() for t in hold}
 
-    async def dial(self, target: str, agent: str, ring_timeout_s: float, params: Any = None) -> DialResult:
+    async def dial(self, target: str, agent: str, ring_timeout_s: float, params: Any = None,
+                   via: str = "sip") -> DialResult:
         if target not in self.hold:
-            return await super().dial(target, agent, ring_timeout_s, params)
+            return await super().dial(target, agent, ring_timeout_s, params, via)
         self.calls.append(target)
         await self.hold[target].wait()
         seq = self.script.get(target)

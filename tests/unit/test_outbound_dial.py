@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs
@@ -69,8 +70,20 @@ def test_a_create_is_retried_only_when_it_never_reached_twilio(monkeypatch):
 
 
 def cfg(**kw: Any) -> SimpleNamespace:
-    base = {"twilio_from": "+4930999", "public_url": "wss://gw.example.com", "twiml_path": "/twiml", "routes": ROUTES}
+    base = {"twilio_from": "+4930999", "public_url": "wss://gw.example.com", "twiml_path": "/twiml", "routes": ROUTES,
+            "twilio_stream_token_ttl_s": 30.0, "twilio_stream_tokens_max": 16, "twiml_requests_per_s": 0}
     return SimpleNamespace(**{**base, **kw})
+
+
+def ws_server(handler: Callable[[httpx.Request], httpx.Response], counters: dict[str, int],
+              **kw: Any) -> SimpleNamespace:
+    """What dial_twilio uses of the WebSocket server: its config, REST client, counters, webhook."""
+    from brisvox.gateway.control.twiml import Webhook
+
+    server = SimpleNamespace(cfg=cfg(**kw), twilio_api=api_with(handler),
+                             count=lambda k: counters.__setitem__(k, counters.get(k, 0) + 1))
+    server.webhook = Webhook(server)  # type: ignore[arg-type]
+    return server
 
 
 def test_a_twilio_dial_is_refused_naming_what_is_missing():
@@ -101,8 +114,7 @@ def test_dial_twilio_reports_the_call_sid_once_twilio_queued_it():
 
     async def go() -> list[tuple[Any, str]]:
         counters: dict[str, int] = {}
-        server = SimpleNamespace(cfg=cfg(), twilio_api=api_with(handler),
-                                 count=lambda k: counters.__setitem__(k, counters.get(k, 0) + 1))
+        server = ws_server(handler, counters)
         tasks: list[asyncio.Task[Any]] = []
         host = SimpleNamespace(refusal=lambda: "", spawn=lambda c: tasks.append(asyncio.ensure_future(c)))
         out: list[tuple[Any, str]] = []
@@ -117,7 +129,11 @@ def test_dial_twilio_reports_the_call_sid_once_twilio_queued_it():
     assert out[0] == ({"via": "twilio", "call_sid": sid, "status": "queued", "target": "+4930123456",
                        "agent": "sales", "from": "+4930999"}, "")
     assert out[1] == (None, "refused: full") and len(bodies) == 1
-    assert parse_qs(bodies[0].decode())["Url"] == ["https://gw.example.com/twiml?agent=sales"]
+    form = parse_qs(bodies[0].decode())
+    assert form["Url"] == ["https://gw.example.com/twiml?agent=sales"]
+    # the call's progress is POSTed to the webhook's status path, signed as the webhook is
+    assert form["StatusCallback"] == ["https://gw.example.com/twiml/status"] and form["StatusCallbackMethod"] == ["POST"]
+    assert form["StatusCallbackEvent"] == ["initiated", "ringing", "answered", "completed"]
 
 
 def test_twilio_from_must_be_e164():

@@ -7,7 +7,7 @@ built by the WebSocket server when ``[websocket] twilio_account_sid`` is set
 (:mod:`brisvox.gateway.carriers.twilio`): a transfer (``Twiml=<Response><Dial>...``,
 :func:`dial_twiml`) and a hang-up (``Status=completed``); and the calls create
 of an outbound call (``POST .../Calls.json`` with ``To``, ``From``, ``Url``,
-``Method``, optionally ``Timeout`` and ``StatusCallback``:
+``Method``, optionally ``Timeout``, ``StatusCallback`` and ``StatusCallbackEvent``:
 :meth:`TwilioApi.create_call`, used by :mod:`brisvox.gateway.control.twilio_dial`). The
 requests themselves are built by :func:`call_request` (pure: the tests check
 them byte for byte).
@@ -44,6 +44,7 @@ import asyncio
 import base64
 import logging
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
@@ -92,7 +93,7 @@ def dial_twiml(target: str) -> str | None:
 
 
 def call_request(api_base: str, account_sid: str, auth_token: str, call_sid: str | None,
-                 fields: dict[str, str]) -> tuple[str, dict[str, str], bytes]:
+                 fields: Mapping[str, str | Sequence[str]]) -> tuple[str, dict[str, str], bytes]:
     """(url, headers, body) of the calls update of ``call_sid`` (None: the calls create);
     ValueError for a bad SID."""
     if not SID_RE.match(account_sid) or (call_sid is not None and not SID_RE.match(call_sid)):
@@ -102,19 +103,24 @@ def call_request(api_base: str, account_sid: str, auth_token: str, call_sid: str
     basic = base64.b64encode(f"{account_sid}:{auth_token}".encode()).decode()
     headers = {"Authorization": f"Basic {basic}", "Content-Type": "application/x-www-form-urlencoded",
                "Accept": "application/json"}
-    return url, headers, urlencode(fields).encode()
+    return url, headers, urlencode(fields, doseq=True).encode()  # a list: the name repeated
 
 
-def create_fields(to: str, from_: str, url: str, timeout_s: int = 0, status_callback: str = "") -> dict[str, str]:
+def create_fields(to: str, from_: str, url: str, timeout_s: int = 0, status_callback: str = "",
+                  events: Sequence[str] = ()) -> dict[str, str | list[str]]:
     """The form of a calls create: Twilio fetches ``url`` (POST) once the callee answers;
-    ``timeout_s`` (1..600) is how long it rings (0: Twilio's default, 60 s). Answering-machine
-    detection (``MachineDetection``) is not asked for (docs/TRANSPORTS.md)."""
-    fields = {"To": to, "From": from_, "Url": url, "Method": "POST"}
+    ``timeout_s`` (1..600) is how long it rings (0: Twilio's default, 60 s); Twilio POSTs the
+    call's progress ``events`` (``StatusCallbackEvent``, repeated; none: only ``completed``) to
+    ``status_callback``. Answering-machine detection (``MachineDetection``) is not asked for
+    (docs/TRANSPORTS.md)."""
+    fields: dict[str, str | list[str]] = {"To": to, "From": from_, "Url": url, "Method": "POST"}
     if timeout_s:
         fields["Timeout"] = str(max(1, min(600, int(timeout_s))))
     if status_callback:
         fields["StatusCallback"] = status_callback
         fields["StatusCallbackMethod"] = "POST"
+        if events:
+            fields["StatusCallbackEvent"] = list(events)
     return fields
 
 
@@ -177,11 +183,11 @@ class TwilioApi:
         return await self.update(call_sid, {"Status": "completed"}, "hangup")
 
     async def create_call(self, to: str, from_: str, url: str, timeout_s: int = 0,
-                          status_callback: str = "") -> Outcome:
+                          status_callback: str = "", events: Sequence[str] = ()) -> Outcome:
         """The calls create (an outbound call); ``data`` is Twilio's call resource (``sid``, ``status``)."""
-        return await self.update(None, create_fields(to, from_, url, timeout_s, status_callback), "create")
+        return await self.update(None, create_fields(to, from_, url, timeout_s, status_callback, events), "create")
 
-    async def update(self, call_sid: str | None, fields: dict[str, str], what: str) -> Outcome:
+    async def update(self, call_sid: str | None, fields: Mapping[str, str | Sequence[str]], what: str) -> Outcome:
         """POST ``fields`` to the call (None: create one); at most :data:`ATTEMPTS` attempts
         (module invariants)."""
         try:

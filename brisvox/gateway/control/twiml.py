@@ -52,9 +52,18 @@ Invariants:
   ``https://<Host>``, plus the path and query as sent. Without the token
   the webhook is open only on a loopback listener or with
   ``allow_unauthenticated`` (else 403 ``ws_refused_unconfigured``).
+* ``POST <twiml_path>/status`` is Twilio's status callback of a call this gateway created
+  (:mod:`brisvox.gateway.control.twilio_status`): the same head checks, then the same form,
+  Host, signature (of that URL) and AccountSid checks (:meth:`Webhook.verified`), counted
+  ``ws_twilio_status`` and refused as ``ws_refused_twilio_status_form``/``_signature``/``_account``;
+  then one ``CallStatus`` Twilio defines (else 400 ``ws_refused_twilio_status_form``), recorded
+  in :attr:`Webhook.statuses` and answered 200 with no body (``ws_twilio_status_ok``). The
+  TwiML fetch of an outbound call records it ``in-progress`` (Twilio fetches ``Url`` at the
+  answer) and puts the parameters its dial carried (:meth:`~brisvox.gateway.control.twilio_status.CallStatuses.carry`)
+  among the stream's, under the From/To/direction the gateway sets.
 * A request that never completes is dropped by the server's handshake timeout.
 * Every value placed in the TwiML is XML-escaped; the From/To parameters are
-  cut to :data:`MAX_PARAM` characters. A call whose form says ``Direction=outbound-...``
+  cut to :data:`MAX_PARAM` characters, a dial's to ``MAX_PARAM_VALUE`` (the dial checked them). A call whose form says ``Direction=outbound-...``
   (one :mod:`brisvox.gateway.control.twilio_dial` placed) also gets ``direction = "outbound"``.
 """
 
@@ -76,8 +85,10 @@ from websockets.http11 import Request
 from brisvox.gateway.config import AGENT_RE
 from brisvox.gateway.control.stream_tokens import Binding, StreamTokens
 from brisvox.gateway.control.twilio_rest import SID_RE
+from brisvox.gateway.control.twilio_status import CallStatuses, status_path
 from brisvox.gateway.rate_limits import process_storage
 from brisvox.gateway.ws.auth import Refusal, twilio_signed, unconfigured
+from brisvox.wire.jsontext import MAX_PARAM_VALUE
 from brisvox.wire.twilio import TOKEN_PARAM
 
 if TYPE_CHECKING:
@@ -98,7 +109,7 @@ _LENGTH = re.compile(r"[0-9]{1,9}", re.ASCII)
 def render(stream_url: str, params: dict[str, str], token: str = "") -> bytes:
     """The TwiML answer that connects the call to ``stream_url`` with ``params`` (and the
     stream's one-time ``token`` as the :data:`~brisvox.wire.twilio.TOKEN_PARAM` parameter)."""
-    inner = "".join(f"<Parameter name={quoteattr(k)} value={quoteattr(v[:MAX_PARAM])}/>"
+    inner = "".join(f"<Parameter name={quoteattr(k)} value={quoteattr(v[:MAX_PARAM_VALUE])}/>"
                     for k, v in params.items())
     if token:
         inner += f"<Parameter name={quoteattr(TOKEN_PARAM)} value={quoteattr(token)}/>"
@@ -140,6 +151,8 @@ class Webhook:
         self.cfg = server.cfg
         self.path = server.cfg.twiml_path
         self.tokens = StreamTokens(server.cfg.twilio_stream_token_ttl_s, server.cfg.twilio_stream_tokens_max)
+        self.status_path = status_path(server.cfg.twiml_path)
+        self.statuses = CallStatuses(count=server.count)  # the calls created here (twilio_dial)
         per_s = server.cfg.twiml_requests_per_s
         self._rate = RateLimitItemPerSecond(per_s) if per_s > 0 else None
         self._limiter = strategies.MovingWindowRateLimiter(process_storage()) if self._rate else None
@@ -171,32 +184,15 @@ class Webhook:
     def answer(self, conn: WsConnection, path: str, headers: Headers, form: bytes) -> bytes:
         """The response to a complete request (the checks after the head's)."""
         cfg = self.cfg
-        if path.split("?", 1)[0] != self.path:
+        where = path.split("?", 1)[0]
+        if where == self.status_path:
+            return self.status(conn, path, headers, form)
+        if where != self.path:
             return self.refuse(conn, 404, "no such path", "ws_refused_path")
-        try:
-            pairs = parse_qsl(form.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(form),
-                              max_num_fields=200)
-        except (UnicodeDecodeError, ValueError):
-            return self.refuse(conn, 400, "bad form", "ws_refused_twiml_form")
-        host = headers.get("Host", "")
-        if not cfg.public_url and not _plain_host(host):
-            return self.refuse(conn, 400, "bad Host", "ws_refused_twiml_form")
-        if cfg.twilio_auth_token:
-            signed = origin(cfg, host, False) + path
-            if not twilio_signed(cfg.twilio_auth_token, headers, signed, pairs):
-                return self.refuse(conn, 403, "bad X-Twilio-Signature", "ws_refused_twiml_signature")
-        else:
-            verdict = unconfigured(cfg)
-            if isinstance(verdict, Refusal):
-                return self.refuse(conn, verdict.status, verdict.text.strip(), verdict.counter)
-        fields: dict[str, list[str]] = {}
-        for k, v in pairs:
-            fields.setdefault(k, []).append(v)
-        call_sid, account_sid = (_sid(fields, k) for k in ("CallSid", "AccountSid"))
-        if call_sid is None or account_sid is None:
-            return self.refuse(conn, 400, "form without one valid CallSid and AccountSid", "ws_refused_twiml_form")
-        if cfg.twilio_account_sid and not hmac.compare_digest(account_sid.encode(), cfg.twilio_account_sid.encode()):
-            return self.refuse(conn, 403, "not this gateway's Twilio account", "ws_refused_twiml_account")
+        checked = self.verified(conn, path, headers, form, "twiml")
+        if isinstance(checked, bytes):
+            return checked
+        fields, call_sid, account_sid, host = checked
         agent = parse_qs(urlsplit(path).query).get("agent", [""])[0]
         url = stream_url(cfg, host, agent)
         if url is None:
@@ -206,11 +202,59 @@ class Webhook:
         if token is None:
             return self.refuse(conn, 503, "too many calls waiting for their stream", "ws_refused_twiml_tokens",
                                {"Retry-After": "1"})
-        params = {k: fields[k][0] for k in PASSED if k in fields}
-        if fields.get("Direction", [""])[0].startswith("outbound"):  # a call we placed (twilio_dial)
+        outbound = fields.get("Direction", [""])[0].startswith("outbound")  # a call we placed (twilio_dial)
+        params = self.statuses.params(call_sid) if outbound else {}  # the dial's (a campaign row's variables)
+        params.update({k: fields[k][0][:MAX_PARAM] for k in PASSED if k in fields})
+        if outbound:
             params["direction"] = "outbound"
+            self.statuses.record(call_sid, "in-progress")  # Twilio fetches the Url once the callee answered
         self.server.count("ws_twiml_ok")
         return http_answer(200, render(url, params, token), "text/xml")
+
+    def status(self, conn: WsConnection, path: str, headers: Headers, form: bytes) -> bytes:
+        """A status callback of a call this gateway created: verified as the call webhook is, then
+        recorded (:class:`~brisvox.gateway.control.twilio_status.CallStatuses`); 200 with no body."""
+        self.server.count("ws_twilio_status")
+        checked = self.verified(conn, path, headers, form, "twilio_status")
+        if isinstance(checked, bytes):
+            return checked
+        fields, call_sid, _account, _host = checked
+        statuses = fields.get("CallStatus", [])
+        if len(statuses) != 1 or not self.statuses.record(call_sid, statuses[0]):
+            return self.refuse(conn, 400, "form without one known CallStatus", "ws_refused_twilio_status_form")
+        self.server.count("ws_twilio_status_ok")
+        return http_answer(200, b"")
+
+    def verified(self, conn: WsConnection, path: str, headers: Headers, form: bytes,
+                 kind: str) -> bytes | tuple[dict[str, list[str]], str, str, str]:
+        """The checks both POSTs share (module invariants): ``(fields, CallSid, AccountSid, Host)``
+        of a signed form of this account, else the refusal to send (counted ``ws_refused_<kind>_*``)."""
+        cfg = self.cfg
+        try:
+            pairs = parse_qsl(form.decode("utf-8"), keep_blank_values=True, strict_parsing=bool(form),
+                              max_num_fields=200)
+        except (UnicodeDecodeError, ValueError):
+            return self.refuse(conn, 400, "bad form", f"ws_refused_{kind}_form")
+        host = headers.get("Host", "")
+        if not cfg.public_url and not _plain_host(host):
+            return self.refuse(conn, 400, "bad Host", f"ws_refused_{kind}_form")
+        if cfg.twilio_auth_token:
+            signed = origin(cfg, host, False) + path
+            if not twilio_signed(cfg.twilio_auth_token, headers, signed, pairs):
+                return self.refuse(conn, 403, "bad X-Twilio-Signature", f"ws_refused_{kind}_signature")
+        else:
+            verdict = unconfigured(cfg)
+            if isinstance(verdict, Refusal):
+                return self.refuse(conn, verdict.status, verdict.text.strip(), verdict.counter)
+        fields: dict[str, list[str]] = {}
+        for k, v in pairs:
+            fields.setdefault(k, []).append(v)
+        call_sid, account_sid = (_sid(fields, k) for k in ("CallSid", "AccountSid"))
+        if call_sid is None or account_sid is None:
+            return self.refuse(conn, 400, "form without one valid CallSid and AccountSid", f"ws_refused_{kind}_form")
+        if cfg.twilio_account_sid and not hmac.compare_digest(account_sid.encode(), cfg.twilio_account_sid.encode()):
+            return self.refuse(conn, 403, "not this gateway's Twilio account", f"ws_refused_{kind}_account")
+        return fields, call_sid, account_sid, host
 
 
 def _sid(fields: dict[str, list[str]], name: str) -> str | None:

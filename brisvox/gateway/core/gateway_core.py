@@ -326,7 +326,9 @@ class GatewayCore:
         """The ``dial`` command: placed by the dialer its ``via`` names (default ``sip``: an outbound
         SIP call; ``twilio``: a Twilio calls create), through that dialer's listener. With
         ``consult_for`` (a live call of ``sender``'s) and ``summary`` it is a warm transfer's consult
-        leg (:mod:`brisvox.gateway.core.consults`)."""
+        leg (:mod:`brisvox.gateway.core.consults`). A plain dial with ``await_answer = true`` is
+        answered once the callee answered or the dial failed whatever its ``via`` (a SIP dial
+        always is; a Twilio one otherwise at Twilio's ``queued``)."""
         via = args.get("via") or "sip"
         dialer = self.dialers.get(via) if isinstance(via, str) else None
         listener = self.listeners.get(dialer.section) if dialer is not None else None
@@ -345,8 +347,10 @@ class GatewayCore:
             caller, summary, why = self.consults.check_dial(args, sender)
             if why:
                 done(None, f"refused: {why}")
-            elif caller is None:
-                dialer.dial(listener, self, target, agent, float(ring), done, trunk[:64], args.get("params"), None)
+            elif caller is None:  # await_answer (via twilio): the reply at the callee's answer, as a SIP dial's
+                answer = {"await_answer": True} if args.get("await_answer") is True else {}
+                dialer.dial(listener, self, target, agent, float(ring), done, trunk[:64], args.get("params"), None,
+                            **answer)
             else:
                 self._dial_consult(dialer, listener, caller, summary, target, agent, float(ring), done, trunk[:64],
                                   args.get("params"))

@@ -152,7 +152,14 @@ DialDone = Callable[[dict[str, Any] | None, str], None]
 # checks them), admitted: called with the dial's Call once it is admitted, before its agent side
 # starts (None: nobody asks; a dialer whose call is admitted later, Twilio's, never calls it)
 DialAdmitted = Callable[["Call"], None]
-DialFn = Callable[[Any, CallHost, str, str, float, DialDone, str, Any, "DialAdmitted | None"], None]
+
+
+class DialFn(Protocol):
+    """How one ``via`` places a dial (the positional arguments above); ``await_answer`` (a plain
+    dial's, given only when true): report once the callee answered or the dial failed."""
+
+    def __call__(self, listener: Any, host: CallHost, target: str, agent: str, ring_s: float, done: DialDone,
+                 trunk: str, params: Any, admitted: DialAdmitted | None, /, *, await_answer: bool = ...) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

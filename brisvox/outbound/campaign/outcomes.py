@@ -31,10 +31,13 @@ DEFAULT_RETRY_ON = frozenset({NO_ANSWER, BUSY, FAILED})
 AMD_VERDICTS = ("human", "machine")
 SHOWN = ("answered_human", "answered_machine", ANSWERED, NO_ANSWER, BUSY, FAILED, REFUSED, UNKNOWN, CANCELLED)
 
-# the gateway's refusals before anything is sent (brisvox/gateway/sip/outbound.py, gateway_core.dial)
+# the gateway's refusals before anything is sent (brisvox/gateway/sip/outbound.py, gateway_core.dial;
+# via twilio, the answers of an awaited dial are a SIP dial's: "busy", "no answer", "failed", "canceled")
 _REFUSALS = ("refused:", "via must be", "expected ", "no [[sip.trunks]] entry", "a number needs",
              "a trunk dials", "invalid target", "the target's host", "the SIP user agent is not started", "srtp = ",
-             "sip is disabled")
+             "sip is disabled", "params", "a trunk is a [[sip.trunks]] entry",
+             # via twilio (brisvox/gateway/control/twilio_dial.py, transports): nothing was sent to Twilio
+             "a Twilio dial needs", "no twilio route admits", "the WebSocket listener is not enabled")
 
 
 def classify(ok: bool, error: str) -> str:

@@ -89,9 +89,9 @@ class Dialer(Protocol):
     """Places calls (:class:`~.dialer.GatewayDialer`: the running daemon's gateway)."""
 
     async def dial(self, target: str, agent: str, ring_timeout_s: float,
-                   params: Mapping[str, str] | None = None) -> DialResult:
-        """Call ``target`` with ``agent`` and the call parameters ``params`` (the row's variables);
-        return once answered or failed."""
+                   params: Mapping[str, str] | None = None, via: str = "sip") -> DialResult:
+        """Call ``target`` with ``agent`` and the call parameters ``params`` (the row's variables),
+        through ``via`` (the campaign's); return once answered or failed."""
         ...
 
     async def live(self, call_ids: Collection[str]) -> set[str] | None:
@@ -261,7 +261,8 @@ class CampaignRunner:
         limit = (ring or DEFAULT_RING_S) + DIAL_MARGIN_S
         call_id = ""
         try:
-            res = await asyncio.wait_for(self.dialer.dial(att.number, att.agent, ring, att.variables), timeout=limit)
+            res = await asyncio.wait_for(self.dialer.dial(att.number, att.agent, ring, att.variables, c.settings.via),
+                                         timeout=limit)
             outcome, detail, call_id = classify(res.ok, res.error), res.error or "answered", res.call_id
         except TimeoutError as e:
             outcome, detail = UNKNOWN, str(e)[:200] or f"no verdict from the dialer within {limit:g} s"

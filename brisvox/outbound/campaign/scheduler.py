@@ -40,6 +40,7 @@ from zoneinfo import ZoneInfo
 from brisvox.outbound.campaign.outcomes import DEFAULT_RETRY_ON, RETRYABLE
 from brisvox.runtime.retry import RetryPolicy
 
+VIAS = ("sip", "twilio")  # how a campaign's rows are dialled (the gateway dial command's via)
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 MAX_RATE = 100.0
 MAX_CONCURRENT = 1000
@@ -54,7 +55,9 @@ class Settings:
 
     ``windows``: calling hours as (start, end) minutes after local midnight, start < end,
     sorted, not overlapping (e.g. (540, 1200): 09:00-20:00). ``days``: weekday numbers
-    (0: Monday). ``ring_timeout_s``: 0 for the gateway's ``[sip] dial_ring_timeout_s``."""
+    (0: Monday). ``ring_timeout_s``: 0 for the gateway's ``[sip] dial_ring_timeout_s`` (via twilio:
+    Twilio's 60 s). ``via``: ``sip`` (``[campaigns] trunk``) or ``twilio`` (the REST API's calls create,
+    its answer awaited: ``[websocket] twilio_*``, docs/OUTBOUND.md)."""
 
     rate: float = 1.0
     max_concurrent: int = 10
@@ -65,6 +68,7 @@ class Settings:
     retry_multiplier: float = 1.0
     retry_on: frozenset[str] = DEFAULT_RETRY_ON
     ring_timeout_s: float = 0.0
+    via: str = "sip"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.rate) and 0 < self.rate <= MAX_RATE):
@@ -86,6 +90,8 @@ class Settings:
             raise ValueError(f"retry_on: a subset of {', '.join(sorted(RETRYABLE))}")
         if not (math.isfinite(self.ring_timeout_s) and 0 <= self.ring_timeout_s <= 600):
             raise ValueError("ring_timeout_s: 0 (the gateway's) to 600")
+        if self.via not in VIAS:
+            raise ValueError(f"via: one of {', '.join(VIAS)}")
         self.policy  # noqa: B018  (validates retry_delay_s and retry_multiplier)
 
     @property
@@ -100,7 +106,7 @@ class Settings:
         return {"rate": self.rate, "max_concurrent": self.max_concurrent, "windows": [list(w) for w in self.windows],
                 "days": sorted(self.days), "max_attempts": self.max_attempts, "retry_delay_s": self.retry_delay_s,
                 "retry_multiplier": self.retry_multiplier, "retry_on": sorted(self.retry_on),
-                "ring_timeout_s": self.ring_timeout_s}
+                "ring_timeout_s": self.ring_timeout_s, "via": self.via}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Settings:
@@ -108,7 +114,8 @@ class Settings:
                    windows=tuple((int(w[0]), int(w[1])) for w in d["windows"]),
                    days=frozenset(int(x) for x in d["days"]), max_attempts=int(d["max_attempts"]),
                    retry_delay_s=float(d["retry_delay_s"]), retry_multiplier=float(d["retry_multiplier"]),
-                   retry_on=frozenset(str(x) for x in d["retry_on"]), ring_timeout_s=float(d["ring_timeout_s"]))
+                   retry_on=frozenset(str(x) for x in d["retry_on"]), ring_timeout_s=float(d["ring_timeout_s"]),
+                   via=str(d.get("via", "sip")))  # a campaign stored before via: dialled over SIP
 
 
 def parse_hours(text: str) -> tuple[tuple[int, int], ...]:

@@ -57,8 +57,8 @@ from brisvox.outbound.campaign.outcomes import (
     shown,
 )
 from brisvox.outbound.campaign.scheduler import Due, Settings, after_attempt
+from brisvox.runtime.private_files import FILE_MODE, private_dir
 from brisvox.runtime.private_files import open_private as private_fd
-from brisvox.runtime.private_files import private_dir
 
 DB_NAME = "campaigns.sqlite3"
 STATES = ("running", "paused", "cancelled", "done")
@@ -152,9 +152,19 @@ class DoneRow:
 
 def open_private(path: Path) -> None:
     """Create ``path`` owner-only (its directory 0700), or tighten a looser one
-    (:mod:`brisvox.runtime.private_files`, the rule call records follow)."""
+    (:mod:`brisvox.runtime.private_files`, the rule call records follow).
+
+    An existing file is not opened here: closing a descriptor of it drops every POSIX lock this
+    process holds on it, the locks of its open SQLite connections among them (a second store in
+    one process: the runner's meter thread). Another process's closing connection then takes
+    itself for the last one, checkpoints and deletes the WAL under the running connection, and
+    what that commits afterwards is lost (seen: tests/system/test_campaign_twilio.py)."""
     private_dir(path.parent)
-    os.close(private_fd(path, 0))
+    try:
+        os.close(private_fd(path, os.O_EXCL))  # a new file: no connection of this process holds it
+    except FileExistsError:
+        if path.stat().st_mode & 0o777 != FILE_MODE:
+            os.chmod(path, FILE_MODE)  # a file made before (another umask, an older version)
 
 
 class CampaignStore:
