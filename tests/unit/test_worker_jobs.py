@@ -326,3 +326,189 @@ def test_withdrawn_queued_jobs_never_run_and_a_running_one_is_left_alone():
     assert lane.lane.counters["done"] == 2
     lane.lane.stop()
 
+
+
+# -- batching: queued jobs of a batched kind run as one call -----------------------------------------
+
+
+class Batcher:
+    """Records each batch (the call ids, in the order given) and answers each job with its own id."""
+
+    def __init__(self, clock: list[int] | None = None, row_ms: int = 0) -> None:
+        self.batches: list[list[str]] = []
+        self.clock, self.row_ms = clock, row_ms
+
+    def __call__(self, jobs: list[Job]) -> list:
+        self.batches.append([j.call_id for j in jobs])
+        if self.clock is not None:
+            self.clock[0] += self.row_ms * MS * len(jobs)
+        return [SmartTurnResult(call_id=j.call_id, end_pos=len(jobs), probability=0.5, queued_us=0, took_us=0)
+                for j in jobs]
+
+
+def _blocked_batch_lane(ran: list[str], batcher: Batcher, max_batch: int, **kw):
+    """A one-thread batching lane whose first job ("blocker", run alone: nothing else was
+    queued when it started) holds the thread until the gate opens."""
+    gate, started = threading.Event(), threading.Event()
+
+    def runner(j: Job):
+        ran.append(j.call_id)
+        if j.call_id == "blocker":
+            started.set()
+            gate.wait(5)
+        return result(j)
+
+    lane = Lane(runner, threads=1, batchers={"smart_turn": batcher}, max_batch=max_batch, **kw)
+    lane.lane.submit(job("blocker"))
+    assert started.wait(5)
+    return lane, gate
+
+
+def test_queued_jobs_of_a_batched_kind_run_in_batches_in_order_each_answered_with_its_own_reply():
+    ran: list[str] = []
+    b = Batcher()
+    lane, gate = _blocked_batch_lane(ran, b, max_batch=3)
+    now = time.monotonic_ns()
+    jobs = {}
+    for name, deadline_ms in (("d5", 500), ("d1", 100), ("d4", 400), ("d2", 200), ("d3", 300)):
+        j = jobs[name] = job(name)
+        j.deadline_ns = j.order_ns = now + deadline_ms * MS
+        assert lane.lane.submit(j)
+    gate.set()
+    done = lane.collect(6)
+    assert len(done) == 6
+    assert b.batches == [["d1", "d2", "d3"], ["d4", "d5"]]  # the deadline order, cut at max_batch
+    assert ran == ["blocker"]
+    by_job = {id(d.job): d.reply for d in done}
+    for name, j in jobs.items():
+        assert by_job[id(j)].call_id == name  # each job got its own reply, not a neighbour's
+    c = lane.lane.counters
+    assert c["done"] == 6 and c["batches"] == 2 and c["batched_jobs"] == 5 and c["batch_max"] == 3
+    assert lane.lane.batch_sizes() == {"1": 1, "2": 1, "3": 1}
+    assert len(lane.lane.recent()) == 4 and lane.lane.queued == 0 and lane.lane.running == 0
+    lane.lane.stop()
+
+
+def test_a_lone_job_runs_at_once_through_the_runner_and_max_batch_1_never_batches():
+    """Nothing waits for a batch to fill: a job alone in the queue starts at once, by itself."""
+    b = Batcher()
+    lane = Lane(result, threads=1, batchers={"smart_turn": b}, max_batch=8)
+    t0 = time.monotonic()
+    assert lane.lane.submit(job("alone"))
+    assert len(lane.collect(1)) == 1 and time.monotonic() - t0 < 1.0
+    assert b.batches == [] and lane.lane.batch_sizes() == {"1": 1} and lane.lane.counters["batches"] == 0
+    lane.lane.stop()
+
+    ran: list[str] = []
+    lane, gate = _blocked_batch_lane(ran, b, max_batch=1)
+    for i in range(3):
+        assert lane.lane.submit(job(f"j{i}"))
+    gate.set()
+    assert len(lane.collect(4)) == 4
+    assert b.batches == [] and ran == ["blocker", "j0", "j1", "j2"]  # today's behaviour: one by one
+    assert lane.lane.counters["batches"] == 0 and lane.lane.batch_sizes() == {}
+    lane.lane.stop()
+
+
+def test_a_batch_takes_only_the_head_of_the_order_and_stops_at_another_kind():
+    ran: list[str] = []
+    b = Batcher()
+    lane, gate = _blocked_batch_lane(ran, b, max_batch=8)
+    for name, kind in (("s1", "smart_turn"), ("s2", "smart_turn"), ("x", "other"), ("s3", "smart_turn")):
+        j = job(name)
+        j.kind = kind
+        assert lane.lane.submit(j)
+    gate.set()
+    assert len(lane.collect(5)) == 5
+    assert b.batches == [["s1", "s2"]]  # s3 is not pulled ahead of x
+    assert ran == ["blocker", "x", "s3"]
+    lane.lane.stop()
+
+
+def test_expired_jobs_stay_out_of_a_batch_and_a_batch_never_outgrows_its_earliest_deadline():
+    """On the lane's clock every job costs 50 ms: the head (120 ms left when the thread frees)
+    can share its run with one more job (100 ms) but not two (150 ms); an expired job met
+    while filling is answered ``expired`` and not run."""
+    now = [0]
+    ran: list[str] = []
+    b = Batcher(clock=now, row_ms=50)
+    lane, gate = _blocked_batch_lane(ran, b, max_batch=8, clock_ns=lambda: now[0])
+    # a first batch teaches the lane the cost per job (50 ms)
+    for name in ("warm1", "warm2"):
+        assert lane.lane.submit(Job("smart_turn", name, None, 10**12, 0, order_ns=1))
+    gate.set()
+    assert len(lane.collect(3)) == 3 and b.batches == [["warm1", "warm2"]]
+    gate.clear()
+    blocked = threading.Event()
+    orig = lane.lane.runner
+
+    def hold(j: Job):
+        if j.call_id == "hold":
+            blocked.set()
+            gate.wait(5)
+            now[0] += 50 * MS  # it costs 50 ms too: the head's 170 ms leave it 120 ms when it starts
+            return result(j)
+        return orig(j)
+
+    lane.lane.runner = hold
+    assert lane.lane.submit(Job("smart_turn", "hold", None, 10**12, 0))
+    assert blocked.wait(5)
+    t = now[0]
+    for name, deadline_ms, order in (("gone", -1, 1), ("head", 170, 2), ("next", 10_000, 3), ("third", 10_000, 4),
+                                     ("fourth", 10_000, 5)):
+        assert lane.lane.submit(Job("smart_turn", name, None, t + deadline_ms * MS, 0, received_ns=t, order_ns=order))
+    gate.set()
+    done = {d.job.call_id: d.reply for d in lane.collect(9)}
+    assert done["gone"].kind == "expired" and lane.lane.counters["expired"] == 1
+    assert b.batches[1:] == [["head", "next"], ["third", "fourth"]]
+    assert all(isinstance(done[n], SmartTurnResult) for n in ("head", "next", "third", "fourth"))
+    lane.lane.stop()
+
+
+def test_a_failing_batch_answers_each_of_its_jobs_job_failed_and_the_lane_serves_on():
+    ran: list[str] = []
+
+    def broken(jobs: list[Job]) -> list:
+        raise RuntimeError("batch exploded")
+
+    lane, gate = _blocked_batch_lane(ran, broken, max_batch=4)  # type: ignore[arg-type]
+    for name in ("a", "b"):
+        assert lane.lane.submit(job(name))
+    gate.set()
+    done = {d.job.call_id: d.reply for d in lane.collect(3)}
+    assert done["a"].kind == done["b"].kind == "job_failed" and "batch exploded" in done["a"].detail
+    assert lane.lane.submit(job("after"))
+    assert [d.job.call_id for d in lane.collect(1)] == ["after"]
+    assert lane.lane.counters["failed"] == 2 and lane.lane.counters["done"] == 2
+    lane.lane.stop()
+
+
+def test_a_batch_over_its_timeout_answers_each_job_once_and_drops_the_late_results():
+    """Every job of a running batch is answered ``timeout`` and can be flagged cancelled; a
+    running batch is never withdrawn; the late replies never surface."""
+    ran: list[str] = []
+    release = threading.Event()
+
+    def slow(jobs: list[Job]) -> list:
+        release.wait(5)
+        return Batcher()(jobs)
+
+    lane, gate = _blocked_batch_lane(ran, slow, max_batch=4)  # type: ignore[arg-type]
+    for name in ("a", "b"):
+        assert lane.lane.submit(job(name, timeout_ms=30))
+    gate.set()
+    first = lane.collect(1)
+    assert [d.job.call_id for d in first] == ["blocker"]
+    deadline = time.monotonic() + 2
+    while lane.lane.running < 2 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert lane.lane.running == 2  # both jobs of the batch run
+    assert lane.lane.withdraw(lambda j: True) == 0 and lane.lane.cancel(lambda j: True) == 2
+    done = lane.collect(2)
+    assert sorted((d.job.call_id, d.reply.kind) for d in done) == [("a", "timeout"), ("b", "timeout")]
+    release.set()
+    assert lane.lane.submit(job("next"))
+    assert [d.job.call_id for d in lane.collect(1)] == ["next"]
+    time.sleep(0.02)
+    assert lane.lane.counters["late_results"] == 2 and lane.lane.counters["timeouts"] == 2
+    lane.lane.stop()
