@@ -99,9 +99,6 @@ class SmartTurnConfig:
     # time the candidate files at boot (cached per host in the models dir) and load the cheapest;
     # false: the float32-softmax file when verified, else the original
     select: bool = True
-    # analyses queued together on the job lane run as ONE batched inference, up to this many
-    # (taken from the head of the queue as they are: never waits for a batch); 1: one by one
-    max_batch: int = Field(default=8, ge=1, le=32)
 
     @classmethod
     def from_section(cls, table: Mapping[str, Any], where: str) -> SmartTurnConfig:

@@ -132,9 +132,7 @@ class Worker:
             self.smart.warm()
             self.warm_report["smart_turn_s"] = time.perf_counter() - t1
         self.jobs = JobLane("jobs", self.dispatch.run_job, self.notify, threads=self.cfg.job_threads,
-                            capacity=self.cfg.job_queue * self.cfg.job_threads,
-                            batchers={"smart_turn": self.dispatch.smart_turn_batch},
-                            max_batch=self.st_cfg.max_batch)
+                            capacity=self.cfg.job_queue * self.cfg.job_threads)
         self.dispatch.load(self.smart, self.jobs)
         self.jobs.start()
 
@@ -273,7 +271,6 @@ class Worker:
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},
             **{f"jobs_{k}": v for k, v in (self.jobs.recent() if self.jobs else {}).items()},
-            "jobs_batch_sizes": self.jobs.batch_sizes() if self.jobs else {},
             **{f"{n}_{k}": v for n, lane in self.extra_lanes.items() for k, v in lane.counters.items()},
             **self._smart_turn_stats(),
             "errors": dict(st.errors),

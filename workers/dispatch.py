@@ -12,10 +12,8 @@ adds, bound to itself, the frames other modules registered in
 from the call's in16 ring on their own thread; the tick never waits for them;
 they are queued by their deadline, earliest first; a newer request for the
 same call supersedes a queued older one, and a SmartTurnCancel takes a queued
-one out: an analysis whose verdict could no longer be used is never run;
-analyses queued together are scored with ONE batched inference,
-:meth:`RequestDispatch.smart_turn_batch`, up to ``[smart_turn] max_batch``) and
-the sending of every lane's results.
+one out: an analysis whose verdict could no longer be used is never run) and the sending of every
+lane's results.
 
 It is handed what it works on explicitly: the attached calls
 (:class:`workers.call_table.AttachedCalls`: attach, detach, retire), the
@@ -37,10 +35,8 @@ Invariants:
   result carries it too (its partial results do not).
 * Only the thread that runs :meth:`workers.core.Worker.run` touches the
   socket; sends never block (a failed send is counted in ``send_failed``).
-* :meth:`RequestDispatch.run_job`, :meth:`RequestDispatch.smart_turn_batch` and
-  the job handlers run on a job-lane thread; they read the in16 ring by name,
-  never the calls. A batched analysis answers each job exactly as the one-job
-  path would (its own window, its own verdict).
+* :meth:`RequestDispatch.run_job` and the job handlers run on a job-lane
+  thread; ``_smart_turn_job`` reads the in16 ring by name, never the calls.
 """
 
 from __future__ import annotations
@@ -50,7 +46,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 import zmq
 
 from ipc.codec import DecodeGuard, Frame, encode
@@ -240,53 +235,19 @@ class RequestDispatch:
             return ErrorReply(kind="unsupported", call_id=job.call_id, detail=f"no handler for {job.kind} jobs")
         return handler(job)
 
-    @staticmethod
-    def _smart_turn_window(job: Job) -> tuple[int, np.ndarray]:
-        """Job-lane thread: the request's end position and the 8 s of in16 before it, read
-        straight from the ring."""
+    def _smart_turn_job(self, job: Job) -> Frame:
+        """Job-lane thread: read 8 s of in16 straight from the ring and score it."""
+        assert self.smart is not None
         end = int(job.args["end_pos"])
         ring = Ring.attach(job.args["ring"])
         try:
             got = ring.read_range(max(0, end - WINDOW_SAMPLES), end)
         finally:
             ring.close()
-        return end, got.samples
-
-    def _smart_turn_job(self, job: Job) -> Frame:
-        """Job-lane thread: read 8 s of in16 straight from the ring and score it."""
-        assert self.smart is not None
-        end, audio = self._smart_turn_window(job)
-        v = self.smart.analyze(audio)
+        v = self.smart.analyze(got.samples)
         return SmartTurnResult(call_id=job.call_id, end_pos=end, probability=v.probability,
                                queued_us=(job.started_ns - job.received_ns) // 1000,
                                took_us=v.features_us + v.inference_us)
-
-    def smart_turn_batch(self, jobs: list[Job]) -> list[Frame]:
-        """Job-lane thread: several queued analyses scored with ONE inference (the lane's
-        batcher for ``smart_turn`` jobs, ``[smart_turn] max_batch`` > 1). Each job is
-        answered with its own verdict, the one :meth:`_smart_turn_job` gives it; a job whose
-        ring cannot be read is answered ``job_failed`` and the others still run. ``took_us``
-        is the job's own features plus the batch's inference."""
-        assert self.smart is not None
-        replies: list[Frame | None] = [None] * len(jobs)
-        rows: list[tuple[int, int]] = []  # (job index, end_pos) of the windows read
-        audios: list[np.ndarray] = []
-        for i, job in enumerate(jobs):
-            try:
-                end, audio = self._smart_turn_window(job)
-            except Exception as e:  # one call's ring gone (detached) must not fail the others
-                replies[i] = ErrorReply(kind="job_failed", call_id=job.call_id,
-                                        detail=f"{type(e).__name__}: {e}"[:500])
-                continue
-            rows.append((i, end))
-            audios.append(audio)
-        verdicts = self.smart.analyze_batch(audios) if audios else []
-        for (i, end), v in zip(rows, verdicts, strict=True):
-            job = jobs[i]
-            replies[i] = SmartTurnResult(call_id=job.call_id, end_pos=end, probability=v.probability,
-                                         queued_us=(job.started_ns - job.received_ns) // 1000,
-                                         took_us=v.features_us + v.inference_us)
-        return [r for r in replies if r is not None]
 
     def send_job_results(self) -> None:
         """Send what every job lane finished (and answer the jobs that ran over their timeout)."""

@@ -26,17 +26,6 @@ job's life, so the realtime lane (the tick loop) never waits for a job:
   result is dropped when it finally finishes (counted). A Python thread
   cannot be pre-empted, so the thread stays busy until the model returns.
 * A job that raises is answered ``job_failed`` (counted); the thread lives on.
-* Batching (``batchers``: a job kind -> ``run(jobs) -> replies``, ``max_batch`` > 1):
-  a thread that starts a job of such a kind also takes the jobs of the same
-  kind that are queued right behind it in the order, up to ``max_batch``, and
-  runs them as ONE call answering each job with its own reply. It takes only
-  what is queued at that moment (it never waits for a batch to fill), only
-  from the head of the order (the order is kept), and only while every
-  deadline in the batch still allows the longer run (the measured cost per
-  job of that kind times the batch's size). Each job keeps its own expiry,
-  timeout, wait and answer; a running batch is never superseded or withdrawn.
-  Counted: ``batches`` (runs of a batcher), ``batched_jobs`` (jobs in them),
-  ``batch_max`` and the runs by size (:meth:`JobLane.batch_sizes`).
 * Every started job's queue wait and run time are summed and their maxima
   kept (``wait_us_*``, ``run_us_*``: what a busy lane adds to a turn), and its
   CPU time (the job thread's own, ``cpu_us_total``: onnxruntime runs on it with
@@ -116,8 +105,6 @@ class JobLane:
         threads: int = 1,
         capacity: int = 32,
         clock_ns: Callable[[], int] = time.monotonic_ns,
-        batchers: dict[str, Callable[[list[Job]], list[Frame]]] | None = None,
-        max_batch: int = 1,
     ) -> None:
         self.name = name
         self.runner = runner
@@ -129,19 +116,14 @@ class JobLane:
         self._queue: list[tuple[int, int, Job]] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
-        self._running: dict[int, list[Job]] = {}  # thread -> the jobs it runs (a batch: several)
-        self.batchers = dict(batchers or {})
-        self.max_batch = max(1, max_batch)
-        self._row_ns: dict[str, int] = {}  # kind -> the last batch run's wall time per job (deadline check)
-        self._sizes: dict[int, int] = {}  # batch size -> runs
+        self._running: dict[int, Job] = {}
         self._stop = False
         self.counters = {"submitted": 0, "refused": 0, "expired": 0, "superseded": 0, "cancelled": 0,
                          "done": 0, "failed": 0,
                          "timeouts": 0, "late_results": 0,
                          # queue wait and run time of started jobs (the turn latency a busy lane adds)
                          "wait_us_total": 0, "wait_us_max": 0, "run_us_total": 0, "run_us_max": 0,
-                         "cpu_us_total": 0,
-                         "batches": 0, "batched_jobs": 0, "batch_max": 0}
+                         "cpu_us_total": 0}
         self._waits: collections.deque[int] = collections.deque(maxlen=RECENT)  # us, started jobs
         self._cpus: collections.deque[int] = collections.deque(maxlen=RECENT)  # us, finished jobs
         self._threads = [
@@ -159,12 +141,7 @@ class JobLane:
 
     @property
     def running(self) -> int:
-        return sum(len(js) for js in self._running.values())
-
-    def batch_sizes(self) -> dict[str, int]:
-        """Runs of a batcher by batch size (``{"1": runs, "3": runs, ...}``)."""
-        with self._cv:
-            return {str(n): k for n, k in sorted(self._sizes.items())}
+        return len(self._running)
 
     def recent(self) -> dict[str, int]:
         """p50 / p95 of the queue wait and of the CPU time per job over the last :data:`RECENT`
@@ -229,7 +206,7 @@ class JobLane:
         """Flag every queued or running job that ``match``es as cancelled (owner thread)."""
         n = 0
         with self._cv:
-            for job in [*(q for _, _, q in self._queue), *(j for js in self._running.values() for j in js)]:
+            for job in [*(q for _, _, q in self._queue), *self._running.values()]:
                 if not job.cancelled and match(job):
                     job.cancelled = True
                     n += 1
@@ -259,7 +236,7 @@ class JobLane:
         now = self.clock_ns()
         out: list[JobDone] = []
         with self._cv:
-            for job in (j for js in self._running.values() for j in js):
+            for job in self._running.values():
                 if not job.answered and job.timeout_ns > 0 and now - job.started_ns > job.timeout_ns:
                     job.answered = True
                     self.counters["timeouts"] += 1
@@ -278,55 +255,13 @@ class JobLane:
 
     def _finish(self, job: Job, reply: Frame) -> None:
         with self._cv:
+            self._running.pop(threading.get_ident(), None)
             if job.answered:
                 self.counters["late_results"] += 1
                 return
             job.answered = True
         self.results.append(JobDone(job, reply))
         self.notify()
-
-    def _take(self, now: int) -> tuple[list[Job], list[Job]]:
-        """Under the lock, with a job queued: the jobs to start now (one, or a batch of one kind
-        from the head of the order) and the expired jobs met on the way (not started)."""
-        run: list[Job] = []
-        expired: list[Job] = []
-        while self._queue and not run:
-            job = heapq.heappop(self._queue)[2]
-            (expired if now > job.deadline_ns else run).append(job)
-        if not run or self.max_batch == 1 or run[0].kind not in self.batchers:
-            return run, expired
-        kind = run[0].kind
-        row = self._row_ns.get(kind, 0)
-        soonest = run[0].deadline_ns
-        while self._queue and len(run) < self.max_batch:
-            nxt = self._queue[0][2]
-            if nxt.kind != kind:
-                break
-            if now > nxt.deadline_ns:
-                heapq.heappop(self._queue)
-                expired.append(nxt)
-                continue
-            if now + row * (len(run) + 1) > min(soonest, nxt.deadline_ns):
-                break  # the longer run would end past a deadline in the batch
-            heapq.heappop(self._queue)
-            run.append(nxt)
-            soonest = min(soonest, nxt.deadline_ns)
-        return run, expired
-
-    def _run(self, run: list[Job]) -> list[tuple[Frame, bool]]:
-        """(reply, ok) per job: one job through ``runner``, several through their kind's batcher."""
-        try:
-            if len(run) == 1:
-                replies = [self.runner(run[0])]
-            else:
-                replies = list(self.batchers[run[0].kind](run))
-                if len(replies) != len(run):
-                    raise RuntimeError(f"batcher answered {len(replies)} of {len(run)} jobs")
-            return [(r, not isinstance(r, ErrorReply)) for r in replies]
-        except Exception as e:
-            log.exception("%s job failed", run[0].kind)
-            return [(ErrorReply(kind="job_failed", call_id=j.call_id, detail=f"{type(e).__name__}: {e}"[:500]), False)
-                    for j in run]
 
     def _loop(self) -> None:
         me = threading.get_ident()
@@ -336,52 +271,44 @@ class JobLane:
                     self._cv.wait()
                 if self._stop:
                     return
+                job = heapq.heappop(self._queue)[2]
                 now = self.clock_ns()
-                run, expired = self._take(now)
-                c = self.counters
-                c["expired"] += len(expired)
-                for job in expired:
-                    job.answered = True
-                for job in run:
+                if now > job.deadline_ns:
+                    self.counters["expired"] += 1
+                    expired = True
+                else:
+                    expired = False
                     job.started_ns = now
+                    self._running[me] = job
+                    c = self.counters
                     wait_us = (now - job.received_ns) // 1000
                     c["wait_us_total"] += wait_us
                     if wait_us > c["wait_us_max"]:
                         c["wait_us_max"] = wait_us
                     self._waits.append(wait_us)
-                if run:
-                    self._running[me] = run
-            for job in expired:
+            if expired:
+                job.answered = True
                 self.results.append(JobDone(job, ErrorReply(
                     kind="expired", call_id=job.call_id,
                     detail=f"{job.kind} waited past its deadline by {(now - job.deadline_ns) // 1000} us")))
-            if expired:
                 self.notify()
-            if not run:
                 continue
             cpu0 = time.thread_time_ns()
-            answers = self._run(run)
-            run_ns = self.clock_ns() - now
-            run_us = run_ns // 1000
+            try:
+                reply = self.runner(job)
+                ok = not isinstance(reply, ErrorReply)
+            except Exception as e:
+                log.exception("%s job failed", job.kind)
+                reply = ErrorReply(kind="job_failed", call_id=job.call_id, detail=f"{type(e).__name__}: {e}"[:500])
+                ok = False
+            run_us = (self.clock_ns() - job.started_ns) // 1000
             cpu_us = (time.thread_time_ns() - cpu0) // 1000
-            n = len(run)
             with self._cv:
-                self._running.pop(me, None)
                 c = self.counters
-                for _, ok in answers:
-                    c["done" if ok else "failed"] += 1
-                    c["run_us_total"] += run_us
-                    self._cpus.append(cpu_us // n)
+                c["done" if ok else "failed"] += 1
+                c["run_us_total"] += run_us
                 c["cpu_us_total"] += cpu_us
+                self._cpus.append(cpu_us)
                 if run_us > c["run_us_max"]:
                     c["run_us_max"] = run_us
-                if self.max_batch > 1 and run[0].kind in self.batchers:
-                    self._row_ns[run[0].kind] = run_ns // n
-                    self._sizes[n] = self._sizes.get(n, 0) + 1
-                    if n > 1:
-                        c["batches"] += 1
-                        c["batched_jobs"] += n
-                        if n > c["batch_max"]:
-                            c["batch_max"] = n
-            for job, (reply, _) in zip(run, answers, strict=True):
-                self._finish(job, reply)
+            self._finish(job, reply)

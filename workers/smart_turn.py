@@ -3,9 +3,7 @@
 Owns the ONNX session of the Smart Turn model, the analysis of one snapshot
 (features with :class:`workers.mel.LogMel`, one inference, the probability:
 the model's output is already a probability, > 0.5 means the turn is
-complete), the analysis of several snapshots in ONE inference (the model's
-batch dimension is dynamic: :meth:`SmartTurnModel.analyze_batch`, each row the
-same features and the same verdict as alone) and the install-time recipes of the derived model files the boot
+complete) and the install-time recipes of the derived model files the boot
 self-benchmark chooses from: :func:`derive_f32_softmax` and
 :func:`derive_f32_gelu` (the same edit plus one ``Gelu`` node per GELU).
 
@@ -23,10 +21,10 @@ is verified before use; without it the worker loads the original file and
 logs why. Which verified file a worker loads is decided at boot by a short
 self-benchmark, cached per host (:mod:`workers.smart_turn_select`).
 
-Invariants: one session per :class:`SmartTurnModel`; ``analyze`` and
-``analyze_batch`` may run on several job-lane threads at once (onnxruntime's
-``run`` is thread-safe, the feature buffers are per thread); onnxruntime
-threads are explicit (1 by default). The recipes are deterministic: the same source bytes give the same
+Invariants: one session per :class:`SmartTurnModel`; ``analyze`` may run on
+several job-lane threads at once (onnxruntime's ``run`` is thread-safe, the
+feature buffers are per thread); onnxruntime threads are explicit (1 by
+default). The recipes are deterministic: the same source bytes give the same
 derived bytes.
 """
 
@@ -146,31 +144,6 @@ class SmartTurnModel:
         (out,) = self.session.run([self._out], {"input_features": features[None, :, :]})
         self.runs += 1
         return float(out.reshape(-1)[0])
-
-    def infer_batch(self, features: np.ndarray) -> list[float]:
-        """Probabilities for ``[n, 80, 800]`` feature matrices in ONE run (the model's batch
-        dimension is dynamic; each row's output is its own window's, as if run alone)."""
-        (out,) = self.session.run([self._out], {"input_features": features})
-        self.runs += 1
-        probs = np.asarray(out).reshape(-1)
-        if probs.shape[0] != features.shape[0]:
-            raise ValueError(f"Smart Turn answered {probs.shape[0]} rows for a batch of {features.shape[0]}")
-        return [float(p) for p in probs]
-
-    def analyze_batch(self, audios: list[np.ndarray]) -> list[TurnVerdict]:
-        """:meth:`analyze` of several snapshots with ONE inference: each window's features as
-        the single path makes them (the 8 s window, left-padded), stacked on the batch axis.
-        Each verdict carries its own feature time and the batch's whole inference time."""
-        feats = np.empty((len(audios), mel.N_MELS, mel.N_FRAMES), dtype=np.float32)
-        took: list[int] = []
-        for i, audio in enumerate(audios):
-            t0 = time.perf_counter_ns()
-            feats[i] = self.features(audio)
-            took.append((time.perf_counter_ns() - t0) // 1000)
-        t1 = time.perf_counter_ns()
-        probs = self.infer_batch(feats)
-        inference_us = (time.perf_counter_ns() - t1) // 1000
-        return [TurnVerdict(p, f, inference_us) for p, f in zip(probs, took, strict=True)]
 
     def analyze(self, audio: np.ndarray) -> TurnVerdict:
         t0 = time.perf_counter_ns()

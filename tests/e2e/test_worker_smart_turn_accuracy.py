@@ -188,26 +188,6 @@ def test_every_candidate_file_gives_the_original_verdicts_on_real_speech(label):
     # assertions above: no confident verdict flips, the mean |dp| bounded.
 
 
-BATCH_TOL = 1e-4  # |p| between a batch row and the same window run alone (float rounding only)
-
-
-@pytest.mark.skipif(shutil.which("espeak-ng") is None or shutil.which("sox") is None,
-                    reason="espeak-ng and sox make the speech clips (scripts/install-apt.sh)")
-@pytest.mark.parametrize("label", _labels())
-def test_a_batched_inference_gives_every_clip_the_verdict_it_gets_alone(label):
-    """``[smart_turn] max_batch``: queued analyses scored in ONE run of the model. Each row of a
-    batch (the features made as the single path makes them, full and left-padded windows
-    mixed) gets the probability its window gets alone, within float rounding."""
-    model = _Model({c.label: c for c in gated()}[label])
-    audios = list(clips().values())
-    alone = np.array([model.analyze(a).probability for a in audios])
-    for n in (3, 8):
-        got = np.array([v.probability for i in range(0, len(audios), n)
-                        for v in model.analyze_batch(audios[i:i + n])])
-        assert got.shape == alone.shape
-        assert float(np.max(np.abs(got - alone))) <= BATCH_TOL, (n, np.abs(got - alone).max())
-
-
 if __name__ == "__main__":  # report: python -m tests.e2e.test_worker_smart_turn_accuracy
     for cand in gated():
         print(f"-- {cand.label}: {cand.path.name}")

@@ -571,55 +571,6 @@ def test_a_cancelled_smart_turn_analysis_still_queued_never_runs_and_is_answered
     rig.w.dispatch.jobs = None
 
 
-class _SumModel:
-    """A Smart Turn stand-in whose verdict is a function of the window it is given (its sum)."""
-
-    @staticmethod
-    def _p(audio) -> float:
-        return float(np.asarray(audio, dtype=np.float64).sum())
-
-    def analyze(self, audio):
-        from workers.smart_turn import TurnVerdict
-
-        return TurnVerdict(self._p(audio), 1, 2)
-
-    def analyze_batch(self, audios):
-        from workers.smart_turn import TurnVerdict
-
-        return [TurnVerdict(self._p(a), 1, 2) for a in audios]
-
-
-def test_a_smart_turn_batch_answers_each_job_with_the_verdict_of_its_own_window(rig):
-    """The job lane's batcher for Smart Turn (``[smart_turn] max_batch``, wired by the worker):
-    each job reads its own call's window and gets the reply the one-job path gives it; a job
-    whose ring is gone is answered ``job_failed`` and the others are still scored."""
-    from workers.jobs import Job
-
-    assert rig.w.jobs.max_batch == SmartTurnConfig().max_batch > 1
-    assert rig.w.jobs.batchers == {"smart_turn": rig.w.dispatch.smart_turn_batch}
-    assert rig.w.report_stats()["jobs_batch_sizes"] == {}
-    d = rig.w.dispatch
-    d.smart = _SumModel()  # type: ignore[assignment]
-    for c in ("a", "b"):
-        rig.call(c)
-        assert isinstance(rig.attach(c), Attached)
-    pattern = {"a": [True] * 25, "b": [False, True] * 12 + [True]}
-    rig.run(pattern)  # 500 ms of different in16 each
-    now = time.monotonic_ns()
-    jobs = [Job("smart_turn", c, None, now + 10**9, 10**9, {"ring": rig.w.calls[c].in16_name, "end_pos": end},
-                received_ns=now, started_ns=now)
-            for c, end in (("a", 6400), ("b", 4800), ("a", 3200))]
-    gone = Job("smart_turn", "x", None, now + 10**9, 10**9, {"ring": "brisvox-no-such-ring", "end_pos": 800})
-    replies = d.smart_turn_batch([jobs[0], gone, *jobs[1:]])
-    assert replies[1].kind == "job_failed" and replies[1].call_id == "x"
-    got = [replies[0], *replies[2:]]
-    want = [d._smart_turn_job(j) for j in jobs]
-    assert [(r.call_id, r.end_pos, r.probability) for r in got] == [(w.call_id, w.end_pos, w.probability)
-                                                                     for w in want]
-    assert len({r.probability for r in got}) == 3  # three different windows, three different verdicts
-    d.smart = None
-
-
 def hold_the_tick_in_a_named_function(seconds: float) -> None:
     time.sleep(seconds)  # stands for a tick that overran (a slow model run)
 
