@@ -19,7 +19,10 @@ behaviour before the native 8 kHz path) for a side-by-side comparison:
 First, in this process: the CPU of one Smart Turn analysis on one thread
 (features and inference separately; the original int8 model with the float64
 features vs the worker's path: :class:`workers.mel.LogMel` and the
-float32-softmax file derived at install time).
+float32-softmax file derived at install time), and the cost per analysis of ONE
+batched inference of 1, 2, 4 and 8 windows for every candidate file
+(:func:`smart_turn_batch`: whether the job lane should batch; it does not pay,
+docs/BENCHMARKS.md, "Smart Turn cost").
 
 Processes: this one (the subscriber, plus a Smart Turn requester thread with
 its own socket), a feeder process writing every call's ``in`` ring in 20 ms
