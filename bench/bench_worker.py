@@ -19,7 +19,10 @@ behaviour before the native 8 kHz path) for a side-by-side comparison:
 First, in this process: the CPU of one Smart Turn analysis on one thread
 (features and inference separately; the original int8 model with the float64
 features vs the worker's path: :class:`workers.mel.LogMel` and the
-float32-softmax file derived at install time).
+float32-softmax file derived at install time), and the cost per analysis of ONE
+batched inference of 1, 2, 4 and 8 windows for every candidate file
+(:func:`smart_turn_batch`: whether the job lane should batch; it does not pay,
+docs/BENCHMARKS.md, "Smart Turn cost").
 
 Processes: this one (the subscriber, plus a Smart Turn requester thread with
 its own socket), a feeder process writing every call's ``in`` ring in 20 ms
@@ -280,6 +283,73 @@ def smart_turn_cpu(runs: int = 60) -> dict[str, float]:
     return out
 
 
+BATCH_SIZES = (1, 2, 4, 8)
+
+
+def smart_turn_batch(runs: int = 12, sizes: tuple[int, ...] = BATCH_SIZES) -> dict[str, float]:
+    """Wall and CPU ms PER ANALYSIS of one batched Smart Turn inference of ``n`` real feature
+    windows (the model's batch dimension is dynamic), for each candidate file (1 onnxruntime
+    thread) and each ``n`` in ``sizes``; medians over ``runs`` interleaved rounds (every file
+    and size once per round, so load changes hit them alike). Also the largest |p| difference
+    between a batch row and the same window run alone (``maxdiff``)."""
+    from workers import mel
+    from workers.models import locate
+    from workers.smart_turn import ort_session
+    from workers.smart_turn_select import candidates
+
+    spec = importlib.util.spec_from_file_location("make_fixtures", ROOT / "scripts" / "make_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(mod)
+    dialog = mod.load("vad_dialog", 16000)[0]
+    ext = mel.LogMel()
+    # 8 different windows: the dialog's 8 s windows ending at spread positions, the shorter ones left-padded
+    ends = np.linspace(48_000, len(dialog), max(sizes)).astype(int)
+    feats = np.stack([ext(dialog[max(0, e - mel.WINDOW_SAMPLES):e]).copy() for e in ends])
+    cands, _ = candidates(locate("smart_turn"))
+    sessions = {c.label: ort_session(c.path, 1) for c in cands}
+    out_name = {k: s.get_outputs()[0].name for k, s in sessions.items()}
+
+    def run(label: str, x: np.ndarray) -> np.ndarray:
+        (p,) = sessions[label].run([out_name[label]], {"input_features": x})
+        return np.asarray(p).reshape(-1)
+
+    out: dict[str, float] = {}
+    for label in sessions:
+        single = np.array([run(label, feats[i:i + 1])[0] for i in range(len(feats))])
+        for n in sizes:  # warm each shape once (onnxruntime plans per shape) and check the rows
+            got = run(label, feats[:n])
+            out[f"maxdiff {label} b{n}"] = float(np.max(np.abs(got - single[:n])))
+    wall: dict[tuple[str, int], list[float]] = {}
+    cpu: dict[tuple[str, int], list[float]] = {}
+    for _ in range(runs):
+        for n in sizes:
+            for label in sessions:
+                x = feats[:n]
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                run(label, x)
+                wall.setdefault((label, n), []).append((time.perf_counter_ns() - t0) / 1e6 / n)
+                cpu.setdefault((label, n), []).append((time.thread_time_ns() - c0) / 1e6 / n)
+    for (label, n), xs in wall.items():
+        out[f"wall {label} b{n}"] = float(np.median(xs))
+        out[f"cpu {label} b{n}"] = float(np.median(cpu[(label, n)]))
+    out["load_avg"] = psutil.getloadavg()[0]
+    return out
+
+
+def _st_batch_rows(m: dict[str, float]) -> list[Row]:
+    rows: list[Row] = []
+    for k, v in m.items():
+        if k == "load_avg":
+            rows.append(("Smart Turn batch: machine load average at the end", v, "", "report"))
+        elif k.startswith("maxdiff"):
+            rows.append((f"Smart Turn batch: {k} (|p| batch row vs alone)", v, "", "<= 1e-4"))
+        else:
+            kind, label, n = k.split()
+            rows.append((f"Smart Turn batch of {n[1:]}, {label}: {kind} per analysis", v, "ms", "report"))
+    return rows
+
+
 def _st_rows(m: dict[str, float]) -> list[Row]:
     rows: list[Row] = [(f"Smart Turn CPU per analysis (1 thread): {k}", v, "ms", "report")
                        for k, v in m.items() if k != "derived"]
@@ -297,6 +367,7 @@ def run(quick: bool = False) -> list[Row]:
     import tempfile
 
     rows: list[Row] = _st_rows(smart_turn_cpu(20 if quick else 60))
+    rows += _st_batch_rows(smart_turn_batch(3 if quick else 12))
     sizes = (16,) if quick else (16, 64, 150)
     phase_s = 3.0 if quick else 12.0
     with tempfile.TemporaryDirectory(prefix="bvb", dir="/tmp") as td:
