@@ -451,7 +451,9 @@ class ConsultResult(Frame):
     """Gateway -> the caller's agent: what became of consult leg ``consult_id``.
 
     ``outcome``: ``accepted`` | ``declined`` (the person's verdict) | ``hung_up`` (the leg
-    ended before a verdict)."""
+    ended before a verdict) | ``answered`` (a Twilio consult leg, queued by its CallSid, whose
+    stream arrived: ``detail`` is ``twilio:<CallSid>``, ``consult_id`` the leg's call id; its
+    verdict follows)."""
 
     call_id: str  # the caller's call
     consult_id: str

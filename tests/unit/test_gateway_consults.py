@@ -196,8 +196,8 @@ def test_the_summary_bound_and_characters():
     assert summary_refusal(5) == "summary must be a string"
 
 
-def test_a_twilio_consult_leg_is_claimed_by_its_call_sid(rig):
-    core, make, _ = rig
+def test_a_twilio_consult_leg_is_claimed_by_its_call_sid_and_its_caller_told_answered(rig):
+    core, make, sent = rig
     caller, _ = make()
 
     def dial_twilio(listener, host, target, agent, ring, done, trunk, params, admitted):
@@ -210,9 +210,13 @@ def test_a_twilio_consult_leg_is_claimed_by_its_call_sid(rig):
     assert dial(core, {"via": "twilio", "consult_for": caller.call_id, "summary": "s"})[1].startswith("refused")
     stream = core.admit("twilio", "echo", 8000)
     stream.transport_ids = {"callSid": "CA" + "1" * 32}
+    assert frames_of(sent, F.ConsultResult) == []  # Twilio's 201 is no answer
     core.lifecycle.consults.claim(stream)
     assert stream.consult_for == caller.call_id and caller.consult_leg == stream.call_id
     assert stream.consult_summary == "s"
+    # the caller's agent knew only the CallSid: the answer names the leg's call id
+    assert frames_of(sent, F.ConsultResult) == [(PROC, F.ConsultResult(
+        call_id=caller.call_id, consult_id=stream.call_id, outcome="answered", detail="twilio:CA" + "1" * 32))]
     core.table.release(stream)
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 import wave
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -457,3 +459,74 @@ def test_a_speech_to_speech_agent_cannot_warm_transfer(tmp_path: Path):
     _, problems = check_agent_file(p, env={}, load_modules=False)
     errs = [x.message for x in problems if x.severity == "error"]
     assert errs and "cascaded agent" in errs[0]
+
+
+def test_a_twilio_consult_dial_waits_for_the_answer_that_names_the_leg_then_bridges_it():
+    """Twilio's dial answers 201 with the CallSid alone: the leg is the one the gateway's
+    ConsultResult ``answered`` names (its stream arrived); no answer within ``timeout_s``:
+    ``no_answer``, nothing to hang up."""
+    from brisvox.agent.host.call_warm import CallWarm
+    from brisvox.agent.tool_engine.builtin import LinkTelephony
+    from brisvox.clock import LoopClock
+    from ipc.frames import ConsultResult
+
+    sid = "CA" + "7" * 32
+    cfg = WarmConfig(hold_message="", timeout_s=5.0, via="twilio")
+
+    class Host:
+        call_id = "c1"
+        ring_rate = 16000
+
+        def __init__(self, port: LinkTelephony, answer: bool) -> None:
+            self.port, self.answer = port, answer
+            self.dials: list[tuple[str, dict]] = []
+            self.bridged: list[str] = []
+            self.hung: list[str] = []
+
+        def caller(self) -> tuple[str, str]:
+            return "+4930222", "+4930333"
+
+        def agent(self) -> str:
+            return "desk"
+
+        async def dial(self, target, agent, via, timeout, trunk, extra):  # noqa: ASYNC109
+            self.dials.append((via, extra))
+            loop = asyncio.get_running_loop()
+            if self.answer:  # the stream arrives, the person accepts: each as the gateway reports it
+                loop.call_later(0.05, self.port.on_consult_result, ConsultResult(
+                    call_id="c1", consult_id="leg-7", outcome="answered", detail="twilio:" + sid))
+                loop.call_later(0.1, self.port.on_consult_result, ConsultResult(
+                    call_id="c1", consult_id="leg-7", outcome="accepted", detail="dtmf"))
+            return True, {"via": "twilio", "call_sid": sid, "status": "queued"}, ""
+
+        def consult_result(self, consult_id, timeout):  # noqa: ASYNC109
+            return self.port.consult_result(consult_id, timeout)
+
+        async def bridge(self, other, timeout):  # noqa: ASYNC109
+            self.bridged.append(other)
+            return True, ""
+
+        def hangup_leg(self, consult_id, reason):
+            self.hung.append(consult_id)
+
+    async def main(answer: bool, cfg: WarmConfig = cfg) -> tuple[dict, Host, CallWarm]:
+        host = Host(LinkTelephony("c1", lambda f: None), answer)
+        warm = CallWarm(host, cfg, LoopClock())  # type: ignore[arg-type]
+        return await asyncio.wait_for(warm.run("+4930111", "billing"), 10), host, warm
+
+    loop = asyncio.new_event_loop()
+    try:
+        res, host, warm = loop.run_until_complete(main(True))
+        assert res["status"] == "bridged" and host.bridged == ["leg-7"] and host.hung == [], (res, host.hung)
+        assert host.dials[0][0] == "twilio" and host.dials[0][1]["ring_timeout_s"] == 5
+        rec = warm.record()
+        assert rec is not None and rec["legs"][1]["call_id"] == "leg-7" and rec["legs"][1]["verdict"] == "accepted"
+        assert rec["legs"][1]["dialled_ms"] + 40 <= rec["legs"][1]["answered_ms"] <= rec["legs"][1]["verdict_ms"]
+
+        # never answered: bounded by timeout_s like a SIP dial (a short one: the dataclass is not checked)
+        t0 = time.monotonic()
+        res, host, warm = loop.run_until_complete(main(False, replace(cfg, timeout_s=0.3)))
+        assert res["status"] == "no_answer" and sid in res["detail"] and host.bridged == host.hung == [], res
+        assert time.monotonic() - t0 < 2.0 and warm.record()["legs"][1]["call_id"] is None
+    finally:
+        loop.close()

@@ -17,7 +17,10 @@ result tells the model what became of it. It does the machine's actions through 
 * ``Summarize`` -> with ``summary = "llm"``, ONE request to the call's LLM from its context,
   bounded by ``summary_timeout_s``; the template when it fails, times out or answers nothing;
 * ``Dial`` -> the gateway's ``dial`` with ``consult_for`` and ``summary``, bounded by what is
-  left of ``timeout_s``; then the leg's ConsultResult, bounded the same way;
+  left of ``timeout_s``; then the leg's ConsultResult, bounded the same way. A Twilio dial
+  (``via = "twilio"``) answers at Twilio's 201 with the CallSid alone (the call is queued, not
+  answered): the answer is the gateway's ConsultResult ``answered`` (the leg's stream arrived),
+  which names the leg, waited for within the same bound (none: ``no_answer``);
 * ``BridgeLegs`` -> Bridge (with ``keep``: the actor stays attached, unheard, for the bridge)
   and its BridgeResult (bounded); ``HangUpLeg`` -> Hangup of the leg;
 * after the run, :meth:`bridge_lost` (the gateway's BridgeEnded: the person's leg ended, the
@@ -74,6 +77,7 @@ HOLD_LOOP_S = 8.0  # the hold audio looped: at most its first 8 s (the clip cach
 HOLD_PIECE_S = 2.0
 RESUME_WAIT_S = 3.0  # back from a lost bridge: the bot's reply from the bridge's time ends first, at most this
 DIAL_REPLY_GRACE_S = 1.0  # the consult dial's request outlives its ring timeout by this much
+TWILIO_QUEUED = "twilio:"  # a Twilio consult leg's name until the gateway's ConsultResult "answered" names it
 SUMMARY_PROMPT = ("You write the short spoken introduction of a phone call being transferred to a colleague. "
                   "From the conversation below, say who is calling (if known), what they need and anything "
                   "already done, in at most {chars} characters, plain sentences, no preamble, no lists.")
@@ -255,13 +259,29 @@ class CallWarm:
                                                ring + DIAL_REPLY_GRACE_S, cfg.trunk,
                                                {"consult_for": self.host.call_id, "summary": summary,
                                                 "ring_timeout_s": ring})
-        acts = m.dialled(ok, str(data.get("call_id") or ""), error, self.clock.now())
+        leg, sid = str(data.get("call_id") or ""), str(data.get("call_sid") or "")
+        if ok and not leg and sid:  # Twilio queued the call: its leg exists once the callee answered
+            ok, leg, error = await self._answered(sid)
+        acts = m.dialled(ok, leg, error, self.clock.now())
         if m.phase is not Phase.CONSULTING:
             return acts
         res = await self.host.consult_result(m.consult_id, max(0.0, m.deadline - self.clock.now()))
         if res is None:
             return [*acts, *m.tick(max(self.clock.now(), m.deadline))]
         return [*acts, *m.consult_result(res.consult_id, res.outcome, res.detail, self.clock.now())]
+
+    async def _answered(self, sid: str) -> tuple[bool, str, str]:
+        """A Twilio consult dial answered 201 with CallSid ``sid``: the gateway's ConsultResult
+        ``answered`` (its stream arrived) names the leg, bounded by what is left of ``timeout_s``
+        (Twilio rings for that long). ``(ok, leg's call id, error)`` as the dial's reply would be."""
+        m = self.machine
+        assert m is not None and m.deadline is not None
+        res = await self.host.consult_result(TWILIO_QUEUED + sid, max(0.0, m.deadline - self.clock.now()))
+        if res is None:
+            return False, "", f"no answer within {self.cfg.timeout_s:g} s (Twilio call {sid[:40]})"
+        if res.outcome != "answered" or not res.consult_id:
+            return False, "", f"the Twilio call {sid[:40]} ended: {res.outcome} {res.detail[:100]}".strip()
+        return True, str(res.consult_id), ""
 
     async def _summary(self, reason: str) -> tuple[str, str]:
         cfg = self.cfg

@@ -211,18 +211,23 @@ class LinkTelephony:
 
     def on_consult_result(self, res: ConsultResult) -> None:
         """A warm transfer's consult leg outcome (the gateway's ConsultResult): resolves the
-        wait on that leg; one that comes before its wait began (a verdict racing the dial's
-        reply) is kept (at most a few) for :meth:`consult_result`; the rest is dropped."""
+        wait on that leg (an ``answered`` one, of a Twilio leg queued by its CallSid, the wait on
+        ``twilio:<CallSid>``, its ``detail``); one that comes before its wait began (a verdict
+        racing the dial's reply) is kept (at most a few) for :meth:`consult_result`; the rest
+        is dropped."""
         fut = self._consult.get(res.consult_id)
+        if fut is None and res.outcome == "answered":  # a queued Twilio leg, waited for by its CallSid
+            fut = self._consult.get(res.detail)
         if fut is not None and not fut.done():
             fut.set_result(res)
         elif fut is None and len(self.early_results) < 4:
             self.early_results.append(res)
 
     async def consult_result(self, consult_id: str, timeout: float) -> ConsultResult | None:  # noqa: ASYNC109
-        """The ConsultResult of leg ``consult_id``, None after ``timeout`` s."""
+        """The ConsultResult of leg ``consult_id`` (``twilio:<CallSid>``: the ``answered`` of that
+        queued Twilio leg, which names the leg's call id), None after ``timeout`` s."""
         for r in self.early_results:
-            if r.consult_id == consult_id:
+            if r.consult_id == consult_id or (r.outcome == "answered" and r.detail == consult_id):
                 self.early_results.remove(r)
                 return r
         fut: asyncio.Future[ConsultResult] = asyncio.get_running_loop().create_future()

@@ -19,7 +19,10 @@ Invariants:
 * A caller has at most one consult leg at a time (``consult_leg``, set when the leg is
   admitted: SIP at the dial, Twilio when its stream arrives; ``twilio:<CallSid>`` between).
   A Twilio consult leg whose stream arrives after its caller left is hung up
-  (``caller_gone``) without an agent side.
+  (``caller_gone``) without an agent side; one whose caller is still there is reported
+  ConsultResult(answered, detail ``twilio:<CallSid>``) to the caller's agent as it is claimed
+  (the dial's reply, Twilio's 201, named only the CallSid: this is where that agent learns
+  the leg's call id, and the callee's answer), before any verdict of that leg.
 * ConsultVerdict is taken once per consult leg, and only from the agent process that hosts
   it; it reaches the caller's agent process as ConsultResult(accepted/declined). A consult
   leg whose transport ends before a verdict (and before a bridge) is reported
@@ -80,6 +83,7 @@ BRIDGE_ENDED = M.BRIDGE_ENDED_REASON  # the caller's end hangs the person's leg 
 BRIDGE_LOST = M.BRIDGE_LOST_REASON  # the person's end, for the caller: Unbridged (see the module docstring)
 CALLER_GONE = "caller_gone"
 TWILIO_PENDING = "twilio:"
+ANSWERED = "answered"  # the ConsultResult of a queued Twilio consult leg whose stream arrived
 
 
 def now_ms() -> int:
@@ -202,6 +206,8 @@ class Consults:
         call.times["dialled"] = call.times["admitted"]
         call.consult_reported = True  # its stream arrived: Twilio's callee answered
         caller.consult_leg = call.call_id
+        # the dial's reply (Twilio's 201) named only the CallSid: the caller's agent learns the leg here
+        self._tell_caller(call, ANSWERED, TWILIO_PENDING + sid)
         return False
 
     def answered(self, call: Call) -> None:
