@@ -19,6 +19,10 @@ answers (:meth:`FakeTwilioApi.place`): the signed webhook POST to ``Url``, the
 ``<Connect><Stream>`` of its TwiML opened as a Media Stream (``X-Twilio-Signature``,
 ``connected``, ``start`` with the CallSid and the TwiML's parameters), caller audio
 for a while, the bot's audio measured (:class:`PlacedCall` in :attr:`FakeTwilioApi.placed`).
+With :attr:`FakeTwilioApi.script` set, the stream is that coroutine's instead (a test's own
+callee: what it sends, when it presses keys, when it hangs up). :meth:`FakeTwilioApi.place`
+also delivers an inbound call as Twilio does (``direction="inbound"``: the webhook of a call
+to ``To``, then its stream), so a test's caller comes through the gateway's TwiML webhook too.
 
 With ``status_callbacks=True`` (default off) a create that names a ``StatusCallback`` gets the
 call's progress POSTed there as Twilio does (:meth:`FakeTwilioApi.progress`): form-encoded,
@@ -42,6 +46,7 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -97,6 +102,8 @@ class FakeTwilioApi:
         self.callee: dict[str, str] = {}  # To -> answered | busy | no-answer | failed (default answered)
         self.ring_s = 0.3  # how long a callee rings before it answers or Twilio gives up (no-answer)
         self.callbacks: list[tuple[str, str, int]] = []  # (CallSid, CallStatus, the gateway's answer)
+        # the placed call's stream, run by the test: (call, the create's form, the transport not yet opened)
+        self.script: Callable[[PlacedCall, dict[str, str], Any], Awaitable[None]] | None = None
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         api = self
@@ -206,24 +213,25 @@ class FakeTwilioApi:
 
     # -- placing a created call, as Twilio does once the callee answered ---------------------------
 
-    def place(self, sid: str, form: dict[str, str]) -> None:
+    def place(self, sid: str, form: dict[str, str], direction: str = "outbound-api") -> None:
+        """Place call ``sid`` (``form``: ``To``, ``From``, ``Url``) on a thread of its own."""
         call = PlacedCall(sid)
         with self._lock:
             self.placed[sid] = call
-        th = threading.Thread(target=lambda: asyncio.run(self._place(call, form)), daemon=True)
+        th = threading.Thread(target=lambda: asyncio.run(self._place(call, form, direction)), daemon=True)
         self._threads.append(th)
         th.start()
 
-    async def _place(self, call: PlacedCall, form: dict[str, str]) -> None:
+    async def _place(self, call: PlacedCall, form: dict[str, str], direction: str) -> None:
         try:
             async with asyncio.timeout(self.place_seconds + 20):
-                await self._webhook_then_stream(call, form)
+                await self._webhook_then_stream(call, form, direction)
         except Exception as e:  # noqa: BLE001 - reported to the test
             call.error = f"{type(e).__name__}: {e}"[:300]
         finally:
             call.done = True
 
-    async def _webhook_then_stream(self, call: PlacedCall, form: dict[str, str]) -> None:
+    async def _webhook_then_stream(self, call: PlacedCall, form: dict[str, str], direction: str) -> None:
         import httpx
 
         from brisvox.client.transport import BotEvents
@@ -232,7 +240,7 @@ class FakeTwilioApi:
 
         hook = {"AccountSid": self.account, "ApiVersion": "2010-04-01", "CallSid": call.sid,
                 "CallStatus": "in-progress", "Called": form["To"], "Caller": form["From"],
-                "Direction": "outbound-api", "From": form["From"], "To": form["To"]}
+                "Direction": direction, "From": form["From"], "To": form["To"]}
         url = form["Url"]
         headers = {"Content-Type": "application/x-www-form-urlencoded",
                    "X-Twilio-Signature": twilio.signature(self.token, url, hook)}
@@ -248,6 +256,10 @@ class FakeTwilioApi:
         t = TwilioTransport(call.stream_url, call.params)
         t.stream = twilio.TwilioStream(stream_sid="MZ" + call.sid[2:], call_sid=call.sid, account_sid=self.account)
         t.headers = {"X-Twilio-Signature": twilio.signature(self.token, call.stream_url)}
+        if self.script is not None:
+            await self.script(call, form, t)
+            call.end = call.end or "the script ended"
+            return
         t0 = time.monotonic()
 
         def on_audio(pcm: np.ndarray, now: float) -> None:
@@ -327,7 +339,7 @@ class FakeTwilioApi:
                 call = PlacedCall(sid)
                 with self._lock:
                     self.placed[sid] = call
-                await self._place(call, form)
+                await self._place(call, form, "outbound-api")
             await send("completed", "completed", CallDuration=str(int(time.monotonic() - t0)))
 
     def __enter__(self) -> FakeTwilioApi:
