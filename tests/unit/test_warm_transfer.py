@@ -464,11 +464,11 @@ def test_a_speech_to_speech_agent_cannot_warm_transfer(tmp_path: Path):
 def test_a_twilio_consult_dial_waits_for_the_answer_that_names_the_leg_then_bridges_it():
     """Twilio's dial answers 201 with the CallSid alone: the leg is the one the gateway's
     ConsultResult ``answered`` names (its stream arrived); no answer within ``timeout_s``:
-    ``no_answer``, nothing to hang up."""
+    ``no_answer``, and an answer after that is hung up."""
     from brisvox.agent.host.call_warm import CallWarm
     from brisvox.agent.tool_engine.builtin import LinkTelephony
     from brisvox.clock import LoopClock
-    from ipc.frames import ConsultResult
+    from ipc.frames import ConsultResult, Hangup
 
     sid = "CA" + "7" * 32
     cfg = WarmConfig(hold_message="", timeout_s=5.0, via="twilio")
@@ -509,8 +509,10 @@ def test_a_twilio_consult_dial_waits_for_the_answer_that_names_the_leg_then_brid
         def hangup_leg(self, consult_id, reason):
             self.hung.append(consult_id)
 
+    sent: list[object] = []
+
     async def main(answer: bool, cfg: WarmConfig = cfg) -> tuple[dict, Host, CallWarm]:
-        host = Host(LinkTelephony("c1", lambda f: None), answer)
+        host = Host(LinkTelephony("c1", sent.append), answer)
         warm = CallWarm(host, cfg, LoopClock())  # type: ignore[arg-type]
         return await asyncio.wait_for(warm.run("+4930111", "billing"), 10), host, warm
 
@@ -528,5 +530,11 @@ def test_a_twilio_consult_dial_waits_for_the_answer_that_names_the_leg_then_brid
         res, host, warm = loop.run_until_complete(main(False, replace(cfg, timeout_s=0.3)))
         assert res["status"] == "no_answer" and sid in res["detail"] and host.bridged == host.hung == [], res
         assert time.monotonic() - t0 < 2.0 and warm.record()["legs"][1]["call_id"] is None
+        assert sent == []
+        # the person answers after all: that leg is hung up, once
+        late = ConsultResult(call_id="c1", consult_id="leg-8", outcome="answered", detail="twilio:" + sid)
+        host.port.on_consult_result(late)
+        host.port.on_consult_result(late)
+        assert sent == [Hangup(call_id="leg-8", reason="warm_transfer_no_answer")], sent
     finally:
         loop.close()

@@ -20,7 +20,8 @@ result tells the model what became of it. It does the machine's actions through 
   left of ``timeout_s``; then the leg's ConsultResult, bounded the same way. A Twilio dial
   (``via = "twilio"``) answers at Twilio's 201 with the CallSid alone (the call is queued, not
   answered): the answer is the gateway's ConsultResult ``answered`` (the leg's stream arrived),
-  which names the leg, waited for within the same bound (none: ``no_answer``);
+  which names the leg, waited for within the same bound (none: ``no_answer``, and the port
+  hangs up a leg whose answer comes after that);
 * ``BridgeLegs`` -> Bridge (with ``keep``: the actor stays attached, unheard, for the bridge)
   and its BridgeResult (bounded); ``HangUpLeg`` -> Hangup of the leg;
 * after the run, :meth:`bridge_lost` (the gateway's BridgeEnded: the person's leg ended, the

@@ -39,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -157,6 +157,8 @@ class LinkTelephony:
     _consult: dict[str, asyncio.Future[ConsultResult]] = field(default_factory=dict, init=False)
     _bridge: asyncio.Future[BridgeResult] | None = field(default=None, init=False)
     early_results: list[ConsultResult] = field(default_factory=list, init=False)  # before its wait began
+    # waits for a queued Twilio leg's answer that timed out: that answer, late, is hung up
+    _given_up: deque[str] = field(default_factory=lambda: deque(maxlen=4), init=False)
 
     def hangup(self, reason: str) -> None:
         if self.hangup_hook is not None:
@@ -213,11 +215,16 @@ class LinkTelephony:
         """A warm transfer's consult leg outcome (the gateway's ConsultResult): resolves the
         wait on that leg (an ``answered`` one, of a Twilio leg queued by its CallSid, the wait on
         ``twilio:<CallSid>``, its ``detail``); one that comes before its wait began (a verdict
-        racing the dial's reply) is kept (at most a few) for :meth:`consult_result`; the rest
-        is dropped."""
+        racing the dial's reply) is kept (at most a few) for :meth:`consult_result`; an
+        ``answered`` whose wait timed out is hung up (the leg must not live on); the rest is
+        dropped."""
         fut = self._consult.get(res.consult_id)
         if fut is None and res.outcome == "answered":  # a queued Twilio leg, waited for by its CallSid
             fut = self._consult.get(res.detail)
+            if fut is None and res.detail in self._given_up:  # answered after its wait gave up
+                self._given_up.remove(res.detail)
+                self.hangup_leg(res.consult_id, "warm_transfer_no_answer")
+                return
         if fut is not None and not fut.done():
             fut.set_result(res)
         elif fut is None and len(self.early_results) < 4:
@@ -236,6 +243,7 @@ class LinkTelephony:
             async with asyncio.timeout(max(0.0, timeout)):
                 return await fut
         except TimeoutError:
+            self._given_up.append(consult_id)
             return None
         finally:
             self._consult.pop(consult_id, None)
