@@ -253,7 +253,7 @@ def call_in(desk: Desk, caller: StreamLeg) -> None:
     _, _, api, ws = desk
     api.place("CA" + secrets.token_hex(16), {"To": DESK, "From": CALLER, "Url": f"http://127.0.0.1:{ws}/twiml"},
               direction="inbound")
-    assert caller.opened.wait(10), "the caller's stream did not open"
+    assert caller.opened.wait(10), f"the caller's stream did not open: {list(api.placed.values())[-1]}"
     wait(lambda: quiet_for(caller, 0.4), 10, "the greeting")
 
 
@@ -284,7 +284,7 @@ def test_accepted_twilio_legs_are_bridged_exactly_and_the_persons_hang_up_brings
     try:
         call_in(desk, caller)
         caller.keys.put("5")
-        assert person.opened.wait(TIMEOUT_S), "the consult leg was not placed"
+        assert person.opened.wait(TIMEOUT_S), f"the consult leg was not placed: {api.creates()[-1:]}"
         wait(lambda: quiet_for(person, 0.4), 10, "the summary and the prompt to the person")
         person.keys.put("1")
 
@@ -362,7 +362,7 @@ def test_declined_the_caller_is_back_and_the_consult_leg_is_completed_through_th
     try:
         call_in(desk, caller)
         caller.keys.put("7")
-        assert person.opened.wait(TIMEOUT_S), "the consult leg was not placed"
+        assert person.opened.wait(TIMEOUT_S), f"the consult leg was not placed: {api.creates()[-1:]}"
         wait(lambda: quiet_for(person, 0.4), 10, "the summary and the prompt to the person")
         pressed = time.monotonic()
         person.keys.put("2")
@@ -389,7 +389,7 @@ def test_declined_the_caller_is_back_and_the_consult_leg_is_completed_through_th
         assert leg["consult"]["verdict"] == "declined" and leg["consult"]["detail"] == "dtmf", leg["consult"]
         said = [m["text"] for m in leg["conversation"] if m["role"] == "assistant" and m.get("text")]
         assert said[-1] == DECLINED_REPLY, said
-        assert not [c for c in gateway(d, "calls").values() if isinstance(c, dict)], "a leg is left"
+        wait(lambda: not [c for c in gateway(d, "calls").values() if isinstance(c, dict)], 5, "both legs released")
         print("declined:", wt, leg["consult"])
     finally:
         hang_up_all(by_to)

@@ -486,6 +486,9 @@ def test_a_twilio_consult_dial_waits_for_the_answer_that_names_the_leg_then_brid
         def caller(self) -> tuple[str, str]:
             return "+4930222", "+4930333"
 
+        async def announce(self, text: str, clip: bool) -> None:
+            return None  # nothing is played here: the outcome's line is not waited for
+
         def agent(self) -> str:
             return "desk"
 
