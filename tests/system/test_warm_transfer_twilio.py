@@ -47,7 +47,6 @@ import pytest
 
 from bench.harness.daemon import Daemon, write_config
 from brisvox.agent.host.call_record import read_records
-from brisvox.agent.host.consult_screen import DECLINED_REPLY
 from brisvox.client.transport import BotEvents
 from brisvox.wire.g711 import ulaw_decode
 from tests.system.gateway_harness import free_port, have, make_fixture
@@ -387,8 +386,6 @@ def test_declined_the_caller_is_back_and_the_consult_leg_is_completed_through_th
         heard = tool_result(mine)
         assert heard["status"] == "declined" and heard["caller_heard"][-1] == DECLINED, heard
         assert leg["consult"]["verdict"] == "declined" and leg["consult"]["detail"] == "dtmf", leg["consult"]
-        said = [m["text"] for m in leg["conversation"] if m["role"] == "assistant" and m.get("text")]
-        assert said[-1] == DECLINED_REPLY, said
         wait(lambda: not [c for c in gateway(d, "calls").values() if isinstance(c, dict)], 5, "both legs released")
         print("declined:", wt, leg["consult"])
     finally:
