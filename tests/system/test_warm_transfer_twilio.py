@@ -12,7 +12,7 @@ hang-up), run on the stand-in's threads.
 
 * accepted (5): the person hears the summary and the prompt, presses 1; the gateway bridges
   the legs (``calls``: each ``bridged_with`` the other); speech both ways arrives sample for
-  sample (see :func:`contains`: as exact as G.711 allows); the person hangs up (their
+  sample (as exact as G.711 allows; below); the person hangs up (their
   stream's ``stop``): the caller's stream stays, and the agent's ``bridge_lost_message`` is on
   its wire within 2 s; the records and ``transfers`` show both legs with their times and
   ``bridge_lost``;
@@ -25,6 +25,12 @@ each leg's ``in`` ring as the decoded samples and the bridge writes them to the 
 unchanged, re-encoded to mu-law. G.711 mu-law decode then encode is the identity on every code
 but the two zeros (0x7F, -0, is encoded back as 0xFF, +0), which decode to the same sample:
 the decoded samples the other side receives are the decoded samples sent, with no tolerance.
+The one loss the gateway allows itself is documented and counted: a relay more than
+``RELAY_BACKLOG`` frames behind (a late tick on a loaded machine, a burst from a sender that
+stalled) drops whole frames (``bridge_samples_dropped``). So: with nothing counted dropped,
+the whole 2 s run must arrive as one contiguous run, sample for sample; with drops counted,
+every frame that arrived must be exact and in order, each missing one covered by the count,
+and at least 80 % of them must have arrived (:func:`relayed`).
 """
 
 from __future__ import annotations
@@ -117,8 +123,12 @@ class StreamLeg:
         with self._lock:
             return list(self.heard)
 
+    def frames(self) -> list[np.ndarray]:
+        """What the gateway sent, one media message (20 ms) each."""
+        return [p for _, p in self.audio()]
+
     def pcm(self) -> np.ndarray:
-        got = [p for _, p in self.audio()]
+        got = self.frames()
         return np.concatenate(got) if got else np.zeros(0, np.int16)
 
     async def run(self, call: PlacedCall, t: Any) -> None:
@@ -151,6 +161,25 @@ class StreamLeg:
         finally:
             await t.close()
             self.closed.set()
+
+
+def relayed(heard: list[np.ndarray], sent: np.ndarray) -> tuple[int, int]:
+    """``(arrived, missing)``: of the 20 ms frames of ``sent`` that are not silence, how many
+    are among the ``heard`` frames sample for sample and in order (each after the one before),
+    and how many are not. The relay moves whole frames from a frame boundary on (the bridge's
+    position; a lag drop keeps the last frame), so an arrived frame is one heard frame."""
+    arrived = missing = 0
+    j = 0
+    for i in range(0, len(sent) - 159, 160):
+        frame = sent[i:i + 160]
+        if not frame.any():
+            continue  # silence: the leg's own silence looks the same
+        k = next((k for k in range(j, len(heard)) if np.array_equal(heard[k], frame)), None)
+        if k is None:
+            missing += 1
+        else:
+            arrived, j = arrived + 1, k + 1
+    return arrived, missing
 
 
 def bot_audio(pcm: np.ndarray) -> bool:
@@ -294,13 +323,22 @@ def test_accepted_twilio_legs_are_bridged_exactly_and_the_persons_hang_up_brings
         assert set(pair) == {caller.sid, person.sid}, pair
         assert pair[person.sid]["consult_for"] and pair[caller.sid]["transport"] == "twilio", pair
 
+        dropped_before = gateway(d, "stats").get("bridge_samples_dropped", 0)
         caller.payload, person.payload = speech, speech[::-1].copy()
         caller.play.set()
         person.play.set()
         assert caller.played.wait(5) and person.played.wait(5)
         time.sleep(0.3)  # the last frames through the bridge
-        assert contains(person.pcm(), speech), "caller -> person not exact"
-        assert contains(caller.pcm(), speech[::-1]), "person -> caller not exact"
+        dropped = gateway(d, "stats").get("bridge_samples_dropped", 0) - dropped_before
+        to_person, to_caller = relayed(person.frames(), speech), relayed(caller.frames(), speech[::-1])
+        missing = to_person[1] + to_caller[1]
+        if dropped == 0:  # nothing dropped for lag: the whole run, sample for sample, both ways
+            assert contains(person.pcm(), speech), ("caller -> person not exact", to_person)
+            assert contains(caller.pcm(), speech[::-1]), ("person -> caller not exact", to_caller)
+        # else: every frame that came is exact and in order; each missing one is a frame the
+        # gateway counted dropped (a relay lagging more than RELAY_BACKLOG frames: a late tick)
+        assert missing * 160 <= dropped, (to_person, to_caller, dropped)
+        assert all(got >= 0.8 * (got + lost) for got, lost in (to_person, to_caller)), (to_person, to_caller, dropped)
 
         gone = time.monotonic()
         person.hang_up.set()  # the person hangs up: their stream's stop
