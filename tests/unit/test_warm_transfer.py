@@ -16,6 +16,7 @@ import pytest
 from brisvox.agent.host.consult_screen import ConsultScreen, Say, Verdict, answer_of
 from brisvox.agent.host.warm_transfer import (
     BRIDGE_WAIT_S,
+    DECLINED_GRACE_S,
     BridgeLegs,
     Dial,
     Done,
@@ -123,7 +124,8 @@ def test_a_verdict_other_than_accepted_comes_back_to_the_caller(outcome, hang, m
     _to_dialling(m)
     m.dialled(True, "c2", "", 5.0)
     acts = m.consult_result("c2", outcome, "", 8.0)
-    assert acts == [*([HangUpLeg("c2")] if hang else []), Hold(False), Speak(message),
+    # a declined leg says its goodbye and hangs up itself: the caller's side only backs that up, later
+    assert acts == [*([HangUpLeg("c2", DECLINED_GRACE_S)] if hang else []), Hold(False), Speak(message),
                     Done("no_answer" if outcome == "hung_up" else "declined", message, outcome)]
     assert m.record()["legs"][0]["back_ms"] == 8000
 

@@ -233,8 +233,12 @@ class CallWarm:
             case BridgeLegs(consult_id=cid):
                 ok, detail = await self.host.bridge(cid, BRIDGE_WAIT_S)
                 return m.bridge_result(ok, detail, self.clock.now())
-            case HangUpLeg(consult_id=cid):
-                self.host.hangup_leg(cid, "warm_transfer_" + (m.outcome or "given_up"))
+            case HangUpLeg(consult_id=cid, after=after):
+                reason = "warm_transfer_" + (m.outcome or "given_up")
+                if after > 0:  # a declined leg says goodbye and ends itself; this is the backstop
+                    asyncio.get_running_loop().call_later(after, self.host.hangup_leg, cid, reason)
+                else:
+                    self.host.hangup_leg(cid, reason)
                 return []
         return []
 

@@ -34,7 +34,9 @@ Invariants: ``Done`` is returned exactly once per transfer; after it nothing but
 :meth:`record` answers (and a dial answered after the transfer gave up, which is hung up); every wait is bounded (the dial and the verdict by ``timeout_s`` from
 the dial, the bridge by :data:`BRIDGE_WAIT_S`, the summary by ``summary_timeout_s`` in the runner:
 the machine's deadlines are :attr:`deadline`, which :meth:`tick` enforces); a consult leg that
-answered, may still live and was not bridged is hung up (``HangUpLeg``) before ``Done``; the caller is off hold
+answered, may still live and was not bridged is hung up (``HangUpLeg``) before ``Done``: at once, except
+a declined one, whose own agent says its goodbye to the person and hangs up itself, so the caller's side
+hangs it up only after :data:`DECLINED_GRACE_S` (``HangUpLeg.after``); the caller is off hold
 (``Hold(False)``) before any outcome message is spoken. While bridged :attr:`holding` is true (the
 caller talks to the person: their speech and keys start no turn of the agent's); ``Resume`` is
 returned at most once, only from the bridged phase, and the outcome becomes ``bridge_lost``.
@@ -201,6 +203,11 @@ class BridgeLegs:
 @dataclass(frozen=True, slots=True)
 class HangUpLeg:
     consult_id: str
+    after: float = 0.0  # seconds: a declined leg's own agent says its goodbye and hangs up first
+
+
+DECLINED_GRACE_S = 6.0  # a declined leg: its goodbye ("Okay, I'll let them know.") plays, it hangs itself up;
+# the caller's side hangs it up after this at the latest (a leg that did not end by then must not live on)
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +318,7 @@ class WarmTransfer:
             self.deadline = at + BRIDGE_WAIT_S
             return [BridgeLegs(consult_id)]
         if outcome == "declined":
-            return self._end("declined", detail or "declined", at, hang_leg=True)
+            return self._end("declined", detail or "declined", at, hang_leg=True, leg_after=DECLINED_GRACE_S)
         return self._end("no_answer", detail or outcome, at, hang_leg=False)  # hung_up: the leg is gone
 
     def bridge_result(self, ok: bool, detail: str, at: float) -> list[Action]:
@@ -370,12 +377,13 @@ class WarmTransfer:
         self.phase, self.held_at, self.deadline = Phase.SUMMARIZING, at, None
         return [Hold(True), Summarize(self.reason)]
 
-    def _end(self, outcome: str, detail: str, at: float, hang_leg: bool = False) -> list[Action]:
+    def _end(self, outcome: str, detail: str, at: float, hang_leg: bool = False,
+             leg_after: float = 0.0) -> list[Action]:
         self.phase, self.outcome, self.detail, self.ended_at = Phase.DONE, outcome, detail, at
         self.deadline = None
         acts: list[Action] = []
         if hang_leg and self.consult_id:
-            acts.append(HangUpLeg(self.consult_id))
+            acts.append(HangUpLeg(self.consult_id, leg_after))
         if outcome == "bridged":
             self.phase = Phase.BRIDGED  # BridgeEnded may still bring the caller back (bridge_lost)
             return [*acts, Done(outcome, "", detail)]
