@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from brisvox.wire import audio_stream as fs
+from brisvox.wire.jsontext import CALLED_KEYS, CALLER_KEYS, caller_called
 from brisvox.wire.mediastream import CLOSE_CODES, MEDIA_SUFFIX, StreamError
 
 PRINTABLE = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=30)
@@ -30,7 +31,17 @@ def test_metadata_parses_back_to_its_parameters(params: dict, uuid: str) -> None
     meta = fs.parse_metadata(fs.FreeSwitchStream(uuid or "u", params).metadata().encode())
     assert meta.params == {"uuid": uuid or "u", **params} and meta.dropped == 0
     assert meta.ids == {"uuid": uuid or "u"}
-    assert meta.numbers == (params.get("caller", ""), params.get("called", ""))
+    # the numbers are what the shared rule (caller/from, called/to, first spelling wins) reads
+    assert meta.numbers == caller_called(params)
+    assert meta.numbers == (next((params[k] for k in CALLER_KEYS if params.get(k)), ""),
+                            next((params[k] for k in CALLED_KEYS if params.get(k)), ""))
+
+
+def test_the_numbers_take_from_and_to_as_caller_and_called() -> None:
+    meta = fs.parse_metadata(fs.FreeSwitchStream("u", {"to": "0"}).metadata().encode())  # hypothesis found it
+    assert meta.numbers == ("", "0")
+    meta = fs.parse_metadata(b'{"uuid":"a","from":"+331","to":"+332"}')
+    assert meta.numbers == ("+331", "+332")
 
 
 def test_a_nested_metadata_value_is_dropped_and_counted() -> None:
