@@ -124,7 +124,8 @@ class SampleHistory:
 
     def read(self, start: int, end: int) -> np.ndarray | None:
         """A copy of the samples at positions ``[start, end)``; None when some of them are not
-        written yet or no longer held (or the span is empty or longer than the capacity)."""
+        written yet or no longer held (or the span is empty or longer than the capacity).
+        Positions before the first one written read as zeros (as a ring pads)."""
         if not (0 <= start < end <= self.write_pos) or start < self.write_pos - self.capacity:
             return None
         cap = self.capacity
