@@ -125,8 +125,9 @@ class SampleHistory:
     def read(self, start: int, end: int) -> np.ndarray | None:
         """A copy of the samples at positions ``[start, end)``; None when some of them are not
         written yet or no longer held (or the span is empty or longer than the capacity).
-        Positions before the first one written read as zeros (as a ring pads)."""
-        if not (0 <= start < end <= self.write_pos) or start < self.write_pos - self.capacity:
+        Positions before the first one written (negative ones too: the VAD's first window may
+        start a few samples before the stream) read as zeros, as the in16 ring pads them."""
+        if not (start < end <= self.write_pos) or start < self.write_pos - self.capacity:
             return None
         cap = self.capacity
         i = start % cap

@@ -208,6 +208,12 @@ def test_sample_history_answers_spans_by_position_only_while_it_holds_them():
     assert h.read(1269, 1300) is None  # overwritten
     assert h.read(1360, 1371) is None  # not written yet
     assert h.read(1300, 1300) is None
+    fresh = SampleHistory(64)
+    fresh.write(np.arange(1, 41, dtype=np.int16))
+    got = fresh.read(-8, 8)  # before the stream's first sample: zeros, as the in16 ring pads
+    assert got is not None and list(got) == [0] * 8 + list(range(1, 9))
+    fresh.write(np.ones(40, dtype=np.int16))
+    assert fresh.read(-8, 8) is None  # its slots now hold later samples
 
 
 def test_input_chain_keeps_the_pre_denoise_stream_by_in16_position_across_gaps(shm_clean):
