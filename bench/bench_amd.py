@@ -360,6 +360,7 @@ def denoise_runs(man: dict[str, Any], audio: list[np.ndarray], modes: list[str],
         t1 = time.perf_counter()
         drops: dict[str, list[float]] = {"machine": [], "fax": []}
         tally = {src: {"beeps": 0, "found": 0, "machine": 0, "fax": 0} for src in ("pre", "denoised")}
+        misses: list[str] = []
         for (it, x8), (pre, post), pr in zip(picked, held, probs, strict=True):
             hz, at, ms = _tone_of(it, x8)
             span = slice((at + 40) * 16, (at + min(ms, 1000) - 40) * 16)
@@ -380,9 +381,14 @@ def denoise_runs(man: dict[str, Any], audio: list[np.ndarray], modes: list[str],
                     t["beeps"] += 1
                     t["machine"] += v.kind == "machine"
                     b = next((e for e in ev if isinstance(e, AmdBeep)), None)
-                    t["found"] += b is not None and abs(b.onset_ms - at) <= BEEP_TOL_MS
+                    found = b is not None and abs(b.onset_ms - at) <= BEEP_TOL_MS
+                    t["found"] += found
                 else:
-                    t["fax"] += v.kind == "fax"
+                    found = v.kind == "fax"
+                    t["fax"] += found
+                if src == "pre" and not found:
+                    misses.append(f"{it['name']}->{v.kind}({v.reason}@{v.at_ms}"
+                                  f"{', beep@' + str(b.onset_ms) if it['label'] == 'machine' and b else ''})")
         nb, nf = len(drops["machine"]), len(drops["fax"])
         tag = f"denoise {mode}"
         if mode != "off":
@@ -399,7 +405,8 @@ def denoise_runs(man: dict[str, Any], audio: list[np.ndarray], modes: list[str],
                      (f"{tag}, {label}: faxes right", 100.0 * t["fax"] / max(1, nf), "%", "")]
         if show:
             print(f"   ({tag}: {len(picked)} openings, denoise + VAD {t1 - t0:.1f} s, "
-                  f"detection {time.perf_counter() - t1:.1f} s)", flush=True)
+                  f"detection {time.perf_counter() - t1:.1f} s)\n      misses (tones before the denoiser): "
+                  f"{' '.join(misses)}", flush=True)
     return rows
 
 
