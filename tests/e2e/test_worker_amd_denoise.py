@@ -7,7 +7,7 @@ call's audio from before the denoiser (``InputChain.pre``). The test also checks
 denoiser did to the beep in in16 (what the VAD and a detector fed only its windows get), so
 that it keeps testing that path: measured 2026-12-07, the beep (-17 dBFS on the line) was at
 -57 dBFS after RNNoise and -102 dBFS after DeepFilterNet, and with the tone tests on the
-denoised windows both runs missed it (a greeting end instead). Needs espeak-ng and the
+denoised windows both runs missed it (no beep reported). Needs espeak-ng and the
 model files.
 """
 
