@@ -19,7 +19,9 @@ within 300 ms of the true start), false beeps, and the detector's CPU per
 20 ms of audio per call.
 
 ``python -m bench amd`` (the reported seed); ``python -m bench.bench_amd --seed 1``
-for the tuning set (``--scale`` resizes it).
+for the tuning set (``--scale`` resizes it). ``--denoise off,rnnoise,deepfilter`` runs,
+instead, the openings with a tone through a denoised call's worker path (:func:`denoise_runs`):
+what the suppressor does to the beep and the fax tones, and what the detector finds.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import soxr
 from bench import amd_set
 from brisvox.agent.host.call_amd import HEAR_EVERY_S, HEAR_FIRST_S, HEAR_MIN_SAMPLES, HEAR_TIMEOUT_S
 from workers.amd import (
+    CED_HZ,
+    CNG_HZ,
     VERDICTS,
     WINDOW_MS,
     AmdBeep,
@@ -44,7 +48,9 @@ from workers.amd import (
     AmdParams,
     AmdVerdict,
 )
+from workers.denoise import Denoiser, make_model
 from workers.models import locate
+from workers.resample import stream
 from workers.vad import WINDOW8, SileroBatch
 
 Row = tuple[str, float, str, str]
@@ -57,18 +63,19 @@ HEAR_EVERY_MS = int(HEAR_EVERY_S * 1000)
 HEAR_TIMEOUT_MS = int(HEAR_TIMEOUT_S * 1000)
 
 
-def probabilities(openings: list[np.ndarray]) -> list[np.ndarray]:
-    """Silero (native 8 kHz) speech probability of every 32 ms window of every opening: one
-    batched run per window index over all openings, one state slot each (the worker's tick)."""
+def probabilities(openings: list[np.ndarray], width: int = WINDOW8) -> list[np.ndarray]:
+    """Silero speech probability of every 32 ms window of every opening (``width`` 256: native
+    8 kHz; 512: in16): one batched run per window index over all openings, one state slot
+    each (the worker's tick)."""
     n = len(openings)
     sil = SileroBatch(locate("silero_vad"), capacity=n)
-    counts = [len(x) // WINDOW8 for x in openings]
+    counts = [len(x) // width for x in openings]
     out = [np.zeros(c, dtype=np.float32) for c in counts]
     longest = max(counts)
     scale = np.float32(1.0 / 32768.0)
     for w in range(longest):
         idx = np.array([i for i in range(n) if counts[i] > w], dtype=np.intp)
-        win = np.stack([openings[i][w * WINDOW8 : (w + 1) * WINDOW8] for i in idx]).astype(np.float32) * scale
+        win = np.stack([openings[i][w * width : (w + 1) * width] for i in idx]).astype(np.float32) * scale
         p = sil.run(idx, win)
         for j, i in enumerate(idx):
             out[i][w] = p[j]
@@ -295,6 +302,114 @@ def measure(seed: int, scale: float = 1.0, params: AmdParams | None = None, show
     return rows
 
 
+def worker_in16(x8: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
+    """An 8 kHz opening as the worker of a call with ``[audio] denoise = mode`` holds it:
+    (in16 before the denoiser: the InputChain's resampler, soxr QQ, fed 20 ms frames, what
+    ``InputChain.pre`` keeps; in16 after it: what the ring, the VAD and the STT get), both
+    cut to whole windows at the same positions."""
+    rs = stream(amd_set.RATE, 16000)
+    assert rs is not None
+    den = Denoiser(make_model(mode)) if mode != "off" else None
+    pre: list[np.ndarray] = []
+    post: list[np.ndarray] = []
+    for k in range(0, len(x8), 160):
+        y = rs.resample_chunk(x8[k : k + 160], last=False)
+        pre.append(y)
+        post.append(den.process(y) if den is not None else y)
+    if den is not None:
+        post.append(den.flush())
+        den.close()
+    a, b = np.concatenate(pre), np.concatenate(post)
+    n = min(len(a), len(b)) // 512 * 512
+    return a[:n], b[:n]
+
+
+def tone_level_db(x: np.ndarray, hz: float, rate: int) -> float:
+    """dBFS (a sine's RMS) of the ``hz`` component of ``x``."""
+    n = np.arange(len(x))
+    amp = 2 * np.abs(np.dot(x.astype(np.float64), np.exp(-2j * np.pi * hz * n / rate))) / max(1, len(x))
+    return float(20 * np.log10(amp / np.sqrt(2) / 32768 + 1e-12))
+
+
+def _tone_of(item: dict[str, Any], x8: np.ndarray) -> tuple[float, int, int]:
+    """(frequency, start ms, length ms) of an opening's tone: the beep, or a fax's first tone."""
+    if item["label"] == "machine":
+        return float(item["beep_hz"]), int(item["beep_ms"]), int(item["beep_len_ms"])
+    loud = np.nonzero(np.abs(x8.astype(np.int32)) > 1000)[0]
+    return (CED_HZ if item.get("variant") == "ced" else CNG_HZ), int(loud[0]) * 1000 // amd_set.RATE, 500
+
+
+def denoise_runs(man: dict[str, Any], audio: list[np.ndarray], modes: list[str],
+                 show: bool = True) -> list[Row]:
+    """The openings with a tone (machines with a beep, faxes) as a denoised call's worker sees
+    them (:func:`worker_in16`; the VAD on the denoised in16, 16 kHz Silero), each detected twice:
+    the tone tests reading the audio from before the denoiser (what the worker does) and
+    reading the denoised windows (what it did before 2026-12-07). Per mode: the tone's level
+    in the line and in the denoised in16, beeps found within ``BEEP_TOL_MS``, machine and fax
+    verdicts; ``off`` is the same 16 kHz path without a denoiser."""
+    picked = [(it, x) for it, x in zip(man["openings"], audio, strict=True)
+              if (it["label"] == "machine" and it.get("beep_ms", -1) >= 0) or it["label"] == "fax"]
+    rows: list[Row] = []
+    p = AmdParams(leave_message=True)
+    for mode in modes:
+        t0 = time.perf_counter()
+        cut = [x[: (it["beep_ms"] + it["beep_len_ms"] + 600) * 8] if it["label"] == "machine" else x
+               for it, x in picked]  # nothing after a beep matters here
+        held = [worker_in16(x, mode) for x in cut]
+        probs = probabilities([post for _, post in held], width=512)
+        t1 = time.perf_counter()
+        drops: dict[str, list[float]] = {"machine": [], "fax": []}
+        tally = {src: {"beeps": 0, "found": 0, "machine": 0, "fax": 0} for src in ("pre", "denoised")}
+        misses: list[str] = []
+        for (it, x8), (pre, post), pr in zip(picked, held, probs, strict=True):
+            hz, at, ms = _tone_of(it, x8)
+            span = slice((at + 40) * 16, (at + min(ms, 1000) - 40) * 16)
+            drops[it["label"]].append(tone_level_db(pre[span], hz, 16000) - tone_level_db(post[span], hz, 16000))
+            for src in ("pre", "denoised"):
+                d = AmdDetector(p, rate=16000)
+                ev: list[Any] = []
+                for k in range(len(pr)):
+                    w = slice(k * 512, (k + 1) * 512)
+                    ev += d.feed(post[w], float(pr[k]), pre[w] if src == "pre" else None)
+                    if d.done:
+                        break
+                if not d.done:
+                    ev += d.expire()
+                v = next(e for e in ev if isinstance(e, AmdVerdict))
+                t = tally[src]
+                if it["label"] == "machine":
+                    t["beeps"] += 1
+                    t["machine"] += v.kind == "machine"
+                    b = next((e for e in ev if isinstance(e, AmdBeep)), None)
+                    found = b is not None and abs(b.onset_ms - at) <= BEEP_TOL_MS
+                    t["found"] += found
+                else:
+                    found = v.kind == "fax"
+                    t["fax"] += found
+                if src == "pre" and not found:
+                    misses.append(f"{it['name']}->{v.kind}({v.reason}@{v.at_ms}"
+                                  f"{', beep@' + str(b.onset_ms) if it['label'] == 'machine' and b else ''})")
+        nb, nf = len(drops["machine"]), len(drops["fax"])
+        tag = f"denoise {mode}"
+        if mode != "off":
+            rows += [(f"{tag}: beep level lost in in16, p50 / min ({nb} beeps)", _pct(drops["machine"], 50), "dB",
+                      f"min {min(drops['machine']):.1f}" if nb else ""),
+                     (f"{tag}: fax tone level lost in in16, p50 ({nf} faxes)", _pct(drops["fax"], 50), "dB", "")]
+        for src, label in (("pre", "tones before the denoiser"), ("denoised", "tones from the denoised in16")):
+            if mode == "off" and src == "denoised":
+                continue
+            t = tally[src]
+            rows += [(f"{tag}, {label}: beeps found within 300 ms", 100.0 * t["found"] / max(1, t["beeps"]), "%",
+                      ">= 95 %"),
+                     (f"{tag}, {label}: machines with a beep right", 100.0 * t["machine"] / max(1, t["beeps"]), "%", ""),
+                     (f"{tag}, {label}: faxes right", 100.0 * t["fax"] / max(1, nf), "%", "")]
+        if show:
+            print(f"   ({tag}: {len(picked)} openings, denoise + VAD {t1 - t0:.1f} s, "
+                  f"detection {time.perf_counter() - t1:.1f} s)\n      misses (tones before the denoiser): "
+                  f"{' '.join(misses)}", flush=True)
+    return rows
+
+
 def cpu_16k(seconds: float = 60.0) -> float:
     """us of thread CPU per 20 ms of audio for 16 kHz windows (512 samples: a call whose VAD runs
     on in16), over noise in 256 ms bursts: a machine at 1.6 s, then listening for a beep that never
@@ -327,8 +442,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the N people's openings decided last (speech start, end, verdict)")
     ap.add_argument("--local-stt", action="store_true",
                     help="a fourth run with the local Whisper transcribing as the screening does (minutes)")
+    ap.add_argument("--denoise", default="", metavar="MODES",
+                    help="only the openings with a tone, through the worker's denoise path: comma-separated "
+                         "modes, e.g. off,rnnoise,deepfilter (DeepFilterNet: minutes)")
     a = ap.parse_args(argv)
-    for fig, val, unit, target in measure(a.seed, a.scale, show_timelines=a.timelines, local_stt=a.local_stt):
+    if a.denoise:
+        man = amd_set.build(a.seed, scale=a.scale)
+        rows = denoise_runs(man, [amd_set.load(man, it) for it in man["openings"]], a.denoise.split(","))
+    else:
+        rows = measure(a.seed, a.scale, show_timelines=a.timelines, local_stt=a.local_stt)
+    for fig, val, unit, target in rows:
         v = f"{val:.1f}" if isinstance(val, float) else str(val)
         print(f"   {fig:<58} {v:>10} {unit:<9} {target}")
     return 0

@@ -27,7 +27,10 @@ Signals, per window:
   of each other make a tone. Fax CNG (1100 Hz) or answer tone (2100 Hz)
   lasting ``fax_tone_ms`` with no speech before it is ``fax``; a steady tone
   of 350-2150 Hz lasting ``beep_min_ms`` after speech is the voicemail beep
-  (``machine`` if no verdict yet).
+  (``machine`` if no verdict yet). The tone tests read the window's ``tones``
+  samples when they are given: the same span before noise suppression (with
+  ``[audio] denoise`` the VAD's windows are denoised, and a suppressor removes
+  or smears steady tones; the cadence keeps the VAD's probabilities).
 * **Transcript** (optional, :meth:`AmdDetector.hear`): the local STT's text
   against greeting cues ("leave a message", "after the tone"...) gives
   ``machine``, menu cues ("press 1", "for sales"...) give ``ivr``. With
@@ -48,8 +51,8 @@ Invariants:
   follows (at the latest at ``listen_max_ms``); then the detector is
   ``done`` and ignores further windows at no cost.
 * :meth:`feed` never raises on audio content or probability (NaN, out of
-  range, clipping, DC: all handled); only a window of the wrong shape is a
-  ``ValueError`` (a caller bug).
+  range, clipping, DC: all handled); only a window (or ``tones``) of the wrong
+  shape is a ``ValueError`` (a caller bug).
 * Per window: one rfft of 256/512 points and O(1) bookkeeping, nothing
   allocated beyond numpy's temporaries; nothing at all once ``done``.
 * Confidences are the measured precision of the rule that decided, on the
@@ -260,19 +263,27 @@ class AmdDetector:
             self._end_listen("limit")
         return self._flush()
 
-    def feed(self, window: np.ndarray, prob: float | None = None) -> list[AmdEvent]:
-        """One VAD window (int16, ``self.window`` samples) and its speech probability.
+    def feed(self, window: np.ndarray, prob: float | None = None, tones: np.ndarray | None = None) -> list[AmdEvent]:
+        """One VAD window (int16, ``self.window`` samples) and its speech probability;
+        ``tones``: the same span before noise suppression (same shape), which the tone tests
+        read instead of the window (None: the window is what the line carried).
         Returns the events it produced (usually none)."""
         if self.done:
             return []
-        if window.shape != (self.window,):
-            raise ValueError(f"AMD windows are {self.window} samples at {self.rate} Hz, got {window.shape}")
+        if window.shape != (self.window,) or (tones is not None and tones.shape != (self.window,)):
+            shape = window.shape if window.shape != (self.window,) else tones.shape if tones is not None else ()
+            raise ValueError(f"AMD windows are {self.window} samples at {self.rate} Hz, got {shape}")
         start_ms = self.t_ms
         self.t_ms += WINDOW_MS
         self.pos += IN16_PER_WINDOW
         x = window.astype(np.float32)
         energy = float(np.dot(x, x))
-        tonal_hz = self._tonal(x, energy) if energy > self._floor_e else 0.0
+        if tones is None:
+            tx, tone_e = x, energy
+        else:
+            tx = tones.astype(np.float32)
+            tone_e = float(np.dot(tx, tx))
+        tonal_hz = self._tonal(tx, tone_e) if tone_e > self._floor_e else 0.0
         speech = self._is_speech(prob, energy) and tonal_hz == 0.0
         self._cadence(speech, start_ms)
         self._tone(tonal_hz, start_ms)

@@ -27,9 +27,10 @@ Invariants:
 * ``[audio] denoise`` (AttachCall ``denoise``): a call with it on gets its own
   :class:`workers.denoise.Denoiser` inside its InputChain (in16 and the VAD see
   denoised audio, ``in`` stays raw; native 8 kHz VAD is off for it, the VAD
-  reads in16) and waits ``max_hold`` in16 samples longer for each VAD window;
-  an unknown value refuses the attach (``bad_params``). The attach never waits
-  for a model to load: :class:`workers.denoise.ModelLoader` builds it on its own
+  reads in16; answering-machine detection's tone tests read the InputChain's
+  ``pre``, the in16 stream before the denoiser, at the same positions) and
+  waits ``max_hold`` in16 samples longer for each VAD window; an unknown value
+  refuses the attach (``bad_params``). The attach never waits for a model to load: :class:`workers.denoise.ModelLoader` builds it on its own
   thread (DeepFilterNet: 0.3-2.4 s) and the call's audio passes through raw
   until it is there (``denoise_late``); a model that cannot load, or fails
   later, fails open (counted in ``denoise_failures``).

@@ -266,7 +266,7 @@ class Worker:
             "vad_prompt": st.vad_prompt, "prompt_cpu_ms": st.prompt_ns / 1e6, "orphan_detaches": st.orphan_detaches,
             "retired_calls": st.retired_calls, "retirements": st.retirements,
             "denoised_calls": st.denoised_calls, "denoise_failures": st.denoise_failures,
-            "denoise_late": st.denoise_late,
+            "denoise_late": st.denoise_late, "amd_tones_lost": st.amd_tones_lost,
             "calls_by_subscriber": {sub: len(calls) for sub, calls in self.attached.by_sub.items()},
             "jobs_queued": self.jobs.queued if self.jobs else 0,
             **{f"jobs_{k}": v for k, v in jobs.items()},

@@ -439,7 +439,10 @@ class RealtimeLane:
     def _amd(self, c: AttachedCall, window: np.ndarray, prob: float | None, start: int) -> None:
         """Feed the call's answering-machine detector the VAD window that starts at ``start``
         (in16) and its speech probability; its verdict, beep and greeting end go out with the
-        call's tick events. Windows before the answer are not its."""
+        call's tick events. Windows before the answer are not its. With denoise on, the
+        detector's tone tests get the same span before the denoiser (``inp.pre``): a
+        suppressor takes out the beep and the fax tones; the VAD window (denoised, as the
+        probability was) stays what its cadence and energy read."""
         if c.amd is None:
             assert c.amd_start is not None
             first, params = c.amd_start
@@ -447,8 +450,14 @@ class RealtimeLane:
                 return
             c.amd, c.amd_start = AmdDetector(params, RATE8 if c.native8 else RATE, start_pos=start), None
         t0 = time.thread_time_ns()
+        pre = c.inp.pre
+        tones = None
+        if pre is not None and not c.native8:
+            tones = pre.read(start, start + WINDOW)
+            if tones is None:  # older than PRE_S (cannot happen while the VAD keeps up): the window's own
+                self.stats.amd_tones_lost += 1
         try:
-            out = c.amd.feed(window, prob)
+            out = c.amd.feed(window, prob, tones)
         except ValueError:  # a window of the wrong shape: a bug, never the audio's fault
             log.exception("call %s: AMD window refused; detection stopped", c.call_id)
             c.amd, out = None, []

@@ -23,6 +23,13 @@ so a position means the same in every process):
   (:attr:`~workers.denoise.Denoiser.max_hold` at most; its delay is dropped,
   so in16 sample ``k`` is still the audio at time ``k``). At a gap the
   denoiser's held samples are written raw before the zeros.
+* With a denoiser, the resampler's own output (the in16 stream as it was before
+  noise suppression) is also kept, by in16 position, for the last ``PRE_S``
+  seconds (:attr:`InputChain.pre`, a :class:`SampleHistory`): what answering-
+  machine detection reads for its tone tests (a suppressor removes steady
+  tones: the voicemail beep, fax CNG, answer tones). Its sample ``k`` is the
+  audio at in16 position ``k`` too (it runs ahead of ``in16`` by exactly what
+  the denoiser holds; at a gap it gets the same zeros).
 * :func:`resume_in_pos` inverts the map, so a worker that takes over a
   call (re-attach after a worker death) continues ``in16`` without a seam.
 * On the output side every utterance starts a fresh stream: its first
@@ -54,6 +61,7 @@ if TYPE_CHECKING:
 
 RATE16 = 16_000
 QUALITY = "QQ"
+PRE_S = 4  # seconds of pre-denoise in16 kept (the VAD, hence AMD, lags at most PEND_S = 2 s behind)
 
 
 def in16_pos_for(in_pos: int, rate: int) -> int:
@@ -85,6 +93,50 @@ def _processor(rs: soxr.ResampleStream | None) -> Any:
     return proc
 
 
+class SampleHistory:
+    """The last ``capacity`` samples of a stream, by absolute position (a plain array, local
+    to the tick thread; not a shared ring). ``write_pos`` is the position after the last
+    sample written; :meth:`read` answers a span only when all of it is still held."""
+
+    __slots__ = ("buf", "capacity", "write_pos")
+
+    def __init__(self, capacity: int, start_pos: int = 0) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self.buf = np.zeros(capacity, dtype=np.int16)
+        self.capacity = capacity
+        self.write_pos = start_pos
+
+    def write(self, x: np.ndarray) -> None:
+        n = len(x)
+        if n == 0:
+            return
+        cap = self.capacity
+        if n >= cap:  # only the last `capacity` samples can be kept; the position takes all of them
+            x = x[n - cap :]
+        m = len(x)
+        i = (self.write_pos + n - m) % cap
+        first = min(m, cap - i)
+        self.buf[i : i + first] = x[:first]
+        if first < m:
+            self.buf[: m - first] = x[first:]
+        self.write_pos += n
+
+    def read(self, start: int, end: int) -> np.ndarray | None:
+        """A copy of the samples at positions ``[start, end)``; None when some of them are not
+        written yet or no longer held (or the span is empty or longer than the capacity).
+        Positions before the first one written (negative ones too: the VAD's first window may
+        start a few samples before the stream) read as zeros, as the in16 ring pads them."""
+        if not (start < end <= self.write_pos) or start < self.write_pos - self.capacity:
+            return None
+        cap = self.capacity
+        i = start % cap
+        n = end - start
+        if i + n <= cap:
+            return self.buf[i : i + n].copy()
+        return np.concatenate((self.buf[i:], self.buf[: n - (cap - i)]))
+
+
 class InputChain:
     """``in`` -> ``in16`` for one call. :meth:`step` is called once per tick.
 
@@ -93,11 +145,12 @@ class InputChain:
     ``raw`` feeds the VAD of 8 kHz calls at their own rate), and ``gap`` the
     in16 position where a gap started (-1 if none; then both are empty and
     the stream restarts at ``out_pos`` / ``in_pos``), ``gap_lost`` its length
-    in in16 samples.
+    in in16 samples. With a denoiser, ``pre`` holds the last ``PRE_S`` s of the
+    resampler's output before it (in16 positions; None without a denoiser).
     """
 
     __slots__ = ("src", "dst", "rate", "rs", "proc", "in_pos", "out_pos", "max_read", "fresh", "raw", "gap",
-                 "gap_lost", "lost_total", "_zeros", "denoise")
+                 "gap_lost", "lost_total", "_zeros", "denoise", "pre")
 
     def __init__(self, src: Ring, dst: Ring, rate: int, max_read_s: float = 1.0,
                  denoise: Denoiser | None = None) -> None:
@@ -119,6 +172,8 @@ class InputChain:
         self.lost_total = 0
         self._zeros = np.zeros(0, dtype=np.int16)
         self.denoise = denoise  # between the resampler and in16 (None: `[audio] denoise = "off"`)
+        # the in16 stream before the denoiser, by in16 position (AMD's tone tests read it)
+        self.pre = SampleHistory(PRE_S * RATE16, self.out_pos) if denoise is not None else None
 
     def step(self) -> int:
         """Convert what arrived; returns the number of in16 samples written."""
@@ -138,6 +193,8 @@ class InputChain:
         self.in_pos = end
         proc = self.proc
         out = x if proc is None else proc(x.reshape(-1, 1), False).reshape(-1)
+        if self.pre is not None:
+            self.pre.write(out)
         if self.denoise is not None:
             out = self.denoise.process(out)
         n = len(out)
@@ -151,6 +208,8 @@ class InputChain:
         """The reader was overrun: close the stream, pad the lost span with zeros."""
         if self.rs is not None:
             tail = self.rs.resample_chunk(np.zeros(0, dtype=np.int16), last=True)
+            if self.pre is not None:
+                self.pre.write(tail)
             if self.denoise is not None:
                 tail = self.denoise.process(tail)
             if len(tail):
@@ -167,6 +226,8 @@ class InputChain:
             # a chunk longer than the ring keeps its last `capacity` samples and
             # advances the position by all of it: positions stay aligned
             self.out_pos = self.dst.write(np.zeros(lost16, dtype=np.int16))
+        if self.pre is not None:  # everything the denoiser had is out: both streams end here
+            self.pre.write(np.zeros(max(0, self.out_pos - self.pre.write_pos), dtype=np.int16))
         self.lost_total += new_in_pos - self.in_pos
         self.in_pos = new_in_pos
         self.rs = stream(self.rate, RATE16)

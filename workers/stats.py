@@ -55,6 +55,7 @@ class TickStats:
     amd_verdicts: int = 0  # their verdicts sent
     amd_heard: int = 0  # transcripts of screened openings given to a detector (AmdHear)
     amd_ns: int = 0  # CPU time of the tick thread inside the detectors
+    amd_tones_lost: int = 0  # denoised calls' AMD windows whose pre-denoise span was gone (tones read denoised)
     denoised_calls: int = 0  # calls attached with `[audio] denoise` on
     denoise_failures: int = 0  # calls whose denoiser failed open (raw audio from then on)
     denoise_late: int = 0  # calls whose model was still loading at attach (raw audio until it was there)

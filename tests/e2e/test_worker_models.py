@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ipc.codec import encode
-from ipc.frames import AttachCall, Attached, SmartTurnRequest, SmartTurnResult, WorkerTick
+from ipc.frames import AmdStart, AttachCall, Attached, SmartTurnRequest, SmartTurnResult, WorkerTick
 from workers import mel
 from workers.config import VadConfig, WorkersConfig
 from workers.core import Worker, WorkerModels
@@ -121,14 +121,22 @@ class CoreRig:
                     return f
         raise TimeoutError
 
-    def play(self, x: np.ndarray, denoise: str = "off") -> list[dict]:
+    def play(self, x: np.ndarray, denoise: str = "off", amd: dict | None = None) -> list[dict]:
+        """Attach call "c", play ``x`` a 20 ms frame per tick, return the tick events. ``amd``:
+        an AmdStart's fields (but the call and position): detection from the first sample."""
         from ipc.codec import decode
 
-        assert isinstance(self.request(AttachCall(call_id="c", subscriber="sub", instance=self.inst,
-                                                  call_rate=self.rate, tts_rate=16000, denoise=denoise)), Attached)
+        att = self.request(AttachCall(call_id="c", subscriber="sub", instance=self.inst, call_rate=self.rate,
+                                      tts_rate=16000, denoise=denoise))
+        assert isinstance(att, Attached)
         den = self.w.calls["c"].inp.denoise
         if den is not None and den.pending is not None:  # the model loads on its own thread (raw audio
             assert den.pending.wait(60)  # meanwhile); this rig plays faster than real time: wait for it
+        if amd is not None:  # not answered: handled when the inbox is drained
+            self.sub.send(encode(AmdStart(call_id="c", in16_pos=att.in16_pos, **amd)))
+            assert self.w.sock.poll(5000)
+            self.w.dispatch.drain_inbox(self.w.sock)
+            assert self.w.calls["c"].amd_start is not None
         step = self.rate // 50
         events = []
         for k in range(0, len(x) - step + 1, step):

@@ -191,3 +191,62 @@ def test_input_chain_with_denoise_keeps_in16_on_the_time_grid_across_a_gap(shm_c
         assert all(0 <= k <= d.max_hold + 4 for k in lag), lag
     finally:
         close_rings(rings)
+
+
+def test_sample_history_answers_spans_by_position_only_while_it_holds_them():
+    from workers.resample import SampleHistory
+
+    h = SampleHistory(100, start_pos=1000)
+    x = np.arange(1000, 1370, dtype=np.int16)  # sample value == its position
+    for n in (30, 1, 77, 0, 13, 99, 150):  # wraps, one chunk longer than the capacity
+        h.write(x[h.write_pos - 1000 : h.write_pos - 1000 + n])
+    assert h.write_pos == 1370
+    got = h.read(1290, 1370)
+    assert got is not None and np.array_equal(got, np.arange(1290, 1370))
+    got = h.read(1275, 1277)
+    assert got is not None and list(got) == [1275, 1276]
+    assert h.read(1269, 1300) is None  # overwritten
+    assert h.read(1360, 1371) is None  # not written yet
+    assert h.read(1300, 1300) is None
+    fresh = SampleHistory(64)
+    fresh.write(np.arange(1, 41, dtype=np.int16))
+    got = fresh.read(-8, 8)  # before the stream's first sample: zeros, as the in16 ring pads
+    assert got is not None and list(got) == [0] * 8 + list(range(1, 9))
+    fresh.write(np.ones(40, dtype=np.int16))
+    assert fresh.read(-8, 8) is None  # its slots now hold later samples
+
+
+def test_input_chain_keeps_the_pre_denoise_stream_by_in16_position_across_gaps(shm_clean):
+    """``pre`` is exactly the in16 a chain without denoise writes from the same input (gaps
+    included), ahead of the denoised in16 by at most what the denoiser holds: AMD's tone tests
+    read the line's audio at the VAD window's own positions."""
+    from workers.harness import close_rings, create_call_rings
+    from workers.resample import InputChain
+
+    den_rings = create_call_rings(shm_clean, "p", 8000, 16000, seconds=1.0)
+    off_rings = create_call_rings(shm_clean, "q", 8000, 16000, seconds=1.0)
+    try:
+        d = Denoiser(RnnoiseModel())
+        inp = InputChain(den_rings["in"], den_rings["in16"], 8000, denoise=d)
+        off = InputChain(off_rings["in"], off_rings["in16"], 8000)
+        assert off.pre is None and inp.pre is not None
+        x8 = signal(4, 4.0)[::2]
+        pos = gaps = 0
+        for chunk in (160, 160, 160, 9000, 160, 160, 12000, 160, 160, 160, 160, 320):  # two overruns
+            for r in (den_rings, off_rings):
+                r["in"].write(x8[pos : pos + chunk])
+            pos += chunk
+            inp.step()
+            off.step()
+            gaps += inp.gap >= 0
+            assert inp.gap == off.gap
+            assert inp.pre.write_pos == off.out_pos
+            assert 0 <= inp.pre.write_pos - inp.out_pos <= d.max_hold
+            end = off.out_pos
+            start = max(0, end - 4000)
+            want = off_rings["in16"].read_range(start, end).samples
+            assert np.array_equal(inp.pre.read(start, end), want)
+        assert gaps == 2
+    finally:
+        close_rings(den_rings)
+        close_rings(off_rings)

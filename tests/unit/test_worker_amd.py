@@ -224,10 +224,43 @@ def test_with_transcripts_a_cadence_machine_waits_for_a_menu_cue() -> None:
     assert (v.kind, v.reason) == ("machine", "long_greeting") and 3000 <= v.at_ms < 3032
 
 
+def test_the_tone_tests_read_the_tones_samples_when_given() -> None:
+    """With denoise on, the window is denoised (a suppressor smears a beep into noise) and
+    ``tones`` carries the same span as the line had it: the beep is found there, at its onset;
+    a tone only in the window (``tones`` without it) is no beep."""
+    rng = np.random.default_rng(9)
+    line = np.concatenate([_sil(rng, 0.3), _speech(rng, 2.4), _sil(rng, 0.5), _tone(900.0, 0.5), _sil(rng, 3.0)])
+    probs = np.concatenate([np.full(n, p) for n, p in ((0.3, 0.02), (2.4, 0.95), (0.5, 0.03), (0.5, 0.9),
+                                                        (3.0, 0.02)) for n in [int(n * RATE)]])
+    smeared = line * rng.choice([-1.0, 1.0], len(line))  # the same energy, no tone left
+    onset_ms = 3200
+
+    def run(window_src: np.ndarray, tones_src: np.ndarray | None) -> list[object]:
+        d = AmdDetector(AmdParams(leave_message=True), rate=RATE)
+        w16 = np.clip(np.round(window_src), -32768, 32767).astype(np.int16)
+        t16 = None if tones_src is None else np.clip(np.round(tones_src), -32768, 32767).astype(np.int16)
+        out: list[object] = []
+        for k in range(len(w16) // WIN):
+            sl = slice(k * WIN, (k + 1) * WIN)
+            out += d.feed(w16[sl], float(probs[sl].mean()), None if t16 is None else t16[sl])
+            if d.done:
+                break
+        return out
+
+    beeps = [e for e in run(smeared, line) if isinstance(e, AmdBeep)]
+    assert len(beeps) == 1 and abs(beeps[0].onset_ms - onset_ms) <= 32 and abs(beeps[0].freq_hz - 900) < 10
+    assert not [e for e in run(smeared, None) if isinstance(e, AmdBeep)]  # the smeared window alone: no beep
+    no_tone = line.copy()
+    no_tone[onset_ms * RATE // 1000 : (onset_ms + 500) * RATE // 1000] = _speech(rng, 0.5)
+    assert not [e for e in run(line, no_tone) if isinstance(e, AmdBeep)]  # tones decide, not the window
+
+
 def test_bad_windows_and_params_are_caller_errors() -> None:
     d = AmdDetector(rate=RATE)
     with pytest.raises(ValueError, match="256 samples"):
         d.feed(np.zeros(160, dtype=np.int16), 0.5)
+    with pytest.raises(ValueError, match="256 samples"):
+        d.feed(np.zeros(WIN, dtype=np.int16), 0.5, np.zeros(512, dtype=np.int16))
     with pytest.raises(ValueError, match="8000 or 16000"):
         AmdDetector(rate=44100)
     with pytest.raises(ValueError, match="machine_speech_ms"):

@@ -1,7 +1,8 @@
 """Answering-machine detection in the worker's realtime lane: an AmdStart makes the worker feed
 the call's detector every VAD window from the answer on, and its verdict, beep and greeting end
 reach the subscriber as tick events (real rings, a real ROUTER inbox, the core tests' energy
-speech model in both VAD modes)."""
+speech model in both VAD modes). With denoise on, a stand-in suppressor that smears every tone
+into noise: the beep is still found, in the audio from before the denoiser."""
 
 from __future__ import annotations
 
@@ -138,3 +139,58 @@ def test_with_transcripts_but_no_cue_the_greeting_is_a_machine_at_the_deadline(r
     evs = play(rig, "a", [True] * 160)
     (k, v), = evs
     assert (v.verdict, v.rule) == ("machine", "long_greeting") and 3000 <= v.ms < 3100 and k >= 149
+
+
+class Smear:
+    """A noise suppressor at its worst for AMD: every sample's sign flipped at random, so the
+    energy (what the VAD hears) stays and every steady tone becomes noise."""
+
+    delay48 = 0
+
+    def __init__(self) -> None:
+        self.rng = np.random.default_rng(0)
+
+    def process(self, frame: np.ndarray, out: np.ndarray) -> None:
+        out[:] = frame * self.rng.choice(np.array([-1.0, 1.0], dtype=np.float32), len(frame))
+
+    def close(self) -> None:
+        pass
+
+
+def test_with_denoise_the_beep_is_found_in_the_audio_from_before_the_denoiser(short_tmp, shm_clean):
+    from workers.denoise import ModelLoader, ModelSpec
+
+    rig = Rig(short_tmp, shm_clean)
+    try:
+        rig.w.attached.denoise_models.close()
+        rig.w.attached.denoise_models = ModelLoader({"rnnoise": ModelSpec(0, Smear)}, spare=False)
+        rig.call("a")
+        rig.attach("a", denoise="rnnoise")
+        inp = rig.w.calls["a"].inp
+        assert inp.denoise is not None and inp.denoise.pending is not None and inp.denoise.pending.wait(10)
+        rig.run({"a": [False] * 5})  # the model is adopted at the first audio
+        assert inp.denoise.active and not rig.w.calls["a"].native8
+        start(rig, "a", leave_message=True)
+        beep_in16 = rig.rings["a"]["in"].write_pos * 2 + 200 * FRAME * 2  # in16 sample 2k is `in` sample k
+        evs = play(rig, "a", [True] * 200 + [1000.0] * 25 + [False] * 50)  # 4 s greeting, 0.5 s beep
+        assert [type(e) for _, e in evs] == [AmdVerdictEvent, AmdBeepEvent], evs
+        (_, v), (_, b) = evs
+        assert v.verdict == "machine" and abs(b.hz - 1000.0) < 50
+        assert abs(b.pos - beep_in16) <= 300 * 16  # within 300 ms of the beep's start (in16 positions)
+        assert rig.w.stats.amd_tones_lost == 0
+        # what the VAD (and a detector fed only its windows) got: the beep smeared into noise
+        a = beep_in16 + 1600
+        den = rig.rings["a"]["in16"].read_range(a, a + 8 * 512).samples
+        raw = inp.pre.read(a, a + 8 * 512)
+        assert raw is not None and len(den) == len(raw) == 8 * 512
+        assert max(peak_share(w) for w in den.reshape(-1, 512)) < 0.3
+        assert min(peak_share(w) for w in raw.reshape(-1, 512)) > 0.85
+    finally:
+        rig.close()
+
+
+def peak_share(w: np.ndarray) -> float:
+    """The share of a window's energy within 2 bins of its strongest (Hann-windowed)."""
+    p = np.abs(np.fft.rfft(w.astype(np.float64) * np.hanning(len(w)))) ** 2
+    k = int(np.argmax(p[1:])) + 1
+    return float(p[max(1, k - 2) : k + 3].sum() / p[1:].sum())
