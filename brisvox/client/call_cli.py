@@ -58,7 +58,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--press", dest="steps", action="append", type=_step("press"), metavar="DIGITS",
                    help="press DTMF digits as a caller step (repeatable, in order)")
     p.add_argument("--barge-in", type=float, default=None, metavar="SECONDS",
-                   help="talk over the bot: start the next line this long after the first audio of the answer")
+                   help="talk over the bot: start the next line this long after the first audio of the answer "
+                        "(or, if the bot is pausing then, when it talks again)")
     p.add_argument("--barge-turn", type=int, default=1, metavar="N",
                    help="barge in on the answer to step N (default 1)")
     p.add_argument("--record", default="", metavar="WAV", help="write the bot's audio as the caller heard it")

@@ -19,7 +19,10 @@ The call, step by step:
 * a press step sends DTMF digits and waits at most ``press_wait`` for an
   audible reaction;
 * a barge-in: ``barge_in`` seconds after the first audio of step
-  ``barge_turn``'s answer, the next line starts over the bot. The barged
+  ``barge_turn``'s answer, the next line starts over the bot, at the first
+  tick from then on when the bot's loud audio is playing at the client (a
+  pause between the answer's clauses is waited out; an answer that ends
+  first is not barged). The barged
   answer's audio stops at the client when its last loud frame has played,
   or when a ``clear`` drops what was buffered, whichever is first; that
   time, taken when the barging line's speech ends, gives ``stop_ms``
@@ -256,7 +259,8 @@ class CallerScript:
                 turn.unanswered = True
                 self._pause(now)
             return
-        if t.barge_in is not None and self.k + 1 == t.barge_turn and now >= turn.t_first_audio + t.barge_in:
+        if t.barge_in is not None and self.k + 1 == t.barge_turn and now >= turn.t_first_audio + t.barge_in \
+                and now < self._loud_end:  # talking over the bot: not into a pause between its clauses
             turn.barged = True
             self.barged = turn
             self.attrib = turn  # its audio keeps coming until the bot stops

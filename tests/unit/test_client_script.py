@@ -132,6 +132,35 @@ def test_barge_in_starts_the_next_line_over_the_answer_and_measures_the_stop() -
     assert s.unattributed_s == 0.0
 
 
+def test_a_barge_in_due_in_a_pause_between_clauses_waits_for_the_bot_to_talk_again() -> None:
+    timing = ScriptTiming(lead_in=0.2, answer_wait=2.0, answer_gap=1.0, pause=0.1, tail=0.1,
+                          barge_in=0.4, barge_turn=1)
+    s = CallerScript([line(0, 10, 0, "one"), line(0, 25, 0, "two")], RATE, timing)
+    bot = Bot()
+    # the answer's first clause 1.0..1.2, a pause, the next clause from 1.6 (cleared at 1.9)
+    bot.add(at=1.0, frames=10)
+    bot.add(at=1.6, frames=100, clear_at=1.9)
+    bot.add(at=3.0, frames=10)  # answer to line 2
+    run(s, bot)
+    one, two = s.turns[0], s.turns[1]
+    assert one.barged and one.barge_onset == pytest.approx(1.6)  # not 1.4, into the pause
+    assert one.stop_ms == pytest.approx(300.0)
+    assert not two.barged
+
+
+def test_an_answer_that_ends_before_the_barge_in_is_not_barged() -> None:
+    timing = ScriptTiming(lead_in=0.2, answer_wait=2.0, answer_gap=0.3, pause=0.1, tail=0.1,
+                          barge_in=1.0, barge_turn=1)
+    s = CallerScript([line(0, 10, 0, "one"), line(0, 10, 0, "two")], RATE, timing)
+    bot = Bot()
+    bot.add(at=1.0, frames=10)  # 1.0..1.2, then silence: the answer ends at 1.5, before 2.0
+    bot.add(at=2.5, frames=10)
+    run(s, bot)
+    one, two = s.turns[0], s.turns[1]
+    assert not one.barged and one.stop_ms is None
+    assert two.t_speech_start >= 1.2 + 0.3 + 0.1 - 1e-6  # spoken after the pause, not over the bot
+
+
 def test_a_bot_that_never_stops_is_reported_as_not_stopped_before_the_line_ended() -> None:
     timing = ScriptTiming(lead_in=0.2, answer_wait=2.0, answer_gap=0.3, pause=0.1, tail=0.1,
                           barge_in=0.2, barge_turn=1)
