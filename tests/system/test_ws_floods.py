@@ -124,26 +124,36 @@ def test_the_auto_cap_holds_a_gateway_at_1024_descriptors(short_tmp):
         port = gw.ws_port
         err_start = gw.stderr_path.stat().st_size
 
-        async def flood() -> tuple[Gaps, float, float, list[int], dict]:
+        async def flood() -> tuple[Gaps, float, float, list[int], dict, int]:
             stop, gaps = asyncio.Event(), Gaps()
             call = asyncio.create_task(bystander(port, stop, gaps, ECHO))
             await asyncio.sleep(0.6)
             t0 = time.monotonic()
-            socks, _ = await asyncio.to_thread(half_open, port, FLOOD, sources(60))
+            socks, connected = await asyncio.to_thread(half_open, port, FLOOD, sources(60))
             try:
                 codes = [await asyncio.to_thread(http_status, port) for _ in range(3)]
-                during = await asyncio.to_thread(gw.stats)
+                # On a loaded host the gateway may still be accepting the last of the flood from its
+                # listen backlog: read until the evictions have caught up (or 10 s), the cap judged
+                # on every reading.
+                deadline = time.monotonic() + 10
+                while True:
+                    during = await asyncio.to_thread(gw.stats)
+                    assert during["ws_half_open"] <= 128, during
+                    if during["ws_evicted_half_open"] >= connected - 128 - 150 or time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.2)
                 t1 = time.monotonic()
             finally:
                 close_all(socks)
             stop.set()
             await call
-            return gaps, t0, t1, codes, during
+            return gaps, t0, t1, codes, during, connected
 
-        gaps, t0, t1, codes, during = asyncio.run(flood())
+        gaps, t0, t1, codes, during, connected = asyncio.run(flood())
         assert codes == [200] * 3 and not gaps.error, (codes, gaps.error)
+        assert connected >= FLOOD - 150, connected
         assert during["ws_half_open_cap"] == 128 and during["ws_half_open"] <= 128, during
-        assert during["ws_evicted_half_open"] >= FLOOD - 128 - 150, during
+        assert during["ws_evicted_half_open"] >= connected - 128 - 150, during
         assert during["ws_accept_errors_fd"] == 0, during
         assert gap_figures(gaps.between(t0, t1))["frames"] >= 0.6 * (t1 - t0) / 0.02
         deadline = time.monotonic() + 5
