@@ -106,7 +106,7 @@ def test_the_person_says_yes_and_the_legs_are_bridged(desk):  # type: ignore[no-
     try:
         caller = start_call(tmp, sip, caller_hanging_up(caller_media.port, 36000), caller_media)
         caller_media.dtmf("5")
-        wait(lambda: quiet_for(person_media, 0.4), 20, "the summary and the prompt to the person")
+        wait(lambda: quiet_for(person_media, 1.2), 20, "the summary and the prompt to the person")
         person_media.payload = yes + gap + speech
         person_media.play.set()
 

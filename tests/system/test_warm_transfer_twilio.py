@@ -313,7 +313,7 @@ def test_accepted_twilio_legs_are_bridged_exactly_and_the_persons_hang_up_brings
         call_in(desk, caller)
         caller.keys.put("5")
         assert person.opened.wait(TIMEOUT_S), f"the consult leg was not placed: {api.creates()[-1:]}"
-        wait(lambda: quiet_for(person, 0.4), 10, "the summary and the prompt to the person")
+        wait(lambda: quiet_for(person, 1.2), 15, "the summary and the prompt to the person")
         person.keys.put("1")
 
         def bridged() -> list[dict[str, Any]]:
@@ -400,7 +400,7 @@ def test_declined_the_caller_is_back_and_the_consult_leg_is_completed_through_th
         call_in(desk, caller)
         caller.keys.put("7")
         assert person.opened.wait(TIMEOUT_S), f"the consult leg was not placed: {api.creates()[-1:]}"
-        wait(lambda: quiet_for(person, 0.4), 10, "the summary and the prompt to the person")
+        wait(lambda: quiet_for(person, 1.2), 15, "the summary and the prompt to the person")
         pressed = time.monotonic()
         person.keys.put("2")
         wait(lambda: first_audio_after(caller, pressed) is not None, 5, "the agent again")
