@@ -40,19 +40,29 @@ install-test: .stamp-apt-test .stamp-venv-test .stamp-models .stamp-node
 run: install
 	$(BIN)/brisvoxd start --foreground --config configs/brisvoxd.toml
 
-# Two pytest passes over the given paths: the tests marked `serial` (they assert wall-clock
-# timing: latency, pacing, CPU, supervision deadlines) alone first, then the rest in pytest-xdist
-# workers, a file per worker at a time (tests/conftest.py: the local-model files as one unit,
-# sent first). Most system and e2e tests wait on subprocesses, so TEST_WORKERS exceeds the 2
-# cores CI has; the unit and simulation tests are CPU-bound, so test-fast uses fewer. Both passes
-# always run; a pass that selects nothing (pytest's exit 5) is no failure.
+# Three pytest passes over the given paths: the tests marked `serial` (they assert wall-clock
+# timing and need the host to themselves: local models in real time, CPU figures) alone first;
+# then those marked `serial_pair` (timing with margins that hold beside one neighbour; each
+# uses a fraction of a core, most of the serial time is spent waiting) two at a time, a file
+# per worker; then the rest in pytest-xdist workers, a file per worker at a time
+# (tests/conftest.py: the local-model files as one unit, sent first). Most system and e2e tests
+# wait on subprocesses, so TEST_WORKERS exceeds the 2 cores CI has; the unit and simulation
+# tests are CPU-bound, so test-fast uses fewer. Every pass always runs; a pass that selects
+# nothing (pytest's exit 5) is no failure.
 TEST_WORKERS ?= 4
 TEST_FAST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest
+# Every Python process of a test run (both pytest passes, their xdist workers, each daemon and
+# its children, each `brisvox call`) reads compiled bytecode from one cache outside the source
+# tree, even where the environment sets PYTHONDONTWRITEBYTECODE: without it each of them
+# compiled the package again and pytest rewrote every test module's asserts again (the
+# collection alone took 19 s of CPU per process instead of 6).
+PYCACHE := $(CURDIR)/.cache/pycache
+PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(PYCACHE) $(BIN)/python -m pytest
 define run_tests
 	$(PYTEST) -m serial $(1); s=$$?; \
-	$(PYTEST) -n $(2) --dist loadfile -m "not serial" $(1); p=$$?; \
-	[ $$s -eq 0 -o $$s -eq 5 ] && [ $$p -eq 0 -o $$p -eq 5 ]
+	$(PYTEST) -n 2 --dist loadfile -m serial_pair $(1); t=$$?; \
+	$(PYTEST) -n $(2) --dist loadfile -m "not serial and not serial_pair" $(1); p=$$?; \
+	[ $$s -eq 0 -o $$s -eq 5 ] && [ $$t -eq 0 -o $$t -eq 5 ] && [ $$p -eq 0 -o $$p -eq 5 ]
 endef
 
 test: install-test test-sdk-ts
@@ -80,5 +90,5 @@ bench: install
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .stamp-* .venv-install.log build *.egg-info sdk/typescript/node_modules sdk/typescript/dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .cache/pycache .stamp-* .venv-install.log build *.egg-info sdk/typescript/node_modules sdk/typescript/dist .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
