@@ -42,15 +42,16 @@ run: install
 
 # Three pytest passes over the given paths: the tests marked `serial` (they assert wall-clock
 # timing and need the host to themselves: local models in real time, CPU figures) alone first;
-# then those marked `serial_pair` (timing with margins that hold beside one neighbour; each
-# uses a fraction of a core, most of the serial time is spent waiting) two at a time, a file
-# per worker; then the rest in pytest-xdist workers, a file per worker at a time
+# then those marked `serial_light` (timing with margins that hold beside a few such tests; each
+# uses a fraction of a core, most of a timing test's time is spent waiting) TEST_LIGHT_WORKERS
+# at a time, a file per worker; then the rest in pytest-xdist workers, a file per worker at a time
 # (tests/conftest.py: the local-model files as one unit, sent first). Most system and e2e tests
 # wait on subprocesses, so TEST_WORKERS exceeds the 2 cores CI has; the unit and simulation
 # tests are CPU-bound, so test-fast uses fewer. Every pass always runs; a pass that selects
 # nothing (pytest's exit 5) is no failure.
 TEST_WORKERS ?= 4
 TEST_FAST_WORKERS ?= 2
+TEST_LIGHT_WORKERS ?= 3
 # Every Python process of a test run (both pytest passes, their xdist workers, each daemon and
 # its children, each `brisvox call`) reads compiled bytecode from one cache outside the source
 # tree, even where the environment sets PYTHONDONTWRITEBYTECODE: without it each of them
@@ -60,8 +61,8 @@ PYCACHE := $(CURDIR)/.cache/pycache
 PYTEST := PYTHONDONTWRITEBYTECODE= PYTHONPYCACHEPREFIX=$(PYCACHE) $(BIN)/python -m pytest
 define run_tests
 	$(PYTEST) -m serial $(1); s=$$?; \
-	$(PYTEST) -n 2 --dist loadfile -m serial_pair $(1); t=$$?; \
-	$(PYTEST) -n $(2) --dist loadfile -m "not serial and not serial_pair" $(1); p=$$?; \
+	$(PYTEST) -n $(TEST_LIGHT_WORKERS) --dist loadfile -m serial_light $(1); t=$$?; \
+	$(PYTEST) -n $(2) --dist loadfile -m "not serial and not serial_light" $(1); p=$$?; \
 	[ $$s -eq 0 -o $$s -eq 5 ] && [ $$t -eq 0 -o $$t -eq 5 ] && [ $$p -eq 0 -o $$p -eq 5 ]
 endef
 

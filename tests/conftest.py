@@ -12,7 +12,7 @@
   an flock, so parallel workers build them once).
 
 ``make test`` runs the tests marked ``serial`` (wall-clock timing) alone, then those marked
-``serial_pair`` two at a time, then the others in pytest-xdist workers (``-n``, ``--dist loadfile``); what a test binds or creates is unique per
+``serial_light`` a few at a time, then the others in pytest-xdist workers (``-n``, ``--dist loadfile``); what a test binds or creates is unique per
 process (ports: ``tests/system/gateway_harness.free_port``; shared memory: the instance tag;
 directories: ``short_tmp``, ``tmp_path``). Under ``--dist loadfile`` the files of
 ``LOCAL_MODELS`` (real-time calls through, or CPU-bound runs of, the local Whisper / LLM /

@@ -27,7 +27,7 @@ import pytest
 from bench.harness.chaos.run import run_chaos
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(420),
-              pytest.mark.serial_pair]  # judges the turn latency p95 against a quiet baseline
+              pytest.mark.serial_light]  # judges the turn latency p95 against a quiet baseline
 
 N_CALLS = int(os.environ.get("BRISVOX_TEST_CHAOS_CALLS", "40"))
 N_SIP = int(os.environ.get("BRISVOX_TEST_CHAOS_SIP", "6"))

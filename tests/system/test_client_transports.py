@@ -89,7 +89,7 @@ def lag_of_echo(sent: np.ndarray, heard: np.ndarray, rate: int) -> tuple[float, 
     return best_lag / rate, best
 
 
-@pytest.mark.serial_pair  # the echo lag within 60 ms of the configured delay: wall-clock timing
+@pytest.mark.serial_light  # the echo lag within 60 ms of the configured delay: wall-clock timing
 @pytest.mark.parametrize("protocol", ["native", "twilio", "sip"])
 def test_echo_call_round_trip_timeline_and_dtmf(short_tmp, protocol):
     fx = make_fixture(short_tmp, "One two three four five six seven eight nine ten, "

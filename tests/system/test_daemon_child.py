@@ -81,7 +81,7 @@ def sup(short_tmp):
     s.close()
 
 
-@pytest.mark.serial_pair  # main-loop beat age under 1 s
+@pytest.mark.serial_light  # main-loop beat age under 1 s
 def test_handshake_ping_topology_and_acknowledged_shutdown(sup, short_tmp):
     pid = sup.spawn("tests.system.daemon_roles:topology_echo")
     ident, hello = sup.recv(want=Hello)

@@ -22,7 +22,7 @@ import pytest
 from bench.harness.fuzz import run_fuzz
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(240),
-              pytest.mark.serial_pair]  # the rate limits engage, no datagram dropped, drained within 35 s
+              pytest.mark.serial_light]  # the rate limits engage, no datagram dropped, drained within 35 s
 
 N_SIP = int(os.environ.get("BRISVOX_TEST_FUZZ_SIP", "2000"))
 N_WS = int(os.environ.get("BRISVOX_TEST_FUZZ_WS", "2000"))

@@ -51,7 +51,7 @@ def refused_without_and_with_a_wrong_credential(call: Callable[..., Any], gw: Ga
             asyncio.run(call(gw, bad))
 
 
-@pytest.mark.serial_pair  # echo delay within 150-400 ms
+@pytest.mark.serial_light  # echo delay within 150-400 ms
 def test_the_credential_and_slin16_json_end_to_end(tmp_path: Path) -> None:
     with FakeAgent(tmp_path) as agent, GatewayProc(
             tmp_path, peers={"agent-0": agent.endpoint}, inbox=True, gateway={"echo_delay_ms": 200},

@@ -36,7 +36,7 @@ def worker(short_tmp):
         w.stop()
 
 
-@pytest.mark.serial_pair  # echo delay within 250-420 ms
+@pytest.mark.serial_light  # echo delay within 250-420 ms
 @pytest.mark.parametrize("rate", [8000, 16000])
 def test_echo_through_worker_resampling(short_tmp, worker, rate):
     fx = make_fixture(short_tmp, "Echo through the worker, one two three.", rate=rate)

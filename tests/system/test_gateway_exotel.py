@@ -42,7 +42,7 @@ async def echo_call(gw: GatewayProc, rate: int, token: str,
     return sent, got, calls
 
 
-@pytest.mark.serial_pair  # echo delay within 150-400 ms
+@pytest.mark.serial_light  # echo delay within 150-400 ms
 def test_the_basic_credential_and_each_rate_end_to_end(tmp_path: Path) -> None:
     with FakeAgent(tmp_path) as agent, GatewayProc(
             tmp_path, peers={"agent-0": agent.endpoint}, inbox=True, gateway={"echo_delay_ms": 200},

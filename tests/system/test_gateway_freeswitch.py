@@ -40,7 +40,7 @@ async def echo_call(gw: GatewayProc, token: str, path: str = "/freeswitch/echo?s
     return sent, got
 
 
-@pytest.mark.serial_pair  # echo delay within 150-500 ms (a chunk of 100 ms is kept before it goes)
+@pytest.mark.serial_light  # echo delay within 150-500 ms (a chunk of 100 ms is kept before it goes)
 def test_the_credential_and_16_khz_end_to_end(tmp_path: Path) -> None:
     with FakeAgent(tmp_path) as agent, GatewayProc(
             tmp_path, peers={"agent-0": agent.endpoint}, inbox=True, gateway={"echo_delay_ms": 200},

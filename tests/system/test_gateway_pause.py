@@ -106,7 +106,7 @@ async def close_call(ws, task, client: Client) -> None:
     await ws.close()
 
 
-@pytest.mark.serial_pair  # frames sent during the hold and no pacer underrun
+@pytest.mark.serial_light  # frames sent during the hold and no pacer underrun
 def test_pause_holds_and_resume_continues_from_the_held_position(short_tmp):
     with FakeAgent(short_tmp) as agent, GatewayProc(short_tmp, peers={"agent-0": agent.endpoint},
                                                     gateway={"pause_max_ms": 3000}, inbox=True) as gw:
@@ -144,7 +144,7 @@ def test_pause_holds_and_resume_continues_from_the_held_position(short_tmp):
         assert stats["call_underruns_total"] == 0
 
 
-@pytest.mark.serial_pair  # no pacer underrun
+@pytest.mark.serial_light  # no pacer underrun
 def test_a_pause_ends_by_itself_after_pause_max_ms(short_tmp):
     with FakeAgent(short_tmp) as agent, GatewayProc(short_tmp, peers={"agent-0": agent.endpoint},
                                                     gateway={"pause_max_ms": 500}, inbox=True) as gw:

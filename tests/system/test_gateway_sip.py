@@ -189,7 +189,7 @@ def test_sipp_hold_dtmf_refer_and_gateway_bye(short_tmp):
         assert wait_until(lambda: gw.segments() == [], 5)
 
 
-@pytest.mark.serial_pair  # echo delay within 250-450 ms
+@pytest.mark.serial_light  # echo delay within 250-450 ms
 @pytest.mark.skipif(not have("baresip"), reason="baresip not installed")
 def test_baresip_call_to_the_echo_agent_correlates(short_tmp):
     fx = make_fixture(short_tmp, "Hello from baresip. The echo should say this back, one two three.")

@@ -66,7 +66,7 @@ async def echo_call(gw: GatewayProc, encoding: str, rate: int, token: str,
     return sent, np.concatenate(got) if got else np.zeros(0, np.int16), calls
 
 
-@pytest.mark.serial_pair  # echo delay within 150-300 ms
+@pytest.mark.serial_light  # echo delay within 150-300 ms
 def test_the_stream_token_and_each_format_end_to_end(tmp_path: Path) -> None:
     with FakeAgent(tmp_path) as agent, GatewayProc(
             tmp_path, peers={"agent-0": agent.endpoint}, inbox=True, gateway={"echo_delay_ms": 200},

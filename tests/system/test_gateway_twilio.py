@@ -47,7 +47,7 @@ def read(m: str | bytes) -> twilio.BotMessage:
     return twilio.bot_message(orjson.loads(m))
 
 
-@pytest.mark.serial_pair  # echo delay within 180-260 ms
+@pytest.mark.serial_light  # echo delay within 180-260 ms
 def test_twilio_echo_marks_dtmf_clear(short_tmp):
     fx = make_fixture(short_tmp, "Testing the echo line, one two three.")
     ulaw = fx["ulaw"].read_bytes()

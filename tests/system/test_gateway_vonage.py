@@ -53,7 +53,7 @@ async def talk(gw: GatewayProc, rate: int, token: str, path: str = "/vonage/echo
     return sent, heard, calls
 
 
-@pytest.mark.serial_pair  # echo delay within 150-300 ms
+@pytest.mark.serial_light  # echo delay within 150-300 ms
 def test_the_credential_and_each_content_type_end_to_end(tmp_path: Path) -> None:
     with FakeAgent(tmp_path) as agent, GatewayProc(
             tmp_path, peers={"agent-0": agent.endpoint}, inbox=True, gateway={"echo_delay_ms": 200},

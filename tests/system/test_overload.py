@@ -132,7 +132,7 @@ async def call(port: int, speech: np.ndarray) -> dict:
     return out
 
 
-@pytest.mark.serial_pair  # turn latency p95 against a solo baseline
+@pytest.mark.serial  # turn latency p95 against a solo baseline
 def test_flood_of_twice_max_calls_admits_exactly_the_limit_in_time_and_refuses_the_rest(short_tmp):
     speech, rate = sf.read(SPEECH, dtype="int16")
     assert rate == RATE

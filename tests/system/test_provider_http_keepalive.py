@@ -32,7 +32,7 @@ from brisvox.providers.http import close_all, provider_http_stats, shared_client
 from tests.system.gateway_harness import have
 from tests.system.test_sip_streams import make_cert
 
-pytestmark = [pytest.mark.system, pytest.mark.serial_pair,  # PING intervals and idle expiries on the wall clock
+pytestmark = [pytest.mark.system, pytest.mark.serial_light,  # PING intervals and idle expiries on the wall clock
               pytest.mark.skipif(not have("openssl"), reason="needs openssl")]
 
 

@@ -85,7 +85,7 @@ def test_oversized_after_text() -> None:
     assert partial(rig) and partial(rig)[0].startswith("Hello there.")
 
 
-@pytest.mark.serial_pair  # the idle timeout within 5 s
+@pytest.mark.serial_light  # the idle timeout within 5 s
 def test_never_ending_stream_hits_the_idle_timeout() -> None:
     head = reply_for("openai", Resp(text=["Still thinking"])).chunks[:1]
     rig, sv, spoken, took = run(Reply(200, head, forever=b": ping\n\n", forever_every=0.05))
@@ -94,7 +94,7 @@ def test_never_ending_stream_hits_the_idle_timeout() -> None:
     assert took < 5.0
 
 
-@pytest.mark.serial_pair  # two first-token timeouts within 4 s
+@pytest.mark.serial_light  # two first-token timeouts within 4 s
 def test_silent_server_hits_the_first_token_timeout() -> None:
     r = reply_for("openai", Resp(text=["late"]))
     r.first_byte_delay = 5.0

@@ -201,7 +201,7 @@ def test_never_ending_stream_is_bounded(vendor: str) -> None:
     assert isinstance(evs[-1], LlmError) and evs[-1].kind == "too_long"
 
 
-@pytest.mark.serial_pair  # closed within 1 s
+@pytest.mark.serial_light  # closed within 1 s
 @pytest.mark.parametrize("vendor", VENDORS)
 def test_aclose_mid_stream_is_prompt(vendor: str) -> None:
     r = Reply(200, first_text(vendor, "one"), forever=b": ping\n\n", forever_every=0.05)

@@ -446,7 +446,7 @@ def test_openai_speech_server_error_closes_the_session() -> None:
     assert evs[-1].error.startswith("server")
 
 
-@pytest.mark.serial_pair  # cancelled within 1 s
+@pytest.mark.serial_light  # cancelled within 1 s
 def test_openai_speech_cancel_mid_synthesis() -> None:
     async def main() -> tuple[list[Any], float, int]:
         r = Reply(200, [b"\x01\x00" * 100], content_type="audio/pcm", forever=b"\x02\x00" * 100, forever_every=0.02)

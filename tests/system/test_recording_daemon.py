@@ -69,7 +69,7 @@ def _daemon(tmp: Path) -> Daemon:
     return Daemon(tmp, config=write_config(tmp, workers=1, agents=1, extra=extra), real_roles=True)
 
 
-@pytest.mark.serial_pair  # maps the caller's send times onto the recording's samples
+@pytest.mark.serial_light  # maps the caller's send times onto the recording's samples
 def test_a_recorded_call_holds_the_caller_left_and_the_released_bot_audio_right(short_tmp):
     speech, rate = sf.read(SPEECH, dtype="int16")
     assert rate == RATE

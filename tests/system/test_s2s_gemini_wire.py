@@ -509,7 +509,7 @@ def test_a_dead_socket_ends_with_exactly_one_closed(mode: str) -> None:
     assert kinds == ["closed", "closed", "closed"]
 
 
-@pytest.mark.serial_pair  # times out within 0.8 s
+@pytest.mark.serial_light  # times out within 0.8 s
 def test_a_setup_never_answered_times_out_within_the_connect_timeout() -> None:
     async def main() -> tuple[str, float]:
         async with FakeGeminiLive("silent_setup") as srv:

@@ -193,7 +193,7 @@ def test_slow_first_answer_within_the_timeout_works() -> None:
     assert 0.3 <= run(main) < 1.5
 
 
-@pytest.mark.serial_pair  # times out within 0.45-1.0 s
+@pytest.mark.serial_light  # times out within 0.45-1.0 s
 def test_never_answered_setup_times_out_within_the_connect_timeout() -> None:
     async def main() -> tuple[ProviderError, float]:
         async with FakeRealtime("silent") as srv:

@@ -81,7 +81,7 @@ from tests.system.test_sip_outbound import run_callee
 MISSING = H.missing()
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300),
-              pytest.mark.serial_pair,  # the turn latencies it prints are wall-clock figures
+              pytest.mark.serial_light,  # the turn latencies it prints are wall-clock figures
               pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)} (make test installs them)")]
 
 STOP_MS = 600  # the caller's first loud frame of the barge-in -> the agent's audio stopped at the caller

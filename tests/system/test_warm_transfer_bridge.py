@@ -179,7 +179,7 @@ def command(agent: FakeAgent, args: dict, n: int, timeout: float = 20.0) -> F.Co
     raise AssertionError(f"no reply to dial {args}")
 
 
-@pytest.mark.serial_pair
+@pytest.mark.serial_light
 def test_warm_transfer_bridges_two_sip_legs_bit_exact_and_the_persons_bye_ends_the_caller(short_tmp: Path):
     speech = make_fixture(short_tmp)["ulaw"].read_bytes()[: 160 * 100]  # 2 s of speech
     caller_media, person_media = Media(0xFF), Media(0xFE)

@@ -280,7 +280,7 @@ def back_after_hold(media: Media, pressed: float) -> float:
     return back - held
 
 
-@pytest.mark.serial_pair
+@pytest.mark.serial_light
 def test_no_answer_the_caller_hears_the_agent_again_within_timeout_plus_1s(desk):
     rec, back = transfer_back(desk, ringing_only(), "6", 14000, back_after_hold)  # the person's SIPp: CANCELled
     assert back is not None and back <= TIMEOUT_S + 1.0, back  # the no-answer message, on the caller's wire
