@@ -45,6 +45,7 @@ def _models(models_dir: str | None, smart_turn: bool) -> Any:
 def main(rt: ChildRuntime) -> int:
     """Role main under brisvoxd (``brisvox/daemon/roles.py``)."""
     from brisvox.runtime import exitcodes
+    from brisvox.runtime.memory import freeze_startup_heap
     from workers.core import Worker
     from workers.models import ModelError
 
@@ -69,6 +70,7 @@ def main(rt: ChildRuntime) -> int:
     rt.event("worker_warm", "models loaded and run once", warm)
     st_ms = warm.get("smart_turn_ms")  # the gateway's max_calls "auto" reads it from the Topology row
     rt.ready({"inbox": ep}, measured={"smart_turn_ms": st_ms} if st_ms else None)
+    freeze_startup_heap()
     stop = threading.Event()
 
     def on_stop() -> None:

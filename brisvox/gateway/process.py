@@ -34,6 +34,7 @@ from brisvox.gateway.transports import assemble
 from brisvox.runtime import exitcodes
 from brisvox.runtime.child_runtime import ChildRuntime
 from brisvox.runtime.loop_probe import LoopProbe
+from brisvox.runtime.memory import freeze_startup_heap
 
 log = logging.getLogger("brisvox.gateway")
 
@@ -97,6 +98,7 @@ async def run(rt: Any, settings: GatewaySettings) -> int:
 
     rt.ready(endpoints)
     log.info("gateway ready: %s", endpoints)
+    freeze_startup_heap()
     while not stop.is_set():
         rt.heartbeat()
         rt.report(len(core.table), stats())

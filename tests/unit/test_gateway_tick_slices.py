@@ -62,3 +62,35 @@ def test_poll_inbox_handles_a_waiting_frame_without_the_loop_and_is_idle_when_em
         links.close()
         loop.close()
         ctx.term()
+
+
+def test_the_callers_audio_path_polls_the_inbox_at_most_once_a_millisecond():
+    """A burst of carrier reads in one loop iteration (100 calls' frames) gives way to a Clear:
+    ``audio_in`` polls the inbox when the last poll is INBOX_POLL_NS old, and only then."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from brisvox.gateway.config import GatewaySettings
+    from brisvox.gateway.core.gateway_core import INBOX_POLL_NS, GatewayCore
+
+    core = GatewayCore(GatewaySettings(), instance="t", listeners={}, dialers={})
+    try:
+        written: list[int] = []
+        polls: list[int] = []
+        core.lifecycle = SimpleNamespace(audio_in=lambda call, pcm, rate, wire, gap: written.append(len(pcm)))  # type: ignore[assignment]
+        core.links.poll_inbox = lambda: polls.append(len(written))  # type: ignore[method-assign]
+        frame = np.zeros(160, np.int16)
+        t0 = time.monotonic_ns()
+        for _ in range(50):
+            core.audio_in(None, frame, 8000)  # type: ignore[arg-type]
+        burst_ns = time.monotonic_ns() - t0
+        assert len(written) == 50
+        if burst_ns < INBOX_POLL_NS:  # the burst took less than the poll gap (always, unless the host stalled)
+            assert polls == [1]  # polled after the first frame was written, not again within the millisecond
+        time.sleep(INBOX_POLL_NS / 1e9 * 1.5)
+        core.audio_in(None, frame, 8000)  # type: ignore[arg-type]
+        assert polls[-1] == 51  # a frame a millisecond later polls again, after its own write
+    finally:
+        core.links.close()
+        core.ctx.term()

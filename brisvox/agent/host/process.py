@@ -48,7 +48,8 @@ Owns the role main registered as ``"agent"`` in ``brisvox/daemon/roles.py``:
 * The barge-in fast path: the actor's clear hook calls
   :meth:`ProcessLink.to_gateway` which sends Clear with a NOBLOCK send on the
   gateway DEALER, inside the driver's decision step.
-* Once ready, the startup heap is frozen out of the cyclic GC (:func:`gc_freeze`).
+* Once ready, the startup heap is frozen out of the cyclic GC
+  (:func:`brisvox.runtime.memory.freeze_startup_heap`).
 * Every 0.5 s: ``rt.heartbeat()``, every live call's ended turns into the histograms
   (``CallActor.observe_turns``), and ``rt.report(calls, stats)``, with the process's
   ``telemetry`` (histograms, end reasons: ``call_metrics.py``; ``[tracing]``: ``tracing.py``)
@@ -101,7 +102,7 @@ from brisvox.providers.registry import CallProviders
 from brisvox.runtime.child_runtime import ChildRuntime
 from brisvox.runtime.log_limit import LogLimiter
 from brisvox.runtime.loop_probe import LoopProbe
-from brisvox.runtime.memory import IdleTrim
+from brisvox.runtime.memory import IdleTrim, freeze_startup_heap
 from brisvox.runtime.private_files import prune_older, recording_file_name
 from ipc.frames import (
     BridgeEnded,
@@ -643,7 +644,7 @@ class AgentProcess:
             self.spawn(self.probe.run())  # a task of the process: cancelled with the others at the stop
             rt.ready({"inbox": rt.inbox_endpoint("agent", rt.index)})
             log.info("agent %s ready", self.identity)
-            gc_freeze()
+            freeze_startup_heap()
             while not stop.is_set():
                 rt.heartbeat()
                 self.observe_turns()
@@ -681,18 +682,6 @@ class AgentProcess:
                                   self.hook_writer.q.qsize())
         rt.report(0, self.stats())
         return 0
-
-
-def gc_freeze() -> None:
-    """Move everything alive at startup (modules, schemas, numpy, zmq: about 46,000
-    tracked objects) out of the cyclic collector's reach, so a full collection scans
-    only what the calls allocated (about 3,000 tracked objects per live call; at 100
-    calls in one process a full collection still pauses the loop 80-190 ms, which is
-    why the benchmark runs two agent processes: docs/BENCHMARKS.md)."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
 
 
 def records_dir(rt: Any, calls: CallsConfig) -> Path | None:

@@ -40,6 +40,12 @@ Invariants (of the assembly):
 * :meth:`GatewayCore.stop` hangs every call up, waits up to ``grace_s`` for
   the transports to end them, then releases every call's rings (each once)
   before the listeners close.
+* An agent's frame (a barge-in's Clear) never waits behind more than
+  :data:`INBOX_POLL_NS` of the callers' audio: the pacer polls the inbox between
+  slices of its tick, and the caller's audio path (every transport's frames in,
+  :meth:`GatewayCore.audio_in`) polls it when the last poll is that old, so a
+  burst of carrier reads in one loop iteration (100 calls' frames) does not hold
+  a Clear until the loop selects again.
 """
 
 from __future__ import annotations
@@ -69,6 +75,8 @@ from brisvox.playout.gate import Action as GateAction
 from brisvox.runtime.memory import IdleTrim
 from ipc import frames as F
 from ipc.links import Links
+
+INBOX_POLL_NS = 1_000_000  # the caller's audio path polls the inbox once this long since the last poll
 
 __all__ = ["ECHO", "ECHO_TTS_RATE", "GatewayCore"]
 
@@ -115,6 +123,7 @@ class GatewayCore:
         self.listeners: dict[str, Listener] = {}  # config section -> its listener (registry order)
         self.endpoints: dict[str, str] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._inbox_polled_ns = 0  # when the caller's audio path last polled the inbox
         self.idle_trim = IdleTrim()  # memory back to the kernel once the last call ended
         self.recorder = Recorder()  # the calls' stereo WAVs, off the loop (its thread starts with the first)
         self.peer_load = PeerLoad()
@@ -266,6 +275,10 @@ class GatewayCore:
 
     def audio_in(self, call: Call, pcm16: np.ndarray, rate: int, wire_bytes: int = -1, gap: int = 0) -> None:
         self.lifecycle.audio_in(call, pcm16, rate, wire_bytes, gap)
+        now = time.monotonic_ns()
+        if now - self._inbox_polled_ns >= INBOX_POLL_NS:  # a clock read per frame; a poll at most per ms
+            self._inbox_polled_ns = now
+            self.links.poll_inbox()
 
     def packet_in(self, call: Call, wire_bytes: int) -> None:
         self.lifecycle.packet_in(call, wire_bytes)
