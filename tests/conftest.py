@@ -86,6 +86,7 @@ LOCAL_MODELS = frozenset({
     "tests/e2e/test_local_stack.py",
     "tests/e2e/test_local_llm_prefix.py",
     "tests/e2e/test_local_stt_early.py",
+    "tests/e2e/test_warm_transfer_spoken.py",
     "tests/e2e/test_worker_models.py",
     "tests/e2e/test_worker_smart_turn_accuracy.py",
     "tests/system/test_playground.py",

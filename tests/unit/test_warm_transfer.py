@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from brisvox.agent.host.consult_screen import ConsultScreen, Say, Verdict, answer_of
+from brisvox.agent.host.consult_screen import MAX_UNCLEAR, ConsultScreen, Say, Verdict, answer_of, opening_bound_s
 from brisvox.agent.host.warm_transfer import (
     BRIDGE_WAIT_S,
     DECLINED_GRACE_S,
@@ -145,14 +145,47 @@ def test_no_verdict_in_time_hangs_the_leg_up_and_a_late_answer_is_hung_up_too():
     m = WarmTransfer(CFG, "+4930111", "billing")
     _to_dialling(m)
     m.dialled(True, "c2", "", 5.0)
-    assert m.tick(31.0) == []  # before the deadline
-    acts = m.tick(31.6)
+    window = CFG.verdict_window_s(len(m.summary))
+    assert m.deadline == pytest.approx(5.0 + window)
+    assert m.tick(31.6) == [] and m.tick(5.0 + window - 0.1) == []  # answered: the ring's bound is over
+    acts = m.tick(5.0 + window)
     assert acts[0] == HangUpLeg("c2") and acts[-1].outcome == "no_answer"
-    assert m.consult_result("c2", "accepted", "", 32.0) == []  # too late: the caller was told
+    assert acts[-1].detail == f"no verdict within {window:.0f} s of the answer"
+    assert m.consult_result("c2", "accepted", "", 32.0 + window) == []  # too late: the caller was told
     m2 = WarmTransfer(CFG, "+4930111", "billing")
     _to_dialling(m2)
-    assert m2.tick(31.6)[-1] == Done("no_answer", CFG.no_answer_message, "no verdict within 30 s")
+    assert m2.tick(31.6)[-1] == Done("no_answer", CFG.no_answer_message, "no answer within 30 s")
     assert m2.dialled(True, "c9", "", 33.0) == [HangUpLeg("c9")]  # answered after we gave up
+    m3 = WarmTransfer(CFG, "+4930111", "billing")
+    _to_dialling(m3)
+    acts = m3.dialled(True, "c3", "", 31.7)  # the reply of a last-moment answer, past the ring's end
+    assert acts[0] == HangUpLeg("c3") and acts[-1] == Done("no_answer", CFG.no_answer_message,
+                                                          "answered after the 30 s ring")
+
+
+def test_a_person_who_answers_late_in_the_ring_still_hears_the_summary_and_answers():
+    """The ring (``timeout_s``) bounds the answer, not the verdict: a person who picks up one
+    second before the ring's end gets the whole screen (the opening, the prompt, the answer);
+    the caller's side waits the longest the consult leg's screen can take."""
+    m = WarmTransfer(CFG, "+4930111", "billing")
+    _to_dialling(m)
+    assert m.dialled(True, "c2", "", 30.6) == []  # 29 s into a 30 s ring
+    assert m.tick(31.6) == [] and m.tick(50.0) == []
+    assert m.consult_result("c2", "accepted", "speech", 52.0) == [BridgeLegs("c2")]
+    # the window is the consult screen's own longest run: it never cuts the screen short
+    s = ConsultScreen("confirm", verdict_timeout_s=CFG.verdict_timeout_s)
+    s.start(m.summary, CFG.consult_prompt, 0.0)
+    t = opening_bound_s(len(m.summary), CFG.consult_prompt)  # the opening's bound, then it listens
+    s.spoken(t)
+    for _ in range(MAX_UNCLEAR - 1):  # unclear answers, each just before the wait's end
+        t += CFG.verdict_timeout_s - 0.01
+        assert s.transcript("who is it", t) == []
+    assert s.tick(t + CFG.verdict_timeout_s)[0] == Verdict(False, "no_response")
+    assert t + CFG.verdict_timeout_s < CFG.verdict_window_s(len(m.summary))
+    # after_summary: the opening's bound and the slack only; a longer summary, a longer window
+    after = replace(CFG, accept="after_summary")
+    assert after.verdict_window_s(100) < CFG.verdict_window_s(100) < CFG.verdict_window_s(400)
+    assert CFG.consult_bound_s() == CFG.timeout_s + CFG.verdict_window_s(CFG.summary_max_chars)
 
 
 def test_a_refused_or_lost_bridge_fails_back_to_the_caller():

@@ -25,7 +25,14 @@ import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from brisvox.agent.host.consult_screen import ConsultAction, ConsultScreen, Say, Verdict
+from brisvox.agent.host.consult_screen import (
+    OPENING_BOUND_S,
+    ConsultAction,
+    ConsultScreen,
+    Say,
+    Verdict,
+    opening_bound_s,
+)
 from brisvox.agent.host.warm_transfer import WarmConfig, bound_summary
 from brisvox.clock import Clock
 from brisvox.providers.base import Done, LlmEvent, LlmRequest, TextDelta
@@ -34,7 +41,6 @@ from ipc.frames import ConsultVerdict
 
 log = logging.getLogger("brisvox.agent.consult")
 
-OPENING_BOUND_S = 20.0  # the opening's playout may take this long past its length estimate
 ANSWER_BOUND_S = 60.0  # a leg started before its answer (early media) waits this long for it
 BRIDGE_GRACE_S = 20.0  # an accepted leg not bridged by then hangs up
 CONSULT_SUMMARY_MAX = 1000  # the largest summary_max_chars
@@ -165,7 +171,7 @@ class CallConsult:
         answered_by = self.clock.now() + ANSWER_BOUND_S  # a leg started in early media greets at the answer
         while not self._closed and a.driver.st.greetings == 0 and self.clock.now() < answered_by:
             await self.clock.sleep(0.05)
-        bound = OPENING_BOUND_S + (len(self.summary) + len(self.cfg.consult_prompt)) / 8.0
+        bound = opening_bound_s(len(self.summary), self.cfg.consult_prompt)
         deadline = self.clock.now() + bound
         await self.clock.sleep(0.2)
         while not self._closed and not a.idle() and self.clock.now() < deadline:

@@ -17,7 +17,8 @@ result tells the model what became of it. It does the machine's actions through 
 * ``Summarize`` -> with ``summary = "llm"``, ONE request to the call's LLM from its context,
   bounded by ``summary_timeout_s``; the template when it fails, times out or answers nothing;
 * ``Dial`` -> the gateway's ``dial`` with ``consult_for`` and ``summary``, bounded by what is
-  left of ``timeout_s``; then the leg's ConsultResult, bounded the same way. A Twilio dial
+  left of ``timeout_s``; then the leg's ConsultResult, bounded by the machine's verdict window
+  from the answer (:meth:`~brisvox.agent.host.warm_transfer.WarmConfig.verdict_window_s`). A Twilio dial
   (``via = "twilio"``) answers at Twilio's 201 with the CallSid alone (the call is queued, not
   answered): the answer is the gateway's ConsultResult ``answered`` (the leg's stream arrived),
   which names the leg, waited for within the same bound (none: ``no_answer``, and the port

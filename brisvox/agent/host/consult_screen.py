@@ -34,7 +34,28 @@ NO = frozenset({"no", "nope", "decline", "can't", "cannot", "busy", "not"})
 ACCEPTED_REPLY = "Thank you. Connecting you now."
 DECLINED_REPLY = "Okay, I'll let them know. Goodbye."
 MAX_UNCLEAR = 3  # the third answer that is neither yes nor no declines ("unclear")
+OPENING_BOUND_S = 20.0  # the opening's playout may take this long past its length estimate (8 characters/s)
+ANSWER_SLACK_S = 2.0  # the person's last answer: its transcript, and the verdict's way to the caller's agent
 _WORD = re.compile(r"[a-z']+")
+
+
+def opening_bound_s(summary_chars: int, prompt: str) -> float:
+    """How long the leg waits for its opening (a summary of ``summary_chars`` and ``prompt``)
+    to play before it listens anyway."""
+    return OPENING_BOUND_S + (summary_chars + len(prompt)) / 8.0
+
+
+def longest_screen_s(summary_chars: int, prompt: str, accept: str, verdict_timeout_s: float) -> float:
+    """The longest a screen with these settings takes from its start (the leg's answer) to its
+    verdict: the opening played within :func:`opening_bound_s`, then (``confirm``) up to
+    :data:`MAX_UNCLEAR` waits of ``verdict_timeout_s``, each after the prompt said again (8
+    characters/s, 4 s more), and :data:`ANSWER_SLACK_S`. The caller's side of the transfer
+    waits this long after the answer before it gives up on a verdict: a backstop that never
+    cuts a screen short (the screen declines a silent person itself)."""
+    out = opening_bound_s(summary_chars, prompt) + ANSWER_SLACK_S
+    if accept == "confirm":
+        out += MAX_UNCLEAR * (verdict_timeout_s + 4.0 + len(prompt) / 8.0)
+    return out
 
 
 def answer_of(text: str) -> bool | None:

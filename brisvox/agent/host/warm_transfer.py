@@ -31,8 +31,10 @@ returns the actions the runner performs:
   model (the transfer failed after the bridge; no second warm transfer in this call).
 
 Invariants: ``Done`` is returned exactly once per transfer; after it nothing but
-:meth:`record` answers (and a dial answered after the transfer gave up, which is hung up); every wait is bounded (the dial and the verdict by ``timeout_s`` from
-the dial, the bridge by :data:`BRIDGE_WAIT_S`, the summary by ``summary_timeout_s`` in the runner:
+:meth:`record` answers (and a dial answered after the transfer gave up, which is hung up); every wait is bounded (the dial's answer by ``timeout_s`` from the dial; the verdict by
+:meth:`WarmConfig.verdict_window_s` from the answer, the longest the consult leg's own screen can
+take, so a person who answers late in the ring still hears the summary and answers; the bridge by
+:data:`BRIDGE_WAIT_S`, the summary by ``summary_timeout_s`` in the runner:
 the machine's deadlines are :attr:`deadline`, which :meth:`tick` enforces); a consult leg that
 answered, may still live and was not bridged is hung up (``HangUpLeg``) before ``Done``: at once, except
 a declined one, whose own agent says its goodbye to the person and hangs up itself, so the caller's side
@@ -53,6 +55,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from brisvox.agent.host.consult_screen import longest_screen_s
+
 BRIDGE_WAIT_S = 5.0  # the gateway answers a Bridge at once; this bounds a lost reply
 HOLD_AUDIO_MAX_BYTES = 4 * 1024 * 1024  # about 2 min of 16 kHz 16-bit mono
 HOLD_AUDIO_RATES = (8000, 16000, 22050, 24000, 44100, 48000)
@@ -66,7 +70,7 @@ class WarmConfig:
 
     hold_message: str = "Please hold while I connect you."
     hold_audio: str = ""  # a mono 16-bit WAV looped while the caller waits ("" : silence)
-    timeout_s: float = 30.0  # from the dial to the person's verdict
+    timeout_s: float = 30.0  # from the dial to the person's answer (the ring)
     accept: str = "confirm"  # "confirm": yes / DTMF 1 accepts, no / 2 declines; "after_summary"
     summary: str = "template"  # "llm": one bounded request from the call's context, else the template
     summary_template: str = DEFAULT_TEMPLATE
@@ -86,6 +90,18 @@ class WarmConfig:
     @classmethod
     def from_table(cls, t: Mapping[str, Any]) -> WarmConfig:
         return cls(**{k: t[k] for k in cls.__dataclass_fields__ if k in t})
+
+    def verdict_window_s(self, summary_chars: int | None = None) -> float:
+        """From the person's answer: how long the caller's side waits for their verdict (a
+        summary of ``summary_chars``, at most ``summary_max_chars``): the longest the consult
+        leg's screen takes with these settings (the leg runs the consult agent's settings,
+        normally these)."""
+        chars = self.summary_max_chars if summary_chars is None else summary_chars
+        return longest_screen_s(chars, self.consult_prompt, self.accept, self.verdict_timeout_s)
+
+    def consult_bound_s(self) -> float:
+        """The longest from the dial to the verdict: the ring, then the longest screen."""
+        return self.timeout_s + self.verdict_window_s()
 
     def message(self, outcome: str) -> str:
         return str(getattr(self, f"{outcome}_message", self.failed_message))
@@ -307,6 +323,9 @@ class WarmTransfer:
         if not ok or not consult_id:
             return self._end(dial_outcome(error), error or "the dial failed", at)
         self.consult_id, self.answered_at, self.phase = consult_id, at, Phase.CONSULTING
+        if self.deadline is not None and at >= self.deadline:  # after the ring's end: nobody waits for it
+            return self._end("no_answer", f"answered after the {self.cfg.timeout_s:g} s ring", at, hang_leg=True)
+        self.deadline = at + self.cfg.verdict_window_s(len(self.summary))  # the person hears it all and answers
         return []
 
     def consult_result(self, consult_id: str, outcome: str, detail: str, at: float) -> list[Action]:
@@ -346,8 +365,11 @@ class WarmTransfer:
     def tick(self, now: float) -> list[Action]:
         if self.deadline is None or now < self.deadline:
             return []
-        if self.phase in (Phase.DIALLING, Phase.CONSULTING):
-            return self._end("no_answer", f"no verdict within {self.cfg.timeout_s:g} s", now, hang_leg=True)
+        if self.phase is Phase.DIALLING:
+            return self._end("no_answer", f"no answer within {self.cfg.timeout_s:g} s", now, hang_leg=True)
+        if self.phase is Phase.CONSULTING:
+            window = self.cfg.verdict_window_s(len(self.summary))
+            return self._end("no_answer", f"no verdict within {window:.0f} s of the answer", now, hang_leg=True)
         if self.phase is Phase.BRIDGING:
             return self._end("failed", "no answer to the bridge in time", now, hang_leg=True)
         self.deadline = None

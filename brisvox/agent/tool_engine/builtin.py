@@ -117,7 +117,9 @@ WARM_TRANSFER = ToolSpec(
 
 
 def warm_spec(timeout_s: float) -> ToolSpec:
-    """``warm_transfer`` whose run is bounded by the agent's ``[warm_transfer] timeout_s``."""
+    """``warm_transfer`` whose run is bounded by ``timeout_s``, the longest from its dial to the
+    person's verdict (``[warm_transfer]``'s ring and the consult leg's longest screen:
+    ``WarmConfig.consult_bound_s``), and :data:`WARM_SLACK_S`."""
     from dataclasses import replace
 
     return replace(WARM_TRANSFER, timeout=float(timeout_s) + WARM_SLACK_S)
@@ -282,7 +284,8 @@ def telephony_tools(port: TelephonyPort, *, transfer_targets: tuple[str, ...] = 
                     names: tuple[str, ...] = BUILTIN_NAMES,
                     warm_timeout_s: float = 30.0) -> list[tuple[ToolSpec, Tool]]:
     """The built-in tools bound to one call's port (only ``names``; ``transfer_call`` and
-    ``warm_transfer`` only with ``transfer_targets``: an empty list offers no transfer)."""
+    ``warm_transfer`` only with ``transfer_targets``: an empty list offers no transfer;
+    ``warm_timeout_s``: see :func:`warm_spec`)."""
     state: dict[str, Any] = {"ended": False, "transferred": False, "warm": False}
 
     async def end_call(args: dict[str, Any], ctx: ToolContext) -> Any:

@@ -150,7 +150,7 @@ def build_registry(agent: Any, port: TelephonyPort | None) -> ToolRegistry:
         warm = getattr(agent, "warm_transfer", None)
         tele = {s.name: (s, t) for s, t in telephony_tools(port, transfer_targets=tuple(agent.transfer_targets),
                                                           names=builtins_wanted,
-                                                          warm_timeout_s=warm.timeout_s if warm else 30.0)}
+                                                          warm_timeout_s=warm.consult_bound_s() if warm else 30.0)}
     for name in agent.tools:
         entry = tele.get(name) or app.get(name)
         if entry is None:
