@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from brisvox.agent.host.consult_screen import MAX_UNCLEAR, ConsultScreen, Say, Verdict, answer_of, opening_bound_s
+from brisvox.agent.host.consult_screen import (
+    MAX_UNCLEAR,
+    ConsultScreen,
+    Say,
+    Verdict,
+    answer_of,
+    opening_bound_s,
+)
 from brisvox.agent.host.warm_transfer import (
     BRIDGE_WAIT_S,
     DECLINED_GRACE_S,
