@@ -23,6 +23,10 @@ its first job (or at a warm-up job).
   sentence / token.
 * Model files are located by :func:`workers.models.locate` in the worker's
   models directory; a missing model answers ``unsupported`` naming the fix.
+  The handlers run on the worker's main loop, so a job's locate must cost a
+  ``stat``: each file is hashed once per process (``workers.models.check``),
+  and :func:`verify_in_background` hashes the local models' files on a thread
+  of its own at boot, before a call's first job would hash them on the loop.
 """
 
 from __future__ import annotations
@@ -100,7 +104,8 @@ def _lane(worker: Any, kind: str) -> JobLane:
 
 
 def _model_paths(st: _Local, kind: str, llm: str = "") -> dict[str, Path] | str:
-    """Verified model paths for a kind (``llm``: which LLM), or the error text (cached per worker)."""
+    """Verified model paths for a kind (``llm``: which LLM), or the error text (an error is
+    remembered per worker; a verified file is hashed once per process: ``workers.models.check``)."""
     from workers.local_llm import DEFAULT_LLM
     from workers.models import ModelError, locate
 
@@ -115,6 +120,22 @@ def _model_paths(st: _Local, kind: str, llm: str = "") -> dict[str, Path] | str:
     except ModelError as e:
         st.missing[key] = str(e)
         return str(e)
+
+
+def verify_in_background(worker: Any) -> threading.Thread:
+    """Hash the local models' files (STT, TTS, the default LLM) on a daemon thread, once per
+    process (hashlib lets the loop run meanwhile): a call's first job then locates them with a
+    ``stat`` instead of holding the worker's main loop for a read of the file (about 400 ms for
+    the default LLM). A missing or corrupt file is remembered as its error, as a job would."""
+    st = _local(worker)
+
+    def run() -> None:
+        for kind in ("stt", "tts", "llm"):
+            _model_paths(st, kind)
+
+    t = threading.Thread(target=run, name="verify-models", daemon=True)
+    t.start()
+    return t
 
 
 def _err(worker: Any, kind: str, detail: str, call_id: str) -> ErrorReply:

@@ -15,7 +15,11 @@ Invariants:
 * A model is located by name (:data:`CATALOGUE` key) at run time and is only
   ever used after its sha256 matched the pinned hash: a missing or corrupt
   file raises :class:`ModelError` whose message names the command that fixes
-  it (``brisvox models install``).
+  it (``brisvox models install``). A process hashes a file once: :func:`check`
+  remembers the file's size, mtime and inode with the hash it matched and
+  hashes again only when one of them changed (a file replaced or rewritten),
+  so locating a model per job costs a ``stat``, not a read of the file (the
+  400 MB LLM took about 400 ms to hash, on the worker's main loop).
 * Installation is idempotent: a file already present with the right hash is
   left alone (one hash per file, no network), and a new file is written to a
   temporary name and renamed into place, so a crash never leaves a partial
@@ -101,18 +105,30 @@ class ModelStatus:
     detail: str = ""
 
 
+# path -> (size, mtime_ns, inode, device, sha256) of a file this process hashed and found right
+_VERIFIED: dict[Path, tuple[int, int, int, int, str]] = {}
+
+
 def check(name: str, directory: Path | None = None) -> ModelStatus:
-    """Verify one model file without raising."""
+    """Verify one model file without raising (hashed once per process while its stat holds)."""
     spec = CATALOGUE[name]
     path = (directory or default_models_dir()) / spec.filename
+    try:
+        st = path.stat()
+    except OSError:
+        return ModelStatus(spec, path, "missing")
     if not path.is_file():
         return ModelStatus(spec, path, "missing")
-    size = path.stat().st_size
-    if size != spec.size:
-        return ModelStatus(spec, path, "corrupt", f"size {size}, expected {spec.size}")
+    if st.st_size != spec.size:
+        return ModelStatus(spec, path, "corrupt", f"size {st.st_size}, expected {spec.size}")
+    seen = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, spec.sha256)
+    if _VERIFIED.get(path) == seen:
+        return ModelStatus(spec, path, "ok")
     digest = sha256_file(path)
     if digest != spec.sha256:
+        _VERIFIED.pop(path, None)
         return ModelStatus(spec, path, "corrupt", f"sha256 {digest[:16]}..., expected {spec.sha256[:16]}...")
+    _VERIFIED[path] = seen
     return ModelStatus(spec, path, "ok")
 
 

@@ -11,7 +11,9 @@ audio back to non-empty English text. The timing of every stage is printed.
 
 A second test breaks the stack on purpose: a job for a call the worker does
 not serve, and a model directory without the models, answer typed errors
-(and the providers turn them into counted errors), never a hang.
+(and the providers turn them into counted errors), never a hang. A third
+checks that the worker's main loop accepts an LLM job without reading its
+model file (hashed once, at boot, on a thread of its own).
 
 Needs ``brisvox models install`` (``make install``) and the ``local`` extra.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import re
+import statistics
 import time
 from typing import Any
 
@@ -45,7 +48,7 @@ from brisvox.providers.local_piper import LocalPiperTts
 from brisvox.providers.local_whisper import LocalWhisperStt
 from brisvox.providers.worker_jobs import WorkerJobChannel
 from ipc.bus import endpoint
-from ipc.frames import ErrorReply, LlmJob
+from ipc.frames import ErrorReply, JobAccepted, LlmJob
 from ipc.tick_events import SpeechStart, SpeechStop, TickEvent
 from ipc.worker_client import WorkerClient
 from workers.harness import WorkerProc, close_rings, create_call_rings
@@ -390,3 +393,53 @@ def test_local_providers_under_the_real_stages(short_tmp: Any, shm_clean: str) -
     audio = [f for f in t_frames if isinstance(f, AudioOut)]
     assert sum(len(f.samples) for f in audio) > 22050  # over a second of speech
     assert [f for f in t_frames if isinstance(f, TtsEnded)] == [TtsEnded(1)]
+
+
+def test_an_llm_job_is_accepted_without_reading_its_model_file(short_tmp: Any, shm_clean: str) -> None:
+    """The job handlers run on the worker's main loop (the VAD ticks of every call): locating a
+    job's model there must be a ``stat``. Before, every LLM job hashed the 400 MB GGUF there
+    (about 400 ms on this 2-core host, the first ~40 % of a local answer's first token); the
+    worker hashes its local models once, at boot, on a thread of its own."""
+    why = _have_local()
+    if why:
+        pytest.skip(why)
+    inst = shm_clean
+    ep = endpoint(short_tmp, "worker-0")
+    rings = create_call_rings(inst, "e2e-acc", call_rate=8000, tts_rate=22050, seconds=4)
+    w = WorkerProc(0, ep, extra=["--no-smart-turn"]).start(timeout=120)
+
+    async def main() -> list[float]:
+        ctx = zmq.asyncio.Context()
+        client = WorkerClient(ctx, "agent-0", {0: ep}, request_timeout=5.0)
+        await client.start()
+        channel = WorkerJobChannel(client)
+        took: list[float] = []
+        try:
+            await client.attach("e2e-acc", inst, 8000, 22050, worker=0)
+            await asyncio.sleep(4.0)  # the boot's hashing (about 0.6 s here) is over
+            for _ in range(5):
+                job = channel.next_job()
+                q: asyncio.Queue[Any] = asyncio.Queue()
+                unlisten = channel.listen("e2e-acc", job, q.put_nowait)
+                t0 = time.perf_counter()
+                reply = await channel.request(LlmJob(call_id="e2e-acc", job=job,
+                                                     messages=[{"role": "user", "content": "Hi"}],
+                                                     deadline_ns=time.monotonic_ns() + int(30e9), max_tokens=1), 10.0)
+                took.append(time.perf_counter() - t0)
+                assert isinstance(reply, JobAccepted), reply
+                while not (await asyncio.wait_for(q.get(), 60)).done:  # the job ran: one token
+                    pass
+                unlisten()
+            await client.detach("e2e-acc")
+        finally:
+            await client.close()
+            ctx.term()
+        return took
+
+    try:
+        took = asyncio.run(main())
+    finally:
+        w.stop()
+        close_rings(rings)
+    print("LlmJob accepted in (ms):", [round(t * 1000, 1) for t in took])
+    assert statistics.median(took) < 0.15, took  # a hash of the file took 0.4 s of the loop

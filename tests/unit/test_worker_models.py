@@ -57,6 +57,34 @@ def test_corrupt_model_is_refused(tmp_path):
     assert models.check("silero_vad", tmp_path).state == "corrupt"
 
 
+def test_a_model_is_hashed_once_per_process_until_its_file_changes(fake, monkeypatch):
+    """Locating a model per job (every STT, TTS and LLM job on the worker's main loop) costs a
+    stat: the file is hashed again only when its size, mtime or inode changed, and a file
+    rewritten with wrong bytes of the right size is refused at once."""
+    import os
+
+    spec, d, _ = fake
+    models.install(d, names=["fake"])
+    hashed: list[Path] = []
+    real = models.sha256_file
+    monkeypatch.setattr(models, "sha256_file", lambda p: hashed.append(p) or real(p))
+    models._VERIFIED.clear()  # noqa: SLF001 - this process's memory of hashed files
+    for _ in range(5):
+        assert models.locate("fake", d).read_bytes() == PAYLOAD
+    assert len(hashed) == 1
+    path = d / spec.filename
+    path.write_bytes(b"y" * spec.size)  # same size, other bytes: a new mtime
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # even within one mtime tick
+    with pytest.raises(ModelError, match="corrupt"):
+        models.locate("fake", d)
+    assert len(hashed) == 2
+    path.write_bytes(PAYLOAD)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 2_000_000))
+    assert models.check("fake", d).state == "ok" and len(hashed) == 3
+    assert models.check("fake", d).state == "ok" and len(hashed) == 3
+
+
 def test_unknown_model_name():
     with pytest.raises(ModelError):
         models.locate("whisper-huge")
