@@ -43,6 +43,9 @@ class WorkersConfig:
     # the job threads (Smart Turn, local models) run this much nicer than the tick thread and the
     # other roles (0: the same priority): a model run never holds a core the media paths want
     job_nice: int = Field(default=10, ge=0, le=19)
+    # the local LLM's threads for a generation when the host left that many cores idle since the
+    # previous one (workers/local_llm.py, SpareCores); else one. 1: always one
+    llm_threads: int = Field(default=2, ge=1, le=16)
     orphan_timeout_s: float = Field(default=10.0, ge=0.5, le=3600.0)  # detach calls of an unreachable subscriber
 
     @classmethod

@@ -76,6 +76,7 @@ class _Local:
     rings: dict[str, Any] = field(default_factory=dict)  # call_id -> job-output Ring (TTS lane thread)
     lock: threading.Lock = field(default_factory=threading.Lock)
     missing: dict[str, str] = field(default_factory=dict)
+    spare: Any = None  # workers.local_llm.SpareCores: the LLM's threads per generation (run_llm)
 
 
 _STATE: dict[int, _Local] = {}
@@ -368,9 +369,18 @@ def run_llm(worker: Any, job: Job) -> Frame:
             if runner is None:
                 runner = st.llama[a["name"]] = LlamaRunner(a["model"])
         lane = worker.extra_lanes["llm"]
-        out = runner.generate(a["messages"], int(a["max_tokens"]), float(a["temperature"]),
-                              cancelled=lambda: job.cancelled, emit=lambda t: lane.emit(job, frame(text=t)),
-                              repeat_penalty=float(a["repeat_penalty"]), seed=int(a["seed"]), call_id=job.call_id)
+        if st.spare is None:
+            from workers.local_llm import SpareCores
+
+            st.spare = SpareCores()
+        threads = st.spare.threads(worker.cfg.llm_threads)  # the host's idle cores since the last one ended
+        try:
+            out = runner.generate(a["messages"], int(a["max_tokens"]), float(a["temperature"]),
+                                  cancelled=lambda: job.cancelled, emit=lambda t: lane.emit(job, frame(text=t)),
+                                  repeat_penalty=float(a["repeat_penalty"]), seed=int(a["seed"]),
+                                  call_id=job.call_id, threads=threads)
+        finally:
+            st.spare.mark()
         return frame(done=True, stop_reason=out.stop_reason, input_tokens=out.input_tokens,
                      output_tokens=out.output_tokens)
     except Exception as e:  # noqa: BLE001 - the stream must end with a done frame

@@ -16,6 +16,17 @@ drops a call's state at its detach. The prompt is the model's own chat template
 (as ``create_chat_completion`` formats it), tokenized here so the prefix can be
 compared before the context is touched.
 
+Threads: a generation runs on one thread, or on up to ``[workers] llm_threads`` when the host
+left that many cores idle between the previous generation's end and this one's start
+(:class:`SpareCores`): a worker serving one
+call on a quiet host lends its LLM the idle core (first token 280 -> 135 ms, 85 -> 45 ms a token
+for the default model on this 2-core host), one under load stays on one thread, so it never
+oversubscribes the cores its calls' VAD ticks, Whisper and Piper need. The lent threads serve
+the prompt and the first :data:`LEND_WORDS` words of the answer (what the first TTS chunk
+waits for); the rest runs on one thread, beside Piper synthesizing that chunk. The count is
+set between tokens (``llama_set_n_threads``); the answer does not depend on it (greedy
+decoding: the same text on one thread or two, checked on the 20 rubric questions).
+
 Decoding is deterministic at temperature 0 (greedy); above it the job's
 ``seed`` fixes the sampling, so the same conversation gets the same answer.
 These models are weak at tool calls: the local stack offers them no tools.
@@ -50,6 +61,66 @@ class LlmOutcome:
     output_tokens: int
     first_token_s: float
     took_s: float
+    threads: int = 1  # what the prompt and the first words ran on
+
+
+LEND_WORDS = 4  # the first TTS chunk is cut after 3 complete words (the segmenter's first_min_words)
+SPARE_WINDOW_S = 0.25  # a gap shorter than this between two generations tells nothing: one thread
+SPARE_SLACK = 0.75  # a core counts as spare when at least 1 - this of it stayed idle (threads)
+
+
+class SpareCores:
+    """How many of this process's cores the host left idle, on average, between the end of the
+    previous generation (:meth:`mark`) and now: the host's idle and iowait time over the gap's
+    wall time, at most the cores this process may run on. The generation's own time is never in
+    the gap, so a runner that used two threads does not count itself as load."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 idle: Callable[[], float] | None = None, cores: int | None = None) -> None:
+        self.clock = clock
+        self.idle = idle or _host_idle_s
+        self.cores = cores if cores is not None else _cores()
+        self._at: float | None = None  # the last mark (None: no generation ended yet)
+        self._idle = 0.0
+
+    def mark(self) -> None:
+        """A generation ended: the next gap starts now."""
+        self._at, self._idle = self.clock(), self.idle()
+
+    def spare(self) -> float:
+        """The idle cores over the gap since :meth:`mark` (0.0 before the first mark, or over a
+        gap under :data:`SPARE_WINDOW_S`: too short to tell, or generations back to back)."""
+        if self._at is None:
+            return 0.0
+        dt = self.clock() - self._at
+        if dt < SPARE_WINDOW_S:
+            return 0.0
+        return max(0.0, min(float(self.cores), (self.idle() - self._idle) / dt))
+
+    def threads(self, most: int) -> int:
+        """The threads the next generation may take: up to ``most`` (and the cores), one per
+        spare core, a core counting when the gap left at least 1 - :data:`SPARE_SLACK` of it
+        idle beyond the whole ones (two threads on two cores need 1.25 idle on average); one
+        when ``most`` is 1, on one core, or when nothing is known."""
+        if most <= 1 or self.cores < 2:
+            return 1
+        return max(1, min(most, self.cores, int(self.spare() + SPARE_SLACK)))
+
+
+def _host_idle_s() -> float:
+    import psutil
+
+    t = psutil.cpu_times()
+    return float(t.idle + getattr(t, "iowait", 0.0))
+
+
+def _cores() -> int:
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 class LlamaRunner:
@@ -62,6 +133,7 @@ class LlamaRunner:
         self.cache = CallStateCache(CACHED_CALLS, CACHED_BYTES)
         self.owner = ""  # the call whose tokens the context holds ("" none, or a job without a call)
         self._format: Any = None
+        self._threads = threads  # what the context runs with now (set_threads)
 
     def load(self) -> None:
         if self.llm is not None:
@@ -86,6 +158,15 @@ class LlamaRunner:
         self.load()
         res = self._format(messages=messages)
         return self.llm.tokenize(res.prompt.encode("utf-8"), add_bos=not res.added_special, special=True), res
+
+    def set_threads(self, n: int) -> None:
+        """Run the next evaluations on ``n`` threads (prompt and generation alike)."""
+        n = max(1, int(n))
+        if n != self._threads:
+            import llama_cpp
+
+            llama_cpp.llama_set_n_threads(self.llm._ctx.ctx, n, n)  # noqa: SLF001 - the context Llama holds
+            self._threads = n
 
     def live_tokens(self) -> list[int]:
         return [int(t) for t in self.llm.input_ids[: self.llm.n_tokens]]
@@ -147,8 +228,14 @@ class LlamaRunner:
     def generate(self, messages: list[dict[str, Any]], max_tokens: int, temperature: float,
                  cancelled: Callable[[], bool], emit: Callable[[str], None],
                  batch_tokens: int = 4, batch_s: float = 0.04, repeat_penalty: float = 1.0,
-                 seed: int = 0, call_id: str = "") -> LlmOutcome:
+                 seed: int = 0, call_id: str = "", threads: int = 0, lend_words: int = LEND_WORDS) -> LlmOutcome:
+        """One streamed completion of ``messages``. ``threads``: for its prompt and its first
+        ``lend_words`` words (0: as the last one left it); the rest on one thread."""
         self.load()
+        if threads:
+            self.set_threads(threads)
+        started, lent = self._threads, self._threads > 1
+        head = ""  # the answer so far, while the threads are lent
         t0 = time.perf_counter()
         prompt, fmt = self.prompt(messages)
         self.switch(call_id, prompt)
@@ -172,6 +259,11 @@ class LlamaRunner:
                     if not first:
                         first = time.perf_counter() - t0
                     buf.append(piece)
+                    if lent:
+                        head += piece
+                        if len(head.split()) > lend_words:  # the first TTS chunk is out: leave the core to Piper
+                            self.set_threads(1)
+                            lent = False
                     now = time.perf_counter()
                     if len(buf) >= batch_tokens or now - last >= batch_s or out_tokens == 1:
                         emit("".join(buf))
@@ -186,4 +278,4 @@ class LlamaRunner:
                 close()
         if buf and stop != "cancelled":
             emit("".join(buf))
-        return LlmOutcome(stop, len(prompt), out_tokens, first, time.perf_counter() - t0)
+        return LlmOutcome(stop, len(prompt), out_tokens, first, time.perf_counter() - t0, started)
