@@ -23,10 +23,14 @@ its first job (or at a warm-up job).
   sentence / token.
 * Model files are located by :func:`workers.models.locate` in the worker's
   models directory; a missing model answers ``unsupported`` naming the fix.
-  The handlers run on the worker's main loop, so a job's locate must cost a
-  ``stat``: each file is hashed once per process (``workers.models.check``),
-  and :func:`verify_in_background` hashes the local models' files on a thread
-  of its own at boot, before a call's first job would hash them on the loop.
+  The handlers run on the worker's main loop, so there a job's models are
+  checked for presence and size only (a ``stat``); the lane thread that runs
+  the job verifies their hash before the model is used (once per process:
+  ``workers.models.check`` remembers a verified file's stat), and a file that
+  fails it ends that job with ``unsupported`` and is refused at the handler
+  from then on. Before, every job's handler hashed its model file on the main
+  loop: about 400 ms per LLM job for the default GGUF, while every call's VAD
+  ticks waited.
 """
 
 from __future__ import annotations
@@ -104,9 +108,10 @@ def _lane(worker: Any, kind: str) -> JobLane:
     return lane
 
 
-def _model_paths(st: _Local, kind: str, llm: str = "") -> dict[str, Path] | str:
+def _model_paths(st: _Local, kind: str, llm: str = "", verify: bool = True) -> dict[str, Path] | str:
     """Verified model paths for a kind (``llm``: which LLM), or the error text (an error is
-    remembered per worker; a verified file is hashed once per process: ``workers.models.check``)."""
+    remembered per worker; a verified file is hashed once per process: ``workers.models.check``).
+    ``verify=False`` (the handlers, on the main loop): present and of the right size only."""
     from workers.local_llm import DEFAULT_LLM
     from workers.models import ModelError, locate
 
@@ -117,26 +122,10 @@ def _model_paths(st: _Local, kind: str, llm: str = "") -> dict[str, Path] | str:
     if key in st.missing:
         return st.missing[key]
     try:
-        return {n: locate(n, st.models_dir) for n in names}
+        return {n: locate(n, st.models_dir, verify) for n in names}
     except ModelError as e:
         st.missing[key] = str(e)
         return str(e)
-
-
-def verify_in_background(worker: Any) -> threading.Thread:
-    """Hash the local models' files (STT, TTS, the default LLM) on a daemon thread, once per
-    process (hashlib lets the loop run meanwhile): a call's first job then locates them with a
-    ``stat`` instead of holding the worker's main loop for a read of the file (about 400 ms for
-    the default LLM). A missing or corrupt file is remembered as its error, as a job would."""
-    st = _local(worker)
-
-    def run() -> None:
-        for kind in ("stt", "tts", "llm"):
-            _model_paths(st, kind)
-
-    t = threading.Thread(target=run, name="verify-models", daemon=True)
-    t.start()
-    return t
 
 
 def _err(worker: Any, kind: str, detail: str, call_id: str) -> ErrorReply:
@@ -158,7 +147,7 @@ def handle_stt(worker: Any, ident: bytes, cid: Any, f: SttJob) -> Frame | None:
                     f"[{max(0, w - cap)}, {w}]", f.call_id)
     if f.deadline_ns <= time.monotonic_ns():
         return _err(worker, "expired", "deadline already passed", f.call_id)
-    got = _model_paths(_local(worker), "stt")
+    got = _model_paths(_local(worker), "stt", verify=False)
     if isinstance(got, str):
         return _err(worker, "unsupported", got, f.call_id)
     job = Job("stt", f.call_id, (ident, cid), f.deadline_ns, STT_TIMEOUT_NS,
@@ -174,7 +163,7 @@ def handle_tts(worker: Any, ident: bytes, cid: Any, f: TtsJob) -> Frame | None:
     c = worker.calls.get(f.call_id)
     if c is None:
         return _err(worker, "unknown_call", "tts_job for a call not attached here", f.call_id)
-    got = _model_paths(_local(worker), "tts")
+    got = _model_paths(_local(worker), "tts", verify=False)
     if isinstance(got, str):
         return _err(worker, "unsupported", got, f.call_id)
     if len(f.text) > MAX_TEXT:
@@ -203,7 +192,7 @@ def handle_llm(worker: Any, ident: bytes, cid: Any, f: LlmJob) -> Frame | None:
     if not (0.0 <= f.temperature <= 2.0 and 0.5 <= f.repeat_penalty <= 2.0):
         return _err(worker, "bad_params", "temperature must be in [0, 2] and repeat_penalty in [0.5, 2]",
                     f.call_id)
-    got = _model_paths(_local(worker), "llm", name)
+    got = _model_paths(_local(worker), "llm", name, verify=False)
     if isinstance(got, str):
         return _err(worker, "unsupported", got, f.call_id)
     job = Job("llm", f.call_id, (ident, None), FAR, 0,
@@ -269,6 +258,9 @@ def run_stt(worker: Any, job: Job) -> Frame:
     from workers.local_stt import WhisperRunner
 
     st = _local(worker)
+    bad = _model_paths(st, "stt")  # the hash, on this thread (once per process)
+    if isinstance(bad, str):
+        return ErrorReply(kind="unsupported", call_id=job.call_id, detail=bad[:500])
     if st.whisper is None:
         st.whisper = WhisperRunner(job.args["dir"])
     a = job.args
@@ -323,6 +315,9 @@ def run_tts(worker: Any, job: Job) -> Frame:
         return done(0, 0, "expired")
     if job.cancelled:
         return done(0, 0, "cancelled")
+    bad = _model_paths(st, "tts")  # the hash, on this thread (once per process)
+    if isinstance(bad, str):
+        return done(0, 0, f"unsupported: {bad[:300]}")
     try:
         from workers.local_tts import PiperRunner
 
@@ -361,6 +356,9 @@ def run_llm(worker: Any, job: Job) -> Frame:
         return frame(done=True, error="expired")
     if job.cancelled:
         return frame(done=True, stop_reason="cancelled")
+    bad = _model_paths(st, "llm", a["name"])  # the hash, on this thread (once per process)
+    if isinstance(bad, str):
+        return frame(done=True, error=f"unsupported: {bad[:300]}")
     try:
         from workers.local_llm import LlamaRunner
 

@@ -16,10 +16,12 @@ Invariants:
   ever used after its sha256 matched the pinned hash: a missing or corrupt
   file raises :class:`ModelError` whose message names the command that fixes
   it (``brisvox models install``). A process hashes a file once: :func:`check`
-  remembers the file's size, mtime and inode with the hash it matched and
-  hashes again only when one of them changed (a file replaced or rewritten),
-  so locating a model per job costs a ``stat``, not a read of the file (the
-  400 MB LLM took about 400 ms to hash, on the worker's main loop).
+  remembers the file's size, mtime, inode and device with the hash it matched
+  and hashes again only when one of them changed (a file replaced or
+  rewritten), so locating a model per job costs a ``stat``, not a read of the
+  file (the 400 MB LLM took about 400 ms to hash). A caller on a latency path
+  (the worker's main loop) checks presence and size only (``verify=False``) and
+  leaves the hash to the thread that loads and runs the model.
 * Installation is idempotent: a file already present with the right hash is
   left alone (one hash per file, no network), and a new file is written to a
   temporary name and renamed into place, so a crash never leaves a partial
@@ -109,8 +111,10 @@ class ModelStatus:
 _VERIFIED: dict[Path, tuple[int, int, int, int, str]] = {}
 
 
-def check(name: str, directory: Path | None = None) -> ModelStatus:
-    """Verify one model file without raising (hashed once per process while its stat holds)."""
+def check(name: str, directory: Path | None = None, verify: bool = True) -> ModelStatus:
+    """Verify one model file without raising (hashed once per process while its stat holds).
+    ``verify=False``: its presence and size only (a ``stat``; "ok" then means sized right, not
+    hashed: the caller verifies before the file is used)."""
     spec = CATALOGUE[name]
     path = (directory or default_models_dir()) / spec.filename
     try:
@@ -122,7 +126,7 @@ def check(name: str, directory: Path | None = None) -> ModelStatus:
     if st.st_size != spec.size:
         return ModelStatus(spec, path, "corrupt", f"size {st.st_size}, expected {spec.size}")
     seen = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev, spec.sha256)
-    if _VERIFIED.get(path) == seen:
+    if not verify or _VERIFIED.get(path) == seen:
         return ModelStatus(spec, path, "ok")
     digest = sha256_file(path)
     if digest != spec.sha256:
@@ -132,11 +136,12 @@ def check(name: str, directory: Path | None = None) -> ModelStatus:
     return ModelStatus(spec, path, "ok")
 
 
-def locate(name: str, directory: str | os.PathLike[str] | None = None) -> Path:
-    """Path of a verified model file, or :class:`ModelError` naming the fix."""
+def locate(name: str, directory: str | os.PathLike[str] | None = None, verify: bool = True) -> Path:
+    """Path of a verified model file, or :class:`ModelError` naming the fix (``verify=False``:
+    present and of the right size; see :func:`check`)."""
     if name not in CATALOGUE:
         raise ModelError(f"unknown model {name!r} (known: {', '.join(CATALOGUE)})")
-    st = check(name, models_dir(directory))
+    st = check(name, models_dir(directory), verify)
     if st.state == "missing":
         raise ModelError(f"model {name!r} is missing ({st.path}): {INSTALL_HINT}")
     if st.state != "ok":

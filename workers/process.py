@@ -71,9 +71,6 @@ def main(rt: ChildRuntime) -> int:
     st_ms = warm.get("smart_turn_ms")  # the gateway's max_calls "auto" reads it from the Topology row
     rt.ready({"inbox": ep}, measured={"smart_turn_ms": st_ms} if st_ms else None)
     freeze_startup_heap()
-    from workers.local_jobs import verify_in_background
-
-    verify_in_background(w)  # the local models' hashes off the loop, before a call's first job
     stop = threading.Event()
 
     def on_stop() -> None:
@@ -154,9 +151,6 @@ def standalone(argv: list[str] | None = None) -> int:
                 stop.set()
 
     threading.Thread(target=parent_watch, daemon=True).start()
-    from workers.local_jobs import verify_in_background
-
-    verify_in_background(w)  # as the daemon's worker does
     print(f"READY {os.getpid()} {a.endpoint}", flush=True)
     try:
         w.run(stop)
