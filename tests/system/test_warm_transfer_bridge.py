@@ -167,6 +167,25 @@ def contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
     return False
 
 
+def relayed(heard: list[np.ndarray], sent: np.ndarray) -> tuple[int, int]:
+    """``(arrived, missing)``: of the 20 ms frames of ``sent`` that are not silence, how many
+    are among the ``heard`` frames sample for sample and in order (each after the one before),
+    and how many are not. The relay moves whole frames from a frame boundary on (the bridge's
+    position; a lag drop keeps the last frame), so an arrived frame is one heard frame."""
+    arrived = missing = 0
+    j = 0
+    for i in range(0, len(sent) - 159, 160):
+        frame = sent[i:i + 160]
+        if not frame.any():
+            continue  # silence: the leg's own silence looks the same
+        k = next((k for k in range(j, len(heard)) if np.array_equal(heard[k], frame)), None)
+        if k is None:
+            missing += 1
+        else:
+            arrived, j = arrived + 1, k + 1
+    return arrived, missing
+
+
 def command(agent: FakeAgent, args: dict, n: int, timeout: float = 20.0) -> F.CommandReply:
     """A ``dial`` Command from the agent process; its reply (the ``n``-th CommandReply)."""
     agent.send(F.Command(name="dial", args=args))

@@ -7,7 +7,9 @@ The caller presses 5/6/7 (RFC 4733 on its RTP); the scripted model answers each 
 
 * accepted (5): the person answers, hears the summary (the consult leg's record says it was
   the opening), presses 1 (RFC 4733 on the person's RTP); the gateway bridges the legs: the
-  caller hears the person's audio and the person the caller's, payload for payload; the
+  caller hears the person's audio and the person the caller's, payload for payload (or, when
+  the gateway counted frames dropped for a lagging relay, every frame that came exact and in
+  order, each missing one counted: ``relayed``, as in the Twilio test); the
   person's BYE does not end the caller's leg: the caller is back with the agent, who says its
   ``bridge_lost_message`` (bot audio again on the caller's wire), until the caller hangs up;
   both records and the gateway's ``transfers`` show the legs with their times (the caller's
@@ -40,7 +42,7 @@ from tests.system.test_sip_media import agent_file as sip_media_agent
 from tests.system.test_sip_media import gateway
 from tests.system.test_sip_outbound import _RESP, _uas, answered_then_bye, busy
 from tests.system.test_sip_outbound import run_callee as run_person
-from tests.system.test_warm_transfer_bridge import Media, contains, run_caller
+from tests.system.test_warm_transfer_bridge import Media, contains, relayed, run_caller
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120),
               pytest.mark.skipif(not (have("sipp") and have("espeak-ng") and have("sox")),
@@ -183,13 +185,26 @@ def test_accepted_the_legs_are_bridged_bit_exact_and_the_persons_bye_brings_the_
             calls = gateway(d, "calls")
             return sum(1 for c in calls.values() if isinstance(c, dict) and c.get("bridged_with")) == 2
         wait(bridged, 10, "the bridge")
+        dropped_before = gateway(d, "stats").get("bridge_samples_dropped", 0)
         caller_media.payload, person_media.payload = speech, speech[::-1]
         caller_media.play.set()
         person_media.play.set()
         assert caller_media.played.wait(5) and person_media.played.wait(5)
         time.sleep(0.3)  # the last packets through the bridge
-        assert contains(ulaw_decode(bytes(person_media.got)), ulaw_decode(speech)), "caller -> person not bit-exact"
-        assert contains(ulaw_decode(bytes(caller_media.got)), ulaw_decode(speech[::-1])), "person -> caller not bit-exact"
+        # as in the Twilio warm transfer test: with nothing counted dropped, the whole 2 s run both
+        # ways sample for sample; a relay that lagged more than RELAY_BACKLOG frames (a late tick on
+        # a loaded host: fc40) drops whole frames and counts them, so then every frame that came
+        # must be exact and in order, each missing one counted, and 80 % at least must have come
+        dropped = gateway(d, "stats").get("bridge_samples_dropped", 0) - dropped_before
+        to_person = relayed([ulaw_decode(p) for _, p in person_media.heard], ulaw_decode(speech))
+        to_caller = relayed([ulaw_decode(p) for _, p in caller_media.heard], ulaw_decode(speech[::-1]))
+        if dropped == 0:
+            assert contains(ulaw_decode(bytes(person_media.got)), ulaw_decode(speech)), (
+                "caller -> person not bit-exact", to_person)
+            assert contains(ulaw_decode(bytes(caller_media.got)), ulaw_decode(speech[::-1])), (
+                "person -> caller not bit-exact", to_caller)
+        assert (to_person[1] + to_caller[1]) * 160 <= dropped, (to_person, to_caller, dropped)
+        assert all(got >= 0.8 * (got + lost) for got, lost in (to_person, to_caller)), (to_person, to_caller, dropped)
 
         out, err = person.communicate(timeout=20)  # its BYE, 9 s after its answer
         assert person.returncode == 0, (out[-2000:], err[-2000:])

@@ -58,7 +58,7 @@ from brisvox.wire.g711 import ulaw_decode
 from tests.system.gateway_harness import free_port, have, make_fixture
 from tests.system.test_sip_media import agent_file as scripted_agent
 from tests.system.test_sip_media import gateway
-from tests.system.test_warm_transfer_bridge import contains
+from tests.system.test_warm_transfer_bridge import contains, relayed
 from tests.system.twilio_api_fake import FakeTwilioApi, PlacedCall
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(120),
@@ -161,25 +161,6 @@ class StreamLeg:
         finally:
             await t.close()
             self.closed.set()
-
-
-def relayed(heard: list[np.ndarray], sent: np.ndarray) -> tuple[int, int]:
-    """``(arrived, missing)``: of the 20 ms frames of ``sent`` that are not silence, how many
-    are among the ``heard`` frames sample for sample and in order (each after the one before),
-    and how many are not. The relay moves whole frames from a frame boundary on (the bridge's
-    position; a lag drop keeps the last frame), so an arrived frame is one heard frame."""
-    arrived = missing = 0
-    j = 0
-    for i in range(0, len(sent) - 159, 160):
-        frame = sent[i:i + 160]
-        if not frame.any():
-            continue  # silence: the leg's own silence looks the same
-        k = next((k for k in range(j, len(heard)) if np.array_equal(heard[k], frame)), None)
-        if k is None:
-            missing += 1
-        else:
-            arrived, j = arrived + 1, k + 1
-    return arrived, missing
 
 
 def bot_audio(pcm: np.ndarray) -> bool:
