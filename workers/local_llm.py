@@ -72,14 +72,22 @@ SPARE_SLACK = 0.75  # a core counts as spare when at least 1 - this of it stayed
 class SpareCores:
     """How many of this process's cores the host left idle, on average, between the end of the
     previous generation (:meth:`mark`) and now: the host's idle and iowait time over the gap's
-    wall time, at most the cores this process may run on. The generation's own time is never in
+    wall time, at most the cores this process may use (its affinity, at most its cgroup's CPU
+    quota: ``brisvox.runtime.cpu``; a service under ``CPUQuota=100%`` lends no thread). The
+    generation's own time is never in
     the gap, so a runner that used two threads does not count itself as load."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic,
                  idle: Callable[[], float] | None = None, cores: int | None = None) -> None:
         self.clock = clock
         self.idle = idle or _host_idle_s
-        self.cores = cores if cores is not None else _cores()
+        if cores is None:
+            from brisvox.runtime.cpu import (
+                usable_cores,  # the affinity, at most the cgroup's CPU quota
+            )
+
+            cores = usable_cores()
+        self.cores = cores
         self._at: float | None = None  # the last mark (None: no generation ended yet)
         self._idle = 0.0
 
@@ -114,13 +122,6 @@ def _host_idle_s() -> float:
     return float(t.idle + getattr(t, "iowait", 0.0))
 
 
-def _cores() -> int:
-    import os
-
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 class LlamaRunner:

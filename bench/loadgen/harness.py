@@ -117,11 +117,10 @@ CLIENT_LATE_NOTE_MS = 10.0
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+    """The cores this process may run on (its CPU affinity, at most its cgroup's CPU quota), at least 1."""
+    from brisvox.runtime.cpu import usable_cores as cores
+
+    return cores()
 
 
 def implied_capacity(server_ms_per_call_s: float, cores: int) -> tuple[float | None, float | None]:

@@ -44,6 +44,7 @@ from brisvox.gateway.fault_budget import (
     FaultBudget,
 )
 from brisvox.gateway.rate_limits import parse_rates
+from brisvox.runtime.cpu import usable_cores  # the gateway's max_calls auto: affinity and CPU quota
 from brisvox.wire.native import RATES as NATIVE_RATES
 from brisvox.wire.sdp import SrtpPolicy
 
@@ -63,14 +64,6 @@ AUTO_CALLS_PER_CORE = 60
 # (2026-11-30 sweep) and 50 x 28 = 1400 (2026-12-02, a slower day): 1200 stays under both.
 AUTO_SMART_TURN_MS_PER_CORE = 1200.0
 MAX_CALLS_LIMIT = 100_000
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity; a forked child inherits it), >= 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def auto_max_calls(cores: int | None = None, smart_turn_ms: float | None = None) -> int:

@@ -51,10 +51,10 @@ def test_cpu_rows_without_a_generator_sample_and_zero_cpu():
     assert rows["x: implied calls on 3 cores serving only the server (implied, not measured)"] is None
 
 
-def test_usable_cores_is_the_affinity():
-    import os
+def test_usable_cores_is_the_runtimes():
+    from brisvox.runtime.cpu import usable_cores
 
-    assert harness.usable_cores() == len(os.sched_getaffinity(0))
+    assert harness.usable_cores() == usable_cores()  # the affinity, at most the cgroup's CPU quota
 
 
 def test_generator_cpu_is_the_windowed_difference_of_its_samples():
