@@ -55,8 +55,10 @@ provider = "scripted"
 [llm.options]
 fallback = "{fallback}"
 
+# either word: the caller's "Please book the table" reaches the rule through the local Whisper,
+# which once heard the line without "book" (fc42); the test judges the booking, not Whisper
 [[llm.options.rules]]
-match = "\\\\bbook"
+match = "\\\\b(book|table)"
 steps = [
   {{ reply = "{first}", tools = [{{ name = "book_table", arguments = {{ name = "Anna", date = "2031-05-17", time = "19:00", people = 2 }} }}] }},
   {{ reply = "{second}" }},

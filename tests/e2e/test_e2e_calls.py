@@ -311,7 +311,8 @@ def test_booking_happens_once_across_a_barge_in(daemon, tmp):
     # the barge-in came while the first booking was still running (it takes 3 s): the engine
     # answered that call "interrupted" and let it finish
     book = [t for t in rec["tools"] if t["name"] == "book_table"]
-    assert len(book) == 2 and book[0]["outcome"] == "interrupted", rec["tools"]
+    users = [m.get("content") for m in dialogue(rec) if m["role"] == "user"]
+    assert len(book) == 2 and book[0]["outcome"] == "interrupted", (rec["tools"], users)
     # the store's own counter: one booking, across the barge-in and the caller asking again
     state = daemon.booking()
     assert state["writes"] == 1, state
