@@ -95,7 +95,8 @@ def test_the_daemon_ends_a_call_whose_stage_failed_with_an_apology_and_1011(shor
         snap = d.wait_ready(60)
         port = ws_port(d.child(snap, "gateway-0"))
         res = asyncio.run(_twilio_call(port))
-        assert res["ended"], "the call was not ended by the server"
+        # fc43 once: not ended within the 20 s (about 9 s as a rule); the daemon's log says where it stood
+        assert res["ended"], ("the call was not ended by the server", len(res["audio"]), d.logs()[-6000:])
         why, _ = res["ended"][0]
         assert why == "closed by the server (1011: stage_failed:stt)", why
         loud = sum(len(a) for _, a in res["audio"] if _loud(a)) / 8000
